@@ -1,0 +1,467 @@
+"""The cluster YAML schema: strict, typed, validated once before anything starts.
+
+``load_cluster("cluster.yaml")`` returns a :class:`ClusterConfig` or raises
+:class:`ConfigError` with one line that names the file and the field path in the
+user's terms, e.g. ``cluster.yaml: nodes[2].regoin: unknown key (did you mean
+'region'?)``. Every model forbids unknown keys and is strict about types (a
+quoted ``"8"`` is not an integer, ``yes`` is not a string), so a typo never turns
+silently into a default. The commented field list in
+``cluster_examples/local.yaml`` mirrors this file.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import typing
+from pathlib import Path
+from typing import Annotated, Any, Literal, Mapping
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from hetlaunch.runtime.model import PRESETS, GPTConfig, ModelSpec
+
+
+class ConfigError(Exception):
+    """One-line, user-facing message; the CLI prints it and exits 2."""
+
+
+class _FieldError(ValueError):
+    """Raised inside validators: ``path`` (relative to where the validator runs) is
+    appended to pydantic's location, so cross-field errors name the exact field."""
+
+    def __init__(self, path: tuple[str | int, ...], message: str) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+def _sci_float(value: Any) -> Any:
+    # PyYAML (YAML 1.1) reads `3e-3` (no dot) as a *string*; take it as the number the user meant.
+    if isinstance(value, str) and re.fullmatch(r"\s*[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+\s*", value):
+        return float(value)
+    return value
+
+
+YamlFloat = Annotated[float, BeforeValidator(_sci_float), Field(allow_inf_nan=False)]
+_NAME = r"^[A-Za-z0-9_.-]+$"  # node and region names
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class CoordinatorConfig(_Strict):
+    host: str = Field("127.0.0.1", min_length=1)  # address the gRPC coordinator (and data-plane rendezvous store) binds
+    port: int = Field(0, ge=0, le=65535)  # 0 = any free port (fine when every agent is local)
+    join_timeout_s: YamlFloat = Field(60.0, gt=0)  # how long `up` waits for every node to register
+    heartbeat_timeout_s: YamlFloat = Field(15.0, gt=0)  # an agent silent this long is declared lost
+
+
+_SIZE_FIELDS = ("d_model", "n_layers", "n_heads", "seq_len", "d_ff")
+
+
+class ModelConfig(_Strict):
+    preset: str | None = "tiny"  # a name in hetlaunch.runtime.model.PRESETS; the sizes below override it
+    d_model: int | None = Field(None, ge=1)  # width of the residual stream
+    n_layers: int | None = Field(None, ge=1)  # transformer blocks (stage layers = n_layers + 2: embedding, head)
+    n_heads: int | None = Field(None, ge=1)  # attention heads; must divide d_model
+    seq_len: int | None = Field(None, ge=1)  # tokens per sample
+    d_ff: int | None = Field(None, ge=1)  # MLP hidden width (default 4 * d_model)
+    entrypoint: str | None = Field(None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")  # "package.module:function" instead of the built-in GPT
+    kwargs: dict[str, Any] = Field(default_factory=dict)  # passed to the entrypoint (needs seq_len); only with entrypoint
+
+    @field_validator("preset")
+    @classmethod
+    def _known_preset(cls, value: str | None) -> str | None:
+        if value is not None and value not in PRESETS:
+            raise ValueError(f"unknown preset {value!r} (valid: {', '.join(sorted(PRESETS))})")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ModelConfig:
+        if self.entrypoint is not None:
+            clashing = [f for f in ("preset", *_SIZE_FIELDS) if f in self.model_fields_set and getattr(self, f) is not None]
+            if clashing:
+                raise _FieldError((clashing[0],), "cannot be combined with model.entrypoint (the entrypoint defines the model)")
+            self.preset = None  # the default preset does not apply to an entrypoint model
+            seq_len = self.kwargs.get("seq_len")
+            if type(seq_len) is not int or seq_len < 1:
+                raise _FieldError(("kwargs", "seq_len"), f"a positive integer is required with model.entrypoint (got {_show(seq_len)})")
+            return self
+        if self.kwargs:
+            raise _FieldError(("kwargs",), "only used with model.entrypoint")
+        if self.preset is None:
+            raise _FieldError(("preset",), f"set a preset (valid: {', '.join(sorted(PRESETS))}) or model.entrypoint")
+        self._gpt()  # d_model must divide by n_heads once the preset is merged in
+        return self
+
+    def _gpt(self) -> GPTConfig:
+        base = PRESETS[self.preset]
+        sizes = {f: getattr(self, f) for f in _SIZE_FIELDS if getattr(self, f) is not None}
+        d_model, n_heads = sizes.get("d_model", base.d_model), sizes.get("n_heads", base.n_heads)
+        if d_model % n_heads:  # GPTConfig refuses this; report it in YAML terms instead
+            raise _FieldError(("d_model",), f"must be divisible by model.n_heads (got d_model {d_model}, n_heads {n_heads})")
+        return GPTConfig(**{**{f: getattr(base, f) for f in ("vocab_size", *_SIZE_FIELDS)}, **sizes})
+
+    @property
+    def num_stage_layers(self) -> int | None:
+        """Stage layers of the built-in GPT (n_layers + 2); None for an entrypoint model."""
+        return None if self.entrypoint is not None else self._gpt().num_stage_layers
+
+    def to_spec(self) -> ModelSpec:
+        if self.entrypoint is not None:
+            return ModelSpec(entrypoint=self.entrypoint, kwargs=dict(self.kwargs))
+        return ModelSpec(gpt=self._gpt())
+
+
+class DataConfig(_Strict):
+    path: str | None = Field(None, min_length=1)  # a text file to train on; default: the Python standard library's own sources
+    seed: int = 0  # shuffling / sampling seed
+
+
+class TrainConfig(_Strict):
+    steps: int = Field(300, ge=1)  # optimizer steps
+    micro_batch_size: int = Field(8, ge=1)  # samples per micro-batch
+    num_microbatches: int = Field(4, ge=1)  # micro-batches per step (global batch = the product)
+    schedule: Literal["1f1b", "gpipe"] = "1f1b"  # pipeline schedule
+    lr: YamlFloat = Field(3.0e-3, gt=0)  # AdamW learning rate
+    weight_decay: YamlFloat = Field(0.0, ge=0)  # AdamW weight decay
+    seed: int = 0  # parameter-init seed
+
+
+class RegionConfig(_Strict):
+    name: str = Field(pattern=_NAME)  # a region, e.g. us-east
+
+
+class LinkEmulation(_Strict):
+    bandwidth_mbps: YamlFloat | None = Field(None, gt=0)  # megabits/s the link carries (after compression)
+    latency_ms: YamlFloat | None = Field(None, ge=0)  # one-way latency added to every message
+
+
+def _listed_pair(value: Any) -> Any:
+    if isinstance(value, list):  # YAML has lists, the schema wants a pair
+        if len(value) != 2:
+            raise ValueError(f"must be a pair [a, b] (got {len(value)} items)")
+        return tuple(value)
+    return value
+
+
+class LinkConfig(_Strict):
+    between: Annotated[tuple[str, str], BeforeValidator(_listed_pair)]  # two distinct region names that nodes use
+    emulate: LinkEmulation = Field(default_factory=LinkEmulation)  # only local agents honour it
+
+    @field_validator("between")
+    @classmethod
+    def _distinct(cls, value: tuple[str, str]) -> tuple[str, str]:
+        if value[0] == value[1]:
+            raise ValueError(f"needs two different regions (got {value[0]!r} twice)")
+        return value
+
+
+class NodeEmulation(_Strict):
+    speed: YamlFloat = Field(1.0, gt=0, le=1)  # fraction of real compute speed; < 1 stretches every layer's time
+    memory_gb: YamlFloat | None = Field(None, gt=0)  # caps the memory the agent reports and may use
+
+
+class NodeConfig(_Strict):
+    name: str = Field(pattern=_NAME)  # unique node name
+    region: str = Field("default", pattern=_NAME)  # nodes in different regions talk over a (possibly emulated) link
+    launch: Literal["local", "remote"] = "local"  # local: started by `hetlaunch up`; remote: the user runs `hetlaunch agent` there
+    host: str | None = Field(None, min_length=1)  # remote nodes only: shown in the "waiting for" message
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda|cuda:\d+)$")  # auto | cpu | cuda | cuda:N
+    threads: int | None = Field(None, ge=1)  # local nodes only: torch intra-op threads (default: cores / local agents)
+    layers: Annotated[tuple[int, int], BeforeValidator(_listed_pair)] | None = None  # [start, end) pinned layer range
+    emulate: NodeEmulation = Field(default_factory=NodeEmulation)  # local nodes only
+
+    @field_validator("layers")
+    @classmethod
+    def _ordered(cls, value: tuple[int, int] | None) -> tuple[int, int] | None:
+        if value is not None and not 0 <= value[0] < value[1]:
+            raise ValueError(f"must be [start, end) with 0 <= start < end (got [{value[0]}, {value[1]}))")
+        return value
+
+    @model_validator(mode="after")
+    def _local_only(self) -> NodeConfig:
+        if self.launch == "remote":
+            for key, why in (("emulate", "only local nodes can emulate speed or memory"),
+                             ("threads", "only for local nodes (start the remote agent with its own settings)")):
+                if key in self.model_fields_set:
+                    raise _FieldError((key,), f"{why}; this node has launch: remote")
+        elif self.host is not None:
+            raise _FieldError(("host",), "only for remote nodes (a local node runs on this machine)")
+        return self
+
+
+def _none_to(default: Any) -> BeforeValidator:
+    return BeforeValidator(lambda v: default() if v is None else v)  # an empty section (`model:`) means defaults
+
+
+class ClusterConfig(_Strict):
+    name: str = Field("job", pattern=r"^[a-z0-9_-]+$")  # run name prefix
+    coordinator: Annotated[CoordinatorConfig, _none_to(dict)] = Field(default_factory=CoordinatorConfig)
+    model: Annotated[ModelConfig, _none_to(dict)] = Field(default_factory=ModelConfig)
+    data: Annotated[DataConfig, _none_to(dict)] = Field(default_factory=DataConfig)
+    train: Annotated[TrainConfig, _none_to(dict)] = Field(default_factory=TrainConfig)
+    regions: Annotated[list[RegionConfig], _none_to(list)] = Field(default_factory=list)  # regions used by nodes are implied
+    links: Annotated[list[LinkConfig], _none_to(list)] = Field(default_factory=list)  # per region pair
+    nodes: list[NodeConfig] = Field(min_length=1)  # the machines of the job; one pipeline stage each
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> ClusterConfig:
+        _first_duplicate([r.name for r in self.regions], "regions", "name", "region")
+        _first_duplicate([n.name for n in self.nodes], "nodes", "name", "node name")
+        used = sorted({n.region for n in self.nodes})
+        seen: dict[frozenset[str], int] = {}
+        for i, link in enumerate(self.links):
+            for region in link.between:
+                if region not in used:
+                    raise _FieldError(("links", i, "between"), f"region {region!r} is not used by any node (in use: {', '.join(used)})")
+            pair = frozenset(link.between)
+            if pair in seen:
+                raise _FieldError(("links", i, "between"), f"duplicate link between {link.between[0]} and {link.between[1]} (also links[{seen[pair]}])")
+            seen[pair] = i
+        self._check_layers()
+        return self
+
+    def _check_layers(self) -> None:
+        pinned = [n.layers is not None for n in self.nodes]
+        num_layers = self.model.num_stage_layers
+        if any(pinned) and not all(pinned):
+            i = pinned.index(False)
+            j = pinned.index(True)
+            raise _FieldError(("nodes", i, "layers"), f"missing; either every node pins layers or none does (nodes[{j}] does)")
+        if num_layers is None:
+            return  # entrypoint model: depth known only when built; the planner calls check_layer_tiling
+        if all(pinned):
+            try:
+                check_layer_tiling([(f"nodes[{i}].layers", *n.layers) for i, n in enumerate(self.nodes)], num_layers)
+            except ConfigError as exc:
+                raise _FieldError((), str(exc)) from None
+        elif len(self.nodes) > num_layers:
+            raise _FieldError(("nodes",), f"{len(self.nodes)} nodes but the model has only {num_layers} stage layers "
+                                          f"(n_layers + 2); each node needs at least one")
+
+    @property
+    def local_nodes(self) -> list[NodeConfig]:
+        return [n for n in self.nodes if n.launch == "local"]
+
+    @property
+    def remote_nodes(self) -> list[NodeConfig]:
+        return [n for n in self.nodes if n.launch == "remote"]
+
+    @property
+    def region_names(self) -> list[str]:
+        """Listed regions first, then the ones only nodes name, in order of appearance."""
+        names = [r.name for r in self.regions] + [n.region for n in self.nodes]
+        return list(dict.fromkeys(names))
+
+    def node(self, name: str) -> NodeConfig:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+    def link_between(self, region_a: str, region_b: str) -> LinkConfig | None:
+        """The link configured for this region pair (either order), or None."""
+        for link in self.links:
+            if {region_a, region_b} == set(link.between) and region_a != region_b:
+                return link
+        return None
+
+    def threads_for(self, node: NodeConfig, cpu_count: int) -> int:
+        """torch intra-op threads for a local agent: its own setting, else cores / local agents (>= 1)."""
+        if node.threads is not None:
+            return node.threads
+        return max(1, cpu_count // max(1, len(self.local_nodes)))
+
+
+def _first_duplicate(names: list[str], section: str, key: str, what: str) -> None:
+    first: dict[str, int] = {}
+    for i, name in enumerate(names):
+        if name in first:
+            raise _FieldError((section, i, key), f"duplicate {what} {name!r} (also {section}[{first[name]}])")
+        first[name] = i
+
+
+def check_layer_tiling(ranges: list[tuple[str, int, int]], num_layers: int) -> None:
+    """Check that ``(label, start, end)`` ranges tile ``[0, num_layers)`` exactly.
+
+    ``label`` names the owner in messages (``"nodes[1].layers"``, or a node name).
+    Raises ConfigError naming the first problem: start >= end, out of range,
+    overlap, or a gap. Used by the YAML validator and reusable by the planner."""
+    for label, start, end in ranges:
+        if not start < end:
+            raise ConfigError(f"{label}: start must be < end (got [{start}, {end}))")
+        if start < 0 or end > num_layers:
+            raise ConfigError(f"{label}: [{start}, {end}) is out of range; the model has layers [0, {num_layers})")
+    covered, prev = 0, None
+    for label, start, end in sorted(ranges, key=lambda r: (r[1], r[2])):
+        if start < covered:
+            raise ConfigError(f"{label}: [{start}, {end}) overlaps {prev[0]} [{prev[1]}, {prev[2]})")
+        if start > covered:
+            raise ConfigError(f"layers leave [{covered}, {start}) unassigned")
+        covered, prev = end, (label, start, end)
+    if covered < num_layers:
+        raise ConfigError(f"layers leave [{covered}, {num_layers}) unassigned")
+
+
+# ---------------------------------------------------------------- loading and error text
+
+
+def load_cluster(path: str | Path) -> ClusterConfig:
+    """Read and validate a cluster YAML file; every problem is a one-line ConfigError."""
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{source}: no such file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{source}: is a directory, not a YAML file") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{source}: not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise ConfigError(f"{source}: cannot read ({exc.strerror or exc})") from None
+    return parse_cluster(text, source)
+
+
+def parse_cluster(text: str, source: str = "<string>") -> ClusterConfig:
+    """Validate cluster YAML given as text; ``source`` prefixes every message."""
+    try:
+        _reject_duplicate_keys(yaml.compose(text, Loader=yaml.SafeLoader), (), source)
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        problem = exc.problem or exc.context or "parse error"
+        if exc.context and problem.startswith("but "):  # "expected a single document ..., but found another"
+            problem = f"{exc.context}, {problem}"
+        raise ConfigError(f"{source}: not valid YAML{where}: {_one_line(problem)}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: not valid YAML: {_one_line(str(exc))}") from None
+    if data is None:
+        raise ConfigError(f"{source}: file is empty (a cluster needs at least `nodes:`)")
+    return cluster_from_dict(data, source)
+
+
+def cluster_from_dict(data: Any, source: str = "<dict>") -> ClusterConfig:
+    """Validate an already-parsed mapping (for code and tests that build configs)."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{source}: top level must be a mapping of sections (got {_show(data)})")
+    try:
+        return ClusterConfig.model_validate(dict(data))
+    except ValidationError as exc:
+        errors = exc.errors()
+        more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise ConfigError(f"{source}: {_describe(errors[0])}{more}") from None
+
+
+def _reject_duplicate_keys(node: yaml.Node | None, path: tuple[str | int, ...], source: str) -> None:
+    # yaml.safe_load keeps the last of two equal keys silently; a strict schema must not.
+    if isinstance(node, yaml.MappingNode):
+        seen: set[Any] = set()
+        for key, value in node.value:
+            name = key.value if isinstance(key, yaml.ScalarNode) else "?"
+            if name in seen:
+                mark = key.start_mark
+                raise ConfigError(f"{source}: {_path(path + (name,))}: duplicate key (line {mark.line + 1}, column {mark.column + 1})")
+            seen.add(name)
+            _reject_duplicate_keys(value, path + (name,), source)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _reject_duplicate_keys(item, path + (i,), source)
+
+
+def _path(loc: tuple[str | int, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, Mapping):
+        return "a mapping"
+    if isinstance(value, (list, tuple)):
+        return f"a list of {len(value)}" if isinstance(value, list) else f"[{', '.join(map(_show, value))}]"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+_KIND = {"int": "an integer", "float": "a number", "string": "a string", "bool": "true or false",
+         "dict": "a mapping", "model": "a mapping", "list": "a list", "tuple": "a list"}
+
+
+def _describe(err: Mapping[str, Any]) -> str:
+    """One pydantic error as `path: message` in the user's YAML terms."""
+    loc, kind, ctx, got = tuple(err["loc"]), err["type"], err.get("ctx") or {}, err.get("input")
+    cause = ctx.get("error")
+    if isinstance(cause, _FieldError):
+        loc = loc + cause.path
+    where = _path(loc)
+    if kind == "extra_forbidden":
+        msg = "unknown key" + _suggest(loc)
+    elif kind == "missing":
+        msg = "required"
+    elif kind in ("value_error", "assertion_error") and cause is not None:
+        msg = _one_line(str(cause))
+    elif kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
+        op, bound = {"greater_than_equal": (">=", "ge"), "greater_than": (">", "gt"),
+                     "less_than_equal": ("<=", "le"), "less_than": ("<", "lt")}[kind]
+        limit = ctx[bound]
+        limit = int(limit) if isinstance(limit, float) and limit.is_integer() else limit
+        msg = f"must be {op} {limit} (got {_show(got)})"
+    elif kind == "literal_error":
+        msg = f"must be {ctx['expected']} (got {_show(got)})"
+    elif kind == "string_pattern_mismatch":
+        msg = f"must match {ctx['pattern'].strip('^$')} (got {_show(got)})"
+    elif kind == "string_too_short":
+        msg = "must not be empty"
+    elif kind in ("too_short", "too_long"):
+        if kind == "too_short":
+            msg = f"must have at least {ctx.get('min_length')} item(s) (got {ctx.get('actual_length')})"
+        else:
+            msg = f"must have at most {ctx.get('max_length')} item(s) (got {ctx.get('actual_length')})"
+    elif kind == "finite_number":
+        msg = f"must be a finite number (got {_show(got)})"
+    elif kind.split("_")[0] in _KIND and kind.endswith(("_type", "_parsing", "_from_float", "_attributes_type")):
+        msg = f"must be {_KIND[kind.split('_')[0]]} (got {_show(got)})"
+    else:
+        msg = _one_line(err["msg"])
+    return f"{where}: {msg}" if where else msg
+
+
+def _suggest(loc: tuple[str | int, ...]) -> str:
+    """' (did you mean ...)' for an unknown key, from the model that owns it."""
+    model: Any = ClusterConfig
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(part) if isinstance(model, type) and issubclass(model, BaseModel) else None
+        if field is None:
+            return ""
+        model = _model_in(field.annotation)
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        return ""
+    keys = list(model.model_fields)
+    close = difflib.get_close_matches(str(loc[-1]), keys, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else f" (valid: {', '.join(keys)})"
+
+
+def _model_in(annotation: Any) -> Any:
+    """The BaseModel inside list[...], X | None, Annotated[...]."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None

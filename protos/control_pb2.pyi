@@ -1,0 +1,303 @@
+from google.protobuf import struct_pb2 as _struct_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class DeviceKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DEVICE_KIND_UNSPECIFIED: _ClassVar[DeviceKind]
+    DEVICE_KIND_CPU: _ClassVar[DeviceKind]
+    DEVICE_KIND_CUDA: _ClassVar[DeviceKind]
+
+class AgentState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    AGENT_STATE_UNSPECIFIED: _ClassVar[AgentState]
+    AGENT_STATE_IDLE: _ClassVar[AgentState]
+    AGENT_STATE_TRAINING: _ClassVar[AgentState]
+
+class Schedule(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SCHEDULE_UNSPECIFIED: _ClassVar[Schedule]
+    SCHEDULE_1F1B: _ClassVar[Schedule]
+    SCHEDULE_GPIPE: _ClassVar[Schedule]
+
+class Codec(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CODEC_UNSPECIFIED: _ClassVar[Codec]
+    CODEC_NONE: _ClassVar[Codec]
+DEVICE_KIND_UNSPECIFIED: DeviceKind
+DEVICE_KIND_CPU: DeviceKind
+DEVICE_KIND_CUDA: DeviceKind
+AGENT_STATE_UNSPECIFIED: AgentState
+AGENT_STATE_IDLE: AgentState
+AGENT_STATE_TRAINING: AgentState
+SCHEDULE_UNSPECIFIED: Schedule
+SCHEDULE_1F1B: Schedule
+SCHEDULE_GPIPE: Schedule
+CODEC_UNSPECIFIED: Codec
+CODEC_NONE: Codec
+
+class Device(_message.Message):
+    __slots__ = ("kind", "name", "memory_bytes", "index")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    kind: DeviceKind
+    name: str
+    memory_bytes: int
+    index: int
+    def __init__(self, kind: _Optional[_Union[DeviceKind, str]] = ..., name: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., index: _Optional[int] = ...) -> None: ...
+
+class AgentInfo(_message.Message):
+    __slots__ = ("node_name", "hostname", "devices", "agent_version", "torch_version", "pid")
+    NODE_NAME_FIELD_NUMBER: _ClassVar[int]
+    HOSTNAME_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TORCH_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    node_name: str
+    hostname: str
+    devices: _containers.RepeatedCompositeFieldContainer[Device]
+    agent_version: str
+    torch_version: str
+    pid: int
+    def __init__(self, node_name: _Optional[str] = ..., hostname: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., agent_version: _Optional[str] = ..., torch_version: _Optional[str] = ..., pid: _Optional[int] = ...) -> None: ...
+
+class RegisterRequest(_message.Message):
+    __slots__ = ("agent",)
+    AGENT_FIELD_NUMBER: _ClassVar[int]
+    agent: AgentInfo
+    def __init__(self, agent: _Optional[_Union[AgentInfo, _Mapping]] = ...) -> None: ...
+
+class RegisterResponse(_message.Message):
+    __slots__ = ("agent_id", "heartbeat_interval_ms")
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    agent_id: str
+    heartbeat_interval_ms: int
+    def __init__(self, agent_id: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("agent_id", "state", "step")
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    agent_id: str
+    state: AgentState
+    step: int
+    def __init__(self, agent_id: _Optional[str] = ..., state: _Optional[_Union[AgentState, str]] = ..., step: _Optional[int] = ...) -> None: ...
+
+class HeartbeatResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class WatchCommandsRequest(_message.Message):
+    __slots__ = ("agent_id",)
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    agent_id: str
+    def __init__(self, agent_id: _Optional[str] = ...) -> None: ...
+
+class Command(_message.Message):
+    __slots__ = ("run_stage", "shutdown")
+    RUN_STAGE_FIELD_NUMBER: _ClassVar[int]
+    SHUTDOWN_FIELD_NUMBER: _ClassVar[int]
+    run_stage: RunStage
+    shutdown: Shutdown
+    def __init__(self, run_stage: _Optional[_Union[RunStage, _Mapping]] = ..., shutdown: _Optional[_Union[Shutdown, _Mapping]] = ...) -> None: ...
+
+class Shutdown(_message.Message):
+    __slots__ = ("reason",)
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    def __init__(self, reason: _Optional[str] = ...) -> None: ...
+
+class GptModel(_message.Message):
+    __slots__ = ("vocab_size", "seq_len", "d_model", "n_layers", "n_heads", "d_ff")
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    SEQ_LEN_FIELD_NUMBER: _ClassVar[int]
+    D_MODEL_FIELD_NUMBER: _ClassVar[int]
+    N_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    N_HEADS_FIELD_NUMBER: _ClassVar[int]
+    D_FF_FIELD_NUMBER: _ClassVar[int]
+    vocab_size: int
+    seq_len: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    d_ff: int
+    def __init__(self, vocab_size: _Optional[int] = ..., seq_len: _Optional[int] = ..., d_model: _Optional[int] = ..., n_layers: _Optional[int] = ..., n_heads: _Optional[int] = ..., d_ff: _Optional[int] = ...) -> None: ...
+
+class EntrypointModel(_message.Message):
+    __slots__ = ("entrypoint", "kwargs", "seq_len")
+    ENTRYPOINT_FIELD_NUMBER: _ClassVar[int]
+    KWARGS_FIELD_NUMBER: _ClassVar[int]
+    SEQ_LEN_FIELD_NUMBER: _ClassVar[int]
+    entrypoint: str
+    kwargs: _struct_pb2.Struct
+    seq_len: int
+    def __init__(self, entrypoint: _Optional[str] = ..., kwargs: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., seq_len: _Optional[int] = ...) -> None: ...
+
+class ModelSpec(_message.Message):
+    __slots__ = ("gpt", "entrypoint")
+    GPT_FIELD_NUMBER: _ClassVar[int]
+    ENTRYPOINT_FIELD_NUMBER: _ClassVar[int]
+    gpt: GptModel
+    entrypoint: EntrypointModel
+    def __init__(self, gpt: _Optional[_Union[GptModel, _Mapping]] = ..., entrypoint: _Optional[_Union[EntrypointModel, _Mapping]] = ...) -> None: ...
+
+class DataSpec(_message.Message):
+    __slots__ = ("path", "seed")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    seed: int
+    def __init__(self, path: _Optional[str] = ..., seed: _Optional[int] = ...) -> None: ...
+
+class TrainSpec(_message.Message):
+    __slots__ = ("steps", "micro_batch_size", "num_microbatches", "schedule", "lr", "weight_decay", "seed")
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    MICRO_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    NUM_MICROBATCHES_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULE_FIELD_NUMBER: _ClassVar[int]
+    LR_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_DECAY_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    steps: int
+    micro_batch_size: int
+    num_microbatches: int
+    schedule: Schedule
+    lr: float
+    weight_decay: float
+    seed: int
+    def __init__(self, steps: _Optional[int] = ..., micro_batch_size: _Optional[int] = ..., num_microbatches: _Optional[int] = ..., schedule: _Optional[_Union[Schedule, str]] = ..., lr: _Optional[float] = ..., weight_decay: _Optional[float] = ..., seed: _Optional[int] = ...) -> None: ...
+
+class Emulation(_message.Message):
+    __slots__ = ("speed", "memory_gb")
+    SPEED_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_GB_FIELD_NUMBER: _ClassVar[int]
+    speed: float
+    memory_gb: float
+    def __init__(self, speed: _Optional[float] = ..., memory_gb: _Optional[float] = ...) -> None: ...
+
+class LinkSpec(_message.Message):
+    __slots__ = ("peer_rank", "forward_codec", "backward_codec", "emulate_bandwidth_mbps", "emulate_latency_ms")
+    PEER_RANK_FIELD_NUMBER: _ClassVar[int]
+    FORWARD_CODEC_FIELD_NUMBER: _ClassVar[int]
+    BACKWARD_CODEC_FIELD_NUMBER: _ClassVar[int]
+    EMULATE_BANDWIDTH_MBPS_FIELD_NUMBER: _ClassVar[int]
+    EMULATE_LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
+    peer_rank: int
+    forward_codec: Codec
+    backward_codec: Codec
+    emulate_bandwidth_mbps: float
+    emulate_latency_ms: float
+    def __init__(self, peer_rank: _Optional[int] = ..., forward_codec: _Optional[_Union[Codec, str]] = ..., backward_codec: _Optional[_Union[Codec, str]] = ..., emulate_bandwidth_mbps: _Optional[float] = ..., emulate_latency_ms: _Optional[float] = ...) -> None: ...
+
+class StageSpec(_message.Message):
+    __slots__ = ("stage_index", "num_stages", "layer_start", "layer_end", "prev", "next", "device", "threads", "emulate")
+    STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    NUM_STAGES_FIELD_NUMBER: _ClassVar[int]
+    LAYER_START_FIELD_NUMBER: _ClassVar[int]
+    LAYER_END_FIELD_NUMBER: _ClassVar[int]
+    PREV_FIELD_NUMBER: _ClassVar[int]
+    NEXT_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    THREADS_FIELD_NUMBER: _ClassVar[int]
+    EMULATE_FIELD_NUMBER: _ClassVar[int]
+    stage_index: int
+    num_stages: int
+    layer_start: int
+    layer_end: int
+    prev: LinkSpec
+    next: LinkSpec
+    device: str
+    threads: int
+    emulate: Emulation
+    def __init__(self, stage_index: _Optional[int] = ..., num_stages: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., prev: _Optional[_Union[LinkSpec, _Mapping]] = ..., next: _Optional[_Union[LinkSpec, _Mapping]] = ..., device: _Optional[str] = ..., threads: _Optional[int] = ..., emulate: _Optional[_Union[Emulation, _Mapping]] = ...) -> None: ...
+
+class Rendezvous(_message.Message):
+    __slots__ = ("store_host", "store_port", "generation", "rank", "world_size", "timeout_s", "backend")
+    STORE_HOST_FIELD_NUMBER: _ClassVar[int]
+    STORE_PORT_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    store_host: str
+    store_port: int
+    generation: int
+    rank: int
+    world_size: int
+    timeout_s: float
+    backend: str
+    def __init__(self, store_host: _Optional[str] = ..., store_port: _Optional[int] = ..., generation: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., timeout_s: _Optional[float] = ..., backend: _Optional[str] = ...) -> None: ...
+
+class RunStage(_message.Message):
+    __slots__ = ("run_id", "model", "data", "train", "stage", "rendezvous")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    RENDEZVOUS_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    model: ModelSpec
+    data: DataSpec
+    train: TrainSpec
+    stage: StageSpec
+    rendezvous: Rendezvous
+    def __init__(self, run_id: _Optional[str] = ..., model: _Optional[_Union[ModelSpec, _Mapping]] = ..., data: _Optional[_Union[DataSpec, _Mapping]] = ..., train: _Optional[_Union[TrainSpec, _Mapping]] = ..., stage: _Optional[_Union[StageSpec, _Mapping]] = ..., rendezvous: _Optional[_Union[Rendezvous, _Mapping]] = ...) -> None: ...
+
+class StepMetrics(_message.Message):
+    __slots__ = ("step", "stage_index", "has_loss", "loss", "step_s", "compute_s", "comm_s", "tokens")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    HAS_LOSS_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    STEP_S_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_S_FIELD_NUMBER: _ClassVar[int]
+    COMM_S_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    stage_index: int
+    has_loss: bool
+    loss: float
+    step_s: float
+    compute_s: float
+    comm_s: float
+    tokens: int
+    def __init__(self, step: _Optional[int] = ..., stage_index: _Optional[int] = ..., has_loss: _Optional[bool] = ..., loss: _Optional[float] = ..., step_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., comm_s: _Optional[float] = ..., tokens: _Optional[int] = ...) -> None: ...
+
+class ReportStepRequest(_message.Message):
+    __slots__ = ("agent_id", "metrics")
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    agent_id: str
+    metrics: StepMetrics
+    def __init__(self, agent_id: _Optional[str] = ..., metrics: _Optional[_Union[StepMetrics, _Mapping]] = ...) -> None: ...
+
+class ReportStepResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ReportResultRequest(_message.Message):
+    __slots__ = ("agent_id", "ok", "error")
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    OK_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    agent_id: str
+    ok: bool
+    error: str
+    def __init__(self, agent_id: _Optional[str] = ..., ok: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
+
+class ReportResultResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

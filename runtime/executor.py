@@ -1,0 +1,137 @@
+"""Runs one pipeline stage: its layer range, its links, its optimizer, one schedule per step.
+
+The training step reads top to bottom in `train_step`: walk the schedule's actions
+(forward or backward of one micro-batch), receive inputs or gradients from the
+neighbouring stages when an action needs them, send results on asynchronously, then
+drain the sends and step the optimizer. Gradients accumulate over micro-batches; the
+last stage computes the loss, scaled by 1/M so a step equals one big-batch step.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch import nn
+
+from hetlaunch.runtime.link import Link
+from hetlaunch.runtime.schedules import Action, Op
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass
+class StepResult:
+    loss: float | None  # mean micro-batch loss; only on the last stage
+    step_s: float
+    compute_s: float
+    comm_s: float
+
+
+@dataclass
+class _InFlight:
+    """What a forward keeps until its backward: the stage's input and output (or loss)."""
+
+    inputs: torch.Tensor
+    output: torch.Tensor
+
+
+@dataclass
+class StageExecutor:
+    layers: list[nn.Module]
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    is_first: bool
+    is_last: bool
+    device: torch.device
+    prev_link: Link | None = None
+    next_link: Link | None = None
+    lr: float = 3e-3
+    weight_decay: float = 0.0
+    # Emulated slowdown: compute that took t seconds is stretched to t / speed.
+    speed: float = 1.0
+    module: nn.Sequential = field(init=False)
+    optimizer: torch.optim.Optimizer | None = field(init=False)
+
+    def __post_init__(self):
+        if self.is_first != (self.prev_link is None) or self.is_last != (self.next_link is None):
+            raise ValueError("a stage has a previous link unless it is first and a next link unless it is last")
+        self.module = nn.Sequential(*self.layers).to(self.device)
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        # A stage with no parameters (e.g. a pure reshape) still runs; it has nothing to step.
+        self.optimizer = torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay) if params else None
+        self._timing_needs_sync = self.device.type == "cuda"
+
+    def train_step(self, actions: list[Action], microbatches: list[Batch] | None, num_microbatches: int) -> StepResult:
+        """One optimizer step over `num_microbatches` micro-batches in the schedule's order.
+
+        `microbatches` holds the (inputs, targets) pairs; the first stage reads inputs,
+        the last stage reads targets, middle stages pass None.
+        """
+        step_start = time.perf_counter()
+        self._compute_s = 0.0
+        self._comm_s = 0.0
+        in_flight: dict[int, _InFlight] = {}
+        losses: list[float] = []
+        for action in actions:
+            if action.op is Op.FORWARD:
+                in_flight[action.microbatch] = self._forward(action.microbatch, microbatches, num_microbatches, losses)
+            else:
+                self._backward(in_flight.pop(action.microbatch))
+        if in_flight:
+            raise RuntimeError(f"schedule left micro-batches {sorted(in_flight)} without a backward")
+        for link in (self.prev_link, self.next_link):
+            if link is not None:
+                self._comm_s += link.drain()
+        self._timed(self._optimizer_step)
+        loss = sum(losses) / len(losses) if self.is_last else None
+        return StepResult(loss=loss, step_s=time.perf_counter() - step_start,
+                          compute_s=self._compute_s, comm_s=self._comm_s)
+
+    def _forward(self, mb: int, microbatches: list[Batch] | None, num_microbatches: int,
+                 losses: list[float]) -> _InFlight:
+        if self.is_first:
+            inputs = microbatches[mb][0].to(self.device, non_blocking=True)
+        else:
+            inputs = self._received(self.prev_link).requires_grad_()
+        output = self._timed(self.module, inputs)
+        if self.is_last:
+            targets = microbatches[mb][1].to(self.device, non_blocking=True)
+            loss = self._timed(self.loss_fn, output, targets)
+            losses.append(loss.item())
+            return _InFlight(inputs, loss / num_microbatches)
+        self.next_link.send(output)
+        return _InFlight(inputs, output)
+
+    def _backward(self, saved: _InFlight) -> None:
+        if self.is_last:
+            self._timed(saved.output.backward)
+        else:
+            grad = self._received(self.next_link)
+            self._timed(saved.output.backward, grad)
+        if not self.is_first:
+            self.prev_link.send(saved.inputs.grad)
+
+    def _optimizer_step(self) -> None:
+        if self.optimizer is not None:
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+
+    def _received(self, link: Link) -> torch.Tensor:
+        start = time.perf_counter()
+        tensor = link.recv()
+        self._comm_s += time.perf_counter() - start
+        return tensor
+
+    def _timed(self, fn, *args):
+        """Run compute, count its time, and stretch it when this node emulates a slower device."""
+        start = time.perf_counter()
+        result = fn(*args)
+        if self.speed < 1.0:
+            if self._timing_needs_sync:
+                torch.cuda.synchronize(self.device)
+            elapsed = time.perf_counter() - start
+            time.sleep(elapsed * (1.0 / self.speed - 1.0))
+        self._compute_s += time.perf_counter() - start
+        return result

@@ -1,0 +1,120 @@
+"""One side of a pipeline stage boundary on the torch.distributed data plane.
+
+What crosses is a fixed-size int64 header tensor (format version, codec, dtype, shape)
+followed by the codec's payload tensors, sent with point-to-point isend/irecv. Only
+tensors cross: nothing is pickled. Sends are asynchronous so the sender's compute goes
+on while bytes are on the wire; the executor drains them at the end of a step.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from hetlaunch.runtime.codecs import Codec, codec_by_id
+
+HEADER_VERSION = 1
+MAX_DIMS = 8
+HEADER_LEN = 4 + MAX_DIMS  # version, codec, dtype, ndim, dims...
+
+# Wire codes for dtypes; append only, the numbers are part of the protocol.
+DTYPE_CODES: dict[torch.dtype, int] = {
+    torch.float32: 1,
+    torch.float16: 2,
+    torch.bfloat16: 3,
+    torch.float64: 4,
+    torch.int64: 5,
+    torch.int32: 6,
+    torch.uint8: 7,
+    torch.int8: 8,
+    torch.bool: 9,
+}
+DTYPES_BY_CODE = {code: dtype for dtype, code in DTYPE_CODES.items()}
+
+
+def encode_header(codec: Codec, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    if len(shape) > MAX_DIMS:
+        raise ValueError(f"tensors of more than {MAX_DIMS} dims cannot cross a link (got {len(shape)})")
+    if dtype not in DTYPE_CODES:
+        raise ValueError(f"dtype {dtype} cannot cross a link")
+    header = torch.zeros(HEADER_LEN, dtype=torch.int64)
+    header[0] = HEADER_VERSION
+    header[1] = codec.wire_id
+    header[2] = DTYPE_CODES[dtype]
+    header[3] = len(shape)
+    if shape:
+        header[4 : 4 + len(shape)] = torch.tensor(shape, dtype=torch.int64)
+    return header
+
+
+def decode_header(header: torch.Tensor) -> tuple[Codec, tuple[int, ...], torch.dtype]:
+    values = header.tolist()
+    if values[0] != HEADER_VERSION:
+        raise ValueError(f"link header version {values[0]} (expected {HEADER_VERSION}): peers run different hetlaunch versions")
+    ndim = values[3]
+    if not 0 <= ndim <= MAX_DIMS or values[2] not in DTYPES_BY_CODE:
+        raise ValueError(f"corrupt link header {values}")
+    return codec_by_id(values[1]), tuple(values[4 : 4 + ndim]), DTYPES_BY_CODE[values[2]]
+
+
+@dataclass
+class LinkStats:
+    raw_bytes: int = 0
+    wire_bytes: int = 0
+    messages: int = 0
+
+
+class Link:
+    """Sends to and receives from one neighbouring rank.
+
+    `send_codec` encodes what this side sends (activations towards the next stage,
+    gradients towards the previous one); received tensors are decoded with whatever
+    codec their header names. `wire_device` is where the backend wants tensors
+    (CPU for gloo, the GPU for NCCL); `device` is where the stage computes.
+    """
+
+    def __init__(self, peer_rank: int, send_codec: Codec, device: torch.device, wire_device: torch.device,
+                 group: dist.ProcessGroup | None = None):
+        self.peer_rank = peer_rank
+        self.send_codec = send_codec
+        self.device = device
+        self.wire_device = wire_device
+        self.group = group
+        self.stats = LinkStats()
+        self._pending: list[tuple[dist.Work, list[torch.Tensor]]] = []
+
+    def send(self, tensor: torch.Tensor) -> None:
+        """Start sending; returns without waiting for the bytes to leave."""
+        tensor = tensor.detach()
+        payloads = self.send_codec.encode(tensor)
+        header = encode_header(self.send_codec, tuple(tensor.shape), tensor.dtype)
+        to_wire = [header.to(self.wire_device)] + [p.to(self.wire_device).contiguous() for p in payloads]
+        for t in to_wire:
+            work = dist.isend(t, dst=self.peer_rank, group=self.group)
+            self._pending.append((work, to_wire))  # the tensors must outlive the send
+        self.stats.messages += 1
+        self.stats.raw_bytes += tensor.numel() * tensor.element_size()
+        self.stats.wire_bytes += sum(p.numel() * p.element_size() for p in payloads)
+        self._pending = [(w, ts) for w, ts in self._pending if not w.is_completed()]
+
+    def recv(self) -> torch.Tensor:
+        """Block until the peer's next tensor arrives; return it on the compute device."""
+        header = torch.empty(HEADER_LEN, dtype=torch.int64, device=self.wire_device)
+        dist.recv(header, src=self.peer_rank, group=self.group)
+        codec, shape, dtype = decode_header(header.cpu())
+        payloads = [torch.empty(s, dtype=d, device=self.wire_device) for s, d in codec.payload_specs(shape, dtype)]
+        works = [dist.irecv(p, src=self.peer_rank, group=self.group) for p in payloads]
+        for work in works:
+            work.wait()
+        return codec.decode([p.to(self.device) for p in payloads], shape, dtype)
+
+    def drain(self) -> float:
+        """Wait for every send still in flight; return the seconds spent waiting."""
+        start = time.perf_counter()
+        for work, _ in self._pending:
+            work.wait()
+        self._pending.clear()
+        return time.perf_counter() - start

@@ -1,0 +1,177 @@
+"""Pipeline schedules as data.
+
+A schedule is, for each stage, the ordered list of actions that stage runs in
+one training step: ``F m`` (forward micro-batch ``m``) or ``B m`` (backward).
+The executor walks its stage's list; everything else here (the dependency
+simulator, the in-flight count) checks a schedule without running a model, in
+the style of ``torch/distributed/pipelining/schedules.py``.
+
+Dependencies between stages (what P2P send/recv enforces at run time):
+``F(s, m)`` needs ``F(s-1, m)``; ``B(s, m)`` needs ``F(s, m)`` and ``B(s+1, m)``
+(the last stage's backward needs only its own forward, which computed the loss).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Callable
+
+
+class Op(str, Enum):
+    FORWARD = "F"
+    BACKWARD = "B"
+
+
+@dataclass(frozen=True)
+class Action:
+    op: Op
+    microbatch: int
+
+    def __str__(self) -> str:
+        return f"{self.op.value}{self.microbatch}"
+
+
+def _check_args(stage: int, num_stages: int, num_microbatches: int) -> None:
+    if num_stages < 1:
+        raise ValueError(f"num_stages must be >= 1, got {num_stages}")
+    if not 0 <= stage < num_stages:
+        raise ValueError(f"stage must be in [0, {num_stages}), got {stage}")
+    if num_microbatches < 1:
+        raise ValueError(f"num_microbatches must be >= 1, got {num_microbatches}")
+
+
+def _f(m: int) -> Action:
+    return Action(Op.FORWARD, m)
+
+
+def _b(m: int) -> Action:
+    return Action(Op.BACKWARD, m)
+
+
+def one_f_one_b(stage: int, num_stages: int, num_microbatches: int) -> list[Action]:
+    """PipeDream-flush 1F1B: warm-up forwards, then one forward / one backward, then drain.
+
+    Stage ``s`` keeps at most ``min(num_stages - s, M)`` micro-batches' activations alive,
+    which is the point of 1F1B over GPipe.
+    """
+    _check_args(stage, num_stages, num_microbatches)
+    m_total = num_microbatches
+    warmup = min(num_stages - stage - 1, m_total)
+    actions = [_f(m) for m in range(warmup)]
+    for i in range(m_total - warmup):
+        actions += [_f(warmup + i), _b(i)]
+    actions += [_b(m) for m in range(m_total - warmup, m_total)]
+    return actions
+
+
+def gpipe(stage: int, num_stages: int, num_microbatches: int) -> list[Action]:
+    """GPipe: all forwards, then all backwards, both in micro-batch order 0..M-1.
+
+    Every stage uses the same backward order, so the backward wave flows down the
+    pipeline like the forward one (``simulate`` proves it deadlock-free).
+    """
+    _check_args(stage, num_stages, num_microbatches)
+    return [_f(m) for m in range(num_microbatches)] + [_b(m) for m in range(num_microbatches)]
+
+
+SCHEDULES: dict[str, Callable[[int, int, int], list[Action]]] = {"1f1b": one_f_one_b, "gpipe": gpipe}
+
+
+def schedule_for(name: str, stage: int, num_stages: int, num_microbatches: int) -> list[Action]:
+    if name not in SCHEDULES:
+        raise ValueError(f"unknown schedule {name!r}; valid schedules: {', '.join(SCHEDULES)}")
+    return SCHEDULES[name](stage, num_stages, num_microbatches)
+
+
+def validate_actions(actions: list[Action], num_microbatches: int) -> None:
+    """Raise ValueError unless each micro-batch is forwarded once and backwarded once, after its forward."""
+    seen: set[Action] = set()
+    for pos, a in enumerate(actions):
+        if not 0 <= a.microbatch < num_microbatches:
+            raise ValueError(f"action {a} at position {pos}: micro-batch outside [0, {num_microbatches})")
+        if a in seen:
+            raise ValueError(f"action {a} at position {pos} appears twice")
+        if a.op is Op.BACKWARD and _f(a.microbatch) not in seen:
+            raise ValueError(f"action {a} at position {pos} comes before its forward")
+        seen.add(a)
+    missing = [str(a) for m in range(num_microbatches) for a in (_f(m), _b(m)) if a not in seen]
+    if missing:
+        raise ValueError(f"schedule is missing actions: {' '.join(missing)}")
+
+
+def max_in_flight(actions: list[Action]) -> int:
+    """Most micro-batches forwarded but not yet backwarded at any point (activation memory)."""
+    live = peak = 0
+    for a in actions:
+        live += 1 if a.op is Op.FORWARD else -1
+        peak = max(peak, live)
+    return peak
+
+
+def _deps(stage: int, num_stages: int, a: Action) -> list[tuple[int, Action]]:
+    """(stage, action) pairs that must finish before ``a`` may start on ``stage``."""
+    if a.op is Op.FORWARD:
+        return [(stage - 1, a)] if stage > 0 else []
+    deps = [(stage, _f(a.microbatch))]
+    if stage < num_stages - 1:
+        deps.append((stage + 1, a))
+    return deps
+
+
+def _costs(costs: list[float] | None, default: float, num_stages: int, what: str) -> list[float]:
+    if costs is None:
+        return [default] * num_stages
+    if len(costs) != num_stages or any(c < 0 for c in costs):
+        raise ValueError(f"{what} needs {num_stages} non-negative per-stage costs, got {costs}")
+    return list(costs)
+
+
+def simulate(
+    per_stage: list[list[Action]],
+    forward_cost: list[float] | None = None,
+    backward_cost: list[float] | None = None,
+) -> float:
+    """Run the per-stage action lists under the pipeline dependencies, each stage
+    strictly in its own order, with zero communication cost; return the makespan.
+
+    Raises ``ValueError("schedule deadlocks at ...")`` when no stage can progress.
+    """
+    num_stages = len(per_stage)
+    if num_stages == 0:
+        raise ValueError("simulate needs at least one stage")
+    f_cost = _costs(forward_cost, 1.0, num_stages, "forward_cost")
+    b_cost = _costs(backward_cost, 2.0, num_stages, "backward_cost")
+    for s, actions in enumerate(per_stage):
+        if len(set(actions)) != len(actions):
+            raise ValueError(f"stage {s} repeats an action: {' '.join(map(str, actions))}")
+
+    finish: dict[tuple[int, Action], float] = {}
+    next_idx = [0] * num_stages
+    free_at = [0.0] * num_stages
+    remaining = sum(len(a) for a in per_stage)
+    while remaining:
+        progressed = False
+        for s in range(num_stages):
+            # Run as far as this stage can go; a start time depends only on
+            # finished actions, so the sweep order does not change the result.
+            while next_idx[s] < len(per_stage[s]):
+                a = per_stage[s][next_idx[s]]
+                deps = _deps(s, num_stages, a)
+                if any(d not in finish for d in deps):
+                    break
+                start = max([free_at[s]] + [finish[d] for d in deps])
+                free_at[s] = start + (f_cost[s] if a.op is Op.FORWARD else b_cost[s])
+                finish[(s, a)] = free_at[s]
+                next_idx[s] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            stuck = "; ".join(
+                f"stage {s} {per_stage[s][i]} waits for "
+                + ", ".join(f"stage {ds} {da}" for ds, da in _deps(s, num_stages, per_stage[s][i]) if (ds, da) not in finish)
+                for s, i in enumerate(next_idx)
+                if i < len(per_stage[s])
+            )
+            raise ValueError(f"schedule deadlocks at {stuck}")
+    return max(free_at)

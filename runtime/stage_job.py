@@ -1,0 +1,106 @@
+"""Turn a RunStage command into a running stage: model range, data, data-plane group, links, steps."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+from google.protobuf import json_format, struct_pb2
+
+from hetlaunch.protos import control_pb2 as pb
+from hetlaunch.runtime.codecs import codec_by_id
+from hetlaunch.runtime.data import TokenBatches, file_text_bytes, stdlib_text_bytes
+from hetlaunch.runtime.executor import StageExecutor
+from hetlaunch.runtime.link import Link
+from hetlaunch.runtime.model import GPTConfig, ModelSpec, build_model_range
+from hetlaunch.runtime.schedules import schedule_for
+
+SCHEDULE_NAMES = {pb.SCHEDULE_1F1B: "1f1b", pb.SCHEDULE_GPIPE: "gpipe"}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name in ("", "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"device {name!r} requested but CUDA is not available on this node")
+    return device
+
+
+def model_spec_from_proto(model: pb.ModelSpec) -> ModelSpec:
+    if model.HasField("gpt"):
+        g = model.gpt
+        return ModelSpec(gpt=GPTConfig(vocab_size=g.vocab_size, seq_len=g.seq_len, d_model=g.d_model,
+                                       n_layers=g.n_layers, n_heads=g.n_heads, d_ff=g.d_ff or None))
+    if model.HasField("entrypoint"):
+        e = model.entrypoint
+        return ModelSpec(entrypoint=e.entrypoint, kwargs=json_format.MessageToDict(e.kwargs))
+    raise ValueError("RunStage carries no model")
+
+
+def model_spec_to_proto(spec: ModelSpec) -> pb.ModelSpec:
+    if spec.gpt is not None:
+        g = spec.gpt
+        return pb.ModelSpec(gpt=pb.GptModel(vocab_size=g.vocab_size, seq_len=g.seq_len, d_model=g.d_model,
+                                            n_layers=g.n_layers, n_heads=g.n_heads, d_ff=g.d_ff or 0))
+    kwargs = struct_pb2.Struct()
+    kwargs.update(spec.kwargs)
+    return pb.ModelSpec(entrypoint=pb.EntrypointModel(entrypoint=spec.entrypoint, kwargs=kwargs,
+                                                      seq_len=spec.seq_len))
+
+
+def _init_data_plane(rdzv: pb.Rendezvous) -> None:
+    timeout = datetime.timedelta(seconds=rdzv.timeout_s or 120)
+    store = dist.TCPStore(rdzv.store_host, rdzv.store_port, is_master=False, timeout=timeout)
+    # One key prefix per plan generation, so a re-plan can rendezvous on the same store.
+    store = dist.PrefixStore(f"gen{rdzv.generation}/", store)
+    dist.init_process_group(rdzv.backend or "gloo", store=store, rank=rdzv.rank,
+                            world_size=rdzv.world_size, timeout=timeout)
+
+
+def _links(stage: pb.StageSpec, device: torch.device, backend: str) -> tuple[Link | None, Link | None]:
+    wire_device = device if backend == "nccl" else torch.device("cpu")
+    prev = next_ = None
+    if stage.HasField("prev"):  # we send gradients back to the previous stage
+        prev = Link(stage.prev.peer_rank, codec_by_id(stage.prev.backward_codec), device, wire_device)
+    if stage.HasField("next"):  # we send activations on to the next stage
+        next_ = Link(stage.next.peer_rank, codec_by_id(stage.next.forward_codec), device, wire_device)
+    return prev, next_
+
+
+def run_stage(cmd: pb.RunStage, report: Callable[[pb.StepMetrics], None]) -> None:
+    """Train this node's stage for every step of the job; report one StepMetrics per step."""
+    stage, train = cmd.stage, cmd.train
+    if stage.threads:
+        torch.set_num_threads(stage.threads)
+    device = resolve_device(stage.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    spec = model_spec_from_proto(cmd.model)
+    bundle = build_model_range(spec, stage.layer_start, stage.layer_end, seed=train.seed)
+    is_first = stage.stage_index == 0
+    is_last = stage.stage_index == stage.num_stages - 1
+    batches = None
+    if is_first or is_last:  # middle stages never touch the data
+        text = file_text_bytes(cmd.data.path) if cmd.data.path else stdlib_text_bytes()
+        batches = TokenBatches(text, spec.seq_len, seed=cmd.data.seed)
+    _init_data_plane(cmd.rendezvous)
+    try:
+        prev_link, next_link = _links(stage, device, cmd.rendezvous.backend)
+        executor = StageExecutor(bundle.layers, bundle.loss_fn, is_first=is_first, is_last=is_last, device=device,
+                                 prev_link=prev_link, next_link=next_link, lr=train.lr,
+                                 weight_decay=train.weight_decay, speed=stage.emulate.speed or 1.0)
+        actions = schedule_for(SCHEDULE_NAMES[train.schedule], stage.stage_index, stage.num_stages,
+                               train.num_microbatches)
+        tokens = train.micro_batch_size * train.num_microbatches * spec.seq_len
+        for step in range(train.steps):
+            microbatches = (batches.micro_batches(step, train.micro_batch_size, train.num_microbatches)
+                            if batches is not None else None)
+            result = executor.train_step(actions, microbatches, train.num_microbatches)
+            report(pb.StepMetrics(step=step, stage_index=stage.stage_index, has_loss=result.loss is not None,
+                                  loss=result.loss or 0.0, step_s=result.step_s, compute_s=result.compute_s,
+                                  comm_s=result.comm_s, tokens=tokens))
+    finally:
+        dist.destroy_process_group()

@@ -1,0 +1,117 @@
+"""Schedules checked as data: completeness, no deadlock, memory bound, makespan."""
+
+import itertools
+
+import pytest
+
+from hetlaunch.runtime.schedules import (
+    SCHEDULES,
+    Action,
+    Op,
+    gpipe,
+    max_in_flight,
+    one_f_one_b,
+    schedule_for,
+    simulate,
+    validate_actions,
+)
+
+GRID = list(itertools.product(range(1, 7), range(1, 10)))  # (num_stages, num_microbatches)
+
+
+def plan(name, num_stages, num_microbatches):
+    return [schedule_for(name, s, num_stages, num_microbatches) for s in range(num_stages)]
+
+
+def parse(text):
+    return [Action(Op(tok[0]), int(tok[1:])) for tok in text.split()]
+
+
+def test_action_str_and_registry():
+    assert str(Action(Op.FORWARD, 3)) == "F3" and str(Action(Op.BACKWARD, 0)) == "B0"
+    assert set(SCHEDULES) == {"1f1b", "gpipe"}
+    with pytest.raises(ValueError, match="1f1b.*gpipe"):
+        schedule_for("interleaved", 0, 2, 2)
+
+
+def test_known_1f1b_orders():
+    # 4 stages, 6 micro-batches: stage 0 warms up 3 forwards, the last stage none.
+    assert " ".join(map(str, one_f_one_b(0, 4, 6))) == "F0 F1 F2 F3 B0 F4 B1 F5 B2 B3 B4 B5"
+    assert " ".join(map(str, one_f_one_b(3, 4, 6))) == "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5"
+    # Fewer micro-batches than stages: warm-up is capped at M.
+    assert " ".join(map(str, one_f_one_b(0, 4, 2))) == "F0 F1 B0 B1"
+    assert " ".join(map(str, gpipe(1, 3, 3))) == "F0 F1 F2 B0 B1 B2"
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULES))
+def test_every_microbatch_forward_then_backward_once(name):
+    for num_stages, m in GRID:
+        for actions in plan(name, num_stages, m):
+            validate_actions(actions, m)  # raises on a missing, repeated or early action
+            assert sorted(str(a) for a in actions) == sorted([f"F{i}" for i in range(m)] + [f"B{i}" for i in range(m)])
+            for i in range(m):
+                assert actions.index(Action(Op.FORWARD, i)) < actions.index(Action(Op.BACKWARD, i))
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULES))
+def test_no_deadlock_on_the_grid(name):
+    for num_stages, m in GRID:
+        makespan = simulate(plan(name, num_stages, m))
+        # Never faster than the last stage's own work, never slower than fully serial.
+        assert 3.0 * m <= makespan <= 3.0 * m * num_stages
+
+
+def test_memory_bounds():
+    for num_stages, m in GRID:
+        for s in range(num_stages):
+            assert max_in_flight(one_f_one_b(s, num_stages, m)) == min(num_stages - s, m)
+            assert max_in_flight(gpipe(s, num_stages, m)) == m
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULES))
+@pytest.mark.parametrize("f,b", [(1.0, 2.0), (1.0, 1.0), (0.5, 3.0)])
+def test_uniform_makespan(name, f, b):
+    for num_stages, m in GRID:
+        got = simulate(plan(name, num_stages, m), [f] * num_stages, [b] * num_stages)
+        assert got == pytest.approx((m + num_stages - 1) * (f + b))
+
+
+def test_uneven_costs_bottleneck_stage():
+    # One slow stage dominates: with many micro-batches the makespan approaches M * (its f + b).
+    num_stages, m = 3, 8
+    fwd, bwd = [1.0, 4.0, 1.0], [2.0, 8.0, 2.0]
+    got = simulate(plan("1f1b", num_stages, m), fwd, bwd)
+    assert m * 12.0 <= got <= m * 12.0 + 2 * 3.0 + 1e-9
+
+
+def test_single_stage_is_serial():
+    assert simulate([one_f_one_b(0, 1, 5)], [1.5], [2.5]) == pytest.approx(5 * 4.0)
+
+
+def test_broken_schedules_deadlock():
+    # Stage 1 backwards micro-batch 0 before it has forwarded it.
+    with pytest.raises(ValueError, match="schedule deadlocks at .*stage 1 B0"):
+        simulate([parse("F0 B0"), parse("B0 F0")])
+    # Stage 0 waits for B1 before doing the forward stage 1 needs first.
+    with pytest.raises(ValueError, match="schedule deadlocks"):
+        simulate([parse("F0 B1 F1 B0"), parse("F1 B1 F0 B0")])
+    # An action whose dependency is never scheduled can never run.
+    with pytest.raises(ValueError, match="schedule deadlocks at stage 1 F1 waits for stage 0 F1"):
+        simulate([parse("F0 B0"), parse("F0 B0 F1 B1")])
+
+
+def test_validation_errors():
+    with pytest.raises(ValueError, match="before its forward"):
+        validate_actions(parse("B0 F0"), 1)
+    with pytest.raises(ValueError, match="missing.*B1"):
+        validate_actions(parse("F0 F1 B0"), 2)
+    with pytest.raises(ValueError, match="twice"):
+        validate_actions(parse("F0 F0 B0"), 1)
+    with pytest.raises(ValueError, match="repeats"):
+        simulate([parse("F0 F0 B0")])
+    with pytest.raises(ValueError, match="forward_cost"):
+        simulate(plan("1f1b", 2, 2), forward_cost=[1.0])
+    with pytest.raises(ValueError, match="stage must be"):
+        one_f_one_b(3, 3, 2)
+    with pytest.raises(ValueError, match="num_microbatches"):
+        gpipe(0, 2, 0)
