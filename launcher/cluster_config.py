@@ -128,6 +128,7 @@ class TrainConfig(_Strict):
     lr: YamlFloat = Field(3.0e-3, gt=0)  # AdamW learning rate
     weight_decay: YamlFloat = Field(0.0, ge=0)  # AdamW weight decay
     seed: int = 0  # parameter-init seed
+    save_checkpoint: bool = False  # each stage saves its parameters to <run dir>/checkpoint/stage<i>.pt at the end
 
 
 class RegionConfig(_Strict):

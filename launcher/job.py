@@ -50,13 +50,13 @@ def run_up(cluster, options: UpOptions, console: Console) -> Path:
     agents = LocalAgents()
     try:
         _write_contact(run_dir, server, cluster, token, console)
-        threads = max(1, (os.cpu_count() or 1) // max(1, len(cluster.local_nodes)))
         for node in cluster.local_nodes:
-            agents.start(node.name, server.address, token, run_dir / "logs", node.threads or threads)
+            agents.start(node.name, server.address, token, run_dir / "logs",
+                         cluster.threads_for(node, os.cpu_count() or 1))
         _wait_for_nodes(server, agents, cluster, console)
         print_plan(console, plan)
         start = time.monotonic()
-        _launch(server, cluster, plan, spec, store, run_dir.name)
+        _launch(server, cluster, plan, spec, store, run_dir)
         record = RunRecord(run_dir)
         try:
             _follow(server, agents, cluster, plan, record, console)
@@ -123,7 +123,7 @@ def _stage_device(node, agent_info: pb.AgentInfo) -> str:
     return "cuda" if has_cuda else "cpu"
 
 
-def _launch(server: CoordinatorServer, cluster, plan: Plan, spec, store: dist.TCPStore, run_id: str) -> None:
+def _launch(server: CoordinatorServer, cluster, plan: Plan, spec, store: dist.TCPStore, run_dir: Path) -> None:
     """Push every stage its RunStage; NCCL only when every rank computes on CUDA."""
     nodes = {n.name: n for n in cluster.nodes}
     with server.state.lock:
@@ -132,7 +132,8 @@ def _launch(server: CoordinatorServer, cluster, plan: Plan, spec, store: dist.TC
     backend = "nccl" if all(d.startswith("cuda") for d in devices) else "gloo"
     t = cluster.train
     train = pb.TrainSpec(steps=t.steps, micro_batch_size=t.micro_batch_size, num_microbatches=t.num_microbatches,
-                         schedule=SCHEDULES[t.schedule], lr=t.lr, weight_decay=t.weight_decay, seed=t.seed)
+                         schedule=SCHEDULES[t.schedule], lr=t.lr, weight_decay=t.weight_decay, seed=t.seed,
+                         checkpoint_dir=str((run_dir / "checkpoint").resolve()) if t.save_checkpoint else "")
     data = pb.DataSpec(path=str(Path(cluster.data.path).resolve()) if cluster.data.path else "", seed=cluster.data.seed)
     model = model_spec_to_proto(spec)
     n = len(plan.stages)
@@ -141,7 +142,8 @@ def _launch(server: CoordinatorServer, cluster, plan: Plan, spec, store: dist.TC
     for rank, stage in enumerate(plan.stages):
         node = nodes[stage.node]
         spec_msg = pb.StageSpec(stage_index=rank, num_stages=n, layer_start=stage.layer_start,
-                                layer_end=stage.layer_end, device=devices[rank], threads=node.threads or 0,
+                                layer_end=stage.layer_end, device=devices[rank],
+                                threads=cluster.threads_for(node, os.cpu_count() or 1) if node.launch == "local" else 0,
                                 emulate=pb.Emulation(speed=node.emulate.speed if node.emulate else 1.0))
         if rank > 0:
             spec_msg.prev.CopyFrom(_link_spec(cluster, plan, rank - 1, rank, peer_rank=rank - 1))
@@ -149,7 +151,7 @@ def _launch(server: CoordinatorServer, cluster, plan: Plan, spec, store: dist.TC
             spec_msg.next.CopyFrom(_link_spec(cluster, plan, rank, rank + 1, peer_rank=rank + 1))
         rdzv = pb.Rendezvous(store_host=store_host, store_port=store.port, generation=plan.generation, rank=rank,
                              world_size=n, timeout_s=RENDEZVOUS_TIMEOUT_S, backend=backend)
-        command = pb.RunStage(run_id=run_id, model=model, data=data, train=train, stage=spec_msg, rendezvous=rdzv)
+        command = pb.RunStage(run_id=run_dir.name, model=model, data=data, train=train, stage=spec_msg, rendezvous=rdzv)
         server.state.send(stage.node, pb.Command(run_stage=command))
 
 

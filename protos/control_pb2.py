@@ -25,21 +25,21 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ehetlaunch/protos/control.proto\x12\x0chetlaunch.v1\x1a\x1cgoogle/protobuf/struct.proto\"c\n\x06\x44\x65vice\x12&\n\x04kind\x18\x01 \x01(\x0e\x32\x18.hetlaunch.v1.DeviceKind\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x14\n\x0cmemory_bytes\x18\x03 \x01(\x04\x12\r\n\x05index\x18\x04 \x01(\x05\"\x92\x01\n\tAgentInfo\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12\x10\n\x08hostname\x18\x02 \x01(\t\x12%\n\x07\x64\x65vices\x18\x03 \x03(\x0b\x32\x14.hetlaunch.v1.Device\x12\x15\n\ragent_version\x18\x04 \x01(\t\x12\x15\n\rtorch_version\x18\x05 \x01(\t\x12\x0b\n\x03pid\x18\x06 \x01(\x05\"9\n\x0fRegisterRequest\x12&\n\x05\x61gent\x18\x01 \x01(\x0b\x32\x17.hetlaunch.v1.AgentInfo\"C\n\x10RegisterResponse\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x1d\n\x15heartbeat_interval_ms\x18\x02 \x01(\r\"[\n\x10HeartbeatRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\'\n\x05state\x18\x02 \x01(\x0e\x32\x18.hetlaunch.v1.AgentState\x12\x0c\n\x04step\x18\x03 \x01(\x03\"\x13\n\x11HeartbeatResponse\"(\n\x14WatchCommandsRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\"j\n\x07\x43ommand\x12+\n\trun_stage\x18\x01 \x01(\x0b\x32\x16.hetlaunch.v1.RunStageH\x00\x12*\n\x08shutdown\x18\x02 \x01(\x0b\x32\x16.hetlaunch.v1.ShutdownH\x00\x42\x06\n\x04kind\"\x1a\n\x08Shutdown\x12\x0e\n\x06reason\x18\x01 \x01(\t\"q\n\x08GptModel\x12\x12\n\nvocab_size\x18\x01 \x01(\r\x12\x0f\n\x07seq_len\x18\x02 \x01(\r\x12\x0f\n\x07\x64_model\x18\x03 \x01(\r\x12\x10\n\x08n_layers\x18\x04 \x01(\r\x12\x0f\n\x07n_heads\x18\x05 \x01(\r\x12\x0c\n\x04\x64_ff\x18\x06 \x01(\r\"_\n\x0f\x45ntrypointModel\x12\x12\n\nentrypoint\x18\x01 \x01(\t\x12\'\n\x06kwargs\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x0f\n\x07seq_len\x18\x03 \x01(\r\"o\n\tModelSpec\x12%\n\x03gpt\x18\x01 \x01(\x0b\x32\x16.hetlaunch.v1.GptModelH\x00\x12\x33\n\nentrypoint\x18\x02 \x01(\x0b\x32\x1d.hetlaunch.v1.EntrypointModelH\x00\x42\x06\n\x04kind\"&\n\x08\x44\x61taSpec\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04seed\x18\x02 \x01(\x03\"\xa8\x01\n\tTrainSpec\x12\r\n\x05steps\x18\x01 \x01(\r\x12\x18\n\x10micro_batch_size\x18\x02 \x01(\r\x12\x18\n\x10num_microbatches\x18\x03 \x01(\r\x12(\n\x08schedule\x18\x04 \x01(\x0e\x32\x16.hetlaunch.v1.Schedule\x12\n\n\x02lr\x18\x05 \x01(\x01\x12\x14\n\x0cweight_decay\x18\x06 \x01(\x01\x12\x0c\n\x04seed\x18\x07 \x01(\x03\"-\n\tEmulation\x12\r\n\x05speed\x18\x01 \x01(\x01\x12\x11\n\tmemory_gb\x18\x02 \x01(\x01\"\xb2\x01\n\x08LinkSpec\x12\x11\n\tpeer_rank\x18\x01 \x01(\x05\x12*\n\rforward_codec\x18\x02 \x01(\x0e\x32\x13.hetlaunch.v1.Codec\x12+\n\x0e\x62\x61\x63kward_codec\x18\x03 \x01(\x0e\x32\x13.hetlaunch.v1.Codec\x12\x1e\n\x16\x65mulate_bandwidth_mbps\x18\x04 \x01(\x01\x12\x1a\n\x12\x65mulate_latency_ms\x18\x05 \x01(\x01\"\xf3\x01\n\tStageSpec\x12\x13\n\x0bstage_index\x18\x01 \x01(\r\x12\x12\n\nnum_stages\x18\x02 \x01(\r\x12\x13\n\x0blayer_start\x18\x03 \x01(\r\x12\x11\n\tlayer_end\x18\x04 \x01(\r\x12$\n\x04prev\x18\x05 \x01(\x0b\x32\x16.hetlaunch.v1.LinkSpec\x12$\n\x04next\x18\x06 \x01(\x0b\x32\x16.hetlaunch.v1.LinkSpec\x12\x0e\n\x06\x64\x65vice\x18\x07 \x01(\t\x12\x0f\n\x07threads\x18\x08 \x01(\r\x12(\n\x07\x65mulate\x18\t \x01(\x0b\x32\x17.hetlaunch.v1.Emulation\"\x8e\x01\n\nRendezvous\x12\x12\n\nstore_host\x18\x01 \x01(\t\x12\x12\n\nstore_port\x18\x02 \x01(\r\x12\x12\n\ngeneration\x18\x03 \x01(\r\x12\x0c\n\x04rank\x18\x04 \x01(\r\x12\x12\n\nworld_size\x18\x05 \x01(\r\x12\x11\n\ttimeout_s\x18\x06 \x01(\x01\x12\x0f\n\x07\x62\x61\x63kend\x18\x07 \x01(\t\"\xe6\x01\n\x08RunStage\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12&\n\x05model\x18\x02 \x01(\x0b\x32\x17.hetlaunch.v1.ModelSpec\x12$\n\x04\x64\x61ta\x18\x03 \x01(\x0b\x32\x16.hetlaunch.v1.DataSpec\x12&\n\x05train\x18\x04 \x01(\x0b\x32\x17.hetlaunch.v1.TrainSpec\x12&\n\x05stage\x18\x05 \x01(\x0b\x32\x17.hetlaunch.v1.StageSpec\x12,\n\nrendezvous\x18\x06 \x01(\x0b\x32\x18.hetlaunch.v1.Rendezvous\"\x93\x01\n\x0bStepMetrics\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x13\n\x0bstage_index\x18\x02 \x01(\r\x12\x10\n\x08has_loss\x18\x03 \x01(\x08\x12\x0c\n\x04loss\x18\x04 \x01(\x01\x12\x0e\n\x06step_s\x18\x05 \x01(\x01\x12\x11\n\tcompute_s\x18\x06 \x01(\x01\x12\x0e\n\x06\x63omm_s\x18\x07 \x01(\x01\x12\x0e\n\x06tokens\x18\x08 \x01(\x04\"Q\n\x11ReportStepRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12*\n\x07metrics\x18\x02 \x01(\x0b\x32\x19.hetlaunch.v1.StepMetrics\"\x14\n\x12ReportStepResponse\"B\n\x13ReportResultRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\r\n\x05\x65rror\x18\x03 \x01(\t\"\x16\n\x14ReportResultResponse*T\n\nDeviceKind\x12\x1b\n\x17\x44\x45VICE_KIND_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x44\x45VICE_KIND_CPU\x10\x01\x12\x14\n\x10\x44\x45VICE_KIND_CUDA\x10\x02*Y\n\nAgentState\x12\x1b\n\x17\x41GENT_STATE_UNSPECIFIED\x10\x00\x12\x14\n\x10\x41GENT_STATE_IDLE\x10\x01\x12\x18\n\x14\x41GENT_STATE_TRAINING\x10\x02*K\n\x08Schedule\x12\x18\n\x14SCHEDULE_UNSPECIFIED\x10\x00\x12\x11\n\rSCHEDULE_1F1B\x10\x01\x12\x12\n\x0eSCHEDULE_GPIPE\x10\x02*.\n\x05\x43odec\x12\x15\n\x11\x43ODEC_UNSPECIFIED\x10\x00\x12\x0e\n\nCODEC_NONE\x10\x01\x32\x9c\x03\n\x0b\x43oordinator\x12I\n\x08Register\x12\x1d.hetlaunch.v1.RegisterRequest\x1a\x1e.hetlaunch.v1.RegisterResponse\x12L\n\tHeartbeat\x12\x1e.hetlaunch.v1.HeartbeatRequest\x1a\x1f.hetlaunch.v1.HeartbeatResponse\x12L\n\rWatchCommands\x12\".hetlaunch.v1.WatchCommandsRequest\x1a\x15.hetlaunch.v1.Command0\x01\x12O\n\nReportStep\x12\x1f.hetlaunch.v1.ReportStepRequest\x1a .hetlaunch.v1.ReportStepResponse\x12U\n\x0cReportResult\x12!.hetlaunch.v1.ReportResultRequest\x1a\".hetlaunch.v1.ReportResultResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ehetlaunch/protos/control.proto\x12\x0chetlaunch.v1\x1a\x1cgoogle/protobuf/struct.proto\"c\n\x06\x44\x65vice\x12&\n\x04kind\x18\x01 \x01(\x0e\x32\x18.hetlaunch.v1.DeviceKind\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x14\n\x0cmemory_bytes\x18\x03 \x01(\x04\x12\r\n\x05index\x18\x04 \x01(\x05\"\x92\x01\n\tAgentInfo\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12\x10\n\x08hostname\x18\x02 \x01(\t\x12%\n\x07\x64\x65vices\x18\x03 \x03(\x0b\x32\x14.hetlaunch.v1.Device\x12\x15\n\ragent_version\x18\x04 \x01(\t\x12\x15\n\rtorch_version\x18\x05 \x01(\t\x12\x0b\n\x03pid\x18\x06 \x01(\x05\"9\n\x0fRegisterRequest\x12&\n\x05\x61gent\x18\x01 \x01(\x0b\x32\x17.hetlaunch.v1.AgentInfo\"C\n\x10RegisterResponse\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x1d\n\x15heartbeat_interval_ms\x18\x02 \x01(\r\"[\n\x10HeartbeatRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\'\n\x05state\x18\x02 \x01(\x0e\x32\x18.hetlaunch.v1.AgentState\x12\x0c\n\x04step\x18\x03 \x01(\x03\"\x13\n\x11HeartbeatResponse\"(\n\x14WatchCommandsRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\"j\n\x07\x43ommand\x12+\n\trun_stage\x18\x01 \x01(\x0b\x32\x16.hetlaunch.v1.RunStageH\x00\x12*\n\x08shutdown\x18\x02 \x01(\x0b\x32\x16.hetlaunch.v1.ShutdownH\x00\x42\x06\n\x04kind\"\x1a\n\x08Shutdown\x12\x0e\n\x06reason\x18\x01 \x01(\t\"q\n\x08GptModel\x12\x12\n\nvocab_size\x18\x01 \x01(\r\x12\x0f\n\x07seq_len\x18\x02 \x01(\r\x12\x0f\n\x07\x64_model\x18\x03 \x01(\r\x12\x10\n\x08n_layers\x18\x04 \x01(\r\x12\x0f\n\x07n_heads\x18\x05 \x01(\r\x12\x0c\n\x04\x64_ff\x18\x06 \x01(\r\"_\n\x0f\x45ntrypointModel\x12\x12\n\nentrypoint\x18\x01 \x01(\t\x12\'\n\x06kwargs\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x0f\n\x07seq_len\x18\x03 \x01(\r\"o\n\tModelSpec\x12%\n\x03gpt\x18\x01 \x01(\x0b\x32\x16.hetlaunch.v1.GptModelH\x00\x12\x33\n\nentrypoint\x18\x02 \x01(\x0b\x32\x1d.hetlaunch.v1.EntrypointModelH\x00\x42\x06\n\x04kind\"&\n\x08\x44\x61taSpec\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04seed\x18\x02 \x01(\x03\"\xc0\x01\n\tTrainSpec\x12\r\n\x05steps\x18\x01 \x01(\r\x12\x18\n\x10micro_batch_size\x18\x02 \x01(\r\x12\x18\n\x10num_microbatches\x18\x03 \x01(\r\x12(\n\x08schedule\x18\x04 \x01(\x0e\x32\x16.hetlaunch.v1.Schedule\x12\n\n\x02lr\x18\x05 \x01(\x01\x12\x14\n\x0cweight_decay\x18\x06 \x01(\x01\x12\x0c\n\x04seed\x18\x07 \x01(\x03\x12\x16\n\x0e\x63heckpoint_dir\x18\x08 \x01(\t\"-\n\tEmulation\x12\r\n\x05speed\x18\x01 \x01(\x01\x12\x11\n\tmemory_gb\x18\x02 \x01(\x01\"\xb2\x01\n\x08LinkSpec\x12\x11\n\tpeer_rank\x18\x01 \x01(\x05\x12*\n\rforward_codec\x18\x02 \x01(\x0e\x32\x13.hetlaunch.v1.Codec\x12+\n\x0e\x62\x61\x63kward_codec\x18\x03 \x01(\x0e\x32\x13.hetlaunch.v1.Codec\x12\x1e\n\x16\x65mulate_bandwidth_mbps\x18\x04 \x01(\x01\x12\x1a\n\x12\x65mulate_latency_ms\x18\x05 \x01(\x01\"\xf3\x01\n\tStageSpec\x12\x13\n\x0bstage_index\x18\x01 \x01(\r\x12\x12\n\nnum_stages\x18\x02 \x01(\r\x12\x13\n\x0blayer_start\x18\x03 \x01(\r\x12\x11\n\tlayer_end\x18\x04 \x01(\r\x12$\n\x04prev\x18\x05 \x01(\x0b\x32\x16.hetlaunch.v1.LinkSpec\x12$\n\x04next\x18\x06 \x01(\x0b\x32\x16.hetlaunch.v1.LinkSpec\x12\x0e\n\x06\x64\x65vice\x18\x07 \x01(\t\x12\x0f\n\x07threads\x18\x08 \x01(\r\x12(\n\x07\x65mulate\x18\t \x01(\x0b\x32\x17.hetlaunch.v1.Emulation\"\x8e\x01\n\nRendezvous\x12\x12\n\nstore_host\x18\x01 \x01(\t\x12\x12\n\nstore_port\x18\x02 \x01(\r\x12\x12\n\ngeneration\x18\x03 \x01(\r\x12\x0c\n\x04rank\x18\x04 \x01(\r\x12\x12\n\nworld_size\x18\x05 \x01(\r\x12\x11\n\ttimeout_s\x18\x06 \x01(\x01\x12\x0f\n\x07\x62\x61\x63kend\x18\x07 \x01(\t\"\xe6\x01\n\x08RunStage\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12&\n\x05model\x18\x02 \x01(\x0b\x32\x17.hetlaunch.v1.ModelSpec\x12$\n\x04\x64\x61ta\x18\x03 \x01(\x0b\x32\x16.hetlaunch.v1.DataSpec\x12&\n\x05train\x18\x04 \x01(\x0b\x32\x17.hetlaunch.v1.TrainSpec\x12&\n\x05stage\x18\x05 \x01(\x0b\x32\x17.hetlaunch.v1.StageSpec\x12,\n\nrendezvous\x18\x06 \x01(\x0b\x32\x18.hetlaunch.v1.Rendezvous\"\x93\x01\n\x0bStepMetrics\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x13\n\x0bstage_index\x18\x02 \x01(\r\x12\x10\n\x08has_loss\x18\x03 \x01(\x08\x12\x0c\n\x04loss\x18\x04 \x01(\x01\x12\x0e\n\x06step_s\x18\x05 \x01(\x01\x12\x11\n\tcompute_s\x18\x06 \x01(\x01\x12\x0e\n\x06\x63omm_s\x18\x07 \x01(\x01\x12\x0e\n\x06tokens\x18\x08 \x01(\x04\"Q\n\x11ReportStepRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12*\n\x07metrics\x18\x02 \x01(\x0b\x32\x19.hetlaunch.v1.StepMetrics\"\x14\n\x12ReportStepResponse\"B\n\x13ReportResultRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\r\n\x05\x65rror\x18\x03 \x01(\t\"\x16\n\x14ReportResultResponse*T\n\nDeviceKind\x12\x1b\n\x17\x44\x45VICE_KIND_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x44\x45VICE_KIND_CPU\x10\x01\x12\x14\n\x10\x44\x45VICE_KIND_CUDA\x10\x02*Y\n\nAgentState\x12\x1b\n\x17\x41GENT_STATE_UNSPECIFIED\x10\x00\x12\x14\n\x10\x41GENT_STATE_IDLE\x10\x01\x12\x18\n\x14\x41GENT_STATE_TRAINING\x10\x02*K\n\x08Schedule\x12\x18\n\x14SCHEDULE_UNSPECIFIED\x10\x00\x12\x11\n\rSCHEDULE_1F1B\x10\x01\x12\x12\n\x0eSCHEDULE_GPIPE\x10\x02*.\n\x05\x43odec\x12\x15\n\x11\x43ODEC_UNSPECIFIED\x10\x00\x12\x0e\n\nCODEC_NONE\x10\x01\x32\x9c\x03\n\x0b\x43oordinator\x12I\n\x08Register\x12\x1d.hetlaunch.v1.RegisterRequest\x1a\x1e.hetlaunch.v1.RegisterResponse\x12L\n\tHeartbeat\x12\x1e.hetlaunch.v1.HeartbeatRequest\x1a\x1f.hetlaunch.v1.HeartbeatResponse\x12L\n\rWatchCommands\x12\".hetlaunch.v1.WatchCommandsRequest\x1a\x15.hetlaunch.v1.Command0\x01\x12O\n\nReportStep\x12\x1f.hetlaunch.v1.ReportStepRequest\x1a .hetlaunch.v1.ReportStepResponse\x12U\n\x0cReportResult\x12!.hetlaunch.v1.ReportResultRequest\x1a\".hetlaunch.v1.ReportResultResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'hetlaunch.protos.control_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DEVICEKIND']._serialized_start=2483
-  _globals['_DEVICEKIND']._serialized_end=2567
-  _globals['_AGENTSTATE']._serialized_start=2569
-  _globals['_AGENTSTATE']._serialized_end=2658
-  _globals['_SCHEDULE']._serialized_start=2660
-  _globals['_SCHEDULE']._serialized_end=2735
-  _globals['_CODEC']._serialized_start=2737
-  _globals['_CODEC']._serialized_end=2783
+  _globals['_DEVICEKIND']._serialized_start=2507
+  _globals['_DEVICEKIND']._serialized_end=2591
+  _globals['_AGENTSTATE']._serialized_start=2593
+  _globals['_AGENTSTATE']._serialized_end=2682
+  _globals['_SCHEDULE']._serialized_start=2684
+  _globals['_SCHEDULE']._serialized_end=2759
+  _globals['_CODEC']._serialized_start=2761
+  _globals['_CODEC']._serialized_end=2807
   _globals['_DEVICE']._serialized_start=78
   _globals['_DEVICE']._serialized_end=177
   _globals['_AGENTINFO']._serialized_start=180
@@ -67,27 +67,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DATASPEC']._serialized_start=1073
   _globals['_DATASPEC']._serialized_end=1111
   _globals['_TRAINSPEC']._serialized_start=1114
-  _globals['_TRAINSPEC']._serialized_end=1282
-  _globals['_EMULATION']._serialized_start=1284
-  _globals['_EMULATION']._serialized_end=1329
-  _globals['_LINKSPEC']._serialized_start=1332
-  _globals['_LINKSPEC']._serialized_end=1510
-  _globals['_STAGESPEC']._serialized_start=1513
-  _globals['_STAGESPEC']._serialized_end=1756
-  _globals['_RENDEZVOUS']._serialized_start=1759
-  _globals['_RENDEZVOUS']._serialized_end=1901
-  _globals['_RUNSTAGE']._serialized_start=1904
-  _globals['_RUNSTAGE']._serialized_end=2134
-  _globals['_STEPMETRICS']._serialized_start=2137
-  _globals['_STEPMETRICS']._serialized_end=2284
-  _globals['_REPORTSTEPREQUEST']._serialized_start=2286
-  _globals['_REPORTSTEPREQUEST']._serialized_end=2367
-  _globals['_REPORTSTEPRESPONSE']._serialized_start=2369
-  _globals['_REPORTSTEPRESPONSE']._serialized_end=2389
-  _globals['_REPORTRESULTREQUEST']._serialized_start=2391
-  _globals['_REPORTRESULTREQUEST']._serialized_end=2457
-  _globals['_REPORTRESULTRESPONSE']._serialized_start=2459
-  _globals['_REPORTRESULTRESPONSE']._serialized_end=2481
-  _globals['_COORDINATOR']._serialized_start=2786
-  _globals['_COORDINATOR']._serialized_end=3198
+  _globals['_TRAINSPEC']._serialized_end=1306
+  _globals['_EMULATION']._serialized_start=1308
+  _globals['_EMULATION']._serialized_end=1353
+  _globals['_LINKSPEC']._serialized_start=1356
+  _globals['_LINKSPEC']._serialized_end=1534
+  _globals['_STAGESPEC']._serialized_start=1537
+  _globals['_STAGESPEC']._serialized_end=1780
+  _globals['_RENDEZVOUS']._serialized_start=1783
+  _globals['_RENDEZVOUS']._serialized_end=1925
+  _globals['_RUNSTAGE']._serialized_start=1928
+  _globals['_RUNSTAGE']._serialized_end=2158
+  _globals['_STEPMETRICS']._serialized_start=2161
+  _globals['_STEPMETRICS']._serialized_end=2308
+  _globals['_REPORTSTEPREQUEST']._serialized_start=2310
+  _globals['_REPORTSTEPREQUEST']._serialized_end=2391
+  _globals['_REPORTSTEPRESPONSE']._serialized_start=2393
+  _globals['_REPORTSTEPRESPONSE']._serialized_end=2413
+  _globals['_REPORTRESULTREQUEST']._serialized_start=2415
+  _globals['_REPORTRESULTREQUEST']._serialized_end=2481
+  _globals['_REPORTRESULTRESPONSE']._serialized_start=2483
+  _globals['_REPORTRESULTRESPONSE']._serialized_end=2505
+  _globals['_COORDINATOR']._serialized_start=2810
+  _globals['_COORDINATOR']._serialized_end=3222
 # @@protoc_insertion_point(module_scope)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime
+import os
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -70,6 +72,22 @@ def _links(stage: pb.StageSpec, device: torch.device, backend: str) -> tuple[Lin
     return prev, next_
 
 
+def save_stage_checkpoint(module: torch.nn.Module, layer_start: int, stage_index: int, directory: str) -> Path:
+    """Parameters keyed by global layer index (`layers.<i>.<name>`), so stages merge into one model.
+
+    Load with torch.load(path, weights_only=True); written to a temporary name first so a
+    reader never sees half a file.
+    """
+    state = {f"layers.{layer_start + int(key.split('.', 1)[0])}.{key.split('.', 1)[1]}": value.detach().cpu()
+             for key, value in module.state_dict().items()}
+    path = Path(directory) / f"stage{stage_index}.pt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".pt.tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+    return path
+
+
 def run_stage(cmd: pb.RunStage, report: Callable[[pb.StepMetrics], None]) -> None:
     """Train this node's stage for every step of the job; report one StepMetrics per step."""
     stage, train = cmd.stage, cmd.train
@@ -102,5 +120,7 @@ def run_stage(cmd: pb.RunStage, report: Callable[[pb.StepMetrics], None]) -> Non
             report(pb.StepMetrics(step=step, stage_index=stage.stage_index, has_loss=result.loss is not None,
                                   loss=result.loss or 0.0, step_s=result.step_s, compute_s=result.compute_s,
                                   comm_s=result.comm_s, tokens=tokens))
+        if train.checkpoint_dir:
+            save_stage_checkpoint(executor.module, stage.layer_start, stage.stage_index, train.checkpoint_dir)
     finally:
         dist.destroy_process_group()
