@@ -30,6 +30,11 @@ class Codec(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     CODEC_UNSPECIFIED: _ClassVar[Codec]
     CODEC_NONE: _ClassVar[Codec]
+    CODEC_FP16: _ClassVar[Codec]
+    CODEC_BF16: _ClassVar[Codec]
+    CODEC_INT8: _ClassVar[Codec]
+    CODEC_INT4: _ClassVar[Codec]
+    CODEC_INT4_ROTATED: _ClassVar[Codec]
 DEVICE_KIND_UNSPECIFIED: DeviceKind
 DEVICE_KIND_CPU: DeviceKind
 DEVICE_KIND_CUDA: DeviceKind
@@ -41,6 +46,11 @@ SCHEDULE_1F1B: Schedule
 SCHEDULE_GPIPE: Schedule
 CODEC_UNSPECIFIED: Codec
 CODEC_NONE: Codec
+CODEC_FP16: Codec
+CODEC_BF16: Codec
+CODEC_INT8: Codec
+CODEC_INT4: Codec
+CODEC_INT4_ROTATED: Codec
 
 class Device(_message.Message):
     __slots__ = ("kind", "name", "memory_bytes", "index")
