@@ -47,6 +47,7 @@ class CoordinatorState:
         self.refusals: dict[str, str] = {}         # node name -> why registration was refused
         self.steps: queue.Queue[tuple[str, pb.StepMetrics]] = queue.Queue()
         self.results: queue.Queue[tuple[str, pb.ReportResultRequest]] = queue.Queue()
+        self.profiles: queue.Queue[tuple[str, pb.ReportProfileRequest]] = queue.Queue()
         self.joined = threading.Condition(self.lock)
 
     def missing_nodes(self) -> list[str]:
@@ -147,6 +148,11 @@ class CoordinatorServicer(control_pb2_grpc.CoordinatorServicer):
             record.result = request
         self.state.results.put((record.node_name, request))
         return pb.ReportResultResponse()
+
+    def ReportProfile(self, request, context):
+        record = self._record(request.agent_id, context)
+        self.state.profiles.put((record.node_name, request))
+        return pb.ReportProfileResponse()
 
 
 class CoordinatorServer:

@@ -115,12 +115,14 @@ class WatchCommandsRequest(_message.Message):
     def __init__(self, agent_id: _Optional[str] = ...) -> None: ...
 
 class Command(_message.Message):
-    __slots__ = ("run_stage", "shutdown")
+    __slots__ = ("run_stage", "shutdown", "profile")
     RUN_STAGE_FIELD_NUMBER: _ClassVar[int]
     SHUTDOWN_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
     run_stage: RunStage
     shutdown: Shutdown
-    def __init__(self, run_stage: _Optional[_Union[RunStage, _Mapping]] = ..., shutdown: _Optional[_Union[Shutdown, _Mapping]] = ...) -> None: ...
+    profile: Profile
+    def __init__(self, run_stage: _Optional[_Union[RunStage, _Mapping]] = ..., shutdown: _Optional[_Union[Shutdown, _Mapping]] = ..., profile: _Optional[_Union[Profile, _Mapping]] = ...) -> None: ...
 
 class Shutdown(_message.Message):
     __slots__ = ("reason",)
@@ -311,5 +313,87 @@ class ReportResultRequest(_message.Message):
     def __init__(self, agent_id: _Optional[str] = ..., ok: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
 
 class ReportResultResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ProbePeer(_message.Message):
+    __slots__ = ("peer_rank", "peer_node", "initiator", "emulate_bandwidth_mbps", "emulate_latency_ms")
+    PEER_RANK_FIELD_NUMBER: _ClassVar[int]
+    PEER_NODE_FIELD_NUMBER: _ClassVar[int]
+    INITIATOR_FIELD_NUMBER: _ClassVar[int]
+    EMULATE_BANDWIDTH_MBPS_FIELD_NUMBER: _ClassVar[int]
+    EMULATE_LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
+    peer_rank: int
+    peer_node: str
+    initiator: bool
+    emulate_bandwidth_mbps: float
+    emulate_latency_ms: float
+    def __init__(self, peer_rank: _Optional[int] = ..., peer_node: _Optional[str] = ..., initiator: _Optional[bool] = ..., emulate_bandwidth_mbps: _Optional[float] = ..., emulate_latency_ms: _Optional[float] = ...) -> None: ...
+
+class Profile(_message.Message):
+    __slots__ = ("model", "micro_batch_size", "seed", "device", "threads", "emulate", "measure_layers", "rendezvous", "probes")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    MICRO_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    THREADS_FIELD_NUMBER: _ClassVar[int]
+    EMULATE_FIELD_NUMBER: _ClassVar[int]
+    MEASURE_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    RENDEZVOUS_FIELD_NUMBER: _ClassVar[int]
+    PROBES_FIELD_NUMBER: _ClassVar[int]
+    model: ModelSpec
+    micro_batch_size: int
+    seed: int
+    device: str
+    threads: int
+    emulate: Emulation
+    measure_layers: bool
+    rendezvous: Rendezvous
+    probes: _containers.RepeatedCompositeFieldContainer[ProbePeer]
+    def __init__(self, model: _Optional[_Union[ModelSpec, _Mapping]] = ..., micro_batch_size: _Optional[int] = ..., seed: _Optional[int] = ..., device: _Optional[str] = ..., threads: _Optional[int] = ..., emulate: _Optional[_Union[Emulation, _Mapping]] = ..., measure_layers: _Optional[bool] = ..., rendezvous: _Optional[_Union[Rendezvous, _Mapping]] = ..., probes: _Optional[_Iterable[_Union[ProbePeer, _Mapping]]] = ...) -> None: ...
+
+class LayerProfile(_message.Message):
+    __slots__ = ("seconds", "optimizer_seconds", "param_bytes", "activation_bytes", "output_bytes")
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    OPTIMIZER_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PARAM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ACTIVATION_BYTES_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    seconds: float
+    optimizer_seconds: float
+    param_bytes: int
+    activation_bytes: int
+    output_bytes: int
+    def __init__(self, seconds: _Optional[float] = ..., optimizer_seconds: _Optional[float] = ..., param_bytes: _Optional[int] = ..., activation_bytes: _Optional[int] = ..., output_bytes: _Optional[int] = ...) -> None: ...
+
+class LinkProbe(_message.Message):
+    __slots__ = ("peer_node", "latency_s", "bandwidth_bytes_per_s")
+    PEER_NODE_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_S_FIELD_NUMBER: _ClassVar[int]
+    BANDWIDTH_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    peer_node: str
+    latency_s: float
+    bandwidth_bytes_per_s: float
+    def __init__(self, peer_node: _Optional[str] = ..., latency_s: _Optional[float] = ..., bandwidth_bytes_per_s: _Optional[float] = ...) -> None: ...
+
+class ReportProfileRequest(_message.Message):
+    __slots__ = ("agent_id", "ok", "error", "device_name", "memory_bytes", "layers", "links")
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    OK_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_NAME_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LAYERS_FIELD_NUMBER: _ClassVar[int]
+    LINKS_FIELD_NUMBER: _ClassVar[int]
+    agent_id: str
+    ok: bool
+    error: str
+    device_name: str
+    memory_bytes: int
+    layers: _containers.RepeatedCompositeFieldContainer[LayerProfile]
+    links: _containers.RepeatedCompositeFieldContainer[LinkProbe]
+    def __init__(self, agent_id: _Optional[str] = ..., ok: _Optional[bool] = ..., error: _Optional[str] = ..., device_name: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., layers: _Optional[_Iterable[_Union[LayerProfile, _Mapping]]] = ..., links: _Optional[_Iterable[_Union[LinkProbe, _Mapping]]] = ...) -> None: ...
+
+class ReportProfileResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

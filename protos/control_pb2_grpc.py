@@ -59,6 +59,11 @@ class CoordinatorStub:
                 request_serializer=hetlaunch_dot_protos_dot_control__pb2.ReportResultRequest.SerializeToString,
                 response_deserializer=hetlaunch_dot_protos_dot_control__pb2.ReportResultResponse.FromString,
                 _registered_method=True)
+        self.ReportProfile = channel.unary_unary(
+                '/hetlaunch.v1.Coordinator/ReportProfile',
+                request_serializer=hetlaunch_dot_protos_dot_control__pb2.ReportProfileRequest.SerializeToString,
+                response_deserializer=hetlaunch_dot_protos_dot_control__pb2.ReportProfileResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -99,6 +104,13 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportProfile(self, request, context):
+        """What a Profile command measured on this node and its links.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -126,6 +138,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.ReportResult,
                     request_deserializer=hetlaunch_dot_protos_dot_control__pb2.ReportResultRequest.FromString,
                     response_serializer=hetlaunch_dot_protos_dot_control__pb2.ReportResultResponse.SerializeToString,
+            ),
+            'ReportProfile': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportProfile,
+                    request_deserializer=hetlaunch_dot_protos_dot_control__pb2.ReportProfileRequest.FromString,
+                    response_serializer=hetlaunch_dot_protos_dot_control__pb2.ReportProfileResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -263,6 +280,33 @@ class Coordinator:
             '/hetlaunch.v1.Coordinator/ReportResult',
             hetlaunch_dot_protos_dot_control__pb2.ReportResultRequest.SerializeToString,
             hetlaunch_dot_protos_dot_control__pb2.ReportResultResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportProfile(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hetlaunch.v1.Coordinator/ReportProfile',
+            hetlaunch_dot_protos_dot_control__pb2.ReportProfileRequest.SerializeToString,
+            hetlaunch_dot_protos_dot_control__pb2.ReportProfileResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -27,6 +27,7 @@ import torch
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.protos import control_pb2_grpc
 from hetlaunch.runtime.auth import TOKEN_METADATA_KEY, read_token
+from hetlaunch.runtime.profile_job import run_profile
 from hetlaunch.runtime.stage_job import run_stage
 from hetlaunch.runtime.version import hetlaunch_version, torch_version
 
@@ -89,13 +90,35 @@ class Agent:
             if command.HasField("shutdown"):
                 _log(self.node, f"shutting down: {command.shutdown.reason or 'job finished'}")
                 return 0
-            self._run_stage(command.run_stage)
+            if command.HasField("profile"):
+                self._run_profile(command.profile)
+            else:
+                self._run_stage(command.run_stage)
+
+    def _fill_store_host(self, rendezvous: pb.Rendezvous) -> None:
+        if not rendezvous.store_host:  # the store lives on the host we dialed to reach the coordinator
+            rendezvous.store_host = self.coordinator.rsplit(":", 1)[0].strip("[]")
+
+    def _run_profile(self, command: pb.Profile) -> None:
+        self.training.set()
+        self._fill_store_host(command.rendezvous)
+        try:
+            report = run_profile(command)
+        except Exception as exc:  # the coordinator must hear why profiling died, whatever it was
+            _log(self.node, "profiling failed:\n" + traceback.format_exc())
+            report = pb.ReportProfileRequest(ok=False, error=f"{type(exc).__name__}: {exc}")
+        finally:
+            self.training.clear()
+        report.agent_id = self.agent_id
+        try:
+            self.stub.ReportProfile(report, metadata=self.metadata, timeout=30)
+        except grpc.RpcError as err:
+            _log(self.node, f"could not report the profile: {err.details()}")
 
     def _run_stage(self, run: pb.RunStage) -> None:
         self.training.set()
         ok, error = True, ""
-        if not run.rendezvous.store_host:  # the store lives on the host we dialed to reach the coordinator
-            run.rendezvous.store_host = self.coordinator.rsplit(":", 1)[0].strip("[]")
+        self._fill_store_host(run.rendezvous)
         try:
             run_stage(run, self._report_step)
         except Exception as exc:  # the coordinator must hear why the stage died, whatever it was

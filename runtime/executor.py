@@ -16,6 +16,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from hetlaunch.runtime.emulation import ComputeEmulation
 from hetlaunch.runtime.link import Link
 from hetlaunch.runtime.schedules import Action, Op
 
@@ -50,7 +51,7 @@ class StageExecutor:
     lr: float = 3e-3
     weight_decay: float = 0.0
     # Emulated slowdown: compute that took t seconds is stretched to t / speed.
-    speed: float = 1.0
+    emulation: ComputeEmulation = field(default_factory=ComputeEmulation)
     module: nn.Sequential = field(init=False)
     optimizer: torch.optim.Optimizer | None = field(init=False)
 
@@ -61,7 +62,6 @@ class StageExecutor:
         params = [p for p in self.module.parameters() if p.requires_grad]
         # A stage with no parameters (e.g. a pure reshape) still runs; it has nothing to step.
         self.optimizer = torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay) if params else None
-        self._timing_needs_sync = self.device.type == "cuda"
 
     def train_step(self, actions: list[Action], microbatches: list[Batch] | None, num_microbatches: int) -> StepResult:
         """One optimizer step over `num_microbatches` micro-batches in the schedule's order.
@@ -128,10 +128,6 @@ class StageExecutor:
         """Run compute, count its time, and stretch it when this node emulates a slower device."""
         start = time.perf_counter()
         result = fn(*args)
-        if self.speed < 1.0:
-            if self._timing_needs_sync:
-                torch.cuda.synchronize(self.device)
-            elapsed = time.perf_counter() - start
-            time.sleep(elapsed * (1.0 / self.speed - 1.0))
+        self.emulation.stretch(start, self.device)
         self._compute_s += time.perf_counter() - start
         return result

@@ -15,10 +15,11 @@ import torch
 import torch.distributed as dist
 
 from hetlaunch.runtime.codecs import Codec, codec_by_id
+from hetlaunch.runtime.emulation import WireEmulation
 
 HEADER_VERSION = 1
 MAX_DIMS = 8
-HEADER_LEN = 4 + MAX_DIMS  # version, codec, dtype, ndim, dims...
+HEADER_LEN = 5 + MAX_DIMS  # version, codec, dtype, send time (us), ndim, dims...
 
 # Wire codes for dtypes; append only, the numbers are part of the protocol.
 DTYPE_CODES: dict[torch.dtype, int] = {
@@ -35,7 +36,7 @@ DTYPE_CODES: dict[torch.dtype, int] = {
 DTYPES_BY_CODE = {code: dtype for dtype, code in DTYPE_CODES.items()}
 
 
-def encode_header(codec: Codec, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+def encode_header(codec: Codec, shape: tuple[int, ...], dtype: torch.dtype, sent_at: float = 0.0) -> torch.Tensor:
     if len(shape) > MAX_DIMS:
         raise ValueError(f"tensors of more than {MAX_DIMS} dims cannot cross a link (got {len(shape)})")
     if dtype not in DTYPE_CODES:
@@ -44,20 +45,29 @@ def encode_header(codec: Codec, shape: tuple[int, ...], dtype: torch.dtype) -> t
     header[0] = HEADER_VERSION
     header[1] = codec.wire_id
     header[2] = DTYPE_CODES[dtype]
-    header[3] = len(shape)
+    header[3] = int(sent_at * 1e6)  # wall clock, read only by an emulated link on the same machine
+    header[4] = len(shape)
     if shape:
-        header[4 : 4 + len(shape)] = torch.tensor(shape, dtype=torch.int64)
+        header[5 : 5 + len(shape)] = torch.tensor(shape, dtype=torch.int64)
     return header
 
 
-def decode_header(header: torch.Tensor) -> tuple[Codec, tuple[int, ...], torch.dtype]:
+@dataclass(frozen=True)
+class Header:
+    codec: Codec
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    sent_at: float
+
+
+def decode_header(header: torch.Tensor) -> Header:
     values = header.tolist()
     if values[0] != HEADER_VERSION:
         raise ValueError(f"link header version {values[0]} (expected {HEADER_VERSION}): peers run different hetlaunch versions")
-    ndim = values[3]
+    ndim = values[4]
     if not 0 <= ndim <= MAX_DIMS or values[2] not in DTYPES_BY_CODE:
         raise ValueError(f"corrupt link header {values}")
-    return codec_by_id(values[1]), tuple(values[4 : 4 + ndim]), DTYPES_BY_CODE[values[2]]
+    return Header(codec_by_id(values[1]), tuple(values[5 : 5 + ndim]), DTYPES_BY_CODE[values[2]], values[3] / 1e6)
 
 
 @dataclass
@@ -77,12 +87,13 @@ class Link:
     """
 
     def __init__(self, peer_rank: int, send_codec: Codec, device: torch.device, wire_device: torch.device,
-                 group: dist.ProcessGroup | None = None):
+                 group: dist.ProcessGroup | None = None, emulation: WireEmulation | None = None):
         self.peer_rank = peer_rank
         self.send_codec = send_codec
         self.device = device
         self.wire_device = wire_device
         self.group = group
+        self.emulation = emulation  # holds what we receive for its emulated time on the wire
         self.stats = LinkStats()
         self._pending: list[tuple[dist.Work, list[torch.Tensor]]] = []
 
@@ -90,7 +101,7 @@ class Link:
         """Start sending; returns without waiting for the bytes to leave."""
         tensor = tensor.detach()
         payloads = self.send_codec.encode(tensor)
-        header = encode_header(self.send_codec, tuple(tensor.shape), tensor.dtype)
+        header = encode_header(self.send_codec, tuple(tensor.shape), tensor.dtype, time.time())
         to_wire = [header.to(self.wire_device)] + [p.to(self.wire_device).contiguous() for p in payloads]
         for t in to_wire:
             work = dist.isend(t, dst=self.peer_rank, group=self.group)
@@ -104,12 +115,15 @@ class Link:
         """Block until the peer's next tensor arrives; return it on the compute device."""
         header = torch.empty(HEADER_LEN, dtype=torch.int64, device=self.wire_device)
         dist.recv(header, src=self.peer_rank, group=self.group)
-        codec, shape, dtype = decode_header(header.cpu())
-        payloads = [torch.empty(s, dtype=d, device=self.wire_device) for s, d in codec.payload_specs(shape, dtype)]
+        head = decode_header(header.cpu())
+        specs = head.codec.payload_specs(head.shape, head.dtype)
+        payloads = [torch.empty(s, dtype=d, device=self.wire_device) for s, d in specs]
         works = [dist.irecv(p, src=self.peer_rank, group=self.group) for p in payloads]
         for work in works:
             work.wait()
-        return codec.decode([p.to(self.device) for p in payloads], shape, dtype)
+        if self.emulation is not None:
+            self.emulation.deliver(head.sent_at, head.codec.wire_bytes(head.shape, head.dtype))
+        return head.codec.decode([p.to(self.device) for p in payloads], head.shape, head.dtype)
 
     def drain(self) -> float:
         """Wait for every send still in flight; return the seconds spent waiting."""

@@ -14,6 +14,7 @@ from google.protobuf import json_format, struct_pb2
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.runtime.codecs import codec_by_id
 from hetlaunch.runtime.data import TokenBatches, file_text_bytes, stdlib_text_bytes
+from hetlaunch.runtime.emulation import ComputeEmulation, WireEmulation
 from hetlaunch.runtime.executor import StageExecutor
 from hetlaunch.runtime.link import Link
 from hetlaunch.runtime.model import GPTConfig, ModelSpec, build_model_range
@@ -53,7 +54,7 @@ def model_spec_to_proto(spec: ModelSpec) -> pb.ModelSpec:
                                                       seq_len=spec.seq_len))
 
 
-def _init_data_plane(rdzv: pb.Rendezvous) -> None:
+def init_data_plane(rdzv: pb.Rendezvous) -> None:
     timeout = datetime.timedelta(seconds=rdzv.timeout_s or 120)
     store = dist.TCPStore(rdzv.store_host, rdzv.store_port, is_master=False, timeout=timeout)
     # One key prefix per plan generation, so a re-plan can rendezvous on the same store.
@@ -66,9 +67,11 @@ def _links(stage: pb.StageSpec, device: torch.device, backend: str) -> tuple[Lin
     wire_device = device if backend == "nccl" else torch.device("cpu")
     prev = next_ = None
     if stage.HasField("prev"):  # we send gradients back to the previous stage
-        prev = Link(stage.prev.peer_rank, codec_by_id(stage.prev.backward_codec), device, wire_device)
+        prev = Link(stage.prev.peer_rank, codec_by_id(stage.prev.backward_codec), device, wire_device,
+                    emulation=WireEmulation.from_spec(stage.prev.emulate_bandwidth_mbps, stage.prev.emulate_latency_ms))
     if stage.HasField("next"):  # we send activations on to the next stage
-        next_ = Link(stage.next.peer_rank, codec_by_id(stage.next.forward_codec), device, wire_device)
+        next_ = Link(stage.next.peer_rank, codec_by_id(stage.next.forward_codec), device, wire_device,
+                     emulation=WireEmulation.from_spec(stage.next.emulate_bandwidth_mbps, stage.next.emulate_latency_ms))
     return prev, next_
 
 
@@ -104,12 +107,13 @@ def run_stage(cmd: pb.RunStage, report: Callable[[pb.StepMetrics], None]) -> Non
     if is_first or is_last:  # middle stages never touch the data
         text = file_text_bytes(cmd.data.path) if cmd.data.path else stdlib_text_bytes()
         batches = TokenBatches(text, spec.seq_len, seed=cmd.data.seed)
-    _init_data_plane(cmd.rendezvous)
+    init_data_plane(cmd.rendezvous)
     try:
         prev_link, next_link = _links(stage, device, cmd.rendezvous.backend)
         executor = StageExecutor(bundle.layers, bundle.loss_fn, is_first=is_first, is_last=is_last, device=device,
                                  prev_link=prev_link, next_link=next_link, lr=train.lr,
-                                 weight_decay=train.weight_decay, speed=stage.emulate.speed or 1.0)
+                                 weight_decay=train.weight_decay,
+                                 emulation=ComputeEmulation(stage.emulate.speed or 1.0))
         actions = schedule_for(SCHEDULE_NAMES[train.schedule], stage.stage_index, stage.num_stages,
                                train.num_microbatches)
         tokens = train.micro_batch_size * train.num_microbatches * spec.seq_len

@@ -1,0 +1,128 @@
+"""The cost model of one pipeline step — the one place the planner and the benchmarks share.
+
+For a chain of S stages, stage j holding layers [a_j, b_j) on node n_j, M micro-batches:
+
+    t_j   = sum_{l in [a_j, b_j)} layer_seconds[n_j][l]  +  sum_l optimizer_seconds[n_j][l] / M
+            (compute per micro-batch; the once-per-step optimizer spread over the micro-batches)
+    c_j   = wire_bytes(output_bytes[b_j - 1]) / bandwidth(n_j, n_j+1)      for j < S-1
+            (time one activation occupies the link; the gradient going back takes the same
+            time on the other direction of a full-duplex link)
+    lat_j = latency(n_j, n_j+1)
+
+    step  = (M - 1) * max(max_j t_j, max_j c_j)          steady state: the slowest resource
+          + sum_j t_j + sum_{j<S-1} 2 * (lat_j + c_j)    fill and drain: one micro-batch's
+                                                         forward down and backward up the chain
+
+The same formula holds for 1F1B and GPipe (their bubbles are equal); they differ in memory.
+Stage j holds parameters, gradients and AdamW state (4 x param_bytes) plus activations for
+the micro-batches in flight: min(S - j, M) under 1F1B, M under GPipe. Sends are
+asynchronous, so a link is a resource of its own that overlaps with compute rather than
+adding to it.
+
+Known gaps, measured by bench/cost_model_error.py: under 1F1B a stage's in-flight window
+(S - j micro-batches) must also cover the round trip to the end of the pipeline, which
+large latencies can exceed; the model does not charge for that.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hetlaunch.launcher.profile import NodeProfile, Profile
+
+
+def in_flight(schedule: str, stage_index: int, num_stages: int, num_microbatches: int) -> int:
+    if schedule == "gpipe":
+        return num_microbatches
+    return min(num_stages - stage_index, num_microbatches)
+
+
+@dataclass(frozen=True)
+class StageCost:
+    node: str
+    layer_start: int
+    layer_end: int
+    compute_s: float     # t_j, per micro-batch
+    link_s: float        # c_j of the outgoing link (0 on the last stage)
+    latency_s: float     # lat_j of the outgoing link
+    memory_bytes: float
+    capacity_bytes: float
+
+
+@dataclass(frozen=True)
+class PipelineCost:
+    stages: tuple[StageCost, ...]
+    num_microbatches: int
+    step_s: float
+    bottleneck: str      # "compute on <node>" or "link <a> -> <b>"
+
+
+class CostModel:
+    """Precomputed prefix sums over a profile, so a stage's cost is O(1)."""
+
+    def __init__(self, profile: Profile, num_microbatches: int, schedule: str = "1f1b",
+                 wire_ratio: float = 1.0):
+        self.profile = profile
+        self.M = num_microbatches
+        self.schedule = schedule
+        self.wire_ratio = wire_ratio  # wire bytes / raw bytes on links (compression)
+        self.num_layers = profile.model.num_layers
+        self._time: dict[str, list[float]] = {}
+        for node in profile.nodes:
+            acc, total = [0.0], 0.0
+            for i in range(self.num_layers):
+                total += node.layer_seconds[i] + node.optimizer(i) / self.M
+                acc.append(total)
+            self._time[node.name] = acc
+        self._static = _prefix([4 * layer.param_bytes for layer in profile.layers])
+        self._activation = _prefix([layer.activation_bytes for layer in profile.layers])
+        self._links: dict[tuple[str, str], tuple[float, float]] = {}
+
+    def compute_s(self, node: NodeProfile, start: int, end: int) -> float:
+        acc = self._time[node.name]
+        return acc[end] - acc[start]
+
+    def memory_bytes(self, start: int, end: int, stage_index: int, num_stages: int) -> float:
+        window = in_flight(self.schedule, stage_index, num_stages, self.M)
+        return (self._static[end] - self._static[start]) + window * (self._activation[end] - self._activation[start])
+
+    def link(self, a: NodeProfile, b: NodeProfile) -> tuple[float, float]:
+        """(bandwidth bytes/s, latency s) between two nodes."""
+        key = (a.name, b.name)
+        if key not in self._links:
+            link = self.profile.link(a, b)
+            self._links[key] = (link.bandwidth_bytes_per_s, link.latency_s)
+        return self._links[key]
+
+    def boundary_s(self, a: NodeProfile, b: NodeProfile, after_layer: int) -> tuple[float, float]:
+        """(transfer, latency) of one activation crossing after `after_layer` from a to b."""
+        bandwidth, latency = self.link(a, b)
+        return self.profile.layers[after_layer].output_bytes * self.wire_ratio / bandwidth, latency
+
+    def step_s(self, max_term: float, sum_term: float) -> float:
+        return (self.M - 1) * max_term + sum_term
+
+    def evaluate(self, chain: list[NodeProfile], cuts: list[tuple[int, int]]) -> PipelineCost:
+        """The full cost of a chain with given layer ranges (the reference the planner must match)."""
+        S = len(chain)
+        stages, max_term, sum_term, bottleneck = [], 0.0, 0.0, ""
+        for j, (node, (start, end)) in enumerate(zip(chain, cuts)):
+            t = self.compute_s(node, start, end)
+            c = lat = 0.0
+            if j < S - 1:
+                c, lat = self.boundary_s(node, chain[j + 1], end - 1)
+            for value, what in ((t, f"compute on {node.name}"), (c, f"link {node.name} -> {chain[j + 1].name}" if j < S - 1 else "")):
+                if value > max_term:
+                    max_term, bottleneck = value, what
+            sum_term += t + 2 * (lat + c)
+            stages.append(StageCost(node.name, start, end, t, c, lat, self.memory_bytes(start, end, j, S),
+                                    node.memory_bytes))
+        return PipelineCost(tuple(stages), self.M, self.step_s(max_term, sum_term), bottleneck)
+
+
+def _prefix(values: list[float]) -> list[float]:
+    acc, total = [0.0], 0.0
+    for v in values:
+        total += v
+        acc.append(total)
+    return acc

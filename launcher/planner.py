@@ -1,0 +1,283 @@
+"""The planner: from a profile to pipelines of nodes with contiguous layer ranges.
+
+It reads a profile only (never the YAML's emulation knobs) and prices every candidate
+with launcher/cost_model.py.
+
+* Cut of a fixed chain — exact. A dynamic program over (stage, last layer) keeps, per
+  state, the Pareto front of (max term, sum term) of the step-time formula; the step time
+  is increasing in both, so the optimum is on the front. Memory is a hard constraint.
+  Chains longer than EXACT_MAX_STAGES stages use a bisection on the bottleneck with a
+  greedy fill (documented heuristic; exact for the bottleneck when links are uniform).
+* Which nodes, in which order — exhaustive over every ordered subset for clusters of up to
+  EXHAUSTIVE_MAX_NODES nodes. Larger clusters use region-level ordering: regions are
+  chained to minimise the time spent crossing between them (all orders for up to 7
+  regions, greedy beyond), every contiguous run of that region order is a candidate, and
+  inside it the k fastest nodes for a few k (each region's nodes stay together, sorted by
+  memory so the stages that keep most micro-batches in flight get the most memory).
+  Nodes not used are reported with the reason.
+* Several pipelines (data-parallel replicas) when max_pipelines > 1: after the best
+  pipeline, the best one from the remaining nodes is added while it lowers the predicted
+  step time; micro-batches are split in proportion to each pipeline's throughput.
+  (Gradient synchronisation between replicas is not priced yet.)
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from dataclasses import dataclass, field
+
+from hetlaunch.launcher.cost_model import CostModel, PipelineCost
+from hetlaunch.launcher.profile import NodeProfile, Profile
+
+EXHAUSTIVE_MAX_NODES = 6
+EXACT_MAX_STAGES = 10
+
+
+class PlanningError(Exception):
+    """One-line reason no plan exists."""
+
+
+@dataclass(frozen=True)
+class PlannedPipeline:
+    cost: PipelineCost
+    regions: tuple[str, ...]
+
+
+@dataclass
+class PlannerResult:
+    pipelines: list[PlannedPipeline]
+    step_s: float
+    tokens_per_s: float
+    excluded: dict[str, str] = field(default_factory=dict)
+    method: str = ""
+    planning_s: float = 0.0
+
+
+def best_cuts(cm: CostModel, chain: list[NodeProfile]) -> PipelineCost | None:
+    """The exact best layer ranges for a fixed chain, or None if no cut fits in memory."""
+    S, L = len(chain), cm.num_layers
+    if S > L:
+        return None
+    # fronts[j][i]: Pareto list of (max_term, sum_term, prev_end, prev_index) with stage j ending at layer i.
+    fronts: list[dict[int, list[tuple[float, float, int, int]]]] = []
+    first = {}
+    for i in range(1, L - S + 2):
+        if cm.memory_bytes(0, i, 0, S) <= chain[0].memory_bytes:
+            t = cm.compute_s(chain[0], 0, i)
+            first[i] = [(t, t, 0, -1)]
+    fronts.append(first)
+    for j in range(1, S):
+        node, prev_node = chain[j], chain[j - 1]
+        current: dict[int, list[tuple[float, float, int, int]]] = {}
+        for i in range(j + 1, L - (S - 1 - j) + 1):
+            candidates = []
+            for start, front in fronts[j - 1].items():
+                if start >= i or cm.memory_bytes(start, i, j, S) > node.memory_bytes:
+                    continue
+                t = cm.compute_s(node, start, i)
+                c, lat = cm.boundary_s(prev_node, node, start - 1)
+                for k, (m, s, _, _) in enumerate(front):
+                    candidates.append((max(m, t, c), s + t + 2 * (lat + c), start, k))
+            if candidates:
+                current[i] = _pareto(candidates)
+        fronts.append(current)
+    final = fronts[S - 1].get(L)
+    if not final:
+        return None
+    best = min(range(len(final)), key=lambda k: cm.step_s(final[k][0], final[k][1]))
+    cuts, i, k = [], L, best
+    for j in range(S - 1, -1, -1):
+        _, _, start, prev_k = fronts[j][i][k]
+        cuts.append((start, i))
+        i, k = start, prev_k
+    return cm.evaluate(chain, cuts[::-1])
+
+
+def _pareto(points: list[tuple[float, float, int, int]]) -> list[tuple[float, float, int, int]]:
+    points.sort(key=lambda p: (p[0], p[1]))
+    kept, best_sum = [], math.inf
+    for p in points:
+        if p[1] < best_sum:
+            kept.append(p)
+            best_sum = p[1]
+    return kept
+
+
+def bottleneck_cuts(cm: CostModel, chain: list[NodeProfile]) -> PipelineCost | None:
+    """Heuristic for long chains: bisect the bottleneck, greedily filling each stage under it."""
+    S, L = len(chain), cm.num_layers
+    if S > L:
+        return None
+
+    def fill(limit: float) -> list[tuple[int, int]] | None:
+        cuts, start = [], 0
+        for j, node in enumerate(chain):
+            end = start + 1
+            last = L if j == S - 1 else L - (S - 1 - j)
+            if cm.memory_bytes(start, end, j, S) > node.memory_bytes:
+                return None
+            while end < last and cm.compute_s(node, start, end + 1) <= limit \
+                    and cm.memory_bytes(start, end + 1, j, S) <= node.memory_bytes:
+                end += 1
+            if j == S - 1 and end < L:
+                return None
+            if cm.compute_s(node, start, end) > limit:
+                return None
+            if j < S - 1 and cm.boundary_s(node, chain[j + 1], end - 1)[0] > limit:
+                return None
+            cuts.append((start, end))
+            start = end
+        return cuts
+
+    lo, hi = 0.0, max(cm.compute_s(n, 0, L) for n in chain) + max(
+        (cm.boundary_s(a, b, i)[0] for a, b in zip(chain, chain[1:]) for i in range(L)), default=0.0)
+    best = fill(hi)
+    if best is None:
+        return None
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        cuts = fill(mid)
+        if cuts is None:
+            lo = mid
+        else:
+            hi, best = mid, cuts
+    return cm.evaluate(chain, best)
+
+
+def cut_chain(cm: CostModel, chain: list[NodeProfile]) -> PipelineCost | None:
+    return best_cuts(cm, chain) if len(chain) <= EXACT_MAX_STAGES else bottleneck_cuts(cm, chain)
+
+
+def _speed(node: NodeProfile) -> float:
+    return 1.0 / max(sum(node.layer_seconds), 1e-12)
+
+
+def _region_path(profile: Profile, regions: list[str]) -> list[str]:
+    """Order regions so the chain crosses between them over the fastest links."""
+    if len(regions) <= 1:
+        return regions
+    reps = {r: next(n for n in profile.nodes if n.region == r) for r in regions}
+
+    def hop(a: str, b: str) -> float:
+        return 1.0 / profile.link(reps[a], reps[b]).bandwidth_bytes_per_s
+
+    if len(regions) <= 7:
+        return list(min(itertools.permutations(regions), key=lambda p: sum(hop(a, b) for a, b in zip(p, p[1:]))))
+    best = None
+    for start in regions:
+        path, left = [start], set(regions) - {start}
+        while left:
+            nxt = min(left, key=lambda r: hop(path[-1], r))
+            path.append(nxt)
+            left.remove(nxt)
+        cost = sum(hop(a, b) for a, b in zip(path, path[1:]))
+        if best is None or cost < best[0]:
+            best = (cost, path)
+    return best[1]
+
+
+def _candidate_chains(profile: Profile, nodes: list[NodeProfile], num_layers: int):
+    """Ordered node chains to price: every ordered subset when small, region-level heuristics when large."""
+    if len(nodes) <= EXHAUSTIVE_MAX_NODES:
+        for k in range(1, min(len(nodes), num_layers) + 1):
+            yield from (list(p) for p in itertools.permutations(nodes, k))
+        return
+    path = _region_path(profile, sorted({n.region for n in nodes}))
+    for a in range(len(path)):
+        for b in range(a + 1, len(path) + 1):
+            run = set(path[a:b])
+            members = [n for n in nodes if n.region in run]
+            fastest = sorted(members, key=_speed, reverse=True)
+            limit = min(len(members), num_layers)
+            sizes = sorted({k for k in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, limit) if k <= limit})
+            for k in sizes:
+                chosen = set(id(n) for n in fastest[:k])
+                # Keep each region's nodes together, in region-path order; most memory first.
+                yield [n for r in path[a:b] for n in sorted((m for m in members if m.region == r and id(m) in chosen),
+                                                            key=lambda m: (-m.memory_bytes, -_speed(m)))]
+
+
+def best_pipeline(profile: Profile, nodes: list[NodeProfile], num_microbatches: int,
+                  schedule: str) -> tuple[PipelineCost | None, str]:
+    cm = CostModel(profile, num_microbatches, schedule)
+    best = None
+    for chain in _candidate_chains(profile, nodes, cm.num_layers):
+        cost = cut_chain(cm, chain)
+        if cost is not None and (best is None or cost.step_s < best.step_s):
+            best = cost
+    method = "exhaustive" if len(nodes) <= EXHAUSTIVE_MAX_NODES else "region heuristic"
+    return best, method
+
+
+def split_microbatches(total: int, throughputs: list[float]) -> list[int]:
+    """Micro-batches per pipeline in proportion to throughput, each at least 1, summing to total."""
+    raw = [total * t / sum(throughputs) for t in throughputs]
+    counts = [max(1, int(r)) for r in raw]
+    while sum(counts) > total:
+        i = max(range(len(counts)), key=lambda k: counts[k] - raw[k])
+        counts[i] -= 1
+    while sum(counts) < total:
+        i = max(range(len(counts)), key=lambda k: raw[k] - counts[k])
+        counts[i] += 1
+    return counts
+
+
+def plan(profile: Profile, num_microbatches: int, schedule: str = "1f1b", max_pipelines: int = 1) -> PlannerResult:
+    """The best plan the cost model knows for this profile; PlanningError if none fits."""
+    started = time.perf_counter()
+    tokens = num_microbatches * profile.micro_batch_size * profile.seq_len
+    first, method = best_pipeline(profile, list(profile.nodes), num_microbatches, schedule)
+    if first is None:
+        raise PlanningError(_why_nothing_fits(profile, num_microbatches, schedule))
+    pipelines = [first]
+    while len(pipelines) < max_pipelines and num_microbatches > len(pipelines):
+        used = {s.node for p in pipelines for s in p.stages}
+        rest = [n for n in profile.nodes if n.name not in used]
+        extra, _ = best_pipeline(profile, rest, num_microbatches, schedule) if rest else (None, "")
+        if extra is None:
+            break
+        trial = _priced(profile, pipelines + [extra], num_microbatches, schedule)
+        if max(p.step_s for p in trial) >= max(p.step_s for p in _priced(profile, pipelines, num_microbatches, schedule)):
+            break
+        pipelines.append(extra)
+    priced = _priced(profile, pipelines, num_microbatches, schedule)
+    step_s = max(p.step_s for p in priced)
+    used = {s.node for p in priced for s in p.stages}
+    excluded = {n.name: _exclusion_reason(profile, n) for n in profile.nodes if n.name not in used}
+    return PlannerResult(
+        pipelines=[PlannedPipeline(p, tuple(profile.node(s.node).region for s in p.stages)) for p in priced],
+        step_s=step_s, tokens_per_s=tokens / step_s, excluded=excluded, method=method,
+        planning_s=time.perf_counter() - started)
+
+
+def _priced(profile: Profile, pipelines: list[PipelineCost], total: int, schedule: str) -> list[PipelineCost]:
+    """Re-cost each pipeline with its share of the micro-batches."""
+    if len(pipelines) == 1:
+        return [CostModel(profile, total, schedule).evaluate(
+            [profile.node(s.node) for s in pipelines[0].stages], [(s.layer_start, s.layer_end) for s in pipelines[0].stages])]
+    shares = split_microbatches(total, [p.num_microbatches / p.step_s for p in pipelines])
+    return [CostModel(profile, m, schedule).evaluate([profile.node(s.node) for s in p.stages],
+                                                     [(s.layer_start, s.layer_end) for s in p.stages])
+            for p, m in zip(pipelines, shares)]
+
+
+def _exclusion_reason(profile: Profile, node: NodeProfile) -> str:
+    if len(profile.nodes) > profile.model.num_layers:
+        return "not used: more nodes than layers, and the plan is faster without it"
+    return "left out: the predicted step is faster without it (too slow, too little memory, or a slow link)"
+
+
+def _why_nothing_fits(profile: Profile, num_microbatches: int, schedule: str) -> str:
+    cm = CostModel(profile, num_microbatches, schedule)
+    L = cm.num_layers
+    need = cm.memory_bytes(0, L, 0, 1)
+    have = sum(n.memory_bytes for n in profile.nodes)
+    if need > have:
+        return (f"the model does not fit the cluster's memory: it needs about {need / 2**30:.2f} GiB "
+                f"({schedule}, {num_microbatches} micro-batches) and the nodes have {have / 2**30:.2f} GiB together, "
+                f"{(need - have) / 2**30:.2f} GiB short")
+    biggest = max(4 * layer.param_bytes + layer.activation_bytes for layer in profile.layers)
+    return (f"no cut fits in memory: the largest layer alone needs {biggest / 2**30:.3f} GiB and the per-stage "
+            f"memory (parameters, gradients, AdamW state, activations in flight) exceeds what some node has")

@@ -1,0 +1,180 @@
+"""The profile: what the planner knows about a cluster, and the only thing it reads.
+
+A profile is a JSON file (format `hetlaunch-profile/1`) that `hetlaunch profile` writes and
+`hetlaunch plan --profile` reads; a user can also write one by hand for a cluster they do
+not have yet. The schema is enforced on load (unknown keys, wrong types and inconsistent
+lengths are errors). All times are seconds for one micro-batch of `micro_batch_size`
+sequences of `seq_len` tokens.
+
+    {
+      "format": "hetlaunch-profile/1",
+      "model": {"description": "gpt(...)", "num_layers": 6},
+      "micro_batch_size": 8, "seq_len": 64,
+      "layers": [{"param_bytes": 49152, "activation_bytes": 4608, "output_bytes": 131072}, ...],
+      "nodes": [{"name": "a", "region": "us-east", "device": "NVIDIA L4", "memory_bytes": 2.4e10,
+                 "layer_seconds": [...], "optimizer_seconds": [...]}, ...],
+      "links": [{"nodes": ["a", "b"], "bandwidth_bytes_per_s": 1.2e9, "latency_s": 0.0002},
+                {"regions": ["us-east", "eu-west"], "bandwidth_bytes_per_s": 6.25e6, "latency_s": 0.04}]
+    }
+
+`layers[i].output_bytes` is what crosses a stage boundary placed after layer i (the same
+size flows back as a gradient); `activation_bytes` is what a stage keeps per micro-batch
+in flight; `param_bytes` is multiplied by 4 for parameters, gradients and AdamW state.
+A link between two nodes is looked up by node pair first, then by their region pair
+(`["r", "r"]` for inside a region).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+FORMAT = "hetlaunch-profile/1"
+
+
+class ProfileError(Exception):
+    """One-line reason a profile cannot be used."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelIdentity(_Strict):
+    description: str
+    num_layers: int = Field(ge=1)
+
+
+class LayerInfo(_Strict):
+    param_bytes: int = Field(ge=0)
+    activation_bytes: int = Field(ge=0)
+    output_bytes: int = Field(ge=0)
+
+
+class NodeProfile(_Strict):
+    name: str
+    region: str = "default"
+    device: str
+    memory_bytes: float = Field(gt=0)
+    layer_seconds: list[float]
+    optimizer_seconds: list[float] | None = None  # per layer, one AdamW step; default 0
+
+    def optimizer(self, index: int) -> float:
+        return self.optimizer_seconds[index] if self.optimizer_seconds else 0.0
+
+
+class LinkProfile(_Strict):
+    nodes: tuple[str, str] | None = None
+    regions: tuple[str, str] | None = None
+    bandwidth_bytes_per_s: float = Field(gt=0)
+    latency_s: float = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _one_scope(self) -> "LinkProfile":
+        if (self.nodes is None) == (self.regions is None):
+            raise ValueError("a link names exactly one of `nodes` or `regions`")
+        return self
+
+
+class Profile(_Strict):
+    format: Literal["hetlaunch-profile/1"] = FORMAT
+    model: ModelIdentity
+    micro_batch_size: int = Field(ge=1)
+    seq_len: int = Field(ge=1)
+    layers: list[LayerInfo]
+    nodes: list[NodeProfile] = Field(min_length=1)
+    links: list[LinkProfile] = []
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Profile":
+        n = self.model.num_layers
+        if len(self.layers) != n:
+            raise ValueError(f"layers has {len(self.layers)} entries for a model of {n} layers")
+        names = [node.name for node in self.nodes]
+        if len(set(names)) != len(names):
+            raise ValueError("node names must be unique")
+        for node in self.nodes:
+            if len(node.layer_seconds) != n:
+                raise ValueError(f"node {node.name}: layer_seconds has {len(node.layer_seconds)} entries, expected {n}")
+            if node.optimizer_seconds is not None and len(node.optimizer_seconds) != n:
+                raise ValueError(f"node {node.name}: optimizer_seconds has {len(node.optimizer_seconds)} entries, expected {n}")
+        for link in self.links:
+            if link.nodes is not None and not set(link.nodes) <= set(names):
+                raise ValueError(f"link {list(link.nodes)} names a node not in the profile")
+        return self
+
+    def node(self, name: str) -> NodeProfile:
+        return next(n for n in self.nodes if n.name == name)
+
+    def link(self, a: NodeProfile, b: NodeProfile) -> LinkProfile:
+        """The measured link between two nodes: by node pair, else by region pair."""
+        for link in self.links:
+            if link.nodes is not None and set(link.nodes) == {a.name, b.name}:
+                return link
+        for link in self.links:
+            if link.regions is not None and sorted(link.regions) == sorted((a.region, b.region)):
+                return link
+        raise ProfileError(f"profile has no link between {a.name} ({a.region}) and {b.name} ({b.region}); "
+                           f"add a links entry for nodes [{a.name}, {b.name}] or regions [{a.region}, {b.region}]")
+
+    def check_model(self, description: str, num_layers: int, micro_batch_size: int) -> None:
+        if (self.model.description, self.model.num_layers) != (description, num_layers):
+            raise ProfileError(f"the profile was measured for model {self.model.description} "
+                               f"({self.model.num_layers} layers), not {description} ({num_layers} layers)")
+        if self.micro_batch_size != micro_batch_size:
+            raise ProfileError(f"the profile was measured at micro-batch size {self.micro_batch_size}, "
+                               f"not {micro_batch_size}")
+
+
+def load_profile(path: str | Path) -> Profile:
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as err:
+        raise ProfileError(f"{path}: cannot read ({err.strerror})") from None
+    except json.JSONDecodeError as err:
+        raise ProfileError(f"{path}: not valid JSON (line {err.lineno}): {err.msg}") from None
+    try:
+        return Profile.model_validate(data)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+        more = f" (+{err.error_count() - 1} more)" if err.error_count() > 1 else ""
+        raise ProfileError(f"{path}: {where}: {first['msg']}{more}") from None
+
+
+def save_profile(profile: Profile, path: str | Path) -> None:
+    """Write whole or not at all: a temporary file renamed into place."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(profile.model_dump_json(indent=2, exclude_none=True) + "\n")
+    os.replace(tmp, path)
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("HETLAUNCH_CACHE_DIR", Path.home() / ".cache" / "hetlaunch")) / "profiles"
+
+
+def node_cache_key(**identity: object) -> str:
+    """Device type, emulation, model and micro-batch shape: what a layer timing depends on."""
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def cached_node(key: str) -> dict | None:
+    path = cache_dir() / f"{key}.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def store_node(key: str, entry: dict) -> None:
+    directory = cache_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / f"{key}.json.tmp"
+    tmp.write_text(json.dumps(entry))
+    os.replace(tmp, directory / f"{key}.json")

@@ -1,0 +1,55 @@
+"""Turn a Profile command into measurements: this node's layers and its share of link probes."""
+
+from __future__ import annotations
+
+import platform
+
+import torch
+import torch.distributed as dist
+
+from hetlaunch.protos import control_pb2 as pb
+from hetlaunch.runtime.codecs import CODECS_BY_NAME
+from hetlaunch.runtime.emulation import ComputeEmulation, WireEmulation
+from hetlaunch.runtime.link import Link
+from hetlaunch.runtime.profiler import probe_link, profile_layers, usable_memory_bytes
+from hetlaunch.runtime.stage_job import init_data_plane, model_spec_from_proto, resolve_device
+
+MAX_REPORTED_BANDWIDTH = 1e12  # a fit on a very fast link can come out unbounded; keep JSON finite
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu:{platform.processor() or platform.machine()}"
+
+
+def run_profile(cmd: pb.Profile) -> pb.ReportProfileRequest:
+    if cmd.threads:
+        torch.set_num_threads(cmd.threads)
+    device = resolve_device(cmd.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    report = pb.ReportProfileRequest(ok=True, device_name=device_name(device),
+                                     memory_bytes=usable_memory_bytes(device, cmd.emulate.memory_gb))
+    if cmd.measure_layers:
+        spec = model_spec_from_proto(cmd.model)
+        for m in profile_layers(spec, cmd.micro_batch_size, device, seed=cmd.seed,
+                                emulation=ComputeEmulation(cmd.emulate.speed or 1.0)):
+            report.layers.append(pb.LayerProfile(seconds=m.seconds, optimizer_seconds=m.optimizer_seconds,
+                                                  param_bytes=m.param_bytes, activation_bytes=m.activation_bytes,
+                                                  output_bytes=m.output_bytes))
+    if cmd.probes:
+        init_data_plane(cmd.rendezvous)
+        try:
+            wire_device = device if cmd.rendezvous.backend == "nccl" else torch.device("cpu")
+            for probe in cmd.probes:
+                link = Link(probe.peer_rank, CODECS_BY_NAME["none"], device, wire_device,
+                            emulation=WireEmulation.from_spec(probe.emulate_bandwidth_mbps, probe.emulate_latency_ms))
+                measured = probe_link(link, probe.initiator)
+                if measured is not None:
+                    latency, bandwidth = measured
+                    report.links.append(pb.LinkProbe(peer_node=probe.peer_node, latency_s=latency,
+                                                     bandwidth_bytes_per_s=min(bandwidth, MAX_REPORTED_BANDWIDTH)))
+        finally:
+            dist.destroy_process_group()
+    return report

@@ -1,0 +1,159 @@
+"""Measure what this node can do for a job: per-layer time and memory, usable memory, links.
+
+Layer timing runs forward+backward of each layer alone at the job's micro-batch shape,
+feeding it the previous layer's real output, on this agent's device: warm-up, then the
+median of several repeats (synchronising around timings on CUDA). Emulated slowness is
+applied exactly as in training, so the profile sees it the way the executor will.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import psutil
+import torch
+from torch import nn
+
+from hetlaunch.runtime.emulation import ComputeEmulation
+from hetlaunch.runtime.link import Link
+from hetlaunch.runtime.model import ModelSpec, build_model_range
+
+ADAMW_STATE_PER_PARAM = 2  # exp_avg and exp_avg_sq
+
+
+@dataclass
+class LayerMeasurement:
+    seconds: float            # forward + backward of one micro-batch
+    optimizer_seconds: float  # one AdamW step over the layer's parameters
+    param_bytes: int
+    activation_bytes: int     # tensors autograd keeps for backward, per micro-batch in flight
+    output_bytes: int         # what crosses a stage boundary placed after this layer
+
+    @property
+    def static_bytes(self) -> int:
+        """Parameters, gradients and AdamW state: held whatever the schedule."""
+        return self.param_bytes * (2 + ADAMW_STATE_PER_PARAM)
+
+
+def usable_memory_bytes(device: torch.device, cap_gb: float = 0.0) -> int:
+    """Free memory on the device (system memory on CPU), lowered to an emulated cap if any."""
+    if device.type == "cuda":
+        free = torch.cuda.mem_get_info(device)[0]
+    else:
+        free = psutil.virtual_memory().available
+    return min(free, int(cap_gb * 2**30)) if cap_gb > 0 else free
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(fn, device: torch.device, emulation: ComputeEmulation) -> float:
+    _sync(device)
+    start = time.perf_counter()
+    fn()
+    emulation.stretch(start, device)
+    _sync(device)
+    return time.perf_counter() - start
+
+
+def _saved_bytes(layer: nn.Module, inputs: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Run forward once, counting the bytes autograd saves for backward (activation memory)."""
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor):
+        # Parameters are saved too (e.g. a Linear's weight); they are counted as parameters already.
+        if not isinstance(t, nn.Parameter):
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = layer(inputs)
+    return out, sum(seen.values())
+
+
+def profile_layers(spec: ModelSpec, micro_batch_size: int, device: torch.device, seed: int = 0,
+                   emulation: ComputeEmulation = ComputeEmulation(), warmup: int = 2,
+                   repeats: int = 5) -> list[LayerMeasurement]:
+    """Time and size every layer of the model, one layer on the device at a time."""
+    num_layers = spec.num_layers()
+    tokens = torch.randint(0, 256, (micro_batch_size, spec.seq_len),
+                           generator=torch.Generator().manual_seed(seed)).to(device)
+    x = tokens
+    results = []
+    for index in range(num_layers):
+        layer = build_model_range(spec, index, index + 1, seed).layers[0].to(device)
+        params = [p for p in layer.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params, lr=1e-9) if params else None
+        inputs = x if not x.is_floating_point() else x.detach().requires_grad_()
+
+        def fwd_bwd():
+            out = layer(inputs)
+            out.float().sum().backward() if out.dim() == 0 else out.backward(torch.ones_like(out))
+
+        for _ in range(warmup):
+            fwd_bwd()
+        seconds = statistics.median(_timed(fwd_bwd, device, emulation) for _ in range(repeats))
+        opt_seconds = 0.0
+        if optimizer is not None:
+            optimizer.step()  # the first step allocates state; time the later ones
+            opt_seconds = statistics.median(_timed(optimizer.step, device, emulation) for _ in range(repeats))
+        out, activation_bytes = _saved_bytes(layer, inputs)
+        results.append(LayerMeasurement(
+            seconds=seconds, optimizer_seconds=opt_seconds,
+            param_bytes=sum(p.numel() * p.element_size() for p in params),
+            activation_bytes=activation_bytes, output_bytes=out.numel() * out.element_size()))
+        x = out.detach()
+        del layer, optimizer
+    return results
+
+
+PROBE_SIZES = (256 * 1024, 1024 * 1024, 4 * 1024 * 1024)
+
+
+def probe_link(link: Link, initiator: bool, pings: int = 8, sizes=PROBE_SIZES,
+               repeats: int = 3) -> tuple[float, float] | None:
+    """Measure one link with its peer; the initiator returns (latency_s, bandwidth_bytes_per_s).
+
+    Latency is half the median round trip of a tiny ping-pong; bandwidth is the slope of a
+    least-squares fit of transfer time = 2 * latency + bytes / bandwidth over a few sizes,
+    each the fastest of a few repeats (a 1-element reply marks the transfer done).
+    """
+    ping = torch.zeros(1)
+    rtts = []
+    for _ in range(pings):
+        if initiator:
+            start = time.perf_counter()
+            link.send(ping)
+            link.recv()
+            rtts.append(time.perf_counter() - start)
+        else:
+            link.send(link.recv())
+    points = []
+    for size in sizes:
+        payload = torch.zeros(size // 4)
+        best = float("inf")
+        for _ in range(repeats):
+            if initiator:
+                start = time.perf_counter()
+                link.send(payload)
+                link.recv()
+                best = min(best, time.perf_counter() - start)
+            else:
+                link.recv()
+                link.send(ping)
+        points.append((size, best))
+    link.drain()
+    if not initiator:
+        return None
+    latency = statistics.median(rtts) / 2
+    n = len(points)
+    mean_x = sum(x for x, _ in points) / n
+    mean_y = sum(y for _, y in points) / n
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / sum((x - mean_x) ** 2 for x, _ in points)
+    bandwidth = 1.0 / slope if slope > 0 else float("inf")
+    return latency, bandwidth
+
