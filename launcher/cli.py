@@ -46,32 +46,148 @@ def up(
     cluster_yaml: Path = typer.Argument(..., help="cluster YAML file"),
     run_dir: Optional[Path] = typer.Option(None, help="write metrics here (default: runs/<run-id>)"),
     token_file: Optional[Path] = typer.Option(None, help="join token for remote agents (default: $HETLAUNCH_TOKEN or a new one)"),
+    reprofile: bool = typer.Option(False, help="measure every node again instead of using cached profiles"),
 ) -> None:
-    """Start a coordinator and the local agents, wait for remote ones, train, write runs/<run-id>/."""
-    from hetlaunch.launcher.job import JobError, UpOptions, run_up
-    from hetlaunch.runtime.auth import read_token
+    """Start a coordinator and the local agents, wait for remote ones, profile, plan, train, write runs/<run-id>/."""
+    from hetlaunch.launcher.job import UpOptions, run_up
 
+    cluster = _load(cluster_yaml)
+    options = UpOptions(run_dir=run_dir, token=_token(cluster, token_file), reprofile=reprofile)
+    _with_cluster(lambda: run_up(cluster, options, console))
+
+
+@app.command()
+def profile(
+    cluster_yaml: Path = typer.Argument(..., help="cluster YAML file"),
+    output: Path = typer.Option(..., "-o", "--output", help="where to write the profile JSON"),
+    run_dir: Optional[Path] = typer.Option(None, help="agent logs go here (default: runs/<run-id>)"),
+    token_file: Optional[Path] = typer.Option(None, help="join token for remote agents"),
+    reprofile: bool = typer.Option(False, help="measure every node again instead of using cached profiles"),
+) -> None:
+    """Start the cluster's agents, measure nodes and links, save the profile; train nothing."""
+    from hetlaunch.launcher.job import UpOptions, new_run_dir
+    from hetlaunch.launcher.profile import save_profile
+    from hetlaunch.launcher.profiling import measure_cluster
+    from hetlaunch.launcher.session import ClusterSession
+
+    cluster = _load(cluster_yaml)
+    options = UpOptions(run_dir=run_dir, token=_token(cluster, token_file))
+
+    def measure():
+        with ClusterSession(cluster, new_run_dir(cluster, options), options.token or _new_token(), console) as s:
+            measured = measure_cluster(s, cluster.model.to_spec(), cluster.train.micro_batch_size, cluster.train.seed,
+                                       reprofile, console)
+        save_profile(measured, output)
+        console.print(f"profile of {len(measured.nodes)} nodes and {len(measured.links)} links written to {output}")
+
+    _with_cluster(measure)
+
+
+@app.command()
+def plan(
+    cluster_yaml: Optional[Path] = typer.Argument(None, help="cluster YAML file (starts agents and profiles them)"),
+    profile_file: Optional[Path] = typer.Option(None, "--profile", help="plan offline from a saved profile instead"),
+    microbatches: Optional[int] = typer.Option(None, min=1, help="micro-batches per step (default: the YAML's, else 4)"),
+    schedule: Optional[str] = typer.Option(None, help="1f1b or gpipe (default: the YAML's, else 1f1b)"),
+    max_pipelines: int = typer.Option(1, min=1, help="allow this many data-parallel pipelines"),
+    stages: Optional[int] = typer.Option(None, min=1, help="use exactly this many stages per pipeline"),
+    as_json: bool = typer.Option(False, "--json", help="print the plan as JSON"),
+    token_file: Optional[Path] = typer.Option(None, help="join token for remote agents"),
+    reprofile: bool = typer.Option(False, help="measure every node again instead of using cached profiles"),
+) -> None:
+    """Print the plan the planner would run (a table, or --json); train nothing."""
+    from hetlaunch.launcher.planner import PlanningError
+    from hetlaunch.launcher.planner import plan as plan_pipelines
+    from hetlaunch.launcher.profile import ProfileError, load_profile
+    from hetlaunch.launcher.progress import print_planner_result
+
+    if cluster_yaml is None and profile_file is None:
+        _fail("give a cluster YAML (profiles it live), --profile PROFILE.json (offline), or both", EXIT_BAD_INPUT)
+    if schedule not in (None, "1f1b", "gpipe"):
+        _fail(f"--schedule must be 1f1b or gpipe, not {schedule!r}", EXIT_BAD_INPUT)
+    cluster = _load(cluster_yaml) if cluster_yaml else None
+    num_mb = microbatches or (cluster.train.num_microbatches if cluster else 4)
+    sched = schedule or (cluster.train.schedule if cluster else "1f1b")
+    if profile_file is not None:
+        try:
+            measured = load_profile(profile_file)
+            if cluster is not None:  # planning this YAML's job from a saved profile: it must be of this model
+                from hetlaunch.launcher.profiling import describe_model
+
+                spec = cluster.model.to_spec()
+                measured.check_model(describe_model(spec), spec.num_layers(), cluster.train.micro_batch_size)
+        except ProfileError as err:
+            _fail(str(err), EXIT_BAD_INPUT)
+    else:
+        measured = _measure_live(cluster, token_file, reprofile)
     try:
-        cluster = load_cluster(cluster_yaml)
+        result = plan_pipelines(measured, num_mb, sched, max_pipelines=max_pipelines, stages=stages)
+    except (PlanningError, ProfileError) as err:
+        _fail(str(err), EXIT_JOB_FAILED)
+    print_planner_result(console, measured, result, as_json=as_json)
+
+
+def _measure_live(cluster, token_file, reprofile):
+    from hetlaunch.launcher.job import UpOptions, new_run_dir
+    from hetlaunch.launcher.profiling import measure_cluster
+    from hetlaunch.launcher.session import ClusterSession
+
+    options = UpOptions(token=_token(cluster, token_file))
+    measured = []
+
+    def measure():
+        status = Console(stderr=True)  # keep stdout clean for --json
+        with ClusterSession(cluster, new_run_dir(cluster, options), options.token or _new_token(), status) as s:
+            measured.append(measure_cluster(s, cluster.model.to_spec(), cluster.train.micro_batch_size,
+                                            cluster.train.seed, reprofile, status))
+
+    _with_cluster(measure)
+    return measured[0]
+
+
+def _load(cluster_yaml: Path):
+    try:
+        return load_cluster(cluster_yaml)
     except ConfigError as err:
         _fail(str(err), EXIT_BAD_INPUT)
-    token = None
-    if token_file is not None or cluster.remote_nodes:
-        try:
-            token = read_token(str(token_file) if token_file else None)
-        except ValueError:
-            if token_file is not None:
-                _fail(f"cannot read token file {token_file}", EXIT_BAD_INPUT)
-            # No token given: up generates one and writes it to the run directory for remote agents.
+
+
+def _new_token() -> str:
+    import secrets
+
+    return secrets.token_urlsafe(24)
+
+
+def _token(cluster, token_file: Optional[Path]) -> Optional[str]:
+    """The token remote agents must present: from --token-file or $HETLAUNCH_TOKEN, else a new one later."""
+    from hetlaunch.runtime.auth import read_token
+
+    if token_file is None and not cluster.remote_nodes:
+        return None
+    try:
+        return read_token(str(token_file) if token_file else None)
+    except ValueError as err:
+        if token_file is not None:
+            _fail(str(err), EXIT_BAD_INPUT)
+        return None  # no token given: one is generated and written to the run directory
+
+
+def _with_cluster(work) -> None:
+    """Run work that starts agents; every exit path stops them (SIGTERM is turned into an unwind)."""
+    from hetlaunch.launcher.profile import ProfileError
+    from hetlaunch.launcher.session import JobError
+    from hetlaunch.launcher.planner import PlanningError
 
     def on_sigterm(signum, frame):
         raise Terminated()
 
     signal.signal(signal.SIGTERM, on_sigterm)
     try:
-        run_up(cluster, UpOptions(run_dir=run_dir, token=token), console)
-    except (JobError, ConfigError, ValueError) as err:
-        _fail(str(err), EXIT_JOB_FAILED if isinstance(err, JobError) else EXIT_BAD_INPUT)
+        work()
+    except (JobError, PlanningError, ProfileError) as err:
+        _fail(str(err), EXIT_JOB_FAILED)
+    except (ConfigError, ValueError) as err:
+        _fail(str(err), EXIT_BAD_INPUT)
     except KeyboardInterrupt:
         _fail("interrupted; every local agent was stopped", 130)
     except Terminated:

@@ -17,6 +17,11 @@ class StagePlan:
     layer_end: int
     forward_codec: str = "none"   # codec for activations sent to the next stage
     backward_codec: str = "none"  # codec for gradients sent to the previous stage
+    # What the planner predicts (None for a cut that was not planned from a profile).
+    compute_s: float | None = None       # per micro-batch
+    link_s: float | None = None          # outgoing transfer per micro-batch
+    memory_bytes: float | None = None
+    capacity_bytes: float | None = None
 
     @property
     def num_layers(self) -> int:
@@ -30,8 +35,12 @@ class Plan:
     micro_batch_size: int
     num_microbatches: int
     schedule: str
-    source: str  # how the cut was chosen: "pinned", "even"
+    source: str  # how the cut was chosen: "pinned", "even", "planned"
     generation: int = 0
+    predicted_step_s: float | None = None
+    predicted_tokens_per_s: float | None = None
+    bottleneck: str | None = None
+    excluded: dict[str, str] | None = None  # node -> why the plan leaves it out
 
     def __post_init__(self):
         expected = 0
@@ -76,3 +85,19 @@ def static_plan(cluster, num_layers: int) -> Plan:
                    for n, (s, e) in zip(nodes, ranges))
     return Plan(stages=stages, num_layers=num_layers, micro_batch_size=train.micro_batch_size,
                 num_microbatches=train.num_microbatches, schedule=train.schedule, source=source)
+
+
+def planned(cluster, result) -> Plan:
+    """The plan `up` runs from the planner's single best pipeline."""
+    from hetlaunch.launcher.planner import PlannerResult
+
+    assert isinstance(result, PlannerResult) and len(result.pipelines) == 1
+    cost = result.pipelines[0].cost
+    stages = tuple(StagePlan(node=s.node, region=cluster.node(s.node).region, layer_start=s.layer_start,
+                             layer_end=s.layer_end, compute_s=s.compute_s, link_s=s.link_s,
+                             memory_bytes=s.memory_bytes, capacity_bytes=s.capacity_bytes) for s in cost.stages)
+    train = cluster.train
+    return Plan(stages=stages, num_layers=stages[-1].layer_end, micro_batch_size=train.micro_batch_size,
+                num_microbatches=train.num_microbatches, schedule=train.schedule, source="planned",
+                predicted_step_s=result.step_s, predicted_tokens_per_s=result.tokens_per_s,
+                bottleneck=cost.bottleneck, excluded=dict(result.excluded))

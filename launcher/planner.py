@@ -178,11 +178,12 @@ def _region_path(profile: Profile, regions: list[str]) -> list[str]:
     return best[1]
 
 
-def _candidate_chains(profile: Profile, nodes: list[NodeProfile], num_layers: int):
+def _candidate_chains(profile: Profile, nodes: list[NodeProfile], num_layers: int, stages: int | None):
     """Ordered node chains to price: every ordered subset when small, region-level heuristics when large."""
     if len(nodes) <= EXHAUSTIVE_MAX_NODES:
         for k in range(1, min(len(nodes), num_layers) + 1):
-            yield from (list(p) for p in itertools.permutations(nodes, k))
+            if stages is None or k == stages:
+                yield from (list(p) for p in itertools.permutations(nodes, k))
         return
     path = _region_path(profile, sorted({n.region for n in nodes}))
     for a in range(len(path)):
@@ -192,6 +193,8 @@ def _candidate_chains(profile: Profile, nodes: list[NodeProfile], num_layers: in
             fastest = sorted(members, key=_speed, reverse=True)
             limit = min(len(members), num_layers)
             sizes = sorted({k for k in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, limit) if k <= limit})
+            if stages is not None:
+                sizes = [stages] if stages <= limit else []
             for k in sizes:
                 chosen = set(id(n) for n in fastest[:k])
                 # Keep each region's nodes together, in region-path order; most memory first.
@@ -200,10 +203,10 @@ def _candidate_chains(profile: Profile, nodes: list[NodeProfile], num_layers: in
 
 
 def best_pipeline(profile: Profile, nodes: list[NodeProfile], num_microbatches: int,
-                  schedule: str) -> tuple[PipelineCost | None, str]:
+                  schedule: str, stages: int | None = None) -> tuple[PipelineCost | None, str]:
     cm = CostModel(profile, num_microbatches, schedule)
     best = None
-    for chain in _candidate_chains(profile, nodes, cm.num_layers):
+    for chain in _candidate_chains(profile, nodes, cm.num_layers, stages):
         cost = cut_chain(cm, chain)
         if cost is not None and (best is None or cost.step_s < best.step_s):
             best = cost
@@ -224,18 +227,27 @@ def split_microbatches(total: int, throughputs: list[float]) -> list[int]:
     return counts
 
 
-def plan(profile: Profile, num_microbatches: int, schedule: str = "1f1b", max_pipelines: int = 1) -> PlannerResult:
-    """The best plan the cost model knows for this profile; PlanningError if none fits."""
+def plan(profile: Profile, num_microbatches: int, schedule: str = "1f1b", max_pipelines: int = 1,
+         stages: int | None = None) -> PlannerResult:
+    """The best plan the cost model knows for this profile; PlanningError if none fits.
+
+    `stages` fixes the number of stages per pipeline (default: the planner decides).
+    """
     started = time.perf_counter()
+    num_layers = profile.model.num_layers
+    if stages is not None and stages > num_layers:
+        raise PlanningError(f"{stages} stages requested but the model has only {num_layers} layers")
+    if stages is not None and stages > len(profile.nodes):
+        raise PlanningError(f"{stages} stages requested but the cluster has only {len(profile.nodes)} nodes")
     tokens = num_microbatches * profile.micro_batch_size * profile.seq_len
-    first, method = best_pipeline(profile, list(profile.nodes), num_microbatches, schedule)
+    first, method = best_pipeline(profile, list(profile.nodes), num_microbatches, schedule, stages)
     if first is None:
         raise PlanningError(_why_nothing_fits(profile, num_microbatches, schedule))
     pipelines = [first]
     while len(pipelines) < max_pipelines and num_microbatches > len(pipelines):
         used = {s.node for p in pipelines for s in p.stages}
         rest = [n for n in profile.nodes if n.name not in used]
-        extra, _ = best_pipeline(profile, rest, num_microbatches, schedule) if rest else (None, "")
+        extra, _ = best_pipeline(profile, rest, num_microbatches, schedule, stages) if rest else (None, "")
         if extra is None:
             break
         trial = _priced(profile, pipelines + [extra], num_microbatches, schedule)

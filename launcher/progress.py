@@ -12,15 +12,31 @@ from hetlaunch.launcher.plan import Plan
 from hetlaunch.launcher.run_record import StepRecord
 
 
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.2f}"
+
+
+def _gib(n: float | None) -> str:
+    return "-" if n is None else f"{n / 2**30:.2f}"
+
+
 def print_plan(console: Console, plan: Plan) -> None:
     table = Table(title=f"plan ({plan.source} cut, {plan.schedule}, {plan.num_microbatches} micro-batches "
                         f"of {plan.micro_batch_size})")
-    for column in ("stage", "node", "region", "layers", "codec →"):
-        table.add_column(column)
+    for column in ("stage", "node", "region", "layers", "ms/mb", "link ms", "codec", "GiB used/free"):
+        table.add_column(column, justify="right" if "ms" in column or "GiB" in column else "left", no_wrap=True)
     for i, stage in enumerate(plan.stages):
-        codec = stage.forward_codec if i < len(plan.stages) - 1 else "-"
-        table.add_row(str(i), stage.node, stage.region, f"{stage.layer_start}–{stage.layer_end - 1}", codec)
+        last = i == len(plan.stages) - 1
+        memory = "-" if stage.memory_bytes is None else f"{_gib(stage.memory_bytes)}/{_gib(stage.capacity_bytes)}"
+        table.add_row(str(i), stage.node, stage.region, f"{stage.layer_start}–{stage.layer_end - 1}",
+                      _ms(stage.compute_s), "-" if last else _ms(stage.link_s), "-" if last else stage.forward_codec,
+                      memory)
     console.print(table)
+    if plan.predicted_step_s is not None:
+        console.print(f"predicted: {plan.predicted_step_s * 1e3:.1f} ms/step, "
+                      f"{plan.predicted_tokens_per_s:,.0f} tokens/s; bottleneck: {plan.bottleneck}")
+    for node, why in (plan.excluded or {}).items():
+        console.print(f"  [yellow]{node}[/]: {why}")
 
 
 class TrainingProgress:
@@ -49,3 +65,42 @@ def print_summary(console: Console, summary: dict, run_dir: Path) -> None:
     console.print(f"[bold green]done[/]: {summary['steps']} steps in {summary['wall_s']:.1f}s, "
                   f"loss {summary.get('first_loss', float('nan')):.4f} → {summary.get('final_loss', float('nan')):.4f}, "
                   f"{summary.get('mean_tokens_per_s', 0):,.0f} tokens/s; metrics in {run_dir}/metrics.jsonl")
+
+
+def planner_result_dict(result) -> dict:
+    return {
+        "step_s": result.step_s, "tokens_per_s": result.tokens_per_s, "method": result.method,
+        "planning_s": result.planning_s, "excluded": result.excluded,
+        "pipelines": [{
+            "num_microbatches": p.cost.num_microbatches, "step_s": p.cost.step_s, "bottleneck": p.cost.bottleneck,
+            "stages": [{"node": s.node, "region": region, "layers": [s.layer_start, s.layer_end],
+                        "compute_s": s.compute_s, "link_s": s.link_s, "latency_s": s.latency_s,
+                        "memory_bytes": s.memory_bytes, "capacity_bytes": s.capacity_bytes}
+                       for s, region in zip(p.cost.stages, p.regions)]}
+            for p in result.pipelines],
+    }
+
+
+def print_planner_result(console: Console, profile, result, as_json: bool = False) -> None:
+    """`hetlaunch plan`: one table per pipeline, or the same as JSON."""
+    if as_json:
+        import json
+
+        console.print_json(json.dumps(planner_result_dict(result)))
+        return
+    for k, p in enumerate(result.pipelines):
+        table = Table(title=f"pipeline {k}: {p.cost.num_microbatches} micro-batches of {profile.micro_batch_size}, "
+                            f"{p.cost.step_s * 1e3:.1f} ms/step")
+        for column in ("stage", "node", "region", "layers", "ms/mb", "link ms", "GiB used/free"):
+            table.add_column(column, justify="right" if "ms" in column or "GiB" in column else "left", no_wrap=True)
+        for i, (s, region) in enumerate(zip(p.cost.stages, p.regions)):
+            last = i == len(p.cost.stages) - 1
+            table.add_row(str(i), s.node, region, f"{s.layer_start}–{s.layer_end - 1}", _ms(s.compute_s),
+                          "-" if last else _ms(s.link_s + s.latency_s),
+                          f"{_gib(s.memory_bytes)}/{_gib(s.capacity_bytes)}")
+        console.print(table)
+        console.print(f"bottleneck: {p.cost.bottleneck}")
+    console.print(f"predicted: {result.step_s * 1e3:.1f} ms/step, {result.tokens_per_s:,.0f} tokens/s "
+                  f"({result.method} search, planned in {result.planning_s:.2f}s)")
+    for node, why in result.excluded.items():
+        console.print(f"  [yellow]{node}[/]: {why}")

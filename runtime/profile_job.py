@@ -38,7 +38,7 @@ def run_profile(cmd: pb.Profile) -> pb.ReportProfileRequest:
             report.layers.append(pb.LayerProfile(seconds=m.seconds, optimizer_seconds=m.optimizer_seconds,
                                                   param_bytes=m.param_bytes, activation_bytes=m.activation_bytes,
                                                   output_bytes=m.output_bytes))
-    if cmd.probes:
+    if cmd.HasField("rendezvous"):  # every agent joins the group, probing or not
         init_data_plane(cmd.rendezvous)
         try:
             wire_device = device if cmd.rendezvous.backend == "nccl" else torch.device("cpu")

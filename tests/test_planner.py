@@ -68,3 +68,85 @@ def test_planner_equals_brute_force(seed):
     assert got.step_s == pytest.approx(want, rel=1e-9)
     for stage in got.pipelines[0].cost.stages:
         assert stage.memory_bytes <= stage.capacity_bytes
+
+
+def uniform_profile(speeds: list[float], regions: list[str], num_layers: int = 8, memory_gb: float = 8.0,
+                    cross_bandwidth: float = 1e7, cross_latency: float = 0.02) -> Profile:
+    layers = [LayerInfo(param_bytes=2**20, activation_bytes=2**20, output_bytes=2**20) for _ in range(num_layers)]
+    nodes = [NodeProfile(name=f"n{i}", region=r, device="dev", memory_bytes=memory_gb * GiB,
+                         layer_seconds=[0.01 / s] * num_layers) for i, (s, r) in enumerate(zip(speeds, regions))]
+    links = [LinkProfile(regions=(r, r), bandwidth_bytes_per_s=1e10, latency_s=1e-5) for r in sorted(set(regions))]
+    for a, b in itertools.combinations(sorted(set(regions)), 2):
+        links.append(LinkProfile(regions=(a, b), bandwidth_bytes_per_s=cross_bandwidth, latency_s=cross_latency))
+    return Profile(model=ModelIdentity(description="uniform", num_layers=num_layers), micro_batch_size=4,
+                   seq_len=64, layers=layers, nodes=nodes, links=links)
+
+
+def test_regions_stay_contiguous_when_crossing_is_slow():
+    profile = uniform_profile([1, 1, 1, 1], ["a", "b", "a", "b"], cross_bandwidth=5e8, cross_latency=0.001)
+    result = plan(profile, 8)
+    regions = result.pipelines[0].regions
+    assert len(regions) == 4, "four equal nodes and a fast-enough cross link: all should be used"
+    assert sum(1 for x, y in zip(regions, regions[1:]) if x != y) == 1, regions
+
+
+def test_far_slower_node_is_dropped_and_named():
+    profile = uniform_profile([1, 1, 1, 0.02], ["a"] * 4)
+    result = plan(profile, 8)
+    used = {s.node for s in result.pipelines[0].cost.stages}
+    assert used == {"n0", "n1", "n2"}
+    assert "n3" in result.excluded and "faster without it" in result.excluded["n3"]
+
+
+def test_slower_node_gets_fewer_layers():
+    profile = uniform_profile([1, 0.5], ["a", "a"], num_layers=9)
+    stages = {s.node: s.layer_end - s.layer_start for s in plan(profile, 8).pipelines[0].cost.stages}
+    assert stages == {"n0": 6, "n1": 3}
+
+
+def test_memory_limits_bind_and_shortfall_is_reported():
+    # 8 layers x (4 MiB static + up to 8 x 1 MiB activations): three 0.01 GiB nodes cannot hold it.
+    profile = uniform_profile([1, 1, 1], ["a"] * 3, memory_gb=0.01)
+    with pytest.raises(PlanningError, match=r"GiB short"):
+        plan(profile, 8)
+    roomy = uniform_profile([1, 0.25], ["a", "a"], memory_gb=1.0)
+    small = roomy.model_copy(update={"nodes": [roomy.nodes[0].model_copy(update={"memory_bytes": 0.025 * GiB}),
+                                               roomy.nodes[1]]})
+    result = plan(small, 8)
+    for s in result.pipelines[0].cost.stages:
+        assert s.memory_bytes <= s.capacity_bytes
+    fast = next(s for s in result.pipelines[0].cost.stages if s.node == "n0")
+    # Unconstrained, speed 4:1 would give the fast node 6 of 8 layers; 25.6 MiB holds at most 5
+    # (4 MiB static + at least 1 MiB of activations per layer).
+    unconstrained = next(s for s in plan(roomy, 8).pipelines[0].cost.stages if s.node == "n0")
+    assert unconstrained.layer_end - unconstrained.layer_start >= 6
+    assert fast.layer_end - fast.layer_start <= 5, "memory, not speed, must cap the fast node"
+
+
+def test_more_stages_than_layers_is_an_error():
+    with pytest.raises(PlanningError, match="only 8 layers"):
+        plan(uniform_profile([1] * 10, ["a"] * 10), 4, stages=9)
+
+
+def test_two_pipelines_split_microbatches_by_throughput():
+    profile = uniform_profile([1, 1, 0.5, 0.5], ["a", "a", "b", "b"], cross_bandwidth=1e6, cross_latency=0.05)
+    result = plan(profile, 12, max_pipelines=2)
+    assert len(result.pipelines) == 2
+    for p in result.pipelines:
+        assert len(set(p.regions)) == 1, "each replica stays inside its region"
+    counts = sorted(p.cost.num_microbatches for p in result.pipelines)
+    assert counts == [4, 8]
+    assert result.step_s < plan(profile, 12).step_s
+
+
+def test_large_cluster_plans_with_heuristics():
+    rng = random.Random(0)
+    types = [1.0, 0.7, 0.4, 0.25]
+    regions = [f"r{i}" for i in range(8)]
+    speeds = [rng.choice(types) for _ in range(64)]
+    profile = uniform_profile(speeds, [regions[i % 8] for i in range(64)], num_layers=24)
+    result = plan(profile, 16, max_pipelines=4)
+    assert result.method == "region heuristic"
+    covered = [sum(s.layer_end - s.layer_start for s in p.cost.stages) for p in result.pipelines]
+    assert covered == [24] * len(result.pipelines)
+    assert sum(p.cost.num_microbatches for p in result.pipelines) == 16

@@ -1,0 +1,184 @@
+"""Have the agents measure the cluster: layer timings per node (cached), memory, and links.
+
+Links: inside a region a few representative pairs (consecutive nodes, at most
+INTRA_REGION_PAIRS), across regions one pair for every region pair — not all n² node
+pairs. Each probe's initiator reports latency and bandwidth; the profile gets the node
+pairs measured and, per region pair, the median over its probes, which the planner uses
+for the pairs nobody measured.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import queue
+import statistics
+import time
+
+from rich.console import Console
+
+from hetlaunch.launcher.profile import (LayerInfo, LinkProfile, ModelIdentity, NodeProfile, Profile, cached_node,
+                                        node_cache_key, store_node)
+from hetlaunch.launcher.session import ClusterSession, JobError
+from hetlaunch.protos import control_pb2 as pb
+from hetlaunch.runtime.model import ModelSpec
+from hetlaunch.runtime.stage_job import model_spec_to_proto
+from hetlaunch.runtime.version import hetlaunch_version
+
+INTRA_REGION_PAIRS = 2
+PROFILE_TIMEOUT_S = 600.0
+
+
+def describe_model(spec: ModelSpec) -> str:
+    if spec.gpt is not None:
+        g = spec.gpt
+        return (f"gpt(vocab={g.vocab_size},seq={g.seq_len},d={g.d_model},layers={g.n_layers},"
+                f"heads={g.n_heads},ff={g.ff_dim})")
+    return f"{spec.entrypoint}({json.dumps(spec.kwargs, sort_keys=True)})"
+
+
+def probe_pairs(cluster) -> list[tuple[str, str]]:
+    """The links worth measuring, in the one global order every agent follows."""
+    by_region: dict[str, list[str]] = {}
+    for node in cluster.nodes:
+        by_region.setdefault(node.region, []).append(node.name)
+    pairs = []
+    for names in by_region.values():
+        pairs += list(zip(names, names[1:]))[:INTRA_REGION_PAIRS]
+    for ra, rb in itertools.combinations(by_region, 2):
+        pairs.append((by_region[ra][0], by_region[rb][0]))
+    return pairs
+
+
+def _emulated_link(cluster, a, b) -> tuple[float, float]:
+    """The YAML's knobs for the agents to make true; the planner never sees them."""
+    na, nb = cluster.node(a), cluster.node(b)
+    if na.region == nb.region or na.launch != "local" or nb.launch != "local":
+        return 0.0, 0.0
+    link = cluster.link_between(na.region, nb.region)
+    if link is None or link.emulate is None:
+        return 0.0, 0.0
+    return link.emulate.bandwidth_mbps or 0.0, link.emulate.latency_ms or 0.0
+
+
+def _cache_key(session: ClusterSession, name: str, model: str, micro_batch_size: int) -> str:
+    node = session.nodes[name]
+    with session.state.lock:
+        devices = [d.name for d in session.state.agents[name].info.devices]
+    emulate = node.emulate
+    return node_cache_key(device=session.device_of(name), devices=devices, threads=session.threads_of(name),
+                          speed=emulate.speed if emulate else 1.0, model=model, micro_batch_size=micro_batch_size,
+                          version=hetlaunch_version())
+
+
+def measure_cluster(session: ClusterSession, spec: ModelSpec, micro_batch_size: int, seed: int,
+                    reprofile: bool, console: Console) -> Profile:
+    """Layers first, then links. Local agents share this machine, so they time their layers
+    one at a time (concurrent timings would measure each other); remote nodes all at once."""
+    cluster = session.cluster
+    model = describe_model(spec)
+    names = [n.name for n in cluster.nodes]
+    keys = {n: _cache_key(session, n, model, micro_batch_size) for n in names}
+    cached = {} if reprofile else {n: c for n in names if (c := cached_node(keys[n])) is not None}
+    to_measure = [n for n in names if n not in cached]
+    proto_model = model_spec_to_proto(spec)
+
+    def command(name: str, measure_layers: bool) -> pb.Profile:
+        node = cluster.node(name)
+        emulate = node.emulate
+        return pb.Profile(model=proto_model, micro_batch_size=micro_batch_size, seed=seed,
+                          device=session.device_of(name), threads=session.threads_of(name),
+                          emulate=pb.Emulation(speed=emulate.speed if emulate else 1.0,
+                                               memory_gb=(emulate.memory_gb or 0.0) if emulate else 0.0),
+                          measure_layers=measure_layers)
+
+    # Every node reports its device and free memory; cached nodes skip the layer timings.
+    reports: dict[str, pb.ReportProfileRequest] = {}
+    sequential = [n for n in to_measure if cluster.node(n).launch == "local"]
+    at_once = [n for n in names if n not in sequential]
+    for name in at_once:
+        session.state.send(name, pb.Command(profile=command(name, name in to_measure)))
+    for name in sequential:
+        session.state.send(name, pb.Command(profile=command(name, True)))
+        reports.update(_collect(session, [name], console, f"timing layers on {name}"))
+    reports.update(_collect(session, at_once, console, f"profiling {len(at_once)} node(s) ({len(cached)} cached)"))
+
+    pairs = probe_pairs(cluster)
+    if pairs:
+        rank = {n: i for i, n in enumerate(names)}
+        rendezvous = session.next_rendezvous(0, len(names), session.backend_for(names))
+        session.advance_generation()
+        for name in names:
+            probe = command(name, False)
+            probe.rendezvous.CopyFrom(rendezvous)
+            probe.rendezvous.rank = rank[name]
+            for a, b in pairs:
+                if name in (a, b):
+                    peer = b if name == a else a
+                    bw, lat = _emulated_link(cluster, a, b)
+                    probe.probes.append(pb.ProbePeer(peer_rank=rank[peer], peer_node=peer, initiator=name == a,
+                                                     emulate_bandwidth_mbps=bw, emulate_latency_ms=lat))
+            session.state.send(name, pb.Command(profile=probe))
+        link_reports = _collect(session, names, console, f"probing {len(pairs)} link(s)")
+    else:
+        link_reports = {}
+    return _assemble(session, spec, model, micro_batch_size, reports, link_reports, cached, keys)
+
+
+def _collect(session: ClusterSession, names: list[str], console: Console,
+             what: str) -> dict[str, pb.ReportProfileRequest]:
+    reports: dict[str, pb.ReportProfileRequest] = {}
+    if not names:
+        return reports
+    deadline = time.monotonic() + PROFILE_TIMEOUT_S
+    with console.status(what) as status:
+        while len(reports) < len(names):
+            try:
+                node, report = session.state.profiles.get(timeout=0.2)
+            except queue.Empty:
+                session.check_alive(set(reports), session.cluster.coordinator.heartbeat_timeout_s)
+                if time.monotonic() > deadline:
+                    missing = ", ".join(n for n in names if n not in reports)
+                    raise JobError(f"profiling did not finish within {PROFILE_TIMEOUT_S:.0f}s; waiting for {missing}")
+                continue
+            if not report.ok:
+                raise JobError(f"profiling failed on node {node}: {report.error}")
+            reports[node] = report
+            status.update(f"{what}: {len(reports)}/{len(names)} done")
+    return reports
+
+
+def _assemble(session: ClusterSession, spec: ModelSpec, model: str, micro_batch_size: int,
+              reports: dict[str, pb.ReportProfileRequest], link_reports: dict[str, pb.ReportProfileRequest],
+              cached: dict[str, dict], keys: dict[str, str]) -> Profile:
+    cluster = session.cluster
+    layer_infos = None
+    nodes = []
+    for node in cluster.nodes:
+        report = reports[node.name]
+        if report.layers:
+            entry = {"layer_seconds": [l.seconds for l in report.layers],
+                     "optimizer_seconds": [l.optimizer_seconds for l in report.layers],
+                     "layers": [{"param_bytes": l.param_bytes, "activation_bytes": l.activation_bytes,
+                                 "output_bytes": l.output_bytes} for l in report.layers]}
+            store_node(keys[node.name], entry)
+        else:
+            entry = cached[node.name]
+        layer_infos = layer_infos or [LayerInfo(**layer) for layer in entry["layers"]]
+        nodes.append(NodeProfile(name=node.name, region=node.region, device=report.device_name,
+                                 memory_bytes=report.memory_bytes, layer_seconds=entry["layer_seconds"],
+                                 optimizer_seconds=entry["optimizer_seconds"]))
+    links, by_regions = [], {}
+    for name, report in link_reports.items():
+        for probe in report.links:
+            links.append(LinkProfile(nodes=(name, probe.peer_node), bandwidth_bytes_per_s=probe.bandwidth_bytes_per_s,
+                                     latency_s=probe.latency_s))
+            regions = tuple(sorted((cluster.node(name).region, cluster.node(probe.peer_node).region)))
+            by_regions.setdefault(regions, []).append(probe)
+    for regions, probes in sorted(by_regions.items()):
+        links.append(LinkProfile(regions=regions,
+                                 bandwidth_bytes_per_s=statistics.median(p.bandwidth_bytes_per_s for p in probes),
+                                 latency_s=statistics.median(p.latency_s for p in probes)))
+    return Profile(model=ModelIdentity(description=model, num_layers=spec.num_layers()),
+                   micro_batch_size=micro_batch_size, seq_len=spec.seq_len, layers=layer_infos, nodes=nodes,
+                   links=links)
