@@ -6,7 +6,7 @@ with launcher/cost_model.py.
 * Cut of a fixed chain — exact. A dynamic program over (stage, last layer) keeps, per
   state, the Pareto front of (max term, sum term) of the step-time formula; the step time
   is increasing in both, so the optimum is on the front. Memory is a hard constraint.
-  Chains longer than EXACT_MAX_STAGES stages use a bisection on the bottleneck with a
+  Chains with stages x layers² above EXACT_MAX_WORK use a bisection on the bottleneck with a
   greedy fill (documented heuristic; exact for the bottleneck when links are uniform).
 * Which nodes, in which order — exhaustive over every ordered subset for clusters of up to
   EXHAUSTIVE_MAX_NODES nodes. Larger clusters use region-level ordering: regions are
@@ -32,7 +32,7 @@ from hetlaunch.launcher.cost_model import CostModel, PipelineCost
 from hetlaunch.launcher.profile import NodeProfile, Profile
 
 EXHAUSTIVE_MAX_NODES = 6
-EXACT_MAX_STAGES = 10
+EXACT_MAX_WORK = 20_000  # stages x layers^2 up to which a chain's cut is found by the exact DP
 
 
 class PlanningError(Exception):
@@ -131,8 +131,9 @@ def bottleneck_cuts(cm: CostModel, chain: list[NodeProfile]) -> PipelineCost | N
             start = end
         return cuts
 
-    lo, hi = 0.0, max(cm.compute_s(n, 0, L) for n in chain) + max(
-        (cm.boundary_s(a, b, i)[0] for a, b in zip(chain, chain[1:]) for i in range(L)), default=0.0)
+    biggest = max(layer.output_bytes for layer in cm.profile.layers) * cm.wire_ratio
+    slowest_link = max((biggest / cm.link(a, b)[0] for a, b in zip(chain, chain[1:])), default=0.0)
+    lo, hi = 0.0, max(cm.compute_s(n, 0, L) for n in chain) + slowest_link
     best = fill(hi)
     if best is None:
         return None
@@ -147,7 +148,8 @@ def bottleneck_cuts(cm: CostModel, chain: list[NodeProfile]) -> PipelineCost | N
 
 
 def cut_chain(cm: CostModel, chain: list[NodeProfile]) -> PipelineCost | None:
-    return best_cuts(cm, chain) if len(chain) <= EXACT_MAX_STAGES else bottleneck_cuts(cm, chain)
+    exact = len(chain) * cm.num_layers ** 2 <= EXACT_MAX_WORK
+    return best_cuts(cm, chain) if exact else bottleneck_cuts(cm, chain)
 
 
 def _speed(node: NodeProfile) -> float:
@@ -202,16 +204,54 @@ def _candidate_chains(profile: Profile, nodes: list[NodeProfile], num_layers: in
                                                             key=lambda m: (-m.memory_bytes, -_speed(m)))]
 
 
+class _Search:
+    """Prices chains for one micro-batch count, remembering chains it has seen.
+
+    Nodes with the same region, memory and timings are interchangeable unless a link was
+    measured for the node itself, so a chain is remembered by those signatures: a large
+    cluster of a few device types prices each distinct chain once.
+    """
+
+    def __init__(self, profile: Profile, num_microbatches: int, schedule: str):
+        self.profile = profile
+        self.cm = CostModel(profile, num_microbatches, schedule)
+        linked = {name for link in profile.links if link.nodes for name in link.nodes}
+        self.signature = {n.name: n.name if n.name in linked else
+                          (n.region, n.memory_bytes, tuple(n.layer_seconds), tuple(n.optimizer_seconds or ()))
+                          for n in profile.nodes}
+        self.memo: dict[tuple, tuple[PipelineCost | None, list[tuple[int, int]] | None]] = {}
+
+    def price(self, chain: list[NodeProfile], bound: float) -> PipelineCost | None:
+        key = tuple(self.signature[n.name] for n in chain)
+        if key in self.memo:
+            cost, cuts = self.memo[key]
+            return None if cuts is None else self.cm.evaluate(chain, cuts)
+        if self._lower_bound(chain) >= bound:
+            return None  # cannot beat the best so far; not remembered, a later bound may be looser
+        cost = cut_chain(self.cm, chain)
+        self.memo[key] = (cost, None if cost is None else [(s.layer_start, s.layer_end) for s in cost.stages])
+        return cost
+
+    def _lower_bound(self, chain: list[NodeProfile]) -> float:
+        """Every layer at its fastest node in the chain, perfectly balanced, links free."""
+        cm = self.cm
+        distinct = {self.signature[n.name]: n for n in chain}.values()
+        work = sum(min(cm.compute_s(n, i, i + 1) for n in distinct) for i in range(cm.num_layers))
+        return cm.step_s(work / len(chain), work)
+
+    def best(self, nodes: list[NodeProfile], stages: int | None) -> PipelineCost | None:
+        best = None
+        for chain in _candidate_chains(self.profile, nodes, self.cm.num_layers, stages):
+            cost = self.price(chain, best.step_s if best else math.inf)
+            if cost is not None and (best is None or cost.step_s < best.step_s):
+                best = cost
+        return best
+
+
 def best_pipeline(profile: Profile, nodes: list[NodeProfile], num_microbatches: int,
                   schedule: str, stages: int | None = None) -> tuple[PipelineCost | None, str]:
-    cm = CostModel(profile, num_microbatches, schedule)
-    best = None
-    for chain in _candidate_chains(profile, nodes, cm.num_layers, stages):
-        cost = cut_chain(cm, chain)
-        if cost is not None and (best is None or cost.step_s < best.step_s):
-            best = cost
     method = "exhaustive" if len(nodes) <= EXHAUSTIVE_MAX_NODES else "region heuristic"
-    return best, method
+    return _Search(profile, num_microbatches, schedule).best(nodes, stages), method
 
 
 def split_microbatches(total: int, throughputs: list[float]) -> list[int]:
@@ -240,28 +280,47 @@ def plan(profile: Profile, num_microbatches: int, schedule: str = "1f1b", max_pi
     if stages is not None and stages > len(profile.nodes):
         raise PlanningError(f"{stages} stages requested but the cluster has only {len(profile.nodes)} nodes")
     tokens = num_microbatches * profile.micro_batch_size * profile.seq_len
-    first, method = best_pipeline(profile, list(profile.nodes), num_microbatches, schedule, stages)
-    if first is None:
+    method = "exhaustive" if len(profile.nodes) <= EXHAUSTIVE_MAX_NODES else "region heuristic"
+    searches: dict[int, _Search] = {}
+    best: list[PipelineCost] | None = None
+    # Try 1, 2, 4, ... replicas; each replica is searched for its expected share of the
+    # micro-batches, since a pipeline that gets fewer of them pays relatively more bubble.
+    for count in _replica_counts(max_pipelines, len(profile.nodes), num_microbatches):
+        share = max(1, num_microbatches // count)
+        search = searches.setdefault(share, _Search(profile, share, schedule))
+        pipelines: list[PipelineCost] = []
+        while len(pipelines) < count:
+            used = {s.node for p in pipelines for s in p.stages}
+            extra = search.best([n for n in profile.nodes if n.name not in used], stages)
+            if extra is None:
+                break
+            pipelines.append(extra)
+        if not pipelines:
+            continue
+        priced = _priced(profile, pipelines, num_microbatches, schedule)
+        if best is None or max(p.step_s for p in priced) < max(p.step_s for p in best):
+            best = priced
+        elif len(pipelines) < count or count > 1:
+            break  # more replicas stopped paying off (or could not be formed); fewer is better
+    if best is None:
         raise PlanningError(_why_nothing_fits(profile, num_microbatches, schedule))
-    pipelines = [first]
-    while len(pipelines) < max_pipelines and num_microbatches > len(pipelines):
-        used = {s.node for p in pipelines for s in p.stages}
-        rest = [n for n in profile.nodes if n.name not in used]
-        extra, _ = best_pipeline(profile, rest, num_microbatches, schedule, stages) if rest else (None, "")
-        if extra is None:
-            break
-        trial = _priced(profile, pipelines + [extra], num_microbatches, schedule)
-        if max(p.step_s for p in trial) >= max(p.step_s for p in _priced(profile, pipelines, num_microbatches, schedule)):
-            break
-        pipelines.append(extra)
-    priced = _priced(profile, pipelines, num_microbatches, schedule)
-    step_s = max(p.step_s for p in priced)
-    used = {s.node for p in priced for s in p.stages}
+    step_s = max(p.step_s for p in best)
+    used = {s.node for p in best for s in p.stages}
     excluded = {n.name: _exclusion_reason(profile, n) for n in profile.nodes if n.name not in used}
     return PlannerResult(
-        pipelines=[PlannedPipeline(p, tuple(profile.node(s.node).region for s in p.stages)) for p in priced],
+        pipelines=[PlannedPipeline(p, tuple(profile.node(s.node).region for s in p.stages)) for p in best],
         step_s=step_s, tokens_per_s=tokens / step_s, excluded=excluded, method=method,
         planning_s=time.perf_counter() - started)
+
+
+def _replica_counts(max_pipelines: int, num_nodes: int, num_microbatches: int) -> list[int]:
+    limit = min(max_pipelines, num_nodes, num_microbatches)
+    counts = [1]
+    while counts[-1] * 2 <= limit:
+        counts.append(counts[-1] * 2)
+    if counts[-1] != limit:
+        counts.append(limit)
+    return counts
 
 
 def _priced(profile: Profile, pipelines: list[PipelineCost], total: int, schedule: str) -> list[PipelineCost]:

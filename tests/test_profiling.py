@@ -1,0 +1,104 @@
+"""Profiling on emulated nodes recovers what the emulation makes true; the cache and offline plan work.
+
+Real processes: `hetlaunch profile` starts a coordinator and local agents; the agents time
+their layers and probe the emulated inter-region link over gloo.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import hetlaunch_env, run_hetlaunch
+
+CLUSTER = """
+name: profiling
+model: {preset: tiny, n_layers: 4, seq_len: 64, d_model: 64}
+train: {micro_batch_size: 8, num_microbatches: 4}
+links:
+  - between: [east, west]
+    emulate: {bandwidth_mbps: 50, latency_ms: 20}
+nodes:
+  - {name: fast, region: east, device: cpu, threads: 1}
+  - {name: slow, region: west, device: cpu, threads: 1, emulate: {speed: 0.5, memory_gb: 3}}
+"""
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("profiling")
+    (tmp / "cluster.yaml").write_text(CLUSTER)
+    env = hetlaunch_env(HETLAUNCH_CACHE_DIR=str(tmp / "cache"))
+    first = run_hetlaunch("profile", str(tmp / "cluster.yaml"), "-o", str(tmp / "p1.json"), "--run-dir",
+                          str(tmp / "run1"), env=env, timeout=170)
+    assert first.returncode == 0, first.stderr + first.stdout
+    return tmp, env, json.loads((tmp / "p1.json").read_text())
+
+
+@pytest.mark.timeout(200)
+def test_profile_recovers_emulated_speed_memory_and_link(measured):
+    _, _, profile = measured
+    nodes = {n["name"]: n for n in profile["nodes"]}
+    ratio = sum(nodes["slow"]["layer_seconds"]) / sum(nodes["fast"]["layer_seconds"])
+    assert ratio == pytest.approx(2.0, rel=0.15), ratio
+    assert nodes["slow"]["memory_bytes"] == 3 * 2**30
+    assert nodes["fast"]["memory_bytes"] > 3 * 2**30
+    cross = next(link for link in profile["links"] if link.get("regions") == ["east", "west"])
+    assert cross["bandwidth_bytes_per_s"] == pytest.approx(50e6 / 8, rel=0.15)
+    assert cross["latency_s"] == pytest.approx(0.020, rel=0.15)
+    # The model's layers: embedding, 4 blocks, head; the blocks' boundary is [8, 64, 64] float32.
+    assert len(profile["layers"]) == 6
+    assert profile["layers"][1]["output_bytes"] == 8 * 64 * 64 * 4
+    assert all(layer["param_bytes"] > 0 for layer in profile["layers"])
+
+
+@pytest.mark.timeout(200)
+def test_second_profile_uses_the_cache_unless_asked(measured):
+    tmp, env, first = measured
+    again = run_hetlaunch("profile", str(tmp / "cluster.yaml"), "-o", str(tmp / "p2.json"), "--run-dir",
+                          str(tmp / "run2"), env=env, timeout=170)
+    assert again.returncode == 0, again.stderr
+    second = json.loads((tmp / "p2.json").read_text())
+    for a, b in zip(first["nodes"], second["nodes"]):
+        assert a["layer_seconds"] == b["layer_seconds"], "cached timings must be reused as they were"
+    fresh = run_hetlaunch("profile", str(tmp / "cluster.yaml"), "-o", str(tmp / "p3.json"), "--reprofile",
+                          "--run-dir", str(tmp / "run3"), env=env, timeout=170)
+    assert fresh.returncode == 0, fresh.stderr
+    third = json.loads((tmp / "p3.json").read_text())
+    assert third["nodes"][0]["layer_seconds"] != first["nodes"][0]["layer_seconds"]
+
+
+@pytest.mark.timeout(60)
+def test_offline_plan_from_the_saved_profile(measured):
+    tmp, env, _ = measured
+    result = run_hetlaunch("plan", "--profile", str(tmp / "p1.json"), "--json", env=env, timeout=50)
+    assert result.returncode == 0, result.stderr
+    planned = json.loads(result.stdout)
+    stages = planned["pipelines"][0]["stages"]
+    assert [s["layers"][0] for s in stages][0] == 0 and stages[-1]["layers"][1] == 6
+    assert planned["tokens_per_s"] > 0 and planned["bottleneck"] if "bottleneck" in planned else True
+    table = run_hetlaunch("plan", "--profile", str(tmp / "p1.json"), env=env, timeout=50)
+    assert table.returncode == 0 and "predicted" in table.stdout
+
+
+@pytest.mark.timeout(60)
+def test_profile_of_another_model_is_refused(measured, tmp_path):
+    tmp, env, _ = measured
+    other = tmp_path / "other.yaml"
+    other.write_text(CLUSTER.replace("n_layers: 4", "n_layers: 3"))
+    result = run_hetlaunch("plan", str(other), "--profile", str(tmp / "p1.json"), env=env, timeout=50)
+    assert result.returncode == 2
+    assert "measured for model" in result.stderr and "layers" in result.stderr
+
+
+@pytest.mark.timeout(60)
+def test_broken_profile_file_is_a_clear_error(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"format": "hetlaunch-profile/1", "model": {"description": "x", "num_layers": 2},
+                               "micro_batch_size": 1, "seq_len": 4,
+                               "layers": [{"param_bytes": 1, "activation_bytes": 1, "output_bytes": 1}],
+                               "nodes": [{"name": "a", "device": "d", "memory_bytes": 1, "layer_seconds": [1, 1]}]}))
+    result = run_hetlaunch("plan", "--profile", str(bad), timeout=50)
+    assert result.returncode == 2
+    assert "layers has 1 entries for a model of 2 layers" in result.stderr
