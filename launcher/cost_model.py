@@ -77,10 +77,22 @@ class CostModel:
         self._static = _prefix([4 * layer.param_bytes for layer in profile.layers])
         self._activation = _prefix([layer.activation_bytes for layer in profile.layers])
         self._links: dict[tuple[str, str], tuple[float, float]] = {}
+        self._memory_prefix: dict[int, list[float]] = {}
 
     def compute_s(self, node: NodeProfile, start: int, end: int) -> float:
         acc = self._time[node.name]
         return acc[end] - acc[start]
+
+    def time_prefix(self, node: NodeProfile) -> list[float]:
+        """prefix[i] = compute of layers [0, i) on node; a stage's time is a difference of two entries."""
+        return self._time[node.name]
+
+    def memory_prefix(self, stage_index: int, num_stages: int) -> list[float]:
+        """prefix[i] = memory of layers [0, i) for a stage at this position (its in-flight window)."""
+        window = in_flight(self.schedule, stage_index, num_stages, self.M)
+        if window not in self._memory_prefix:
+            self._memory_prefix[window] = [s + window * a for s, a in zip(self._static, self._activation)]
+        return self._memory_prefix[window]
 
     def memory_bytes(self, start: int, end: int, stage_index: int, num_stages: int) -> float:
         window = in_flight(self.schedule, stage_index, num_stages, self.M)

@@ -23,6 +23,7 @@ with launcher/cost_model.py.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 import time
@@ -111,19 +112,19 @@ def bottleneck_cuts(cm: CostModel, chain: list[NodeProfile]) -> PipelineCost | N
     if S > L:
         return None
 
+    times = [cm.time_prefix(node) for node in chain]
+    memories = [cm.memory_prefix(j, S) for j in range(S)]
+
     def fill(limit: float) -> list[tuple[int, int]] | None:
+        """Give each stage as many layers as fit under the limit (time and memory are monotone in
+        the range, so the furthest end is found by bisection on prefix sums)."""
         cuts, start = [], 0
         for j, node in enumerate(chain):
-            end = start + 1
             last = L if j == S - 1 else L - (S - 1 - j)
-            if cm.memory_bytes(start, end, j, S) > node.memory_bytes:
-                return None
-            while end < last and cm.compute_s(node, start, end + 1) <= limit \
-                    and cm.memory_bytes(start, end + 1, j, S) <= node.memory_bytes:
-                end += 1
-            if j == S - 1 and end < L:
-                return None
-            if cm.compute_s(node, start, end) > limit:
+            acc, mem = times[j], memories[j]
+            end = min(bisect.bisect_right(acc, acc[start] + limit) - 1,
+                      bisect.bisect_right(mem, mem[start] + node.memory_bytes) - 1, last)
+            if end <= start or (j == S - 1 and end < L):
                 return None
             if j < S - 1 and cm.boundary_s(node, chain[j + 1], end - 1)[0] > limit:
                 return None
@@ -137,7 +138,7 @@ def bottleneck_cuts(cm: CostModel, chain: list[NodeProfile]) -> PipelineCost | N
     best = fill(hi)
     if best is None:
         return None
-    for _ in range(40):
+    for _ in range(30):  # to a billionth of the starting interval
         mid = (lo + hi) / 2
         cuts = fill(mid)
         if cuts is None:

@@ -101,7 +101,8 @@ class Agent:
 
     def _run_profile(self, command: pb.Profile) -> None:
         self.training.set()
-        self._fill_store_host(command.rendezvous)
+        if command.HasField("rendezvous"):  # touching an unset sub-message would make it "set", with port 0
+            self._fill_store_host(command.rendezvous)
         try:
             report = run_profile(command)
         except Exception as exc:  # the coordinator must hear why profiling died, whatever it was

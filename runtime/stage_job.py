@@ -39,8 +39,22 @@ def model_spec_from_proto(model: pb.ModelSpec) -> ModelSpec:
                                        n_layers=g.n_layers, n_heads=g.n_heads, d_ff=g.d_ff or None))
     if model.HasField("entrypoint"):
         e = model.entrypoint
-        return ModelSpec(entrypoint=e.entrypoint, kwargs=json_format.MessageToDict(e.kwargs))
+        return ModelSpec(entrypoint=e.entrypoint, kwargs=_restore_ints(json_format.MessageToDict(e.kwargs)))
     raise ValueError("RunStage carries no model")
+
+
+def _restore_ints(value):
+    """A protobuf Struct carries every number as a double: give integral ones back as int (seq_len 16.0 -> 16).
+
+    Entrypoint kwargs are sizes far more often than floats that happen to be whole; a float
+    parameter still works when handed an int, a size does not work when handed a float."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _restore_ints(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_restore_ints(v) for v in value]
+    return value
 
 
 def model_spec_to_proto(spec: ModelSpec) -> pb.ModelSpec:

@@ -1,0 +1,134 @@
+"""What a user sees when something is wrong: real CLI subprocesses, one-line errors, the right exit codes, no leftovers."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+
+import pytest
+
+from conftest import (REPO, hetlaunch_cmd, hetlaunch_env, output, popen_hetlaunch, run_hetlaunch, stop_process,
+                      stray_processes, wait_for)
+
+TINY_MODEL = "model: {preset: tiny, n_layers: 2, seq_len: 16, d_model: 32}"
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+MARKUP = re.compile(r"\[/?[a-z ]*\]")
+
+
+def error_lines(stderr: str) -> list[str]:
+    """Non-empty stderr lines with terminal escapes and rich markup removed."""
+    text = MARKUP.sub("", ANSI.sub("", stderr))
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def no_token_env() -> dict[str, str]:
+    env = hetlaunch_env()
+    env.pop("HETLAUNCH_TOKEN", None)
+    return env
+
+
+@pytest.mark.timeout(60)
+def test_validate_accepts_a_good_example():
+    # Every example is loaded in-process by test_cluster_config.py; this is the CLI's side of it.
+    result = run_hetlaunch("validate", str(REPO / "cluster_examples" / "tiny_test.yaml"), timeout=45)
+    assert result.returncode == 0, result.stderr
+    assert "ok" in result.stdout
+    assert error_lines(result.stderr) == []
+
+
+BAD_CONFIGS = {
+    "malformed_yaml": ("nodes:\n  - {name: a, device: cpu\n", "not valid YAML"),
+    "unknown_key": (f"""{TINY_MODEL}
+nodes:
+  - {{name: a, device: cpu, threads: 1}}
+  - {{name: b, device: cpu, threads: 1}}
+  - {{name: c, device: cpu, threads: 1, regoin: us-east}}
+""", "nodes[2].regoin"),
+    "overlapping_layers": (f"""{TINY_MODEL}
+nodes:
+  - {{name: a, device: cpu, threads: 1, layers: [0, 2]}}
+  - {{name: b, device: cpu, threads: 1, layers: [1, 4]}}
+""", "overlaps"),
+    "layer_gap": (f"""{TINY_MODEL}
+nodes:
+  - {{name: a, device: cpu, threads: 1, layers: [0, 1]}}
+  - {{name: b, device: cpu, threads: 1, layers: [2, 4]}}
+""", "unassigned"),
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("command", ["validate", "up"])
+@pytest.mark.parametrize("case", list(BAD_CONFIGS))
+def test_bad_config_is_one_line_and_exit_2(case, command, tmp_path):
+    text, expected = BAD_CONFIGS[case]
+    yaml_path = tmp_path / "cluster.yaml"
+    yaml_path.write_text(text)
+    run_dir = tmp_path / "run"
+    args = [command, str(yaml_path)] + (["--run-dir", str(run_dir)] if command == "up" else [])
+    result = run_hetlaunch(*args, timeout=45, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr + result.stdout
+    lines = error_lines(result.stderr)
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error:"), lines[0]
+    assert expected in lines[0]
+    assert str(yaml_path) in lines[0]  # the message names the file
+    assert not run_dir.exists(), "a config error must not leave a run directory behind"
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.timeout(90)
+def test_node_that_never_joins(tmp_path):
+    yaml_path = tmp_path / "cluster.yaml"
+    yaml_path.write_text(f"""{TINY_MODEL}
+coordinator: {{join_timeout_s: 3}}
+train: {{steps: 2, micro_batch_size: 2, num_microbatches: 2}}
+nodes:
+  - {{name: here-a, device: cpu, threads: 1}}
+  - {{name: here-b, device: cpu, threads: 1}}
+  - {{name: far-away, launch: remote, host: far.example.com, device: cpu}}
+""")
+    start = time.monotonic()
+    result = run_hetlaunch("up", str(yaml_path), "--run-dir", str(tmp_path / "run"), timeout=60,
+                           env=no_token_env())
+    elapsed = time.monotonic() - start
+    assert result.returncode == 1, result.stderr + result.stdout
+    assert elapsed < 30
+    lines = error_lines(result.stderr)
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.stderr
+    assert "far-away" in lines[0] and "never joined" in lines[0]
+    assert "far.example.com" in lines[0]
+    assert stray_processes() == [], "up returned before its local agents were gone"
+
+
+@pytest.mark.timeout(90)
+def test_agent_with_wrong_token_is_refused(tmp_path):
+    yaml_path = tmp_path / "cluster.yaml"
+    yaml_path.write_text(f"""{TINY_MODEL}
+coordinator: {{join_timeout_s: 20}}
+nodes:
+  - {{name: r0, launch: remote, device: cpu}}
+  - {{name: r1, launch: remote, device: cpu}}
+""")
+    run_dir = tmp_path / "run"
+    up = popen_hetlaunch("up", str(yaml_path), "--run-dir", str(run_dir),
+                         env=hetlaunch_env(HETLAUNCH_TOKEN="the-right-token"))
+    try:
+        contact = run_dir / "coordinator.json"
+        wait_for(contact.exists, 30, "coordinator.json", proc=up)
+        address = json.loads(contact.read_text())["address"]
+        agent = subprocess.run(hetlaunch_cmd("agent", "--coordinator", address, "--name", "r0",
+                                             "--connect-timeout", "10"),
+                               capture_output=True, text=True, timeout=30,
+                               env=hetlaunch_env(HETLAUNCH_TOKEN="wrong"))
+        assert agent.returncode == 1, agent.stderr
+        assert "UNAUTHENTICATED" in agent.stderr
+        assert up.poll() is None, "a refused agent must not end the job: the right one may still come"
+    finally:
+        stop_process(up)
+    assert up.returncode != 0
+    assert stray_processes() == []
+    _, err = output(up)
+    assert "the-right-token" not in err

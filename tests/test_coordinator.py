@@ -1,0 +1,178 @@
+"""The coordinator's gRPC service, called over a real channel on 127.0.0.1: auth, health, registration rules, commands."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from hetlaunch.launcher.coordinator import SERVICE_NAME, CoordinatorServer
+from hetlaunch.protos import control_pb2 as pb
+from hetlaunch.protos import control_pb2_grpc
+from hetlaunch.runtime.auth import TOKEN_METADATA_KEY
+from hetlaunch.runtime.version import hetlaunch_version, torch_version
+
+TOKEN = "test-token-123"
+NODES = ["a", "b"]
+RPC_TIMEOUT = 10
+
+
+@pytest.fixture
+def server():
+    srv = CoordinatorServer("127.0.0.1", 0, TOKEN, NODES).start()
+    try:
+        yield srv
+    finally:
+        srv.stop(0.5)
+
+
+@pytest.fixture
+def channel(server):
+    with grpc.insecure_channel(server.address) as ch:
+        grpc.channel_ready_future(ch).result(timeout=RPC_TIMEOUT)
+        yield ch
+
+
+@pytest.fixture
+def stub(channel):
+    return control_pb2_grpc.CoordinatorStub(channel)
+
+
+def auth(token: str = TOKEN):
+    return ((TOKEN_METADATA_KEY, token),)
+
+
+def agent_info(name: str, agent_version: str | None = None) -> pb.AgentInfo:
+    return pb.AgentInfo(node_name=name, hostname="test-host", agent_version=agent_version or hetlaunch_version(),
+                        torch_version=torch_version(), pid=1,
+                        devices=[pb.Device(kind=pb.DEVICE_KIND_CPU, name="cpu", index=0, memory_bytes=1 << 30)])
+
+
+def register(stub, name: str, metadata=None, agent_version: str | None = None) -> pb.RegisterResponse:
+    return stub.Register(pb.RegisterRequest(agent=agent_info(name, agent_version)),
+                         metadata=auth() if metadata is None else metadata, timeout=RPC_TIMEOUT)
+
+
+def assert_untouched(server) -> None:
+    with server.state.lock:
+        assert server.state.agents == {}
+        assert server.state.by_id == {}
+        assert server.state.refusals == {}
+    assert server.state.missing_nodes() == NODES
+
+
+BAD_METADATA = {"missing": (), "wrong": auth("not-the-token"), "empty": auth("")}
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("kind", list(BAD_METADATA))
+def test_calls_without_the_right_token_are_unauthenticated(kind, server, stub):
+    metadata = BAD_METADATA[kind]
+    with pytest.raises(grpc.RpcError) as err:
+        register(stub, "a", metadata=metadata)
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert "token" in err.value.details()
+    with pytest.raises(grpc.RpcError) as err:
+        stub.Heartbeat(pb.HeartbeatRequest(agent_id="whatever"), metadata=metadata, timeout=RPC_TIMEOUT)
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    with pytest.raises(grpc.RpcError) as err:
+        next(iter(stub.WatchCommands(pb.WatchCommandsRequest(agent_id="whatever"), metadata=metadata,
+                                     timeout=RPC_TIMEOUT)))
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert_untouched(server)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("kind", list(BAD_METADATA))
+def test_command_stream_without_the_right_token_is_unauthenticated(kind, server, stub):
+    # A real agent id, so that only the token can be the reason for the refusal.
+    agent_id = register(stub, "a").agent_id
+    stream = stub.WatchCommands(pb.WatchCommandsRequest(agent_id=agent_id), metadata=BAD_METADATA[kind],
+                                timeout=RPC_TIMEOUT)
+    server.state.send("a", pb.Command(shutdown=pb.Shutdown(reason="must not be delivered")))
+    with pytest.raises(grpc.RpcError) as err:
+        next(iter(stream))
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    # The queued command is still there for the rightful agent.
+    with server.state.lock:
+        assert server.state.agents["a"].commands.qsize() == 1
+
+
+@pytest.mark.timeout(30)
+def test_wrong_token_then_right_token(server, stub):
+    with pytest.raises(grpc.RpcError):
+        register(stub, "a", metadata=auth("nope"))
+    assert_untouched(server)
+    reply = register(stub, "a")
+    assert reply.agent_id
+    assert server.state.missing_nodes() == ["b"]
+
+
+@pytest.mark.timeout(30)
+def test_health_needs_no_token(server, channel):
+    health = health_pb2_grpc.HealthStub(channel)
+    for service in ("", SERVICE_NAME):
+        reply = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=RPC_TIMEOUT)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+@pytest.mark.timeout(30)
+def test_unknown_node_is_not_found_and_names_the_known_nodes(server, stub):
+    with pytest.raises(grpc.RpcError) as err:
+        register(stub, "zzz")
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    details = err.value.details()
+    assert "zzz" in details
+    assert "a" in details and "b" in details and "nodes: a, b" in details
+    assert_untouched(server)
+
+
+@pytest.mark.timeout(30)
+def test_version_mismatch_is_refused_and_recorded(server, stub):
+    with pytest.raises(grpc.RpcError) as err:
+        register(stub, "a", agent_version="0.0.1")
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    details = err.value.details()
+    assert "0.0.1" in details
+    assert hetlaunch_version() in details
+    with server.state.lock:
+        assert "a" not in server.state.agents
+        assert "0.0.1" in server.state.refusals["a"]
+        assert hetlaunch_version() in server.state.refusals["a"]
+
+
+@pytest.mark.timeout(30)
+def test_duplicate_registration_is_already_exists(server, stub):
+    first = register(stub, "a")
+    with pytest.raises(grpc.RpcError) as err:
+        register(stub, "a")
+    assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    assert "'a'" in err.value.details()
+    with server.state.lock:
+        assert server.state.agents["a"].agent_id == first.agent_id
+        assert list(server.state.by_id) == [first.agent_id]
+
+
+@pytest.mark.timeout(30)
+def test_heartbeat_of_unknown_agent_is_not_found(server, stub):
+    with pytest.raises(grpc.RpcError) as err:
+        stub.Heartbeat(pb.HeartbeatRequest(agent_id="nobody"), metadata=auth(), timeout=RPC_TIMEOUT)
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    agent_id = register(stub, "a").agent_id
+    stub.Heartbeat(pb.HeartbeatRequest(agent_id=agent_id, state=pb.AGENT_STATE_IDLE), metadata=auth(),
+                   timeout=RPC_TIMEOUT)
+
+
+@pytest.mark.timeout(30)
+def test_commands_arrive_on_the_stream_in_order(server, stub):
+    reply = register(stub, "a")
+    assert reply.heartbeat_interval_ms > 0
+    run = pb.RunStage(run_id="r1", stage=pb.StageSpec(stage_index=0, num_stages=2, layer_start=0, layer_end=2))
+    server.state.send("a", pb.Command(run_stage=run))
+    server.state.send("a", pb.Command(shutdown=pb.Shutdown(reason="done")))
+    stream = stub.WatchCommands(pb.WatchCommandsRequest(agent_id=reply.agent_id), metadata=auth(),
+                                timeout=RPC_TIMEOUT)
+    received = list(stream)  # the stream ends after a shutdown
+    assert [c.WhichOneof("kind") for c in received] == ["run_stage", "shutdown"]
+    assert received[0].run_stage == run
+    assert received[1].shutdown.reason == "done"
