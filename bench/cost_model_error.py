@@ -1,0 +1,58 @@
+"""How well the cost model predicts: predicted vs measured step time on emulated clusters.
+
+Each cluster is run as a user runs it (`hetlaunch up`: profile, plan, train); the plan's
+predicted step time (launcher/cost_model.py) is compared with the median measured step
+time after warm-up. Clusters: a speed mix; a memory limit that forces the cut; a slow
+inter-region link. Figure: mean absolute relative error. Target ≤ 10%.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+from pathlib import Path
+
+from _clusters import cluster, node, up
+from _harness import NullReporter, Reporter
+
+TARGET = 0.10
+
+
+def clusters(steps: int) -> dict[str, str]:
+    slow_link = "links:\n  - between: [east, west]\n    emulate: {bandwidth_mbps: 20, latency_ms: 10}\n"
+    return {
+        "speed_mix": cluster("cm-speed", node("a", 1) + node("b", 1) + node("c", 0.5) + node("d", 0.25), steps),
+        # 4 MiB holds ~3 of the 12 layers (parameters x4 + 8 micro-batches of activations in flight).
+        "memory_limit": cluster("cm-memory", node("a", 1, memory_gb=0.004) + node("b", 0.5) + node("c", 0.5), steps),
+        "slow_link": cluster("cm-link", node("a", 1, "east") + node("b", 0.5, "east") + node("c", 1, "west")
+                             + node("d", 0.5, "west"), steps, links=slow_link),
+    }
+
+
+def run(quick: bool, reporter: Reporter | None = None) -> dict:
+    reporter = reporter or NullReporter()
+    steps, warmup, reps = (10, 3, 1) if quick else (24, 4, 2)
+    cache = Path(tempfile.mkdtemp(prefix="hetlaunch-bench-cache-"))
+    todo = clusters(steps)
+    reporter.total(len(todo) * reps)
+    results = {}
+    for name, yaml in todo.items():
+        runs = []
+        for rep in range(reps):
+            reporter.advance(f"{name} (run {rep + 1}/{reps})")
+            runs.append(up(yaml, steps, warmup, cache))
+        measured = statistics.median(r["measured_step_s"] for r in runs)
+        predicted = runs[0]["predicted_step_s"]
+        results[name] = {"predicted_step_s": predicted, "measured_step_s": measured,
+                         "error": abs(predicted - measured) / measured, "signed_error": (predicted - measured) / measured,
+                         "stages": runs[0]["stages"], "excluded": runs[0]["excluded"], "runs": runs}
+    reporter.advance("done")
+    mean_error = statistics.mean(r["error"] for r in results.values())
+    return {
+        "description": "predicted (cost model) vs measured median step time of the planned cut on emulated clusters; "
+                       "mean absolute relative error",
+        "config": {"steps": steps, "warmup": warmup, "reps": reps, "base_speed_factor": 0.5},
+        "clusters": results,
+        "figure": {"name": "mean |error|", "value": mean_error, "target": f"<= {TARGET}"},
+        "met": mean_error <= TARGET,
+    }
