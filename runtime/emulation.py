@@ -18,14 +18,31 @@ import torch
 class ComputeEmulation:
     speed: float = 1.0  # fraction of this device's real speed, in (0, 1]
 
-    def stretch(self, started: float, device: torch.device) -> None:
-        """Called right after a piece of compute that began at `started` (perf_counter)."""
+    def start(self) -> tuple[float, float]:
+        """Mark the start of a piece of compute: (wall clock, this thread's CPU clock)."""
+        return time.perf_counter(), time.thread_time()
+
+    def stretch(self, started: tuple[float, float], device: torch.device) -> None:
+        """Called right after a piece of compute begun at `started`: make it last work / speed.
+
+        On a single-threaded CPU stage the work is the CPU time this thread spent, not the wall
+        time: agents that share a machine slow each other down, and stretching that contention
+        by 1/speed would turn a little noise into a lot. Elsewhere the work is the wall time
+        (on CUDA after synchronising, so the kernels have run).
+        """
         if self.speed >= 1.0:
             return
+        wall_start, cpu_start = started
         if device.type == "cuda":
-            torch.cuda.synchronize(device)  # the kernels must have run before their time counts
-        elapsed = time.perf_counter() - started
-        time.sleep(elapsed * (1.0 / self.speed - 1.0))
+            torch.cuda.synchronize(device)
+            work = time.perf_counter() - wall_start
+        elif torch.get_num_threads() == 1:
+            work = time.thread_time() - cpu_start
+        else:
+            work = time.perf_counter() - wall_start
+        remaining = work / self.speed - (time.perf_counter() - wall_start)
+        if remaining > 0:
+            time.sleep(remaining)
 
 
 @dataclass

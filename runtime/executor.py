@@ -127,7 +127,8 @@ class StageExecutor:
     def _timed(self, fn, *args):
         """Run compute, count its time, and stretch it when this node emulates a slower device."""
         start = time.perf_counter()
+        mark = self.emulation.start()
         result = fn(*args)
-        self.emulation.stretch(start, self.device)
+        self.emulation.stretch(mark, self.device)
         self._compute_s += time.perf_counter() - start
         return result

@@ -54,8 +54,9 @@ def _sync(device: torch.device) -> None:
 def _timed(fn, device: torch.device, emulation: ComputeEmulation) -> float:
     _sync(device)
     start = time.perf_counter()
+    mark = emulation.start()
     fn()
-    emulation.stretch(start, device)
+    emulation.stretch(mark, device)
     _sync(device)
     return time.perf_counter() - start
 
@@ -78,21 +79,30 @@ def _saved_bytes(layer: nn.Module, inputs: torch.Tensor) -> tuple[torch.Tensor, 
 def profile_layers(spec: ModelSpec, micro_batch_size: int, device: torch.device, seed: int = 0,
                    emulation: ComputeEmulation = ComputeEmulation(), warmup: int = 2,
                    repeats: int = 5) -> list[LayerMeasurement]:
-    """Time and size every layer of the model, one layer on the device at a time."""
+    """Time and size every layer of the model, one layer on the device at a time.
+
+    The last layer is timed together with the loss, as the last stage runs it.
+    """
     num_layers = spec.num_layers()
-    tokens = torch.randint(0, 256, (micro_batch_size, spec.seq_len),
-                           generator=torch.Generator().manual_seed(seed)).to(device)
+    generator = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, 256, (micro_batch_size, spec.seq_len), generator=generator).to(device)
+    targets = torch.randint(0, 256, (micro_batch_size, spec.seq_len), generator=generator).to(device)
     x = tokens
     results = []
     for index in range(num_layers):
-        layer = build_model_range(spec, index, index + 1, seed).layers[0].to(device)
+        bundle = build_model_range(spec, index, index + 1, seed)
+        layer = bundle.layers[0].to(device)
         params = [p for p in layer.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=1e-9) if params else None
         inputs = x if not x.is_floating_point() else x.detach().requires_grad_()
+        is_last = index == num_layers - 1
 
         def fwd_bwd():
             out = layer(inputs)
-            out.float().sum().backward() if out.dim() == 0 else out.backward(torch.ones_like(out))
+            if is_last:
+                bundle.loss_fn(out, targets).backward()
+            else:
+                out.backward(torch.ones_like(out))
 
         for _ in range(warmup):
             fwd_bwd()
