@@ -14,8 +14,9 @@ from hetlaunch.launcher.cluster_config import ConfigError, load_cluster
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Train one PyTorch model as an uneven pipeline across mixed, spread-out nodes.")
-console = Console()
-errors = Console(stderr=True)
+# A pipe or a log file gets lines wide enough for the plan table; a terminal keeps its own width.
+console = Console() if sys.stdout.isatty() else Console(width=120)
+errors = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
 
 EXIT_BAD_INPUT = 2
 EXIT_JOB_FAILED = 1
@@ -96,6 +97,7 @@ def plan(
     reprofile: bool = typer.Option(False, help="measure every node again instead of using cached profiles"),
 ) -> None:
     """Print the plan the planner would run (a table, or --json); train nothing."""
+    from hetlaunch.launcher.compression import CompressionConfig
     from hetlaunch.launcher.planner import PlanningError
     from hetlaunch.launcher.planner import plan as plan_pipelines
     from hetlaunch.launcher.profile import ProfileError, load_profile
@@ -121,7 +123,9 @@ def plan(
     else:
         measured = _measure_live(cluster, token_file, reprofile)
     try:
-        result = plan_pipelines(measured, num_mb, sched, max_pipelines=max_pipelines, stages=stages)
+        policy = cluster.compression if cluster else CompressionConfig()  # offline: auto
+        result = plan_pipelines(measured, num_mb, sched, max_pipelines=max_pipelines, stages=stages,
+                                compression=policy)
     except (PlanningError, ProfileError) as err:
         _fail(str(err), EXIT_JOB_FAILED)
     print_planner_result(console, measured, result, as_json=as_json)

@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal, Mapping
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from hetlaunch.launcher.compression import CompressionConfig
 from hetlaunch.runtime.model import PRESETS, GPTConfig, ModelSpec
 
 
@@ -198,6 +199,14 @@ def _none_to(default: Any) -> BeforeValidator:
     return BeforeValidator(lambda v: default() if v is None else v)  # an empty section (`model:`) means defaults
 
 
+def _auto_compression(value: Any) -> Any:
+    if value is None or value == "auto":
+        return {}
+    if isinstance(value, str):
+        raise ValueError(f"must be 'auto' or a mapping such as {{cross_region: int8}} (got {value!r})")
+    return value
+
+
 class ClusterConfig(_Strict):
     name: str = Field("job", pattern=r"^[a-z0-9_-]+$")  # run name prefix
     coordinator: Annotated[CoordinatorConfig, _none_to(dict)] = Field(default_factory=CoordinatorConfig)
@@ -207,6 +216,9 @@ class ClusterConfig(_Strict):
     regions: Annotated[list[RegionConfig], _none_to(list)] = Field(default_factory=list)  # regions used by nodes are implied
     links: Annotated[list[LinkConfig], _none_to(list)] = Field(default_factory=list)  # per region pair
     nodes: list[NodeConfig] = Field(min_length=1)  # the machines of the job; one pipeline stage each
+    # `auto` (default) or codecs pinned per link class / stage boundary: see launcher/compression.py
+    compression: Annotated[CompressionConfig, BeforeValidator(_auto_compression)] = Field(
+        default_factory=CompressionConfig)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> ClusterConfig:

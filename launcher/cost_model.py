@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hetlaunch.launcher.compression import LOSSINESS, NONE, CompressionConfig, wire_ratio
 from hetlaunch.launcher.profile import NodeProfile, Profile
 
 
@@ -42,11 +43,13 @@ class StageCost:
     node: str
     layer_start: int
     layer_end: int
-    compute_s: float     # t_j, per micro-batch
+    compute_s: float     # t_j, per micro-batch (with the codec work of its incoming boundary)
     link_s: float        # c_j of the outgoing link (0 on the last stage)
     latency_s: float     # lat_j of the outgoing link
     memory_bytes: float
     capacity_bytes: float
+    codec: str = "none"              # codec of the outgoing link's activations
+    link_uncompressed_s: float = 0.0  # c_j had the outgoing link sent raw bytes
 
 
 @dataclass(frozen=True)
@@ -61,11 +64,12 @@ class CostModel:
     """Precomputed prefix sums over a profile, so a stage's cost is O(1)."""
 
     def __init__(self, profile: Profile, num_microbatches: int, schedule: str = "1f1b",
-                 wire_ratio: float = 1.0):
+                 compression: CompressionConfig = NONE):
         self.profile = profile
         self.M = num_microbatches
         self.schedule = schedule
-        self.wire_ratio = wire_ratio  # wire bytes / raw bytes on links (compression)
+        self.compression = compression
+        self._ratio = {name: wire_ratio(name) for name in LOSSINESS}  # wire bytes per raw byte
         self.num_layers = profile.model.num_layers
         self._time: dict[str, list[float]] = {}
         for node in profile.nodes:
@@ -106,29 +110,53 @@ class CostModel:
             self._links[key] = (link.bandwidth_bytes_per_s, link.latency_s)
         return self._links[key]
 
-    def boundary_s(self, a: NodeProfile, b: NodeProfile, after_layer: int) -> tuple[float, float]:
-        """(transfer, latency) of one activation crossing after `after_layer` from a to b."""
+    def codec_options(self, boundary: int, a: NodeProfile, b: NodeProfile) -> tuple[str, ...]:
+        return self.compression.candidates(boundary, a.region == b.region)
+
+    def boundary_s(self, a: NodeProfile, b: NodeProfile, after_layer: int, codec: str = "none") -> tuple[float, float]:
+        """(transfer, latency) of one micro-batch crossing after `after_layer` between a and b.
+
+        Activations go one way and gradients (same size, maybe another codec) the other; on a
+        full-duplex link the busier direction is what occupies it.
+        """
         bandwidth, latency = self.link(a, b)
-        return self.profile.layers[after_layer].output_bytes * self.wire_ratio / bandwidth, latency
+        ratio = max(self._ratio[codec], self._ratio[self.compression.gradient_codec(codec)])
+        return self.profile.layers[after_layer].output_bytes * ratio / bandwidth, latency
+
+    def codec_s(self, receiver: NodeProfile, after_layer: int, codec: str) -> float:
+        """Encode + decode work of both directions of a boundary, per micro-batch.
+
+        Charged to the receiving stage (a simplification: in truth each side encodes what it
+        sends and decodes what it receives), using that node's measured codec speed.
+        """
+        if codec == "none" and self.compression.gradient_codec(codec) == "none":
+            return 0.0
+        raw = self.profile.layers[after_layer].output_bytes
+        return raw * (receiver.codec_cost(codec) + receiver.codec_cost(self.compression.gradient_codec(codec)))
 
     def step_s(self, max_term: float, sum_term: float) -> float:
         return (self.M - 1) * max_term + sum_term
 
-    def evaluate(self, chain: list[NodeProfile], cuts: list[tuple[int, int]]) -> PipelineCost:
-        """The full cost of a chain with given layer ranges (the reference the planner must match)."""
+    def evaluate(self, chain: list[NodeProfile], cuts: list[tuple[int, int]],
+                 codecs: list[str] | None = None) -> PipelineCost:
+        """The full cost of a chain with given layer ranges and boundary codecs (default none)."""
         S = len(chain)
+        codecs = codecs or ["none"] * (S - 1)
         stages, max_term, sum_term, bottleneck = [], 0.0, 0.0, ""
         for j, (node, (start, end)) in enumerate(zip(chain, cuts)):
             t = self.compute_s(node, start, end)
-            c = lat = 0.0
+            if j > 0:
+                t += self.codec_s(node, start - 1, codecs[j - 1])
+            c = lat = raw_c = 0.0
             if j < S - 1:
-                c, lat = self.boundary_s(node, chain[j + 1], end - 1)
+                c, lat = self.boundary_s(node, chain[j + 1], end - 1, codecs[j])
+                raw_c = self.boundary_s(node, chain[j + 1], end - 1)[0]
             for value, what in ((t, f"compute on {node.name}"), (c, f"link {node.name} -> {chain[j + 1].name}" if j < S - 1 else "")):
                 if value > max_term:
                     max_term, bottleneck = value, what
             sum_term += t + 2 * (lat + c)
             stages.append(StageCost(node.name, start, end, t, c, lat, self.memory_bytes(start, end, j, S),
-                                    node.memory_bytes))
+                                    node.memory_bytes, codecs[j] if j < S - 1 else "none", raw_c))
         return PipelineCost(tuple(stages), self.M, self.step_s(max_term, sum_term), bottleneck)
 
 

@@ -43,7 +43,8 @@ def make_plan(session: ClusterSession, spec, reprofile: bool, console: Console) 
     if all(n.layers is not None for n in cluster.nodes):
         return static_plan(cluster, spec.num_layers())
     profile = measure_cluster(session, spec, cluster.train.micro_batch_size, cluster.train.seed, reprofile, console)
-    return planned(cluster, plan_pipelines(profile, cluster.train.num_microbatches, cluster.train.schedule))
+    return planned(cluster, plan_pipelines(profile, cluster.train.num_microbatches, cluster.train.schedule,
+                                           compression=cluster.compression))
 
 
 def run_up(cluster, options: UpOptions, console: Console) -> Path:

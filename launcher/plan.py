@@ -19,7 +19,8 @@ class StagePlan:
     backward_codec: str = "none"  # codec for gradients sent to the previous stage
     # What the planner predicts (None for a cut that was not planned from a profile).
     compute_s: float | None = None       # per micro-batch
-    link_s: float | None = None          # outgoing transfer per micro-batch
+    link_s: float | None = None          # outgoing transfer per micro-batch, with its codec
+    link_uncompressed_s: float | None = None  # the same without compression
     memory_bytes: float | None = None
     capacity_bytes: float | None = None
 
@@ -81,8 +82,16 @@ def static_plan(cluster, num_layers: int) -> Plan:
         ranges, source = [tuple(n.layers) for n in nodes], "pinned"
     else:
         ranges, source = even_split(num_layers, len(nodes)), "even"
-    stages = tuple(StagePlan(node=n.name, region=n.region, layer_start=s, layer_end=e)
-                   for n, (s, e) in zip(nodes, ranges))
+    # Without a profile `auto` has nothing to decide from: only pinned codecs apply.
+    policy = cluster.compression
+    codecs = []
+    for j, (a, b) in enumerate(zip(nodes, nodes[1:])):
+        allowed = policy.candidates(j, a.region == b.region)
+        codecs.append(allowed[0] if len(allowed) == 1 else "none")
+    codecs.append("none")
+    stages = tuple(StagePlan(node=n.name, region=n.region, layer_start=s, layer_end=e, forward_codec=codec,
+                             backward_codec=policy.gradient_codec(codec))
+                   for n, (s, e), codec in zip(nodes, ranges, codecs))
     return Plan(stages=stages, num_layers=num_layers, micro_batch_size=train.micro_batch_size,
                 num_microbatches=train.num_microbatches, schedule=train.schedule, source=source)
 
@@ -93,8 +102,10 @@ def planned(cluster, result) -> Plan:
 
     assert isinstance(result, PlannerResult) and len(result.pipelines) == 1
     cost = result.pipelines[0].cost
+    policy = cluster.compression
     stages = tuple(StagePlan(node=s.node, region=cluster.node(s.node).region, layer_start=s.layer_start,
-                             layer_end=s.layer_end, compute_s=s.compute_s, link_s=s.link_s,
+                             layer_end=s.layer_end, forward_codec=s.codec, backward_codec=policy.gradient_codec(s.codec),
+                             compute_s=s.compute_s, link_s=s.link_s, link_uncompressed_s=s.link_uncompressed_s,
                              memory_bytes=s.memory_bytes, capacity_bytes=s.capacity_bytes) for s in cost.stages)
     train = cluster.train
     return Plan(stages=stages, num_layers=stages[-1].layer_end, micro_batch_size=train.micro_batch_size,

@@ -29,6 +29,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
+from hetlaunch.launcher.compression import LOSSINESS, NONE, CompressionConfig
 from hetlaunch.launcher.cost_model import CostModel, PipelineCost
 from hetlaunch.launcher.profile import NodeProfile, Profile
 
@@ -61,26 +62,30 @@ def best_cuts(cm: CostModel, chain: list[NodeProfile]) -> PipelineCost | None:
     S, L = len(chain), cm.num_layers
     if S > L:
         return None
-    # fronts[j][i]: Pareto list of (max_term, sum_term, prev_end, prev_index) with stage j ending at layer i.
-    fronts: list[dict[int, list[tuple[float, float, int, int]]]] = []
+    # fronts[j][i]: Pareto list of (max_term, sum_term, prev_end, prev_index, codec into stage j)
+    # with stage j ending at layer i. The codec of a boundary is chosen with the cut.
+    fronts: list[dict[int, list[tuple]]] = []
     first = {}
     for i in range(1, L - S + 2):
         if cm.memory_bytes(0, i, 0, S) <= chain[0].memory_bytes:
             t = cm.compute_s(chain[0], 0, i)
-            first[i] = [(t, t, 0, -1)]
+            first[i] = [(t, t, 0, -1, "")]
     fronts.append(first)
     for j in range(1, S):
         node, prev_node = chain[j], chain[j - 1]
-        current: dict[int, list[tuple[float, float, int, int]]] = {}
+        options = cm.codec_options(j - 1, prev_node, node)
+        current: dict[int, list[tuple]] = {}
         for i in range(j + 1, L - (S - 1 - j) + 1):
             candidates = []
             for start, front in fronts[j - 1].items():
                 if start >= i or cm.memory_bytes(start, i, j, S) > node.memory_bytes:
                     continue
                 t = cm.compute_s(node, start, i)
-                c, lat = cm.boundary_s(prev_node, node, start - 1)
-                for k, (m, s, _, _) in enumerate(front):
-                    candidates.append((max(m, t, c), s + t + 2 * (lat + c), start, k))
+                for codec in options:
+                    c, lat = cm.boundary_s(prev_node, node, start - 1, codec)
+                    tc = t + cm.codec_s(node, start - 1, codec)
+                    for k, (m, s, *_) in enumerate(front):
+                        candidates.append((max(m, tc, c), s + tc + 2 * (lat + c), start, k, codec))
             if candidates:
                 current[i] = _pareto(candidates)
         fronts.append(current)
@@ -88,15 +93,16 @@ def best_cuts(cm: CostModel, chain: list[NodeProfile]) -> PipelineCost | None:
     if not final:
         return None
     best = min(range(len(final)), key=lambda k: cm.step_s(final[k][0], final[k][1]))
-    cuts, i, k = [], L, best
+    cuts, codecs, i, k = [], [], L, best
     for j in range(S - 1, -1, -1):
-        _, _, start, prev_k = fronts[j][i][k]
+        _, _, start, prev_k, codec = fronts[j][i][k]
         cuts.append((start, i))
+        codecs.append(codec)
         i, k = start, prev_k
-    return cm.evaluate(chain, cuts[::-1])
+    return cm.evaluate(chain, cuts[::-1], codecs[::-1][1:])
 
 
-def _pareto(points: list[tuple[float, float, int, int]]) -> list[tuple[float, float, int, int]]:
+def _pareto(points: list[tuple]) -> list[tuple]:
     points.sort(key=lambda p: (p[0], p[1]))
     kept, best_sum = [], math.inf
     for p in points:
@@ -113,6 +119,9 @@ def bottleneck_cuts(cm: CostModel, chain: list[NodeProfile]) -> PipelineCost | N
         return None
 
     times = [cm.time_prefix(node) for node in chain]
+    # The most compressed codec each boundary may use; `cut_chain` relaxes it afterwards.
+    squeezed = [min(cm.codec_options(j, a, b), key=lambda codec: cm.boundary_s(a, b, 0, codec)[0])
+                for j, (a, b) in enumerate(zip(chain, chain[1:]))]
     memories = [cm.memory_prefix(j, S) for j in range(S)]
 
     def fill(limit: float) -> list[tuple[int, int]] | None:
@@ -126,7 +135,7 @@ def bottleneck_cuts(cm: CostModel, chain: list[NodeProfile]) -> PipelineCost | N
                       bisect.bisect_right(mem, mem[start] + node.memory_bytes) - 1, last)
             if end <= start or (j == S - 1 and end < L):
                 return None
-            if j < S - 1 and cm.boundary_s(node, chain[j + 1], end - 1)[0] > limit:
+            if j < S - 1 and cm.boundary_s(node, chain[j + 1], end - 1, squeezed[j])[0] > limit:
                 return None
             cuts.append((start, end))
             start = end
@@ -145,12 +154,30 @@ def bottleneck_cuts(cm: CostModel, chain: list[NodeProfile]) -> PipelineCost | N
             lo = mid
         else:
             hi, best = mid, cuts
-    return cm.evaluate(chain, best)
+    return cm.evaluate(chain, best, squeezed)
 
 
 def cut_chain(cm: CostModel, chain: list[NodeProfile]) -> PipelineCost | None:
     exact = len(chain) * cm.num_layers ** 2 <= EXACT_MAX_WORK
-    return best_cuts(cm, chain) if exact else bottleneck_cuts(cm, chain)
+    cost = best_cuts(cm, chain) if exact else bottleneck_cuts(cm, chain)
+    return None if cost is None else least_lossy_codecs(cm, chain, cost)
+
+
+def least_lossy_codecs(cm: CostModel, chain: list[NodeProfile], cost: PipelineCost) -> PipelineCost:
+    """Per boundary, the least lossy allowed codec whose link time stays under the slowest stage's
+    compute (the link is then off the critical path); `none` where the raw link is fast enough.
+    Where no codec gets the link off the critical path, the cut's own (most effective) choice stays."""
+    cuts = [(s.layer_start, s.layer_end) for s in cost.stages]
+    codecs = [s.codec for s in cost.stages[:-1]]
+    for j, (a, b) in enumerate(zip(chain, chain[1:])):
+        after = cuts[j][1] - 1
+        slowest = max(s.compute_s for s in cost.stages)
+        for codec in sorted(cm.codec_options(j, a, b), key=LOSSINESS.index):
+            if cm.boundary_s(a, b, after, codec)[0] <= slowest:
+                codecs[j] = codec
+                break
+        cost = cm.evaluate(chain, cuts, codecs)
+    return cost
 
 
 def _speed(node: NodeProfile) -> float:
@@ -213,24 +240,25 @@ class _Search:
     cluster of a few device types prices each distinct chain once.
     """
 
-    def __init__(self, profile: Profile, num_microbatches: int, schedule: str):
+    def __init__(self, profile: Profile, num_microbatches: int, schedule: str, compression: CompressionConfig):
         self.profile = profile
-        self.cm = CostModel(profile, num_microbatches, schedule)
+        self.cm = CostModel(profile, num_microbatches, schedule, compression)
         linked = {name for link in profile.links if link.nodes for name in link.nodes}
         self.signature = {n.name: n.name if n.name in linked else
                           (n.region, n.memory_bytes, tuple(n.layer_seconds), tuple(n.optimizer_seconds or ()))
                           for n in profile.nodes}
-        self.memo: dict[tuple, tuple[PipelineCost | None, list[tuple[int, int]] | None]] = {}
+        self.memo: dict[tuple, tuple[list[tuple[int, int]], list[str]] | None] = {}
 
     def price(self, chain: list[NodeProfile], bound: float) -> PipelineCost | None:
         key = tuple(self.signature[n.name] for n in chain)
         if key in self.memo:
-            cost, cuts = self.memo[key]
-            return None if cuts is None else self.cm.evaluate(chain, cuts)
+            known = self.memo[key]
+            return None if known is None else self.cm.evaluate(chain, *known)
         if self._lower_bound(chain) >= bound:
             return None  # cannot beat the best so far; not remembered, a later bound may be looser
         cost = cut_chain(self.cm, chain)
-        self.memo[key] = (cost, None if cost is None else [(s.layer_start, s.layer_end) for s in cost.stages])
+        self.memo[key] = None if cost is None else ([(s.layer_start, s.layer_end) for s in cost.stages],
+                                                    [s.codec for s in cost.stages[:-1]])
         return cost
 
     def _lower_bound(self, chain: list[NodeProfile]) -> float:
@@ -249,12 +277,6 @@ class _Search:
         return best
 
 
-def best_pipeline(profile: Profile, nodes: list[NodeProfile], num_microbatches: int,
-                  schedule: str, stages: int | None = None) -> tuple[PipelineCost | None, str]:
-    method = "exhaustive" if len(nodes) <= EXHAUSTIVE_MAX_NODES else "region heuristic"
-    return _Search(profile, num_microbatches, schedule).best(nodes, stages), method
-
-
 def split_microbatches(total: int, throughputs: list[float]) -> list[int]:
     """Micro-batches per pipeline in proportion to throughput, each at least 1, summing to total."""
     raw = [total * t / sum(throughputs) for t in throughputs]
@@ -269,10 +291,11 @@ def split_microbatches(total: int, throughputs: list[float]) -> list[int]:
 
 
 def plan(profile: Profile, num_microbatches: int, schedule: str = "1f1b", max_pipelines: int = 1,
-         stages: int | None = None) -> PlannerResult:
+         stages: int | None = None, compression: CompressionConfig = NONE) -> PlannerResult:
     """The best plan the cost model knows for this profile; PlanningError if none fits.
 
-    `stages` fixes the number of stages per pipeline (default: the planner decides).
+    `stages` fixes the number of stages per pipeline (default: the planner decides);
+    `compression` says which codecs each boundary may use (default: none anywhere).
     """
     started = time.perf_counter()
     num_layers = profile.model.num_layers
@@ -288,7 +311,7 @@ def plan(profile: Profile, num_microbatches: int, schedule: str = "1f1b", max_pi
     # micro-batches, since a pipeline that gets fewer of them pays relatively more bubble.
     for count in _replica_counts(max_pipelines, len(profile.nodes), num_microbatches):
         share = max(1, num_microbatches // count)
-        search = searches.setdefault(share, _Search(profile, share, schedule))
+        search = searches.setdefault(share, _Search(profile, share, schedule, compression))
         pipelines: list[PipelineCost] = []
         while len(pipelines) < count:
             used = {s.node for p in pipelines for s in p.stages}
@@ -298,7 +321,7 @@ def plan(profile: Profile, num_microbatches: int, schedule: str = "1f1b", max_pi
             pipelines.append(extra)
         if not pipelines:
             continue
-        priced = _priced(profile, pipelines, num_microbatches, schedule)
+        priced = _priced(profile, pipelines, num_microbatches, schedule, compression)
         if best is None or max(p.step_s for p in priced) < max(p.step_s for p in best):
             best = priced
         elif len(pipelines) < count or count > 1:
@@ -324,21 +347,21 @@ def _replica_counts(max_pipelines: int, num_nodes: int, num_microbatches: int) -
     return counts
 
 
-def _priced(profile: Profile, pipelines: list[PipelineCost], total: int, schedule: str) -> list[PipelineCost]:
-    """Re-cost each pipeline with its share of the micro-batches."""
-    if len(pipelines) == 1:
-        return [CostModel(profile, total, schedule).evaluate(
-            [profile.node(s.node) for s in pipelines[0].stages], [(s.layer_start, s.layer_end) for s in pipelines[0].stages])]
-    shares = split_microbatches(total, [p.num_microbatches / p.step_s for p in pipelines])
-    return [CostModel(profile, m, schedule).evaluate([profile.node(s.node) for s in p.stages],
-                                                     [(s.layer_start, s.layer_end) for s in p.stages])
+def _priced(profile: Profile, pipelines: list[PipelineCost], total: int, schedule: str,
+            compression: CompressionConfig) -> list[PipelineCost]:
+    """Re-cost each pipeline with its share of the micro-batches (cuts and codecs kept)."""
+    shares = [total] if len(pipelines) == 1 else split_microbatches(
+        total, [p.num_microbatches / p.step_s for p in pipelines])
+    return [CostModel(profile, m, schedule, compression).evaluate(
+                [profile.node(s.node) for s in p.stages], [(s.layer_start, s.layer_end) for s in p.stages],
+                [s.codec for s in p.stages[:-1]])
             for p, m in zip(pipelines, shares)]
 
 
 def _exclusion_reason(profile: Profile, node: NodeProfile) -> str:
     if len(profile.nodes) > profile.model.num_layers:
         return "not used: more nodes than layers, and the plan is faster without it"
-    return "left out: the predicted step is faster without it (too slow, too little memory, or a slow link)"
+    return "left out: the plan is faster without it (too slow, too little memory, or behind a slow link)"
 
 
 def _why_nothing_fits(profile: Profile, num_microbatches: int, schedule: str) -> str:

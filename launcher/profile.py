@@ -12,7 +12,8 @@ sequences of `seq_len` tokens.
       "micro_batch_size": 8, "seq_len": 64,
       "layers": [{"param_bytes": 49152, "activation_bytes": 4608, "output_bytes": 131072}, ...],
       "nodes": [{"name": "a", "region": "us-east", "device": "NVIDIA L4", "memory_bytes": 2.4e10,
-                 "layer_seconds": [...], "optimizer_seconds": [...]}, ...],
+                 "layer_seconds": [...], "optimizer_seconds": [...],
+                 "codec_seconds_per_byte": {"int8": 1e-9, ...}}, ...],
       "links": [{"nodes": ["a", "b"], "bandwidth_bytes_per_s": 1.2e9, "latency_s": 0.0002},
                 {"regions": ["us-east", "eu-west"], "bandwidth_bytes_per_s": 6.25e6, "latency_s": 0.04}]
     }
@@ -63,9 +64,13 @@ class NodeProfile(_Strict):
     memory_bytes: float = Field(gt=0)
     layer_seconds: list[float]
     optimizer_seconds: list[float] | None = None  # per layer, one AdamW step; default 0
+    codec_seconds_per_byte: dict[str, float] | None = None  # encode + decode per raw byte; default 0
 
     def optimizer(self, index: int) -> float:
         return self.optimizer_seconds[index] if self.optimizer_seconds else 0.0
+
+    def codec_cost(self, codec: str) -> float:
+        return (self.codec_seconds_per_byte or {}).get(codec, 0.0)
 
 
 class LinkProfile(_Strict):

@@ -159,6 +159,7 @@ def _assemble(session: ClusterSession, spec: ModelSpec, model: str, micro_batch_
         if report.layers:
             entry = {"layer_seconds": [l.seconds for l in report.layers],
                      "optimizer_seconds": [l.optimizer_seconds for l in report.layers],
+                     "codec_seconds_per_byte": dict(report.codec_seconds_per_byte),
                      "layers": [{"param_bytes": l.param_bytes, "activation_bytes": l.activation_bytes,
                                  "output_bytes": l.output_bytes} for l in report.layers]}
             store_node(keys[node.name], entry)
@@ -167,7 +168,8 @@ def _assemble(session: ClusterSession, spec: ModelSpec, model: str, micro_batch_
         layer_infos = layer_infos or [LayerInfo(**layer) for layer in entry["layers"]]
         nodes.append(NodeProfile(name=node.name, region=node.region, device=report.device_name,
                                  memory_bytes=report.memory_bytes, layer_seconds=entry["layer_seconds"],
-                                 optimizer_seconds=entry["optimizer_seconds"]))
+                                 optimizer_seconds=entry["optimizer_seconds"],
+                                 codec_seconds_per_byte=entry.get("codec_seconds_per_byte")))
     links, by_regions = [], {}
     for name, report in link_reports.items():
         for probe in report.links:

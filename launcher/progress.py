@@ -16,6 +16,14 @@ def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1e3:.2f}"
 
 
+def _link(with_codec: float | None, raw: float | None) -> str:
+    if with_codec is None:
+        return "-"
+    if raw is None or abs(raw - with_codec) < 1e-12:
+        return _ms(with_codec)
+    return f"{_ms(with_codec)} ({_ms(raw)})"
+
+
 def _gib(n: float | None) -> str:
     return "-" if n is None else f"{n / 2**30:.2f}"
 
@@ -23,14 +31,14 @@ def _gib(n: float | None) -> str:
 def print_plan(console: Console, plan: Plan) -> None:
     table = Table(title=f"plan ({plan.source} cut, {plan.schedule}, {plan.num_microbatches} micro-batches "
                         f"of {plan.micro_batch_size})")
-    for column in ("stage", "node", "region", "layers", "ms/mb", "link ms", "codec", "GiB used/free"):
+    for column in ("stage", "node", "region", "layers", "ms/mb", "codec", "link ms (raw)", "GiB used/free"):
         table.add_column(column, justify="right" if "ms" in column or "GiB" in column else "left", no_wrap=True)
     for i, stage in enumerate(plan.stages):
         last = i == len(plan.stages) - 1
         memory = "-" if stage.memory_bytes is None else f"{_gib(stage.memory_bytes)}/{_gib(stage.capacity_bytes)}"
+        link = "-" if last else _link(stage.link_s, stage.link_uncompressed_s)
         table.add_row(str(i), stage.node, stage.region, f"{stage.layer_start}–{stage.layer_end - 1}",
-                      _ms(stage.compute_s), "-" if last else _ms(stage.link_s), "-" if last else stage.forward_codec,
-                      memory)
+                      _ms(stage.compute_s), "-" if last else stage.forward_codec, link, memory)
     console.print(table)
     if plan.predicted_step_s is not None:
         console.print(f"predicted: {plan.predicted_step_s * 1e3:.1f} ms/step, "
@@ -65,6 +73,10 @@ def print_summary(console: Console, summary: dict, run_dir: Path) -> None:
     console.print(f"[bold green]done[/]: {summary['steps']} steps in {summary['wall_s']:.1f}s, "
                   f"loss {summary.get('first_loss', float('nan')):.4f} → {summary.get('final_loss', float('nan')):.4f}, "
                   f"{summary.get('mean_tokens_per_s', 0):,.0f} tokens/s; metrics in {run_dir}/metrics.jsonl")
+    for link in summary.get("links", []):
+        if link["compression_ratio"] > 1.0:
+            console.print(f"  link {link['from']} ↔ {link['to']}: {link['raw_bytes'] / 2**20:,.1f} MiB raw, "
+                          f"{link['wire_bytes'] / 2**20:,.1f} MiB on the wire ({link['compression_ratio']:.2f}x)")
 
 
 def planner_result_dict(result) -> dict:
@@ -74,7 +86,8 @@ def planner_result_dict(result) -> dict:
         "pipelines": [{
             "num_microbatches": p.cost.num_microbatches, "step_s": p.cost.step_s, "bottleneck": p.cost.bottleneck,
             "stages": [{"node": s.node, "region": region, "layers": [s.layer_start, s.layer_end],
-                        "compute_s": s.compute_s, "link_s": s.link_s, "latency_s": s.latency_s,
+                        "compute_s": s.compute_s, "codec": s.codec, "link_s": s.link_s,
+                        "link_uncompressed_s": s.link_uncompressed_s, "latency_s": s.latency_s,
                         "memory_bytes": s.memory_bytes, "capacity_bytes": s.capacity_bytes}
                        for s, region in zip(p.cost.stages, p.regions)]}
             for p in result.pipelines],
@@ -91,12 +104,12 @@ def print_planner_result(console: Console, profile, result, as_json: bool = Fals
     for k, p in enumerate(result.pipelines):
         table = Table(title=f"pipeline {k}: {p.cost.num_microbatches} micro-batches of {profile.micro_batch_size}, "
                             f"{p.cost.step_s * 1e3:.1f} ms/step")
-        for column in ("stage", "node", "region", "layers", "ms/mb", "link ms", "GiB used/free"):
+        for column in ("stage", "node", "region", "layers", "ms/mb", "codec", "link ms (raw)", "GiB used/free"):
             table.add_column(column, justify="right" if "ms" in column or "GiB" in column else "left", no_wrap=True)
         for i, (s, region) in enumerate(zip(p.cost.stages, p.regions)):
             last = i == len(p.cost.stages) - 1
             table.add_row(str(i), s.node, region, f"{s.layer_start}–{s.layer_end - 1}", _ms(s.compute_s),
-                          "-" if last else _ms(s.link_s + s.latency_s),
+                          "-" if last else s.codec, "-" if last else _link(s.link_s, s.link_uncompressed_s),
                           f"{_gib(s.memory_bytes)}/{_gib(s.capacity_bytes)}")
         console.print(table)
         console.print(f"bottleneck: {p.cost.bottleneck}")

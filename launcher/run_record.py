@@ -42,7 +42,10 @@ class StepAggregator:
         step_s = max(m.step_s for _, m in ordered)
         tokens = ordered[0][1].tokens
         stages = [{"stage": m.stage_index, "node": node, "step_s": round(m.step_s, 6),
-                   "compute_s": round(m.compute_s, 6), "comm_s": round(m.comm_s, 6)} for node, m in ordered]
+                   "compute_s": round(m.compute_s, 6), "comm_s": round(m.comm_s, 6),
+                   "sent_bytes": {"forward": [m.forward_raw_bytes, m.forward_wire_bytes],
+                                  "backward": [m.backward_raw_bytes, m.backward_wire_bytes]}}
+                  for node, m in ordered]
         return StepRecord(step=metrics.step, loss=loss, tokens_per_s=tokens / step_s if step_s > 0 else 0.0,
                           step_s=step_s, stages=stages)
 
@@ -78,4 +81,21 @@ class RunRecord:
         tokens = sum(r.tokens_per_s * r.step_s for r in timed)
         seconds = sum(r.step_s for r in timed)
         return {"steps": len(self.records), "first_loss": self.records[0].loss,
-                "final_loss": self.records[-1].loss, "mean_tokens_per_s": tokens / seconds if seconds else 0.0}
+                "final_loss": self.records[-1].loss, "mean_tokens_per_s": tokens / seconds if seconds else 0.0,
+                "links": self._links()}
+
+    def _links(self) -> list[dict]:
+        """Per stage boundary: bytes before and after compression over the whole run, both directions."""
+        num_stages = len(self.records[0].stages)
+        links = []
+        for j in range(num_stages - 1):
+            raw = wire = 0
+            for r in self.records:
+                fwd = r.stages[j]["sent_bytes"]["forward"]
+                bwd = r.stages[j + 1]["sent_bytes"]["backward"]
+                raw += fwd[0] + bwd[0]
+                wire += fwd[1] + bwd[1]
+            links.append({"boundary": j, "from": self.records[0].stages[j]["node"],
+                          "to": self.records[0].stages[j + 1]["node"], "raw_bytes": raw, "wire_bytes": wire,
+                          "compression_ratio": raw / wire if wire else 1.0})
+        return links

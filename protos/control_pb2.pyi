@@ -271,7 +271,7 @@ class RunStage(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., model: _Optional[_Union[ModelSpec, _Mapping]] = ..., data: _Optional[_Union[DataSpec, _Mapping]] = ..., train: _Optional[_Union[TrainSpec, _Mapping]] = ..., stage: _Optional[_Union[StageSpec, _Mapping]] = ..., rendezvous: _Optional[_Union[Rendezvous, _Mapping]] = ...) -> None: ...
 
 class StepMetrics(_message.Message):
-    __slots__ = ("step", "stage_index", "has_loss", "loss", "step_s", "compute_s", "comm_s", "tokens")
+    __slots__ = ("step", "stage_index", "has_loss", "loss", "step_s", "compute_s", "comm_s", "tokens", "forward_raw_bytes", "forward_wire_bytes", "backward_raw_bytes", "backward_wire_bytes")
     STEP_FIELD_NUMBER: _ClassVar[int]
     STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
     HAS_LOSS_FIELD_NUMBER: _ClassVar[int]
@@ -280,6 +280,10 @@ class StepMetrics(_message.Message):
     COMPUTE_S_FIELD_NUMBER: _ClassVar[int]
     COMM_S_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
+    FORWARD_RAW_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FORWARD_WIRE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BACKWARD_RAW_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BACKWARD_WIRE_BYTES_FIELD_NUMBER: _ClassVar[int]
     step: int
     stage_index: int
     has_loss: bool
@@ -288,7 +292,11 @@ class StepMetrics(_message.Message):
     compute_s: float
     comm_s: float
     tokens: int
-    def __init__(self, step: _Optional[int] = ..., stage_index: _Optional[int] = ..., has_loss: _Optional[bool] = ..., loss: _Optional[float] = ..., step_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., comm_s: _Optional[float] = ..., tokens: _Optional[int] = ...) -> None: ...
+    forward_raw_bytes: int
+    forward_wire_bytes: int
+    backward_raw_bytes: int
+    backward_wire_bytes: int
+    def __init__(self, step: _Optional[int] = ..., stage_index: _Optional[int] = ..., has_loss: _Optional[bool] = ..., loss: _Optional[float] = ..., step_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., comm_s: _Optional[float] = ..., tokens: _Optional[int] = ..., forward_raw_bytes: _Optional[int] = ..., forward_wire_bytes: _Optional[int] = ..., backward_raw_bytes: _Optional[int] = ..., backward_wire_bytes: _Optional[int] = ...) -> None: ...
 
 class ReportStepRequest(_message.Message):
     __slots__ = ("agent_id", "metrics")
@@ -377,7 +385,14 @@ class LinkProbe(_message.Message):
     def __init__(self, peer_node: _Optional[str] = ..., latency_s: _Optional[float] = ..., bandwidth_bytes_per_s: _Optional[float] = ...) -> None: ...
 
 class ReportProfileRequest(_message.Message):
-    __slots__ = ("agent_id", "ok", "error", "device_name", "memory_bytes", "layers", "links")
+    __slots__ = ("agent_id", "ok", "error", "device_name", "memory_bytes", "layers", "links", "codec_seconds_per_byte")
+    class CodecSecondsPerByteEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     OK_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
@@ -385,6 +400,7 @@ class ReportProfileRequest(_message.Message):
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     LAYERS_FIELD_NUMBER: _ClassVar[int]
     LINKS_FIELD_NUMBER: _ClassVar[int]
+    CODEC_SECONDS_PER_BYTE_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     ok: bool
     error: str
@@ -392,7 +408,8 @@ class ReportProfileRequest(_message.Message):
     memory_bytes: int
     layers: _containers.RepeatedCompositeFieldContainer[LayerProfile]
     links: _containers.RepeatedCompositeFieldContainer[LinkProbe]
-    def __init__(self, agent_id: _Optional[str] = ..., ok: _Optional[bool] = ..., error: _Optional[str] = ..., device_name: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., layers: _Optional[_Iterable[_Union[LayerProfile, _Mapping]]] = ..., links: _Optional[_Iterable[_Union[LinkProbe, _Mapping]]] = ...) -> None: ...
+    codec_seconds_per_byte: _containers.ScalarMap[str, float]
+    def __init__(self, agent_id: _Optional[str] = ..., ok: _Optional[bool] = ..., error: _Optional[str] = ..., device_name: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., layers: _Optional[_Iterable[_Union[LayerProfile, _Mapping]]] = ..., links: _Optional[_Iterable[_Union[LinkProbe, _Mapping]]] = ..., codec_seconds_per_byte: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class ReportProfileResponse(_message.Message):
     __slots__ = ()

@@ -29,6 +29,9 @@ class StepResult:
     step_s: float
     compute_s: float
     comm_s: float
+    # (raw, wire) bytes sent this step: activations to the next stage, gradients to the previous.
+    forward_bytes: tuple[int, int] = (0, 0)
+    backward_bytes: tuple[int, int] = (0, 0)
 
 
 @dataclass
@@ -70,6 +73,8 @@ class StageExecutor:
         the last stage reads targets, middle stages pass None.
         """
         step_start = time.perf_counter()
+        sent_before = {id(link): (link.stats.raw_bytes, link.stats.wire_bytes)
+                       for link in (self.prev_link, self.next_link) if link is not None}
         self._compute_s = 0.0
         self._comm_s = 0.0
         in_flight: dict[int, _InFlight] = {}
@@ -86,8 +91,16 @@ class StageExecutor:
                 self._comm_s += link.drain()
         self._timed(self._optimizer_step)
         loss = sum(losses) / len(losses) if self.is_last else None
-        return StepResult(loss=loss, step_s=time.perf_counter() - step_start,
-                          compute_s=self._compute_s, comm_s=self._comm_s)
+
+        def sent(link: Link | None) -> tuple[int, int]:
+            if link is None:
+                return (0, 0)
+            raw, wire = sent_before[id(link)]
+            return (link.stats.raw_bytes - raw, link.stats.wire_bytes - wire)
+
+        return StepResult(loss=loss, step_s=time.perf_counter() - step_start, compute_s=self._compute_s,
+                          comm_s=self._comm_s, forward_bytes=sent(self.next_link),
+                          backward_bytes=sent(self.prev_link))
 
     def _forward(self, mb: int, microbatches: list[Batch] | None, num_microbatches: int,
                  losses: list[float]) -> _InFlight:

@@ -11,7 +11,7 @@ from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.runtime.codecs import CODECS_BY_NAME
 from hetlaunch.runtime.emulation import ComputeEmulation, WireEmulation
 from hetlaunch.runtime.link import Link
-from hetlaunch.runtime.profiler import probe_link, profile_layers, usable_memory_bytes
+from hetlaunch.runtime.profiler import codec_seconds_per_byte, probe_link, profile_layers, usable_memory_bytes
 from hetlaunch.runtime.stage_job import init_data_plane, model_spec_from_proto, resolve_device
 
 MAX_REPORTED_BANDWIDTH = 1e12  # a fit on a very fast link can come out unbounded; keep JSON finite
@@ -33,11 +33,16 @@ def run_profile(cmd: pb.Profile) -> pb.ReportProfileRequest:
                                      memory_bytes=usable_memory_bytes(device, cmd.emulate.memory_gb))
     if cmd.measure_layers:
         spec = model_spec_from_proto(cmd.model)
-        for m in profile_layers(spec, cmd.micro_batch_size, device, seed=cmd.seed,
-                                emulation=ComputeEmulation(cmd.emulate.speed or 1.0)):
+        measured = profile_layers(spec, cmd.micro_batch_size, device, seed=cmd.seed,
+                                  emulation=ComputeEmulation(cmd.emulate.speed or 1.0))
+        for m in measured:
             report.layers.append(pb.LayerProfile(seconds=m.seconds, optimizer_seconds=m.optimizer_seconds,
                                                   param_bytes=m.param_bytes, activation_bytes=m.activation_bytes,
                                                   output_bytes=m.output_bytes))
+        # Codecs run on a tensor the size of the largest boundary activation.
+        biggest = max(m.output_bytes for m in measured[:-1] or measured)
+        sample = torch.randn(max(biggest // 4, 1), device=device)
+        report.codec_seconds_per_byte.update(codec_seconds_per_byte(sample))
     if cmd.HasField("rendezvous"):  # every agent joins the group, probing or not
         init_data_plane(cmd.rendezvous)
         try:

@@ -121,6 +121,22 @@ def profile_layers(spec: ModelSpec, micro_batch_size: int, device: torch.device,
     return results
 
 
+def codec_seconds_per_byte(sample: torch.Tensor, repeats: int = 5) -> dict[str, float]:
+    """Encode + decode time of every codec on an activation-sized tensor, per raw byte."""
+    from hetlaunch.runtime.codecs import CODECS_BY_NAME
+
+    device = sample.device
+    raw = sample.numel() * sample.element_size()
+    timings = {}
+    for name, codec in CODECS_BY_NAME.items():
+        def round_trip():
+            codec.decode(codec.encode(sample), tuple(sample.shape), sample.dtype)
+
+        round_trip()  # warm-up
+        timings[name] = statistics.median(_timed(round_trip, device, ComputeEmulation()) for _ in range(repeats)) / raw
+    return timings
+
+
 PROBE_SIZES = (256 * 1024, 1024 * 1024, 4 * 1024 * 1024)
 
 

@@ -137,7 +137,10 @@ def run_stage(cmd: pb.RunStage, report: Callable[[pb.StepMetrics], None]) -> Non
             result = executor.train_step(actions, microbatches, train.num_microbatches)
             report(pb.StepMetrics(step=step, stage_index=stage.stage_index, has_loss=result.loss is not None,
                                   loss=result.loss or 0.0, step_s=result.step_s, compute_s=result.compute_s,
-                                  comm_s=result.comm_s, tokens=tokens))
+                                  comm_s=result.comm_s, tokens=tokens,
+                                  forward_raw_bytes=result.forward_bytes[0], forward_wire_bytes=result.forward_bytes[1],
+                                  backward_raw_bytes=result.backward_bytes[0],
+                                  backward_wire_bytes=result.backward_bytes[1]))
         if train.checkpoint_dir:
             save_stage_checkpoint(executor.module, stage.layer_start, stage.stage_index, train.checkpoint_dir)
     finally:

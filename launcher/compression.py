@@ -1,0 +1,66 @@
+"""Which codecs a stage boundary may use: the YAML's `compression:` and the planner's choice.
+
+    compression: auto                  # default: the planner picks per boundary
+    compression:
+      intra_region: none               # a codec, or auto (default auto)
+      cross_region: int8               # a codec, or auto (default auto)
+      boundaries: {0: int4_rotated}    # pin the boundary after stage i (overrides the classes)
+      gradients: same                  # same (default) or a codec for gradients sent back
+
+With `auto`, the planner picks per boundary the least lossy codec that takes the link off
+the critical path (its time per micro-batch under the slowest stage's compute), and `none`
+where the link is fast enough uncompressed.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import torch
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+from hetlaunch.runtime.codecs import CODECS_BY_NAME
+
+CodecName = Literal["none", "fp16", "bf16", "int8", "int4", "int4_rotated"]
+CodecOrAuto = Literal["auto", "none", "fp16", "bf16", "int8", "int4", "int4_rotated"]
+CodecOrSame = Literal["same", "none", "fp16", "bf16", "int8", "int4", "int4_rotated"]
+# Least lossy first: `auto` walks this order and stops at the first codec that is fast enough.
+LOSSINESS: tuple[str, ...] = ("none", "fp16", "bf16", "int8", "int4_rotated", "int4")
+# What `auto` considers: bf16 has fp16's size with less precision; int4 without rotation has
+# int4_rotated's size with more error on heavy-tailed activations.
+AUTO_CANDIDATES: tuple[str, ...] = ("none", "fp16", "int8", "int4_rotated")
+
+
+def _int_keys(value):
+    # YAML keys like `0:` arrive as ints already; quoted ones ("0") are accepted too.
+    if isinstance(value, dict):
+        return {int(k) if isinstance(k, str) and k.isdigit() else k: v for k, v in value.items()}
+    return value
+
+
+class CompressionConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    intra_region: CodecOrAuto = "auto"
+    cross_region: CodecOrAuto = "auto"
+    boundaries: Annotated[dict[int, CodecName], BeforeValidator(_int_keys)] = Field(default_factory=dict)
+    gradients: CodecOrSame = "same"
+
+    def candidates(self, boundary: int, same_region: bool) -> tuple[str, ...]:
+        """Codecs the planner may choose for the boundary after stage `boundary`."""
+        if boundary in self.boundaries:
+            return (self.boundaries[boundary],)
+        choice = self.intra_region if same_region else self.cross_region
+        return AUTO_CANDIDATES if choice == "auto" else (choice,)
+
+    def gradient_codec(self, forward: str) -> str:
+        return forward if self.gradients == "same" else self.gradients
+
+
+NONE = CompressionConfig(intra_region="none", cross_region="none")
+
+
+def wire_ratio(codec: str) -> float:
+    """Bytes on the wire per raw byte of a float32 activation (the blockwise codecs add scales)."""
+    numel = 1 << 16
+    return CODECS_BY_NAME[codec].wire_bytes((numel,), torch.float32) / (4 * numel)
