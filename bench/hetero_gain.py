@@ -40,7 +40,7 @@ def ideal_and_even(prof: Profile) -> tuple[float, float]:
     rates = [1.0 / cm.compute_s(n, 0, NUM_LAYERS) for n in chain]
     t = 1.0 / sum(rates)  # every stage's compute per micro-batch
     links = [(s.link_s, s.latency_s) for s in even.stages]
-    ideal = cm.step_s(max([t] + [c for c, _ in links]), len(chain) * t + sum(2 * (c + lat) for c, lat in links))
+    ideal = cm.step_s(t, max(c for c, _ in links), len(chain) * t + sum(2 * (c + lat) for c, lat in links))
     return ideal, even.step_s
 
 

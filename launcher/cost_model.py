@@ -9,11 +9,18 @@ For a chain of S stages, stage j holding layers [a_j, b_j) on node n_j, M micro-
             time on the other direction of a full-duplex link)
     lat_j = latency(n_j, n_j+1)
 
-    step  = (M - 1) * max(max_j t_j, max_j c_j)          steady state: the slowest resource
-          + sum_j t_j + sum_{j<S-1} 2 * (lat_j + c_j)    fill and drain: one micro-batch's
-                                                         forward down and backward up the chain
+    1F1B:  step = (M - 1) * max(max_j t_j, max_j c_j)    steady state: the slowest resource
+                + sum_j t_j + sum_{j<S-1} 2 * (lat_j + c_j)  fill and drain: one micro-batch's
+                                                             forward down and backward up the chain
+    GPipe: step = (M - 1) * (max(T/3, C) + max(2T/3, C)) + the same fill and drain,
+           T = max_j t_j, C = max_j c_j
 
-The same formula holds for 1F1B and GPipe (their bubbles are equal); they differ in memory.
+Under 1F1B forwards and backwards interleave, so activations and gradients use the two
+directions of a link at once. GPipe runs all forwards, then all backwards: each phase
+streams M micro-batches over the link in one direction, so a link-bound GPipe step takes
+twice a link-bound 1F1B step. (Backward is taken as twice forward: profiles hold f + b.)
+Without links both reduce to the same (M - 1) * T + fill/drain; the bubbles are equal.
+The schedules differ in memory.
 Stage j holds parameters, gradients and AdamW state (4 x param_bytes) plus activations for
 the micro-batches in flight: min(S - j, M) under 1F1B, M under GPipe. Sends are
 asynchronous, so a link is a resource of its own that overlaps with compute rather than
@@ -134,15 +141,18 @@ class CostModel:
         raw = self.profile.layers[after_layer].output_bytes
         return raw * (receiver.codec_cost(codec) + receiver.codec_cost(self.compression.gradient_codec(codec)))
 
-    def step_s(self, max_term: float, sum_term: float) -> float:
-        return (self.M - 1) * max_term + sum_term
+    def step_s(self, compute_max: float, link_max: float, sum_term: float) -> float:
+        if self.schedule == "gpipe":
+            return (self.M - 1) * (max(compute_max / 3, link_max) + max(2 * compute_max / 3, link_max)) + sum_term
+        return (self.M - 1) * max(compute_max, link_max) + sum_term
 
     def evaluate(self, chain: list[NodeProfile], cuts: list[tuple[int, int]],
                  codecs: list[str] | None = None) -> PipelineCost:
         """The full cost of a chain with given layer ranges and boundary codecs (default none)."""
         S = len(chain)
         codecs = codecs or ["none"] * (S - 1)
-        stages, max_term, sum_term, bottleneck = [], 0.0, 0.0, ""
+        stages, compute_max, link_max, sum_term = [], 0.0, 0.0, 0.0
+        slowest_stage = slowest_link = ""
         for j, (node, (start, end)) in enumerate(zip(chain, cuts)):
             t = self.compute_s(node, start, end)
             if j > 0:
@@ -151,13 +161,15 @@ class CostModel:
             if j < S - 1:
                 c, lat = self.boundary_s(node, chain[j + 1], end - 1, codecs[j])
                 raw_c = self.boundary_s(node, chain[j + 1], end - 1)[0]
-            for value, what in ((t, f"compute on {node.name}"), (c, f"link {node.name} -> {chain[j + 1].name}" if j < S - 1 else "")):
-                if value > max_term:
-                    max_term, bottleneck = value, what
+            if t > compute_max:
+                compute_max, slowest_stage = t, f"compute on {node.name}"
+            if c > link_max:
+                link_max, slowest_link = c, f"link {node.name} -> {chain[j + 1].name}"
             sum_term += t + 2 * (lat + c)
             stages.append(StageCost(node.name, start, end, t, c, lat, self.memory_bytes(start, end, j, S),
                                     node.memory_bytes, codecs[j] if j < S - 1 else "none", raw_c))
-        return PipelineCost(tuple(stages), self.M, self.step_s(max_term, sum_term), bottleneck)
+        bottleneck = slowest_link if link_max > compute_max else slowest_stage
+        return PipelineCost(tuple(stages), self.M, self.step_s(compute_max, link_max, sum_term), bottleneck)
 
 
 def _prefix(values: list[float]) -> list[float]:

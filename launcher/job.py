@@ -5,13 +5,14 @@ from __future__ import annotations
 import queue
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rich.console import Console
 
 from hetlaunch.launcher.plan import Plan, planned, static_plan
 from hetlaunch.launcher.planner import plan as plan_pipelines
+from hetlaunch.launcher.planner import plan_fixed_cut
 from hetlaunch.launcher.profiling import measure_cluster
 from hetlaunch.launcher.progress import TrainingProgress, print_plan, print_summary
 from hetlaunch.launcher.run_record import RunRecord, StepAggregator
@@ -38,13 +39,29 @@ def new_run_dir(cluster, options: UpOptions) -> Path:
 
 
 def make_plan(session: ClusterSession, spec, reprofile: bool, console: Console) -> Plan:
-    """Pinned `layers:` are used as they are; otherwise measure the cluster and plan from the profile."""
+    """Measure the cluster and plan from the profile. Pinned `layers:` are used as they are, with
+    no measuring at all when every boundary's codec is pinned too (else the codecs are planned)."""
     cluster = session.cluster
+    train = cluster.train
     if all(n.layers is not None for n in cluster.nodes):
-        return static_plan(cluster, spec.num_layers())
-    profile = measure_cluster(session, spec, cluster.train.micro_batch_size, cluster.train.seed, reprofile, console)
-    return planned(cluster, plan_pipelines(profile, cluster.train.num_microbatches, cluster.train.schedule,
+        pinned = static_plan(cluster, spec.num_layers())
+        if not _codec_choice_left(cluster, pinned):
+            return pinned
+    profile = measure_cluster(session, spec, train.micro_batch_size, train.seed, reprofile, console)
+    if all(n.layers is not None for n in cluster.nodes):
+        result = plan_fixed_cut(profile, [s.node for s in pinned.stages],
+                                [(s.layer_start, s.layer_end) for s in pinned.stages], train.num_microbatches,
+                                train.schedule, cluster.compression)
+        return replace(planned(cluster, result), source="pinned")
+    return planned(cluster, plan_pipelines(profile, train.num_microbatches, train.schedule,
                                            compression=cluster.compression))
+
+
+def _codec_choice_left(cluster, plan: Plan) -> bool:
+    """Does some boundary of this cut leave its codec to `auto`?"""
+    stages = plan.stages
+    return any(len(cluster.compression.candidates(j, a.region == b.region)) > 1
+               for j, (a, b) in enumerate(zip(stages, stages[1:])))
 
 
 def run_up(cluster, options: UpOptions, console: Console) -> Path:

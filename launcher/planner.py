@@ -62,14 +62,15 @@ def best_cuts(cm: CostModel, chain: list[NodeProfile]) -> PipelineCost | None:
     S, L = len(chain), cm.num_layers
     if S > L:
         return None
-    # fronts[j][i]: Pareto list of (max_term, sum_term, prev_end, prev_index, codec into stage j)
-    # with stage j ending at layer i. The codec of a boundary is chosen with the cut.
+    # fronts[j][i]: Pareto list of (compute max, link max, sum term, prev_end, prev_index, codec into
+    # stage j) with stage j ending at layer i. The codec of a boundary is chosen with the cut.
+    one_max = cm.schedule != "gpipe"  # 1F1B's step depends on max(compute, link) only
     fronts: list[dict[int, list[tuple]]] = []
     first = {}
     for i in range(1, L - S + 2):
         if cm.memory_bytes(0, i, 0, S) <= chain[0].memory_bytes:
             t = cm.compute_s(chain[0], 0, i)
-            first[i] = [(t, t, 0, -1, "")]
+            first[i] = [(t, 0.0, t, 0, -1, "")]
     fronts.append(first)
     for j in range(1, S):
         node, prev_node = chain[j], chain[j - 1]
@@ -84,31 +85,42 @@ def best_cuts(cm: CostModel, chain: list[NodeProfile]) -> PipelineCost | None:
                 for codec in options:
                     c, lat = cm.boundary_s(prev_node, node, start - 1, codec)
                     tc = t + cm.codec_s(node, start - 1, codec)
-                    for k, (m, s, *_) in enumerate(front):
-                        candidates.append((max(m, tc, c), s + tc + 2 * (lat + c), start, k, codec))
+                    for k, (mt, mc, s, *_) in enumerate(front):
+                        candidates.append((max(mt, tc), max(mc, c), s + tc + 2 * (lat + c), start, k, codec))
             if candidates:
-                current[i] = _pareto(candidates)
+                current[i] = _pareto(candidates, one_max)
         fronts.append(current)
     final = fronts[S - 1].get(L)
     if not final:
         return None
-    best = min(range(len(final)), key=lambda k: cm.step_s(final[k][0], final[k][1]))
+    best = min(range(len(final)), key=lambda k: cm.step_s(*final[k][:3]))
     cuts, codecs, i, k = [], [], L, best
     for j in range(S - 1, -1, -1):
-        _, _, start, prev_k, codec = fronts[j][i][k]
+        *_, start, prev_k, codec = fronts[j][i][k]
         cuts.append((start, i))
         codecs.append(codec)
         i, k = start, prev_k
     return cm.evaluate(chain, cuts[::-1], codecs[::-1][1:])
 
 
-def _pareto(points: list[tuple]) -> list[tuple]:
-    points.sort(key=lambda p: (p[0], p[1]))
-    kept, best_sum = [], math.inf
+def _pareto(points: list[tuple], one_max: bool) -> list[tuple]:
+    """Drop every point another point beats or ties on all of (compute max, link max, sum).
+
+    The step time is increasing in each, so the optimum survives. Under 1F1B only
+    max(compute, link) matters, which makes the front two-dimensional."""
+    if one_max:
+        points.sort(key=lambda p: (max(p[0], p[1]), p[2]))
+        kept, best_sum = [], math.inf
+        for p in points:
+            if p[2] < best_sum:
+                kept.append(p)
+                best_sum = p[2]
+        return kept
+    points.sort(key=lambda p: (p[0], p[1], p[2]))
+    kept: list[tuple] = []
     for p in points:
-        if p[1] < best_sum:
+        if not any(q[1] <= p[1] and q[2] <= p[2] for q in kept):  # kept ones have q[0] <= p[0]
             kept.append(p)
-            best_sum = p[1]
     return kept
 
 
@@ -266,7 +278,7 @@ class _Search:
         cm = self.cm
         distinct = {self.signature[n.name]: n for n in chain}.values()
         work = sum(min(cm.compute_s(n, i, i + 1) for n in distinct) for i in range(cm.num_layers))
-        return cm.step_s(work / len(chain), work)
+        return cm.step_s(work / len(chain), 0.0, work)
 
     def best(self, nodes: list[NodeProfile], stages: int | None) -> PipelineCost | None:
         best = None
@@ -335,6 +347,21 @@ def plan(profile: Profile, num_microbatches: int, schedule: str = "1f1b", max_pi
         pipelines=[PlannedPipeline(p, tuple(profile.node(s.node).region for s in p.stages)) for p in best],
         step_s=step_s, tokens_per_s=tokens / step_s, excluded=excluded, method=method,
         planning_s=time.perf_counter() - started)
+
+
+def plan_fixed_cut(profile: Profile, chain: list[str], cuts: list[tuple[int, int]], num_microbatches: int,
+                   schedule: str = "1f1b", compression: CompressionConfig = NONE) -> PlannerResult:
+    """Price a cut the user pinned and choose its codecs (the cut itself is not changed)."""
+    started = time.perf_counter()
+    cm = CostModel(profile, num_microbatches, schedule, compression)
+    nodes = [profile.node(name) for name in chain]
+    squeezed = [min(cm.codec_options(j, a, b), key=lambda codec: cm.boundary_s(a, b, 0, codec)[0])
+                for j, (a, b) in enumerate(zip(nodes, nodes[1:]))]
+    cost = least_lossy_codecs(cm, nodes, cm.evaluate(nodes, cuts, squeezed))
+    tokens = num_microbatches * profile.micro_batch_size * profile.seq_len
+    return PlannerResult(pipelines=[PlannedPipeline(cost, tuple(n.region for n in nodes))], step_s=cost.step_s,
+                         tokens_per_s=tokens / cost.step_s, method="pinned cut",
+                         planning_s=time.perf_counter() - started)
 
 
 def _replica_counts(max_pipelines: int, num_nodes: int, num_microbatches: int) -> list[int]:
