@@ -34,7 +34,7 @@ train:
   weight_decay: {WEIGHT_DECAY}
   seed: {SEED}
   save_checkpoint: true
-compression: {intra_region: none, cross_region: none}  # exact numerics: no lossy codec may be chosen
+compression: {{intra_region: none, cross_region: none}}  # exact numerics: no lossy codec may be chosen
 nodes:
   - {{name: head, device: cpu, threads: 1, layers: [0, 1]}}
   - {{name: body, device: cpu, threads: 1, layers: [1, 7]}}
