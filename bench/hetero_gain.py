@@ -15,7 +15,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from _clusters import NUM_LAYERS, cluster, node, profile, up
+from _clusters import BASE_SPEED, NUM_LAYERS, cluster, node, profile, up
 from _harness import NullReporter, Reporter
 
 from hetlaunch.launcher.cost_model import CostModel
@@ -27,7 +27,7 @@ MICROBATCHES = 8
 
 
 def settings(quick: bool) -> dict:
-    return {"steps": 10, "warmup": 3, "reps": 1} if quick else {"steps": 24, "warmup": 4, "reps": 3}
+    return {"steps": 10, "warmup": 3, "reps": 1} if quick else {"steps": 16, "warmup": 4, "reps": 2}
 
 
 def ideal_and_even(prof: Profile) -> tuple[float, float]:
@@ -68,7 +68,7 @@ def run(quick: bool, reporter: Reporter | None = None) -> dict:
     return {
         "description": "emulated 4 nodes (speeds 1, 1, 0.5, 0.25; one region), 12 layers: tokens/s of the planned "
                        "cut / the even split, and that gain / the ideal gain of a perfectly balanced cut",
-        "config": {"speeds": SPEEDS, "base_speed_factor": 0.5, "num_microbatches": MICROBATCHES, **s},
+        "config": {"speeds": SPEEDS, "base_speed_factor": BASE_SPEED, "num_microbatches": MICROBATCHES, **s},
         "tokens_per_s": tps,
         "gain": gain,
         "ideal_gain": ideal_gain,

@@ -8,8 +8,9 @@
       gradients: same                  # same (default) or a codec for gradients sent back
 
 With `auto`, the planner picks per boundary the least lossy codec that takes the link off
-the critical path (its time per micro-batch under the slowest stage's compute), and `none`
-where the link is fast enough uncompressed.
+the critical path: the predicted step stays within 2% of what the most effective codec
+would give (launcher/planner.py, CODEC_SLACK), so `none` where the link is fast enough
+uncompressed.
 """
 
 from __future__ import annotations

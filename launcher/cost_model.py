@@ -26,9 +26,11 @@ the micro-batches in flight: min(S - j, M) under 1F1B, M under GPipe. Sends are
 asynchronous, so a link is a resource of its own that overlaps with compute rather than
 adding to it.
 
-Known gaps, measured by bench/cost_model_error.py: under 1F1B a stage's in-flight window
-(S - j micro-batches) must also cover the round trip to the end of the pipeline, which
-large latencies can exceed; the model does not charge for that.
+1F1B also has a window: stage j keeps at most w_j = min(S - j, M) micro-batches in
+flight, and each must make the round trip to the end of the pipeline and back,
+RT_j = sum_{k>=j} t_k + sum_{k>=j, k<S-1} 2 (lat_k + c_k), so the steady-state term is
+max(max t, max c, max_j RT_j / w_j). Over a high-latency link that window, not compute or
+bandwidth, is what limits 1F1B (GPipe has no such window).
 """
 
 from __future__ import annotations
@@ -130,21 +132,28 @@ class CostModel:
         ratio = max(self._ratio[codec], self._ratio[self.compression.gradient_codec(codec)])
         return self.profile.layers[after_layer].output_bytes * ratio / bandwidth, latency
 
-    def codec_s(self, receiver: NodeProfile, after_layer: int, codec: str) -> float:
+    def codec_s(self, sender: NodeProfile, after_layer: int, codec: str) -> float:
         """Encode + decode work of both directions of a boundary, per micro-batch.
 
-        Charged to the receiving stage (a simplification: in truth each side encodes what it
-        sends and decodes what it receives), using that node's measured codec speed.
+        Charged to the stage before the boundary (a simplification: in truth each side encodes
+        what it sends and decodes what it receives), using that node's measured codec speed.
         """
         if codec == "none" and self.compression.gradient_codec(codec) == "none":
             return 0.0
         raw = self.profile.layers[after_layer].output_bytes
-        return raw * (receiver.codec_cost(codec) + receiver.codec_cost(self.compression.gradient_codec(codec)))
+        return raw * (sender.codec_cost(codec) + sender.codec_cost(self.compression.gradient_codec(codec)))
 
-    def step_s(self, compute_max: float, link_max: float, sum_term: float) -> float:
+    def step_s(self, compute_max: float, link_max: float, sum_term: float, window_max: float = 0.0) -> float:
         if self.schedule == "gpipe":
             return (self.M - 1) * (max(compute_max / 3, link_max) + max(2 * compute_max / 3, link_max)) + sum_term
-        return (self.M - 1) * max(compute_max, link_max) + sum_term
+        return (self.M - 1) * max(compute_max, link_max, window_max) + sum_term
+
+    def window_term(self, round_trip: float, stage_index: int, num_stages: int) -> float:
+        """1F1B: stage j keeps at most min(S - j, M) micro-batches in flight, and each needs the
+        round trip to the end of the pipeline and back, so it starts one per round_trip / window."""
+        if self.schedule == "gpipe":
+            return 0.0
+        return round_trip / in_flight(self.schedule, stage_index, num_stages, self.M)
 
     def evaluate(self, chain: list[NodeProfile], cuts: list[tuple[int, int]],
                  codecs: list[str] | None = None) -> PipelineCost:
@@ -155,10 +164,9 @@ class CostModel:
         slowest_stage = slowest_link = ""
         for j, (node, (start, end)) in enumerate(zip(chain, cuts)):
             t = self.compute_s(node, start, end)
-            if j > 0:
-                t += self.codec_s(node, start - 1, codecs[j - 1])
             c = lat = raw_c = 0.0
             if j < S - 1:
+                t += self.codec_s(node, end - 1, codecs[j])
                 c, lat = self.boundary_s(node, chain[j + 1], end - 1, codecs[j])
                 raw_c = self.boundary_s(node, chain[j + 1], end - 1)[0]
             if t > compute_max:
@@ -168,8 +176,18 @@ class CostModel:
             sum_term += t + 2 * (lat + c)
             stages.append(StageCost(node.name, start, end, t, c, lat, self.memory_bytes(start, end, j, S),
                                     node.memory_bytes, codecs[j] if j < S - 1 else "none", raw_c))
+        # 1F1B's in-flight window: the round trip from each stage to the end and back.
+        window_max, window_stage, round_trip = 0.0, "", 0.0
+        for j in range(S - 1, -1, -1):
+            round_trip += stages[j].compute_s + 2 * (stages[j].latency_s + stages[j].link_s)
+            w = self.window_term(round_trip, j, S)
+            if w > window_max:
+                window_max, window_stage = w, stages[j].node
         bottleneck = slowest_link if link_max > compute_max else slowest_stage
-        return PipelineCost(tuple(stages), self.M, self.step_s(compute_max, link_max, sum_term), bottleneck)
+        if self.schedule != "gpipe" and window_max > max(compute_max, link_max):
+            bottleneck = f"1F1B window on {window_stage} (too few micro-batches in flight for the round trip)"
+        return PipelineCost(tuple(stages), self.M, self.step_s(compute_max, link_max, sum_term, window_max),
+                            bottleneck)
 
 
 def _prefix(values: list[float]) -> list[float]:

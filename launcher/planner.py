@@ -58,68 +58,73 @@ class PlannerResult:
 
 
 def best_cuts(cm: CostModel, chain: list[NodeProfile]) -> PipelineCost | None:
-    """The exact best layer ranges for a fixed chain, or None if no cut fits in memory."""
+    """The exact best layer ranges (and boundary codecs) for a fixed chain, or None if no cut fits.
+
+    The program runs from the last stage back: a state (j, i) means stages j..S-1 hold
+    layers [i, L). Its points are (compute max, link max, 1F1B window max, suffix sum,
+    next start, next point, codec out of stage j); the suffix sum is the round trip from
+    stage j to the end, which the 1F1B window term needs. The step time is increasing in
+    every coordinate and every later term is increasing in them too, so keeping only
+    undominated points is exact.
+    """
     S, L = len(chain), cm.num_layers
     if S > L:
         return None
-    # fronts[j][i]: Pareto list of (compute max, link max, sum term, prev_end, prev_index, codec into
-    # stage j) with stage j ending at layer i. The codec of a boundary is chosen with the cut.
-    one_max = cm.schedule != "gpipe"  # 1F1B's step depends on max(compute, link) only
-    fronts: list[dict[int, list[tuple]]] = []
-    first = {}
-    for i in range(1, L - S + 2):
-        if cm.memory_bytes(0, i, 0, S) <= chain[0].memory_bytes:
-            t = cm.compute_s(chain[0], 0, i)
-            first[i] = [(t, 0.0, t, 0, -1, "")]
-    fronts.append(first)
-    for j in range(1, S):
-        node, prev_node = chain[j], chain[j - 1]
-        options = cm.codec_options(j - 1, prev_node, node)
-        current: dict[int, list[tuple]] = {}
-        for i in range(j + 1, L - (S - 1 - j) + 1):
+    one_max = cm.schedule != "gpipe"  # 1F1B's step depends on max(compute, link, window) only
+    fronts: list[dict[int, list[tuple]]] = [dict() for _ in range(S)]
+    last = chain[-1]
+    for i in range(S - 1, L):
+        if cm.memory_bytes(i, L, S - 1, S) <= last.memory_bytes:
+            t = cm.compute_s(last, i, L)
+            fronts[S - 1][i] = [(t, 0.0, cm.window_term(t, S - 1, S), t, L, -1, "none")]
+    for j in range(S - 2, -1, -1):
+        node, next_node = chain[j], chain[j + 1]
+        options = cm.codec_options(j, node, next_node)
+        for i in range(j, L - (S - j) + 1):
             candidates = []
-            for start, front in fronts[j - 1].items():
-                if start >= i or cm.memory_bytes(start, i, j, S) > node.memory_bytes:
+            for end, front in fronts[j + 1].items():
+                if end <= i or cm.memory_bytes(i, end, j, S) > node.memory_bytes:
                     continue
-                t = cm.compute_s(node, start, i)
+                t = cm.compute_s(node, i, end)
                 for codec in options:
-                    c, lat = cm.boundary_s(prev_node, node, start - 1, codec)
-                    tc = t + cm.codec_s(node, start - 1, codec)
-                    for k, (mt, mc, s, *_) in enumerate(front):
-                        candidates.append((max(mt, tc), max(mc, c), s + tc + 2 * (lat + c), start, k, codec))
+                    c, lat = cm.boundary_s(node, next_node, end - 1, codec)
+                    tc = t + cm.codec_s(node, end - 1, codec)
+                    for k, (mt, mc, w, s, *_) in enumerate(front):
+                        total = s + tc + 2 * (lat + c)
+                        candidates.append((max(mt, tc), max(mc, c), max(w, cm.window_term(total, j, S)), total,
+                                           end, k, codec))
             if candidates:
-                current[i] = _pareto(candidates, one_max)
-        fronts.append(current)
-    final = fronts[S - 1].get(L)
-    if not final:
+                fronts[j][i] = _pareto(candidates, one_max)
+    start = fronts[0].get(0)
+    if not start:
         return None
-    best = min(range(len(final)), key=lambda k: cm.step_s(*final[k][:3]))
-    cuts, codecs, i, k = [], [], L, best
-    for j in range(S - 1, -1, -1):
-        *_, start, prev_k, codec = fronts[j][i][k]
-        cuts.append((start, i))
+    k = min(range(len(start)), key=lambda n: cm.step_s(start[n][0], start[n][1], start[n][3], start[n][2]))
+    cuts, codecs, i = [], [], 0
+    for j in range(S):
+        *_, end, next_k, codec = fronts[j][i][k]
+        cuts.append((i, end))
         codecs.append(codec)
-        i, k = start, prev_k
-    return cm.evaluate(chain, cuts[::-1], codecs[::-1][1:])
+        i, k = end, next_k
+    return cm.evaluate(chain, cuts, codecs[:-1])
 
 
 def _pareto(points: list[tuple], one_max: bool) -> list[tuple]:
-    """Drop every point another point beats or ties on all of (compute max, link max, sum).
+    """Drop every point another point beats or ties on all of (compute max, link max, window max, sum).
 
-    The step time is increasing in each, so the optimum survives. Under 1F1B only
-    max(compute, link) matters, which makes the front two-dimensional."""
+    Under 1F1B only max(compute, link, window) matters, which makes the front
+    two-dimensional; GPipe has no window term and prices compute and link apart."""
     if one_max:
-        points.sort(key=lambda p: (max(p[0], p[1]), p[2]))
+        points.sort(key=lambda p: (max(p[0], p[1], p[2]), p[3]))
         kept, best_sum = [], math.inf
         for p in points:
-            if p[2] < best_sum:
+            if p[3] < best_sum:
                 kept.append(p)
-                best_sum = p[2]
+                best_sum = p[3]
         return kept
-    points.sort(key=lambda p: (p[0], p[1], p[2]))
+    points.sort(key=lambda p: (p[0], p[1], p[3]))
     kept: list[tuple] = []
     for p in points:
-        if not any(q[1] <= p[1] and q[2] <= p[2] for q in kept):  # kept ones have q[0] <= p[0]
+        if not any(q[1] <= p[1] and q[3] <= p[3] for q in kept):  # kept ones have q[0] <= p[0]
             kept.append(p)
     return kept
 
@@ -175,21 +180,25 @@ def cut_chain(cm: CostModel, chain: list[NodeProfile]) -> PipelineCost | None:
     return None if cost is None else least_lossy_codecs(cm, chain, cost)
 
 
+CODEC_SLACK = 0.02  # a less lossy codec is taken if the step gets at most this much slower
+
+
 def least_lossy_codecs(cm: CostModel, chain: list[NodeProfile], cost: PipelineCost) -> PipelineCost:
-    """Per boundary, the least lossy allowed codec whose link time stays under the slowest stage's
-    compute (the link is then off the critical path); `none` where the raw link is fast enough.
-    Where no codec gets the link off the critical path, the cut's own (most effective) choice stays."""
+    """Per boundary, the least lossy allowed codec that keeps the link off the critical path:
+    the predicted step stays within CODEC_SLACK of the best codec choice's. `none` wherever the
+    raw link is fast enough; a lossier codec only where it really buys time."""
     cuts = [(s.layer_start, s.layer_end) for s in cost.stages]
     codecs = [s.codec for s in cost.stages[:-1]]
+    limit = cost.step_s * (1 + CODEC_SLACK)
     for j, (a, b) in enumerate(zip(chain, chain[1:])):
-        after = cuts[j][1] - 1
-        slowest = max(s.compute_s for s in cost.stages)
         for codec in sorted(cm.codec_options(j, a, b), key=LOSSINESS.index):
-            if cm.boundary_s(a, b, after, codec)[0] <= slowest:
+            if codec == codecs[j]:
+                break  # the cut's own choice is the least lossy that is good enough
+            trial = cm.evaluate(chain, cuts, codecs[:j] + [codec] + codecs[j + 1:])
+            if trial.step_s <= limit:
                 codecs[j] = codec
                 break
-        cost = cm.evaluate(chain, cuts, codecs)
-    return cost
+    return cm.evaluate(chain, cuts, codecs)
 
 
 def _speed(node: NodeProfile) -> float:
