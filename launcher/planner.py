@@ -158,7 +158,7 @@ def bottleneck_cuts(cm: CostModel, chain: list[NodeProfile]) -> PipelineCost | N
             start = end
         return cuts
 
-    biggest = max(layer.output_bytes for layer in cm.profile.layers) * cm.wire_ratio
+    biggest = max(layer.output_bytes for layer in cm.profile.layers)  # uncompressed: an upper bound
     slowest_link = max((biggest / cm.link(a, b)[0] for a, b in zip(chain, chain[1:])), default=0.0)
     lo, hi = 0.0, max(cm.compute_s(n, 0, L) for n in chain) + slowest_link
     best = fill(hi)

@@ -150,3 +150,21 @@ def test_large_cluster_plans_with_heuristics():
     covered = [sum(s.layer_end - s.layer_start for s in p.cost.stages) for p in result.pipelines]
     assert covered == [24] * len(result.pipelines)
     assert sum(p.cost.num_microbatches for p in result.pipelines) == 16
+
+
+def test_long_chains_use_the_bisection_heuristic_and_stay_valid():
+    from hetlaunch.launcher.planner import EXACT_MAX_WORK, bottleneck_cuts, best_cuts
+
+    profile = uniform_profile([1, 1, 0.5, 0.5] * 4, ["a"] * 8 + ["b"] * 8, num_layers=48, cross_bandwidth=1e9,
+                              cross_latency=0.001)
+    chain = list(profile.nodes)
+    assert len(chain) * 48**2 > EXACT_MAX_WORK, "this chain must take the heuristic path"
+    cm = CostModel(profile, 16)
+    heuristic = bottleneck_cuts(cm, chain)
+    assert [s.layer_end for s in heuristic.stages][-1] == 48
+    assert all(s.layer_end > s.layer_start for s in heuristic.stages)
+    # On a chain the exact DP can still afford, the heuristic is never better than exact.
+    short = chain[:6]
+    assert bottleneck_cuts(cm, short).step_s >= best_cuts(cm, short).step_s - 1e-12
+    result = plan(profile, 16)
+    assert sum(s.layer_end - s.layer_start for s in result.pipelines[0].cost.stages) == 48
