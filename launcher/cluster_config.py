@@ -11,9 +11,7 @@ silently into a default. The commented field list in
 
 from __future__ import annotations
 
-import difflib
 import re
-import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping
 
@@ -21,20 +19,12 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hetlaunch.launcher.compression import CompressionConfig
+from hetlaunch.launcher.config_errors import FieldError, one_line, yaml_path, show, describe
 from hetlaunch.runtime.model import PRESETS, GPTConfig, ModelSpec
 
 
 class ConfigError(Exception):
     """One-line, user-facing message; the CLI prints it and exits 2."""
-
-
-class _FieldError(ValueError):
-    """Raised inside validators: ``path`` (relative to where the validator runs) is
-    appended to pydantic's location, so cross-field errors name the exact field."""
-
-    def __init__(self, path: tuple[str | int, ...], message: str) -> None:
-        super().__init__(message)
-        self.path = path
 
 
 def _sci_float(value: Any) -> Any:
@@ -84,16 +74,16 @@ class ModelConfig(_Strict):
         if self.entrypoint is not None:
             clashing = [f for f in ("preset", *_SIZE_FIELDS) if f in self.model_fields_set and getattr(self, f) is not None]
             if clashing:
-                raise _FieldError((clashing[0],), "cannot be combined with model.entrypoint (the entrypoint defines the model)")
+                raise FieldError((clashing[0],), "cannot be combined with model.entrypoint (the entrypoint defines the model)")
             self.preset = None  # the default preset does not apply to an entrypoint model
             seq_len = self.kwargs.get("seq_len")
             if type(seq_len) is not int or seq_len < 1:
-                raise _FieldError(("kwargs", "seq_len"), f"a positive integer is required with model.entrypoint (got {_show(seq_len)})")
+                raise FieldError(("kwargs", "seq_len"), f"a positive integer is required with model.entrypoint (got {show(seq_len)})")
             return self
         if self.kwargs:
-            raise _FieldError(("kwargs",), "only used with model.entrypoint")
+            raise FieldError(("kwargs",), "only used with model.entrypoint")
         if self.preset is None:
-            raise _FieldError(("preset",), f"set a preset (valid: {', '.join(sorted(PRESETS))}) or model.entrypoint")
+            raise FieldError(("preset",), f"set a preset (valid: {', '.join(sorted(PRESETS))}) or model.entrypoint")
         self._gpt()  # d_model must divide by n_heads once the preset is merged in
         return self
 
@@ -102,7 +92,7 @@ class ModelConfig(_Strict):
         sizes = {f: getattr(self, f) for f in _SIZE_FIELDS if getattr(self, f) is not None}
         d_model, n_heads = sizes.get("d_model", base.d_model), sizes.get("n_heads", base.n_heads)
         if d_model % n_heads:  # GPTConfig refuses this; report it in YAML terms instead
-            raise _FieldError(("d_model",), f"must be divisible by model.n_heads (got d_model {d_model}, n_heads {n_heads})")
+            raise FieldError(("d_model",), f"must be divisible by model.n_heads (got d_model {d_model}, n_heads {n_heads})")
         return GPTConfig(**{**{f: getattr(base, f) for f in ("vocab_size", *_SIZE_FIELDS)}, **sizes})
 
     @property
@@ -189,9 +179,9 @@ class NodeConfig(_Strict):
             for key, why in (("emulate", "only local nodes can emulate speed or memory"),
                              ("threads", "only for local nodes (start the remote agent with its own settings)")):
                 if key in self.model_fields_set:
-                    raise _FieldError((key,), f"{why}; this node has launch: remote")
+                    raise FieldError((key,), f"{why}; this node has launch: remote")
         elif self.host is not None:
-            raise _FieldError(("host",), "only for remote nodes (a local node runs on this machine)")
+            raise FieldError(("host",), "only for remote nodes (a local node runs on this machine)")
         return self
 
 
@@ -229,10 +219,10 @@ class ClusterConfig(_Strict):
         for i, link in enumerate(self.links):
             for region in link.between:
                 if region not in used:
-                    raise _FieldError(("links", i, "between"), f"region {region!r} is not used by any node (in use: {', '.join(used)})")
+                    raise FieldError(("links", i, "between"), f"region {region!r} is not used by any node (in use: {', '.join(used)})")
             pair = frozenset(link.between)
             if pair in seen:
-                raise _FieldError(("links", i, "between"), f"duplicate link between {link.between[0]} and {link.between[1]} (also links[{seen[pair]}])")
+                raise FieldError(("links", i, "between"), f"duplicate link between {link.between[0]} and {link.between[1]} (also links[{seen[pair]}])")
             seen[pair] = i
         self._check_layers()
         return self
@@ -243,16 +233,16 @@ class ClusterConfig(_Strict):
         if any(pinned) and not all(pinned):
             i = pinned.index(False)
             j = pinned.index(True)
-            raise _FieldError(("nodes", i, "layers"), f"missing; either every node pins layers or none does (nodes[{j}] does)")
+            raise FieldError(("nodes", i, "layers"), f"missing; either every node pins layers or none does (nodes[{j}] does)")
         if num_layers is None:
             return  # entrypoint model: depth known only when built; the planner calls check_layer_tiling
         if all(pinned):
             try:
                 check_layer_tiling([(f"nodes[{i}].layers", *n.layers) for i, n in enumerate(self.nodes)], num_layers)
             except ConfigError as exc:
-                raise _FieldError((), str(exc)) from None
+                raise FieldError((), str(exc)) from None
         elif len(self.nodes) > num_layers:
-            raise _FieldError(("nodes",), f"{len(self.nodes)} nodes but the model has only {num_layers} stage layers "
+            raise FieldError(("nodes",), f"{len(self.nodes)} nodes but the model has only {num_layers} stage layers "
                                           f"(n_layers + 2); each node needs at least one")
 
     @property
@@ -293,7 +283,7 @@ def _first_duplicate(names: list[str], section: str, key: str, what: str) -> Non
     first: dict[str, int] = {}
     for i, name in enumerate(names):
         if name in first:
-            raise _FieldError((section, i, key), f"duplicate {what} {name!r} (also {section}[{first[name]}])")
+            raise FieldError((section, i, key), f"duplicate {what} {name!r} (also {section}[{first[name]}])")
         first[name] = i
 
 
@@ -349,9 +339,9 @@ def parse_cluster(text: str, source: str = "<string>") -> ClusterConfig:
         problem = exc.problem or exc.context or "parse error"
         if exc.context and problem.startswith("but "):  # "expected a single document ..., but found another"
             problem = f"{exc.context}, {problem}"
-        raise ConfigError(f"{source}: not valid YAML{where}: {_one_line(problem)}") from None
+        raise ConfigError(f"{source}: not valid YAML{where}: {one_line(problem)}") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{source}: not valid YAML: {_one_line(str(exc))}") from None
+        raise ConfigError(f"{source}: not valid YAML: {one_line(str(exc))}") from None
     if data is None:
         raise ConfigError(f"{source}: file is empty (a cluster needs at least `nodes:`)")
     return cluster_from_dict(data, source)
@@ -360,13 +350,13 @@ def parse_cluster(text: str, source: str = "<string>") -> ClusterConfig:
 def cluster_from_dict(data: Any, source: str = "<dict>") -> ClusterConfig:
     """Validate an already-parsed mapping (for code and tests that build configs)."""
     if not isinstance(data, Mapping):
-        raise ConfigError(f"{source}: top level must be a mapping of sections (got {_show(data)})")
+        raise ConfigError(f"{source}: top level must be a mapping of sections (got {show(data)})")
     try:
         return ClusterConfig.model_validate(dict(data))
     except ValidationError as exc:
         errors = exc.errors()
         more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
-        raise ConfigError(f"{source}: {_describe(errors[0])}{more}") from None
+        raise ConfigError(f"{source}: {describe(errors[0], ClusterConfig)}{more}") from None
 
 
 def _reject_duplicate_keys(node: yaml.Node | None, path: tuple[str | int, ...], source: str) -> None:
@@ -377,104 +367,10 @@ def _reject_duplicate_keys(node: yaml.Node | None, path: tuple[str | int, ...], 
             name = key.value if isinstance(key, yaml.ScalarNode) else "?"
             if name in seen:
                 mark = key.start_mark
-                raise ConfigError(f"{source}: {_path(path + (name,))}: duplicate key (line {mark.line + 1}, column {mark.column + 1})")
+                raise ConfigError(f"{source}: {yaml_path(path + (name,))}: duplicate key (line {mark.line + 1}, column {mark.column + 1})")
             seen.add(name)
             _reject_duplicate_keys(value, path + (name,), source)
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
             _reject_duplicate_keys(item, path + (i,), source)
 
-
-def _path(loc: tuple[str | int, ...]) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
-
-
-def _one_line(text: str) -> str:
-    return " ".join(str(text).split())
-
-
-def _show(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, Mapping):
-        return "a mapping"
-    if isinstance(value, (list, tuple)):
-        return f"a list of {len(value)}" if isinstance(value, list) else f"[{', '.join(map(_show, value))}]"
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-_KIND = {"int": "an integer", "float": "a number", "string": "a string", "bool": "true or false",
-         "dict": "a mapping", "model": "a mapping", "list": "a list", "tuple": "a list"}
-
-
-def _describe(err: Mapping[str, Any]) -> str:
-    """One pydantic error as `path: message` in the user's YAML terms."""
-    loc, kind, ctx, got = tuple(err["loc"]), err["type"], err.get("ctx") or {}, err.get("input")
-    cause = ctx.get("error")
-    if isinstance(cause, _FieldError):
-        loc = loc + cause.path
-    where = _path(loc)
-    if kind == "extra_forbidden":
-        msg = "unknown key" + _suggest(loc)
-    elif kind == "missing":
-        msg = "required"
-    elif kind in ("value_error", "assertion_error") and cause is not None:
-        msg = _one_line(str(cause))
-    elif kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
-        op, bound = {"greater_than_equal": (">=", "ge"), "greater_than": (">", "gt"),
-                     "less_than_equal": ("<=", "le"), "less_than": ("<", "lt")}[kind]
-        limit = ctx[bound]
-        limit = int(limit) if isinstance(limit, float) and limit.is_integer() else limit
-        msg = f"must be {op} {limit} (got {_show(got)})"
-    elif kind == "literal_error":
-        msg = f"must be {ctx['expected']} (got {_show(got)})"
-    elif kind == "string_pattern_mismatch":
-        msg = f"must match {ctx['pattern'].strip('^$')} (got {_show(got)})"
-    elif kind == "string_too_short":
-        msg = "must not be empty"
-    elif kind in ("too_short", "too_long"):
-        if kind == "too_short":
-            msg = f"must have at least {ctx.get('min_length')} item(s) (got {ctx.get('actual_length')})"
-        else:
-            msg = f"must have at most {ctx.get('max_length')} item(s) (got {ctx.get('actual_length')})"
-    elif kind == "finite_number":
-        msg = f"must be a finite number (got {_show(got)})"
-    elif kind.split("_")[0] in _KIND and kind.endswith(("_type", "_parsing", "_from_float", "_attributes_type")):
-        msg = f"must be {_KIND[kind.split('_')[0]]} (got {_show(got)})"
-    else:
-        msg = _one_line(err["msg"])
-    return f"{where}: {msg}" if where else msg
-
-
-def _suggest(loc: tuple[str | int, ...]) -> str:
-    """' (did you mean ...)' for an unknown key, from the model that owns it."""
-    model: Any = ClusterConfig
-    for part in loc[:-1]:
-        if isinstance(part, int):
-            continue
-        field = model.model_fields.get(part) if isinstance(model, type) and issubclass(model, BaseModel) else None
-        if field is None:
-            return ""
-        model = _model_in(field.annotation)
-    if not (isinstance(model, type) and issubclass(model, BaseModel)):
-        return ""
-    keys = list(model.model_fields)
-    close = difflib.get_close_matches(str(loc[-1]), keys, n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else f" (valid: {', '.join(keys)})"
-
-
-def _model_in(annotation: Any) -> Any:
-    """The BaseModel inside list[...], X | None, Annotated[...]."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in typing.get_args(annotation):
-        found = _model_in(arg)
-        if found is not None:
-            return found
-    return None

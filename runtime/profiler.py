@@ -117,7 +117,7 @@ def profile_layers(spec: ModelSpec, micro_batch_size: int, device: torch.device,
             param_bytes=sum(p.numel() * p.element_size() for p in params),
             activation_bytes=activation_bytes, output_bytes=out.numel() * out.element_size()))
         x = out.detach()
-        del layer, optimizer
+        del optimizer  # the layer goes with the next iteration; free the AdamW state now
     return results
 
 
