@@ -22,7 +22,7 @@ TRAIN = {"micro_batch_size": 8, "num_microbatches": 4, "lr": 3e-3, "weight_decay
 
 def settings(quick: bool) -> dict:
     return ({"steps": 12, "warmup": 3, "reps": 2, "retry_budget_s": 0} if quick
-            else {"steps": 20, "warmup": 4, "reps": 6, "retry_budget_s": 120})
+            else {"steps": 20, "warmup": 4, "reps": 8, "retry_budget_s": 90})
 
 
 def cluster_yaml(steps: int) -> str:
