@@ -129,6 +129,12 @@ def _pareto(points: list[tuple], one_max: bool) -> list[tuple]:
     return kept
 
 
+def most_compressed_codecs(cm: CostModel, chain: list[NodeProfile]) -> list[str]:
+    """Per boundary, the allowed codec with the shortest link time; `least_lossy_codecs` relaxes it."""
+    return [min(cm.codec_options(j, a, b), key=lambda codec: cm.boundary_s(a, b, 0, codec)[0])
+            for j, (a, b) in enumerate(zip(chain, chain[1:]))]
+
+
 def bottleneck_cuts(cm: CostModel, chain: list[NodeProfile]) -> PipelineCost | None:
     """Heuristic for long chains: bisect the bottleneck, greedily filling each stage under it."""
     S, L = len(chain), cm.num_layers
@@ -136,9 +142,7 @@ def bottleneck_cuts(cm: CostModel, chain: list[NodeProfile]) -> PipelineCost | N
         return None
 
     times = [cm.time_prefix(node) for node in chain]
-    # The most compressed codec each boundary may use; `cut_chain` relaxes it afterwards.
-    squeezed = [min(cm.codec_options(j, a, b), key=lambda codec: cm.boundary_s(a, b, 0, codec)[0])
-                for j, (a, b) in enumerate(zip(chain, chain[1:]))]
+    squeezed = most_compressed_codecs(cm, chain)
     memories = [cm.memory_prefix(j, S) for j in range(S)]
 
     def fill(limit: float) -> list[tuple[int, int]] | None:
@@ -364,9 +368,7 @@ def plan_fixed_cut(profile: Profile, chain: list[str], cuts: list[tuple[int, int
     started = time.perf_counter()
     cm = CostModel(profile, num_microbatches, schedule, compression)
     nodes = [profile.node(name) for name in chain]
-    squeezed = [min(cm.codec_options(j, a, b), key=lambda codec: cm.boundary_s(a, b, 0, codec)[0])
-                for j, (a, b) in enumerate(zip(nodes, nodes[1:]))]
-    cost = least_lossy_codecs(cm, nodes, cm.evaluate(nodes, cuts, squeezed))
+    cost = least_lossy_codecs(cm, nodes, cm.evaluate(nodes, cuts, most_compressed_codecs(cm, nodes)))
     tokens = num_microbatches * profile.micro_batch_size * profile.seq_len
     return PlannerResult(pipelines=[PlannedPipeline(cost, tuple(n.region for n in nodes))], step_s=cost.step_s,
                          tokens_per_s=tokens / cost.step_s, method="pinned cut",
