@@ -254,24 +254,56 @@ class Rendezvous(_message.Message):
     backend: str
     def __init__(self, store_host: _Optional[str] = ..., store_port: _Optional[int] = ..., generation: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., timeout_s: _Optional[float] = ..., backend: _Optional[str] = ...) -> None: ...
 
+class SyncGroupSpec(_message.Message):
+    __slots__ = ("layer_start", "layer_end", "ranks", "codec", "emulate_bandwidth_mbps", "emulate_latency_ms")
+    LAYER_START_FIELD_NUMBER: _ClassVar[int]
+    LAYER_END_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    CODEC_FIELD_NUMBER: _ClassVar[int]
+    EMULATE_BANDWIDTH_MBPS_FIELD_NUMBER: _ClassVar[int]
+    EMULATE_LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
+    layer_start: int
+    layer_end: int
+    ranks: _containers.RepeatedScalarFieldContainer[int]
+    codec: Codec
+    emulate_bandwidth_mbps: float
+    emulate_latency_ms: float
+    def __init__(self, layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., ranks: _Optional[_Iterable[int]] = ..., codec: _Optional[_Union[Codec, str]] = ..., emulate_bandwidth_mbps: _Optional[float] = ..., emulate_latency_ms: _Optional[float] = ...) -> None: ...
+
+class DataParallel(_message.Message):
+    __slots__ = ("pipeline_index", "num_pipelines", "microbatch_offset", "global_microbatches", "sync_groups")
+    PIPELINE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    NUM_PIPELINES_FIELD_NUMBER: _ClassVar[int]
+    MICROBATCH_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_MICROBATCHES_FIELD_NUMBER: _ClassVar[int]
+    SYNC_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    pipeline_index: int
+    num_pipelines: int
+    microbatch_offset: int
+    global_microbatches: int
+    sync_groups: _containers.RepeatedCompositeFieldContainer[SyncGroupSpec]
+    def __init__(self, pipeline_index: _Optional[int] = ..., num_pipelines: _Optional[int] = ..., microbatch_offset: _Optional[int] = ..., global_microbatches: _Optional[int] = ..., sync_groups: _Optional[_Iterable[_Union[SyncGroupSpec, _Mapping]]] = ...) -> None: ...
+
 class RunStage(_message.Message):
-    __slots__ = ("run_id", "model", "data", "train", "stage", "rendezvous")
+    __slots__ = ("run_id", "model", "data", "train", "stage", "rendezvous", "data_parallel")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     TRAIN_FIELD_NUMBER: _ClassVar[int]
     STAGE_FIELD_NUMBER: _ClassVar[int]
     RENDEZVOUS_FIELD_NUMBER: _ClassVar[int]
+    DATA_PARALLEL_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     model: ModelSpec
     data: DataSpec
     train: TrainSpec
     stage: StageSpec
     rendezvous: Rendezvous
-    def __init__(self, run_id: _Optional[str] = ..., model: _Optional[_Union[ModelSpec, _Mapping]] = ..., data: _Optional[_Union[DataSpec, _Mapping]] = ..., train: _Optional[_Union[TrainSpec, _Mapping]] = ..., stage: _Optional[_Union[StageSpec, _Mapping]] = ..., rendezvous: _Optional[_Union[Rendezvous, _Mapping]] = ...) -> None: ...
+    data_parallel: DataParallel
+    def __init__(self, run_id: _Optional[str] = ..., model: _Optional[_Union[ModelSpec, _Mapping]] = ..., data: _Optional[_Union[DataSpec, _Mapping]] = ..., train: _Optional[_Union[TrainSpec, _Mapping]] = ..., stage: _Optional[_Union[StageSpec, _Mapping]] = ..., rendezvous: _Optional[_Union[Rendezvous, _Mapping]] = ..., data_parallel: _Optional[_Union[DataParallel, _Mapping]] = ...) -> None: ...
 
 class StepMetrics(_message.Message):
-    __slots__ = ("step", "stage_index", "has_loss", "loss", "step_s", "compute_s", "comm_s", "tokens", "forward_raw_bytes", "forward_wire_bytes", "backward_raw_bytes", "backward_wire_bytes")
+    __slots__ = ("step", "stage_index", "has_loss", "loss", "step_s", "compute_s", "comm_s", "tokens", "forward_raw_bytes", "forward_wire_bytes", "backward_raw_bytes", "backward_wire_bytes", "pipeline_index", "sync_s", "sync_raw_bytes", "sync_wire_bytes")
     STEP_FIELD_NUMBER: _ClassVar[int]
     STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
     HAS_LOSS_FIELD_NUMBER: _ClassVar[int]
@@ -284,6 +316,10 @@ class StepMetrics(_message.Message):
     FORWARD_WIRE_BYTES_FIELD_NUMBER: _ClassVar[int]
     BACKWARD_RAW_BYTES_FIELD_NUMBER: _ClassVar[int]
     BACKWARD_WIRE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PIPELINE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    SYNC_S_FIELD_NUMBER: _ClassVar[int]
+    SYNC_RAW_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SYNC_WIRE_BYTES_FIELD_NUMBER: _ClassVar[int]
     step: int
     stage_index: int
     has_loss: bool
@@ -296,7 +332,11 @@ class StepMetrics(_message.Message):
     forward_wire_bytes: int
     backward_raw_bytes: int
     backward_wire_bytes: int
-    def __init__(self, step: _Optional[int] = ..., stage_index: _Optional[int] = ..., has_loss: _Optional[bool] = ..., loss: _Optional[float] = ..., step_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., comm_s: _Optional[float] = ..., tokens: _Optional[int] = ..., forward_raw_bytes: _Optional[int] = ..., forward_wire_bytes: _Optional[int] = ..., backward_raw_bytes: _Optional[int] = ..., backward_wire_bytes: _Optional[int] = ...) -> None: ...
+    pipeline_index: int
+    sync_s: float
+    sync_raw_bytes: int
+    sync_wire_bytes: int
+    def __init__(self, step: _Optional[int] = ..., stage_index: _Optional[int] = ..., has_loss: _Optional[bool] = ..., loss: _Optional[float] = ..., step_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., comm_s: _Optional[float] = ..., tokens: _Optional[int] = ..., forward_raw_bytes: _Optional[int] = ..., forward_wire_bytes: _Optional[int] = ..., backward_raw_bytes: _Optional[int] = ..., backward_wire_bytes: _Optional[int] = ..., pipeline_index: _Optional[int] = ..., sync_s: _Optional[float] = ..., sync_raw_bytes: _Optional[int] = ..., sync_wire_bytes: _Optional[int] = ...) -> None: ...
 
 class ReportStepRequest(_message.Message):
     __slots__ = ("agent_id", "metrics")

@@ -4,7 +4,9 @@ The training step reads top to bottom in `train_step`: walk the schedule's actio
 (forward or backward of one micro-batch), receive inputs or gradients from the
 neighbouring stages when an action needs them, send results on asynchronously, then
 drain the sends and step the optimizer. Gradients accumulate over micro-batches; the
-last stage computes the loss, scaled by 1/M so a step equals one big-batch step.
+last stage computes the loss, scaled by 1/M so a step equals one big-batch step (with
+several pipelines M is the global count, and `grad_sync` sums the pipelines' gradients
+during the last backward, before the optimizer steps).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 from torch import nn
 
 from hetlaunch.runtime.emulation import ComputeEmulation
+from hetlaunch.runtime.grad_sync import GradientSync
 from hetlaunch.runtime.link import Link
 from hetlaunch.runtime.schedules import Action, Op
 
@@ -32,6 +35,8 @@ class StepResult:
     # (raw, wire) bytes sent this step: activations to the next stage, gradients to the previous.
     forward_bytes: tuple[int, int] = (0, 0)
     backward_bytes: tuple[int, int] = (0, 0)
+    sync_s: float = 0.0                # blocked on gradient sync with the other pipelines
+    sync_bytes: tuple[int, int] = (0, 0)
 
 
 @dataclass
@@ -55,6 +60,8 @@ class StageExecutor:
     weight_decay: float = 0.0
     # Emulated slowdown: compute that took t seconds is stretched to t / speed.
     emulation: ComputeEmulation = field(default_factory=ComputeEmulation)
+    # Several pipelines: sums this stage's gradients with the other holders of its layers.
+    grad_sync: GradientSync | None = None
     module: nn.Sequential = field(init=False)
     optimizer: torch.optim.Optimizer | None = field(init=False)
 
@@ -66,11 +73,12 @@ class StageExecutor:
         # A stage with no parameters (e.g. a pure reshape) still runs; it has nothing to step.
         self.optimizer = torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay) if params else None
 
-    def train_step(self, actions: list[Action], microbatches: list[Batch] | None, num_microbatches: int) -> StepResult:
-        """One optimizer step over `num_microbatches` micro-batches in the schedule's order.
+    def train_step(self, actions: list[Action], microbatches: list[Batch] | None, loss_divisor: int) -> StepResult:
+        """One optimizer step over the schedule's micro-batches, in its order.
 
         `microbatches` holds the (inputs, targets) pairs; the first stage reads inputs,
-        the last stage reads targets, middle stages pass None.
+        the last stage reads targets, middle stages pass None. Each micro-batch's loss is
+        divided by `loss_divisor`: the step's micro-batch count over all pipelines.
         """
         step_start = time.perf_counter()
         sent_before = {id(link): (link.stats.raw_bytes, link.stats.wire_bytes)
@@ -79,16 +87,25 @@ class StageExecutor:
         self._comm_s = 0.0
         in_flight: dict[int, _InFlight] = {}
         losses: list[float] = []
-        for action in actions:
+        last_backward = max(i for i, a in enumerate(actions) if a.op is Op.BACKWARD)
+        sync_before = (self.grad_sync.stats.raw_bytes, self.grad_sync.stats.wire_bytes) if self.grad_sync else (0, 0)
+        for i, action in enumerate(actions):
             if action.op is Op.FORWARD:
-                in_flight[action.microbatch] = self._forward(action.microbatch, microbatches, num_microbatches, losses)
+                in_flight[action.microbatch] = self._forward(action.microbatch, microbatches, loss_divisor, losses)
             else:
+                if i == last_backward and self.grad_sync is not None:
+                    self.grad_sync.arm()  # gradients become final during this backward
                 self._backward(in_flight.pop(action.microbatch))
         if in_flight:
             raise RuntimeError(f"schedule left micro-batches {sorted(in_flight)} without a backward")
         for link in (self.prev_link, self.next_link):
             if link is not None:
                 self._comm_s += link.drain()
+        sync_s, sync_bytes = 0.0, (0, 0)
+        if self.grad_sync is not None:
+            sync_s = self.grad_sync.finish()
+            stats = self.grad_sync.stats
+            sync_bytes = (stats.raw_bytes - sync_before[0], stats.wire_bytes - sync_before[1])
         self._timed(self._optimizer_step)
         loss = sum(losses) / len(losses) if self.is_last else None
 
@@ -100,9 +117,9 @@ class StageExecutor:
 
         return StepResult(loss=loss, step_s=time.perf_counter() - step_start, compute_s=self._compute_s,
                           comm_s=self._comm_s, forward_bytes=sent(self.next_link),
-                          backward_bytes=sent(self.prev_link))
+                          backward_bytes=sent(self.prev_link), sync_s=sync_s, sync_bytes=sync_bytes)
 
-    def _forward(self, mb: int, microbatches: list[Batch] | None, num_microbatches: int,
+    def _forward(self, mb: int, microbatches: list[Batch] | None, loss_divisor: int,
                  losses: list[float]) -> _InFlight:
         if self.is_first:
             inputs = microbatches[mb][0].to(self.device, non_blocking=True)
@@ -113,7 +130,7 @@ class StageExecutor:
             targets = microbatches[mb][1].to(self.device, non_blocking=True)
             loss = self._timed(self.loss_fn, output, targets)
             losses.append(loss.item())
-            return _InFlight(inputs, loss / num_microbatches)
+            return _InFlight(inputs, loss / loss_divisor)
         self.next_link.send(output)
         return _InFlight(inputs, output)
 

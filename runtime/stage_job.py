@@ -16,6 +16,7 @@ from hetlaunch.runtime.codecs import codec_by_id
 from hetlaunch.runtime.data import TokenBatches, file_text_bytes, stdlib_text_bytes
 from hetlaunch.runtime.emulation import ComputeEmulation, WireEmulation
 from hetlaunch.runtime.executor import StageExecutor
+from hetlaunch.runtime.grad_sync import GradientSync, SyncGroupPlan, make_groups
 from hetlaunch.runtime.link import Link
 from hetlaunch.runtime.model import GPTConfig, ModelSpec, build_model_range
 from hetlaunch.runtime.schedules import schedule_for
@@ -89,7 +90,20 @@ def _links(stage: pb.StageSpec, device: torch.device, backend: str) -> tuple[Lin
     return prev, next_
 
 
-def save_stage_checkpoint(module: torch.nn.Module, layer_start: int, stage_index: int, directory: str) -> Path:
+def sync_group_plans(dp: pb.DataParallel) -> list[SyncGroupPlan]:
+    plans = []
+    for group in dp.sync_groups:
+        codec = codec_by_id(group.codec)
+        k = len(group.ranks)
+        # A ring all-reduce crosses 2(k - 1) hops one after another, an all-gather k - 1.
+        hops = 2 * (k - 1) if codec.name == "none" else k - 1
+        plans.append(SyncGroupPlan(group.layer_start, group.layer_end, tuple(group.ranks), codec,
+                                   WireEmulation.from_spec(group.emulate_bandwidth_mbps,
+                                                           group.emulate_latency_ms * hops)))
+    return plans
+
+
+def save_stage_checkpoint(module: torch.nn.Module, layer_start: int, stage_index: int, directory: str | Path) -> Path:
     """Parameters keyed by global layer index (`layers.<i>.<name>`), so stages merge into one model.
 
     Load with torch.load(path, weights_only=True); written to a temporary name first so a
@@ -121,27 +135,41 @@ def run_stage(cmd: pb.RunStage, report: Callable[[pb.StepMetrics], None]) -> Non
     if is_first or is_last:  # middle stages never touch the data
         text = file_text_bytes(cmd.data.path) if cmd.data.path else stdlib_text_bytes()
         batches = TokenBatches(text, spec.seq_len, seed=cmd.data.seed)
+    dp = cmd.data_parallel if cmd.HasField("data_parallel") else None
+    global_microbatches = dp.global_microbatches if dp else train.num_microbatches
+    first_microbatch = dp.microbatch_offset if dp else 0
     init_data_plane(cmd.rendezvous)
     try:
         prev_link, next_link = _links(stage, device, cmd.rendezvous.backend)
+        grad_sync = None
+        if dp is not None and dp.sync_groups:
+            plans = sync_group_plans(dp)
+            wire_device = device if cmd.rendezvous.backend == "nccl" else torch.device("cpu")
+            grad_sync = GradientSync(bundle.layers, stage.layer_start, plans, make_groups(plans), wire_device)
         executor = StageExecutor(bundle.layers, bundle.loss_fn, is_first=is_first, is_last=is_last, device=device,
                                  prev_link=prev_link, next_link=next_link, lr=train.lr,
                                  weight_decay=train.weight_decay,
-                                 emulation=ComputeEmulation(stage.emulate.speed or 1.0))
+                                 emulation=ComputeEmulation(stage.emulate.speed or 1.0), grad_sync=grad_sync)
         actions = schedule_for(SCHEDULE_NAMES[train.schedule], stage.stage_index, stage.num_stages,
                                train.num_microbatches)
         tokens = train.micro_batch_size * train.num_microbatches * spec.seq_len
         for step in range(train.steps):
-            microbatches = (batches.micro_batches(step, train.micro_batch_size, train.num_microbatches)
-                            if batches is not None else None)
-            result = executor.train_step(actions, microbatches, train.num_microbatches)
+            microbatches = None
+            if batches is not None:  # the step's global batch, of which this pipeline takes its share
+                microbatches = batches.micro_batches(step, train.micro_batch_size, global_microbatches)
+                microbatches = microbatches[first_microbatch:first_microbatch + train.num_microbatches]
+            result = executor.train_step(actions, microbatches, global_microbatches)
             report(pb.StepMetrics(step=step, stage_index=stage.stage_index, has_loss=result.loss is not None,
                                   loss=result.loss or 0.0, step_s=result.step_s, compute_s=result.compute_s,
                                   comm_s=result.comm_s, tokens=tokens,
                                   forward_raw_bytes=result.forward_bytes[0], forward_wire_bytes=result.forward_bytes[1],
                                   backward_raw_bytes=result.backward_bytes[0],
-                                  backward_wire_bytes=result.backward_bytes[1]))
+                                  backward_wire_bytes=result.backward_bytes[1],
+                                  pipeline_index=dp.pipeline_index if dp else 0, sync_s=result.sync_s,
+                                  sync_raw_bytes=result.sync_bytes[0], sync_wire_bytes=result.sync_bytes[1]))
         if train.checkpoint_dir:
-            save_stage_checkpoint(executor.module, stage.layer_start, stage.stage_index, train.checkpoint_dir)
+            # Several pipelines hold identical replicas; each saves its own, under pipeline<p>/.
+            directory = Path(train.checkpoint_dir) / (f"pipeline{dp.pipeline_index}" if dp else "")
+            save_stage_checkpoint(executor.module, stage.layer_start, stage.stage_index, directory)
     finally:
         dist.destroy_process_group()

@@ -1,0 +1,197 @@
+"""Gradient sync between pipelines: every holder of a layer ends the step with the same gradient.
+
+Several pipelines train one model, each on its share of the step's micro-batches. Every
+pipeline's loss is divided by the *global* micro-batch count, so a pipeline's accumulated
+gradient is already its samples' share of the global mean, and summing over the holders
+of a layer gives exactly the single-process gradient: weighting by samples is built in.
+
+As in DDP, gradients are bucketed (in backward order, a bucket never spans two sync
+groups) and a bucket's reduction starts the moment its last gradient is final — during
+the stage's last backward of the step — so sync overlaps the rest of that backward;
+`finish` waits for all of them before the optimizer steps.
+
+* codec `none`: one all-reduce (SUM) per bucket over the group's c10d group.
+* a lossy codec: each holder encodes gradient + carried error, all-gathers the payloads,
+  and decodes and sums them in rank order, so every holder gets bit-identical sums; what
+  the codec lost of its own gradient is carried into the next step (error feedback).
+
+Groups are made once per plan generation, by every rank, in the plan's order (c10d
+requires every rank of the job to enter `new_group`, members or not).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hetlaunch.runtime.codecs import Codec
+from hetlaunch.runtime.emulation import WireEmulation
+
+BUCKET_BYTES = 4 * 2**20  # small buckets start sooner; launcher/sync_cost.py prices the same cap
+
+
+@dataclass(frozen=True)
+class SyncGroupPlan:
+    layer_start: int  # [layer_start, layer_end), global layer indices
+    layer_end: int
+    ranks: tuple[int, ...]
+    codec: Codec
+    emulation: WireEmulation | None = None
+
+
+@dataclass
+class SyncStats:
+    blocked_s: float = 0.0
+    raw_bytes: int = 0
+    wire_bytes: int = 0
+
+
+@dataclass
+class _Bucket:
+    params: list[nn.Parameter]
+    group: object  # a c10d ProcessGroup
+    plan: SyncGroupPlan
+    error: torch.Tensor | None = None  # error feedback, lossy codecs only
+    pending: int = 0
+    work: list = field(default_factory=list)
+    flat: torch.Tensor | None = None
+    gathered: list[list[torch.Tensor]] | None = None
+    started_at: float = 0.0
+
+    @property
+    def numel(self) -> int:
+        return sum(p.numel() for p in self.params)
+
+
+def make_groups(plans: list[SyncGroupPlan]) -> list[object | None]:
+    """One c10d group per sync group, made by every rank in the same order; None where not a member."""
+    me = dist.get_rank()
+    groups = []
+    for plan in plans:
+        group = dist.new_group(list(plan.ranks))
+        groups.append(group if me in plan.ranks else None)
+    return groups
+
+
+class GradientSync:
+    """Sums this stage's gradients with the other holders of its layers, bucket by bucket."""
+
+    def __init__(self, layers: list[nn.Module], layer_start: int, plans: list[SyncGroupPlan],
+                 groups: list[object | None], wire_device: torch.device):
+        self.wire_device = wire_device
+        self.stats = SyncStats()
+        self.buckets: list[_Bucket] = []
+        self._armed = False
+        self._launched: list[_Bucket] = []
+        layer_end = layer_start + len(layers)
+        mine = [(plan, group) for plan, group in zip(plans, groups) if group is not None]
+        for plan, group in sorted(mine, key=lambda pg: -pg[0].layer_start):  # backward order
+            if plan.layer_start < layer_start or plan.layer_end > layer_end:
+                raise ValueError(f"sync group [{plan.layer_start}, {plan.layer_end}) is not inside this stage's "
+                                 f"layers [{layer_start}, {layer_end})")
+            bucket: list[nn.Parameter] = []
+            size = 0
+            for index in range(plan.layer_end - 1, plan.layer_start - 1, -1):
+                for param in reversed([p for p in layers[index - layer_start].parameters() if p.requires_grad]):
+                    if bucket and size + param.numel() * param.element_size() > BUCKET_BYTES:
+                        self.buckets.append(_Bucket(bucket, group, plan))
+                        bucket, size = [], 0
+                    bucket.append(param)
+                    size += param.numel() * param.element_size()
+            if bucket:
+                self.buckets.append(_Bucket(bucket, group, plan))
+        for bucket in self.buckets:
+            for param in bucket.params:
+                param.register_post_accumulate_grad_hook(self._hook(bucket))
+
+    def arm(self) -> None:
+        """The next backward is the step's last one: its gradients are final as they land."""
+        self._armed = True
+        self._launched = []
+        for bucket in self.buckets:
+            bucket.pending = len(bucket.params)
+
+    def _hook(self, bucket: _Bucket):
+        def ready(_param: nn.Parameter) -> None:
+            if not self._armed:
+                return
+            bucket.pending -= 1
+            if bucket.pending == 0:
+                self._launch(bucket)
+        return ready
+
+    def _launch(self, bucket: _Bucket) -> None:
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in bucket.params]
+        flat = torch.cat([g.reshape(-1) for g in grads]).to(self.wire_device)
+        bucket.started_at = time.time()
+        codec = bucket.plan.codec
+        if codec.name == "none":
+            bucket.flat = flat
+            bucket.work = [dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=bucket.group, async_op=True)]
+            wire = flat.numel() * flat.element_size()
+        else:
+            if bucket.error is None:
+                bucket.error = torch.zeros_like(flat)
+            flat = flat + bucket.error
+            payloads = codec.encode(flat)
+            k = len(bucket.plan.ranks)
+            bucket.gathered = [[torch.empty_like(p) for _ in range(k)] for p in payloads]
+            bucket.work = [dist.all_gather(out, p.contiguous(), group=bucket.group, async_op=True)
+                           for out, p in zip(bucket.gathered, payloads)]
+            mine = codec.decode(payloads, tuple(flat.shape), flat.dtype)
+            bucket.error = flat - mine  # what this step's codec lost, sent with the next step
+            bucket.flat = flat
+            wire = sum(p.numel() * p.element_size() for p in payloads)
+        self.stats.raw_bytes += flat.numel() * flat.element_size()
+        self.stats.wire_bytes += wire
+        self._launched.append(bucket)
+
+    def finish(self) -> float:
+        """Wait for every bucket (launching any the backward never completed), write the sums back
+        into the gradients; return the seconds blocked."""
+        start = time.perf_counter()
+        for bucket in self.buckets:
+            if bucket not in self._launched:
+                self._launch(bucket)  # e.g. a parameter that got no gradient this step
+        for bucket in self._launched:
+            for work in bucket.work:
+                work.wait()
+            total = self._reduced(bucket)
+            if bucket.plan.emulation is not None:
+                bucket.plan.emulation.deliver(bucket.started_at, self._wire_bytes_per_holder(bucket))
+            offset = 0
+            for param in bucket.params:
+                n = param.numel()
+                piece = total[offset:offset + n].view_as(param).to(param.device)
+                if param.grad is None:
+                    param.grad = piece.clone()
+                else:
+                    param.grad.copy_(piece)
+                offset += n
+        self._armed = False
+        blocked = time.perf_counter() - start
+        self.stats.blocked_s += blocked
+        return blocked
+
+    def _reduced(self, bucket: _Bucket) -> torch.Tensor:
+        if bucket.gathered is None:
+            return bucket.flat
+        codec, shape, dtype = bucket.plan.codec, tuple(bucket.flat.shape), bucket.flat.dtype
+        k = len(bucket.plan.ranks)
+        total = codec.decode([payload[0] for payload in bucket.gathered], shape, dtype).clone()
+        for member in range(1, k):
+            total += codec.decode([payload[member] for payload in bucket.gathered], shape, dtype)
+        return total
+
+    @staticmethod
+    def _wire_bytes_per_holder(bucket: _Bucket) -> int:
+        """What each holder pushes through its slowest link: 2(k-1)/k of the bytes for a ring
+        all-reduce, (k-1) encoded copies for the all-gather."""
+        k = len(bucket.plan.ranks)
+        if bucket.gathered is None:
+            return int(2 * (k - 1) / k * bucket.flat.numel() * bucket.flat.element_size())
+        return (k - 1) * sum(p[0].numel() * p[0].element_size() for p in bucket.gathered)
