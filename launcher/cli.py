@@ -90,7 +90,8 @@ def plan(
     profile_file: Optional[Path] = typer.Option(None, "--profile", help="plan offline from a saved profile instead"),
     microbatches: Optional[int] = typer.Option(None, min=1, help="micro-batches per step (default: the YAML's, else 4)"),
     schedule: Optional[str] = typer.Option(None, help="1f1b or gpipe (default: the YAML's, else 1f1b)"),
-    max_pipelines: int = typer.Option(1, min=1, help="allow this many data-parallel pipelines"),
+    max_pipelines: Optional[int] = typer.Option(None, min=1, help="allow at most this many data-parallel pipelines "
+                                                                  "(default: the YAML's, else as many as pay off)"),
     stages: Optional[int] = typer.Option(None, min=1, help="use exactly this many stages per pipeline"),
     as_json: bool = typer.Option(False, "--json", help="print the plan as JSON"),
     token_file: Optional[Path] = typer.Option(None, help="join token for remote agents"),
@@ -122,6 +123,9 @@ def plan(
             _fail(str(err), EXIT_BAD_INPUT)
     else:
         measured = _measure_live(cluster, token_file, reprofile)
+    if max_pipelines is None:
+        configured = cluster.train.max_pipelines if cluster else "auto"
+        max_pipelines = len(measured.nodes) if configured == "auto" else configured
     try:
         policy = cluster.compression if cluster else CompressionConfig()  # offline: auto
         result = plan_pipelines(measured, num_mb, sched, max_pipelines=max_pipelines, stages=stages,

@@ -120,6 +120,18 @@ class TrainConfig(_Strict):
     weight_decay: YamlFloat = Field(0.0, ge=0)  # AdamW weight decay
     seed: int = 0  # parameter-init seed
     save_checkpoint: bool = False  # each stage saves its parameters to <run dir>/checkpoint/stage<i>.pt at the end
+    # Data-parallel pipelines the planner may use (each its own chain of nodes and cut): auto = as many as pay off
+    max_pipelines: int | Literal["auto"] = Field("auto", ge=1)
+    # With pinned layers over several pipelines: each pipeline's micro-batches per step (default: as planned)
+    pipeline_microbatches: list[int] | None = Field(None, min_length=1)
+
+    @model_validator(mode="after")
+    def _shares(self) -> TrainConfig:
+        if self.pipeline_microbatches is not None:
+            if min(self.pipeline_microbatches) < 1 or sum(self.pipeline_microbatches) != self.num_microbatches:
+                raise FieldError(("pipeline_microbatches",), f"{self.pipeline_microbatches} must be >= 1 each and "
+                                                             f"sum to num_microbatches ({self.num_microbatches})")
+        return self
 
 
 class RegionConfig(_Strict):
@@ -164,6 +176,7 @@ class NodeConfig(_Strict):
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda|cuda:\d+)$")  # auto | cpu | cuda | cuda:N
     threads: int | None = Field(None, ge=1)  # local nodes only: torch intra-op threads (default: cores / local agents)
     layers: Annotated[tuple[int, int], BeforeValidator(_listed_pair)] | None = None  # [start, end) pinned layer range
+    pipeline: int | None = Field(None, ge=0)  # with pinned layers: which data-parallel pipeline (0, 1, ...); default 0
     emulate: NodeEmulation = Field(default_factory=NodeEmulation)  # local nodes only
 
     @field_validator("layers")
@@ -234,16 +247,43 @@ class ClusterConfig(_Strict):
             i = pinned.index(False)
             j = pinned.index(True)
             raise FieldError(("nodes", i, "layers"), f"missing; either every node pins layers or none does (nodes[{j}] does)")
+        for i, n in enumerate(self.nodes):
+            if n.pipeline is not None and n.layers is None:
+                raise FieldError(("nodes", i, "pipeline"), "only with pinned layers (the planner places nodes itself)")
+        shares = self.train.pipeline_microbatches
+        if shares is not None and not all(pinned):
+            raise FieldError(("train", "pipeline_microbatches"), "only when every node pins layers")
+        if all(pinned):
+            count = self.pinned_pipeline_count()
+            if shares is not None and len(shares) != count:
+                raise FieldError(("train", "pipeline_microbatches"), f"has {len(shares)} entries for {count} pipelines")
+            if count > self.train.num_microbatches:
+                raise FieldError(("train", "num_microbatches"), f"{self.train.num_microbatches} micro-batches cannot feed "
+                                                                f"{count} pipelines (each needs one)")
         if num_layers is None:
             return  # entrypoint model: depth known only when built; the planner calls check_layer_tiling
         if all(pinned):
             try:
-                check_layer_tiling([(f"nodes[{i}].layers", *n.layers) for i, n in enumerate(self.nodes)], num_layers)
+                for p, members in enumerate(self.pinned_pipelines()):
+                    check_layer_tiling([(f"nodes[{i}].layers" + (f" (pipeline {p})" if p else ""), *n.layers)
+                                        for i, n in members], num_layers)
             except ConfigError as exc:
                 raise FieldError((), str(exc)) from None
         elif len(self.nodes) > num_layers:
             raise FieldError(("nodes",), f"{len(self.nodes)} nodes but the model has only {num_layers} stage layers "
                                           f"(n_layers + 2); each node needs at least one")
+
+    def pinned_pipeline_count(self) -> int:
+        indices = sorted({n.pipeline or 0 for n in self.nodes})
+        if indices != list(range(len(indices))):
+            missing = min(set(range(indices[-1] + 1)) - set(indices))
+            raise FieldError(("nodes",), f"pipelines are numbered 0, 1, ...: no node is in pipeline {missing}")
+        return len(indices)
+
+    def pinned_pipelines(self) -> list[list[tuple[int, NodeConfig]]]:
+        """(index in nodes, node) of each pinned pipeline, by pipeline."""
+        return [[(i, n) for i, n in enumerate(self.nodes) if (n.pipeline or 0) == p]
+                for p in range(self.pinned_pipeline_count())]
 
     @property
     def local_nodes(self) -> list[NodeConfig]:

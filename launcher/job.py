@@ -40,28 +40,39 @@ def new_run_dir(cluster, options: UpOptions) -> Path:
 
 def make_plan(session: ClusterSession, spec, reprofile: bool, console: Console) -> Plan:
     """Measure the cluster and plan from the profile. Pinned `layers:` are used as they are, with
-    no measuring at all when every boundary's codec is pinned too (else the codecs are planned)."""
+    no measuring at all when every codec is pinned too (else the codecs are planned)."""
     cluster = session.cluster
     train = cluster.train
+    pinned = None
     if all(n.layers is not None for n in cluster.nodes):
         pinned = static_plan(cluster, spec.num_layers())
         if not _codec_choice_left(cluster, pinned):
             return pinned
     profile = measure_cluster(session, spec, train.micro_batch_size, train.seed, reprofile, console)
-    if all(n.layers is not None for n in cluster.nodes):
-        result = plan_fixed_cut(profile, [s.node for s in pinned.stages],
-                                [(s.layer_start, s.layer_end) for s in pinned.stages], train.num_microbatches,
-                                train.schedule, cluster.compression)
-        return replace(planned(cluster, result), source="pinned")
-    return planned(cluster, plan_pipelines(profile, train.num_microbatches, train.schedule,
-                                           compression=cluster.compression))
+    if pinned is None:
+        max_pipelines = len(cluster.nodes) if train.max_pipelines == "auto" else train.max_pipelines
+        return planned(cluster, plan_pipelines(profile, train.num_microbatches, train.schedule,
+                                               max_pipelines=max_pipelines, compression=cluster.compression))
+    chains = [([s.node for s in stages], [(s.layer_start, s.layer_end) for s in stages])
+              for stages in pinned.pipelines()]
+    if len(chains) == 1:
+        result = plan_fixed_cut(profile, *chains[0], train.num_microbatches, train.schedule, cluster.compression)
+    else:
+        from hetlaunch.launcher.planner import price_pipelines  # TEMP until the planner lands
+
+        result = price_pipelines(profile, [(nodes, cuts, share) for (nodes, cuts), share
+                                           in zip(chains, pinned.pipeline_microbatches)],
+                                 train.schedule, cluster.compression)
+    return planned(cluster, result, source="pinned")
 
 
 def _codec_choice_left(cluster, plan: Plan) -> bool:
-    """Does some boundary of this cut leave its codec to `auto`?"""
-    stages = plan.stages
-    return any(len(cluster.compression.candidates(j, a.region == b.region)) > 1
-               for j, (a, b) in enumerate(zip(stages, stages[1:])))
+    """Does some boundary of this cut, or the sync between its pipelines, leave its codec to `auto`?"""
+    policy = cluster.compression
+    if len(plan.pipelines()) > 1 and policy.sync == "auto":
+        return True
+    return any(len(policy.candidates(j, a.region == b.region)) > 1
+               for stages in plan.pipelines() for j, (a, b) in enumerate(zip(stages, stages[1:])))
 
 
 def run_up(cluster, options: UpOptions, console: Console) -> Path:
@@ -92,40 +103,76 @@ def run_up(cluster, options: UpOptions, console: Console) -> Path:
 def _launch(session: ClusterSession, plan: Plan, spec) -> None:
     """Push every stage its RunStage on a fresh data-plane generation."""
     cluster = session.cluster
-    names = [s.node for s in plan.stages]
-    backend = session.backend_for(names)
+    backend = session.backend_for([s.node for s in plan.stages])
     t = cluster.train
-    train = pb.TrainSpec(steps=t.steps, micro_batch_size=t.micro_batch_size, num_microbatches=t.num_microbatches,
-                         schedule=SCHEDULES[t.schedule], lr=t.lr, weight_decay=t.weight_decay, seed=t.seed,
-                         checkpoint_dir=str((session.run_dir / "checkpoint").resolve()) if t.save_checkpoint else "")
     data = pb.DataSpec(path=str(Path(cluster.data.path).resolve()) if cluster.data.path else "", seed=cluster.data.seed)
     model = model_spec_to_proto(spec)
-    n = len(plan.stages)
-    for rank, stage in enumerate(plan.stages):
-        node = cluster.node(stage.node)
-        spec_msg = pb.StageSpec(stage_index=rank, num_stages=n, layer_start=stage.layer_start,
-                                layer_end=stage.layer_end, device=session.device_of(stage.node),
-                                threads=session.threads_of(stage.node),
-                                emulate=pb.Emulation(speed=node.emulate.speed if node.emulate else 1.0))
-        if rank > 0:
-            spec_msg.prev.CopyFrom(_link_spec(cluster, plan, rank - 1, peer_rank=rank - 1))
-        if rank < n - 1:
-            spec_msg.next.CopyFrom(_link_spec(cluster, plan, rank, peer_rank=rank + 1))
-        command = pb.RunStage(run_id=session.run_dir.name, model=model, data=data, train=train, stage=spec_msg,
-                              rendezvous=session.next_rendezvous(rank, n, backend))
-        session.state.send(stage.node, pb.Command(run_stage=command))
+    pipelines = plan.pipelines()
+    world = len(plan.stages)
+    data_parallel = _data_parallel(cluster, plan) if len(pipelines) > 1 else None
+    offset = 0
+    for p, (stages, share) in enumerate(zip(pipelines, plan.pipeline_microbatches)):
+        train = pb.TrainSpec(steps=t.steps, micro_batch_size=t.micro_batch_size, num_microbatches=share,
+                             schedule=SCHEDULES[t.schedule], lr=t.lr, weight_decay=t.weight_decay, seed=t.seed,
+                             checkpoint_dir=str((session.run_dir / "checkpoint").resolve()) if t.save_checkpoint else "")
+        n = len(stages)
+        for j, stage in enumerate(stages):
+            rank = plan.rank_of(p, j)
+            node = cluster.node(stage.node)
+            spec_msg = pb.StageSpec(stage_index=j, num_stages=n, layer_start=stage.layer_start,
+                                    layer_end=stage.layer_end, device=session.device_of(stage.node),
+                                    threads=session.threads_of(stage.node),
+                                    emulate=pb.Emulation(speed=node.emulate.speed if node.emulate else 1.0))
+            if j > 0:
+                spec_msg.prev.CopyFrom(_link_spec(cluster, stages[j - 1], stage, peer_rank=rank - 1))
+            if j < n - 1:
+                spec_msg.next.CopyFrom(_link_spec(cluster, stage, stages[j + 1], peer_rank=rank + 1))
+            command = pb.RunStage(run_id=session.run_dir.name, model=model, data=data, train=train, stage=spec_msg,
+                                  rendezvous=session.next_rendezvous(rank, world, backend))
+            if data_parallel is not None:
+                command.data_parallel.CopyFrom(data_parallel)
+                command.data_parallel.pipeline_index = p
+                command.data_parallel.microbatch_offset = offset
+            session.state.send(stage.node, pb.Command(run_stage=command))
+        offset += share
     session.advance_generation()
 
 
-def _link_spec(cluster, plan: Plan, upstream: int, peer_rank: int) -> pb.LinkSpec:
-    """The boundary between stage `upstream` and `upstream + 1`, as seen from one side."""
-    up, down = plan.stages[upstream], plan.stages[upstream + 1]
-    bw = lat = 0.0
-    up_node, down_node = cluster.node(up.node), cluster.node(down.node)
-    if up.region != down.region and up_node.launch == down_node.launch == "local":
-        link = cluster.link_between(up.region, down.region)
+def _data_parallel(cluster, plan: Plan) -> pb.DataParallel:
+    """What every stage of a several-pipeline plan shares: the global batch and all sync groups."""
+    rank = {}
+    for p, stages in enumerate(plan.pipelines()):
+        for j, stage in enumerate(stages):
+            rank[stage.node] = plan.rank_of(p, j)
+    message = pb.DataParallel(num_pipelines=len(plan.pipeline_microbatches), global_microbatches=plan.num_microbatches)
+    for group in plan.sync_plans():
+        bw, lat = _slowest_emulated_link(cluster, group.nodes)
+        message.sync_groups.add(layer_start=group.layer_start, layer_end=group.layer_end,
+                                ranks=[rank[name] for name in group.nodes], codec=codec_by_name(group.codec).wire_id,
+                                emulate_bandwidth_mbps=bw, emulate_latency_ms=lat)
+    return message
+
+
+def _emulated_link(cluster, a: str, b: str) -> tuple[float, float]:
+    """(Mbps, ms) the agents emulate between two nodes; (0, 0) when the link is not emulated."""
+    node_a, node_b = cluster.node(a), cluster.node(b)
+    if node_a.region != node_b.region and node_a.launch == node_b.launch == "local":
+        link = cluster.link_between(node_a.region, node_b.region)
         if link is not None and link.emulate is not None:
-            bw, lat = link.emulate.bandwidth_mbps or 0.0, link.emulate.latency_ms or 0.0
+            return link.emulate.bandwidth_mbps or 0.0, link.emulate.latency_ms or 0.0
+    return 0.0, 0.0
+
+
+def _slowest_emulated_link(cluster, nodes: tuple[str, ...]) -> tuple[float, float]:
+    """A sync group runs at its slowest link: the lowest emulated bandwidth, the highest latency."""
+    pairs = [_emulated_link(cluster, a, b) for i, a in enumerate(nodes) for b in nodes[i + 1:]]
+    limited = [bw for bw, _ in pairs if bw > 0]
+    return (min(limited) if limited else 0.0), max((lat for _, lat in pairs), default=0.0)
+
+
+def _link_spec(cluster, up, down, peer_rank: int) -> pb.LinkSpec:
+    """The boundary between stages `up` and `down` of one pipeline, as seen from one side."""
+    bw, lat = _emulated_link(cluster, up.node, down.node)
     return pb.LinkSpec(peer_rank=peer_rank, forward_codec=codec_by_name(up.forward_codec).wire_id,
                        backward_codec=codec_by_name(up.backward_codec).wire_id,
                        emulate_bandwidth_mbps=bw, emulate_latency_ms=lat)
@@ -135,7 +182,7 @@ def _follow(session: ClusterSession, plan: Plan, record: RunRecord, console: Con
     """Collect step metrics until every stage reports success; fail fast on any lost or failed stage."""
     state = session.state
     steps = session.cluster.train.steps
-    aggregator = StepAggregator({s.node: i for i, s in enumerate(plan.stages)})
+    aggregator = StepAggregator(plan)
     finished: set[str] = set()
     idle = set(plan.excluded or {})  # told to shut down before training; their exit is expected
     with TrainingProgress(console, steps) as progress:

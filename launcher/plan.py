@@ -1,12 +1,17 @@
 """A plan: which node runs which contiguous layer range, in which order, with which codecs.
 
 A plan is plain data so that it can be produced anywhere: from pinned `layers:` in the
-YAML, by an even split (this file), or later by the measured planner.
+YAML, by an even split (this file), or by the measured planner. It holds one or more
+pipelines (data-parallel replicas, each with its own cut and its share of the step's
+micro-batches); `stages` lists them pipeline after pipeline, and a stage's position in
+that list is its data-plane rank.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+
+from hetlaunch.launcher.sync_groups import sync_groups
 
 
 @dataclass(frozen=True)
@@ -23,6 +28,7 @@ class StagePlan:
     link_uncompressed_s: float | None = None  # the same without compression
     memory_bytes: float | None = None
     capacity_bytes: float | None = None
+    pipeline: int = 0
 
     @property
     def num_layers(self) -> int:
@@ -30,11 +36,23 @@ class StagePlan:
 
 
 @dataclass(frozen=True)
+class SyncPlan:
+    """One sync group: the nodes (one per pipeline) that sum these layers' gradients."""
+
+    layer_start: int
+    layer_end: int
+    nodes: tuple[str, ...]
+    codec: str = "none"
+    allreduce_s: float | None = None  # predicted, when planned from a profile
+    exposed_s: float | None = None    # the part that lengthens the step
+
+
+@dataclass(frozen=True)
 class Plan:
-    stages: tuple[StagePlan, ...]
+    stages: tuple[StagePlan, ...]  # pipeline 0's stages in order, then pipeline 1's, ...
     num_layers: int
     micro_batch_size: int
-    num_microbatches: int
+    num_microbatches: int          # per step, over all pipelines
     schedule: str
     source: str  # how the cut was chosen: "pinned", "even", "planned"
     generation: int = 0
@@ -42,16 +60,48 @@ class Plan:
     predicted_tokens_per_s: float | None = None
     bottleneck: str | None = None
     excluded: dict[str, str] | None = None  # node -> why the plan leaves it out
+    pipeline_microbatches: tuple[int, ...] = ()  # each pipeline's share; () means one pipeline takes all
+    sync: tuple[SyncPlan, ...] = ()
 
     def __post_init__(self):
-        expected = 0
-        for stage in self.stages:
-            if stage.layer_start != expected or stage.layer_end <= stage.layer_start:
-                raise ValueError(f"plan stages must tile [0, {self.num_layers}) in order; "
-                                 f"stage on {stage.node} has [{stage.layer_start}, {stage.layer_end})")
-            expected = stage.layer_end
-        if expected != self.num_layers:
-            raise ValueError(f"plan covers [0, {expected}) of {self.num_layers} layers")
+        if not self.pipeline_microbatches:
+            object.__setattr__(self, "pipeline_microbatches", (self.num_microbatches,))
+        if [s.pipeline for s in self.stages] != sorted(s.pipeline for s in self.stages):
+            raise ValueError("plan stages must be listed pipeline after pipeline")
+        pipelines = self.pipelines()
+        if len(pipelines) != len(self.pipeline_microbatches):
+            raise ValueError(f"{len(pipelines)} pipelines but {len(self.pipeline_microbatches)} micro-batch shares")
+        if sum(self.pipeline_microbatches) != self.num_microbatches or min(self.pipeline_microbatches) < 1:
+            raise ValueError(f"micro-batch shares {list(self.pipeline_microbatches)} must be >= 1 each and sum to "
+                             f"{self.num_microbatches}")
+        for p, stages in enumerate(pipelines):
+            expected = 0
+            for stage in stages:
+                if stage.layer_start != expected or stage.layer_end <= stage.layer_start:
+                    raise ValueError(f"plan stages must tile [0, {self.num_layers}) in order; "
+                                     f"stage on {stage.node} has [{stage.layer_start}, {stage.layer_end})")
+                expected = stage.layer_end
+            if expected != self.num_layers:
+                raise ValueError(f"pipeline {p} covers [0, {expected}) of {self.num_layers} layers")
+
+    def pipelines(self) -> list[tuple[StagePlan, ...]]:
+        """The stages of each pipeline, in order (pipeline indices are 0, 1, ... with no gap)."""
+        count = max(s.pipeline for s in self.stages) + 1
+        pipelines = [tuple(s for s in self.stages if s.pipeline == p) for p in range(count)]
+        if any(not stages for stages in pipelines):
+            raise ValueError("pipeline indices must run 0, 1, ... without a gap")
+        return pipelines
+
+    def rank_of(self, pipeline: int, stage_index: int) -> int:
+        return sum(len(stages) for stages in self.pipelines()[:pipeline]) + stage_index
+
+    def sync_plans(self) -> tuple[SyncPlan, ...]:
+        """The plan's sync groups: as planned, else derived from the cuts (codec none)."""
+        if self.sync or len(self.pipeline_microbatches) == 1:
+            return self.sync
+        pipelines = self.pipelines()
+        return tuple(SyncPlan(g.layer_start, g.layer_end, tuple(pipelines[p][j].node for p, j in g.holders))
+                     for g in sync_groups([[(s.layer_start, s.layer_end) for s in stages] for stages in pipelines]))
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -70,45 +120,63 @@ def even_split(num_layers: int, num_stages: int) -> list[tuple[int, int]]:
     return ranges
 
 
+def even_shares(total: int, parts: int) -> list[int]:
+    """Micro-batches per pipeline when nothing was measured: as equal as possible."""
+    return [hi - lo for lo, hi in even_split(total, parts)]
+
+
 def static_plan(cluster, num_layers: int) -> Plan:
-    """The plan from the YAML alone: pinned `layers:` ranges, else an even split in node order."""
+    """The plan from the YAML alone: pinned `layers:` ranges (one pipeline per `pipeline:` index),
+    else an even split in node order."""
     from hetlaunch.launcher.cluster_config import check_layer_tiling
 
     train = cluster.train
-    nodes = list(cluster.nodes)
-    if all(n.layers is not None for n in nodes):
-        check_layer_tiling([(n.name, n.layers[0], n.layers[1]) for n in nodes], num_layers)
-        nodes.sort(key=lambda n: n.layers[0])
-        ranges, source = [tuple(n.layers) for n in nodes], "pinned"
+    if all(n.layers is not None for n in cluster.nodes):
+        chains = []
+        for members in cluster.pinned_pipelines():
+            check_layer_tiling([(n.name, n.layers[0], n.layers[1]) for _, n in members], num_layers)
+            chains.append([(n, tuple(n.layers)) for _, n in sorted(members, key=lambda m: m[1].layers[0])])
+        source = "pinned"
     else:
-        ranges, source = even_split(num_layers, len(nodes)), "even"
+        nodes = list(cluster.nodes)
+        chains, source = [list(zip(nodes, even_split(num_layers, len(nodes))))], "even"
     # Without a profile `auto` has nothing to decide from: only pinned codecs apply.
     policy = cluster.compression
-    codecs = []
-    for j, (a, b) in enumerate(zip(nodes, nodes[1:])):
-        allowed = policy.candidates(j, a.region == b.region)
-        codecs.append(allowed[0] if len(allowed) == 1 else "none")
-    codecs.append("none")
-    stages = tuple(StagePlan(node=n.name, region=n.region, layer_start=s, layer_end=e, forward_codec=codec,
-                             backward_codec=policy.gradient_codec(codec))
-                   for n, (s, e), codec in zip(nodes, ranges, codecs))
-    return Plan(stages=stages, num_layers=num_layers, micro_batch_size=train.micro_batch_size,
-                num_microbatches=train.num_microbatches, schedule=train.schedule, source=source)
+    stages = []
+    for p, chain in enumerate(chains):
+        for j, (node, (start, end)) in enumerate(chain):
+            codec = "none"
+            if j < len(chain) - 1:
+                allowed = policy.candidates(j, node.region == chain[j + 1][0].region)
+                codec = allowed[0] if len(allowed) == 1 else "none"
+            stages.append(StagePlan(node=node.name, region=node.region, layer_start=start, layer_end=end,
+                                    forward_codec=codec, backward_codec=policy.gradient_codec(codec), pipeline=p))
+    shares = tuple(train.pipeline_microbatches or even_shares(train.num_microbatches, len(chains)))
+    sync_codec = policy.sync if policy.sync != "auto" else "none"
+    plan = Plan(stages=tuple(stages), num_layers=num_layers, micro_batch_size=train.micro_batch_size,
+                num_microbatches=train.num_microbatches, schedule=train.schedule, source=source,
+                pipeline_microbatches=shares)
+    return replace(plan, sync=tuple(replace(g, codec=sync_codec) for g in plan.sync_plans()))
 
 
-def planned(cluster, result) -> Plan:
-    """The plan `up` runs from the planner's single best pipeline."""
-    from hetlaunch.launcher.planner import PlannerResult
-
-    assert isinstance(result, PlannerResult) and len(result.pipelines) == 1
-    cost = result.pipelines[0].cost
+def planned(cluster, result, source: str = "planned") -> Plan:
+    """The plan `up` runs from the planner's result: its pipelines, shares and sync groups."""
     policy = cluster.compression
     stages = tuple(StagePlan(node=s.node, region=cluster.node(s.node).region, layer_start=s.layer_start,
                              layer_end=s.layer_end, forward_codec=s.codec, backward_codec=policy.gradient_codec(s.codec),
                              compute_s=s.compute_s, link_s=s.link_s, link_uncompressed_s=s.link_uncompressed_s,
-                             memory_bytes=s.memory_bytes, capacity_bytes=s.capacity_bytes) for s in cost.stages)
+                             memory_bytes=s.memory_bytes, capacity_bytes=s.capacity_bytes, pipeline=p)
+                   for p, pipeline in enumerate(result.pipelines) for s in pipeline.cost.stages)
+    sync = tuple(SyncPlan(g.layer_start, g.layer_end, tuple(g.nodes), g.codec, g.allreduce_s, g.exposed_s)
+                 for g in result.sync)
+    slowest = max(result.pipelines, key=lambda p: p.cost.step_s).cost
+    bottleneck = slowest.bottleneck
+    if sync and max(g.exposed_s for g in sync) > 0:
+        worst = max(sync, key=lambda g: g.exposed_s)
+        bottleneck = f"gradient sync of layers {worst.layer_start}–{worst.layer_end - 1} over {', '.join(worst.nodes)}"
     train = cluster.train
     return Plan(stages=stages, num_layers=stages[-1].layer_end, micro_batch_size=train.micro_batch_size,
-                num_microbatches=train.num_microbatches, schedule=train.schedule, source="planned",
+                num_microbatches=train.num_microbatches, schedule=train.schedule, source=source,
                 predicted_step_s=result.step_s, predicted_tokens_per_s=result.tokens_per_s,
-                bottleneck=cost.bottleneck, excluded=dict(result.excluded))
+                bottleneck=bottleneck, excluded=dict(result.excluded),
+                pipeline_microbatches=tuple(p.cost.num_microbatches for p in result.pipelines), sync=sync)

@@ -29,17 +29,30 @@ def _gib(n: float | None) -> str:
 
 
 def print_plan(console: Console, plan: Plan) -> None:
+    pipelines = plan.pipelines()
+    several = len(pipelines) > 1
+    shares = "+".join(str(m) for m in plan.pipeline_microbatches)
     table = Table(title=f"plan ({plan.source} cut, {plan.schedule}, {plan.num_microbatches} micro-batches "
-                        f"of {plan.micro_batch_size})")
-    for column in ("stage", "node", "region", "layers", "ms/mb", "codec", "link ms (raw)", "GiB used/free"):
+                        f"of {plan.micro_batch_size}" + (f" over {len(pipelines)} pipelines: {shares}" if several else "")
+                        + ")")
+    columns = (("pipe",) if several else ()) + ("stage", "node", "region", "layers", "ms/mb", "codec",
+                                                  "link ms (raw)", "GiB used/free")
+    for column in columns:
         table.add_column(column, justify="right" if "ms" in column or "GiB" in column else "left", no_wrap=True)
-    for i, stage in enumerate(plan.stages):
-        last = i == len(plan.stages) - 1
-        memory = "-" if stage.memory_bytes is None else f"{_gib(stage.memory_bytes)}/{_gib(stage.capacity_bytes)}"
-        link = "-" if last else _link(stage.link_s, stage.link_uncompressed_s)
-        table.add_row(str(i), stage.node, stage.region, f"{stage.layer_start}–{stage.layer_end - 1}",
-                      _ms(stage.compute_s), "-" if last else stage.forward_codec, link, memory)
+    for p, stages in enumerate(pipelines):
+        for i, stage in enumerate(stages):
+            last = i == len(stages) - 1
+            memory = "-" if stage.memory_bytes is None else f"{_gib(stage.memory_bytes)}/{_gib(stage.capacity_bytes)}"
+            link = "-" if last else _link(stage.link_s, stage.link_uncompressed_s)
+            table.add_row(*((str(p),) if several else ()), str(i), stage.node, stage.region,
+                          f"{stage.layer_start}–{stage.layer_end - 1}", _ms(stage.compute_s),
+                          "-" if last else stage.forward_codec, link, memory)
     console.print(table)
+    for group in plan.sync_plans():
+        timing = "" if group.allreduce_s is None else (f", {_ms(group.allreduce_s)} ms, "
+                                                        f"{_ms(group.exposed_s)} ms not hidden by backward")
+        console.print(f"  gradient sync layers {group.layer_start}–{group.layer_end - 1}: "
+                      f"{' + '.join(group.nodes)} ({group.codec}{timing})")
     if plan.predicted_step_s is not None:
         console.print(f"predicted: {plan.predicted_step_s * 1e3:.1f} ms/step, "
                       f"{plan.predicted_tokens_per_s:,.0f} tokens/s; bottleneck: {plan.bottleneck}")
@@ -91,6 +104,8 @@ def planner_result_dict(result) -> dict:
                         "memory_bytes": s.memory_bytes, "capacity_bytes": s.capacity_bytes}
                        for s, region in zip(p.cost.stages, p.regions)]}
             for p in result.pipelines],
+        "sync": [{"layers": [g.layer_start, g.layer_end], "nodes": list(g.nodes), "bytes": g.bytes, "codec": g.codec,
+                  "allreduce_s": g.allreduce_s, "exposed_s": g.exposed_s} for g in result.sync],
     }
 
 
@@ -113,6 +128,9 @@ def print_planner_result(console: Console, profile, result, as_json: bool = Fals
                           f"{_gib(s.memory_bytes)}/{_gib(s.capacity_bytes)}")
         console.print(table)
         console.print(f"bottleneck: {p.cost.bottleneck}")
+    for g in result.sync:
+        console.print(f"gradient sync layers {g.layer_start}–{g.layer_end - 1}: {' + '.join(g.nodes)} "
+                      f"({g.codec}, {_ms(g.allreduce_s)} ms, {_ms(g.exposed_s)} ms not hidden by backward)")
     console.print(f"predicted: {result.step_s * 1e3:.1f} ms/step, {result.tokens_per_s:,.0f} tokens/s "
                   f"({result.method} search, planned in {result.planning_s:.2f}s)")
     for node, why in result.excluded.items():

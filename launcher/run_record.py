@@ -24,28 +24,37 @@ class StepRecord:
 
 
 class StepAggregator:
-    """Joins the per-stage reports of one step into one record once every stage has reported."""
+    """Joins the per-stage reports of one step into one record once every stage has reported.
 
-    def __init__(self, stage_of_node: dict[str, int]):
-        self.stage_of_node = stage_of_node
-        self.pending: dict[int, dict[int, tuple[str, pb.StepMetrics]]] = {}
+    With several pipelines the step's loss is the mean over all its micro-batches: each
+    pipeline's mean weighted by its share, and its tokens are the pipelines' sum.
+    """
+
+    def __init__(self, plan):
+        self.position = {}  # node -> (pipeline, stage index)
+        for p, stages in enumerate(plan.pipelines()):
+            for j, stage in enumerate(stages):
+                self.position[stage.node] = (p, j)
+        self.shares = plan.pipeline_microbatches
+        self.pending: dict[int, dict[tuple[int, int], tuple[str, pb.StepMetrics]]] = {}
 
     def add(self, node: str, metrics: pb.StepMetrics) -> StepRecord | None:
         reports = self.pending.setdefault(metrics.step, {})
-        reports[self.stage_of_node[node]] = (node, metrics)
-        if len(reports) < len(self.stage_of_node):
+        reports[self.position[node]] = (node, metrics)
+        if len(reports) < len(self.position):
             return None
         del self.pending[metrics.step]
-        ordered = [reports[i] for i in sorted(reports)]
-        loss = next(m.loss for _, m in ordered if m.has_loss)
-        # Stages overlap in a pipeline, so the step takes as long as its slowest stage's step.
-        step_s = max(m.step_s for _, m in ordered)
-        tokens = ordered[0][1].tokens
-        stages = [{"stage": m.stage_index, "node": node, "step_s": round(m.step_s, 6),
-                   "compute_s": round(m.compute_s, 6), "comm_s": round(m.comm_s, 6),
+        ordered = [(position, *reports[position]) for position in sorted(reports)]
+        loss = sum(m.loss * self.shares[p] for (p, _), _, m in ordered if m.has_loss) / sum(self.shares)
+        # Stages overlap in a pipeline and pipelines run side by side: the step takes as long as the slowest.
+        step_s = max(m.step_s for _, _, m in ordered)
+        tokens = sum(m.tokens for (_, j), _, m in ordered if j == 0)
+        stages = [{"pipeline": p, "stage": j, "node": node, "step_s": round(m.step_s, 6),
+                   "compute_s": round(m.compute_s, 6), "comm_s": round(m.comm_s, 6), "sync_s": round(m.sync_s, 6),
                    "sent_bytes": {"forward": [m.forward_raw_bytes, m.forward_wire_bytes],
-                                  "backward": [m.backward_raw_bytes, m.backward_wire_bytes]}}
-                  for node, m in ordered]
+                                  "backward": [m.backward_raw_bytes, m.backward_wire_bytes],
+                                  "sync": [m.sync_raw_bytes, m.sync_wire_bytes]}}
+                  for (p, j), node, m in ordered]
         return StepRecord(step=metrics.step, loss=loss, tokens_per_s=tokens / step_s if step_s > 0 else 0.0,
                           step_s=step_s, stages=stages)
 
@@ -82,20 +91,32 @@ class RunRecord:
         seconds = sum(r.step_s for r in timed)
         return {"steps": len(self.records), "first_loss": self.records[0].loss,
                 "final_loss": self.records[-1].loss, "mean_tokens_per_s": tokens / seconds if seconds else 0.0,
-                "links": self._links()}
+                "links": self._links(), "gradient_sync": self._sync()}
 
     def _links(self) -> list[dict]:
-        """Per stage boundary: bytes before and after compression over the whole run, both directions."""
-        num_stages = len(self.records[0].stages)
+        """Per stage boundary of each pipeline: bytes before and after compression over the whole
+        run, both directions; and each stage's gradient-sync bytes when pipelines sync."""
+        stages = self.records[0].stages
         links = []
-        for j in range(num_stages - 1):
+        for j, (a, b) in enumerate(zip(stages, stages[1:])):
+            if a["pipeline"] != b["pipeline"]:
+                continue
             raw = wire = 0
             for r in self.records:
                 fwd = r.stages[j]["sent_bytes"]["forward"]
                 bwd = r.stages[j + 1]["sent_bytes"]["backward"]
                 raw += fwd[0] + bwd[0]
                 wire += fwd[1] + bwd[1]
-            links.append({"boundary": j, "from": self.records[0].stages[j]["node"],
-                          "to": self.records[0].stages[j + 1]["node"], "raw_bytes": raw, "wire_bytes": wire,
-                          "compression_ratio": raw / wire if wire else 1.0})
+            links.append({"pipeline": a["pipeline"], "boundary": a["stage"], "from": a["node"], "to": b["node"],
+                          "raw_bytes": raw, "wire_bytes": wire, "compression_ratio": raw / wire if wire else 1.0})
         return links
+
+    def _sync(self) -> list[dict]:
+        out = []
+        for i, stage in enumerate(self.records[0].stages):
+            raw = sum(r.stages[i]["sent_bytes"]["sync"][0] for r in self.records)
+            wire = sum(r.stages[i]["sent_bytes"]["sync"][1] for r in self.records)
+            if raw:
+                out.append({"node": stage["node"], "raw_bytes": raw, "wire_bytes": wire,
+                            "mean_blocked_s": sum(r.stages[i]["sync_s"] for r in self.records) / len(self.records)})
+        return out
