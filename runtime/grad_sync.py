@@ -50,7 +50,7 @@ class SyncStats:
     wire_bytes: int = 0
 
 
-@dataclass
+@dataclass(eq=False)  # buckets are compared by identity (their fields hold tensors)
 class _Bucket:
     params: list[nn.Parameter]
     group: object  # a c10d ProcessGroup
