@@ -111,6 +111,12 @@ class DataConfig(_Strict):
     seed: int = 0  # shuffling / sampling seed
 
 
+def _auto_or_positive(value: Any) -> Any:
+    if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        return value
+    raise ValueError(f"must be auto or an integer >= 1 (got {show(value)})")
+
+
 class TrainConfig(_Strict):
     steps: int = Field(300, ge=1)  # optimizer steps
     micro_batch_size: int = Field(8, ge=1)  # samples per micro-batch
@@ -121,7 +127,7 @@ class TrainConfig(_Strict):
     seed: int = 0  # parameter-init seed
     save_checkpoint: bool = False  # each stage saves its parameters to <run dir>/checkpoint/stage<i>.pt at the end
     # Data-parallel pipelines the planner may use (each its own chain of nodes and cut): auto = as many as pay off
-    max_pipelines: int | Literal["auto"] = Field("auto", ge=1)
+    max_pipelines: Annotated[int | Literal["auto"], BeforeValidator(_auto_or_positive)] = "auto"
     # With pinned layers over several pipelines: each pipeline's micro-batches per step (default: as planned)
     pipeline_microbatches: list[int] | None = Field(None, min_length=1)
 

@@ -378,3 +378,30 @@ def test_check_layer_tiling_directly() -> None:
     ]:
         with pytest.raises(ConfigError, match=pattern):
             check_layer_tiling(ranges, 6)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("train: {max_pipelines: 0}\nnodes: [{name: a}]", "train.max_pipelines: must be auto or an integer >= 1 (got 0)"),
+    ("train: {max_pipelines: many}\nnodes: [{name: a}]", "train.max_pipelines: must be auto or an integer >= 1"),
+    ("nodes: [{name: a, pipeline: 0}]", "nodes[0].pipeline: only with pinned layers"),
+    ("nodes: [{name: a, layers: [0, 8], pipeline: 1}]", "no node is in pipeline 0"),
+    ("train: {pipeline_microbatches: [3, 2]}\nnodes: [{name: a, layers: [0, 8]}, {name: b, layers: [0, 8], pipeline: 1}]",
+     "train.pipeline_microbatches: [3, 2] must be >= 1 each and sum to num_microbatches (4)"),
+    ("train: {pipeline_microbatches: [4]}\nnodes: [{name: a, layers: [0, 8]}, {name: b, layers: [0, 8], pipeline: 1}]",
+     "train.pipeline_microbatches: has 1 entries for 2 pipelines"),
+    ("train: {num_microbatches: 1}\nnodes: [{name: a, layers: [0, 8]}, {name: b, layers: [0, 8], pipeline: 1}]",
+     "train.num_microbatches: 1 micro-batches cannot feed 2 pipelines"),
+    ("nodes: [{name: a, layers: [0, 8]}, {name: b, layers: [0, 7], pipeline: 1}]",
+     "layers leave [7, 8) unassigned"),
+    ("train: {pipeline_microbatches: [2, 2]}\nnodes: [{name: a}]", "train.pipeline_microbatches: only when every node pins layers"),
+])
+def test_data_parallel_settings_errors(text: str, message: str) -> None:
+    text = "model: {preset: tiny, n_layers: 6}\n" + text
+    assert message in error_of(text)
+
+
+def test_pinned_pipelines_grouped() -> None:
+    cfg = cluster_from_dict({"model": {"n_layers": 6}, "train": {"pipeline_microbatches": [3, 1]},
+                             "nodes": [{"name": "a", "layers": [0, 4]}, {"name": "b", "layers": [0, 8], "pipeline": 1},
+                                       {"name": "c", "layers": [4, 8]}]})
+    assert [[n.name for _, n in members] for members in cfg.pinned_pipelines()] == [["a", "c"], ["b"]]
