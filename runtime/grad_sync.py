@@ -60,7 +60,7 @@ class _Bucket:
     work: list = field(default_factory=list)
     flat: torch.Tensor | None = None
     gathered: list[list[torch.Tensor]] | None = None
-    started_at: float = 0.0
+    started_at: torch.Tensor | None = None  # emulated links only: the last holder's launch time
 
     @property
     def numel(self) -> int:
@@ -127,11 +127,16 @@ class GradientSync:
     def _launch(self, bucket: _Bucket) -> None:
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in bucket.params]
         flat = torch.cat([g.reshape(-1) for g in grads]).to(self.wire_device)
-        bucket.started_at = time.time()
+        bucket.work = []
+        if bucket.plan.emulation is not None:
+            # The transfer starts when the last holder joins: agree on that moment (MAX of launch times).
+            bucket.started_at = torch.tensor([time.time()], dtype=torch.float64)
+            bucket.work.append(dist.all_reduce(bucket.started_at, op=dist.ReduceOp.MAX, group=bucket.group,
+                                               async_op=True))
         codec = bucket.plan.codec
         if codec.name == "none":
             bucket.flat = flat
-            bucket.work = [dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=bucket.group, async_op=True)]
+            bucket.work.append(dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=bucket.group, async_op=True))
             wire = flat.numel() * flat.element_size()
         else:
             if bucket.error is None:
@@ -140,8 +145,8 @@ class GradientSync:
             payloads = codec.encode(flat)
             k = len(bucket.plan.ranks)
             bucket.gathered = [[torch.empty_like(p) for _ in range(k)] for p in payloads]
-            bucket.work = [dist.all_gather(out, p.contiguous(), group=bucket.group, async_op=True)
-                           for out, p in zip(bucket.gathered, payloads)]
+            bucket.work += [dist.all_gather(out, p.contiguous(), group=bucket.group, async_op=True)
+                            for out, p in zip(bucket.gathered, payloads)]
             mine = codec.decode(payloads, tuple(flat.shape), flat.dtype)
             bucket.error = flat - mine  # what this step's codec lost, sent with the next step
             bucket.flat = flat
@@ -162,7 +167,7 @@ class GradientSync:
                 work.wait()
             total = self._reduced(bucket)
             if bucket.plan.emulation is not None:
-                bucket.plan.emulation.deliver(bucket.started_at, self._wire_bytes_per_holder(bucket))
+                bucket.plan.emulation.deliver(bucket.started_at.item(), self._wire_bytes_per_holder(bucket))
             offset = 0
             for param in bucket.params:
                 n = param.numel()
