@@ -5,7 +5,7 @@ from __future__ import annotations
 import queue
 import secrets
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console

@@ -126,3 +126,55 @@ def run_hetlaunch(*args: str, timeout: float = 180, env: dict | None = None,
                   cwd: Path | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(hetlaunch_cmd(*args), capture_output=True, text=True, timeout=timeout,
                           env=env or hetlaunch_env(), cwd=cwd)
+
+
+def _gloo_rank(target, rank: int, world_size: int, port: int, out_dir: str) -> None:
+    """Child process: join a gloo group of `world_size` on the parent's store, run target(rank, out_dir)."""
+    import datetime
+    import traceback
+
+    import torch
+    import torch.distributed as dist
+
+    try:
+        torch.set_num_threads(1)
+        timeout = datetime.timedelta(seconds=30)
+        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timeout)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
+        try:
+            target(rank, out_dir)
+        finally:
+            dist.destroy_process_group()
+    except BaseException:
+        Path(out_dir, f"error{rank}.txt").write_text(traceback.format_exc())
+        raise
+
+
+def run_gloo_ranks(target, world_size: int, out_dir: Path, timeout_s: float = 60) -> None:
+    """Run target(rank, out_dir) in `world_size` fresh processes joined in one gloo group (real
+    torch.distributed on 127.0.0.1); fail with every rank's traceback if any rank fails."""
+    import datetime
+    import multiprocessing
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=30))
+    ctx = multiprocessing.get_context("spawn")  # fresh interpreters: never fork the test process
+    procs = [ctx.Process(target=_gloo_rank, args=(target, rank, world_size, store.port, str(out_dir)))
+             for rank in range(world_size)]
+    for p in procs:
+        p.start()
+    try:
+        for p in procs:
+            p.join(timeout=timeout_s)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+    errors = {r: (out_dir / f"error{r}.txt").read_text() for r in range(world_size)
+              if (out_dir / f"error{r}.txt").exists()}
+    assert not errors, "\n".join(f"rank {r}:\n{text}" for r, text in errors.items())
+    assert [p.exitcode for p in procs] == [0] * world_size
+    del store

@@ -8,14 +8,19 @@ its gradients are final, while the backward is still running lower layers, as DD
 from __future__ import annotations
 
 import datetime
+import json
+import time
+from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from conftest import run_gloo_ranks
 from hetlaunch.runtime import grad_sync
 from hetlaunch.runtime.codecs import codec_by_name
+from hetlaunch.runtime.emulation import WireEmulation
 from hetlaunch.runtime.grad_sync import GradientSync, SyncGroupPlan, make_groups
 
 
@@ -89,68 +94,31 @@ def test_error_feedback_carries_what_the_codec_lost(one_rank_group):
     assert torch.allclose(synced_total, 100 * true, atol=step + 1e-6)
 
 
-def _emulated_rank(rank: int, port: int, out_dir: str) -> None:
-    import json
-    import time
-    import traceback
-    from pathlib import Path
-
-    from hetlaunch.runtime.emulation import WireEmulation
-
-    try:
-        torch.set_num_threads(1)
-        timeout = datetime.timedelta(seconds=30)
-        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timeout)
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=timeout)
-        try:
-            layer = nn.Linear(25_000, 1, bias=False)  # 100 kB of gradient
-            # 8 Mbps = 1 MB/s; a 2-holder ring moves 2(k-1)/k = all 100 kB: 0.1 s, plus 2 hops x 10 ms.
-            plans = [SyncGroupPlan(0, 1, (0, 1), codec_by_name("none"), WireEmulation.from_spec(8, 20))]
-            sync = GradientSync([layer], 0, plans, make_groups(plans), torch.device("cpu"))
-            dist.barrier()
-            if rank == 1:
-                time.sleep(0.3)  # the second holder finishes its backward later
-            sync.arm()
-            launched = time.time()
-            layer.weight.grad = torch.full_like(layer.weight, float(rank + 1))
-            sync._hook(sync.buckets[0])(layer.weight)
-            sync.finish()
-            Path(out_dir, f"rank{rank}.json").write_text(json.dumps(
-                {"launched": launched, "done": time.time(), "sum": layer.weight.grad.unique().tolist()}))
-        finally:
-            dist.destroy_process_group()
-    except BaseException:
-        Path(out_dir, f"error{rank}.txt").write_text(traceback.format_exc())
-        raise
+def _emulated_rank(rank: int, out_dir: str) -> None:
+    layer = nn.Linear(25_000, 1, bias=False)  # 100 kB of gradient
+    # 8 Mbps = 1 MB/s; a 2-holder ring moves 2(k-1)/k = all 100 kB: 0.1 s, plus 2 hops x 10 ms.
+    plans = [SyncGroupPlan(0, 1, (0, 1), codec_by_name("none"), WireEmulation.from_spec(8, 20))]
+    sync = GradientSync([layer], 0, plans, make_groups(plans), torch.device("cpu"))
+    dist.barrier()
+    if rank == 1:
+        time.sleep(0.3)  # the second holder finishes its backward later
+    sync.arm()
+    launched = time.time()
+    layer.weight.grad = torch.full_like(layer.weight, float(rank + 1))
+    sync._hook(sync.buckets[0])(layer.weight)
+    sync.finish()
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(
+        {"launched": launched, "done": time.time(), "sum": layer.weight.grad.unique().tolist()}))
 
 
 @pytest.mark.timeout(90)
 def test_emulated_sync_starts_when_the_last_holder_joins(tmp_path):
     """Over an emulated link the sync takes its wire time from when the *last* holder launched
     (not each holder's own launch), so an early holder waits for the late one plus the transfer."""
-    import json
-    import multiprocessing
-
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=30))
-    ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_emulated_rank, args=(rank, store.port, str(tmp_path))) for rank in range(2)]
-    for p in procs:
-        p.start()
-    try:
-        for p in procs:
-            p.join(timeout=60)
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join(5)
-    errors = [f.read_text() for f in tmp_path.glob("error*.txt")]
-    assert not errors, "\n".join(errors)
+    run_gloo_ranks(_emulated_rank, 2, tmp_path)
     runs = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert all(run["sum"] == [3.0] for run in runs)  # 1 + 2 on both holders
     last_launch = max(run["launched"] for run in runs)
     for run in runs:
         assert run["done"] >= last_launch + 0.12 - 0.005  # 0.1 s on the wire + 2 x 10 ms latency
         assert run["done"] <= last_launch + 1.0
-    del store

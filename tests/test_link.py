@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import datetime
-import multiprocessing
-import traceback
-from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 
+from conftest import run_gloo_ranks
 from hetlaunch.protos import control_pb2
 from hetlaunch.runtime.codecs import CODECS, NoneCodec, codec_by_id
 from hetlaunch.runtime.link import DTYPE_CODES, HEADER_LEN, MAX_DIMS, Link, decode_header, encode_header
@@ -135,56 +132,27 @@ def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
             and torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)))
 
 
-def _rank_main(rank: int, port: int, error_file: str) -> None:
-    try:
-        torch.set_num_threads(1)
-        timeout = datetime.timedelta(seconds=30)
-        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timeout)
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=timeout)
-        try:
-            cpu = torch.device("cpu")
-            link = Link(1 - rank, NONE, cpu, cpu)
-            forward, backward = _tensors(seed=10), _tensors(seed=20)
-            # rank 0 -> rank 1, then rank 1 -> rank 0: each side sends everything, then drains.
-            for sender, batch in ((0, forward), (1, backward)):
-                if rank == sender:
-                    for t in batch:
-                        link.send(t)
-                    link.drain()
-                    assert link.stats.messages == len(batch)
-                    assert link.stats.raw_bytes == sum(t.numel() * t.element_size() for t in batch)
-                    assert link.stats.wire_bytes == link.stats.raw_bytes  # codec none
-                    link.stats.messages = link.stats.raw_bytes = link.stats.wire_bytes = 0
-                else:
-                    for i, want in enumerate(batch):
-                        got = link.recv()
-                        assert _bits_equal(got, want), f"tensor {i} from rank {sender}: {got} != {want}"
-            dist.barrier()
-        finally:
-            dist.destroy_process_group()
-    except BaseException:
-        Path(error_file).write_text(traceback.format_exc())
-        raise
+def _link_rank(rank: int, out_dir: str) -> None:
+    cpu = torch.device("cpu")
+    link = Link(1 - rank, NONE, cpu, cpu)
+    forward, backward = _tensors(seed=10), _tensors(seed=20)
+    # rank 0 -> rank 1, then rank 1 -> rank 0: each side sends everything, then drains.
+    for sender, batch in ((0, forward), (1, backward)):
+        if rank == sender:
+            for t in batch:
+                link.send(t)
+            link.drain()
+            assert link.stats.messages == len(batch)
+            assert link.stats.raw_bytes == sum(t.numel() * t.element_size() for t in batch)
+            assert link.stats.wire_bytes == link.stats.raw_bytes  # codec none
+            link.stats.messages = link.stats.raw_bytes = link.stats.wire_bytes = 0
+        else:
+            for i, want in enumerate(batch):
+                got = link.recv()
+                assert _bits_equal(got, want), f"tensor {i} from rank {sender}: {got} != {want}"
+    dist.barrier()
 
 
 @pytest.mark.timeout(90)
 def test_link_send_recv_bit_exact_both_directions(tmp_path):
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=30))
-    ctx = multiprocessing.get_context("spawn")  # fresh interpreters: never fork the test process
-    procs = [ctx.Process(target=_rank_main, args=(rank, store.port, str(tmp_path / f"error{rank}.txt")))
-             for rank in range(2)]
-    for p in procs:
-        p.start()
-    try:
-        for p in procs:
-            p.join(timeout=60)
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join(5)
-    errors = {r: (tmp_path / f"error{r}.txt").read_text() for r in range(2) if (tmp_path / f"error{r}.txt").exists()}
-    assert not errors, "\n".join(f"rank {r}:\n{text}" for r, text in errors.items())
-    assert [p.exitcode for p in procs] == [0, 0]
-    del store
+    run_gloo_ranks(_link_rank, 2, tmp_path)
