@@ -1,16 +1,20 @@
-"""Which codecs a stage boundary may use: the YAML's `compression:` and the planner's choice.
+"""Which codecs a stage boundary and a gradient sync may use: the YAML's `compression:` and the planner's choice.
 
-    compression: auto                  # default: the planner picks per boundary
+    compression: auto                  # default: the planner picks per boundary and per sync group
     compression:
       intra_region: none               # a codec, or auto (default auto)
       cross_region: int8               # a codec, or auto (default auto)
       boundaries: {0: int4_rotated}    # pin the boundary after stage i (overrides the classes)
       gradients: same                  # same (default) or a codec for gradients sent back
+      sync: auto                       # gradient sync between pipelines: a codec, or auto (default auto)
 
 With `auto`, the planner picks per boundary the least lossy codec that takes the link off
 the critical path: the predicted step stays within 2% of what the most effective codec
-would give (launcher/planner.py, CODEC_SLACK), so `none` where the link is fast enough
-uncompressed.
+would give (CODEC_SLACK), so `none` where the link is fast enough uncompressed.
+
+`sync: auto` does the same per sync group (launcher/sync_cost.py), among none, fp16 and
+int8, and only for groups whose nodes span regions: gradient sync inside a region is
+never compressed under auto. A pinned `sync:` codec applies to every group.
 """
 
 from __future__ import annotations
@@ -30,6 +34,10 @@ LOSSINESS: tuple[str, ...] = ("none", "fp16", "bf16", "int8", "int4_rotated", "i
 # What `auto` considers: bf16 has fp16's size with less precision; int4 without rotation has
 # int4_rotated's size with more error on heavy-tailed activations.
 AUTO_CANDIDATES: tuple[str, ...] = ("none", "fp16", "int8", "int4_rotated")
+# What `sync: auto` considers across regions: a gradient error is carried into the next step
+# (error feedback) but still perturbs every step, so nothing coarser than int8.
+SYNC_AUTO_CANDIDATES: tuple[str, ...] = ("none", "fp16", "int8")
+CODEC_SLACK = 0.02  # a less lossy codec is taken if the step gets at most this much slower
 
 
 def _int_keys(value):
@@ -46,6 +54,7 @@ class CompressionConfig(BaseModel):
     cross_region: CodecOrAuto = "auto"
     boundaries: Annotated[dict[int, CodecName], BeforeValidator(_int_keys)] = Field(default_factory=dict)
     gradients: CodecOrSame = "same"
+    sync: CodecOrAuto = "auto"  # gradient sync between data-parallel pipelines
 
     def candidates(self, boundary: int, same_region: bool) -> tuple[str, ...]:
         """Codecs the planner may choose for the boundary after stage `boundary`."""
@@ -57,8 +66,14 @@ class CompressionConfig(BaseModel):
     def gradient_codec(self, forward: str) -> str:
         return forward if self.gradients == "same" else self.gradients
 
+    def sync_candidates(self, cross_region: bool) -> tuple[str, ...]:
+        """Codecs the planner may choose for one sync group's gradients."""
+        if self.sync != "auto":
+            return (self.sync,)
+        return SYNC_AUTO_CANDIDATES if cross_region else ("none",)
 
-NONE = CompressionConfig(intra_region="none", cross_region="none")
+
+NONE = CompressionConfig(intra_region="none", cross_region="none", sync="none")
 
 
 def wire_ratio(codec: str) -> float:
