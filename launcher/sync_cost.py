@@ -1,0 +1,214 @@
+"""The cost of gradient synchronisation between data-parallel pipelines, and its codec choice.
+
+Several pipelines train one model; the stages that hold a layer (one per pipeline) sum its
+gradients before any optimizer steps. launcher/sync_groups.py cuts the layers into sync
+groups, maximal layer runs with one holder set. For a group G of layers [g0, g1) held by
+k nodes, with every quantity from the profile:
+
+    bytes = sum_{l in G} param_bytes[l]          (fp32 gradients, the size of the parameters)
+    bw    = min over holder pairs of bandwidth(a, b)     (the slowest link paces a ring)
+    lat   = max over holder pairs of latency(a, b)
+
+    codec none (ring all-reduce):  A = 2 (k-1)/k * bytes / bw  +  2 (k-1) * lat
+    codec c (what the runtime does: every holder all-gathers the others' encoded gradients,
+    then decodes and sums them in the same order, with error feedback):
+                                   A = (k-1) * bytes * wire_ratio(c) / bw  +  (k-1) * lat
+                                       + bytes * codec_seconds_per_byte[c] of the slowest holder
+    (a group without parameters has nothing to sync: A = 0)
+
+Overlap. A stage's gradients become final during its last backward of the step, and the
+runtime (runtime/grad_sync.py) buckets them like DDP — at most SYNC_BUCKET_BYTES per
+bucket, a bucket never spans two groups — and starts a bucket's reduction as soon as its
+gradients are final. For holder (pipeline p, stage j), with pipeline p's step time step_p
+(launcher/cost_model.py, at its own share of the micro-batches) and its stages' t, lat, c:
+
+    drain_j = sum_{k<j} (2/3 t_k + lat_k + c_k)   after stage j's last backward, the last
+                                                  gradient still travels up to stage 0
+    end_pj  = step_p - drain_j                    stage j finishes its last backward
+    ready   = end_pj - 2/3 * compute(layers [stage start, g0) on that node)
+              (backward runs from the stage's last layer down, so G is final before the
+              layers below it are done)
+    ready_G = max over holders of ready           (the reduction needs every holder)
+    bwd_G   = 2/3 * compute(G) on its slowest holder
+    n       = ceil(bytes / SYNC_BUCKET_BYTES)
+    end_G   = max(ready_G + A / n,  ready_G - bwd_G + A)
+              (the buckets stream during G's own backward: at best only the last bucket is
+              left when G is final, at worst the reduction itself is the bottleneck)
+
+    plan step = max(max_p step_p, max_G end_G);   exposed_G = max(0, end_G - max_p step_p)
+
+Groups reduce in parallel. Groups that share a node (the groups of one stage, or a node's
+link used by two groups) would in truth contend for its links; the model ignores that, so
+it is optimistic when a stage holds several groups over the same slow link.
+
+Codec choice (`compression.sync`): per group, the least lossy allowed codec whose plan step
+stays within CODEC_SLACK of the step with every group at its fastest codec, so a group is
+compressed only when its sync is on the critical path. `auto` allows none, fp16 and int8
+for groups whose holders span regions and only none inside a region.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Sequence
+
+from hetlaunch.launcher.compression import CODEC_SLACK, LOSSINESS, NONE, CompressionConfig, wire_ratio
+from hetlaunch.launcher.cost_model import PipelineCost
+from hetlaunch.launcher.profile import NodeProfile, Profile
+from hetlaunch.launcher.sync_groups import SyncGroup, sync_groups
+
+SYNC_BUCKET_BYTES = 4 * 2**20  # the runtime's bucket cap (runtime/grad_sync.py, BUCKET_BYTES)
+BACKWARD_SHARE = 2 / 3  # profiles hold forward + backward; backward is taken as twice forward
+
+
+@dataclass(frozen=True)
+class SyncCost:
+    layer_start: int  # [layer_start, layer_end)
+    layer_end: int
+    nodes: tuple[str, ...]  # one holder per pipeline, in pipeline order
+    bytes: int  # gradient bytes each holder contributes
+    codec: str
+    bandwidth_bytes_per_s: float  # slowest link among the holders
+    latency_s: float  # largest latency among the holders
+    allreduce_s: float  # A: the reduction alone
+    end_s: float  # end_G: when the group's gradients are summed, from the step's start
+    exposed_s: float  # how much of it lies past the slowest pipeline's step
+
+
+@dataclass(frozen=True)
+class _Group:
+    """What a group's cost needs besides the codec."""
+    group: SyncGroup
+    nodes: tuple[NodeProfile, ...]
+    bytes: int
+    bandwidth: float
+    latency: float
+    cross_region: bool
+    ready: float
+    backward: float
+
+
+def allreduce_s(num_bytes: float, holders: int, bandwidth: float, latency: float, codec: str,
+                codec_seconds_per_byte: float = 0.0) -> float:
+    """A: one group's reduction, as in the module docstring."""
+    if num_bytes <= 0 or holders < 2:
+        return 0.0
+    if codec == "none":
+        return 2 * (holders - 1) / holders * num_bytes / bandwidth + 2 * (holders - 1) * latency
+    return ((holders - 1) * num_bytes * _ratio(codec) / bandwidth + (holders - 1) * latency
+            + num_bytes * codec_seconds_per_byte)
+
+
+def group_cost(profile: Profile, pipelines: Sequence[PipelineCost], group: SyncGroup, codec: str) -> SyncCost:
+    """One group's cost with a given codec (no choice made)."""
+    return _priced(_describe(pipelines, group, _Prefixes(profile)), codec,
+                   max(p.step_s for p in pipelines))
+
+
+def sync_costs(profile: Profile, pipelines: Sequence[PipelineCost],
+               compression: CompressionConfig = NONE) -> list[SyncCost]:
+    """Every sync group's cost, each with its codec chosen by `compression.sync`. [] for one pipeline."""
+    if len(pipelines) < 2:
+        return []
+    groups = sync_groups([[(s.layer_start, s.layer_end) for s in p.stages] for p in pipelines])
+    step = max(p.step_s for p in pipelines)
+    prefixes = _Prefixes(profile)
+    options = []
+    for group in groups:
+        described = _describe(pipelines, group, prefixes)
+        codecs = sorted(compression.sync_candidates(described.cross_region), key=LOSSINESS.index)
+        options.append([_priced(described, codec, step) for codec in codecs])
+    best = max([step] + [min(o.end_s for o in costs) for costs in options])
+    limit = best * (1 + CODEC_SLACK)
+    # Groups only meet in the max, so each one's least lossy codec under the limit keeps the
+    # whole plan under it.
+    return [next((o for o in costs if o.end_s <= limit), min(costs, key=lambda o: o.end_s)) for costs in options]
+
+
+def plan_step_s(pipelines: Sequence[PipelineCost], sync: Sequence[SyncCost]) -> float:
+    """The step of the whole plan: the slowest pipeline, or the last group's sync if later."""
+    return max([p.step_s for p in pipelines] + [g.end_s for g in sync])
+
+
+def _priced(d: _Group, codec: str, step: float) -> SyncCost:
+    holders = len(d.nodes)
+    reduce_s = allreduce_s(d.bytes, holders, d.bandwidth, d.latency, codec,
+                           max(n.codec_cost(codec) for n in d.nodes) if codec != "none" else 0.0)
+    if reduce_s == 0.0:
+        end = d.ready
+    else:
+        buckets = max(1, math.ceil(d.bytes / SYNC_BUCKET_BYTES))
+        end = max(d.ready + reduce_s / buckets, d.ready - d.backward + reduce_s)
+    return SyncCost(d.group.layer_start, d.group.layer_end, tuple(n.name for n in d.nodes), d.bytes, codec,
+                    d.bandwidth, d.latency, reduce_s, end, max(0.0, end - step))
+
+
+class _Prefixes:
+    """Per (node, micro-batches): prefix sums of per-micro-batch compute, as CostModel.compute_s has them."""
+
+    def __init__(self, profile: Profile):
+        self.profile = profile
+        self.params = [0]
+        for layer in profile.layers:
+            self.params.append(self.params[-1] + layer.param_bytes)
+        self._time: dict[tuple[str, int], list[float]] = {}
+        self._links: dict[tuple[str, str], tuple[float, float]] = {}
+        self.linked = {name for link in profile.links if link.nodes for name in link.nodes}
+        self.nodes = {n.name: n for n in profile.nodes}
+
+    def compute(self, node: NodeProfile, start: int, end: int, num_microbatches: int) -> float:
+        key = (node.name, num_microbatches)
+        if key not in self._time:
+            acc, total = [0.0], 0.0
+            for i, seconds in enumerate(node.layer_seconds):
+                total += seconds + node.optimizer(i) / num_microbatches
+                acc.append(total)
+            self._time[key] = acc
+        acc = self._time[key]
+        return acc[end] - acc[start]
+
+    def links(self, nodes: Sequence[NodeProfile]) -> tuple[float, float]:
+        """(slowest bandwidth, largest latency) over all pairs. Nodes without a link of their own
+        are represented by their region, so k holders in r regions cost about r² look-ups."""
+        keys: dict[str, list[NodeProfile]] = {}
+        for n in nodes:
+            keys.setdefault(self._key(n), []).append(n)
+        reps = list(keys.values())
+        pairs = [(a[0], b[0]) for i, a in enumerate(reps) for b in reps[i + 1:]]
+        pairs += [(same[0], same[1]) for same in reps if len(same) > 1]
+        bandwidth, latency = math.inf, 0.0
+        for a, b in pairs:
+            key = (self._key(a), self._key(b))
+            if key not in self._links:
+                link = self.profile.link(a, b)
+                self._links[key] = self._links[key[::-1]] = (link.bandwidth_bytes_per_s, link.latency_s)
+            bw, lat = self._links[key]
+            bandwidth, latency = min(bandwidth, bw), max(latency, lat)
+        return bandwidth, latency
+
+    def _key(self, node: NodeProfile) -> str:
+        return "node:" + node.name if node.name in self.linked else "region:" + node.region
+
+
+def _describe(pipelines: Sequence[PipelineCost], group: SyncGroup, prefixes: _Prefixes) -> _Group:
+    nodes, ready, backward = [], -math.inf, 0.0
+    for p, j in group.holders:
+        pipeline = pipelines[p]
+        stage = pipeline.stages[j]
+        node = prefixes.nodes[stage.node]
+        M = pipeline.num_microbatches
+        drain = sum(BACKWARD_SHARE * s.compute_s + s.latency_s + s.link_s for s in pipeline.stages[:j])
+        below = BACKWARD_SHARE * prefixes.compute(node, stage.layer_start, group.layer_start, M)
+        ready = max(ready, pipeline.step_s - drain - below)
+        backward = max(backward, BACKWARD_SHARE * prefixes.compute(node, group.layer_start, group.layer_end, M))
+        nodes.append(node)
+    bandwidth, latency = prefixes.links(nodes)
+    return _Group(group, tuple(nodes), prefixes.params[group.layer_end] - prefixes.params[group.layer_start],
+                  bandwidth, latency, len({n.region for n in nodes}) > 1, ready, backward)
+
+
+@lru_cache(maxsize=None)
+def _ratio(codec: str) -> float:
+    return wire_ratio(codec)
