@@ -80,25 +80,27 @@ class CostModel:
         self.compression = compression
         self._ratio = {name: wire_ratio(name) for name in LOSSINESS}  # wire bytes per raw byte
         self.num_layers = profile.model.num_layers
-        self._time: dict[str, list[float]] = {}
-        for node in profile.nodes:
-            acc, total = [0.0], 0.0
-            for i in range(self.num_layers):
-                total += node.layer_seconds[i] + node.optimizer(i) / self.M
-                acc.append(total)
-            self._time[node.name] = acc
+        self._time: dict[str, list[float]] = {}  # filled per node on first use: the planner builds one
+        # model per micro-batch count it tries, and a large cluster's chains touch few of its nodes
         self._static = _prefix([4 * layer.param_bytes for layer in profile.layers])
         self._activation = _prefix([layer.activation_bytes for layer in profile.layers])
         self._links: dict[tuple[str, str], tuple[float, float]] = {}
         self._memory_prefix: dict[int, list[float]] = {}
 
     def compute_s(self, node: NodeProfile, start: int, end: int) -> float:
-        acc = self._time[node.name]
+        acc = self._time.get(node.name) or self.time_prefix(node)
         return acc[end] - acc[start]
 
     def time_prefix(self, node: NodeProfile) -> list[float]:
         """prefix[i] = compute of layers [0, i) on node; a stage's time is a difference of two entries."""
-        return self._time[node.name]
+        acc = self._time.get(node.name)
+        if acc is None:
+            acc, total = [0.0], 0.0
+            for i in range(self.num_layers):
+                total += node.layer_seconds[i] + node.optimizer(i) / self.M
+                acc.append(total)
+            self._time[node.name] = acc
+        return acc
 
     def memory_prefix(self, stage_index: int, num_stages: int) -> list[float]:
         """prefix[i] = memory of layers [0, i) for a stage at this position (its in-flight window)."""
@@ -131,6 +133,11 @@ class CostModel:
         bandwidth, latency = self.link(a, b)
         ratio = max(self._ratio[codec], self._ratio[self.compression.gradient_codec(codec)])
         return self.profile.layers[after_layer].output_bytes * ratio / bandwidth, latency
+
+    def link_seconds_per_byte(self, a: NodeProfile, b: NodeProfile, codec: str = "none") -> float:
+        """boundary_s's transfer time per raw byte crossing between a and b."""
+        ratio = max(self._ratio[codec], self._ratio[self.compression.gradient_codec(codec)])
+        return ratio / self.link(a, b)[0]
 
     def codec_s(self, sender: NodeProfile, after_layer: int, codec: str) -> float:
         """Encode + decode work of both directions of a boundary, per micro-batch.

@@ -71,8 +71,8 @@ def test_planner_equals_brute_force(seed):
 
 
 def uniform_profile(speeds: list[float], regions: list[str], num_layers: int = 8, memory_gb: float = 8.0,
-                    cross_bandwidth: float = 1e7, cross_latency: float = 0.02) -> Profile:
-    layers = [LayerInfo(param_bytes=2**20, activation_bytes=2**20, output_bytes=2**20) for _ in range(num_layers)]
+                    cross_bandwidth: float = 1e7, cross_latency: float = 0.02, param_bytes: int = 2**20) -> Profile:
+    layers = [LayerInfo(param_bytes=param_bytes, activation_bytes=2**20, output_bytes=2**20) for _ in range(num_layers)]
     nodes = [NodeProfile(name=f"n{i}", region=r, device="dev", memory_bytes=memory_gb * GiB,
                          layer_seconds=[0.01 / s] * num_layers) for i, (s, r) in enumerate(zip(speeds, regions))]
     links = [LinkProfile(regions=(r, r), bandwidth_bytes_per_s=1e10, latency_s=1e-5) for r in sorted(set(regions))]
@@ -128,15 +128,21 @@ def test_more_stages_than_layers_is_an_error():
         plan(uniform_profile([1] * 10, ["a"] * 10), 4, stages=9)
 
 
-def test_two_pipelines_split_microbatches_by_throughput():
-    profile = uniform_profile([1, 1, 0.5, 0.5], ["a", "a", "b", "b"], cross_bandwidth=1e6, cross_latency=0.05)
-    result = plan(profile, 12, max_pipelines=2)
+def test_two_pipelines_split_microbatches_by_throughput_and_bubble():
+    # Small parameters, so the cross-region gradient sync is cheap and a replica per region
+    # pays; activations would take a second to cross, so no pipeline spans the regions.
+    profile = uniform_profile([1, 1, 0.5, 0.5], ["a", "a", "b", "b"], cross_bandwidth=1e6, cross_latency=0.01,
+                              param_bytes=1024)
+    result = plan(profile, 11, max_pipelines=2)
     assert len(result.pipelines) == 2
     for p in result.pipelines:
         assert len(set(p.regions)) == 1, "each replica stays inside its region"
-    counts = sorted(p.cost.num_microbatches for p in result.pipelines)
-    assert counts == [4, 8]
-    assert result.step_s < plan(profile, 12).step_s
+    # Step of a 2-stage pipeline with m micro-batches: (m + 1) t, t = 40 ms (fast) or 80 ms (slow).
+    # In proportion to throughput 11 splits 7:4 (max(320, 400) ms); the bubble makes 8:3 better
+    # (max(360, 320) ms), and every split is tried for two pipelines.
+    counts = {p.regions[0]: p.cost.num_microbatches for p in result.pipelines}
+    assert counts == {"a": 8, "b": 3}
+    assert result.step_s < plan(profile, 11).step_s
 
 
 def test_large_cluster_plans_with_heuristics():

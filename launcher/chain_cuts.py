@@ -1,0 +1,175 @@
+"""The cut of a fixed chain: which contiguous layers each stage holds, and its boundary codecs.
+
+* Exact for chains with stages x layers² up to EXACT_MAX_WORK: a dynamic program over
+  (stage, first layer) keeps, per state, the Pareto front of the step-time formula's terms
+  (launcher/cost_model.py); the step time is increasing in all of them, so the optimum is
+  on the front. Memory is a hard constraint.
+* Longer chains: a bisection on the bottleneck with a greedy fill (documented heuristic;
+  exact for the bottleneck when links are uniform).
+* Codecs: the least lossy allowed codec per boundary whose step stays within CODEC_SLACK
+  of the most effective choice (launcher/compression.py).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+
+from hetlaunch.launcher.compression import CODEC_SLACK, LOSSINESS
+from hetlaunch.launcher.cost_model import CostModel, PipelineCost, in_flight
+from hetlaunch.launcher.profile import NodeProfile
+
+EXACT_MAX_WORK = 20_000  # stages x layers^2 up to which a chain's cut is found by the exact DP
+
+
+def best_cuts(cm: CostModel, chain: list[NodeProfile]) -> PipelineCost | None:
+    """The exact best layer ranges (and boundary codecs) for a fixed chain, or None if no cut fits.
+
+    The program runs from the last stage back: a state (j, i) means stages j..S-1 hold
+    layers [i, L). Its points are (compute max, link max, 1F1B window max, suffix sum,
+    next start, next point, codec out of stage j); the suffix sum is the round trip from
+    stage j to the end, which the 1F1B window term needs. The step time is increasing in
+    every coordinate and every later term is increasing in them too, so keeping only
+    undominated points is exact.
+    """
+    S, L = len(chain), cm.num_layers
+    if S > L:
+        return None
+    one_max = cm.schedule != "gpipe"  # 1F1B's step depends on max(compute, link, window) only
+    fronts: list[dict[int, list[tuple]]] = [dict() for _ in range(S)]
+    last = chain[-1]
+    for i in range(S - 1, L):
+        if cm.memory_bytes(i, L, S - 1, S) <= last.memory_bytes:
+            t = cm.compute_s(last, i, L)
+            fronts[S - 1][i] = [(t, 0.0, cm.window_term(t, S - 1, S), t, L, -1, "none")]
+    for j in range(S - 2, -1, -1):
+        node, next_node = chain[j], chain[j + 1]
+        window = in_flight(cm.schedule, j, S, cm.M) if one_max else 0  # what cm.window_term divides by
+        # Per codec and end of the stage: (link, latency, codec work). They depend on the end only,
+        # so they are worked out once per stage rather than once per (start, end) pair.
+        crossing = {codec: [(*cm.boundary_s(node, next_node, end - 1, codec), cm.codec_s(node, end - 1, codec))
+                            if end > 0 else None for end in range(L + 1)]
+                    for codec in cm.codec_options(j, node, next_node)}
+        for i in range(j, L - (S - j) + 1):
+            candidates = []
+            for end, front in fronts[j + 1].items():
+                if end <= i or cm.memory_bytes(i, end, j, S) > node.memory_bytes:
+                    continue
+                t = cm.compute_s(node, i, end)
+                for codec, per_end in crossing.items():
+                    c, lat, work = per_end[end]
+                    tc = t + work
+                    for k, (mt, mc, w, s, *_) in enumerate(front):
+                        total = s + tc + 2 * (lat + c)
+                        candidates.append((max(mt, tc), max(mc, c), max(w, total / window) if window else w, total,
+                                           end, k, codec))
+            if candidates:
+                fronts[j][i] = _pareto(candidates, one_max)
+    start = fronts[0].get(0)
+    if not start:
+        return None
+    k = min(range(len(start)), key=lambda n: cm.step_s(start[n][0], start[n][1], start[n][3], start[n][2]))
+    cuts, codecs, i = [], [], 0
+    for j in range(S):
+        *_, end, next_k, codec = fronts[j][i][k]
+        cuts.append((i, end))
+        codecs.append(codec)
+        i, k = end, next_k
+    return cm.evaluate(chain, cuts, codecs[:-1])
+
+
+def _pareto(points: list[tuple], one_max: bool) -> list[tuple]:
+    """Drop every point another point beats or ties on all of (compute max, link max, window max, sum).
+
+    Under 1F1B only max(compute, link, window) matters, which makes the front
+    two-dimensional; GPipe has no window term and prices compute and link apart."""
+    if one_max:
+        points.sort(key=lambda p: (max(p[0], p[1], p[2]), p[3]))
+        kept, best_sum = [], math.inf
+        for p in points:
+            if p[3] < best_sum:
+                kept.append(p)
+                best_sum = p[3]
+        return kept
+    points.sort(key=lambda p: (p[0], p[1], p[3]))
+    kept: list[tuple] = []
+    for p in points:
+        if not any(q[1] <= p[1] and q[3] <= p[3] for q in kept):  # kept ones have q[0] <= p[0]
+            kept.append(p)
+    return kept
+
+
+def most_compressed_codecs(cm: CostModel, chain: list[NodeProfile]) -> list[str]:
+    """Per boundary, the allowed codec with the shortest link time; `least_lossy_codecs` relaxes it."""
+    return [min(cm.codec_options(j, a, b), key=lambda codec: cm.boundary_s(a, b, 0, codec)[0])
+            for j, (a, b) in enumerate(zip(chain, chain[1:]))]
+
+
+def bottleneck_cuts(cm: CostModel, chain: list[NodeProfile]) -> PipelineCost | None:
+    """Heuristic for long chains: bisect the bottleneck, greedily filling each stage under it."""
+    S, L = len(chain), cm.num_layers
+    if S > L:
+        return None
+
+    times = [cm.time_prefix(node) for node in chain]
+    squeezed = most_compressed_codecs(cm, chain)
+    memories = [cm.memory_prefix(j, S) for j in range(S)]
+    outputs = [layer.output_bytes for layer in cm.profile.layers]
+    # boundary_s as one product: fill() runs some 30 times per chain, once per boundary each.
+    per_byte = [cm.link_seconds_per_byte(a, b, codec) for a, b, codec in zip(chain, chain[1:], squeezed)]
+
+    def fill(limit: float) -> list[tuple[int, int]] | None:
+        """Give each stage as many layers as fit under the limit (time and memory are monotone in
+        the range, so the furthest end is found by bisection on prefix sums)."""
+        cuts, start = [], 0
+        for j, node in enumerate(chain):
+            last = L if j == S - 1 else L - (S - 1 - j)
+            acc, mem = times[j], memories[j]
+            end = min(bisect.bisect_right(acc, acc[start] + limit) - 1,
+                      bisect.bisect_right(mem, mem[start] + node.memory_bytes) - 1, last)
+            if end <= start or (j == S - 1 and end < L):
+                return None
+            if j < S - 1 and outputs[end - 1] * per_byte[j] > limit:
+                return None
+            cuts.append((start, end))
+            start = end
+        return cuts
+
+    biggest = max(layer.output_bytes for layer in cm.profile.layers)  # uncompressed: an upper bound
+    slowest_link = max((biggest / cm.link(a, b)[0] for a, b in zip(chain, chain[1:])), default=0.0)
+    lo, hi = 0.0, max(cm.compute_s(n, 0, L) for n in chain) + slowest_link
+    best = fill(hi)
+    if best is None:
+        return None
+    for _ in range(30):  # to a billionth of the starting interval
+        mid = (lo + hi) / 2
+        cuts = fill(mid)
+        if cuts is None:
+            lo = mid
+        else:
+            hi, best = mid, cuts
+    return cm.evaluate(chain, best, squeezed)
+
+
+def cut_chain(cm: CostModel, chain: list[NodeProfile]) -> PipelineCost | None:
+    exact = len(chain) * cm.num_layers ** 2 <= EXACT_MAX_WORK
+    cost = best_cuts(cm, chain) if exact else bottleneck_cuts(cm, chain)
+    return None if cost is None else least_lossy_codecs(cm, chain, cost)
+
+
+def least_lossy_codecs(cm: CostModel, chain: list[NodeProfile], cost: PipelineCost) -> PipelineCost:
+    """Per boundary, the least lossy allowed codec that keeps the link off the critical path:
+    the predicted step stays within CODEC_SLACK of the best codec choice's. `none` wherever the
+    raw link is fast enough; a lossier codec only where it really buys time."""
+    cuts = [(s.layer_start, s.layer_end) for s in cost.stages]
+    codecs = [s.codec for s in cost.stages[:-1]]
+    limit = cost.step_s * (1 + CODEC_SLACK)
+    for j, (a, b) in enumerate(zip(chain, chain[1:])):
+        for codec in sorted(cm.codec_options(j, a, b), key=LOSSINESS.index):
+            if codec == codecs[j]:
+                break  # the cut's own choice is the least lossy that is good enough
+            trial = cm.evaluate(chain, cuts, codecs[:j] + [codec] + codecs[j + 1:])
+            if trial.step_s <= limit:
+                codecs[j] = codec
+                break
+    return cm.evaluate(chain, cuts, codecs)

@@ -1,0 +1,145 @@
+"""Which nodes, in which order: the candidate chains for one pipeline, and the search among them.
+
+Exhaustive over every ordered subset for clusters of up to EXHAUSTIVE_MAX_NODES nodes.
+Larger clusters use region-level ordering: regions are chained to minimise the time spent
+crossing between them (all orders for up to 7 regions, greedy beyond), every contiguous run
+of that region order is a candidate, and inside it the k fastest nodes for a few k (each
+region's nodes stay together, sorted by memory so the stages that keep most micro-batches in
+flight get the most memory). Each chain is cut by launcher/chain_cuts.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+from hetlaunch.launcher.chain_cuts import cut_chain
+from hetlaunch.launcher.compression import CompressionConfig
+from hetlaunch.launcher.cost_model import CostModel, PipelineCost
+from hetlaunch.launcher.profile import NodeProfile, Profile
+
+EXHAUSTIVE_MAX_NODES = 6
+
+
+def node_speed(node: NodeProfile) -> float:
+    return 1.0 / max(sum(node.layer_seconds), 1e-12)
+
+
+def _region_path(profile: Profile, regions: list[str]) -> list[str]:
+    """Order regions so the chain crosses between them over the fastest links."""
+    if len(regions) <= 1:
+        return regions
+    reps = {r: next(n for n in profile.nodes if n.region == r) for r in regions}
+
+    def hop(a: str, b: str) -> float:
+        return 1.0 / profile.link(reps[a], reps[b]).bandwidth_bytes_per_s
+
+    if len(regions) <= 7:
+        return list(min(itertools.permutations(regions), key=lambda p: sum(hop(a, b) for a, b in zip(p, p[1:]))))
+    best = None
+    for start in regions:
+        path, left = [start], set(regions) - {start}
+        while left:
+            nxt = min(left, key=lambda r: hop(path[-1], r))
+            path.append(nxt)
+            left.remove(nxt)
+        cost = sum(hop(a, b) for a, b in zip(path, path[1:]))
+        if best is None or cost < best[0]:
+            best = (cost, path)
+    return best[1]
+
+
+def candidate_chains(profile: Profile, nodes: list[NodeProfile], num_layers: int, stages: int | None):
+    """Ordered node chains to price: every ordered subset when small, region-level heuristics when large."""
+    if len(nodes) <= EXHAUSTIVE_MAX_NODES:
+        for k in range(1, min(len(nodes), num_layers) + 1):
+            if stages is None or k == stages:
+                yield from (list(p) for p in itertools.permutations(nodes, k))
+        return
+    path = _region_path(profile, sorted({n.region for n in nodes}))
+    for a in range(len(path)):
+        for b in range(a + 1, len(path) + 1):
+            run = set(path[a:b])
+            members = [n for n in nodes if n.region in run]
+            fastest = sorted(members, key=node_speed, reverse=True)
+            limit = min(len(members), num_layers)
+            sizes = sorted({k for k in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, limit) if k <= limit})
+            if stages is not None:
+                sizes = [stages] if stages <= limit else []
+            for k in sizes:
+                chosen = set(id(n) for n in fastest[:k])
+                # Keep each region's nodes together, in region-path order; most memory first.
+                yield [n for r in path[a:b] for n in sorted((m for m in members if m.region == r and id(m) in chosen),
+                                                            key=lambda m: (-m.memory_bytes, -node_speed(m)))]
+
+
+class ChainSearch:
+    """Prices chains for one micro-batch count, remembering chains it has seen.
+
+    Nodes with the same region, memory and timings are interchangeable unless a link was
+    measured for the node itself, so a chain is remembered by those signatures: a large
+    cluster of a few device types prices each distinct chain once.
+    """
+
+    def __init__(self, profile: Profile, num_microbatches: int, schedule: str, compression: CompressionConfig):
+        self.profile = profile
+        self.cm = CostModel(profile, num_microbatches, schedule, compression)
+        linked = {name for link in profile.links if link.nodes for name in link.nodes}
+        self.signature = {n.name: n.name if n.name in linked else
+                          (n.region, n.memory_bytes, tuple(n.layer_seconds), tuple(n.optimizer_seconds or ()),
+                           tuple(sorted((n.codec_seconds_per_byte or {}).items())))
+                          for n in profile.nodes}
+        self.memo: dict[tuple, tuple[list[tuple[int, int]], list[str], float] | None] = {}
+        self._work: dict[frozenset, float] = {}
+        self._smallest_output = min((layer.output_bytes for layer in profile.layers[:-1]), default=0)
+
+    def key(self, chain: list[NodeProfile]) -> tuple:
+        """What the chain's cost depends on: equal keys, equal costs."""
+        return tuple(self.signature[n.name] for n in chain)
+
+    def price(self, chain: list[NodeProfile], bound: float) -> PipelineCost | None:
+        """The chain's best cut for this micro-batch count; None if no cut fits, or if the chain
+        cannot beat `bound` and was not priced before."""
+        key = self.key(chain)
+        if key in self.memo:
+            known = self.memo[key]
+            return None if known is None else self.cm.evaluate(chain, *known[:2])
+        if self.lower_bound(chain) >= bound:
+            return None  # cannot beat the best so far; not remembered, a later bound may be looser
+        cost = cut_chain(self.cm, chain)
+        self.memo[key] = None if cost is None else ([(s.layer_start, s.layer_end) for s in cost.stages],
+                                                    [s.codec for s in cost.stages[:-1]], cost.step_s)
+        return cost
+
+    def step(self, chain: list[NodeProfile], bound: float) -> float | None:
+        """price(chain, bound).step_s without building the cost when it is remembered."""
+        known = self.memo.get(self.key(chain), ())
+        if known != ():
+            return None if known is None else known[2]
+        cost = self.price(chain, bound)
+        return None if cost is None else cost.step_s
+
+    def lower_bound(self, chain: list[NodeProfile]) -> float:
+        """Every layer at its fastest node in the chain, perfectly balanced; every boundary carries
+        the smallest activation with its most compressing codec and pays its latency."""
+        cm = self.cm
+        distinct = {self.signature[n.name]: n for n in chain}
+        types = frozenset(distinct)
+        if types not in self._work:
+            self._work[types] = sum(min(cm.compute_s(n, i, i + 1) for n in distinct.values())
+                                    for i in range(cm.num_layers))
+        work = self._work[types]
+        link_max = link_sum = 0.0
+        for j, (a, b) in enumerate(zip(chain, chain[1:])):
+            c = self._smallest_output * min(cm.link_seconds_per_byte(a, b, codec) for codec in cm.codec_options(j, a, b))
+            link_max = max(link_max, c)
+            link_sum += 2 * (c + cm.link(a, b)[1])
+        return cm.step_s(work / len(chain), link_max, work + link_sum) * (1 - 1e-12)  # rounding stays below
+
+    def best(self, nodes: list[NodeProfile], stages: int | None) -> PipelineCost | None:
+        best = None
+        for chain in candidate_chains(self.profile, nodes, self.cm.num_layers, stages):
+            cost = self.price(chain, best.step_s if best else math.inf)
+            if cost is not None and (best is None or cost.step_s < best.step_s):
+                best = cost
+        return best

@@ -1,0 +1,283 @@
+"""Several data-parallel pipelines: which chains, how many micro-batches each, priced with their sync.
+
+For a replica count c the candidates are sets of c disjoint chains:
+
+* greedy: the best chain of the cluster, then the best of the remaining nodes, and so on;
+* by region: the regions are split into c groups (every split for up to 7 regions, else
+  regions dealt by speed to the slowest group so far) and each group gets its best chain.
+  This is what keeps each replica, and so the activations, inside a region, at the price
+  of a cross-region gradient sync;
+* for c = 2 on clusters of up to EXHAUSTIVE_MAX_NODES nodes: every pair of disjoint chains,
+  skipping a pair when the larger of the two chains' lower bounds cannot beat the best.
+
+Each set gets micro-batches in proportion to throughput (split_microbatches); for c = 2
+with up to SPLIT_ALL_MAX_MICROBATCHES micro-batches every split is tried, and for larger c
+single micro-batches are moved off the slowest pipeline while that helps. Every pipeline
+is cut for its own share (the remembered best cut of that chain at that count), then the
+gradient sync is priced (launcher/sync_cost.py) and the set with the smallest plan step
+wins. Without sync cost (no parameters), the pair search is exact for c = 2 and small
+micro-batch counts; with it, cuts are chosen for the pipelines' steps, not for the sync.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+from hetlaunch.launcher.chain_cuts import least_lossy_codecs, most_compressed_codecs
+from hetlaunch.launcher.chain_search import EXHAUSTIVE_MAX_NODES, ChainSearch, candidate_chains, node_speed
+from hetlaunch.launcher.compression import CompressionConfig
+from hetlaunch.launcher.cost_model import PipelineCost
+from hetlaunch.launcher.profile import NodeProfile, Profile
+from hetlaunch.launcher.sync_cost import SyncCost, plan_step_s, sync_costs
+
+SPLIT_ALL_MAX_MICROBATCHES = 32  # two pipelines: every split tried up to this many micro-batches
+POLISH_MAX_STAGES = 16  # sets with up to this many stages in all get their cuts polished for the sync
+ALL_REGION_SPLITS_MAX_REGIONS = 7
+
+
+@dataclass
+class PipelineSet:
+    pipelines: list[PipelineCost]  # each at its own share of the micro-batches
+    sync: list[SyncCost]
+    step_s: float
+
+
+def split_microbatches(total: int, throughputs: list[float]) -> list[int]:
+    """Micro-batches per pipeline in proportion to throughput, each at least 1, summing to total."""
+    raw = [total * t / sum(throughputs) for t in throughputs]
+    counts = [max(1, int(r)) for r in raw]
+    while sum(counts) > total:
+        i = max(range(len(counts)), key=lambda k: counts[k] - raw[k])
+        counts[i] -= 1
+    while sum(counts) < total:
+        i = max(range(len(counts)), key=lambda k: raw[k] - counts[k])
+        counts[i] += 1
+    return counts
+
+
+def replica_counts(max_pipelines: int, num_nodes: int, num_microbatches: int) -> list[int]:
+    """1, 2, 4, ... up to the most pipelines possible, and that most itself."""
+    limit = min(max_pipelines, num_nodes, num_microbatches)
+    counts = [1]
+    while counts[-1] * 2 <= limit:
+        counts.append(counts[-1] * 2)
+    if counts[-1] != limit:
+        counts.append(limit)
+    return counts
+
+
+class Replicas:
+    """Finds the best set of c pipelines for one profile, job and codec policy."""
+
+    def __init__(self, profile: Profile, num_microbatches: int, schedule: str, compression: CompressionConfig,
+                 stages: int | None):
+        self.profile, self.M, self.schedule = profile, num_microbatches, schedule
+        self.compression, self.stages = compression, stages
+        self._searches: dict[int, ChainSearch] = {}
+        self._by_regions: dict[tuple[int, frozenset[str]], list[NodeProfile] | None] = {}
+
+    def search(self, share: int) -> ChainSearch:
+        if share not in self._searches:
+            self._searches[share] = ChainSearch(self.profile, share, self.schedule, self.compression)
+        return self._searches[share]
+
+    def best_set(self, count: int) -> PipelineSet | None:
+        """The best set of at most `count` pipelines found (fewer only if the nodes run out)."""
+        share = max(1, self.M // count)  # a pipeline with fewer micro-batches pays relatively more bubble
+        search = self.search(share)
+        if count == 1:
+            chain = search.best(self.profile.nodes, self.stages)
+            return None if chain is None else self.price([self._nodes(chain)], [self.M])
+        best = None
+        for chains in self._candidate_sets(count, search):
+            found = self._best_split(chains, search)
+            if found is not None and (best is None or found.step_s < best.step_s):
+                best = found
+        if count == 2 and len(self.profile.nodes) <= EXHAUSTIVE_MAX_NODES:
+            best = self._best_pair(best)
+        return None if best is None else self._polish(best)
+
+    def price(self, chains: list[list[NodeProfile]], shares: list[int]) -> PipelineSet | None:
+        """Each chain cut for its own share, plus the sync between them; None if a cut does not fit."""
+        costs = []
+        for chain, m in zip(chains, shares):
+            cost = self.search(m).price(chain, math.inf)
+            if cost is None:
+                return None
+            costs.append(cost)
+        sync = sync_costs(self.profile, costs, self.compression)
+        return PipelineSet(costs, sync, plan_step_s(costs, sync))
+
+    def _nodes(self, cost: PipelineCost) -> list[NodeProfile]:
+        index = {n.name: n for n in self.profile.nodes}
+        return [index[s.node] for s in cost.stages]
+
+    def _candidate_sets(self, count: int, search: ChainSearch):
+        """Greedy sets, then one set per split of the regions into `count` groups."""
+        chains: list[list[NodeProfile]] = []
+        used: set[str] = set()
+        while len(chains) < count:
+            extra = search.best([n for n in self.profile.nodes if n.name not in used], self.stages)
+            if extra is None:
+                break
+            chains.append(self._nodes(extra))
+            used.update(s.node for s in extra.stages)
+        if chains:
+            yield chains
+        regions = sorted({n.region for n in self.profile.nodes})
+        if count > len(regions):
+            return
+        for groups in self._region_splits(regions, count):
+            chains = [self._best_in(search, group) for group in groups]
+            if all(chains):
+                yield chains
+
+    def _region_splits(self, regions: list[str], count: int):
+        if len(regions) <= ALL_REGION_SPLITS_MAX_REGIONS:
+            yield from _partitions(regions, count)
+            return
+        power = {r: sum(node_speed(n) for n in self.profile.nodes if n.region == r) for r in regions}
+        groups: list[list[str]] = [[] for _ in range(count)]
+        totals = [0.0] * count
+        for r in sorted(regions, key=lambda r: -power[r]):  # fastest first, to the weakest group
+            i = min(range(count), key=lambda k: totals[k])
+            groups[i].append(r)
+            totals[i] += power[r]
+        yield groups
+
+    def _best_in(self, search: ChainSearch, regions: list[str]) -> list[NodeProfile] | None:
+        key = (search.cm.M, frozenset(regions))
+        if key not in self._by_regions:
+            cost = search.best([n for n in self.profile.nodes if n.region in key[1]], self.stages)
+            self._by_regions[key] = None if cost is None else self._nodes(cost)
+        return self._by_regions[key]
+
+    def _splits(self, steps: list[float], shares: list[int]) -> list[list[int]]:
+        """Micro-batch splits to try, from each chain's step at the share it was searched for."""
+        first = split_microbatches(self.M, [m / s for m, s in zip(shares, steps)])
+        if len(steps) == 2 and self.M <= SPLIT_ALL_MAX_MICROBATCHES:
+            return [first] + [[m, self.M - m] for m in range(1, self.M) if m != first[0]]
+        return [first]
+
+    def _best_split(self, chains: list[list[NodeProfile]], search: ChainSearch) -> PipelineSet | None:
+        if len(chains) > self.M:
+            return None
+        steps = [search.step(chain, math.inf) for chain in chains]
+        if any(s is None for s in steps):
+            return None
+        best = None
+        for shares in self._splits(steps, [search.cm.M] * len(chains)):
+            found = self.price(chains, shares)
+            if found is not None and (best is None or found.step_s < best.step_s):
+                best = found
+        if best is not None and len(chains) > 2:
+            best = self._rebalance(chains, best)
+        return best
+
+    def _rebalance(self, chains: list[list[NodeProfile]], current: PipelineSet) -> PipelineSet:
+        """Move one micro-batch at a time off the slowest pipeline to the one it slows least."""
+        for _ in range(len(chains)):
+            shares = [p.num_microbatches for p in current.pipelines]
+            slow = max(range(len(chains)), key=lambda i: current.pipelines[i].step_s)
+            if shares[slow] == 1:
+                break
+            grown = [self.search(m + 1).step(chain, math.inf) for chain, m in zip(chains, shares)]
+            targets = [i for i in range(len(chains)) if i != slow and grown[i] is not None]
+            if not targets:
+                break
+            to = min(targets, key=lambda i: grown[i])
+            shares[slow] -= 1
+            shares[to] += 1
+            trial = self.price(chains, shares)
+            if trial is None or trial.step_s >= current.step_s:
+                break
+            current = trial
+        return current
+
+    def _best_pair(self, best: PipelineSet | None) -> PipelineSet | None:
+        """Every pair of disjoint chains, each at every share (or the proportional one when the
+        micro-batches are many); a pair is skipped when its chains' lower bounds cannot win."""
+        chains = list(candidate_chains(self.profile, self.profile.nodes, self.profile.model.num_layers, self.stages))
+        names = [frozenset(n.name for n in chain) for chain in chains]
+        half = self.search(max(1, self.M // 2))
+        seen: set[tuple] = set()
+        for i, j in itertools.combinations(range(len(chains)), 2):
+            if names[i] & names[j]:
+                continue
+            a, b = chains[i], chains[j]
+            if self.M <= SPLIT_ALL_MAX_MICROBATCHES:
+                splits = [(m, self.M - m) for m in range(1, self.M)]
+            else:
+                steps = [half.step(a, math.inf), half.step(b, math.inf)]
+                if None in steps:
+                    continue
+                splits = [tuple(split_microbatches(self.M, [1 / s for s in steps]))]
+            for m1, m2 in splits:
+                key = (self.search(m1).key(a), m1, self.search(m2).key(b), m2)
+                if key in seen:
+                    continue  # the same node types in the same places: the same cost
+                seen.add(key)
+                bound = best.step_s if best else math.inf
+                first, second = self.search(m1), self.search(m2)
+                if max(first.lower_bound(a), second.lower_bound(b)) >= bound:
+                    continue
+                step_a = first.step(a, bound)
+                if step_a is None or step_a >= bound:
+                    continue
+                step_b = second.step(b, bound)
+                if step_b is None or step_b >= bound:
+                    continue
+                found = self.price([a, b], [m1, m2])
+                if found is not None and found.step_s < bound:
+                    best = found
+        return best
+
+
+    def _polish(self, current: PipelineSet) -> PipelineSet:
+        """Each pipeline was cut for its own step; the sync groups follow the cuts, so move single
+        stage boundaries by one layer while that lowers the plan step (small sets only)."""
+        if sum(len(p.stages) for p in current.pipelines) > POLISH_MAX_STAGES:
+            return current
+        chains = [self._nodes(p) for p in current.pipelines]
+        improved = True
+        while improved:
+            improved = False
+            for i, (chain, pipeline) in enumerate(zip(chains, current.pipelines)):
+                for j, delta in itertools.product(range(len(chain) - 1), (-1, 1)):
+                    cuts = [[s.layer_start, s.layer_end] for s in current.pipelines[i].stages]
+                    cuts[j][1] += delta
+                    cuts[j + 1][0] += delta
+                    if cuts[j][1] <= cuts[j][0] or cuts[j + 1][1] <= cuts[j + 1][0]:
+                        continue
+                    cm = self.search(pipeline.num_microbatches).cm
+                    moved = least_lossy_codecs(cm, chain, cm.evaluate(chain, [tuple(c) for c in cuts],
+                                                                      most_compressed_codecs(cm, chain)))
+                    if any(s.memory_bytes > s.capacity_bytes for s in moved.stages):
+                        continue
+                    costs = current.pipelines[:i] + [moved] + current.pipelines[i + 1:]
+                    sync = sync_costs(self.profile, costs, self.compression)
+                    step = plan_step_s(costs, sync)
+                    if step < current.step_s * (1 - 1e-12):
+                        current, improved = PipelineSet(costs, sync, step), True
+        return current
+
+
+def _partitions(items: list[str], count: int):
+    """Every split of items into exactly `count` non-empty groups (order of groups ignored)."""
+    def grow(i: int, groups: list[list[str]]):
+        if len(groups) + len(items) - i < count:
+            return
+        if i == len(items):
+            yield [list(g) for g in groups]
+            return
+        for g in groups:
+            g.append(items[i])
+            yield from grow(i + 1, groups)
+            g.pop()
+        if len(groups) < count:
+            groups.append([items[i]])
+            yield from grow(i + 1, groups)
+            groups.pop()
+    yield from grow(0, [])
