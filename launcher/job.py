@@ -12,7 +12,7 @@ from rich.console import Console
 
 from hetlaunch.launcher.plan import Plan, planned, static_plan
 from hetlaunch.launcher.planner import plan as plan_pipelines
-from hetlaunch.launcher.planner import plan_fixed_cut
+from hetlaunch.launcher.planner import plan_fixed_cut, price_pipelines
 from hetlaunch.launcher.profiling import measure_cluster
 from hetlaunch.launcher.progress import TrainingProgress, print_plan, print_summary
 from hetlaunch.launcher.run_record import RunRecord, StepAggregator
@@ -58,8 +58,6 @@ def make_plan(session: ClusterSession, spec, reprofile: bool, console: Console) 
     if len(chains) == 1:
         result = plan_fixed_cut(profile, *chains[0], train.num_microbatches, train.schedule, cluster.compression)
     else:
-        from hetlaunch.launcher.planner import price_pipelines  # TEMP until the planner lands
-
         result = price_pipelines(profile, [(nodes, cuts, share) for (nodes, cuts), share
                                            in zip(chains, pinned.pipeline_microbatches)],
                                  train.schedule, cluster.compression)
