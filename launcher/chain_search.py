@@ -30,9 +30,11 @@ def _region_path(profile: Profile, regions: list[str]) -> list[str]:
     if len(regions) <= 1:
         return regions
     reps = {r: next(n for n in profile.nodes if n.region == r) for r in regions}
+    hops = {(a, b): 1.0 / profile.link(reps[a], reps[b]).bandwidth_bytes_per_s
+            for a, b in itertools.permutations(regions, 2)}
 
     def hop(a: str, b: str) -> float:
-        return 1.0 / profile.link(reps[a], reps[b]).bandwidth_bytes_per_s
+        return hops[a, b]
 
     if len(regions) <= 7:
         return list(min(itertools.permutations(regions), key=lambda p: sum(hop(a, b) for a, b in zip(p, p[1:]))))
@@ -49,14 +51,22 @@ def _region_path(profile: Profile, regions: list[str]) -> list[str]:
     return best[1]
 
 
-def candidate_chains(profile: Profile, nodes: list[NodeProfile], num_layers: int, stages: int | None):
-    """Ordered node chains to price: every ordered subset when small, region-level heuristics when large."""
+def candidate_chains(profile: Profile, nodes: list[NodeProfile], num_layers: int, stages: int | None,
+                     paths: dict[tuple[str, ...], list[str]] | None = None):
+    """Ordered node chains to price: every ordered subset when small, region-level heuristics when large.
+
+    `paths` remembers region orders between calls (the same regions come back for every
+    micro-batch count and every replica)."""
     if len(nodes) <= EXHAUSTIVE_MAX_NODES:
         for k in range(1, min(len(nodes), num_layers) + 1):
             if stages is None or k == stages:
                 yield from (list(p) for p in itertools.permutations(nodes, k))
         return
-    path = _region_path(profile, sorted({n.region for n in nodes}))
+    regions = tuple(sorted({n.region for n in nodes}))
+    paths = {} if paths is None else paths
+    if regions not in paths:
+        paths[regions] = _region_path(profile, list(regions))
+    path = paths[regions]
     for a in range(len(path)):
         for b in range(a + 1, len(path) + 1):
             run = set(path[a:b])
@@ -81,8 +91,10 @@ class ChainSearch:
     cluster of a few device types prices each distinct chain once.
     """
 
-    def __init__(self, profile: Profile, num_microbatches: int, schedule: str, compression: CompressionConfig):
+    def __init__(self, profile: Profile, num_microbatches: int, schedule: str, compression: CompressionConfig,
+                 paths: dict[tuple[str, ...], list[str]] | None = None):
         self.profile = profile
+        self.paths = {} if paths is None else paths  # region orders, shareable between searches
         self.cm = CostModel(profile, num_microbatches, schedule, compression)
         linked = {name for link in profile.links if link.nodes for name in link.nodes}
         self.signature = {n.name: n.name if n.name in linked else
@@ -91,6 +103,7 @@ class ChainSearch:
                           for n in profile.nodes}
         self.memo: dict[tuple, tuple[list[tuple[int, int]], list[str], float] | None] = {}
         self._work: dict[frozenset, float] = {}
+        self._hops: dict[tuple, tuple[float, float]] = {}  # per boundary: (least link time, its fill/drain share)
         self._smallest_output = min((layer.output_bytes for layer in profile.layers[:-1]), default=0)
 
     def key(self, chain: list[NodeProfile]) -> tuple:
@@ -130,16 +143,27 @@ class ChainSearch:
                                     for i in range(cm.num_layers))
         work = self._work[types]
         link_max = link_sum = 0.0
+        pinned = cm.compression.boundaries  # codecs pinned by position make a hop depend on it
         for j, (a, b) in enumerate(zip(chain, chain[1:])):
-            c = self._smallest_output * min(cm.link_seconds_per_byte(a, b, codec) for codec in cm.codec_options(j, a, b))
-            link_max = max(link_max, c)
-            link_sum += 2 * (c + cm.link(a, b)[1])
+            key = (self.signature[a.name], self.signature[b.name], j if pinned else None)
+            hop = self._hops.get(key)
+            if hop is None:
+                c = self._smallest_output * min(cm.link_seconds_per_byte(a, b, codec)
+                                                for codec in cm.codec_options(j, a, b))
+                hop = self._hops[key] = (c, 2 * (c + cm.link(a, b)[1]))
+            link_max = max(link_max, hop[0])
+            link_sum += hop[1]
         return cm.step_s(work / len(chain), link_max, work + link_sum) * (1 - 1e-12)  # rounding stays below
 
     def best(self, nodes: list[NodeProfile], stages: int | None) -> PipelineCost | None:
         best = None
-        for chain in candidate_chains(self.profile, nodes, self.cm.num_layers, stages):
-            cost = self.price(chain, best.step_s if best else math.inf)
+        chains = list(candidate_chains(self.profile, nodes, self.cm.num_layers, stages, self.paths))
+        # Most promising first: an early good bound lets the lower bound skip the rest uncut.
+        bounds = [self.lower_bound(chain) for chain in chains]
+        for k in sorted(range(len(chains)), key=bounds.__getitem__):
+            if best is not None and bounds[k] >= best.step_s:
+                break
+            cost = self.price(chains[k], best.step_s if best else math.inf)
             if cost is not None and (best is None or cost.step_s < best.step_s):
                 best = cost
         return best

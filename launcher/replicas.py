@@ -3,8 +3,9 @@
 For a replica count c the candidates are sets of c disjoint chains:
 
 * greedy: the best chain of the cluster, then the best of the remaining nodes, and so on;
-* by region: the regions are split into c groups (every split for up to 7 regions, else
-  regions dealt by speed to the slowest group so far) and each group gets its best chain.
+* by region: the regions are split into c groups (every split while there are at most
+  MAX_REGION_SPLITS, else regions dealt by speed to the slowest group so far) and each group
+  gets its best chain.
   This is what keeps each replica, and so the activations, inside a region, at the price
   of a cross-region gradient sync;
 * for c = 2 on clusters of up to EXHAUSTIVE_MAX_NODES nodes: every pair of disjoint chains,
@@ -30,11 +31,14 @@ from hetlaunch.launcher.chain_search import EXHAUSTIVE_MAX_NODES, ChainSearch, c
 from hetlaunch.launcher.compression import CompressionConfig
 from hetlaunch.launcher.cost_model import PipelineCost
 from hetlaunch.launcher.profile import NodeProfile, Profile
-from hetlaunch.launcher.sync_cost import SyncCost, plan_step_s, sync_costs
+from hetlaunch.launcher.sync_cost import SyncCost, SyncModel, plan_step_s
 
 SPLIT_ALL_MAX_MICROBATCHES = 32  # two pipelines: every split tried up to this many micro-batches
 POLISH_MAX_STAGES = 16  # sets with up to this many stages in all get their cuts polished for the sync
-ALL_REGION_SPLITS_MAX_REGIONS = 7
+# Every split of the regions among the replicas is tried while there are at most this many
+# (2 replicas over 7 regions: 63; 4 over 6: 65); beyond, regions are dealt by speed. Each split
+# costs a chain search per new group of regions: 350 splits (4 over 7 regions) took 9 s for 256 nodes.
+MAX_REGION_SPLITS = 100
 
 
 @dataclass
@@ -76,11 +80,13 @@ class Replicas:
         self.profile, self.M, self.schedule = profile, num_microbatches, schedule
         self.compression, self.stages = compression, stages
         self._searches: dict[int, ChainSearch] = {}
+        self._paths: dict[tuple[str, ...], list[str]] = {}  # region orders, shared by every search
+        self._sync = SyncModel(profile)
         self._by_regions: dict[tuple[int, frozenset[str]], list[NodeProfile] | None] = {}
 
     def search(self, share: int) -> ChainSearch:
         if share not in self._searches:
-            self._searches[share] = ChainSearch(self.profile, share, self.schedule, self.compression)
+            self._searches[share] = ChainSearch(self.profile, share, self.schedule, self.compression, self._paths)
         return self._searches[share]
 
     def best_set(self, count: int) -> PipelineSet | None:
@@ -90,11 +96,13 @@ class Replicas:
         if count == 1:
             chain = search.best(self.profile.nodes, self.stages)
             return None if chain is None else self.price([self._nodes(chain)], [self.M])
-        best = None
+        best, best_chains = None, None
         for chains in self._candidate_sets(count, search):
             found = self._best_split(chains, search)
             if found is not None and (best is None or found.step_s < best.step_s):
-                best = found
+                best, best_chains = found, chains
+        if best is not None and count > 2:
+            best = self._rebalance(best_chains, best)  # only the winner: each move re-cuts chains
         if count == 2 and len(self.profile.nodes) <= EXHAUSTIVE_MAX_NODES:
             best = self._best_pair(best)
         return None if best is None else self._polish(best)
@@ -107,7 +115,7 @@ class Replicas:
             if cost is None:
                 return None
             costs.append(cost)
-        sync = sync_costs(self.profile, costs, self.compression)
+        sync = self._sync.costs(costs, self.compression)
         return PipelineSet(costs, sync, plan_step_s(costs, sync))
 
     def _nodes(self, cost: PipelineCost) -> list[NodeProfile]:
@@ -135,7 +143,7 @@ class Replicas:
                 yield chains
 
     def _region_splits(self, regions: list[str], count: int):
-        if len(regions) <= ALL_REGION_SPLITS_MAX_REGIONS:
+        if _stirling2(len(regions), count) <= MAX_REGION_SPLITS:
             yield from _partitions(regions, count)
             return
         power = {r: sum(node_speed(n) for n in self.profile.nodes if n.region == r) for r in regions}
@@ -172,8 +180,6 @@ class Replicas:
             found = self.price(chains, shares)
             if found is not None and (best is None or found.step_s < best.step_s):
                 best = found
-        if best is not None and len(chains) > 2:
-            best = self._rebalance(chains, best)
         return best
 
     def _rebalance(self, chains: list[list[NodeProfile]], current: PipelineSet) -> PipelineSet:
@@ -257,11 +263,19 @@ class Replicas:
                     if any(s.memory_bytes > s.capacity_bytes for s in moved.stages):
                         continue
                     costs = current.pipelines[:i] + [moved] + current.pipelines[i + 1:]
-                    sync = sync_costs(self.profile, costs, self.compression)
+                    sync = self._sync.costs(costs, self.compression)
                     step = plan_step_s(costs, sync)
                     if step < current.step_s * (1 - 1e-12):
                         current, improved = PipelineSet(costs, sync, step), True
         return current
+
+
+def _stirling2(n: int, k: int) -> int:
+    """How many ways n items split into k non-empty groups."""
+    row = [1] + [0] * k  # S(0, j)
+    for i in range(1, n + 1):
+        row = [0] + [j * row[j] + row[j - 1] for j in range(1, k + 1)]
+    return row[k]
 
 
 def _partitions(items: list[str], count: int):

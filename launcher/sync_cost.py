@@ -101,30 +101,16 @@ def allreduce_s(num_bytes: float, holders: int, bandwidth: float, latency: float
             + num_bytes * codec_seconds_per_byte)
 
 
-def group_cost(profile: Profile, pipelines: Sequence[PipelineCost], group: SyncGroup, codec: str) -> SyncCost:
-    """One group's cost with a given codec (no choice made)."""
-    return _priced(_describe(pipelines, group, _Prefixes(profile)), codec,
-                   max(p.step_s for p in pipelines))
-
-
 def sync_costs(profile: Profile, pipelines: Sequence[PipelineCost],
                compression: CompressionConfig = NONE) -> list[SyncCost]:
     """Every sync group's cost, each with its codec chosen by `compression.sync`. [] for one pipeline."""
-    if len(pipelines) < 2:
-        return []
-    groups = sync_groups([[(s.layer_start, s.layer_end) for s in p.stages] for p in pipelines])
-    step = max(p.step_s for p in pipelines)
-    prefixes = _Prefixes(profile)
-    options = []
-    for group in groups:
-        described = _describe(pipelines, group, prefixes)
-        codecs = sorted(compression.sync_candidates(described.cross_region), key=LOSSINESS.index)
-        options.append([_priced(described, codec, step) for codec in codecs])
-    best = max([step] + [min(o.end_s for o in costs) for costs in options])
-    limit = best * (1 + CODEC_SLACK)
-    # Groups only meet in the max, so each one's least lossy codec under the limit keeps the
-    # whole plan under it.
-    return [next((o for o in costs if o.end_s <= limit), min(costs, key=lambda o: o.end_s)) for costs in options]
+    return SyncModel(profile).costs(pipelines, compression)
+
+
+def group_cost(profile: Profile, pipelines: Sequence[PipelineCost], group: SyncGroup, codec: str) -> SyncCost:
+    """One group's cost with a given codec (no choice made)."""
+    model = SyncModel(profile)
+    return model.priced(model.describe(pipelines, _drains(pipelines), group), codec, max(p.step_s for p in pipelines))
 
 
 def plan_step_s(pipelines: Sequence[PipelineCost], sync: Sequence[SyncCost]) -> float:
@@ -132,81 +118,102 @@ def plan_step_s(pipelines: Sequence[PipelineCost], sync: Sequence[SyncCost]) -> 
     return max([p.step_s for p in pipelines] + [g.end_s for g in sync])
 
 
-def _priced(d: _Group, codec: str, step: float) -> SyncCost:
-    holders = len(d.nodes)
-    reduce_s = allreduce_s(d.bytes, holders, d.bandwidth, d.latency, codec,
-                           max(n.codec_cost(codec) for n in d.nodes) if codec != "none" else 0.0)
-    if reduce_s == 0.0:
-        end = d.ready
-    else:
-        buckets = max(1, math.ceil(d.bytes / SYNC_BUCKET_BYTES))
-        end = max(d.ready + reduce_s / buckets, d.ready - d.backward + reduce_s)
-    return SyncCost(d.group.layer_start, d.group.layer_end, tuple(n.name for n in d.nodes), d.bytes, codec,
-                    d.bandwidth, d.latency, reduce_s, end, max(0.0, end - step))
-
-
-class _Prefixes:
-    """Per (node, micro-batches): prefix sums of per-micro-batch compute, as CostModel.compute_s has them."""
+class SyncModel:
+    """Prices the sync of many plans of one profile, remembering per-node prefix sums and links."""
 
     def __init__(self, profile: Profile):
         self.profile = profile
         self.params = [0]
         for layer in profile.layers:
             self.params.append(self.params[-1] + layer.param_bytes)
-        self._time: dict[tuple[str, int], list[float]] = {}
-        self._links: dict[tuple[str, str], tuple[float, float]] = {}
-        self.linked = {name for link in profile.links if link.nodes for name in link.nodes}
         self.nodes = {n.name: n for n in profile.nodes}
+        self._linked = {name for link in profile.links if link.nodes for name in link.nodes}
+        self._time: dict[tuple[str, int], list[float]] = {}
+        self._links: dict[frozenset, tuple[float, float]] = {}
 
-    def compute(self, node: NodeProfile, start: int, end: int, num_microbatches: int) -> float:
+    def costs(self, pipelines: Sequence[PipelineCost], compression: CompressionConfig = NONE) -> list[SyncCost]:
+        """sync_costs with this model's memory."""
+        if len(pipelines) < 2:
+            return []
+        groups = sync_groups([[(s.layer_start, s.layer_end) for s in p.stages] for p in pipelines])
+        step = max(p.step_s for p in pipelines)
+        drains = _drains(pipelines)
+        options = []
+        for group in groups:
+            described = self.describe(pipelines, drains, group)
+            codecs = sorted(compression.sync_candidates(described.cross_region), key=LOSSINESS.index)
+            options.append([self.priced(described, codec, step) for codec in codecs])
+        best = max([step] + [min(o.end_s for o in costs) for costs in options])
+        limit = best * (1 + CODEC_SLACK)
+        # Groups only meet in the max, so each one's least lossy codec under the limit keeps the
+        # whole plan under it.
+        return [next((o for o in costs if o.end_s <= limit), min(costs, key=lambda o: o.end_s)) for costs in options]
+
+    def describe(self, pipelines: Sequence[PipelineCost], drains: list[list[float]], group: SyncGroup) -> _Group:
+        nodes, ready, backward = [], -math.inf, 0.0
+        for p, j in group.holders:
+            pipeline = pipelines[p]
+            stage = pipeline.stages[j]
+            node = self.nodes[stage.node]
+            M = pipeline.num_microbatches
+            below = BACKWARD_SHARE * self._compute(node, stage.layer_start, group.layer_start, M)
+            ready = max(ready, pipeline.step_s - drains[p][j] - below)
+            backward = max(backward, BACKWARD_SHARE * self._compute(node, group.layer_start, group.layer_end, M))
+            nodes.append(node)
+        bandwidth, latency = self._slowest_link(nodes)
+        return _Group(group, tuple(nodes), self.params[group.layer_end] - self.params[group.layer_start],
+                      bandwidth, latency, len({n.region for n in nodes}) > 1, ready, backward)
+
+    @staticmethod
+    def priced(d: _Group, codec: str, step: float) -> SyncCost:
+        reduce_s = allreduce_s(d.bytes, len(d.nodes), d.bandwidth, d.latency, codec,
+                               max(n.codec_cost(codec) for n in d.nodes) if codec != "none" else 0.0)
+        if reduce_s == 0.0:
+            end = d.ready
+        else:
+            buckets = max(1, math.ceil(d.bytes / SYNC_BUCKET_BYTES))
+            end = max(d.ready + reduce_s / buckets, d.ready - d.backward + reduce_s)
+        return SyncCost(d.group.layer_start, d.group.layer_end, tuple(n.name for n in d.nodes), d.bytes, codec,
+                        d.bandwidth, d.latency, reduce_s, end, max(0.0, end - step))
+
+    def _compute(self, node: NodeProfile, start: int, end: int, num_microbatches: int) -> float:
+        """CostModel.compute_s: per micro-batch, the optimizer spread over the micro-batches."""
         key = (node.name, num_microbatches)
-        if key not in self._time:
+        acc = self._time.get(key)
+        if acc is None:
             acc, total = [0.0], 0.0
             for i, seconds in enumerate(node.layer_seconds):
                 total += seconds + node.optimizer(i) / num_microbatches
                 acc.append(total)
             self._time[key] = acc
-        acc = self._time[key]
         return acc[end] - acc[start]
 
-    def links(self, nodes: Sequence[NodeProfile]) -> tuple[float, float]:
-        """(slowest bandwidth, largest latency) over all pairs. Nodes without a link of their own
-        are represented by their region, so k holders in r regions cost about r² look-ups."""
+    def _slowest_link(self, nodes: Sequence[NodeProfile]) -> tuple[float, float]:
+        """(slowest bandwidth, largest latency) over all pairs. A node without a link of its own is
+        represented by its region, so k holders in r regions cost about r² look-ups, once."""
         keys: dict[str, list[NodeProfile]] = {}
         for n in nodes:
-            keys.setdefault(self._key(n), []).append(n)
-        reps = list(keys.values())
-        pairs = [(a[0], b[0]) for i, a in enumerate(reps) for b in reps[i + 1:]]
-        pairs += [(same[0], same[1]) for same in reps if len(same) > 1]
-        bandwidth, latency = math.inf, 0.0
-        for a, b in pairs:
-            key = (self._key(a), self._key(b))
-            if key not in self._links:
-                link = self.profile.link(a, b)
-                self._links[key] = self._links[key[::-1]] = (link.bandwidth_bytes_per_s, link.latency_s)
-            bw, lat = self._links[key]
-            bandwidth, latency = min(bandwidth, bw), max(latency, lat)
-        return bandwidth, latency
-
-    def _key(self, node: NodeProfile) -> str:
-        return "node:" + node.name if node.name in self.linked else "region:" + node.region
+            keys.setdefault("node:" + n.name if n.name in self._linked else "region:" + n.region, []).append(n)
+        shape = frozenset((key, len(same) > 1) for key, same in keys.items())
+        if shape not in self._links:
+            reps = list(keys.values())
+            pairs = [(a[0], b[0]) for i, a in enumerate(reps) for b in reps[i + 1:]]
+            pairs += [(same[0], same[1]) for same in reps if len(same) > 1]
+            links = [self.profile.link(a, b) for a, b in pairs]
+            self._links[shape] = (min((link.bandwidth_bytes_per_s for link in links), default=math.inf),
+                                  max((link.latency_s for link in links), default=0.0))
+        return self._links[shape]
 
 
-def _describe(pipelines: Sequence[PipelineCost], group: SyncGroup, prefixes: _Prefixes) -> _Group:
-    nodes, ready, backward = [], -math.inf, 0.0
-    for p, j in group.holders:
-        pipeline = pipelines[p]
-        stage = pipeline.stages[j]
-        node = prefixes.nodes[stage.node]
-        M = pipeline.num_microbatches
-        drain = sum(BACKWARD_SHARE * s.compute_s + s.latency_s + s.link_s for s in pipeline.stages[:j])
-        below = BACKWARD_SHARE * prefixes.compute(node, stage.layer_start, group.layer_start, M)
-        ready = max(ready, pipeline.step_s - drain - below)
-        backward = max(backward, BACKWARD_SHARE * prefixes.compute(node, group.layer_start, group.layer_end, M))
-        nodes.append(node)
-    bandwidth, latency = prefixes.links(nodes)
-    return _Group(group, tuple(nodes), prefixes.params[group.layer_end] - prefixes.params[group.layer_start],
-                  bandwidth, latency, len({n.region for n in nodes}) > 1, ready, backward)
+def _drains(pipelines: Sequence[PipelineCost]) -> list[list[float]]:
+    """drain_j per pipeline: what follows stage j's last backward (the gradient's way up to stage 0)."""
+    drains = []
+    for pipeline in pipelines:
+        acc = [0.0]
+        for s in pipeline.stages[:-1]:
+            acc.append(acc[-1] + BACKWARD_SHARE * s.compute_s + s.latency_s + s.link_s)
+        drains.append(acc)
+    return drains
 
 
 @lru_cache(maxsize=None)
