@@ -5,19 +5,22 @@ For a replica count c the candidates are sets of c disjoint chains:
 * greedy: the best chain of the cluster, then the best of the remaining nodes, and so on;
 * by region: the regions are split into c groups (every split while there are at most
   MAX_REGION_SPLITS, else regions dealt by speed to the slowest group so far) and each group
-  gets its best chain.
-  This is what keeps each replica, and so the activations, inside a region, at the price
-  of a cross-region gradient sync;
+  gets its best chain. This keeps each replica, and so its activations, inside its regions,
+  at the price of a gradient sync across them;
 * for c = 2 on clusters of up to EXHAUSTIVE_MAX_NODES nodes: every pair of disjoint chains,
   skipping a pair when the larger of the two chains' lower bounds cannot beat the best.
 
 Each set gets micro-batches in proportion to throughput (split_microbatches); for c = 2
-with up to SPLIT_ALL_MAX_MICROBATCHES micro-batches every split is tried, and for larger c
-single micro-batches are moved off the slowest pipeline while that helps. Every pipeline
-is cut for its own share (the remembered best cut of that chain at that count), then the
-gradient sync is priced (launcher/sync_cost.py) and the set with the smallest plan step
-wins. Without sync cost (no parameters), the pair search is exact for c = 2 and small
-micro-batch counts; with it, cuts are chosen for the pipelines' steps, not for the sync.
+with up to SPLIT_ALL_MAX_MICROBATCHES micro-batches every split is tried, otherwise the
+winning set moves single micro-batches off its slowest pipeline while that helps. Every
+pipeline is cut for its own share (the remembered best cut of that chain at that count),
+the gradient sync is priced (launcher/sync_cost.py), and the set with the smallest plan
+step wins. On small sets (POLISH_MAX_STAGES) single stage boundaries are then moved while
+the plan step drops, since the sync groups follow the cuts.
+
+Exactness: without sync cost (no parameters) the pair search is exact for c = 2 and up to
+SPLIT_ALL_MAX_MICROBATCHES micro-batches. With sync, a plan whose best cut of a chain is not
+that chain's best cut for its own step can be missed (tests/test_planner_dp.py measures it).
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ SPLIT_ALL_MAX_MICROBATCHES = 32  # two pipelines: every split tried up to this m
 POLISH_MAX_STAGES = 16  # sets with up to this many stages in all get their cuts polished for the sync
 # Every split of the regions among the replicas is tried while there are at most this many
 # (2 replicas over 7 regions: 63; 4 over 6: 65); beyond, regions are dealt by speed. Each split
-# costs a chain search per new group of regions: 350 splits (4 over 7 regions) took 9 s for 256 nodes.
+# costs a chain search per new group of regions: all 350 splits of 7 regions into 4 about
+# tripled the time to plan 256 nodes.
 MAX_REGION_SPLITS = 100
 
 
@@ -82,6 +86,7 @@ class Replicas:
         self._searches: dict[int, ChainSearch] = {}
         self._paths: dict[tuple[str, ...], list[str]] = {}  # region orders, shared by every search
         self._sync = SyncModel(profile)
+        self._index = {n.name: n for n in profile.nodes}
         self._by_regions: dict[tuple[int, frozenset[str]], list[NodeProfile] | None] = {}
 
     def search(self, share: int) -> ChainSearch:
@@ -101,7 +106,7 @@ class Replicas:
             found = self._best_split(chains, search)
             if found is not None and (best is None or found.step_s < best.step_s):
                 best, best_chains = found, chains
-        if best is not None and count > 2:
+        if best is not None and (count > 2 or self.M > SPLIT_ALL_MAX_MICROBATCHES):
             best = self._rebalance(best_chains, best)  # only the winner: each move re-cuts chains
         if count == 2 and len(self.profile.nodes) <= EXHAUSTIVE_MAX_NODES:
             best = self._best_pair(best)
@@ -119,8 +124,7 @@ class Replicas:
         return PipelineSet(costs, sync, plan_step_s(costs, sync))
 
     def _nodes(self, cost: PipelineCost) -> list[NodeProfile]:
-        index = {n.name: n for n in self.profile.nodes}
-        return [index[s.node] for s in cost.stages]
+        return [self._index[s.node] for s in cost.stages]
 
     def _candidate_sets(self, count: int, search: ChainSearch):
         """Greedy sets, then one set per split of the regions into `count` groups."""
@@ -239,7 +243,6 @@ class Replicas:
                 if found is not None and found.step_s < bound:
                     best = found
         return best
-
 
     def _polish(self, current: PipelineSet) -> PipelineSet:
         """Each pipeline was cut for its own step; the sync groups follow the cuts, so move single

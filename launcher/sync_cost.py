@@ -14,7 +14,8 @@ k nodes, with every quantity from the profile:
     then decodes and sums them in the same order, with error feedback):
                                    A = (k-1) * bytes * wire_ratio(c) / bw  +  (k-1) * lat
                                        + bytes * codec_seconds_per_byte[c] of the slowest holder
-    (a group without parameters has nothing to sync: A = 0)
+    (the codec term counts one encode + decode; decoding the k-1 payloads is taken as
+    overlapping with their arrival. A group without parameters has nothing to sync: A = 0.)
 
 Overlap. A stage's gradients become final during its last backward of the step, and the
 runtime (runtime/grad_sync.py) buckets them like DDP — at most SYNC_BUCKET_BYTES per
@@ -26,6 +27,7 @@ gradients are final. For holder (pipeline p, stage j), with pipeline p's step ti
                                                   gradient still travels up to stage 0
     end_pj  = step_p - drain_j                    stage j finishes its last backward
     ready   = end_pj - 2/3 * compute(layers [stage start, g0) on that node)
+              (compute as CostModel.compute_s: per micro-batch, optimizer spread over p's share)
               (backward runs from the stage's last layer down, so G is final before the
               layers below it are done)
     ready_G = max over holders of ready           (the reduction needs every holder)
