@@ -90,6 +90,10 @@ def print_summary(console: Console, summary: dict, run_dir: Path) -> None:
         if link["compression_ratio"] > 1.0:
             console.print(f"  link {link['from']} ↔ {link['to']}: {link['raw_bytes'] / 2**20:,.1f} MiB raw, "
                           f"{link['wire_bytes'] / 2**20:,.1f} MiB on the wire ({link['compression_ratio']:.2f}x)")
+    for sync in summary.get("gradient_sync", []):
+        console.print(f"  gradient sync from {sync['node']}: {sync['raw_bytes'] / 2**20:,.1f} MiB raw, "
+                      f"{sync['wire_bytes'] / 2**20:,.1f} MiB on the wire, "
+                      f"{sync['mean_blocked_s'] * 1e3:.1f} ms/step blocked")
 
 
 def planner_result_dict(result) -> dict:
