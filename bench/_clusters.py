@@ -31,9 +31,11 @@ def node(name: str, speed: float, region: str = "r0", layers: tuple[int, int] | 
     return f"  - {{name: {name}, region: {region}, device: cpu, threads: 1, emulate: {{{emulate}}}{pinned}}}\n"
 
 
-def cluster(name: str, nodes: str, steps: int, microbatches: int = 8, links: str = "") -> str:
+def cluster(name: str, nodes: str, steps: int, microbatches: int = 8, links: str = "", train: str = "") -> str:
+    """`train` adds keys to the train section (e.g. "max_pipelines: 1")."""
     return (f"name: {name}\nmodel: {MODEL}\n"
-            f"train: {{steps: {steps}, micro_batch_size: 8, num_microbatches: {microbatches}, schedule: 1f1b}}\n"
+            f"train: {{steps: {steps}, micro_batch_size: 8, num_microbatches: {microbatches}, schedule: 1f1b"
+            f"{', ' + train if train else ''}}}\n"
             f"{links}nodes:\n{nodes}")
 
 
@@ -63,5 +65,7 @@ def up(cluster_yaml: str, steps: int, warmup: int, cache_dir: Path) -> dict:
     step_s = [r["step_s"] for r in records]
     return {"step_s": step_s, "measured_step_s": statistics.median(step_s[warmup:]),
             "predicted_step_s": summary["plan"].get("predicted_step_s"),
-            "stages": [[s["node"], s["layer_start"], s["layer_end"]] for s in summary["plan"]["stages"]],
+            "stages": [[s["pipeline"], s["node"], s["layer_start"], s["layer_end"]] for s in summary["plan"]["stages"]],
+            "pipeline_microbatches": summary["plan"].get("pipeline_microbatches"),
+            "sync": summary["plan"].get("sync"), "gradient_sync": summary.get("gradient_sync"),
             "excluded": summary["plan"].get("excluded"), "final_loss": summary.get("final_loss")}

@@ -3,7 +3,9 @@
 Each cluster is run as a user runs it (`hetlaunch up`: profile, plan, train); the plan's
 predicted step time (launcher/cost_model.py) is compared with the median measured step
 time after warm-up. Clusters: a speed mix; a memory limit that forces the cut; a slow
-inter-region link. Figure: mean absolute relative error. Target ≤ 10%.
+inter-region link; the 6-node, two-region cluster of dp_scaling, where the planner runs
+several pipelines and prices their gradient sync. Figure: mean absolute relative error.
+Target ≤ 10%.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 from _clusters import BASE_SPEED, cluster, node, up
+from dp_scaling import dp_cluster
 from _harness import NullReporter, Reporter
 
 TARGET = 0.10
@@ -20,13 +23,17 @@ TARGET = 0.10
 
 def clusters(steps: int) -> dict[str, str]:
     slow_link = "links:\n  - between: [east, west]\n    emulate: {bandwidth_mbps: 20, latency_ms: 10}\n"
+    single = "max_pipelines: 1"  # the first three price one pipeline (comparable with earlier runs)
     return {
-        "speed_mix": cluster("cm-speed", node("a", 1) + node("b", 1) + node("c", 0.5) + node("d", 0.25), steps),
+        "speed_mix": cluster("cm-speed", node("a", 1) + node("b", 1) + node("c", 0.5) + node("d", 0.25), steps,
+                             train=single),
         # 4 MiB holds ~3 of the 12 layers (parameters x4 + the micro-batches' activations in flight),
         # so the fastest node cannot take the share its speed would earn it.
-        "memory_limit": cluster("cm-memory", node("a", 1, memory_gb=0.004) + node("b", 0.5) + node("c", 0.5), steps),
+        "memory_limit": cluster("cm-memory", node("a", 1, memory_gb=0.004) + node("b", 0.5) + node("c", 0.5), steps,
+                                train=single),
         "slow_link": cluster("cm-link", node("a", 1, "east") + node("b", 0.5, "east") + node("c", 1, "west")
-                             + node("d", 0.5, "west"), steps, links=slow_link),
+                             + node("d", 0.5, "west"), steps, links=slow_link, train=single),
+        "data_parallel": dp_cluster(steps, single=False),
     }
 
 
@@ -46,7 +53,8 @@ def run(quick: bool, reporter: Reporter | None = None) -> dict:
         predicted = runs[0]["predicted_step_s"]
         results[name] = {"predicted_step_s": predicted, "measured_step_s": measured,
                          "error": abs(predicted - measured) / measured, "signed_error": (predicted - measured) / measured,
-                         "stages": runs[0]["stages"], "excluded": runs[0]["excluded"], "runs": runs}
+                         "stages": runs[0]["stages"], "excluded": runs[0]["excluded"],
+                         "pipeline_microbatches": runs[0]["pipeline_microbatches"], "runs": runs}
     reporter.advance("done")
     mean_error = statistics.mean(r["error"] for r in results.values())
     return {

@@ -51,8 +51,12 @@ def make_plan(session: ClusterSession, spec, reprofile: bool, console: Console) 
     profile = measure_cluster(session, spec, train.micro_batch_size, train.seed, reprofile, console)
     if pinned is None:
         max_pipelines = len(cluster.nodes) if train.max_pipelines == "auto" else train.max_pipelines
-        return planned(cluster, plan_pipelines(profile, train.num_microbatches, train.schedule,
-                                               max_pipelines=max_pipelines, compression=cluster.compression))
+        # Seconds to tens of seconds: every chain of up to 6 nodes, pairs of them, codecs per boundary.
+        with console.status(f"planning up to {max_pipelines} pipelines over {len(profile.nodes)} nodes"):
+            result = plan_pipelines(profile, train.num_microbatches, train.schedule, max_pipelines=max_pipelines,
+                                    compression=cluster.compression)
+        console.print(f"planned in {result.planning_s:.1f}s ({result.method} search)")
+        return planned(cluster, result)
     chains = [([s.node for s in stages], [(s.layer_start, s.layer_end) for s in stages])
               for stages in pinned.pipelines()]
     if len(chains) == 1:
