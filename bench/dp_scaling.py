@@ -53,8 +53,9 @@ def run(quick: bool, reporter: Reporter | None = None) -> dict:
                    "steps": steps, "warmup": warmup, "reps": reps},
         "measured_step_s": measured,
         "predicted_step_s": predicted,
+        # The issue sets no target for this ratio: it asks for the measured figure next to the prediction.
         "figure": {"name": "tokens/s several pipelines / single pipeline (measured)", "value": ratio,
-                   "predicted": predicted_ratio},
+                   "target": f"none set; the cost model predicts {predicted_ratio:.3f}", "predicted": predicted_ratio},
         "prediction_error": abs(predicted_ratio - ratio) / ratio,
         "planned": {"stages": runs["planned"][0]["stages"], "pipeline_microbatches":
                     runs["planned"][0]["pipeline_microbatches"], "sync": runs["planned"][0]["sync"]},
