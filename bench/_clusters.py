@@ -25,8 +25,8 @@ NUM_LAYERS = 12
 
 
 def node(name: str, speed: float, region: str = "r0", layers: tuple[int, int] | None = None,
-         memory_gb: float | None = None) -> str:
-    emulate = f"speed: {speed * BASE_SPEED:g}" + (f", memory_gb: {memory_gb:g}" if memory_gb else "")
+         memory_gb: float | None = None, base_speed: float = BASE_SPEED) -> str:
+    emulate = f"speed: {speed * base_speed:g}" + (f", memory_gb: {memory_gb:g}" if memory_gb else "")
     pinned = f", layers: [{layers[0]}, {layers[1]}]" if layers else ""
     return f"  - {{name: {name}, region: {region}, device: cpu, threads: 1, emulate: {{{emulate}}}{pinned}}}\n"
 
