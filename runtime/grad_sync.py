@@ -130,7 +130,8 @@ class GradientSync:
         bucket.work = []
         if bucket.plan.emulation is not None:
             # The transfer starts when the last holder joins: agree on that moment (MAX of launch times).
-            bucket.started_at = torch.tensor([time.time()], dtype=torch.float64)
+            # On the wire device: an NCCL group takes CUDA tensors only.
+            bucket.started_at = torch.tensor([time.time()], dtype=torch.float64, device=self.wire_device)
             bucket.work.append(dist.all_reduce(bucket.started_at, op=dist.ReduceOp.MAX, group=bucket.group,
                                                async_op=True))
         codec = bucket.plan.codec
