@@ -112,14 +112,13 @@ def _launch(session: ClusterSession, plan: Plan, spec) -> None:
     pipelines = plan.pipelines()
     world = len(plan.stages)
     data_parallel = _data_parallel(cluster, plan) if len(pipelines) > 1 else None
-    offset = 0
+    offset = rank = 0  # ranks follow plan.stages: pipeline after pipeline
     for p, (stages, share) in enumerate(zip(pipelines, plan.pipeline_microbatches)):
         train = pb.TrainSpec(steps=t.steps, micro_batch_size=t.micro_batch_size, num_microbatches=share,
                              schedule=SCHEDULES[t.schedule], lr=t.lr, weight_decay=t.weight_decay, seed=t.seed,
                              checkpoint_dir=str((session.run_dir / "checkpoint").resolve()) if t.save_checkpoint else "")
         n = len(stages)
         for j, stage in enumerate(stages):
-            rank = plan.rank_of(p, j)
             node = cluster.node(stage.node)
             spec_msg = pb.StageSpec(stage_index=j, num_stages=n, layer_start=stage.layer_start,
                                     layer_end=stage.layer_end, device=session.device_of(stage.node),
@@ -136,16 +135,14 @@ def _launch(session: ClusterSession, plan: Plan, spec) -> None:
                 command.data_parallel.pipeline_index = p
                 command.data_parallel.microbatch_offset = offset
             session.state.send(stage.node, pb.Command(run_stage=command))
+            rank += 1
         offset += share
     session.advance_generation()
 
 
 def _data_parallel(cluster, plan: Plan) -> pb.DataParallel:
     """What every stage of a several-pipeline plan shares: the global batch and all sync groups."""
-    rank = {}
-    for p, stages in enumerate(plan.pipelines()):
-        for j, stage in enumerate(stages):
-            rank[stage.node] = plan.rank_of(p, j)
+    rank = {stage.node: i for i, stage in enumerate(plan.stages)}
     message = pb.DataParallel(num_pipelines=len(plan.pipeline_microbatches), global_microbatches=plan.num_microbatches)
     for group in plan.sync_plans():
         bw, lat = _slowest_emulated_link(cluster, group.nodes)

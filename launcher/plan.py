@@ -92,9 +92,6 @@ class Plan:
             raise ValueError("pipeline indices must run 0, 1, ... without a gap")
         return pipelines
 
-    def rank_of(self, pipeline: int, stage_index: int) -> int:
-        return sum(len(stages) for stages in self.pipelines()[:pipeline]) + stage_index
-
     def sync_plans(self) -> tuple[SyncPlan, ...]:
         """The plan's sync groups: as planned, else derived from the cuts (codec none)."""
         if self.sync or len(self.pipeline_microbatches) == 1:

@@ -28,13 +28,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from hetlaunch.launcher.chain_cuts import (  # noqa: F401 (re-exported: the planner's public names)
-    EXACT_MAX_WORK, best_cuts, bottleneck_cuts, cut_chain, least_lossy_codecs, most_compressed_codecs)
-from hetlaunch.launcher.chain_search import EXHAUSTIVE_MAX_NODES  # noqa: F401
-from hetlaunch.launcher.compression import CODEC_SLACK, NONE, CompressionConfig  # noqa: F401
+from hetlaunch.launcher.chain_cuts import least_lossy_codecs, most_compressed_codecs
+from hetlaunch.launcher.chain_search import EXHAUSTIVE_MAX_NODES
+from hetlaunch.launcher.compression import NONE, CompressionConfig
 from hetlaunch.launcher.cost_model import CostModel, PipelineCost
 from hetlaunch.launcher.profile import NodeProfile, Profile
-from hetlaunch.launcher.replicas import PipelineSet, Replicas, replica_counts, split_microbatches  # noqa: F401
+from hetlaunch.launcher.replicas import PipelineSet, Replicas, replica_counts
 from hetlaunch.launcher.sync_cost import SyncCost, plan_step_s, sync_costs
 
 

@@ -95,7 +95,7 @@ class RunRecord:
 
     def _links(self) -> list[dict]:
         """Per stage boundary of each pipeline: bytes before and after compression over the whole
-        run, both directions; and each stage's gradient-sync bytes when pipelines sync."""
+        run, both directions."""
         stages = self.records[0].stages
         links = []
         for j, (a, b) in enumerate(zip(stages, stages[1:])):
@@ -112,6 +112,7 @@ class RunRecord:
         return links
 
     def _sync(self) -> list[dict]:
+        """Per stage that synced gradients with other pipelines: bytes over the run, blocked time per step."""
         out = []
         for i, stage in enumerate(self.records[0].stages):
             raw = sum(r.stages[i]["sent_bytes"]["sync"][0] for r in self.records)

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from hetlaunch.runtime.emulation import ComputeEmulation
-from hetlaunch.runtime.grad_sync import GradientSync
+from hetlaunch.runtime.grad_sync import GradientSync, SyncStats
 from hetlaunch.runtime.link import Link
 from hetlaunch.runtime.schedules import Action, Op
 
@@ -87,13 +87,12 @@ class StageExecutor:
         self._comm_s = 0.0
         in_flight: dict[int, _InFlight] = {}
         losses: list[float] = []
-        last_backward = max(i for i, a in enumerate(actions) if a.op is Op.BACKWARD)
-        sync_before = (self.grad_sync.stats.raw_bytes, self.grad_sync.stats.wire_bytes) if self.grad_sync else (0, 0)
+        last_backward = max(i for i, a in enumerate(actions) if a.op is Op.BACKWARD) if self.grad_sync else -1
         for i, action in enumerate(actions):
             if action.op is Op.FORWARD:
                 in_flight[action.microbatch] = self._forward(action.microbatch, microbatches, loss_divisor, losses)
             else:
-                if i == last_backward and self.grad_sync is not None:
+                if i == last_backward:
                     self.grad_sync.arm()  # gradients become final during this backward
                 self._backward(in_flight.pop(action.microbatch))
         if in_flight:
@@ -101,11 +100,7 @@ class StageExecutor:
         for link in (self.prev_link, self.next_link):
             if link is not None:
                 self._comm_s += link.drain()
-        sync_s, sync_bytes = 0.0, (0, 0)
-        if self.grad_sync is not None:
-            sync_s = self.grad_sync.finish()
-            stats = self.grad_sync.stats
-            sync_bytes = (stats.raw_bytes - sync_before[0], stats.wire_bytes - sync_before[1])
+        sync = self.grad_sync.finish() if self.grad_sync is not None else SyncStats()
         self._timed(self._optimizer_step)
         loss = sum(losses) / len(losses) if self.is_last else None
 
@@ -117,7 +112,8 @@ class StageExecutor:
 
         return StepResult(loss=loss, step_s=time.perf_counter() - step_start, compute_s=self._compute_s,
                           comm_s=self._comm_s, forward_bytes=sent(self.next_link),
-                          backward_bytes=sent(self.prev_link), sync_s=sync_s, sync_bytes=sync_bytes)
+                          backward_bytes=sent(self.prev_link), sync_s=sync.blocked_s,
+                          sync_bytes=(sync.raw_bytes, sync.wire_bytes))
 
     def _forward(self, mb: int, microbatches: list[Batch] | None, loss_divisor: int,
                  losses: list[float]) -> _InFlight:

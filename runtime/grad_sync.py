@@ -45,6 +45,8 @@ class SyncGroupPlan:
 
 @dataclass
 class SyncStats:
+    """One step's sync: seconds blocked waiting for it, gradient bytes before and after the codec."""
+
     blocked_s: float = 0.0
     raw_bytes: int = 0
     wire_bytes: int = 0
@@ -61,10 +63,6 @@ class _Bucket:
     flat: torch.Tensor | None = None
     gathered: list[list[torch.Tensor]] | None = None
     started_at: torch.Tensor | None = None  # emulated links only: the last holder's launch time
-
-    @property
-    def numel(self) -> int:
-        return sum(p.numel() for p in self.params)
 
 
 def make_groups(plans: list[SyncGroupPlan]) -> list[object | None]:
@@ -83,7 +81,7 @@ class GradientSync:
     def __init__(self, layers: list[nn.Module], layer_start: int, plans: list[SyncGroupPlan],
                  groups: list[object | None], wire_device: torch.device):
         self.wire_device = wire_device
-        self.stats = SyncStats()
+        self.stats = SyncStats()  # of the step in progress
         self.buckets: list[_Bucket] = []
         self._armed = False
         self._launched: list[_Bucket] = []
@@ -112,6 +110,7 @@ class GradientSync:
         """The next backward is the step's last one: its gradients are final as they land."""
         self._armed = True
         self._launched = []
+        self.stats = SyncStats()
         for bucket in self.buckets:
             bucket.pending = len(bucket.params)
 
@@ -156,9 +155,9 @@ class GradientSync:
         self.stats.wire_bytes += wire
         self._launched.append(bucket)
 
-    def finish(self) -> float:
+    def finish(self) -> SyncStats:
         """Wait for every bucket (launching any the backward never completed), write the sums back
-        into the gradients; return the seconds blocked."""
+        into the gradients; return this step's sync figures."""
         start = time.perf_counter()
         for bucket in self.buckets:
             if bucket not in self._launched:
@@ -179,9 +178,8 @@ class GradientSync:
                     param.grad.copy_(piece)
                 offset += n
         self._armed = False
-        blocked = time.perf_counter() - start
-        self.stats.blocked_s += blocked
-        return blocked
+        self.stats.blocked_s = time.perf_counter() - start
+        return self.stats
 
     def _reduced(self, bucket: _Bucket) -> torch.Tensor:
         if bucket.gathered is None:

@@ -14,7 +14,8 @@ from conftest import run_hetlaunch
 from hetlaunch.launcher.cluster_config import parse_cluster
 from hetlaunch.launcher.compression import LOSSINESS, CompressionConfig
 from hetlaunch.launcher.cost_model import CostModel
-from hetlaunch.launcher.planner import CODEC_SLACK, plan
+from hetlaunch.launcher.compression import CODEC_SLACK
+from hetlaunch.launcher.planner import plan
 from hetlaunch.launcher.profile import LayerInfo, LinkProfile, ModelIdentity, NodeProfile, Profile
 
 GiB = 2**30

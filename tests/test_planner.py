@@ -159,7 +159,7 @@ def test_large_cluster_plans_with_heuristics():
 
 
 def test_long_chains_use_the_bisection_heuristic_and_stay_valid():
-    from hetlaunch.launcher.planner import EXACT_MAX_WORK, bottleneck_cuts, best_cuts
+    from hetlaunch.launcher.chain_cuts import EXACT_MAX_WORK, best_cuts, bottleneck_cuts
 
     profile = uniform_profile([1, 1, 0.5, 0.5] * 4, ["a"] * 8 + ["b"] * 8, num_layers=48, cross_bandwidth=1e9,
                               cross_latency=0.001)
