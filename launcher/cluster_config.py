@@ -269,12 +269,12 @@ class ClusterConfig(_Strict):
         if num_layers is None:
             return  # entrypoint model: depth known only when built; the planner calls check_layer_tiling
         if all(pinned):
-            try:
-                for p, members in enumerate(self.pinned_pipelines()):
-                    check_layer_tiling([(f"nodes[{i}].layers" + (f" (pipeline {p})" if p else ""), *n.layers)
-                                        for i, n in members], num_layers)
-            except ConfigError as exc:
-                raise FieldError((), str(exc)) from None
+            pipelines = self.pinned_pipelines()
+            for p, members in enumerate(pipelines):
+                try:
+                    check_layer_tiling([(f"nodes[{i}].layers", *n.layers) for i, n in members], num_layers)
+                except ConfigError as exc:  # with several pipelines, say whose layers leave the gap
+                    raise FieldError((), (f"pipeline {p}: " if len(pipelines) > 1 else "") + str(exc)) from None
         elif len(self.nodes) > num_layers:
             raise FieldError(("nodes",), f"{len(self.nodes)} nodes but the model has only {num_layers} stage layers "
                                           f"(n_layers + 2); each node needs at least one")
