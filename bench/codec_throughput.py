@@ -29,7 +29,6 @@ from pathlib import Path
 
 import torch
 
-from hetlaunch.protos import control_pb2
 from hetlaunch.runtime import quantize as qz
 from hetlaunch.runtime.codecs import CODECS, BlockwiseIntCodec, Codec
 
@@ -45,7 +44,7 @@ def settings(quick: bool) -> dict:
 
 def codecs_under_test() -> list[tuple[str, Codec]]:
     rows = [(codec.name, codec) for _, codec in sorted(CODECS.items())]
-    rows.append(("int4_rotated[fwht]", BlockwiseIntCodec("int4_rotated", control_pb2.CODEC_INT4_ROTATED, bits=4,
+    rows.append(("int4_rotated[fwht]", BlockwiseIntCodec("int4_rotated", bits=4,
                                                          rotate=True, rotation_method="fwht")))
     return rows
 

@@ -18,8 +18,8 @@ from pathlib import Path
 from _clusters import BASE_SPEED, NUM_LAYERS, cluster, node, profile, up
 from _harness import NullReporter, Reporter
 
-from hetlaunch.launcher.cost_model import CostModel
-from hetlaunch.launcher.profile import Profile
+from hetlaunch.launcher.planning.cost_model import CostModel
+from hetlaunch.launcher.planning.profile_file import Profile
 
 TARGET = 0.9
 SPEEDS = {"a": 1.0, "b": 1.0, "c": 0.5, "d": 0.25}

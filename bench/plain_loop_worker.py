@@ -21,10 +21,11 @@ def main(config_json: str, out_path: str) -> None:
     cfg = json.loads(config_json)
     torch.set_num_threads(1)
     from hetlaunch.runtime.data import TokenBatches, stdlib_text_bytes
-    from hetlaunch.runtime.model import GPTConfig, ModelSpec, build_model_range
+    from hetlaunch.runtime.model import build_model_range, count_layers
+    from hetlaunch.runtime.model_spec import GPTConfig, ModelSpec
 
     spec = ModelSpec(gpt=GPTConfig(**cfg["model"]))
-    bundle = build_model_range(spec, 0, spec.num_layers(), seed=cfg["seed"])
+    bundle = build_model_range(spec, 0, count_layers(spec), seed=cfg["seed"])
     model = torch.nn.Sequential(*bundle.layers)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"])
     batches = TokenBatches(stdlib_text_bytes(), spec.seq_len, seed=cfg["data_seed"])

@@ -14,8 +14,8 @@ import time
 
 from _harness import NullReporter, Reporter
 
-from hetlaunch.launcher.planner import plan
-from hetlaunch.launcher.profile import LayerInfo, LinkProfile, ModelIdentity, NodeProfile, Profile
+from hetlaunch.launcher.planning.planner import plan
+from hetlaunch.launcher.planning.profile_file import LayerInfo, LinkProfile, ModelIdentity, NodeProfile, Profile
 
 TARGET_S = 5.0
 GiB = 2**30

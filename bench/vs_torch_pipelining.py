@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from _harness import (BENCH_DIR, BenchError, NullReporter, Reporter, Side, alternate, compare, hetlaunch_up,
                       max_loss_gap, start_process, stop_process)
-from hetlaunch.launcher.plan import even_split
+from hetlaunch.launcher.planning.plan import even_split
 
 TARGET = 1.0
 NUM_STAGES = 2

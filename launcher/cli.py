@@ -50,7 +50,7 @@ def up(
     reprofile: bool = typer.Option(False, help="measure every node again instead of using cached profiles"),
 ) -> None:
     """Start a coordinator and the local agents, wait for remote ones, profile, plan, train, write runs/<run-id>/."""
-    from hetlaunch.launcher.job import UpOptions, run_up
+    from hetlaunch.launcher.job_driver import UpOptions, run_up
 
     cluster = _load(cluster_yaml)
     options = UpOptions(run_dir=run_dir, token=_token(cluster, token_file), reprofile=reprofile)
@@ -66,9 +66,9 @@ def profile(
     reprofile: bool = typer.Option(False, help="measure every node again instead of using cached profiles"),
 ) -> None:
     """Start the cluster's agents, measure nodes and links, save the profile; train nothing."""
-    from hetlaunch.launcher.job import UpOptions, new_run_dir
-    from hetlaunch.launcher.profile import save_profile
-    from hetlaunch.launcher.profiling import measure_cluster
+    from hetlaunch.launcher.job_driver import UpOptions, new_run_dir
+    from hetlaunch.launcher.planning.profile_file import save_profile
+    from hetlaunch.launcher.cluster_measurement import measure_cluster
     from hetlaunch.launcher.session import ClusterSession
 
     cluster = _load(cluster_yaml)
@@ -98,10 +98,10 @@ def plan(
     reprofile: bool = typer.Option(False, help="measure every node again instead of using cached profiles"),
 ) -> None:
     """Print the plan the planner would run (a table, or --json); train nothing."""
-    from hetlaunch.launcher.compression import CompressionConfig
-    from hetlaunch.launcher.planner import PlanningError
-    from hetlaunch.launcher.planner import plan as plan_pipelines
-    from hetlaunch.launcher.profile import ProfileError, load_profile
+    from hetlaunch.launcher.planning.compression import CompressionConfig
+    from hetlaunch.launcher.planning.planner import PlanningError
+    from hetlaunch.launcher.planning.planner import plan as plan_pipelines
+    from hetlaunch.launcher.planning.profile_file import ProfileError, load_profile
     from hetlaunch.launcher.progress import print_planner_result
 
     if cluster_yaml is None and profile_file is None:
@@ -115,10 +115,9 @@ def plan(
         try:
             measured = load_profile(profile_file)
             if cluster is not None:  # planning this YAML's job from a saved profile: it must be of this model
-                from hetlaunch.launcher.profiling import describe_model
-
                 spec = cluster.model.to_spec()
-                measured.check_model(describe_model(spec), spec.num_layers(), cluster.train.micro_batch_size)
+                measured.check_model(spec.describe(), spec.known_num_layers or measured.model.num_layers,
+                                     cluster.train.micro_batch_size)
         except ProfileError as err:
             _fail(str(err), EXIT_BAD_INPUT)
     else:
@@ -136,8 +135,8 @@ def plan(
 
 
 def _measure_live(cluster, token_file, reprofile):
-    from hetlaunch.launcher.job import UpOptions, new_run_dir
-    from hetlaunch.launcher.profiling import measure_cluster
+    from hetlaunch.launcher.job_driver import UpOptions, new_run_dir
+    from hetlaunch.launcher.cluster_measurement import measure_cluster
     from hetlaunch.launcher.session import ClusterSession
 
     options = UpOptions(token=_token(cluster, token_file))
@@ -182,9 +181,9 @@ def _token(cluster, token_file: Optional[Path]) -> Optional[str]:
 
 def _with_cluster(work) -> None:
     """Run work that starts agents; every exit path stops them (SIGTERM is turned into an unwind)."""
-    from hetlaunch.launcher.profile import ProfileError
+    from hetlaunch.launcher.planning.profile_file import ProfileError
     from hetlaunch.launcher.session import JobError
-    from hetlaunch.launcher.planner import PlanningError
+    from hetlaunch.launcher.planning.planner import PlanningError
 
     def on_sigterm(signum, frame):
         raise Terminated()

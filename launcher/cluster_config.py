@@ -18,9 +18,9 @@ from typing import Annotated, Any, Literal, Mapping
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from hetlaunch.launcher.compression import CompressionConfig
+from hetlaunch.launcher.planning.compression import CompressionConfig
 from hetlaunch.launcher.config_errors import FieldError, one_line, yaml_path, show, describe
-from hetlaunch.runtime.model import PRESETS, GPTConfig, ModelSpec
+from hetlaunch.runtime.model_spec import PRESETS, GPTConfig, ModelSpec
 
 
 class ConfigError(Exception):
@@ -53,7 +53,7 @@ _SIZE_FIELDS = ("d_model", "n_layers", "n_heads", "seq_len", "d_ff")
 
 
 class ModelConfig(_Strict):
-    preset: str | None = "tiny"  # a name in hetlaunch.runtime.model.PRESETS; the sizes below override it
+    preset: str | None = "tiny"  # a name in hetlaunch.runtime.model_spec.PRESETS; the sizes below override it
     d_model: int | None = Field(None, ge=1)  # width of the residual stream
     n_layers: int | None = Field(None, ge=1)  # transformer blocks (stage layers = n_layers + 2: embedding, head)
     n_heads: int | None = Field(None, ge=1)  # attention heads; must divide d_model
@@ -317,6 +317,18 @@ class ClusterConfig(_Strict):
             if {region_a, region_b} == set(link.between) and region_a != region_b:
                 return link
         return None
+
+    def emulated_link(self, a: str, b: str) -> tuple[float, float]:
+        """(Mbps, ms) the agents emulate between nodes `a` and `b`; (0, 0) for none. Only local
+        agents share a clock to emulate with, and only links between regions are emulated.
+        The YAML's knobs for the agents to make true: the planner never sees them."""
+        node_a, node_b = self.node(a), self.node(b)
+        if node_a.region == node_b.region or node_a.launch != "local" or node_b.launch != "local":
+            return 0.0, 0.0
+        link = self.link_between(node_a.region, node_b.region)
+        if link is None:
+            return 0.0, 0.0
+        return link.emulate.bandwidth_mbps or 0.0, link.emulate.latency_ms or 0.0
 
     def threads_for(self, node: NodeConfig, cpu_count: int) -> int:
         """torch intra-op threads for a local agent: its own setting, else cores / local agents (>= 1)."""

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from hetlaunch.launcher.plan import Plan
+from hetlaunch.launcher.planning.plan import Plan
 from hetlaunch.launcher.run_record import StepRecord
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import queue
 import socket
 import sys
@@ -21,27 +20,17 @@ import time
 import traceback
 
 import grpc
-import psutil
-import torch
 
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.protos import control_pb2_grpc
 from hetlaunch.runtime.auth import TOKEN_METADATA_KEY, read_token
-from hetlaunch.runtime.profile_job import run_profile
-from hetlaunch.runtime.stage_job import run_stage
+from hetlaunch.runtime.devices import describe_devices
+from hetlaunch.runtime.profile_command import run_profile
+from hetlaunch.runtime.stage_command import run_stage
 from hetlaunch.runtime.version import hetlaunch_version, torch_version
 
 EXIT_REFUSED = 1
 EXIT_LOST_COORDINATOR = 3
-
-
-def describe_devices() -> list[pb.Device]:
-    if torch.cuda.is_available():
-        return [pb.Device(kind=pb.DEVICE_KIND_CUDA, name=torch.cuda.get_device_name(i), index=i,
-                          memory_bytes=torch.cuda.get_device_properties(i).total_memory)
-                for i in range(torch.cuda.device_count())]
-    return [pb.Device(kind=pb.DEVICE_KIND_CPU, name=platform.processor() or platform.machine(), index=0,
-                      memory_bytes=psutil.virtual_memory().total)]
 
 
 def _log(node: str, message: str) -> None:

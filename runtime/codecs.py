@@ -31,8 +31,8 @@ from abc import ABC, abstractmethod
 
 import torch
 
-from hetlaunch.protos import control_pb2
 from hetlaunch.runtime import quantize as qz
+from hetlaunch.runtime.wire import CODEC_WIRE_IDS, codec_name
 
 PayloadSpec = tuple[tuple[int, ...], torch.dtype]
 
@@ -66,8 +66,8 @@ class Codec(ABC):
 class NoneCodec(Codec):
     """Sends the tensor as it is."""
 
-    wire_id = control_pb2.CODEC_NONE
     name = "none"
+    wire_id = CODEC_WIRE_IDS[name]
 
     def encode(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         return [tensor.contiguous()]
@@ -117,8 +117,8 @@ class _FloatOnlyCodec(Codec):
 class CastCodec(_FloatOnlyCodec):
     """Sends the tensor cast to a 16-bit float dtype (float16 overflows to inf past +-65504; bfloat16 does not)."""
 
-    def __init__(self, name: str, wire_id: int, wire_dtype: torch.dtype):
-        self.name, self.wire_id, self.wire_dtype = name, wire_id, wire_dtype
+    def __init__(self, name: str, wire_dtype: torch.dtype):
+        self.name, self.wire_id, self.wire_dtype = name, CODEC_WIRE_IDS[name], wire_dtype
 
     def _encode(self, tensor):
         return [tensor.to(self.wire_dtype, memory_format=torch.contiguous_format)]
@@ -138,9 +138,9 @@ class BlockwiseIntCodec(_FloatOnlyCodec):
     at most half a step, absmax/(2*qmax) of its block (in the rotated basis when rotated).
     """
 
-    def __init__(self, name: str, wire_id: int, bits: int, rotate: bool, block: int = qz.BLOCK,
+    def __init__(self, name: str, bits: int, rotate: bool, block: int = qz.BLOCK,
                  seed: int = qz.SIGN_SEED, rotation_method: str = "matmul"):
-        self.name, self.wire_id, self.bits, self.block = name, wire_id, bits, block
+        self.name, self.wire_id, self.bits, self.block = name, CODEC_WIRE_IDS[name], bits, block
         self.rotation = qz.BlockRotation(block, seed, rotation_method) if rotate else None
 
     def _encode(self, tensor):
@@ -154,25 +154,23 @@ class BlockwiseIntCodec(_FloatOnlyCodec):
         return qz.dequantize(q, scales, _numel(shape), dtype, self.bits, self.block, self.rotation).view(shape)
 
 
-CODECS: dict[int, Codec] = {
-    codec.wire_id: codec
+# One implementation per name in runtime/registry.py (tests/test_registry.py checks both ways).
+CODECS_BY_NAME: dict[str, Codec] = {
+    codec.name: codec
     for codec in (
         NoneCodec(),
-        CastCodec("fp16", control_pb2.CODEC_FP16, torch.float16),
-        CastCodec("bf16", control_pb2.CODEC_BF16, torch.bfloat16),
-        BlockwiseIntCodec("int8", control_pb2.CODEC_INT8, bits=8, rotate=False),
-        BlockwiseIntCodec("int4", control_pb2.CODEC_INT4, bits=4, rotate=False),
-        BlockwiseIntCodec("int4_rotated", control_pb2.CODEC_INT4_ROTATED, bits=4, rotate=True),
+        CastCodec("fp16", torch.float16),
+        CastCodec("bf16", torch.bfloat16),
+        BlockwiseIntCodec("int8", bits=8, rotate=False),
+        BlockwiseIntCodec("int4", bits=4, rotate=False),
+        BlockwiseIntCodec("int4_rotated", bits=4, rotate=True),
     )
 }
-CODECS_BY_NAME: dict[str, Codec] = {codec.name: codec for codec in CODECS.values()}
+CODECS: dict[int, Codec] = {codec.wire_id: codec for codec in CODECS_BY_NAME.values()}
 
 
 def codec_by_id(wire_id: int) -> Codec:
-    try:
-        return CODECS[wire_id]
-    except KeyError:
-        raise ValueError(f"unknown codec id {wire_id} on the wire") from None
+    return CODECS_BY_NAME[codec_name(wire_id)]
 
 
 def codec_by_name(name: str) -> Codec:

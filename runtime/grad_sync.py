@@ -30,8 +30,9 @@ from torch import nn
 
 from hetlaunch.runtime.codecs import Codec
 from hetlaunch.runtime.emulation import WireEmulation
+from hetlaunch.runtime.registry import SYNC_BUCKET_BYTES
 
-BUCKET_BYTES = 4 * 2**20  # small buckets start sooner; launcher/sync_cost.py prices the same cap
+BUCKET_BYTES = SYNC_BUCKET_BYTES  # small buckets start sooner; the planner prices the same cap
 
 
 @dataclass(frozen=True)

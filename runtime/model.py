@@ -31,57 +31,16 @@ from __future__ import annotations
 import hashlib
 import importlib
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from hetlaunch.runtime.model_spec import GPTConfig, ModelSpec
+
 LossFn = Callable[[Tensor, Tensor], Tensor]
-
-
-@dataclass(frozen=True)
-class GPTConfig:
-    vocab_size: int = 256  # byte-level tokens
-    seq_len: int = 64
-    d_model: int = 64
-    n_layers: int = 4  # transformer blocks
-    n_heads: int = 4
-    d_ff: int | None = None  # default 4 * d_model
-
-    def __post_init__(self) -> None:
-        for name in ("vocab_size", "seq_len", "d_model", "n_layers", "n_heads"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"GPTConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if self.d_model % self.n_heads:
-            raise ValueError(
-                f"GPTConfig.d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})"
-            )
-        if self.d_ff is not None and self.d_ff < 1:
-            raise ValueError(f"GPTConfig.d_ff must be >= 1 or None, got {self.d_ff}")
-
-    @property
-    def ff_dim(self) -> int:
-        return self.d_ff if self.d_ff is not None else 4 * self.d_model
-
-    @property
-    def num_stage_layers(self) -> int:
-        # embedding + blocks + head
-        return self.n_layers + 2
-
-
-PRESETS: dict[str, GPTConfig] = {
-    "tiny": GPTConfig(seq_len=64, d_model=64, n_layers=4, n_heads=4),
-    "small": GPTConfig(seq_len=128, d_model=128, n_layers=6, n_heads=4),
-    "medium": GPTConfig(seq_len=128, d_model=256, n_layers=8, n_heads=8),
-}
-
-
-def preset(name: str) -> GPTConfig:
-    if name not in PRESETS:
-        raise ValueError(f"unknown GPT preset {name!r}; valid presets: {', '.join(sorted(PRESETS))}")
-    return PRESETS[name]
 
 
 class Embedding(nn.Module):
@@ -256,38 +215,13 @@ def load_entrypoint_layers(entrypoint: str, kwargs: dict, seed: int) -> tuple[li
     return layers, loss_fn
 
 
-@dataclass(frozen=True)
-class ModelSpec:
-    """What to build: exactly one of a GPT config or a user entrypoint."""
-
-    gpt: GPTConfig | None = None
-    entrypoint: str | None = None
-    kwargs: dict = field(default_factory=dict)  # only for entrypoint
-
-    def __post_init__(self) -> None:
-        if (self.gpt is None) == (self.entrypoint is None):
-            raise ValueError("ModelSpec needs exactly one of gpt or entrypoint")
-        if self.gpt is not None and self.kwargs:
-            raise ValueError("ModelSpec.kwargs is only used with an entrypoint, not with gpt")
-
-    def num_layers(self) -> int:
-        if self.gpt is not None:
-            return self.gpt.num_stage_layers
-        # The only way to know an arbitrary model's depth is to build it once.
-        layers, _ = load_entrypoint_layers(self.entrypoint, self.kwargs, seed=0)
-        return len(layers)
-
-    @property
-    def seq_len(self) -> int:
-        if self.gpt is not None:
-            return self.gpt.seq_len
-        seq_len = self.kwargs.get("seq_len")
-        if not isinstance(seq_len, int) or seq_len < 1:
-            raise ValueError(
-                f"model.kwargs.seq_len (a positive int) is required with model.entrypoint "
-                f"{self.entrypoint!r}, got {seq_len!r}"
-            )
-        return seq_len
+def count_layers(spec: ModelSpec) -> int:
+    """The model's layer count. An entrypoint's depth is known only by building it once, so only
+    an agent does this (its profile reports the count); the launcher never calls it."""
+    if spec.gpt is not None:
+        return spec.gpt.num_stage_layers
+    layers, _ = load_entrypoint_layers(spec.entrypoint, spec.kwargs, seed=0)
+    return len(layers)
 
 
 @dataclass

@@ -27,7 +27,9 @@ import math
 
 import torch
 
-BLOCK = 64
+from hetlaunch.runtime.registry import QUANT_BLOCK
+
+BLOCK = QUANT_BLOCK  # values per scale; the planner sizes payloads with the same block
 SIGN_SEED = 0x5EED
 CPU_CHUNK_VALUES = 1 << 17  # values per chunk on CPU: 512 KiB of float32 temporaries, fits L2
 # Smallest absmax used for a scale: an all-zero (or denormal) block gets scale TINY/qmax

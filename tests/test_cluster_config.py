@@ -14,7 +14,7 @@ from hetlaunch.launcher.cluster_config import (
     load_cluster,
     parse_cluster,
 )
-from hetlaunch.runtime.model import PRESETS, ModelSpec
+from hetlaunch.runtime.model_spec import PRESETS, ModelSpec
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "cluster_examples"
 

@@ -390,7 +390,7 @@ def test_fwht_matches_the_hadamard_matrix_and_rotation_is_orthogonal():
 
 
 def test_fwht_and_matmul_rotations_are_wire_compatible():
-    fwht_codec = BlockwiseIntCodec("int4_rotated", control_pb2.CODEC_INT4_ROTATED, bits=4, rotate=True,
+    fwht_codec = BlockwiseIntCodec("int4_rotated", bits=4, rotate=True,
                                    rotation_method="fwht")
     matmul_codec = codec_by_name("int4_rotated")
     x = student_t2((6, 200), seed=11)

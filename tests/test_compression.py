@@ -12,11 +12,11 @@ import pytest
 
 from conftest import run_hetlaunch
 from hetlaunch.launcher.cluster_config import parse_cluster
-from hetlaunch.launcher.compression import LOSSINESS, CompressionConfig
-from hetlaunch.launcher.cost_model import CostModel
-from hetlaunch.launcher.compression import CODEC_SLACK
-from hetlaunch.launcher.planner import plan
-from hetlaunch.launcher.profile import LayerInfo, LinkProfile, ModelIdentity, NodeProfile, Profile
+from hetlaunch.launcher.planning.compression import LOSSINESS, CompressionConfig
+from hetlaunch.launcher.planning.cost_model import CostModel
+from hetlaunch.launcher.planning.compression import CODEC_SLACK
+from hetlaunch.launcher.planning.planner import plan
+from hetlaunch.launcher.planning.profile_file import LayerInfo, LinkProfile, ModelIdentity, NodeProfile, Profile
 
 GiB = 2**30
 

@@ -8,19 +8,17 @@ import torch
 from torch import nn
 
 from hetlaunch.runtime.model import (
-    PRESETS,
     Block,
     Embedding,
-    GPTConfig,
     Head,
     ModelBundle,
-    ModelSpec,
     build_gpt_range,
     build_model_range,
+    count_layers,
     lm_loss,
     load_entrypoint_layers,
-    preset,
 )
+from hetlaunch.runtime.model_spec import PRESETS, GPTConfig, ModelSpec, preset
 
 torch.set_num_threads(1)
 
@@ -141,7 +139,7 @@ def test_gpt_loss_at_init_is_near_uniform():
 
 def test_build_model_range_gpt_and_errors():
     spec = ModelSpec(gpt=CFG)
-    assert spec.num_layers() == 5 and spec.seq_len == 16
+    assert count_layers(spec) == 5 and spec.seq_len == 16
     bundle = build_model_range(spec, 1, 4, seed=0)
     assert isinstance(bundle, ModelBundle)
     assert len(bundle.layers) == 3 and bundle.num_layers == 5 and bundle.loss_fn is lm_loss
@@ -165,7 +163,7 @@ def test_model_spec_validation():
 def test_entrypoint_ranges_match_full_model(user_path):
     kwargs = {"d": 16, "n_hidden": 3, "seq_len": 16}
     spec = ModelSpec(entrypoint=USER_EP, kwargs=kwargs)
-    assert spec.num_layers() == 5
+    assert count_layers(spec) == 5
     full = build_model_range(spec, 0, 5, seed=11)
     first, second = build_model_range(spec, 0, 2, seed=11), build_model_range(spec, 2, 5, seed=11)
     assert (len(first.layers), len(second.layers), first.num_layers) == (2, 3, 5)

@@ -14,7 +14,8 @@ import torch
 
 from conftest import run_hetlaunch
 from hetlaunch.runtime.data import TokenBatches, stdlib_text_bytes
-from hetlaunch.runtime.model import GPTConfig, ModelSpec, build_model_range
+from hetlaunch.runtime.model import build_model_range, count_layers
+from hetlaunch.runtime.model_spec import GPTConfig, ModelSpec
 
 STEPS = 6
 MICRO_BATCH, NUM_MICRO = 2, 4
@@ -45,7 +46,7 @@ nodes:
 def reference_training() -> tuple[list[float], dict[str, torch.Tensor]]:
     torch.set_num_threads(1)
     spec = ModelSpec(gpt=CFG)
-    bundle = build_model_range(spec, 0, spec.num_layers(), seed=SEED)
+    bundle = build_model_range(spec, 0, count_layers(spec), seed=SEED)
     model = torch.nn.Sequential(*bundle.layers)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
     batches = TokenBatches(stdlib_text_bytes(), CFG.seq_len, seed=DATA_SEED)

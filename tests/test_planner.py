@@ -8,9 +8,9 @@ import random
 
 import pytest
 
-from hetlaunch.launcher.cost_model import CostModel
-from hetlaunch.launcher.planner import PlanningError, plan
-from hetlaunch.launcher.profile import LayerInfo, LinkProfile, ModelIdentity, NodeProfile, Profile
+from hetlaunch.launcher.planning.cost_model import CostModel
+from hetlaunch.launcher.planning.planner import PlanningError, plan
+from hetlaunch.launcher.planning.profile_file import LayerInfo, LinkProfile, ModelIdentity, NodeProfile, Profile
 
 GiB = 2**30
 
@@ -159,7 +159,7 @@ def test_large_cluster_plans_with_heuristics():
 
 
 def test_long_chains_use_the_bisection_heuristic_and_stay_valid():
-    from hetlaunch.launcher.chain_cuts import EXACT_MAX_WORK, best_cuts, bottleneck_cuts
+    from hetlaunch.launcher.planning.chain_cuts import EXACT_MAX_WORK, best_cuts, bottleneck_cuts
 
     profile = uniform_profile([1, 1, 0.5, 0.5] * 4, ["a"] * 8 + ["b"] * 8, num_layers=48, cross_bandwidth=1e9,
                               cross_latency=0.001)

@@ -14,12 +14,12 @@ import random
 import pytest
 from test_planner import random_profile
 
-from hetlaunch.launcher.compression import CODEC_SLACK, LOSSINESS, NONE, CompressionConfig, wire_ratio
-from hetlaunch.launcher.cost_model import CostModel
-from hetlaunch.launcher.planner import plan, price_pipelines
-from hetlaunch.launcher.profile import LayerInfo, LinkProfile, ModelIdentity, NodeProfile, Profile
-from hetlaunch.launcher.sync_cost import SYNC_BUCKET_BYTES, allreduce_s, group_cost, plan_step_s, sync_costs
-from hetlaunch.launcher.sync_groups import sync_groups
+from hetlaunch.launcher.planning.compression import CODEC_SLACK, LOSSINESS, NONE, CompressionConfig, wire_ratio
+from hetlaunch.launcher.planning.cost_model import CostModel
+from hetlaunch.launcher.planning.planner import plan, price_pipelines
+from hetlaunch.launcher.planning.profile_file import LayerInfo, LinkProfile, ModelIdentity, NodeProfile, Profile
+from hetlaunch.launcher.planning.sync_cost import SYNC_BUCKET_BYTES, allreduce_s, group_cost, plan_step_s, sync_costs
+from hetlaunch.launcher.planning.sync_groups import sync_groups
 
 GiB, MiB = 2**30, 2**20
 

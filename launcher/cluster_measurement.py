@@ -10,31 +10,22 @@ for the pairs nobody measured.
 from __future__ import annotations
 
 import itertools
-import json
 import queue
 import statistics
 import time
 
 from rich.console import Console
 
-from hetlaunch.launcher.profile import (LayerInfo, LinkProfile, ModelIdentity, NodeProfile, Profile, cached_node,
-                                        node_cache_key, store_node)
+from hetlaunch.launcher.planning.profile_file import LayerInfo, LinkProfile, ModelIdentity, NodeProfile, Profile
+from hetlaunch.launcher.profile_cache import cached_node, node_cache_key, store_node
 from hetlaunch.launcher.session import ClusterSession, JobError
 from hetlaunch.protos import control_pb2 as pb
-from hetlaunch.runtime.model import ModelSpec
-from hetlaunch.runtime.stage_job import model_spec_to_proto
+from hetlaunch.runtime.model_spec import ModelSpec
+from hetlaunch.runtime.wire import model_spec_to_proto
 from hetlaunch.runtime.version import hetlaunch_version
 
 INTRA_REGION_PAIRS = 2
 PROFILE_TIMEOUT_S = 600.0
-
-
-def describe_model(spec: ModelSpec) -> str:
-    if spec.gpt is not None:
-        g = spec.gpt
-        return (f"gpt(vocab={g.vocab_size},seq={g.seq_len},d={g.d_model},layers={g.n_layers},"
-                f"heads={g.n_heads},ff={g.ff_dim})")
-    return f"{spec.entrypoint}({json.dumps(spec.kwargs, sort_keys=True)})"
 
 
 def probe_pairs(cluster) -> list[tuple[str, str]]:
@@ -50,24 +41,12 @@ def probe_pairs(cluster) -> list[tuple[str, str]]:
     return pairs
 
 
-def _emulated_link(cluster, a, b) -> tuple[float, float]:
-    """The YAML's knobs for the agents to make true; the planner never sees them."""
-    na, nb = cluster.node(a), cluster.node(b)
-    if na.region == nb.region or na.launch != "local" or nb.launch != "local":
-        return 0.0, 0.0
-    link = cluster.link_between(na.region, nb.region)
-    if link is None or link.emulate is None:
-        return 0.0, 0.0
-    return link.emulate.bandwidth_mbps or 0.0, link.emulate.latency_ms or 0.0
-
-
 def _cache_key(session: ClusterSession, name: str, model: str, micro_batch_size: int) -> str:
     node = session.nodes[name]
     with session.state.lock:
         devices = [d.name for d in session.state.agents[name].info.devices]
-    emulate = node.emulate
     return node_cache_key(device=session.device_of(name), devices=devices, threads=session.threads_of(name),
-                          speed=emulate.speed if emulate else 1.0, model=model, micro_batch_size=micro_batch_size,
+                          speed=node.emulate.speed, model=model, micro_batch_size=micro_batch_size,
                           version=hetlaunch_version())
 
 
@@ -76,7 +55,7 @@ def measure_cluster(session: ClusterSession, spec: ModelSpec, micro_batch_size: 
     """Layers first, then links. Local agents share this machine, so they time their layers
     one at a time (concurrent timings would measure each other); remote nodes all at once."""
     cluster = session.cluster
-    model = describe_model(spec)
+    model = spec.describe()
     names = [n.name for n in cluster.nodes]
     keys = {n: _cache_key(session, n, model, micro_batch_size) for n in names}
     cached = {} if reprofile else {n: c for n in names if (c := cached_node(keys[n])) is not None}
@@ -85,11 +64,9 @@ def measure_cluster(session: ClusterSession, spec: ModelSpec, micro_batch_size: 
 
     def command(name: str, measure_layers: bool) -> pb.Profile:
         node = cluster.node(name)
-        emulate = node.emulate
         return pb.Profile(model=proto_model, micro_batch_size=micro_batch_size, seed=seed,
                           device=session.device_of(name), threads=session.threads_of(name),
-                          emulate=pb.Emulation(speed=emulate.speed if emulate else 1.0,
-                                               memory_gb=(emulate.memory_gb or 0.0) if emulate else 0.0),
+                          emulate=pb.Emulation(speed=node.emulate.speed, memory_gb=node.emulate.memory_gb or 0.0),
                           measure_layers=measure_layers)
 
     # Every node reports its device and free memory; cached nodes skip the layer timings.
@@ -115,7 +92,7 @@ def measure_cluster(session: ClusterSession, spec: ModelSpec, micro_batch_size: 
             for a, b in pairs:
                 if name in (a, b):
                     peer = b if name == a else a
-                    bw, lat = _emulated_link(cluster, a, b)
+                    bw, lat = cluster.emulated_link(a, b)
                     probe.probes.append(pb.ProbePeer(peer_rank=rank[peer], peer_node=peer, initiator=name == a,
                                                      emulate_bandwidth_mbps=bw, emulate_latency_ms=lat))
             session.state.send(name, pb.Command(profile=probe))
@@ -181,6 +158,6 @@ def _assemble(session: ClusterSession, spec: ModelSpec, model: str, micro_batch_
         links.append(LinkProfile(regions=regions,
                                  bandwidth_bytes_per_s=statistics.median(p.bandwidth_bytes_per_s for p in probes),
                                  latency_s=statistics.median(p.latency_s for p in probes)))
-    return Profile(model=ModelIdentity(description=model, num_layers=spec.num_layers()),
+    return Profile(model=ModelIdentity(description=model, num_layers=len(layer_infos)),
                    micro_batch_size=micro_batch_size, seq_len=spec.seq_len, layers=layer_infos, nodes=nodes,
                    links=links)

@@ -2,90 +2,35 @@
 
 from __future__ import annotations
 
-import datetime
 import os
 from pathlib import Path
 from typing import Callable
 
 import torch
 import torch.distributed as dist
-from google.protobuf import json_format, struct_pb2
 
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.runtime.codecs import codec_by_id
+from hetlaunch.runtime.data_plane import init_data_plane, wire_device
+from hetlaunch.runtime.devices import resolve_device
 from hetlaunch.runtime.data import TokenBatches, file_text_bytes, stdlib_text_bytes
 from hetlaunch.runtime.emulation import ComputeEmulation, WireEmulation
 from hetlaunch.runtime.executor import StageExecutor
 from hetlaunch.runtime.grad_sync import GradientSync, SyncGroupPlan, make_groups
 from hetlaunch.runtime.link import Link
-from hetlaunch.runtime.model import GPTConfig, ModelSpec, build_model_range
+from hetlaunch.runtime.model import build_model_range
 from hetlaunch.runtime.schedules import schedule_for
-
-SCHEDULE_NAMES = {pb.SCHEDULE_1F1B: "1f1b", pb.SCHEDULE_GPIPE: "gpipe"}
-
-
-def resolve_device(name: str) -> torch.device:
-    if name in ("", "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(f"device {name!r} requested but CUDA is not available on this node")
-    return device
-
-
-def model_spec_from_proto(model: pb.ModelSpec) -> ModelSpec:
-    if model.HasField("gpt"):
-        g = model.gpt
-        return ModelSpec(gpt=GPTConfig(vocab_size=g.vocab_size, seq_len=g.seq_len, d_model=g.d_model,
-                                       n_layers=g.n_layers, n_heads=g.n_heads, d_ff=g.d_ff or None))
-    if model.HasField("entrypoint"):
-        e = model.entrypoint
-        return ModelSpec(entrypoint=e.entrypoint, kwargs=_restore_ints(json_format.MessageToDict(e.kwargs)))
-    raise ValueError("RunStage carries no model")
-
-
-def _restore_ints(value):
-    """A protobuf Struct carries every number as a double: give integral ones back as int (seq_len 16.0 -> 16).
-
-    Entrypoint kwargs are sizes far more often than floats that happen to be whole; a float
-    parameter still works when handed an int, a size does not work when handed a float."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, dict):
-        return {k: _restore_ints(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_restore_ints(v) for v in value]
-    return value
-
-
-def model_spec_to_proto(spec: ModelSpec) -> pb.ModelSpec:
-    if spec.gpt is not None:
-        g = spec.gpt
-        return pb.ModelSpec(gpt=pb.GptModel(vocab_size=g.vocab_size, seq_len=g.seq_len, d_model=g.d_model,
-                                            n_layers=g.n_layers, n_heads=g.n_heads, d_ff=g.d_ff or 0))
-    kwargs = struct_pb2.Struct()
-    kwargs.update(spec.kwargs)
-    return pb.ModelSpec(entrypoint=pb.EntrypointModel(entrypoint=spec.entrypoint, kwargs=kwargs,
-                                                      seq_len=spec.seq_len))
-
-
-def init_data_plane(rdzv: pb.Rendezvous) -> None:
-    timeout = datetime.timedelta(seconds=rdzv.timeout_s or 120)
-    store = dist.TCPStore(rdzv.store_host, rdzv.store_port, is_master=False, timeout=timeout)
-    # One key prefix per plan generation, so a re-plan can rendezvous on the same store.
-    store = dist.PrefixStore(f"gen{rdzv.generation}/", store)
-    dist.init_process_group(rdzv.backend or "gloo", store=store, rank=rdzv.rank,
-                            world_size=rdzv.world_size, timeout=timeout)
+from hetlaunch.runtime.wire import model_spec_from_proto, schedule_name, sync_emulation_latency_ms
 
 
 def _links(stage: pb.StageSpec, device: torch.device, backend: str) -> tuple[Link | None, Link | None]:
-    wire_device = device if backend == "nccl" else torch.device("cpu")
+    wire = wire_device(device, backend)
     prev = next_ = None
     if stage.HasField("prev"):  # we send gradients back to the previous stage
-        prev = Link(stage.prev.peer_rank, codec_by_id(stage.prev.backward_codec), device, wire_device,
+        prev = Link(stage.prev.peer_rank, codec_by_id(stage.prev.backward_codec), device, wire,
                     emulation=WireEmulation.from_spec(stage.prev.emulate_bandwidth_mbps, stage.prev.emulate_latency_ms))
     if stage.HasField("next"):  # we send activations on to the next stage
-        next_ = Link(stage.next.peer_rank, codec_by_id(stage.next.forward_codec), device, wire_device,
+        next_ = Link(stage.next.peer_rank, codec_by_id(stage.next.forward_codec), device, wire,
                      emulation=WireEmulation.from_spec(stage.next.emulate_bandwidth_mbps, stage.next.emulate_latency_ms))
     return prev, next_
 
@@ -94,12 +39,9 @@ def sync_group_plans(dp: pb.DataParallel) -> list[SyncGroupPlan]:
     plans = []
     for group in dp.sync_groups:
         codec = codec_by_id(group.codec)
-        k = len(group.ranks)
-        # A ring all-reduce crosses 2(k - 1) hops one after another, an all-gather k - 1.
-        hops = 2 * (k - 1) if codec.name == "none" else k - 1
+        latency_ms = sync_emulation_latency_ms(group.emulate_latency_ms, codec.name, len(group.ranks))
         plans.append(SyncGroupPlan(group.layer_start, group.layer_end, tuple(group.ranks), codec,
-                                   WireEmulation.from_spec(group.emulate_bandwidth_mbps,
-                                                           group.emulate_latency_ms * hops)))
+                                   WireEmulation.from_spec(group.emulate_bandwidth_mbps, latency_ms)))
     return plans
 
 
@@ -131,6 +73,9 @@ def run_stage(cmd: pb.RunStage, report: Callable[[pb.StepMetrics], None]) -> Non
     bundle = build_model_range(spec, stage.layer_start, stage.layer_end, seed=train.seed)
     is_first = stage.stage_index == 0
     is_last = stage.stage_index == stage.num_stages - 1
+    if is_last and stage.layer_end != bundle.num_layers:  # the loss belongs after the model's last layer
+        raise ValueError(f"the last stage ends at layer {stage.layer_end}, but the model has {bundle.num_layers} "
+                         f"layers: the pinned layers must cover [0, {bundle.num_layers})")
     batches = None
     if is_first or is_last:  # middle stages never touch the data
         text = file_text_bytes(cmd.data.path) if cmd.data.path else stdlib_text_bytes()
@@ -144,13 +89,13 @@ def run_stage(cmd: pb.RunStage, report: Callable[[pb.StepMetrics], None]) -> Non
         grad_sync = None
         if dp is not None and dp.sync_groups:
             plans = sync_group_plans(dp)
-            wire_device = device if cmd.rendezvous.backend == "nccl" else torch.device("cpu")
-            grad_sync = GradientSync(bundle.layers, stage.layer_start, plans, make_groups(plans), wire_device)
+            grad_sync = GradientSync(bundle.layers, stage.layer_start, plans, make_groups(plans),
+                                     wire_device(device, cmd.rendezvous.backend))
         executor = StageExecutor(bundle.layers, bundle.loss_fn, is_first=is_first, is_last=is_last, device=device,
                                  prev_link=prev_link, next_link=next_link, lr=train.lr,
                                  weight_decay=train.weight_decay,
                                  emulation=ComputeEmulation(stage.emulate.speed or 1.0), grad_sync=grad_sync)
-        actions = schedule_for(SCHEDULE_NAMES[train.schedule], stage.stage_index, stage.num_stages,
+        actions = schedule_for(schedule_name(train.schedule), stage.stage_index, stage.num_stages,
                                train.num_microbatches)
         tokens = train.micro_batch_size * train.num_microbatches * spec.seq_len
         for step in range(train.steps):

@@ -21,16 +21,15 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-import torch
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from hetlaunch.runtime.codecs import CODECS_BY_NAME
+from hetlaunch.runtime.registry import CODEC_NAMES, codec_info
 
-CodecName = Literal["none", "fp16", "bf16", "int8", "int4", "int4_rotated"]
-CodecOrAuto = Literal["auto", "none", "fp16", "bf16", "int8", "int4", "int4_rotated"]
-CodecOrSame = Literal["same", "none", "fp16", "bf16", "int8", "int4", "int4_rotated"]
+CodecName = Literal[CODEC_NAMES]
+CodecOrAuto = Literal[("auto", *CODEC_NAMES)]
+CodecOrSame = Literal[("same", *CODEC_NAMES)]
 # Least lossy first: `auto` walks this order and stops at the first codec that is fast enough.
-LOSSINESS: tuple[str, ...] = ("none", "fp16", "bf16", "int8", "int4_rotated", "int4")
+LOSSINESS: tuple[str, ...] = CODEC_NAMES
 # What `auto` considers: bf16 has fp16's size with less precision; int4 without rotation has
 # int4_rotated's size with more error on heavy-tailed activations.
 AUTO_CANDIDATES: tuple[str, ...] = ("none", "fp16", "int8", "int4_rotated")
@@ -78,5 +77,4 @@ NONE = CompressionConfig(intra_region="none", cross_region="none", sync="none")
 
 def wire_ratio(codec: str) -> float:
     """Bytes on the wire per raw byte of a float32 activation (the blockwise codecs add scales)."""
-    numel = 1 << 16
-    return CODECS_BY_NAME[codec].wire_bytes((numel,), torch.float32) / (4 * numel)
+    return codec_info(codec).wire_ratio()

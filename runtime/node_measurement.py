@@ -18,9 +18,8 @@ from torch import nn
 
 from hetlaunch.runtime.emulation import ComputeEmulation
 from hetlaunch.runtime.link import Link
-from hetlaunch.runtime.model import ModelSpec, build_model_range
-
-ADAMW_STATE_PER_PARAM = 2  # exp_avg and exp_avg_sq
+from hetlaunch.runtime.model import build_model_range, count_layers
+from hetlaunch.runtime.model_spec import ModelSpec
 
 
 @dataclass
@@ -30,11 +29,6 @@ class LayerMeasurement:
     param_bytes: int
     activation_bytes: int     # tensors autograd keeps for backward, per micro-batch in flight
     output_bytes: int         # what crosses a stage boundary placed after this layer
-
-    @property
-    def static_bytes(self) -> int:
-        """Parameters, gradients and AdamW state: held whatever the schedule."""
-        return self.param_bytes * (2 + ADAMW_STATE_PER_PARAM)
 
 
 def usable_memory_bytes(device: torch.device, cap_gb: float = 0.0) -> int:
@@ -83,7 +77,7 @@ def profile_layers(spec: ModelSpec, micro_batch_size: int, device: torch.device,
 
     The last layer is timed together with the loss, as the last stage runs it.
     """
-    num_layers = spec.num_layers()
+    num_layers = count_layers(spec)
     generator = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, 256, (micro_batch_size, spec.seq_len), generator=generator).to(device)
     targets = torch.randint(0, 256, (micro_batch_size, spec.seq_len), generator=generator).to(device)

@@ -15,9 +15,9 @@ from __future__ import annotations
 import bisect
 import math
 
-from hetlaunch.launcher.compression import CODEC_SLACK, LOSSINESS
-from hetlaunch.launcher.cost_model import CostModel, PipelineCost, in_flight
-from hetlaunch.launcher.profile import NodeProfile
+from hetlaunch.launcher.planning.compression import CODEC_SLACK, LOSSINESS
+from hetlaunch.launcher.planning.cost_model import CostModel, PipelineCost, in_flight
+from hetlaunch.launcher.planning.profile_file import NodeProfile
 
 EXACT_MAX_WORK = 20_000  # stages x layers^2 up to which a chain's cut is found by the exact DP
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
-from hetlaunch.launcher.sync_groups import sync_groups
+from hetlaunch.launcher.planning.sync_groups import sync_groups
 
 
 @dataclass(frozen=True)
@@ -120,6 +120,14 @@ def even_split(num_layers: int, num_stages: int) -> list[tuple[int, int]]:
 def even_shares(total: int, parts: int) -> list[int]:
     """Micro-batches per pipeline when nothing was measured: as equal as possible."""
     return [hi - lo for lo, hi in even_split(total, parts)]
+
+
+def pinned_num_layers(cluster) -> int:
+    """The layers pinned `layers:` ranges must tile: the built-in GPT's count, else the end of the
+    last range (an entrypoint's depth is known only to the agents that build it; the agent of a
+    pipeline's last stage refuses a range that does not end at the model's last layer)."""
+    known = cluster.model.num_stage_layers
+    return known if known is not None else max(n.layers[1] for n in cluster.nodes)
 
 
 def static_plan(cluster, num_layers: int) -> Plan:

@@ -37,8 +37,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hetlaunch.launcher.compression import LOSSINESS, NONE, CompressionConfig, wire_ratio
-from hetlaunch.launcher.profile import NodeProfile, Profile
+from hetlaunch.launcher.planning.compression import LOSSINESS, NONE, CompressionConfig, wire_ratio
+from hetlaunch.launcher.planning.profile_file import NodeProfile, Profile
+from hetlaunch.runtime.registry import STATIC_BYTES_PER_PARAM_BYTE
 
 
 def in_flight(schedule: str, stage_index: int, num_stages: int, num_microbatches: int) -> int:
@@ -82,7 +83,7 @@ class CostModel:
         self.num_layers = profile.model.num_layers
         self._time: dict[str, list[float]] = {}  # filled per node on first use: the planner builds one
         # model per micro-batch count it tries, and a large cluster's chains touch few of its nodes
-        self._static = _prefix([4 * layer.param_bytes for layer in profile.layers])
+        self._static = _prefix([STATIC_BYTES_PER_PARAM_BYTE * layer.param_bytes for layer in profile.layers])
         self._activation = _prefix([layer.activation_bytes for layer in profile.layers])
         self._links: dict[tuple[str, str], tuple[float, float]] = {}
         self._memory_prefix: dict[int, list[float]] = {}

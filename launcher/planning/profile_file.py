@@ -20,14 +20,14 @@ sequences of `seq_len` tokens.
 
 `layers[i].output_bytes` is what crosses a stage boundary placed after layer i (the same
 size flows back as a gradient); `activation_bytes` is what a stage keeps per micro-batch
-in flight; `param_bytes` is multiplied by 4 for parameters, gradients and AdamW state.
+in flight; `param_bytes` is multiplied by STATIC_BYTES_PER_PARAM_BYTE (4: parameters, gradients
+and AdamW's two moments; runtime/registry.py).
 A link between two nodes is looked up by node pair first, then by their region pair
 (`["r", "r"]` for inside a region).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -158,28 +158,3 @@ def save_profile(profile: Profile, path: str | Path) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(profile.model_dump_json(indent=2, exclude_none=True) + "\n")
     os.replace(tmp, path)
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("HETLAUNCH_CACHE_DIR", Path.home() / ".cache" / "hetlaunch")) / "profiles"
-
-
-def node_cache_key(**identity: object) -> str:
-    """Device type, emulation, model and micro-batch shape: what a layer timing depends on."""
-    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
-
-
-def cached_node(key: str) -> dict | None:
-    path = cache_dir() / f"{key}.json"
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-
-
-def store_node(key: str, entry: dict) -> None:
-    directory = cache_dir()
-    directory.mkdir(parents=True, exist_ok=True)
-    tmp = directory / f"{key}.json.tmp"
-    tmp.write_text(json.dumps(entry))
-    os.replace(tmp, directory / f"{key}.json")

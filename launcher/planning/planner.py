@@ -28,13 +28,14 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from hetlaunch.launcher.chain_cuts import least_lossy_codecs, most_compressed_codecs
-from hetlaunch.launcher.chain_search import EXHAUSTIVE_MAX_NODES
-from hetlaunch.launcher.compression import NONE, CompressionConfig
-from hetlaunch.launcher.cost_model import CostModel, PipelineCost
-from hetlaunch.launcher.profile import NodeProfile, Profile
-from hetlaunch.launcher.replicas import PipelineSet, Replicas, replica_counts
-from hetlaunch.launcher.sync_cost import SyncCost, plan_step_s, sync_costs
+from hetlaunch.launcher.planning.chain_cuts import least_lossy_codecs, most_compressed_codecs
+from hetlaunch.launcher.planning.chain_search import EXHAUSTIVE_MAX_NODES
+from hetlaunch.launcher.planning.compression import NONE, CompressionConfig
+from hetlaunch.launcher.planning.cost_model import CostModel, PipelineCost
+from hetlaunch.launcher.planning.profile_file import NodeProfile, Profile
+from hetlaunch.launcher.planning.replicas import PipelineSet, Replicas, replica_counts
+from hetlaunch.launcher.planning.sync_cost import SyncCost, plan_step_s, sync_costs
+from hetlaunch.runtime.registry import STATIC_BYTES_PER_PARAM_BYTE
 
 
 class PlanningError(Exception):
@@ -141,6 +142,6 @@ def _why_nothing_fits(profile: Profile, num_microbatches: int, schedule: str) ->
         return (f"the model does not fit the cluster's memory: it needs about {need / 2**30:.2f} GiB "
                 f"({schedule}, {num_microbatches} micro-batches) and the nodes have {have / 2**30:.2f} GiB together, "
                 f"{(need - have) / 2**30:.2f} GiB short")
-    biggest = max(4 * layer.param_bytes + layer.activation_bytes for layer in profile.layers)
+    biggest = max(STATIC_BYTES_PER_PARAM_BYTE * layer.param_bytes + layer.activation_bytes for layer in profile.layers)
     return (f"no cut fits in memory: the largest layer alone needs {biggest / 2**30:.3f} GiB and the per-stage "
             f"memory (parameters, gradients, AdamW state, activations in flight) exceeds what some node has")

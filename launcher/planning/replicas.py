@@ -29,12 +29,12 @@ import itertools
 import math
 from dataclasses import dataclass
 
-from hetlaunch.launcher.chain_cuts import least_lossy_codecs, most_compressed_codecs
-from hetlaunch.launcher.chain_search import EXHAUSTIVE_MAX_NODES, ChainSearch, candidate_chains, node_speed
-from hetlaunch.launcher.compression import CompressionConfig
-from hetlaunch.launcher.cost_model import PipelineCost
-from hetlaunch.launcher.profile import NodeProfile, Profile
-from hetlaunch.launcher.sync_cost import SyncCost, SyncModel, plan_step_s
+from hetlaunch.launcher.planning.chain_cuts import least_lossy_codecs, most_compressed_codecs
+from hetlaunch.launcher.planning.chain_search import EXHAUSTIVE_MAX_NODES, ChainSearch, candidate_chains, node_speed
+from hetlaunch.launcher.planning.compression import CompressionConfig
+from hetlaunch.launcher.planning.cost_model import PipelineCost
+from hetlaunch.launcher.planning.profile_file import NodeProfile, Profile
+from hetlaunch.launcher.planning.sync_cost import SyncCost, SyncModel, plan_step_s
 
 SPLIT_ALL_MAX_MICROBATCHES = 32  # two pipelines: every split tried up to this many micro-batches
 POLISH_MAX_STAGES = 16  # sets with up to this many stages in all get their cuts polished for the sync

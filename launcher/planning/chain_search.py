@@ -13,10 +13,10 @@ from __future__ import annotations
 import itertools
 import math
 
-from hetlaunch.launcher.chain_cuts import cut_chain
-from hetlaunch.launcher.compression import CompressionConfig
-from hetlaunch.launcher.cost_model import CostModel, PipelineCost
-from hetlaunch.launcher.profile import NodeProfile, Profile
+from hetlaunch.launcher.planning.chain_cuts import cut_chain
+from hetlaunch.launcher.planning.compression import CompressionConfig
+from hetlaunch.launcher.planning.cost_model import CostModel, PipelineCost
+from hetlaunch.launcher.planning.profile_file import NodeProfile, Profile
 
 EXHAUSTIVE_MAX_NODES = 6
 

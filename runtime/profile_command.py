@@ -2,25 +2,19 @@
 
 from __future__ import annotations
 
-import platform
-
 import torch
 import torch.distributed as dist
 
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.runtime.codecs import CODECS_BY_NAME
+from hetlaunch.runtime.data_plane import init_data_plane, wire_device
+from hetlaunch.runtime.devices import device_name, resolve_device
 from hetlaunch.runtime.emulation import ComputeEmulation, WireEmulation
 from hetlaunch.runtime.link import Link
-from hetlaunch.runtime.profiler import codec_seconds_per_byte, probe_link, profile_layers, usable_memory_bytes
-from hetlaunch.runtime.stage_job import init_data_plane, model_spec_from_proto, resolve_device
+from hetlaunch.runtime.node_measurement import codec_seconds_per_byte, probe_link, profile_layers, usable_memory_bytes
+from hetlaunch.runtime.wire import model_spec_from_proto
 
 MAX_REPORTED_BANDWIDTH = 1e12  # a fit on a very fast link can come out unbounded; keep JSON finite
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"cpu:{platform.processor() or platform.machine()}"
 
 
 def run_profile(cmd: pb.Profile) -> pb.ReportProfileRequest:
@@ -46,9 +40,9 @@ def run_profile(cmd: pb.Profile) -> pb.ReportProfileRequest:
     if cmd.HasField("rendezvous"):  # every agent joins the group, probing or not
         init_data_plane(cmd.rendezvous)
         try:
-            wire_device = device if cmd.rendezvous.backend == "nccl" else torch.device("cpu")
+            wire = wire_device(device, cmd.rendezvous.backend)
             for probe in cmd.probes:
-                link = Link(probe.peer_rank, CODECS_BY_NAME["none"], device, wire_device,
+                link = Link(probe.peer_rank, CODECS_BY_NAME["none"], device, wire,
                             emulation=WireEmulation.from_spec(probe.emulate_bandwidth_mbps, probe.emulate_latency_ms))
                 measured = probe_link(link, probe.initiator)
                 if measured is not None:

@@ -56,12 +56,12 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Sequence
 
-from hetlaunch.launcher.compression import CODEC_SLACK, LOSSINESS, NONE, CompressionConfig, wire_ratio
-from hetlaunch.launcher.cost_model import PipelineCost
-from hetlaunch.launcher.profile import NodeProfile, Profile
-from hetlaunch.launcher.sync_groups import SyncGroup, sync_groups
+from hetlaunch.launcher.planning.compression import CODEC_SLACK, LOSSINESS, NONE, CompressionConfig
+from hetlaunch.launcher.planning.cost_model import PipelineCost
+from hetlaunch.launcher.planning.profile_file import NodeProfile, Profile
+from hetlaunch.launcher.planning.sync_groups import SyncGroup, sync_groups
+from hetlaunch.runtime.registry import SYNC_BUCKET_BYTES, codec_info, sync_hops
 
-SYNC_BUCKET_BYTES = 4 * 2**20  # the runtime's bucket cap (runtime/grad_sync.py, BUCKET_BYTES)
 BACKWARD_SHARE = 2 / 3  # profiles hold forward + backward; backward is taken as twice forward
 
 
@@ -97,10 +97,10 @@ def allreduce_s(num_bytes: float, holders: int, bandwidth: float, latency: float
     """A: one group's reduction, as in the module docstring."""
     if num_bytes <= 0 or holders < 2:
         return 0.0
-    if codec == "none":
-        return 2 * (holders - 1) / holders * num_bytes / bandwidth + 2 * (holders - 1) * latency
-    return ((holders - 1) * num_bytes * _ratio(codec) / bandwidth + (holders - 1) * latency
-            + num_bytes * codec_seconds_per_byte)
+    hops = sync_hops(codec, holders) * latency
+    if codec == "none":  # reduce-scatter then all-gather: each moves (k - 1)/k of the bytes
+        return 2 * (holders - 1) / holders * num_bytes / bandwidth + hops
+    return (holders - 1) * num_bytes * _ratio(codec) / bandwidth + hops + num_bytes * codec_seconds_per_byte
 
 
 def sync_costs(profile: Profile, pipelines: Sequence[PipelineCost],
@@ -220,4 +220,4 @@ def _drains(pipelines: Sequence[PipelineCost]) -> list[list[float]]:
 
 @lru_cache(maxsize=None)
 def _ratio(codec: str) -> float:
-    return wire_ratio(codec)
+    return codec_info(codec).wire_ratio()

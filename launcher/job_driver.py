@@ -10,18 +10,15 @@ from pathlib import Path
 
 from rich.console import Console
 
-from hetlaunch.launcher.plan import Plan, planned, static_plan
-from hetlaunch.launcher.planner import plan as plan_pipelines
-from hetlaunch.launcher.planner import plan_fixed_cut, price_pipelines
-from hetlaunch.launcher.profiling import measure_cluster
+from hetlaunch.launcher.planning.plan import Plan, pinned_num_layers, planned, static_plan
+from hetlaunch.launcher.planning.planner import plan as plan_pipelines
+from hetlaunch.launcher.planning.planner import plan_fixed_cut, price_pipelines
+from hetlaunch.launcher.cluster_measurement import measure_cluster
 from hetlaunch.launcher.progress import TrainingProgress, print_plan, print_summary
 from hetlaunch.launcher.run_record import RunRecord, StepAggregator
 from hetlaunch.launcher.session import ClusterSession, JobError
 from hetlaunch.protos import control_pb2 as pb
-from hetlaunch.runtime.codecs import codec_by_name
-from hetlaunch.runtime.stage_job import model_spec_to_proto
-
-SCHEDULES = {"1f1b": pb.SCHEDULE_1F1B, "gpipe": pb.SCHEDULE_GPIPE}
+from hetlaunch.runtime.wire import codec_wire_id, model_spec_to_proto, schedule_wire_id
 
 __all__ = ["JobError", "UpOptions", "run_up", "make_plan", "new_run_dir"]
 
@@ -45,7 +42,7 @@ def make_plan(session: ClusterSession, spec, reprofile: bool, console: Console) 
     train = cluster.train
     pinned = None
     if all(n.layers is not None for n in cluster.nodes):
-        pinned = static_plan(cluster, spec.num_layers())
+        pinned = static_plan(cluster, pinned_num_layers(cluster))
         if not _codec_choice_left(cluster, pinned):
             return pinned
     profile = measure_cluster(session, spec, train.micro_batch_size, train.seed, reprofile, console)
@@ -81,7 +78,7 @@ def run_up(cluster, options: UpOptions, console: Console) -> Path:
     """Run the cluster's job to the end; return the run directory. Raises JobError on failure."""
     spec = cluster.model.to_spec()
     if all(n.layers is not None for n in cluster.nodes):
-        static_plan(cluster, spec.num_layers())  # bad pinned ranges fail here, before anything starts
+        static_plan(cluster, pinned_num_layers(cluster))  # bad pinned ranges fail here, before anything starts
     run_dir = new_run_dir(cluster, options)
     with ClusterSession(cluster, run_dir, options.token or secrets.token_urlsafe(24), console) as session:
         plan = make_plan(session, spec, options.reprofile, console)
@@ -115,7 +112,7 @@ def _launch(session: ClusterSession, plan: Plan, spec) -> None:
     offset = rank = 0  # ranks follow plan.stages: pipeline after pipeline
     for p, (stages, share) in enumerate(zip(pipelines, plan.pipeline_microbatches)):
         train = pb.TrainSpec(steps=t.steps, micro_batch_size=t.micro_batch_size, num_microbatches=share,
-                             schedule=SCHEDULES[t.schedule], lr=t.lr, weight_decay=t.weight_decay, seed=t.seed,
+                             schedule=schedule_wire_id(t.schedule), lr=t.lr, weight_decay=t.weight_decay, seed=t.seed,
                              checkpoint_dir=str((session.run_dir / "checkpoint").resolve()) if t.save_checkpoint else "")
         n = len(stages)
         for j, stage in enumerate(stages):
@@ -123,7 +120,7 @@ def _launch(session: ClusterSession, plan: Plan, spec) -> None:
             spec_msg = pb.StageSpec(stage_index=j, num_stages=n, layer_start=stage.layer_start,
                                     layer_end=stage.layer_end, device=session.device_of(stage.node),
                                     threads=session.threads_of(stage.node),
-                                    emulate=pb.Emulation(speed=node.emulate.speed if node.emulate else 1.0))
+                                    emulate=pb.Emulation(speed=node.emulate.speed))
             if j > 0:
                 spec_msg.prev.CopyFrom(_link_spec(cluster, stages[j - 1], stage, peer_rank=rank - 1))
             if j < n - 1:
@@ -147,33 +144,23 @@ def _data_parallel(cluster, plan: Plan) -> pb.DataParallel:
     for group in plan.sync_plans():
         bw, lat = _slowest_emulated_link(cluster, group.nodes)
         message.sync_groups.add(layer_start=group.layer_start, layer_end=group.layer_end,
-                                ranks=[rank[name] for name in group.nodes], codec=codec_by_name(group.codec).wire_id,
+                                ranks=[rank[name] for name in group.nodes], codec=codec_wire_id(group.codec),
                                 emulate_bandwidth_mbps=bw, emulate_latency_ms=lat)
     return message
 
 
-def _emulated_link(cluster, a: str, b: str) -> tuple[float, float]:
-    """(Mbps, ms) the agents emulate between two nodes; (0, 0) when the link is not emulated."""
-    node_a, node_b = cluster.node(a), cluster.node(b)
-    if node_a.region != node_b.region and node_a.launch == node_b.launch == "local":
-        link = cluster.link_between(node_a.region, node_b.region)
-        if link is not None and link.emulate is not None:
-            return link.emulate.bandwidth_mbps or 0.0, link.emulate.latency_ms or 0.0
-    return 0.0, 0.0
-
-
 def _slowest_emulated_link(cluster, nodes: tuple[str, ...]) -> tuple[float, float]:
     """A sync group runs at its slowest link: the lowest emulated bandwidth, the highest latency."""
-    pairs = [_emulated_link(cluster, a, b) for i, a in enumerate(nodes) for b in nodes[i + 1:]]
+    pairs = [cluster.emulated_link(a, b) for i, a in enumerate(nodes) for b in nodes[i + 1:]]
     limited = [bw for bw, _ in pairs if bw > 0]
     return (min(limited) if limited else 0.0), max((lat for _, lat in pairs), default=0.0)
 
 
 def _link_spec(cluster, up, down, peer_rank: int) -> pb.LinkSpec:
     """The boundary between stages `up` and `down` of one pipeline, as seen from one side."""
-    bw, lat = _emulated_link(cluster, up.node, down.node)
-    return pb.LinkSpec(peer_rank=peer_rank, forward_codec=codec_by_name(up.forward_codec).wire_id,
-                       backward_codec=codec_by_name(up.backward_codec).wire_id,
+    bw, lat = cluster.emulated_link(up.node, down.node)
+    return pb.LinkSpec(peer_rank=peer_rank, forward_codec=codec_wire_id(up.forward_codec),
+                       backward_codec=codec_wire_id(up.backward_codec),
                        emulate_bandwidth_mbps=bw, emulate_latency_ms=lat)
 
 

@@ -1,0 +1,76 @@
+"""The names and numbers launcher and runtime share, one table each, with no torch and no protos.
+
+The planner (launcher/planning) imports this module and nothing else of the runtime, so a
+plan can be made where torch is not installed. Everything that spells a codec or schedule
+name — the YAML schema, the CLI choices, the proto mapping (runtime/wire.py), the codec
+implementations (runtime/codecs.py), the planner's lossiness order — is derived from here,
+and tests/test_registry.py ties the implementations to these tables.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+QUANT_BLOCK = 64  # values per float32 scale in the blockwise integer codecs (runtime/quantize.py)
+SCALE_BYTES = 4
+
+
+@dataclass(frozen=True)
+class CodecInfo:
+    """What the planner needs to know of a codec: its size on the wire, and how lossy it is."""
+
+    name: str
+    value_bits: int | None  # bits per value on the wire; None: the tensor's own itemsize (no compression)
+    scaled: bool = False    # one float32 scale per QUANT_BLOCK values (blockwise integer codecs)
+
+    def wire_bytes(self, numel: int, itemsize: int) -> int:
+        """Bytes on the wire for a floating-point tensor of `numel` values of `itemsize` bytes."""
+        if self.value_bits is None:
+            return numel * itemsize
+        if not self.scaled:
+            return numel * self.value_bits // 8
+        blocks = -(-numel // QUANT_BLOCK)
+        return blocks * (QUANT_BLOCK * self.value_bits // 8 + SCALE_BYTES)
+
+    def wire_ratio(self, itemsize: int = 4) -> float:
+        """Bytes on the wire per raw byte of a large tensor (float32 unless told)."""
+        numel = 1 << 16
+        return self.wire_bytes(numel, itemsize) / (numel * itemsize)
+
+
+# Least lossy first: `auto` walks this order and stops at the first codec that is fast enough.
+CODECS: tuple[CodecInfo, ...] = (
+    CodecInfo("none", None),
+    CodecInfo("fp16", 16),
+    CodecInfo("bf16", 16),  # fp16's size with less precision
+    CodecInfo("int8", 8, scaled=True),
+    CodecInfo("int4_rotated", 4, scaled=True),
+    CodecInfo("int4", 4, scaled=True),  # int4_rotated's size, more error on heavy-tailed activations
+)
+CODEC_NAMES: tuple[str, ...] = tuple(c.name for c in CODECS)  # also the lossiness order
+CODECS_BY_NAME: dict[str, CodecInfo] = {c.name: c for c in CODECS}
+
+SCHEDULE_NAMES: tuple[str, ...] = ("1f1b", "gpipe")  # the first is the default
+DEFAULT_SCHEDULE = SCHEDULE_NAMES[0]
+
+# Gradient sync between pipelines starts a bucket's all-reduce when its last gradient is final;
+# the runtime fills buckets up to this size and the planner prices the same cap.
+SYNC_BUCKET_BYTES = 4 * 2**20
+
+# What a stage holds per parameter byte whatever the schedule: the parameter, its gradient and
+# AdamW's two moments (exp_avg, exp_avg_sq).
+ADAMW_STATE_PER_PARAM = 2
+STATIC_BYTES_PER_PARAM_BYTE = 2 + ADAMW_STATE_PER_PARAM
+
+
+def sync_hops(codec: str, holders: int) -> int:
+    """Latency hops of one gradient sync among `holders` ranks, one after another: a ring
+    all-reduce (codec none) crosses 2(k - 1), the all-gather of a lossy codec k - 1."""
+    return 2 * (holders - 1) if codec == "none" else holders - 1
+
+
+def codec_info(name: str) -> CodecInfo:
+    try:
+        return CODECS_BY_NAME[name]
+    except KeyError:
+        raise ValueError(f"unknown codec {name!r} (known: {', '.join(CODEC_NAMES)})") from None
