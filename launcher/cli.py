@@ -1,45 +1,70 @@
-"""The `hetlaunch` command: up, agent, validate."""
+"""The `hetlaunch` command: up, profile, plan, validate, agent.
+
+Only typer is imported up front: each command imports what it needs, so `--help`,
+`--version` and `validate` never load torch or grpc. Every message is printed as plain
+text (never parsed as rich markup: a node's error may contain `[...]`), errors as one
+line `error: ...` on stderr with the exit code below.
+"""
 
 from __future__ import annotations
 
 import signal
 import sys
+from enum import Enum
 from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 
-from hetlaunch.launcher.cluster_config import ConfigError, load_cluster
+from hetlaunch.runtime.registry import SCHEDULE_NAMES
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Train one PyTorch model as an uneven pipeline across mixed, spread-out nodes.")
-# A pipe or a log file gets lines wide enough for the plan table; a terminal keeps its own width.
-console = Console() if sys.stdout.isatty() else Console(width=120)
-errors = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
 
 EXIT_BAD_INPUT = 2
 EXIT_JOB_FAILED = 1
+
+Schedule = Enum("Schedule", {name: name for name in SCHEDULE_NAMES}, type=str)
 
 
 class Terminated(Exception):
     """SIGTERM arrived; unwinding stops every agent `up` started."""
 
 
+def _console(stderr: bool = False):
+    """Plain-text output: markup off, so no user or error text is ever altered or breaks printing.
+    A pipe or a log file gets lines wide enough for the plan table; a terminal keeps its own width."""
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(stderr=stderr, markup=False, highlight=False, width=None if stream.isatty() else 120)
+
+
 def _fail(message: str, code: int) -> None:
-    errors.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    print(f"error: {' '.join(str(message).split())}", file=sys.stderr, flush=True)
     raise typer.Exit(code)
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        from hetlaunch.runtime.version import hetlaunch_version
+
+        print(f"hetlaunch {hetlaunch_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", callback=_show_version, is_eager=True,
+                                       help="print the version and exit")) -> None:
+    """Train one PyTorch model as an uneven pipeline across mixed, spread-out nodes."""
 
 
 @app.command()
 def validate(cluster_yaml: Path = typer.Argument(..., help="cluster YAML file")) -> None:
     """Check a cluster YAML file without starting anything."""
-    try:
-        cluster = load_cluster(cluster_yaml)
-    except ConfigError as err:
-        _fail(str(err), EXIT_BAD_INPUT)
-    console.print(f"{cluster_yaml}: ok ({len(cluster.nodes)} nodes, {len(cluster.local_nodes)} local, "
-                  f"{len(cluster.remote_nodes)} remote)")
+    cluster = _load(cluster_yaml)
+    print(f"{cluster_yaml}: ok ({len(cluster.nodes)} nodes, {len(cluster.local_nodes)} local, "
+                  f"{len(cluster.remote_nodes)} remote)", flush=True)
 
 
 @app.command()
@@ -50,11 +75,12 @@ def up(
     reprofile: bool = typer.Option(False, help="measure every node again instead of using cached profiles"),
 ) -> None:
     """Start a coordinator and the local agents, wait for remote ones, profile, plan, train, write runs/<run-id>/."""
+    cluster = _load(cluster_yaml)
+    token = _token(cluster, token_file)
     from hetlaunch.launcher.job_driver import UpOptions, run_up
 
-    cluster = _load(cluster_yaml)
-    options = UpOptions(run_dir=run_dir, token=_token(cluster, token_file), reprofile=reprofile)
-    _with_cluster(lambda: run_up(cluster, options, console))
+    options = UpOptions(run_dir=run_dir, token=token, reprofile=reprofile)
+    _with_cluster(lambda: run_up(cluster, options, _console()))
 
 
 @app.command()
@@ -66,13 +92,15 @@ def profile(
     reprofile: bool = typer.Option(False, help="measure every node again instead of using cached profiles"),
 ) -> None:
     """Start the cluster's agents, measure nodes and links, save the profile; train nothing."""
+    cluster = _load(cluster_yaml)
+    token = _token(cluster, token_file)
+    from hetlaunch.launcher.cluster_measurement import measure_cluster
     from hetlaunch.launcher.job_driver import UpOptions, new_run_dir
     from hetlaunch.launcher.planning.profile_file import save_profile
-    from hetlaunch.launcher.cluster_measurement import measure_cluster
     from hetlaunch.launcher.session import ClusterSession
 
-    cluster = _load(cluster_yaml)
-    options = UpOptions(run_dir=run_dir, token=_token(cluster, token_file))
+    options = UpOptions(run_dir=run_dir, token=token)
+    console = _console()
 
     def measure():
         with ClusterSession(cluster, new_run_dir(cluster, options), options.token or _new_token(), console) as s:
@@ -89,7 +117,8 @@ def plan(
     cluster_yaml: Optional[Path] = typer.Argument(None, help="cluster YAML file (starts agents and profiles them)"),
     profile_file: Optional[Path] = typer.Option(None, "--profile", help="plan offline from a saved profile instead"),
     microbatches: Optional[int] = typer.Option(None, min=1, help="micro-batches per step (default: the YAML's, else 4)"),
-    schedule: Optional[str] = typer.Option(None, help="1f1b or gpipe (default: the YAML's, else 1f1b)"),
+    schedule: Optional[Schedule] = typer.Option(None, help="pipeline schedule (default: the YAML's, else "
+                                                           f"{SCHEDULE_NAMES[0]})"),
     max_pipelines: Optional[int] = typer.Option(None, min=1, help="allow at most this many data-parallel pipelines "
                                                                   "(default: the YAML's, else as many as pay off)"),
     stages: Optional[int] = typer.Option(None, min=1, help="use exactly this many stages per pipeline"),
@@ -106,11 +135,9 @@ def plan(
 
     if cluster_yaml is None and profile_file is None:
         _fail("give a cluster YAML (profiles it live), --profile PROFILE.json (offline), or both", EXIT_BAD_INPUT)
-    if schedule not in (None, "1f1b", "gpipe"):
-        _fail(f"--schedule must be 1f1b or gpipe, not {schedule!r}", EXIT_BAD_INPUT)
     cluster = _load(cluster_yaml) if cluster_yaml else None
     num_mb = microbatches or (cluster.train.num_microbatches if cluster else 4)
-    sched = schedule or (cluster.train.schedule if cluster else "1f1b")
+    sched = schedule.value if schedule else (cluster.train.schedule if cluster else SCHEDULE_NAMES[0])
     if profile_file is not None:
         try:
             measured = load_profile(profile_file)
@@ -131,19 +158,20 @@ def plan(
                                 compression=policy)
     except (PlanningError, ProfileError) as err:
         _fail(str(err), EXIT_JOB_FAILED)
-    print_planner_result(console, measured, result, as_json=as_json)
+    print_planner_result(_console(), measured, result, as_json=as_json)
 
 
 def _measure_live(cluster, token_file, reprofile):
-    from hetlaunch.launcher.job_driver import UpOptions, new_run_dir
+    token = _token(cluster, token_file)
     from hetlaunch.launcher.cluster_measurement import measure_cluster
+    from hetlaunch.launcher.job_driver import UpOptions, new_run_dir
     from hetlaunch.launcher.session import ClusterSession
 
-    options = UpOptions(token=_token(cluster, token_file))
+    options = UpOptions(token=token)
     measured = []
 
     def measure():
-        status = Console(stderr=True)  # keep stdout clean for --json
+        status = _console(stderr=True)  # keep stdout clean for --json
         with ClusterSession(cluster, new_run_dir(cluster, options), options.token or _new_token(), status) as s:
             measured.append(measure_cluster(s, cluster.model.to_spec(), cluster.train.micro_batch_size,
                                             cluster.train.seed, reprofile, status))
@@ -153,6 +181,8 @@ def _measure_live(cluster, token_file, reprofile):
 
 
 def _load(cluster_yaml: Path):
+    from hetlaunch.launcher.cluster_config import ConfigError, load_cluster
+
     try:
         return load_cluster(cluster_yaml)
     except ConfigError as err:
@@ -181,9 +211,10 @@ def _token(cluster, token_file: Optional[Path]) -> Optional[str]:
 
 def _with_cluster(work) -> None:
     """Run work that starts agents; every exit path stops them (SIGTERM is turned into an unwind)."""
+    from hetlaunch.launcher.cluster_config import ConfigError
+    from hetlaunch.launcher.planning.planner import PlanningError
     from hetlaunch.launcher.planning.profile_file import ProfileError
     from hetlaunch.launcher.session import JobError
-    from hetlaunch.launcher.planning.planner import PlanningError
 
     def on_sigterm(signum, frame):
         raise Terminated()
@@ -193,7 +224,7 @@ def _with_cluster(work) -> None:
         work()
     except (JobError, PlanningError, ProfileError) as err:
         _fail(str(err), EXIT_JOB_FAILED)
-    except (ConfigError, ValueError) as err:
+    except ConfigError as err:
         _fail(str(err), EXIT_BAD_INPUT)
     except KeyboardInterrupt:
         _fail("interrupted; every local agent was stopped", 130)

@@ -1,8 +1,9 @@
-"""The versions an agent reports at registration; the coordinator refuses a mismatch."""
+"""The versions an agent reports at registration; the coordinator refuses a mismatch.
+
+Both are read from the installed packages' metadata, so asking costs no torch import
+(`hetlaunch --help`, `--version` and `validate` stay fast)."""
 
 from importlib.metadata import PackageNotFoundError, version
-
-import torch
 
 
 def hetlaunch_version() -> str:
@@ -13,4 +14,9 @@ def hetlaunch_version() -> str:
 
 
 def torch_version() -> str:
-    return torch.__version__
+    try:
+        return version("torch")
+    except PackageNotFoundError:  # a torch built from source without metadata: ask the module
+        import torch
+
+        return torch.__version__
