@@ -25,8 +25,16 @@ class FieldError(ValueError):
 def yaml_path(loc: tuple[str | int, ...]) -> str:
     out = ""
     for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+        out += f"[{part}]" if isinstance(part, int) else (f".{_key(part)}" if out else _key(part))
     return out
+
+
+def _key(part: Any) -> str:
+    """A key as written, unless it would break the one-line message (a newline) or swamp it (a huge key)."""
+    text = str(part)
+    if not text.isprintable():
+        text = repr(text)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def one_line(text: str) -> str:
@@ -75,6 +83,8 @@ def describe(err: Mapping[str, Any], root: type[BaseModel]) -> str:
         msg = f"must match {ctx['pattern'].strip('^$')} (got {show(got)})"
     elif kind == "string_too_short":
         msg = "must not be empty"
+    elif kind == "string_too_long":
+        msg = f"must be at most {ctx['max_length']} characters (got {len(got) if isinstance(got, str) else show(got)})"
     elif kind in ("too_short", "too_long"):
         if kind == "too_short":
             msg = f"must have at least {ctx.get('min_length')} item(s) (got {ctx.get('actual_length')})"
