@@ -181,7 +181,8 @@ def _measure_live(cluster, token_file, reprofile):
 
 
 def _load(cluster_yaml: Path):
-    from hetlaunch.launcher.cluster_config import ConfigError, load_cluster
+    from hetlaunch.launcher.cluster_config import ConfigError
+    from hetlaunch.launcher.cluster_yaml import load_cluster
 
     try:
         return load_cluster(cluster_yaml)
@@ -212,6 +213,7 @@ def _token(cluster, token_file: Optional[Path]) -> Optional[str]:
 def _with_cluster(work) -> None:
     """Run work that starts agents; every exit path stops them (SIGTERM is turned into an unwind)."""
     from hetlaunch.launcher.cluster_config import ConfigError
+    from hetlaunch.launcher.planning.plan import TilingError
     from hetlaunch.launcher.planning.planner import PlanningError
     from hetlaunch.launcher.planning.profile_file import ProfileError
     from hetlaunch.launcher.session import JobError
@@ -224,7 +226,7 @@ def _with_cluster(work) -> None:
         work()
     except (JobError, PlanningError, ProfileError) as err:
         _fail(str(err), EXIT_JOB_FAILED)
-    except ConfigError as err:
+    except (ConfigError, TilingError) as err:  # TilingError: pinned ranges of a model only agents can count
         _fail(str(err), EXIT_BAD_INPUT)
     except KeyboardInterrupt:
         _fail("interrupted; every local agent was stopped", 130)

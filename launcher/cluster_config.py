@@ -1,6 +1,6 @@
 """The cluster YAML schema: strict, typed, validated once before anything starts.
 
-``load_cluster("cluster.yaml")`` returns a :class:`ClusterConfig` or raises
+``load_cluster("cluster.yaml")`` (launcher/cluster_yaml.py) returns a :class:`ClusterConfig` or raises
 :class:`ConfigError` with one line that names the file and the field path in the
 user's terms, e.g. ``cluster.yaml: nodes[2].regoin: unknown key (did you mean
 'region'?)``. Every model forbids unknown keys and is strict about types (a
@@ -11,18 +11,16 @@ silently into a default. The commented field list in
 
 from __future__ import annotations
 
-import os
 import re
-import stat
-from pathlib import Path
-from typing import Annotated, Any, Literal, Mapping
+from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
+from hetlaunch.launcher.config_errors import FieldError, show
 from hetlaunch.launcher.planning.compression import CompressionConfig
-from hetlaunch.launcher.config_errors import FieldError, one_line, yaml_path, show, describe
+from hetlaunch.launcher.planning.plan import TilingError, check_layer_tiling
 from hetlaunch.runtime.model_spec import PRESETS, GPTConfig, ModelSpec
+from hetlaunch.runtime.registry import DEFAULT_SCHEDULE, SCHEDULE_NAMES
 
 
 class ConfigError(Exception):
@@ -37,9 +35,6 @@ def _sci_float(value: Any) -> Any:
 
 
 YamlFloat = Annotated[float, BeforeValidator(_sci_float), Field(allow_inf_nan=False)]
-MAX_FILE_BYTES = 1 << 20  # a cluster YAML is a few KB; refuse to read (or parse) more than 1 MiB
-MAX_DEPTH = 64  # nesting levels of YAML lists and mappings (the schema needs 4)
-MAX_NODES = 50_000  # YAML keys and values (a cluster file has a few hundred)
 MAX_NAME = 64  # characters in the cluster name and in node and region names
 
 
@@ -137,7 +132,7 @@ class TrainConfig(_Strict):
     steps: int = Field(300, ge=1)  # optimizer steps
     micro_batch_size: int = Field(8, ge=1)  # samples per micro-batch
     num_microbatches: int = Field(4, ge=1)  # micro-batches per step (global batch = the product)
-    schedule: Literal["1f1b", "gpipe"] = "1f1b"  # pipeline schedule
+    schedule: Literal[SCHEDULE_NAMES] = DEFAULT_SCHEDULE  # pipeline schedule (runtime/registry.py)
     lr: YamlFloat = Field(3.0e-3, gt=0)  # AdamW learning rate
     weight_decay: YamlFloat = Field(0.0, ge=0)  # AdamW weight decay
     seed: int = 0  # parameter-init seed
@@ -284,13 +279,13 @@ class ClusterConfig(_Strict):
                 raise FieldError(("train", "num_microbatches"), f"{self.train.num_microbatches} micro-batches cannot feed "
                                                                 f"{count} pipelines (each needs one)")
         if num_layers is None:
-            return  # entrypoint model: depth known only when built; the planner calls check_layer_tiling
+            return  # entrypoint model: depth known only to the agents; `up` checks the pinned ranges' tiling
         if all(pinned):
             pipelines = self.pinned_pipelines()
             for p, members in enumerate(pipelines):
                 try:
                     check_layer_tiling([(f"nodes[{i}].layers", *n.layers) for i, n in members], num_layers)
-                except ConfigError as exc:  # with several pipelines, say whose layers leave the gap
+                except TilingError as exc:  # with several pipelines, say whose layers leave the gap
                     raise FieldError((), (f"pipeline {p}: " if len(pipelines) > 1 else "") + str(exc)) from None
         elif len(self.nodes) > num_layers:
             raise FieldError(("nodes",), f"{len(self.nodes)} nodes but the model has only {num_layers} stage layers "
@@ -360,198 +355,3 @@ def _first_duplicate(names: list[str], section: str, key: str, what: str) -> Non
         if name in first:
             raise FieldError((section, i, key), f"duplicate {what} {name!r} (also {section}[{first[name]}])")
         first[name] = i
-
-
-def check_layer_tiling(ranges: list[tuple[str, int, int]], num_layers: int) -> None:
-    """Check that ``(label, start, end)`` ranges tile ``[0, num_layers)`` exactly.
-
-    ``label`` names the owner in messages (``"nodes[1].layers"``, or a node name).
-    Raises ConfigError naming the first problem: start >= end, out of range,
-    overlap, or a gap. Used by the YAML validator and reusable by the planner."""
-    for label, start, end in ranges:
-        if not start < end:
-            raise ConfigError(f"{label}: start must be < end (got [{start}, {end}))")
-        if start < 0 or end > num_layers:
-            raise ConfigError(f"{label}: [{start}, {end}) is out of range; the model has layers [0, {num_layers})")
-    covered, prev = 0, None
-    for label, start, end in sorted(ranges, key=lambda r: (r[1], r[2])):
-        if start < covered:
-            raise ConfigError(f"{label}: [{start}, {end}) overlaps {prev[0]} [{prev[1]}, {prev[2]})")
-        if start > covered:
-            raise ConfigError(f"layers leave [{covered}, {start}) unassigned")
-        covered, prev = end, (label, start, end)
-    if covered < num_layers:
-        raise ConfigError(f"layers leave [{covered}, {num_layers}) unassigned")
-
-
-# ---------------------------------------------------------------- loading and error text
-
-
-def load_cluster(path: str | Path) -> ClusterConfig:
-    """Read and validate a cluster YAML file; every problem is a one-line ConfigError."""
-    source = str(path)
-    try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size > MAX_FILE_BYTES:  # refuse before reading a byte of it
-                raise ConfigError(_too_big(source, size))
-            raw = f.read(MAX_FILE_BYTES + 1)  # a pipe or device reports no size: read one byte past the cap at most
-    except FileNotFoundError:
-        raise ConfigError(f"{source}: no such file") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{source}: is a directory, not a YAML file") from None
-    except OSError as exc:
-        raise ConfigError(f"{source}: cannot read ({exc.strerror or exc})") from None
-    if len(raw) > MAX_FILE_BYTES:
-        raise ConfigError(_too_big(source, None))
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{source}: not UTF-8 text (byte {exc.start})") from None
-    return parse_cluster(text, source)
-
-
-def parse_cluster(text: str, source: str = "<string>") -> ClusterConfig:
-    """Validate cluster YAML given as text; ``source`` prefixes every message.
-
-    Hostile input is refused before it can cost time or memory: more than 1 MiB, anchors and
-    aliases (a few hundred bytes of them expand to billions of nodes), nesting deeper than 64
-    levels, more than 50,000 keys and values. A ``data.path`` must name a readable, non-empty
-    regular file (a relative one is taken from the current directory, as ``hetlaunch up`` does)."""
-    if len(text) > MAX_FILE_BYTES:
-        raise ConfigError(_too_big(source, len(text.encode("utf-8", "surrogatepass"))))
-    try:
-        data = _load_yaml(text, source)
-        if data is None:
-            raise ConfigError(f"{source}: file is empty (a cluster needs at least `nodes:`)")
-        cluster = cluster_from_dict(data, source)
-    except RecursionError:  # a last resort: the depth cap should make this unreachable
-        raise ConfigError(f"{source}: nested too deeply to read") from None
-    _check_data_path(cluster, source)
-    return cluster
-
-
-def cluster_from_dict(data: Any, source: str = "<dict>") -> ClusterConfig:
-    """Validate an already-parsed mapping (for code and tests that build configs).
-
-    Unlike :func:`parse_cluster` it does not look at the file system: ``data.path`` is not checked."""
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"{source}: top level must be a mapping of sections (got {show(data)})")
-    try:
-        return ClusterConfig.model_validate(dict(data))
-    except ValidationError as exc:
-        errors = exc.errors()
-        more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
-        raise ConfigError(f"{source}: {describe(errors[0], ClusterConfig)}{more}") from None
-
-
-def _too_big(source: str, size: int | None) -> str:
-    if size is None:
-        what = "more than 1 MiB"
-    elif size >= 1.05 * 2**20:
-        what = f"file is {size / 2**20:.1f} MiB"
-    else:
-        what = f"file is {size:,} bytes"
-    return f"{source}: {what}; a cluster YAML is at most 1 MiB"
-
-
-def _mark(mark: yaml.Mark | None) -> str:
-    return f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "unknown position"
-
-
-def _load_yaml(text: str, source: str) -> Any:
-    """``yaml.safe_load`` with the hostile-input checks of :class:`_GuardedLoader`, in one pass."""
-    try:
-        loader = _GuardedLoader(text, source)
-        try:
-            node = loader.get_single_node()
-            _reject_duplicate_keys(node, (), source)
-            return None if node is None else loader.construct_document(node)
-        finally:
-            loader.dispose()
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f" ({_mark(mark)})" if mark else ""
-        problem = exc.problem or exc.context or "parse error"
-        if exc.context and problem.startswith("but "):  # "expected a single document ..., but found another"
-            problem = f"{exc.context}, {problem}"
-        raise ConfigError(f"{source}: not valid YAML{where}: {one_line(problem)}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{source}: not valid YAML: {one_line(str(exc))}") from None
-    except ValueError as exc:  # from the constructor: an integer of over 4300 digits, a date such as 2024-13-45
-        raise ConfigError(f"{source}: not valid YAML: {one_line(str(exc).split(';')[0])}") from None
-
-
-class _GuardedLoader(yaml.SafeLoader):
-    """SafeLoader whose composer refuses, as each node arrives and before anything expands or recurses deeper:
-    anchors and aliases (a few hundred bytes of them make billions of nodes), nesting deeper than MAX_DEPTH
-    (the composer recurses once per level), and more than MAX_NODES nodes (the pure-Python parser needs
-    some microseconds a node; a cluster file has a few hundred)."""
-
-    def __init__(self, text: str, source: str) -> None:
-        super().__init__(text)
-        self._source, self._depth, self._nodes = source, 0, 0
-
-    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
-        event = self.peek_event()
-        where = _mark(event.start_mark)
-        if event.anchor is not None:
-            what = f"alias *{event.anchor}" if isinstance(event, yaml.AliasEvent) else f"anchor &{event.anchor}"
-            raise ConfigError(f"{self._source}: YAML anchors and aliases are not supported ({what} at {where}); "
-                              f"write the value out in full")
-        self._nodes += 1
-        if self._nodes > MAX_NODES:
-            raise ConfigError(f"{self._source}: more than {MAX_NODES:,} YAML keys and values ({where}); "
-                              f"a cluster YAML has a few hundred")
-        nested = isinstance(event, yaml.CollectionStartEvent)
-        if nested:
-            if self._depth >= MAX_DEPTH:
-                raise ConfigError(f"{self._source}: lists and mappings nested more than {MAX_DEPTH} levels deep ({where})")
-            self._depth += 1
-        try:
-            return super().compose_node(parent, index)
-        finally:
-            self._depth -= nested
-
-
-def _reject_duplicate_keys(node: yaml.Node | None, path: tuple[str | int, ...], source: str) -> None:
-    # yaml.safe_load keeps the last of two equal keys silently; a strict schema must not.
-    # The graph is a tree here (no aliases) at most MAX_DEPTH deep, so this walk is linear.
-    if isinstance(node, yaml.MappingNode):
-        seen: set[Any] = set()
-        for key, value in node.value:
-            name = key.value if isinstance(key, yaml.ScalarNode) else "?"
-            if name in seen:
-                raise ConfigError(f"{source}: {yaml_path(path + (name,))}: duplicate key ({_mark(key.start_mark)})")
-            seen.add(name)
-            _reject_duplicate_keys(value, path + (name,), source)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            _reject_duplicate_keys(item, path + (i,), source)
-
-
-def _check_data_path(cluster: ClusterConfig, source: str) -> None:
-    """The agents read data.path only once training starts; find a bad one now, resolved as `up` resolves it."""
-    given = cluster.data.path
-    if given is None:
-        return
-    path = Path(given)
-    shown = given if given.isprintable() else repr(given)
-    if not path.is_absolute():
-        try:
-            shown += f" (in {os.getcwd()})"
-        except OSError:  # the current directory was removed
-            pass
-    try:
-        info = path.stat()
-    except FileNotFoundError:
-        raise ConfigError(f"{source}: data.path: no such file: {shown}") from None
-    except (OSError, ValueError) as exc:  # ValueError: an embedded NUL byte
-        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise ConfigError(f"{source}: data.path: cannot use {show(given)}: {one_line(why)}") from None
-    if not stat.S_ISREG(info.st_mode):
-        raise ConfigError(f"{source}: data.path: not a regular file: {shown}")
-    if info.st_size == 0:
-        raise ConfigError(f"{source}: data.path: file is empty: {shown}")
-    if not os.access(path, os.R_OK):
-        raise ConfigError(f"{source}: data.path: not readable: {shown}")

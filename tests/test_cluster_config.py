@@ -6,14 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from hetlaunch.launcher.cluster_config import (
-    ClusterConfig,
-    ConfigError,
-    check_layer_tiling,
-    cluster_from_dict,
-    load_cluster,
-    parse_cluster,
-)
+from hetlaunch.launcher.cluster_config import ClusterConfig, ConfigError
+from hetlaunch.launcher.cluster_yaml import cluster_from_dict, load_cluster, parse_cluster
+from hetlaunch.launcher.planning.plan import TilingError, check_layer_tiling
 from hetlaunch.runtime.model_spec import PRESETS, ModelSpec
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "cluster_examples"
@@ -362,7 +357,7 @@ def test_more_nodes_than_layers() -> None:
 def test_entrypoint_layers_are_checked_later() -> None:
     # depth unknown until the entrypoint is built: only per-node sanity now, tiling at plan time
     cfg = parse_cluster("model: {entrypoint: 'm:f', kwargs: {seq_len: 8}}\n" + two_nodes("[0, 3]", "[5, 9]"))
-    with pytest.raises(ConfigError, match=r"^layers leave \[3, 5\) unassigned$"):
+    with pytest.raises(TilingError, match=r"^layers leave \[3, 5\) unassigned$"):
         check_layer_tiling([(n.name, *n.layers) for n in cfg.nodes], 9)
 
 
@@ -376,7 +371,7 @@ def test_check_layer_tiling_directly() -> None:
         ([("a", 0, 6), ("b", 0, 6)], r"^b: \[0, 6\) overlaps a"),
         ([], r"^layers leave \[0, 6\) unassigned$"),
     ]:
-        with pytest.raises(ConfigError, match=pattern):
+        with pytest.raises(TilingError, match=pattern):
             check_layer_tiling(ranges, 6)
 
 

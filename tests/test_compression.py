@@ -11,7 +11,7 @@ import json
 import pytest
 
 from conftest import run_hetlaunch
-from hetlaunch.launcher.cluster_config import parse_cluster
+from hetlaunch.launcher.cluster_yaml import parse_cluster
 from hetlaunch.launcher.planning.compression import LOSSINESS, CompressionConfig
 from hetlaunch.launcher.planning.cost_model import CostModel
 from hetlaunch.launcher.planning.compression import CODEC_SLACK

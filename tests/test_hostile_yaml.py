@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from conftest import run_hetlaunch
-from hetlaunch.launcher import cluster_config
-from hetlaunch.launcher.cluster_config import ConfigError, cluster_from_dict, load_cluster, parse_cluster
+from hetlaunch.launcher import cluster_yaml
+from hetlaunch.launcher.cluster_config import ConfigError
+from hetlaunch.launcher.cluster_yaml import cluster_from_dict, load_cluster, parse_cluster
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 MARKUP = re.compile(r"\[/?[a-z ]*\]")  # the CLI may print through rich markup or as plain text
@@ -191,18 +192,18 @@ def test_recursion_error_is_a_last_resort_one_liner(monkeypatch: pytest.MonkeyPa
     def recurse(*args, **kwargs):
         raise RecursionError("maximum recursion depth exceeded")
 
-    monkeypatch.setattr(cluster_config, "cluster_from_dict", recurse)
+    monkeypatch.setattr(cluster_yaml, "cluster_from_dict", recurse)
     assert error_of("nodes: [{name: n0}]") == "cluster.yaml: nested too deeply to read"
 
 
 def test_node_count_cap(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cluster_config, "MAX_NODES", 100)
+    monkeypatch.setattr(cluster_yaml, "MAX_NODES", 100)
     items = ", ".join(["1"] * 200)
     assert error_of(f"x: [{items}]\nnodes: [{{name: n0}}]") == \
         "cluster.yaml: more than 100 YAML keys and values (line 1, column 296); a cluster YAML has a few hundred"
-    assert cluster_config.MAX_NODES == 100
+    assert cluster_yaml.MAX_NODES == 100
     monkeypatch.undo()
-    assert cluster_config.MAX_NODES == 50_000
+    assert cluster_yaml.MAX_NODES == 50_000
     parse_cluster(f"model: {{entrypoint: 'm:f', kwargs: {{seq_len: 8, x: [{items}]}}}}\nnodes: [{{name: n0}}]")
 
 

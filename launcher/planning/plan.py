@@ -55,7 +55,6 @@ class Plan:
     num_microbatches: int          # per step, over all pipelines
     schedule: str
     source: str  # how the cut was chosen: "pinned", "even", "planned"
-    generation: int = 0
     predicted_step_s: float | None = None
     predicted_tokens_per_s: float | None = None
     bottleneck: str | None = None
@@ -104,6 +103,32 @@ class Plan:
         return asdict(self)
 
 
+class TilingError(ValueError):
+    """Pinned layer ranges that do not tile the model: one line naming the first problem."""
+
+
+def check_layer_tiling(ranges: list[tuple[str, int, int]], num_layers: int) -> None:
+    """Check that ``(label, start, end)`` ranges tile ``[0, num_layers)`` exactly.
+
+    ``label`` names the owner in messages (``"nodes[1].layers"``, or a node name).
+    Raises TilingError naming the first problem: start >= end, out of range,
+    overlap, or a gap. Used by the YAML validator and for pinned plans."""
+    for label, start, end in ranges:
+        if not start < end:
+            raise TilingError(f"{label}: start must be < end (got [{start}, {end}))")
+        if start < 0 or end > num_layers:
+            raise TilingError(f"{label}: [{start}, {end}) is out of range; the model has layers [0, {num_layers})")
+    covered, prev = 0, None
+    for label, start, end in sorted(ranges, key=lambda r: (r[1], r[2])):
+        if start < covered:
+            raise TilingError(f"{label}: [{start}, {end}) overlaps {prev[0]} [{prev[1]}, {prev[2]})")
+        if start > covered:
+            raise TilingError(f"layers leave [{covered}, {start}) unassigned")
+        covered, prev = end, (label, start, end)
+    if covered < num_layers:
+        raise TilingError(f"layers leave [{covered}, {num_layers}) unassigned")
+
+
 def even_split(num_layers: int, num_stages: int) -> list[tuple[int, int]]:
     """Contiguous ranges as equal as possible; the first stages take the remainder."""
     if not 1 <= num_stages <= num_layers:
@@ -133,8 +158,6 @@ def pinned_num_layers(cluster) -> int:
 def static_plan(cluster, num_layers: int) -> Plan:
     """The plan from the YAML alone: pinned `layers:` ranges (one pipeline per `pipeline:` index),
     else an even split in node order."""
-    from hetlaunch.launcher.cluster_config import check_layer_tiling
-
     train = cluster.train
     if all(n.layers is not None for n in cluster.nodes):
         chains = []
