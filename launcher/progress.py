@@ -1,4 +1,9 @@
-"""What `hetlaunch up` shows: the plan table, a live progress bar, the final summary."""
+"""What `hetlaunch up` shows: the plan table, a live progress bar, the final summary.
+
+Node names, regions, reasons and paths come from the user or from errors: they are printed as
+plain text (rich `Text`, or `markup=False` and `emoji=False`), never parsed as markup, so a
+`[...]` or `:name:` in them shows verbatim.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +12,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
+from rich.text import Text
 
 from hetlaunch.launcher.planning.plan import Plan
+from hetlaunch.launcher.planning.planner import format_bytes
 from hetlaunch.launcher.run_record import StepRecord
 
 
@@ -24,40 +31,63 @@ def _link(with_codec: float | None, raw: float | None) -> str:
     return f"{_ms(with_codec)} ({_ms(raw)})"
 
 
-def _gib(n: float | None) -> str:
-    return "-" if n is None else f"{n / 2**30:.2f}"
+def _memory(used: float | None, capacity: float | None) -> str:
+    """The "memory used/free" cell: each side in the unit that fits (12.3 MiB/4.00 GiB)."""
+    return "-" if used is None else f"{format_bytes(used)}/{format_bytes(capacity)}"
+
+
+def _plain(console: Console, text: str) -> Text:
+    """User or error text as rich Text: no markup, no emoji codes; highlighted as console.print would."""
+    return console.render_str(text, markup=False, emoji=False)
+
+
+def _say(console: Console, text: str) -> None:
+    console.print(_plain(console, text))
+
+
+def _table(title: str, columns: tuple[str, ...]) -> Table:
+    table = Table(title=Text(title, style="table.title"))
+    for column in columns:
+        table.add_column(column, no_wrap=True,
+                         justify="right" if "ms" in column or "memory" in column else "left")
+    return table
+
+
+def _row(table: Table, *cells: str) -> None:
+    table.add_row(*(Text(cell) for cell in cells))
+
+
+def _excluded(console: Console, excluded: dict[str, str]) -> None:
+    for node, why in excluded.items():
+        console.print(Text.assemble("  ", (node, "yellow"), ": ", _plain(console, why)))
 
 
 def print_plan(console: Console, plan: Plan) -> None:
     pipelines = plan.pipelines()
     several = len(pipelines) > 1
     shares = "+".join(str(m) for m in plan.pipeline_microbatches)
-    table = Table(title=f"plan ({plan.source} cut, {plan.schedule}, {plan.num_microbatches} micro-batches "
-                        f"of {plan.micro_batch_size}" + (f" over {len(pipelines)} pipelines: {shares}" if several else "")
-                        + ")")
-    columns = (("pipe",) if several else ()) + ("stage", "node", "region", "layers", "ms/mb", "codec",
-                                                  "link ms (raw)", "GiB used/free")
-    for column in columns:
-        table.add_column(column, justify="right" if "ms" in column or "GiB" in column else "left", no_wrap=True)
+    table = _table(f"plan ({plan.source} cut, {plan.schedule}, {plan.num_microbatches} micro-batches "
+                   f"of {plan.micro_batch_size}" + (f" over {len(pipelines)} pipelines: {shares}" if several else "")
+                   + ")",
+                   (("pipe",) if several else ()) + ("stage", "node", "region", "layers", "ms/mb", "codec",
+                                                      "link ms (raw)", "memory used/free"))
     for p, stages in enumerate(pipelines):
         for i, stage in enumerate(stages):
             last = i == len(stages) - 1
-            memory = "-" if stage.memory_bytes is None else f"{_gib(stage.memory_bytes)}/{_gib(stage.capacity_bytes)}"
             link = "-" if last else _link(stage.link_s, stage.link_uncompressed_s)
-            table.add_row(*((str(p),) if several else ()), str(i), stage.node, stage.region,
-                          f"{stage.layer_start}–{stage.layer_end - 1}", _ms(stage.compute_s),
-                          "-" if last else stage.forward_codec, link, memory)
+            _row(table, *((str(p),) if several else ()), str(i), stage.node, stage.region,
+                 f"{stage.layer_start}–{stage.layer_end - 1}", _ms(stage.compute_s),
+                 "-" if last else stage.forward_codec, link, _memory(stage.memory_bytes, stage.capacity_bytes))
     console.print(table)
     for group in plan.sync_plans():
         timing = "" if group.allreduce_s is None else (f", {_ms(group.allreduce_s)} ms, "
                                                         f"{_ms(group.exposed_s)} ms not hidden by backward")
-        console.print(f"  gradient sync layers {group.layer_start}–{group.layer_end - 1}: "
+        _say(console, f"  gradient sync layers {group.layer_start}–{group.layer_end - 1}: "
                       f"{' + '.join(group.nodes)} ({group.codec}{timing})")
     if plan.predicted_step_s is not None:
-        console.print(f"predicted: {plan.predicted_step_s * 1e3:.1f} ms/step, "
+        _say(console, f"predicted: {plan.predicted_step_s * 1e3:.1f} ms/step, "
                       f"{plan.predicted_tokens_per_s:,.0f} tokens/s; bottleneck: {plan.bottleneck}")
-    for node, why in (plan.excluded or {}).items():
-        console.print(f"  [yellow]{node}[/]: {why}")
+    _excluded(console, plan.excluded or {})
 
 
 class TrainingProgress:
@@ -83,15 +113,17 @@ class TrainingProgress:
 
 
 def print_summary(console: Console, summary: dict, run_dir: Path) -> None:
-    console.print(f"[bold green]done[/]: {summary['steps']} steps in {summary['wall_s']:.1f}s, "
-                  f"loss {summary.get('first_loss', float('nan')):.4f} → {summary.get('final_loss', float('nan')):.4f}, "
-                  f"{summary.get('mean_tokens_per_s', 0):,.0f} tokens/s; metrics in {run_dir}/metrics.jsonl")
+    console.print(Text.assemble(("done", "bold green"), _plain(
+        console,
+        f": {summary['steps']} steps in {summary['wall_s']:.1f}s, "
+        f"loss {summary.get('first_loss', float('nan')):.4f} → {summary.get('final_loss', float('nan')):.4f}, "
+        f"{summary.get('mean_tokens_per_s', 0):,.0f} tokens/s; metrics in {run_dir}/metrics.jsonl")))
     for link in summary.get("links", []):
         if link["compression_ratio"] > 1.0:
-            console.print(f"  link {link['from']} ↔ {link['to']}: {link['raw_bytes'] / 2**20:,.1f} MiB raw, "
+            _say(console, f"  link {link['from']} ↔ {link['to']}: {link['raw_bytes'] / 2**20:,.1f} MiB raw, "
                           f"{link['wire_bytes'] / 2**20:,.1f} MiB on the wire ({link['compression_ratio']:.2f}x)")
     for sync in summary.get("gradient_sync", []):
-        console.print(f"  gradient sync from {sync['node']}: {sync['raw_bytes'] / 2**20:,.1f} MiB raw, "
+        _say(console, f"  gradient sync from {sync['node']}: {sync['raw_bytes'] / 2**20:,.1f} MiB raw, "
                       f"{sync['wire_bytes'] / 2**20:,.1f} MiB on the wire, "
                       f"{sync['mean_blocked_s'] * 1e3:.1f} ms/step blocked")
 
@@ -121,21 +153,19 @@ def print_planner_result(console: Console, profile, result, as_json: bool = Fals
         console.print_json(json.dumps(planner_result_dict(result)))
         return
     for k, p in enumerate(result.pipelines):
-        table = Table(title=f"pipeline {k}: {p.cost.num_microbatches} micro-batches of {profile.micro_batch_size}, "
-                            f"{p.cost.step_s * 1e3:.1f} ms/step")
-        for column in ("stage", "node", "region", "layers", "ms/mb", "codec", "link ms (raw)", "GiB used/free"):
-            table.add_column(column, justify="right" if "ms" in column or "GiB" in column else "left", no_wrap=True)
+        table = _table(f"pipeline {k}: {p.cost.num_microbatches} micro-batches of {profile.micro_batch_size}, "
+                       f"{p.cost.step_s * 1e3:.1f} ms/step",
+                       ("stage", "node", "region", "layers", "ms/mb", "codec", "link ms (raw)", "memory used/free"))
         for i, (s, region) in enumerate(zip(p.cost.stages, p.regions)):
             last = i == len(p.cost.stages) - 1
-            table.add_row(str(i), s.node, region, f"{s.layer_start}–{s.layer_end - 1}", _ms(s.compute_s),
-                          "-" if last else s.codec, "-" if last else _link(s.link_s, s.link_uncompressed_s),
-                          f"{_gib(s.memory_bytes)}/{_gib(s.capacity_bytes)}")
+            _row(table, str(i), s.node, region, f"{s.layer_start}–{s.layer_end - 1}", _ms(s.compute_s),
+                 "-" if last else s.codec, "-" if last else _link(s.link_s, s.link_uncompressed_s),
+                 _memory(s.memory_bytes, s.capacity_bytes))
         console.print(table)
-        console.print(f"bottleneck: {p.cost.bottleneck}")
+        _say(console, f"bottleneck: {p.cost.bottleneck}")
     for g in result.sync:
-        console.print(f"gradient sync layers {g.layer_start}–{g.layer_end - 1}: {' + '.join(g.nodes)} "
+        _say(console, f"gradient sync layers {g.layer_start}–{g.layer_end - 1}: {' + '.join(g.nodes)} "
                       f"({g.codec}, {_ms(g.allreduce_s)} ms, {_ms(g.exposed_s)} ms not hidden by backward)")
-    console.print(f"predicted: {result.step_s * 1e3:.1f} ms/step, {result.tokens_per_s:,.0f} tokens/s "
+    _say(console, f"predicted: {result.step_s * 1e3:.1f} ms/step, {result.tokens_per_s:,.0f} tokens/s "
                   f"({result.method} search, planned in {result.planning_s:.2f}s)")
-    for node, why in result.excluded.items():
-        console.print(f"  [yellow]{node}[/]: {why}")
+    _excluded(console, result.excluded)

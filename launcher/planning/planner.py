@@ -11,7 +11,8 @@ between pipelines).
 * Which nodes, in which order (launcher/chain_search.py) — exhaustive over every ordered
   subset for clusters of up to EXHAUSTIVE_MAX_NODES nodes; larger clusters chain regions
   over their fastest links and try contiguous runs of that order with the k fastest nodes
-  for a few k. Nodes not used are reported with the reason.
+  for a few k. Each node left out is reported with the first reason that holds, with its
+  numbers (too little memory, too slow, behind a slow link, no stage to give it; _PlanFacts.reason).
 * Several pipelines (data-parallel replicas) when max_pipelines > 1 (launcher/replicas.py):
   1, 2, 4, ... replicas are tried while more pay off. For each count, sets of disjoint
   chains come from a greedy pick, from splitting the regions among the replicas (replicas
@@ -31,7 +32,7 @@ from dataclasses import dataclass, field
 from hetlaunch.launcher.planning.chain_cuts import least_lossy_codecs, most_compressed_codecs
 from hetlaunch.launcher.planning.chain_search import EXHAUSTIVE_MAX_NODES
 from hetlaunch.launcher.planning.compression import NONE, CompressionConfig
-from hetlaunch.launcher.planning.cost_model import CostModel, PipelineCost
+from hetlaunch.launcher.planning.cost_model import CostModel, PipelineCost, in_flight
 from hetlaunch.launcher.planning.profile_file import NodeProfile, Profile
 from hetlaunch.launcher.planning.replicas import PipelineSet, Replicas, replica_counts
 from hetlaunch.launcher.planning.sync_cost import SyncCost, plan_step_s, sync_costs
@@ -88,8 +89,7 @@ def plan(profile: Profile, num_microbatches: int, schedule: str = "1f1b", max_pi
             break  # more replicas stopped paying off; fewer is better
     if best is None:
         raise PlanningError(_why_nothing_fits(profile, num_microbatches, schedule))
-    used = {s.node for p in best.pipelines for s in p.stages}
-    excluded = {n.name: _exclusion_reason(profile, n) for n in profile.nodes if n.name not in used}
+    excluded = _exclusion_reasons(profile, best.pipelines, schedule, stages, method == "exhaustive")
     return _result(profile, best.pipelines, best.sync, method, started, excluded)
 
 
@@ -127,10 +127,175 @@ def _result(profile: Profile, costs: list[PipelineCost], sync: list[SyncCost], m
                          planning_s=time.perf_counter() - started, sync=sync)
 
 
-def _exclusion_reason(profile: Profile, node: NodeProfile) -> str:
-    if len(profile.nodes) > profile.model.num_layers:
-        return "not used: more nodes than layers, and the plan is faster without it"
-    return "left out: the plan is faster without it (too slow, too little memory, or behind a slow link)"
+# A left-out node is called slower or worse connected only when it is at least this much worse
+# than the worst node or link the plan uses (measured profiles differ by noise).
+WORSE_MARGIN = 1.05
+# ... and higher latency counts only when it is also this much higher in absolute terms.
+LATENCY_MARGIN_S = 1e-3
+_SCHEDULE_NAMES = {"1f1b": "1F1B", "gpipe": "GPipe"}
+
+
+def _sig3(value: float) -> str:
+    """Three significant digits without an exponent: 0.123, 1.23, 12.3, 123 (and 1234)."""
+    v = abs(value)
+    decimals = 3 if v < 0.9995 else 2 if v < 9.995 else 1 if v < 99.95 else 0
+    return f"{value:.{decimals}f}"
+
+
+def format_bytes(n: float | None) -> str:
+    """Bytes in the unit that fits, three significant digits: 512 B, 12.3 MiB, 4.00 GiB ('-' for None)."""
+    if n is None:
+        return "-"
+    units, v = ("B", "KiB", "MiB", "GiB", "TiB", "PiB"), float(n)
+    k = 0
+    while abs(v) >= 999.5 and k < len(units) - 1:
+        v, k = v / 1024, k + 1
+    return f"{v:.0f} B" if k == 0 else f"{_sig3(v)} {units[k]}"
+
+
+def _rate(bytes_per_s: float) -> str:
+    units, v, k = ("B/s", "kB/s", "MB/s", "GB/s", "TB/s"), float(bytes_per_s), 0
+    while v >= 999.5 and k < len(units) - 1:
+        v, k = v / 1000, k + 1
+    return f"{_sig3(v)} {units[k]}"
+
+
+def _ms(seconds: float) -> str:
+    return f"{_sig3(seconds * 1e3)} ms" if seconds * 1e3 < 999.5 else f"{_sig3(seconds)} s"
+
+
+def _times(ratio: float) -> str:
+    return f"{ratio:.2f}x" if ratio < 2 else f"{ratio:.1f}x"
+
+
+def _exclusion_reasons(profile: Profile, pipelines: list[PipelineCost], schedule: str, stages: int | None,
+                       exhaustive: bool) -> dict[str, str]:
+    """node -> why the plan leaves it out, for every node no pipeline uses."""
+    used_names = {s.node for p in pipelines for s in p.stages}
+    left_out = [n for n in profile.nodes if n.name not in used_names]
+    if not left_out:
+        return {}
+    facts = _PlanFacts(profile, pipelines, schedule, stages, exhaustive)
+    return {n.name: facts.reason(n) for n in left_out}
+
+
+class _PlanFacts:
+    """What a left-out node is measured against: the plan's nodes, links, stages and schedule."""
+
+    def __init__(self, profile: Profile, pipelines: list[PipelineCost], schedule: str, stages: int | None,
+                 exhaustive: bool):
+        self.profile, self.pipelines, self.stages, self.exhaustive = profile, pipelines, stages, exhaustive
+        # The smallest share of micro-batches: the fewest in flight, so the most lenient memory need.
+        cm = self.cm = CostModel(profile, min(p.num_microbatches for p in pipelines), schedule)
+        L = self.L = cm.num_layers
+        index = {n.name: n for n in profile.nodes}
+        used_names = {s.node for p in pipelines for s in p.stages}
+        self.used = [n for n in profile.nodes if n.name in used_names]
+        # A one-layer stage where it keeps the fewest micro-batches in flight: the last stage under
+        # 1F1B; every stage keeps all of them under GPipe.
+        self.window = in_flight(schedule, 0, 1, cm.M)
+        one_layer = [cm.memory_bytes(i, i + 1, 0, 1) for i in range(L)]
+        self.smallest_stage = min(one_layer)
+        self.smallest_layer = one_layer.index(self.smallest_stage)
+        self.slowest = max(self.used, key=self.per_layer_s)
+        self.plan_links = [cm.link(index[a.node], index[b.node])
+                           for p in pipelines for a, b in zip(p.stages, p.stages[1:])]
+        self.fewest_layers = min(s.layer_end - s.layer_start for p in pipelines for s in p.stages)
+        self.smallest_output = min((layer.output_bytes for layer in profile.layers[:-1]), default=0)
+        self.by_nodes: dict[frozenset[str], tuple[float, float]] = {}
+        self.by_regions: dict[tuple[str, ...], tuple[float, float]] = {}
+        for link in profile.links:  # the first entry wins, as in Profile.link
+            value = (link.bandwidth_bytes_per_s, link.latency_s)
+            if link.nodes is not None:
+                self.by_nodes.setdefault(frozenset(link.nodes), value)
+            else:
+                self.by_regions.setdefault(tuple(sorted(link.regions)), value)
+
+    def per_layer_s(self, node: NodeProfile) -> float:
+        """Compute per layer and micro-batch: forward + backward + its share of the optimizer step."""
+        return self.cm.compute_s(node, 0, self.L) / self.L
+
+    def link(self, a: NodeProfile, b: NodeProfile) -> tuple[float, float] | None:
+        """Profile.link's (bandwidth bytes/s, latency s) by dictionary, or None where none is measured."""
+        found = self.by_nodes.get(frozenset((a.name, b.name)))
+        return found if found is not None else self.by_regions.get(tuple(sorted((a.region, b.region))))
+
+    def reason(self, node: NodeProfile) -> str:
+        """The first of these that holds, with its numbers: too little memory for any one-layer stage;
+        slower per layer than the slowest node used; linked to the nodes used more slowly than the
+        plan's links are; room for fewer layers than any stage of the plan holds; no stage to give
+        it (one layer per stage, the stage count asked for, one micro-batch); else a generic line."""
+        cm, L = self.cm, self.L
+        faster = "the plan is faster without it"
+
+        if node.memory_bytes < self.smallest_stage:
+            return (f"left out, too little memory: it has {format_bytes(node.memory_bytes)} and the smallest stage "
+                    f"(layer {self.smallest_layer} alone, {self.window} micro-batch{'es' if self.window > 1 else ''} "
+                    f"in flight under {_SCHEDULE_NAMES.get(cm.schedule, cm.schedule)}) needs "
+                    f"{format_bytes(self.smallest_stage)}")
+
+        mine, theirs = self.per_layer_s(node), self.per_layer_s(self.slowest)
+        if mine >= WORSE_MARGIN * theirs:
+            return (f"left out, too slow: {_times(mine / theirs)} slower per layer than the slowest node used "
+                    f"({_ms(mine)} against {_ms(theirs)} on {self.slowest.name}); {faster}")
+
+        links = [(u, *link) for u in self.used if (link := self.link(node, u)) is not None]
+        if not links:
+            return "left out: the profile has no link between it and any node used"
+        if self.plan_links:
+            to, bandwidth, _ = max(links, key=lambda x: x[1])
+            slowest_bandwidth = min(bw for bw, _ in self.plan_links)
+            if bandwidth * WORSE_MARGIN <= slowest_bandwidth:
+                return (f"left out, behind a slow link: its fastest link to the nodes used (to {to.name}) carries "
+                        f"{_rate(bandwidth)}, the plan's slowest link {_rate(slowest_bandwidth)}; {faster}")
+            to, _, latency = min(links, key=lambda x: x[2])
+            highest_latency = max(lat for _, lat in self.plan_links)
+            if latency >= WORSE_MARGIN * highest_latency + LATENCY_MARGIN_S:
+                return (f"left out, behind a slow link: its lowest-latency link to the nodes used (to {to.name}) "
+                        f"takes {_ms(latency)}, the plan's links at most {_ms(highest_latency)}; {faster}")
+        elif L > 1:
+            # Every pipeline is one node holding the whole model: two stages over this link cannot beat
+            # that node alone once an activation takes longer to arrive than half its compute (1F1B's
+            # window then holds two micro-batches for a round trip longer than the whole compute).
+            def arrival(link: tuple) -> float:
+                return self.smallest_output / link[1] + link[2]
+
+            to, bandwidth, latency = min(links, key=lambda x: arrival(x) - cm.compute_s(x[0], 0, L) / 2)
+            whole, arrives = cm.compute_s(to, 0, L), arrival((to, bandwidth, latency))
+            if arrives >= whole / 2:
+                return (f"left out, behind a slow link: {_rate(bandwidth)} and {_ms(latency)} latency to {to.name}; "
+                        f"an activation would take {_ms(arrives)} to arrive, more than half the {_ms(whole)} "
+                        f"{to.name} takes per micro-batch for the whole model; {faster}")
+
+        holds = _most_layers(cm, node.memory_bytes)
+        if holds < self.fewest_layers:
+            return (f"left out, short of memory: its {format_bytes(node.memory_bytes)} hold at most {holds} "
+                    f"layer{'s' if holds > 1 else ''}, and every stage of the plan holds at least "
+                    f"{self.fewest_layers}; {faster}")
+
+        if all(len(p.stages) >= L for p in self.pipelines):
+            return (f"left out, more nodes than layers: every stage of the plan already holds a single layer "
+                    f"({L} layers)")
+        if self.stages is not None:
+            return (f"left out: the plan has the {self.stages} stage{'s' if self.stages > 1 else ''} per pipeline "
+                    f"asked for")
+        if all(p.num_microbatches == 1 for p in self.pipelines):
+            return (f"left out: with 1 micro-batch per step{' in each pipeline' if len(self.pipelines) > 1 else ''}, "
+                    f"stages cannot overlap, so another stage would only add transfer time; {faster}")
+        searched = "" if self.exhaustive else "; the region heuristic tries only some sets of nodes"
+        return (f"left out: {faster}, though it is not noticeably slower, shorter of memory or worse linked than the "
+                f"nodes used (another stage adds more fill, drain and transfer time than its compute saves){searched}")
+
+
+def _most_layers(cm: CostModel, capacity: float) -> int:
+    """The most consecutive layers that fit `capacity` as a stage with the fewest micro-batches in flight."""
+    prefix = cm.memory_prefix(0, 1)
+    best, start = 0, 0
+    for end in range(1, cm.num_layers + 1):
+        while start < end and prefix[end] - prefix[start] > capacity:
+            start += 1
+        best = max(best, end - start)
+    return best
 
 
 def _why_nothing_fits(profile: Profile, num_microbatches: int, schedule: str) -> str:
