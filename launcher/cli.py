@@ -37,7 +37,8 @@ def _console(stderr: bool = False):
     from rich.console import Console
 
     stream = sys.stderr if stderr else sys.stdout
-    return Console(stderr=stderr, markup=False, highlight=False, width=None if stream.isatty() else 120)
+    return Console(stderr=stderr, markup=False, emoji=False, highlight=False,
+                   width=None if stream.isatty() else 120)
 
 
 def _fail(message: str, code: int) -> None:
