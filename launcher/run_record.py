@@ -1,13 +1,87 @@
-"""The run directory: metrics.jsonl (one line per step) and summary.json (written whole, once)."""
+"""The run directory: metrics.jsonl (one line per step) and summary.json (written whole, once).
+
+A file of the run directory is never left half written: a metrics line goes out in one
+write to an append-only descriptor and is cut off again if the disk takes only part of it,
+and summary.json (like coordinator.json and the token) is a temporary file, fsynced and
+renamed into place. A directory or file that cannot be written is a one-line JobError
+naming the path and the system's reason (`cannot write runs/x/metrics.jsonl: No space
+left on device`), never a traceback.
+"""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hetlaunch.launcher.session import JobError
 from hetlaunch.protos import control_pb2 as pb
+
+
+def _reason(err: OSError) -> str:
+    return err.strerror or str(err)
+
+
+def make_run_dir(path: Path) -> None:
+    """Create the run directory (and its parents); JobError naming the path and why not."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise JobError(f"cannot create run directory {path}: it exists and is not a directory") from None
+    except OSError as err:
+        raise JobError(f"cannot create run directory {path}: {_reason(err)}") from None
+
+
+def write_whole(path: Path, text: str | bytes, mode: int = 0o666) -> None:
+    """Replace `path` with `text` whole or not at all: a temporary file beside it, fsynced, renamed
+    over it, the directory fsynced. Raises OSError; the temporary file never stays behind.
+    `mode` applies from creation on (0o600: never readable by others, not even briefly)."""
+    data = text.encode() if isinstance(text, str) else text
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                if written == 0:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                view = view[written:]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some file systems cannot fsync a directory; the rename itself is done
+    finally:
+        os.close(fd)
+
+
+def write_run_file(path: Path, text: str, mode: int = 0o666) -> None:
+    """write_whole, with a failure as a one-line JobError naming the file."""
+    try:
+        write_whole(path, text, mode)
+    except OSError as err:
+        raise JobError(f"cannot write {path}: {_reason(err)}") from None
 
 
 @dataclass
@@ -65,22 +139,59 @@ class RunRecord:
     records: list[StepRecord] = field(default_factory=list)
 
     def __post_init__(self):
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._metrics = open(self.run_dir / "metrics.jsonl", "w")
+        make_run_dir(self.run_dir)
+        self.metrics_path = self.run_dir / "metrics.jsonl"
+        self._close_error: str | None = None
+        self._length = 0  # bytes of whole lines in metrics.jsonl
+        try:
+            # O_NONBLOCK: a FIFO left in the way fails here instead of blocking (no effect on a regular file).
+            self._fd: int | None = os.open(self.metrics_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+                                           | os.O_CLOEXEC | os.O_NONBLOCK, 0o666)
+        except OSError as err:
+            raise JobError(f"cannot write {self.metrics_path}: {_reason(err)}") from None
 
     def add(self, record: StepRecord) -> None:
+        """Append the step's line whole, or fail with JobError and leave the file as it was."""
+        if self._fd is None:
+            raise JobError(f"cannot write {self.metrics_path}: the run record is closed")
+        data = (record.to_json() + "\n").encode()
+        try:
+            view = memoryview(data)
+            while view:
+                written = os.write(self._fd, view)
+                if written == 0:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                view = view[written:]
+        except OSError as err:
+            try:
+                os.ftruncate(self._fd, self._length)  # a short write left part of a line: take it back
+            except OSError:
+                pass
+            raise JobError(f"cannot write {self.metrics_path}: {_reason(err)}") from None
+        self._length += len(data)
         self.records.append(record)
-        self._metrics.write(record.to_json() + "\n")
-        self._metrics.flush()
 
     def close(self) -> None:
-        self._metrics.close()
+        """Flush metrics.jsonl to disk and close it. Never raises (it runs in a `finally`, where it
+        would hide the error that got there); a failure is raised by write_summary instead."""
+        if self._fd is None:
+            return
+        fd, self._fd = self._fd, None
+        try:
+            os.fsync(fd)
+        except OSError as err:
+            self._close_error = f"cannot write {self.metrics_path}: {_reason(err)}"
+        finally:
+            try:
+                os.close(fd)
+            except OSError as err:
+                self._close_error = self._close_error or f"cannot write {self.metrics_path}: {_reason(err)}"
 
     def write_summary(self, summary: dict) -> None:
-        """Write summary.json atomically, so a reader never sees half a file."""
-        tmp = self.run_dir / "summary.json.tmp"
-        tmp.write_text(json.dumps(summary, indent=2) + "\n")
-        os.replace(tmp, self.run_dir / "summary.json")
+        """Write summary.json atomically and durably, so a reader never sees half a file."""
+        if self._close_error:
+            raise JobError(self._close_error)
+        write_run_file(self.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
 
     def summarize(self) -> dict:
         """Loss at both ends and mean throughput; the first step is left out of the mean (warm-up)."""
