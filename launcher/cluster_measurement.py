@@ -10,7 +10,6 @@ for the pairs nobody measured.
 from __future__ import annotations
 
 import itertools
-import queue
 import statistics
 import time
 
@@ -43,8 +42,7 @@ def probe_pairs(cluster) -> list[tuple[str, str]]:
 
 def _cache_key(session: ClusterSession, name: str, model: str, micro_batch_size: int) -> str:
     node = session.nodes[name]
-    with session.state.lock:
-        devices = [d.name for d in session.state.agents[name].info.devices]
+    devices = [d.name for d in session.state.agent_info(name).devices]
     return node_cache_key(device=session.device_of(name), devices=devices, threads=session.threads_of(name),
                           speed=node.emulate.speed, model=model, micro_batch_size=micro_batch_size,
                           version=hetlaunch_version())
@@ -58,7 +56,9 @@ def measure_cluster(session: ClusterSession, spec: ModelSpec, micro_batch_size: 
     model = spec.describe()
     names = [n.name for n in cluster.nodes]
     keys = {n: _cache_key(session, n, model, micro_batch_size) for n in names}
-    cached = {} if reprofile else {n: c for n in names if (c := cached_node(keys[n])) is not None}
+    # A bad cache file is reported (one line naming it) and its node measured again; the new entry replaces it.
+    cached = {} if reprofile else {n: c for n in names
+                                   if (c := cached_node(keys[n], spec.known_num_layers, console)) is not None}
     to_measure = [n for n in names if n not in cached]
     proto_model = model_spec_to_proto(spec)
 
@@ -83,8 +83,8 @@ def measure_cluster(session: ClusterSession, spec: ModelSpec, micro_batch_size: 
     pairs = probe_pairs(cluster)
     if pairs:
         rank = {n: i for i, n in enumerate(names)}
-        rendezvous = session.next_rendezvous(0, len(names), session.backend_for(names))
-        session.advance_generation()
+        session.begin_generation()
+        rendezvous = session.rendezvous(0, len(names), session.backend_for(names))
         for name in names:
             probe = command(name, False)
             probe.rendezvous.CopyFrom(rendezvous)
@@ -110,16 +110,16 @@ def _collect(session: ClusterSession, names: list[str], console: Console,
     deadline = time.monotonic() + PROFILE_TIMEOUT_S
     with console.status(what) as status:
         while len(reports) < len(names):
-            try:
-                node, report = session.state.profiles.get(timeout=0.2)
-            except queue.Empty:
-                session.check_alive(set(reports), session.cluster.coordinator.heartbeat_timeout_s)
+            received = session.state.next_profile(timeout=0.2)
+            if received is None:
+                session.check_alive(set(reports))
                 if time.monotonic() > deadline:
                     missing = ", ".join(n for n in names if n not in reports)
                     raise JobError(f"profiling did not finish within {PROFILE_TIMEOUT_S:.0f}s; waiting for {missing}")
                 continue
+            node, report = received
             if not report.ok:
-                raise JobError(f"profiling failed on node {node}: {report.error}")
+                raise session.blame({node: report.error}, "profiling", set(reports))
             reports[node] = report
             status.update(f"{what}: {len(reports)}/{len(names)} done")
     return reports
@@ -139,7 +139,7 @@ def _assemble(session: ClusterSession, spec: ModelSpec, model: str, micro_batch_
                      "codec_seconds_per_byte": dict(report.codec_seconds_per_byte),
                      "layers": [{"param_bytes": l.param_bytes, "activation_bytes": l.activation_bytes,
                                  "output_bytes": l.output_bytes} for l in report.layers]}
-            store_node(keys[node.name], entry)
+            store_node(keys[node.name], entry, session.console)
         else:
             entry = cached[node.name]
         layer_infos = layer_infos or [LayerInfo(**layer) for layer in entry["layers"]]

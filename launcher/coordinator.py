@@ -1,7 +1,7 @@
 """The coordinator's gRPC service: who joined, who is alive, commands out, metrics in.
 
 The servicer is thin: it checks the request, updates `CoordinatorState` under one lock,
-and aborts with a precise status code. `hetlaunch up` (launcher/job.py) drives the job
+and aborts with a precise status code. `hetlaunch up` (launcher/job_driver.py) drives the job
 by reading and writing that state; the servicer never decides anything about the job.
 """
 
@@ -33,34 +33,179 @@ class AgentRecord:
     info: pb.AgentInfo
     last_seen: float
     commands: queue.Queue = field(default_factory=queue.Queue)
-    result: pb.ReportResultRequest | None = None
+    state: int = pb.AGENT_STATE_IDLE  # from its last heartbeat
+    step: int = -1
+    disconnected: bool = False  # its command stream broke before a shutdown was sent
+
+
+class Refused(Exception):
+    """A registration the coordinator turns down; `code` is the gRPC status to abort with."""
+
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(message)
+        self.code = code
 
 
 class CoordinatorState:
-    """Everything the service knows; shared by the gRPC threads and the job driver."""
+    """Everything the service knows, behind one lock; shared by the gRPC threads and the job driver.
+
+    Reports (steps, results, profiles) are tagged with the generation of the command that
+    caused them. Only the current generation's reports are kept: a late report of a stage
+    that an earlier generation started is counted in `stale_reports` and dropped.
+    """
 
     def __init__(self, expected_nodes: list[str]):
-        self.lock = threading.Lock()
+        self._lock = threading.Lock()
         self.expected_nodes = list(expected_nodes)
-        self.agents: dict[str, AgentRecord] = {}   # by node name
-        self.by_id: dict[str, AgentRecord] = {}
-        self.refusals: dict[str, str] = {}         # node name -> why registration was refused
-        self.steps: queue.Queue[tuple[str, pb.StepMetrics]] = queue.Queue()
-        self.results: queue.Queue[tuple[str, pb.ReportResultRequest]] = queue.Queue()
-        self.profiles: queue.Queue[tuple[str, pb.ReportProfileRequest]] = queue.Queue()
-        self.joined = threading.Condition(self.lock)
+        self._agents: dict[str, AgentRecord] = {}   # by node name
+        self._by_id: dict[str, AgentRecord] = {}
+        self._refusals: dict[str, str] = {}         # node name -> why its registration was refused
+        self._generation = 0
+        self.stale_reports = 0
+        self._steps: queue.Queue[tuple[str, pb.StepMetrics]] = queue.Queue()
+        self._results: queue.Queue[tuple[str, pb.ReportResultRequest]] = queue.Queue()
+        self._profiles: queue.Queue[tuple[str, pb.ReportProfileRequest]] = queue.Queue()
 
-    def missing_nodes(self) -> list[str]:
-        with self.lock:
-            return [n for n in self.expected_nodes if n not in self.agents]
+    # --- the service's side
+
+    def register(self, info: pb.AgentInfo, versions: tuple[str, str]) -> AgentRecord:
+        """Admit an agent, or raise Refused. A node that already joined keeps its place whatever
+        the newcomer says, so a second registration under its name can never disturb a job."""
+        name = info.node_name
+        with self._lock:
+            if name not in self.expected_nodes:
+                raise Refused(grpc.StatusCode.NOT_FOUND,
+                              f"node {name!r} is not in the cluster (nodes: {', '.join(self.expected_nodes)})")
+            if name in self._agents:
+                raise Refused(grpc.StatusCode.ALREADY_EXISTS, f"node {name!r} has already joined")
+            theirs = (info.agent_version, info.torch_version)
+            if theirs != versions:
+                why = (f"version mismatch for node {name!r}: agent has hetlaunch {theirs[0]}, torch {theirs[1]}; "
+                       f"coordinator has hetlaunch {versions[0]}, torch {versions[1]}")
+                self._refusals[name] = why
+                raise Refused(grpc.StatusCode.FAILED_PRECONDITION, why)
+            record = AgentRecord(agent_id=uuid.uuid4().hex[:12], node_name=name, info=info, last_seen=time.monotonic())
+            self._agents[name] = record
+            self._by_id[record.agent_id] = record
+            self._refusals.pop(name, None)
+            return record
+
+    def touch(self, agent_id: str, state: int | None = None, step: int | None = None) -> AgentRecord | None:
+        """The agent with this id, marked alive now (None if unknown)."""
+        with self._lock:
+            record = self._by_id.get(agent_id)
+            if record is not None:
+                record.last_seen = time.monotonic()
+                if state is not None:
+                    record.state, record.step = state, step
+            return record
+
+    def stream_broke(self, record: AgentRecord) -> None:
+        with self._lock:
+            record.disconnected = True
+
+    def report_step(self, node: str, generation: int, metrics: pb.StepMetrics) -> None:
+        if self._current(generation):
+            self._steps.put((node, metrics))
+
+    def report_result(self, node: str, generation: int, result: pb.ReportResultRequest) -> None:
+        if self._current(generation):
+            self._results.put((node, result))
+
+    def report_profile(self, node: str, generation: int, report: pb.ReportProfileRequest) -> None:
+        if self._current(generation):
+            self._profiles.put((node, report))
+
+    def _current(self, generation: int) -> bool:
+        with self._lock:
+            if generation == self._generation:
+                return True
+            self.stale_reports += 1
+            return False
+
+    # --- the job driver's side
+
+    @property
+    def generation(self) -> int:
+        with self._lock:
+            return self._generation
+
+    def begin_generation(self) -> int:
+        """Start the next generation: reports of earlier ones are dropped from now on."""
+        with self._lock:
+            self._generation += 1
+            for reports in (self._steps, self._results, self._profiles):
+                while not reports.empty():
+                    reports.get_nowait()
+                    self.stale_reports += 1
+            return self._generation
 
     def send(self, node_name: str, command: pb.Command) -> None:
-        with self.lock:
-            self.agents[node_name].commands.put(command)
+        """Queue a command for one agent, stamped with the current generation."""
+        with self._lock:
+            command.generation = self._generation
+            self._agents[node_name].commands.put(command)
 
-    def silent_for(self, now: float) -> dict[str, float]:
-        with self.lock:
-            return {name: now - rec.last_seen for name, rec in self.agents.items()}
+    def shutdown_all(self, reason: str) -> None:
+        for name in self.joined_nodes():
+            self.send(name, pb.Command(shutdown=pb.Shutdown(reason=reason)))
+
+    def joined_nodes(self) -> list[str]:
+        with self._lock:
+            return list(self._agents)
+
+    def missing_nodes(self) -> list[str]:
+        with self._lock:
+            return [n for n in self.expected_nodes if n not in self._agents]
+
+    def refusal(self) -> tuple[str, str] | None:
+        """A node whose registration was refused and that has not joined since: (name, why)."""
+        with self._lock:
+            return next(iter(self._refusals.items()), None)
+
+    def agent_id(self, node_name: str) -> str:
+        with self._lock:
+            return self._agents[node_name].agent_id
+
+    def pending_commands(self, node_name: str) -> int:
+        """Commands queued for an agent that its stream has not delivered yet."""
+        with self._lock:
+            return self._agents[node_name].commands.qsize()
+
+    def disconnected(self, node_name: str) -> bool:
+        with self._lock:
+            return self._agents[node_name].disconnected
+
+    def agent_info(self, node_name: str) -> pb.AgentInfo:
+        with self._lock:
+            return self._agents[node_name].info
+
+    def silent_for(self, now: float) -> dict[str, tuple[float, int, int]]:
+        """Per joined node: (seconds since it was last heard from, its last state, its last step)."""
+        with self._lock:
+            return {name: (now - rec.last_seen, rec.state, rec.step) for name, rec in self._agents.items()}
+
+    def next_step(self, timeout: float) -> tuple[str, pb.StepMetrics] | None:
+        try:
+            return self._steps.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def next_profile(self, timeout: float) -> tuple[str, pb.ReportProfileRequest] | None:
+        try:
+            return self._profiles.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def results(self) -> list[tuple[str, pb.ReportResultRequest]]:
+        """Every stage result reported since the last call."""
+        out = []
+        while not self._results.empty():
+            out.append(self._results.get_nowait())
+        return out
+
+    def steps_pending(self) -> bool:
+        return not self._steps.empty()
 
 
 class TokenInterceptor(grpc.ServerInterceptor):
@@ -92,38 +237,20 @@ class CoordinatorServicer(control_pb2_grpc.CoordinatorServicer):
         self.heartbeat_interval_ms = heartbeat_interval_ms
 
     def Register(self, request, context):
-        info = request.agent
-        name = info.node_name
-        mine = (hetlaunch_version(), torch_version())
-        theirs = (info.agent_version, info.torch_version)
-        with self.state.lock:
-            if name not in self.state.expected_nodes:
-                context.abort(grpc.StatusCode.NOT_FOUND,
-                              f"node {name!r} is not in the cluster (nodes: {', '.join(self.state.expected_nodes)})")
-            if theirs != mine:
-                why = (f"version mismatch for node {name!r}: agent has hetlaunch {theirs[0]}, torch {theirs[1]}; "
-                       f"coordinator has hetlaunch {mine[0]}, torch {mine[1]}")
-                self.state.refusals[name] = why
-                context.abort(grpc.StatusCode.FAILED_PRECONDITION, why)
-            if name in self.state.agents:
-                context.abort(grpc.StatusCode.ALREADY_EXISTS, f"node {name!r} has already joined")
-            record = AgentRecord(agent_id=uuid.uuid4().hex[:12], node_name=name, info=info, last_seen=time.monotonic())
-            self.state.agents[name] = record
-            self.state.by_id[record.agent_id] = record
-            self.state.refusals.pop(name, None)
-            self.state.joined.notify_all()
+        try:
+            record = self.state.register(request.agent, (hetlaunch_version(), torch_version()))
+        except Refused as refused:
+            context.abort(refused.code, str(refused))
         return pb.RegisterResponse(agent_id=record.agent_id, heartbeat_interval_ms=self.heartbeat_interval_ms)
 
-    def _record(self, agent_id: str, context) -> AgentRecord:
-        with self.state.lock:
-            record = self.state.by_id.get(agent_id)
-            if record is None:
-                context.abort(grpc.StatusCode.NOT_FOUND, f"unknown agent id {agent_id!r}: register first")
-            record.last_seen = time.monotonic()
-            return record
+    def _record(self, agent_id: str, context, state: int | None = None, step: int | None = None) -> AgentRecord:
+        record = self.state.touch(agent_id, state, step)
+        if record is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"unknown agent id {agent_id!r}: register first")
+        return record
 
     def Heartbeat(self, request, context):
-        self._record(request.agent_id, context)
+        self._record(request.agent_id, context, request.state, request.step)
         return pb.HeartbeatResponse()
 
     def WatchCommands(self, request, context):
@@ -136,22 +263,21 @@ class CoordinatorServicer(control_pb2_grpc.CoordinatorServicer):
             yield command
             if command.HasField("shutdown"):
                 return
+        self.state.stream_broke(record)  # the agent went away without being told to
 
     def ReportStep(self, request, context):
         record = self._record(request.agent_id, context)
-        self.state.steps.put((record.node_name, request.metrics))
+        self.state.report_step(record.node_name, request.generation, request.metrics)
         return pb.ReportStepResponse()
 
     def ReportResult(self, request, context):
         record = self._record(request.agent_id, context)
-        with self.state.lock:
-            record.result = request
-        self.state.results.put((record.node_name, request))
+        self.state.report_result(record.node_name, request.generation, request)
         return pb.ReportResultResponse()
 
     def ReportProfile(self, request, context):
         record = self._record(request.agent_id, context)
-        self.state.profiles.put((record.node_name, request))
+        self.state.report_profile(record.node_name, request.generation, request)
         return pb.ReportProfileResponse()
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import queue
 import secrets
 import time
 from dataclasses import dataclass
@@ -109,6 +108,7 @@ def _launch(session: ClusterSession, plan: Plan, spec) -> None:
     pipelines = plan.pipelines()
     world = len(plan.stages)
     data_parallel = _data_parallel(cluster, plan) if len(pipelines) > 1 else None
+    session.begin_generation()
     offset = rank = 0  # ranks follow plan.stages: pipeline after pipeline
     for p, (stages, share) in enumerate(zip(pipelines, plan.pipeline_microbatches)):
         train = pb.TrainSpec(steps=t.steps, micro_batch_size=t.micro_batch_size, num_microbatches=share,
@@ -125,8 +125,8 @@ def _launch(session: ClusterSession, plan: Plan, spec) -> None:
                 spec_msg.prev.CopyFrom(_link_spec(cluster, stages[j - 1], stage, peer_rank=rank - 1))
             if j < n - 1:
                 spec_msg.next.CopyFrom(_link_spec(cluster, stage, stages[j + 1], peer_rank=rank + 1))
-            command = pb.RunStage(run_id=session.run_dir.name, model=model, data=data, train=train, stage=spec_msg,
-                                  rendezvous=session.next_rendezvous(rank, world, backend))
+            command = pb.RunStage(model=model, data=data, train=train, stage=spec_msg,
+                                  rendezvous=session.rendezvous(rank, world, backend))
             if data_parallel is not None:
                 command.data_parallel.CopyFrom(data_parallel)
                 command.data_parallel.pipeline_index = p
@@ -134,13 +134,12 @@ def _launch(session: ClusterSession, plan: Plan, spec) -> None:
             session.state.send(stage.node, pb.Command(run_stage=command))
             rank += 1
         offset += share
-    session.advance_generation()
 
 
 def _data_parallel(cluster, plan: Plan) -> pb.DataParallel:
     """What every stage of a several-pipeline plan shares: the global batch and all sync groups."""
     rank = {stage.node: i for i, stage in enumerate(plan.stages)}
-    message = pb.DataParallel(num_pipelines=len(plan.pipeline_microbatches), global_microbatches=plan.num_microbatches)
+    message = pb.DataParallel(global_microbatches=plan.num_microbatches)
     for group in plan.sync_plans():
         bw, lat = _slowest_emulated_link(cluster, group.nodes)
         message.sync_groups.add(layer_start=group.layer_start, layer_end=group.layer_end,
@@ -173,19 +172,20 @@ def _follow(session: ClusterSession, plan: Plan, record: RunRecord, console: Con
     idle = set(plan.excluded or {})  # told to shut down before training; their exit is expected
     with TrainingProgress(console, steps) as progress:
         while len(finished) < len(plan.stages) or len(record.records) < steps:
-            try:
-                node, metrics = state.steps.get(timeout=0.2)
-                step_record = aggregator.add(node, metrics)
+            received = state.next_step(timeout=0.2)
+            if received is not None:
+                step_record = aggregator.add(*received)
                 if step_record is not None:
                     record.add(step_record)
                     progress.update(step_record)
-            except queue.Empty:
-                pass
-            while not state.results.empty():
-                node, result = state.results.get()
-                if not result.ok:
-                    raise JobError(f"stage on node {node} failed: {result.error}")
-                finished.add(node)
-            session.check_alive(finished | idle, session.cluster.coordinator.heartbeat_timeout_s)
-            if len(finished) == len(plan.stages) and state.steps.empty() and len(record.records) < steps:
+            failures = {}
+            for node, result in state.results():
+                if result.ok:
+                    finished.add(node)
+                else:
+                    failures[node] = result.error
+            if failures:
+                raise session.blame(failures, "stage", finished | idle)
+            session.check_alive(finished | idle)
+            if len(finished) == len(plan.stages) and not state.steps_pending() and len(record.records) < steps:
                 raise JobError(f"stages finished but only {len(record.records)} of {steps} steps reported")

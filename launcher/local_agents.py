@@ -45,7 +45,7 @@ class LocalAgents:
         env.setdefault("OMP_NUM_THREADS", str(threads))
         env.setdefault("PYTHONUNBUFFERED", "1")
         cmd = [sys.executable, "-m", "hetlaunch.runtime.agent", "--coordinator", coordinator,
-               "--name", node, "--parent-pid", str(os.getpid()), "--connect-timeout", "30"]
+               f"--name={node}", "--parent-pid", str(os.getpid()), "--connect-timeout", "30"]  # = : never an option
         with open(log_path, "w") as log:
             process = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log,
                                        stderr=subprocess.STDOUT, start_new_session=True)

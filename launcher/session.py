@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -20,6 +21,10 @@ from hetlaunch.launcher.local_agents import LocalAgents
 from hetlaunch.protos import control_pb2 as pb
 
 RENDEZVOUS_TIMEOUT_S = 120.0
+BLAME_GRACE_S = 3.0  # how long a failure waits for its cause (a lost node) to show before it is reported
+# What a stage reports when the other end of a data-plane link went away (gloo, NCCL, c10d store).
+PEER_ERRORS = ("connection closed by peer", "connection reset", "broken pipe", "timed out", "timeout",
+               "remote process exited", "socket", "nccl communicator was aborted", "connection refused")
 
 
 class JobError(Exception):
@@ -36,11 +41,12 @@ class ClusterSession:
         self.agents = LocalAgents()
         self.server: CoordinatorServer | None = None
         self.store: dist.TCPStore | None = None
-        self._generation = 0
 
     def __enter__(self) -> "ClusterSession":
         coord = self.cluster.coordinator
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        from hetlaunch.launcher.run_record import make_run_dir  # run_record imports JobError from here
+
+        make_run_dir(self.run_dir)  # a one-line JobError naming the path and the reason, before anything starts
         try:
             self.server = CoordinatorServer(coord.host, coord.port, self.token, list(self.nodes)).start()
             self.store = dist.TCPStore(coord.host, 0, is_master=True, wait_for_workers=False)
@@ -56,8 +62,7 @@ class ClusterSession:
 
     def __exit__(self, *exc) -> None:
         if self.server is not None:
-            for name in self.server.state.agents:
-                self.server.state.send(name, pb.Command(shutdown=pb.Shutdown(reason="hetlaunch is done")))
+            self.server.state.shutdown_all("hetlaunch is done")
             self.agents.wait_all(5.0)
         self.agents.stop()
         if self.server is not None:
@@ -68,14 +73,16 @@ class ClusterSession:
     def state(self):
         return self.server.state
 
-    def next_rendezvous(self, rank: int, world_size: int, backend: str) -> pb.Rendezvous:
-        """A fresh key prefix on the store for each data-plane group (profiling, each plan)."""
-        return pb.Rendezvous(store_host=self._store_host(), store_port=self.store.port, generation=self._generation,
-                             rank=rank, world_size=world_size, timeout_s=RENDEZVOUS_TIMEOUT_S, backend=backend)
+    def begin_generation(self) -> int:
+        """A new generation (a data-plane group: the link probes, each plan): commands sent from
+        now on carry it, and reports of earlier generations are dropped."""
+        return self.state.begin_generation()
 
-    def advance_generation(self) -> int:
-        self._generation += 1
-        return self._generation
+    def rendezvous(self, rank: int, world_size: int, backend: str) -> pb.Rendezvous:
+        """The current generation's data-plane group; its number is the group's key prefix on the store."""
+        return pb.Rendezvous(store_host=self._store_host(), store_port=self.store.port,
+                             generation=self.state.generation, rank=rank, world_size=world_size,
+                             timeout_s=RENDEZVOUS_TIMEOUT_S, backend=backend)
 
     def _store_host(self) -> str:
         # The store binds every interface; an empty host tells agents to dial the coordinator's own host.
@@ -86,8 +93,7 @@ class ClusterSession:
         node = self.nodes[name]
         if node.device != "auto":
             return node.device
-        with self.state.lock:
-            info = self.state.agents[name].info
+        info = self.state.agent_info(name)
         return "cuda" if any(d.kind == pb.DEVICE_KIND_CUDA for d in info.devices) else "cpu"
 
     def backend_for(self, names: list[str]) -> str:
@@ -98,23 +104,68 @@ class ClusterSession:
         node = self.nodes[name]
         return self.cluster.threads_for(node, os.cpu_count() or 1) if node.launch == "local" else 0
 
-    def check_alive(self, done: set[str], heartbeat_timeout: float) -> None:
+    def lost_nodes(self, done: set[str]) -> dict[str, str]:
+        """Nodes not in `done` that are gone, with how we know: a local agent process that exited,
+        a command stream that broke (the agent's process or host went away), or heartbeats that
+        stopped for longer than the timeout."""
+        lost = {}
         for node, code in self.agents.exited().items():
             if node not in done:
-                raise JobError(f"local agent {node} exited with code {code}: {self.agents.agents[node].log_tail()}")
-        for node, silent in self.state.silent_for(time.monotonic()).items():
-            if silent > heartbeat_timeout and node not in done:
-                raise JobError(f"lost node {node}: no heartbeat for {silent:.0f}s")
+                lost[node] = (f"local agent was killed by {signal.Signals(-code).name}" if code < 0 else
+                              f"local agent exited with code {code}: {self.agents.agents[node].log_tail()}")
+        timeout = self.cluster.coordinator.heartbeat_timeout_s
+        for node, (silent, state, step) in self.state.silent_for(time.monotonic()).items():
+            if node in done or node in lost:
+                continue
+            if self.state.disconnected(node):
+                lost[node] = "its connection to the coordinator broke" + _last_seen(state, step)
+            elif silent > timeout:
+                lost[node] = f"no heartbeat for {silent:.0f}s" + _last_seen(state, step)
+        return lost
+
+    def check_alive(self, done: set[str]) -> None:
+        """Raise JobError naming a lost node, if any."""
+        lost = self.lost_nodes(done)
+        if lost:
+            node, why = next(iter(lost.items()))
+            raise JobError(f"lost node {node}: {why}")
+
+    def blame(self, failures: dict[str, str], what: str, done: set[str]) -> JobError:
+        """The error to end the job with when `failures` (node -> error) came in: the cause first.
+
+        When a node dies, its neighbours' data-plane calls fail too ("Connection closed by
+        peer"), often before the dead node is noticed. So wait a moment for a lost node or for
+        more failures, then name the lost node (or else the failure that is not a peer's
+        connection error) and list the others as consequences."""
+        deadline = time.monotonic() + BLAME_GRACE_S
+        lost = self.lost_nodes(done | set(failures))
+        while not lost and time.monotonic() < deadline:
+            time.sleep(0.1)
+            for node, result in self.state.results():
+                if not result.ok:
+                    failures[node] = result.error
+            lost = self.lost_nodes(done | set(failures))
+        if lost:
+            cause, why = next(iter(lost.items()))
+            message = f"lost node {cause}: {why}"
+        else:
+            cause = next((n for n, e in failures.items() if not _is_peer_error(e)), next(iter(failures)))
+            message = f"{what} on node {cause} failed: {failures[cause]}"
+        others = [f"{n} ({_first_line(e)})" for n, e in failures.items() if n != cause]
+        if others:
+            message += "; then failed as a consequence: " + ", ".join(others)
+        return JobError(message)
 
     def _write_contact(self) -> None:
         """Where remote agents (and tests) find the coordinator; the token file only when someone needs it."""
+        from hetlaunch.launcher.run_record import write_run_file  # whole or not at all; JobError naming the file
+
         address = self.server.address
-        (self.run_dir / "coordinator.json").write_text(json.dumps({"address": address, "pid": os.getpid()}) + "\n")
-        self.console.print(f"coordinator listening on [bold]{address}[/] (run dir {self.run_dir})")
+        write_run_file(self.run_dir / "coordinator.json", json.dumps({"address": address, "pid": os.getpid()}) + "\n")
+        self.console.print(f"coordinator listening on {address} (run dir {self.run_dir})")
         if self.cluster.remote_nodes:
             token_path = self.run_dir / "token"
-            token_path.touch(mode=0o600)
-            token_path.write_text(self.token + "\n")
+            write_run_file(token_path, self.token + "\n", mode=0o600)  # never readable by others, not even briefly
             for node in self.cluster.remote_nodes:
                 self.console.print(f"  on {node.host or node.name}: hetlaunch agent --coordinator <this host>:"
                                    f"{self.server.port} --token-file {token_path} --name {node.name}")
@@ -127,11 +178,9 @@ class ClusterSession:
                 missing = self.state.missing_nodes()
                 if not missing:
                     return
-                with self.state.lock:
-                    refusals = dict(self.state.refusals)
-                if refusals:
-                    node, why = next(iter(refusals.items()))
-                    raise JobError(f"node {node} was refused: {why}")
+                refused = self.state.refusal()
+                if refused:
+                    raise JobError(f"node {refused[0]} was refused: {refused[1]}")
                 dead = {n: c for n, c in self.agents.exited().items() if n in missing}
                 if dead:
                     node, code = next(iter(dead.items()))
@@ -144,3 +193,18 @@ class ClusterSession:
                     raise JobError(f"nodes never joined within {timeout:g}s: {names}")
                 status.update(f"waiting for agents to join: {', '.join(missing)}")
                 time.sleep(0.1)
+
+
+def _last_seen(state: int, step: int) -> str:
+    if state == pb.AGENT_STATE_TRAINING:
+        return f" (it was training, last step {step})" if step >= 0 else " (it was training, before its first step)"
+    return ""
+
+
+def _is_peer_error(error: str) -> bool:
+    return any(marker in error.lower() for marker in PEER_ERRORS)
+
+
+def _first_line(text: str) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line if len(line) <= 160 else line[:157] + "..."

@@ -115,14 +115,16 @@ class WatchCommandsRequest(_message.Message):
     def __init__(self, agent_id: _Optional[str] = ...) -> None: ...
 
 class Command(_message.Message):
-    __slots__ = ("run_stage", "shutdown", "profile")
+    __slots__ = ("run_stage", "shutdown", "profile", "generation")
     RUN_STAGE_FIELD_NUMBER: _ClassVar[int]
     SHUTDOWN_FIELD_NUMBER: _ClassVar[int]
     PROFILE_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
     run_stage: RunStage
     shutdown: Shutdown
     profile: Profile
-    def __init__(self, run_stage: _Optional[_Union[RunStage, _Mapping]] = ..., shutdown: _Optional[_Union[Shutdown, _Mapping]] = ..., profile: _Optional[_Union[Profile, _Mapping]] = ...) -> None: ...
+    generation: int
+    def __init__(self, run_stage: _Optional[_Union[RunStage, _Mapping]] = ..., shutdown: _Optional[_Union[Shutdown, _Mapping]] = ..., profile: _Optional[_Union[Profile, _Mapping]] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class Shutdown(_message.Message):
     __slots__ = ("reason",)
@@ -271,36 +273,32 @@ class SyncGroupSpec(_message.Message):
     def __init__(self, layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., ranks: _Optional[_Iterable[int]] = ..., codec: _Optional[_Union[Codec, str]] = ..., emulate_bandwidth_mbps: _Optional[float] = ..., emulate_latency_ms: _Optional[float] = ...) -> None: ...
 
 class DataParallel(_message.Message):
-    __slots__ = ("pipeline_index", "num_pipelines", "microbatch_offset", "global_microbatches", "sync_groups")
+    __slots__ = ("pipeline_index", "microbatch_offset", "global_microbatches", "sync_groups")
     PIPELINE_INDEX_FIELD_NUMBER: _ClassVar[int]
-    NUM_PIPELINES_FIELD_NUMBER: _ClassVar[int]
     MICROBATCH_OFFSET_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_MICROBATCHES_FIELD_NUMBER: _ClassVar[int]
     SYNC_GROUPS_FIELD_NUMBER: _ClassVar[int]
     pipeline_index: int
-    num_pipelines: int
     microbatch_offset: int
     global_microbatches: int
     sync_groups: _containers.RepeatedCompositeFieldContainer[SyncGroupSpec]
-    def __init__(self, pipeline_index: _Optional[int] = ..., num_pipelines: _Optional[int] = ..., microbatch_offset: _Optional[int] = ..., global_microbatches: _Optional[int] = ..., sync_groups: _Optional[_Iterable[_Union[SyncGroupSpec, _Mapping]]] = ...) -> None: ...
+    def __init__(self, pipeline_index: _Optional[int] = ..., microbatch_offset: _Optional[int] = ..., global_microbatches: _Optional[int] = ..., sync_groups: _Optional[_Iterable[_Union[SyncGroupSpec, _Mapping]]] = ...) -> None: ...
 
 class RunStage(_message.Message):
-    __slots__ = ("run_id", "model", "data", "train", "stage", "rendezvous", "data_parallel")
-    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("model", "data", "train", "stage", "rendezvous", "data_parallel")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     TRAIN_FIELD_NUMBER: _ClassVar[int]
     STAGE_FIELD_NUMBER: _ClassVar[int]
     RENDEZVOUS_FIELD_NUMBER: _ClassVar[int]
     DATA_PARALLEL_FIELD_NUMBER: _ClassVar[int]
-    run_id: str
     model: ModelSpec
     data: DataSpec
     train: TrainSpec
     stage: StageSpec
     rendezvous: Rendezvous
     data_parallel: DataParallel
-    def __init__(self, run_id: _Optional[str] = ..., model: _Optional[_Union[ModelSpec, _Mapping]] = ..., data: _Optional[_Union[DataSpec, _Mapping]] = ..., train: _Optional[_Union[TrainSpec, _Mapping]] = ..., stage: _Optional[_Union[StageSpec, _Mapping]] = ..., rendezvous: _Optional[_Union[Rendezvous, _Mapping]] = ..., data_parallel: _Optional[_Union[DataParallel, _Mapping]] = ...) -> None: ...
+    def __init__(self, model: _Optional[_Union[ModelSpec, _Mapping]] = ..., data: _Optional[_Union[DataSpec, _Mapping]] = ..., train: _Optional[_Union[TrainSpec, _Mapping]] = ..., stage: _Optional[_Union[StageSpec, _Mapping]] = ..., rendezvous: _Optional[_Union[Rendezvous, _Mapping]] = ..., data_parallel: _Optional[_Union[DataParallel, _Mapping]] = ...) -> None: ...
 
 class StepMetrics(_message.Message):
     __slots__ = ("step", "stage_index", "has_loss", "loss", "step_s", "compute_s", "comm_s", "tokens", "forward_raw_bytes", "forward_wire_bytes", "backward_raw_bytes", "backward_wire_bytes", "pipeline_index", "sync_s", "sync_raw_bytes", "sync_wire_bytes")
@@ -339,26 +337,30 @@ class StepMetrics(_message.Message):
     def __init__(self, step: _Optional[int] = ..., stage_index: _Optional[int] = ..., has_loss: _Optional[bool] = ..., loss: _Optional[float] = ..., step_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., comm_s: _Optional[float] = ..., tokens: _Optional[int] = ..., forward_raw_bytes: _Optional[int] = ..., forward_wire_bytes: _Optional[int] = ..., backward_raw_bytes: _Optional[int] = ..., backward_wire_bytes: _Optional[int] = ..., pipeline_index: _Optional[int] = ..., sync_s: _Optional[float] = ..., sync_raw_bytes: _Optional[int] = ..., sync_wire_bytes: _Optional[int] = ...) -> None: ...
 
 class ReportStepRequest(_message.Message):
-    __slots__ = ("agent_id", "metrics")
+    __slots__ = ("agent_id", "metrics", "generation")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     metrics: StepMetrics
-    def __init__(self, agent_id: _Optional[str] = ..., metrics: _Optional[_Union[StepMetrics, _Mapping]] = ...) -> None: ...
+    generation: int
+    def __init__(self, agent_id: _Optional[str] = ..., metrics: _Optional[_Union[StepMetrics, _Mapping]] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class ReportStepResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class ReportResultRequest(_message.Message):
-    __slots__ = ("agent_id", "ok", "error")
+    __slots__ = ("agent_id", "ok", "error", "generation")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     OK_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     ok: bool
     error: str
-    def __init__(self, agent_id: _Optional[str] = ..., ok: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
+    generation: int
+    def __init__(self, agent_id: _Optional[str] = ..., ok: _Optional[bool] = ..., error: _Optional[str] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class ReportResultResponse(_message.Message):
     __slots__ = ()
@@ -425,7 +427,7 @@ class LinkProbe(_message.Message):
     def __init__(self, peer_node: _Optional[str] = ..., latency_s: _Optional[float] = ..., bandwidth_bytes_per_s: _Optional[float] = ...) -> None: ...
 
 class ReportProfileRequest(_message.Message):
-    __slots__ = ("agent_id", "ok", "error", "device_name", "memory_bytes", "layers", "links", "codec_seconds_per_byte")
+    __slots__ = ("agent_id", "ok", "error", "device_name", "memory_bytes", "layers", "links", "codec_seconds_per_byte", "generation")
     class CodecSecondsPerByteEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -441,6 +443,7 @@ class ReportProfileRequest(_message.Message):
     LAYERS_FIELD_NUMBER: _ClassVar[int]
     LINKS_FIELD_NUMBER: _ClassVar[int]
     CODEC_SECONDS_PER_BYTE_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     ok: bool
     error: str
@@ -449,7 +452,8 @@ class ReportProfileRequest(_message.Message):
     layers: _containers.RepeatedCompositeFieldContainer[LayerProfile]
     links: _containers.RepeatedCompositeFieldContainer[LinkProbe]
     codec_seconds_per_byte: _containers.ScalarMap[str, float]
-    def __init__(self, agent_id: _Optional[str] = ..., ok: _Optional[bool] = ..., error: _Optional[str] = ..., device_name: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., layers: _Optional[_Iterable[_Union[LayerProfile, _Mapping]]] = ..., links: _Optional[_Iterable[_Union[LinkProbe, _Mapping]]] = ..., codec_seconds_per_byte: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    generation: int
+    def __init__(self, agent_id: _Optional[str] = ..., ok: _Optional[bool] = ..., error: _Optional[str] = ..., device_name: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., layers: _Optional[_Iterable[_Union[LayerProfile, _Mapping]]] = ..., links: _Optional[_Iterable[_Union[LinkProbe, _Mapping]]] = ..., codec_seconds_per_byte: _Optional[_Mapping[str, float]] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class ReportProfileResponse(_message.Message):
     __slots__ = ()

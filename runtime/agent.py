@@ -48,6 +48,7 @@ class Agent:
         self.agent_id = ""
         self.training = threading.Event()
         self.step = -1
+        self.generation = 0  # of the stage running now; its step reports carry it
         self.commands: queue.Queue = queue.Queue()
 
     def run(self, connect_timeout_s: float) -> int:
@@ -80,15 +81,15 @@ class Agent:
                 _log(self.node, f"shutting down: {command.shutdown.reason or 'job finished'}")
                 return 0
             if command.HasField("profile"):
-                self._run_profile(command.profile)
+                self._run_profile(command.profile, command.generation)
             else:
-                self._run_stage(command.run_stage)
+                self._run_stage(command.run_stage, command.generation)
 
     def _fill_store_host(self, rendezvous: pb.Rendezvous) -> None:
         if not rendezvous.store_host:  # the store lives on the host we dialed to reach the coordinator
             rendezvous.store_host = self.coordinator.rsplit(":", 1)[0].strip("[]")
 
-    def _run_profile(self, command: pb.Profile) -> None:
+    def _run_profile(self, command: pb.Profile, generation: int) -> None:
         self.training.set()
         if command.HasField("rendezvous"):  # touching an unset sub-message would make it "set", with port 0
             self._fill_store_host(command.rendezvous)
@@ -100,12 +101,14 @@ class Agent:
         finally:
             self.training.clear()
         report.agent_id = self.agent_id
+        report.generation = generation
         try:
             self.stub.ReportProfile(report, metadata=self.metadata, timeout=30)
         except grpc.RpcError as err:
             _log(self.node, f"could not report the profile: {err.details()}")
 
-    def _run_stage(self, run: pb.RunStage) -> None:
+    def _run_stage(self, run: pb.RunStage, generation: int) -> None:
+        self.generation = generation
         self.training.set()
         ok, error = True, ""
         self._fill_store_host(run.rendezvous)
@@ -117,7 +120,8 @@ class Agent:
         finally:
             self.training.clear()
         try:
-            self.stub.ReportResult(pb.ReportResultRequest(agent_id=self.agent_id, ok=ok, error=error),
+            self.stub.ReportResult(pb.ReportResultRequest(agent_id=self.agent_id, ok=ok, error=error,
+                                                          generation=generation),
                                    metadata=self.metadata, timeout=30)
         except grpc.RpcError as err:
             _log(self.node, f"could not report the result: {err.details()}")
@@ -125,7 +129,7 @@ class Agent:
     def _report_step(self, metrics: pb.StepMetrics) -> None:
         self.step = metrics.step
         # Unary on loopback costs well under a millisecond a step; a queue would only hide failures.
-        self.stub.ReportStep(pb.ReportStepRequest(agent_id=self.agent_id, metrics=metrics),
+        self.stub.ReportStep(pb.ReportStepRequest(agent_id=self.agent_id, metrics=metrics, generation=self.generation),
                              metadata=self.metadata, timeout=30)
 
     def _command_reader(self) -> None:

@@ -54,10 +54,8 @@ def register(stub, name: str, metadata=None, agent_version: str | None = None) -
 
 
 def assert_untouched(server) -> None:
-    with server.state.lock:
-        assert server.state.agents == {}
-        assert server.state.by_id == {}
-        assert server.state.refusals == {}
+    assert server.state.joined_nodes() == []
+    assert server.state.refusal() is None
     assert server.state.missing_nodes() == NODES
 
 
@@ -94,8 +92,7 @@ def test_command_stream_without_the_right_token_is_unauthenticated(kind, server,
         next(iter(stream))
     assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
     # The queued command is still there for the rightful agent.
-    with server.state.lock:
-        assert server.state.agents["a"].commands.qsize() == 1
+    assert server.state.pending_commands("a") == 1
 
 
 @pytest.mark.timeout(30)
@@ -135,10 +132,9 @@ def test_version_mismatch_is_refused_and_recorded(server, stub):
     details = err.value.details()
     assert "0.0.1" in details
     assert hetlaunch_version() in details
-    with server.state.lock:
-        assert "a" not in server.state.agents
-        assert "0.0.1" in server.state.refusals["a"]
-        assert hetlaunch_version() in server.state.refusals["a"]
+    assert "a" not in server.state.joined_nodes()
+    node, why = server.state.refusal()
+    assert node == "a" and "0.0.1" in why and hetlaunch_version() in why
 
 
 @pytest.mark.timeout(30)
@@ -148,9 +144,8 @@ def test_duplicate_registration_is_already_exists(server, stub):
         register(stub, "a")
     assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
     assert "'a'" in err.value.details()
-    with server.state.lock:
-        assert server.state.agents["a"].agent_id == first.agent_id
-        assert list(server.state.by_id) == [first.agent_id]
+    assert server.state.agent_id("a") == first.agent_id
+    assert server.state.joined_nodes() == ["a"]
 
 
 @pytest.mark.timeout(30)
@@ -167,7 +162,7 @@ def test_heartbeat_of_unknown_agent_is_not_found(server, stub):
 def test_commands_arrive_on_the_stream_in_order(server, stub):
     reply = register(stub, "a")
     assert reply.heartbeat_interval_ms > 0
-    run = pb.RunStage(run_id="r1", stage=pb.StageSpec(stage_index=0, num_stages=2, layer_start=0, layer_end=2))
+    run = pb.RunStage(stage=pb.StageSpec(stage_index=0, num_stages=2, layer_start=0, layer_end=2))
     server.state.send("a", pb.Command(run_stage=run))
     server.state.send("a", pb.Command(shutdown=pb.Shutdown(reason="done")))
     stream = stub.WatchCommands(pb.WatchCommandsRequest(agent_id=reply.agent_id), metadata=auth(),
@@ -176,3 +171,44 @@ def test_commands_arrive_on_the_stream_in_order(server, stub):
     assert [c.WhichOneof("kind") for c in received] == ["run_stage", "shutdown"]
     assert received[0].run_stage == run
     assert received[1].shutdown.reason == "done"
+
+
+@pytest.mark.timeout(30)
+def test_joined_node_cannot_be_disturbed_by_a_second_registration_with_another_version(server, stub):
+    # A token holder registering an already-joined node under another version must neither take its
+    # place nor leave a refusal behind: `up` fails the job on a recorded refusal while it waits.
+    first = register(stub, "a")
+    with pytest.raises(grpc.RpcError) as err:
+        register(stub, "a", agent_version="0.0.1")
+    assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    assert server.state.refusal() is None
+    assert server.state.agent_id("a") == first.agent_id
+
+
+@pytest.mark.timeout(30)
+def test_reports_of_an_earlier_generation_are_dropped(server, stub):
+    agent_id = register(stub, "a").agent_id
+    generation = server.state.begin_generation()
+    old = pb.StepMetrics(step=7)
+    stub.ReportStep(pb.ReportStepRequest(agent_id=agent_id, metrics=old, generation=generation - 1),
+                    metadata=auth(), timeout=RPC_TIMEOUT)
+    stub.ReportResult(pb.ReportResultRequest(agent_id=agent_id, ok=False, error="stale", generation=generation - 1),
+                      metadata=auth(), timeout=RPC_TIMEOUT)
+    assert server.state.next_step(timeout=0.2) is None
+    assert server.state.results() == []
+    assert server.state.stale_reports == 2
+    current = pb.StepMetrics(step=8)
+    stub.ReportStep(pb.ReportStepRequest(agent_id=agent_id, metrics=current, generation=generation),
+                    metadata=auth(), timeout=RPC_TIMEOUT)
+    assert server.state.next_step(timeout=2) == ("a", current)
+
+
+@pytest.mark.timeout(30)
+def test_commands_carry_the_current_generation(server, stub):
+    agent_id = register(stub, "a").agent_id
+    server.state.send("a", pb.Command(profile=pb.Profile()))
+    generation = server.state.begin_generation()
+    server.state.send("a", pb.Command(shutdown=pb.Shutdown(reason="done")))
+    received = list(stub.WatchCommands(pb.WatchCommandsRequest(agent_id=agent_id), metadata=auth(),
+                                       timeout=RPC_TIMEOUT))
+    assert [c.generation for c in received] == [generation - 1, generation]

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from hetlaunch.runtime.model_spec import ModelSpec
-from hetlaunch.runtime.stage_command import model_spec_from_proto, model_spec_to_proto
+from hetlaunch.runtime.wire import model_spec_from_proto, model_spec_to_proto
 
 from conftest import hetlaunch_cmd, hetlaunch_env, popen_hetlaunch, run_hetlaunch, stop_process, wait_for
 

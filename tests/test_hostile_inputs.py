@@ -1,0 +1,123 @@
+"""What a hostile user tries against a running job: kill a node mid-step, put markup in the YAML.
+
+Real `hetlaunch up` processes with local agents over gloo; the user must see one line naming
+the cause, the documented exit code, no traceback and no process left behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import psutil
+import pytest
+
+from conftest import hetlaunch_env, popen_hetlaunch, run_hetlaunch, stop_process, stray_processes, wait_for
+
+THREE_NODES = """
+model: {preset: tiny, n_layers: 4, seq_len: 16, d_model: 32}
+train: {steps: 400, micro_batch_size: 2, num_microbatches: 4}
+compression: {intra_region: none, cross_region: none}
+nodes:
+  - {name: n1, device: cpu, threads: 1, layers: [0, 2]}
+  - {name: n2, device: cpu, threads: 1, layers: [2, 4]}
+  - {name: n3, device: cpu, threads: 1, layers: [4, 6]}
+"""
+
+
+def agent_process(node: str) -> psutil.Process | None:
+    for proc in psutil.process_iter():
+        try:
+            cmd = proc.cmdline()
+        except psutil.Error:
+            continue
+        if "hetlaunch.runtime.agent" in cmd and f"--name={node}" in cmd:
+            return proc
+    return None
+
+
+def metrics_lines(run_dir) -> int:
+    path = run_dir / "metrics.jsonl"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+@pytest.mark.timeout(180)
+def test_killing_the_middle_node_blames_it_not_a_survivor(tmp_path):
+    (tmp_path / "cluster.yaml").write_text(THREE_NODES)
+    run_dir = tmp_path / "run"
+    up = popen_hetlaunch("up", str(tmp_path / "cluster.yaml"), "--run-dir", str(run_dir), cwd=tmp_path)
+    try:
+        wait_for(lambda: metrics_lines(run_dir) >= 3, 120, "three training steps", proc=up)
+        victim = agent_process("n2")
+        assert victim is not None, "the agent of n2 is not running"
+        victim.send_signal(signal.SIGKILL)
+        up.wait(timeout=60)
+    finally:
+        out, err = stop_process(up)
+    assert up.returncode == 1, err + out
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: lost node n2:"), lines[0]
+    assert "Traceback" not in err and "MarkupError" not in err
+    # The survivors' errors come after the cause, as its consequences, never as the cause.
+    assert "stage on node n1 failed" not in lines[0] and "stage on node n3 failed" not in lines[0]
+    assert stray_processes() == []
+
+
+@pytest.mark.timeout(60)
+def test_markup_in_user_text_is_printed_verbatim(tmp_path):
+    (tmp_path / "cluster.yaml").write_text('train: {schedule: "[bold red]1f1b"}\nnodes: [{name: a}]\n')
+    result = run_hetlaunch("validate", str(tmp_path / "cluster.yaml"), timeout=45)
+    assert result.returncode == 2
+    assert "'[bold red]1f1b'" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+MARKER_MODEL = '''
+import os
+with open(os.environ["MARKER_FILE"], "a") as f:
+    f.write(f"{os.getpid()}\\n")
+from user_model import make_mlp_lm
+'''
+
+
+@pytest.mark.timeout(150)
+def test_the_coordinator_never_imports_the_users_model(tmp_path):
+    # Only agents build the model; the coordinator learns its depth from their profiles.
+    (tmp_path / "marker_model.py").write_text(MARKER_MODEL)
+    (tmp_path / "cluster.yaml").write_text("""
+model: {entrypoint: "marker_model:make_mlp_lm", kwargs: {seq_len: 16}}
+train: {steps: 3, micro_batch_size: 2, num_microbatches: 2, max_pipelines: 1}
+nodes:
+  - {name: u0, device: cpu, threads: 1}
+  - {name: u1, device: cpu, threads: 1}
+""")
+    markers = tmp_path / "imported_by.txt"
+    env = hetlaunch_env(MARKER_FILE=str(markers), HETLAUNCH_CACHE_DIR=str(tmp_path / "cache"))
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
+    up = popen_hetlaunch("up", str(tmp_path / "cluster.yaml"), "--run-dir", str(tmp_path / "run"), env=env)
+    try:
+        up.wait(timeout=120)
+    finally:
+        out, err = stop_process(up)
+    assert up.returncode == 0, err + out
+    importers = {int(pid) for pid in markers.read_text().split()}
+    assert importers and up.pid not in importers
+
+
+@pytest.mark.timeout(120)
+def test_pinned_layers_of_a_user_model_must_reach_its_last_layer(tmp_path):
+    # The YAML cannot know an entrypoint's depth; the last stage's agent checks it before training.
+    (tmp_path / "cluster.yaml").write_text("""
+model: {entrypoint: "user_model:make_mlp_lm", kwargs: {seq_len: 16}}
+train: {steps: 3, micro_batch_size: 2, num_microbatches: 2}
+compression: {intra_region: none, cross_region: none}
+nodes:
+  - {name: u0, device: cpu, threads: 1, layers: [0, 2]}
+  - {name: u1, device: cpu, threads: 1, layers: [2, 4]}
+""")
+    result = run_hetlaunch("up", str(tmp_path / "cluster.yaml"), "--run-dir", str(tmp_path / "run"), timeout=100)
+    assert result.returncode == 1, result.stderr + result.stdout
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert "stage on node u1 failed" in lines[0] and "the model has 5 layers" in lines[0], lines[0]
