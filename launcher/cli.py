@@ -95,6 +95,10 @@ def profile(
     """Start the cluster's agents, measure nodes and links, save the profile; train nothing."""
     cluster = _load(cluster_yaml)
     token = _token(cluster, token_file)
+    directory = output.parent if str(output.parent) else Path(".")
+    if not directory.is_dir() or output.is_dir():  # find out now, not after minutes of measuring
+        _fail(f"cannot write {output}: " + ("it is a directory" if output.is_dir() else f"no directory {directory}"),
+              EXIT_BAD_INPUT)
     from hetlaunch.launcher.cluster_measurement import measure_cluster
     from hetlaunch.launcher.job_driver import UpOptions, new_run_dir
     from hetlaunch.launcher.planning.profile_file import save_profile

@@ -21,6 +21,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from hetlaunch.runtime.files import write_whole
 from hetlaunch.runtime.registry import CODEC_NAMES
 
 MAX_ENTRY_BYTES = 16 << 20  # an entry is ~100 bytes a layer; a bigger file is not one of ours
@@ -152,8 +153,6 @@ def store_node(key: str, entry: dict, console=None) -> None:
     except BadCacheEntry as err:
         _warn(console, f"not caching the measurement in {path}: {err}")
         return
-    from hetlaunch.launcher.run_record import write_whole
-
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_whole(path, json.dumps(entry, allow_nan=False))

@@ -12,17 +12,32 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
-import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from hetlaunch.launcher.session import JobError
+from hetlaunch.runtime.files import write_whole
 from hetlaunch.protos import control_pb2 as pb
 
 
 def _reason(err: OSError) -> str:
     return err.strerror or str(err)
+
+
+def strict_json(value, indent: int | None = None) -> str:
+    """JSON that every reader accepts: a diverged loss (NaN, inf) is written as null, not as NaN."""
+    def finite(v):
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        if isinstance(v, dict):
+            return {k: finite(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [finite(x) for x in v]
+        return v
+
+    return json.dumps(finite(value), indent=indent, allow_nan=False)
 
 
 def make_run_dir(path: Path) -> None:
@@ -33,47 +48,6 @@ def make_run_dir(path: Path) -> None:
         raise JobError(f"cannot create run directory {path}: it exists and is not a directory") from None
     except OSError as err:
         raise JobError(f"cannot create run directory {path}: {_reason(err)}") from None
-
-
-def write_whole(path: Path, text: str | bytes, mode: int = 0o666) -> None:
-    """Replace `path` with `text` whole or not at all: a temporary file beside it, fsynced, renamed
-    over it, the directory fsynced. Raises OSError; the temporary file never stays behind.
-    `mode` applies from creation on (0o600: never readable by others, not even briefly)."""
-    data = text.encode() if isinstance(text, str) else text
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
-    try:
-        try:
-            view = memoryview(data)
-            while view:
-                written = os.write(fd, view)
-                if written == 0:
-                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-                view = view[written:]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some file systems cannot fsync a directory; the rename itself is done
-    finally:
-        os.close(fd)
 
 
 def write_run_file(path: Path, text: str, mode: int = 0o666) -> None:
@@ -93,8 +67,8 @@ class StepRecord:
     stages: list[dict]
 
     def to_json(self) -> str:
-        return json.dumps({"step": self.step, "loss": self.loss, "tokens_per_s": self.tokens_per_s,
-                           "step_s": self.step_s, "stages": self.stages})
+        return strict_json({"step": self.step, "loss": self.loss, "tokens_per_s": self.tokens_per_s,
+                            "step_s": self.step_s, "stages": self.stages})
 
 
 class StepAggregator:
@@ -191,7 +165,7 @@ class RunRecord:
         """Write summary.json atomically and durably, so a reader never sees half a file."""
         if self._close_error:
             raise JobError(self._close_error)
-        write_run_file(self.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+        write_run_file(self.run_dir / "summary.json", strict_json(summary, indent=2) + "\n")
 
     def summarize(self) -> dict:
         """Loss at both ends and mean throughput; the first step is left out of the mean (warm-up)."""

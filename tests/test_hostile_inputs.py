@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import psutil
 import pytest
@@ -121,3 +122,42 @@ nodes:
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, result.stderr
     assert "stage on node u1 failed" in lines[0] and "the model has 5 layers" in lines[0], lines[0]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("where", ["missing/dir/p.json", "a_file/p.json", "."])
+def test_profile_output_that_cannot_be_written_is_refused_before_measuring(tmp_path, where):
+    (tmp_path / "a_file").write_text("x")
+    (tmp_path / "cluster.yaml").write_text("nodes: [{name: a, device: cpu, threads: 1}]\n")
+    started = time.monotonic()
+    result = run_hetlaunch("profile", str(tmp_path / "cluster.yaml"), "-o", str(tmp_path / where),
+                           "--run-dir", str(tmp_path / "run"), timeout=50)
+    assert result.returncode == 2, result.stderr + result.stdout
+    assert result.stderr.startswith("error: cannot write") and len(result.stderr.splitlines()) == 1, result.stderr
+    assert time.monotonic() - started < 20 and not (tmp_path / "run").exists()
+
+
+def test_save_profile_is_whole_or_a_one_line_error(tmp_path):
+    from hetlaunch.launcher.planning.profile_file import ProfileError, load_profile, save_profile
+    from test_planner import uniform_profile  # a small profile built in code
+
+    profile = uniform_profile([1.0, 0.5], ["east", "west"])
+    save_profile(profile, tmp_path / "p.json")
+    assert load_profile(tmp_path / "p.json") == profile
+    (tmp_path / "a_file").write_text("x")
+    with pytest.raises(ProfileError, match=r"^cannot write .*a_file/p.json: Not a directory$"):
+        save_profile(profile, tmp_path / "a_file" / "p.json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "p.json"]  # no temporary file left
+
+
+def test_a_diverged_loss_is_written_as_null_not_nan(tmp_path):
+    import json
+    import math
+
+    from hetlaunch.launcher.run_record import RunRecord, StepRecord
+
+    record = RunRecord(tmp_path)
+    record.add(StepRecord(step=0, loss=math.nan, tokens_per_s=math.inf, step_s=0.1, stages=[]))
+    record.close()
+    line = (tmp_path / "metrics.jsonl").read_text()
+    assert json.loads(line, parse_constant=lambda c: pytest.fail(f"{c} in metrics.jsonl"))["loss"] is None

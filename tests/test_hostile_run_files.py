@@ -298,8 +298,8 @@ def small_tmpfs(directory: Path, size: str):
     if libc.mount(b"tmpfs", str(directory).encode(), b"tmpfs", 0, f"size={size}".encode()) != 0:
         err = ctypes.get_errno()
         if err == errno.EPERM:
-            pytest.skip(f"mount -t tmpfs refused with EPERM (not root, or no CAP_SYS_ADMIN in this container): "
-                        f"cannot make a small disk to fill")
+            pytest.skip("mount -t tmpfs refused with EPERM (not root, or no CAP_SYS_ADMIN in this container): "
+                        "cannot make a small disk to fill")
         pytest.fail(f"mount -t tmpfs on {directory} failed: {os.strerror(err)}")
     try:
         yield directory

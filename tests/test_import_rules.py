@@ -2,7 +2,7 @@
 inside functions) of the package's source:
 
 - runtime never imports launcher: an agent installs and runs without the planner;
-- launcher/planning imports only itself and runtime/registry.py: no grpc, no protos, no torch,
+- launcher/planning imports only itself, runtime/registry.py and runtime/files.py: no grpc, no protos, no torch,
   no live session, so a plan can be made offline from a profile;
 - protos imports neither launcher nor runtime.
 """
@@ -45,7 +45,7 @@ def check_runtime(path: Path) -> list[str]:
     return forbidden_imports(path, lambda m: False, ["hetlaunch.launcher"])
 
 
-PLANNING_ALLOWED = ("hetlaunch.launcher.planning", "hetlaunch.runtime.registry")
+PLANNING_ALLOWED = ("hetlaunch.launcher.planning", "hetlaunch.runtime.registry", "hetlaunch.runtime.files")
 
 
 def check_planning(path: Path) -> list[str]:

@@ -29,11 +29,12 @@ A link between two nodes is looked up by node pair first, then by their region p
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from hetlaunch.runtime.files import write_whole
 
 FORMAT = "hetlaunch-profile/1"
 
@@ -153,8 +154,8 @@ def load_profile(path: str | Path) -> Profile:
 
 
 def save_profile(profile: Profile, path: str | Path) -> None:
-    """Write whole or not at all: a temporary file renamed into place."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(profile.model_dump_json(indent=2, exclude_none=True) + "\n")
-    os.replace(tmp, path)
+    """Write whole or not at all (temporary file, fsync, rename); ProfileError naming the path."""
+    try:
+        write_whole(Path(path), profile.model_dump_json(indent=2, exclude_none=True) + "\n")
+    except OSError as err:
+        raise ProfileError(f"cannot write {path}: {err.strerror or err}") from None
