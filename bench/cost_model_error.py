@@ -1,7 +1,7 @@
 """How well the cost model predicts: predicted vs measured step time on emulated clusters.
 
 Each cluster is run as a user runs it (`hetlaunch up`: profile, plan, train); the plan's
-predicted step time (launcher/cost_model.py) is compared with the median measured step
+predicted step time (launcher/planning/cost_model.py) is compared with the median measured step
 time after warm-up. Clusters: a speed mix; a memory limit that forces the cut; a slow
 inter-region link; the 6-node, two-region cluster of dp_scaling, where the planner runs
 several pipelines and prices their gradient sync. Figure: mean absolute relative error.

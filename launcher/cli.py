@@ -8,6 +8,7 @@ line `error: ...` on stderr with the exit code below.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from enum import Enum
@@ -17,6 +18,10 @@ from typing import Optional
 import typer
 
 from hetlaunch.runtime.registry import SCHEDULE_NAMES
+
+# gRPC's C core logs its own copy of an error (a failed bind, say) to stderr before Python sees it;
+# the user gets our one line instead. GRPC_VERBOSITY=debug in the environment brings the logs back.
+os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Train one PyTorch model as an uneven pipeline across mixed, spread-out nodes.")
@@ -95,10 +100,11 @@ def profile(
     """Start the cluster's agents, measure nodes and links, save the profile; train nothing."""
     cluster = _load(cluster_yaml)
     token = _token(cluster, token_file)
-    directory = output.parent if str(output.parent) else Path(".")
-    if not directory.is_dir() or output.is_dir():  # find out now, not after minutes of measuring
-        _fail(f"cannot write {output}: " + ("it is a directory" if output.is_dir() else f"no directory {directory}"),
-              EXIT_BAD_INPUT)
+    directory = output.parent
+    why = ("it is a directory" if output.is_dir() else f"no directory {directory}" if not directory.is_dir()
+           else f"{directory} is not writable" if not os.access(directory, os.W_OK) else None)
+    if why:  # find out now, not after minutes of measuring
+        _fail(f"cannot write {output}: {why}", EXIT_BAD_INPUT)
     from hetlaunch.launcher.cluster_measurement import measure_cluster
     from hetlaunch.launcher.job_driver import UpOptions, new_run_dir
     from hetlaunch.launcher.planning.profile_file import save_profile

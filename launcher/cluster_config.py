@@ -109,7 +109,7 @@ class ModelConfig(_Strict):
     @property
     def num_stage_layers(self) -> int | None:
         """Stage layers of the built-in GPT (n_layers + 2); None for an entrypoint model."""
-        return None if self.entrypoint is not None else self._gpt().num_stage_layers
+        return self.to_spec().known_num_layers
 
     def to_spec(self) -> ModelSpec:
         if self.entrypoint is not None:
@@ -237,7 +237,7 @@ class ClusterConfig(_Strict):
     regions: Annotated[list[RegionConfig], _none_to(list)] = Field(default_factory=list)  # regions used by nodes are implied
     links: Annotated[list[LinkConfig], _none_to(list)] = Field(default_factory=list)  # per region pair
     nodes: list[NodeConfig] = Field(min_length=1)  # the machines of the job; one pipeline stage each
-    # `auto` (default) or codecs pinned per link class / stage boundary: see launcher/compression.py
+    # `auto` (default) or codecs pinned per link class / stage boundary: see launcher/planning/compression.py
     compression: Annotated[CompressionConfig, BeforeValidator(_auto_compression)] = Field(
         default_factory=CompressionConfig)
 

@@ -75,10 +75,10 @@ def measure_cluster(session: ClusterSession, spec: ModelSpec, micro_batch_size: 
     at_once = [n for n in names if n not in sequential]
     for name in at_once:
         session.state.send(name, pb.Command(profile=command(name, name in to_measure)))
-    for name in sequential:
+    for name in sequential:  # the next local node starts only when this one has reported
         session.state.send(name, pb.Command(profile=command(name, True)))
-        reports.update(_collect(session, [name], console, f"timing layers on {name}"))
-    reports.update(_collect(session, at_once, console, f"profiling {len(at_once)} node(s) ({len(cached)} cached)"))
+        _collect(session, [name], reports, console, f"timing layers on {name}")
+    _collect(session, at_once, reports, console, f"profiling {len(at_once)} node(s) ({len(cached)} cached)")
 
     pairs = probe_pairs(cluster)
     if pairs:
@@ -96,20 +96,22 @@ def measure_cluster(session: ClusterSession, spec: ModelSpec, micro_batch_size: 
                     probe.probes.append(pb.ProbePeer(peer_rank=rank[peer], peer_node=peer, initiator=name == a,
                                                      emulate_bandwidth_mbps=bw, emulate_latency_ms=lat))
             session.state.send(name, pb.Command(profile=probe))
-        link_reports = _collect(session, names, console, f"probing {len(pairs)} link(s)")
+        link_reports: dict[str, pb.ReportProfileRequest] = {}
+        _collect(session, names, link_reports, console, f"probing {len(pairs)} link(s)")
     else:
         link_reports = {}
     return _assemble(session, spec, model, micro_batch_size, reports, link_reports, cached, keys)
 
 
-def _collect(session: ClusterSession, names: list[str], console: Console,
-             what: str) -> dict[str, pb.ReportProfileRequest]:
-    reports: dict[str, pb.ReportProfileRequest] = {}
+def _collect(session: ClusterSession, names: list[str], reports: dict[str, pb.ReportProfileRequest],
+             console: Console, what: str) -> None:
+    """Wait until every node in `names` has reported into `reports`; a report of another node
+    (sent earlier, still running) is kept there too, and never ends this wait."""
     if not names:
-        return reports
+        return
     deadline = time.monotonic() + PROFILE_TIMEOUT_S
     with console.status(what) as status:
-        while len(reports) < len(names):
+        while not all(n in reports for n in names):
             received = session.state.next_profile(timeout=0.2)
             if received is None:
                 session.check_alive(set(reports))
@@ -119,10 +121,19 @@ def _collect(session: ClusterSession, names: list[str], console: Console,
                 continue
             node, report = received
             if not report.ok:
-                raise session.blame({node: report.error}, "profiling", set(reports))
+                raise session.blame({node: report.error}, "profiling", set(reports), _profile_failures(session))
             reports[node] = report
-            status.update(f"{what}: {len(reports)}/{len(names)} done")
-    return reports
+            status.update(f"{what}: {sum(n in reports for n in names)}/{len(names)} done")
+
+
+def _profile_failures(session: ClusterSession):
+    def more() -> list[tuple[str, str]]:
+        failed = []
+        while (received := session.state.next_profile(timeout=0)) is not None:
+            if not received[1].ok:
+                failed.append((received[0], received[1].error))
+        return failed
+    return more
 
 
 def _assemble(session: ClusterSession, spec: ModelSpec, model: str, micro_batch_size: int,
@@ -131,6 +142,7 @@ def _assemble(session: ClusterSession, spec: ModelSpec, model: str, micro_batch_
     cluster = session.cluster
     layer_infos = None
     nodes = []
+    counts: dict[str, int] = {}
     for node in cluster.nodes:
         report = reports[node.name]
         if report.layers:
@@ -142,6 +154,11 @@ def _assemble(session: ClusterSession, spec: ModelSpec, model: str, micro_batch_
             store_node(keys[node.name], entry, session.console)
         else:
             entry = cached[node.name]
+        counts[node.name] = len(entry["layer_seconds"])
+        if len(set(counts.values())) > 1:  # agents with different code, or a stale cache entry
+            raise JobError("the nodes disagree on the model's layer count: " +
+                           ", ".join(f"{n} {c}" for n, c in counts.items()) +
+                           " (is the same model code installed on every node? --reprofile re-measures)")
         layer_infos = layer_infos or [LayerInfo(**layer) for layer in entry["layers"]]
         nodes.append(NodeProfile(name=node.name, region=node.region, device=report.device_name,
                                  memory_bytes=report.memory_bytes, layer_seconds=entry["layer_seconds"],

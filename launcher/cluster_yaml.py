@@ -23,7 +23,13 @@ def load_cluster(path: str | Path) -> ClusterConfig:
     """Read and validate a cluster YAML file; every problem is a one-line ConfigError."""
     source = str(path)
     try:
-        with open(path, "rb") as f:
+        # O_NONBLOCK: a FIFO nobody writes to opens at once (and reads as empty) instead of hanging;
+        # blocking again for the reads, so `validate <(generate-yaml)` still waits for its writer.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb") as f:
+            if stat.S_ISDIR(os.fstat(fd).st_mode):
+                raise IsADirectoryError()
             size = os.fstat(f.fileno()).st_size
             if size > MAX_FILE_BYTES:  # refuse before reading a byte of it
                 raise ConfigError(_too_big(source, size))

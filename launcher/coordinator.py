@@ -105,23 +105,22 @@ class CoordinatorState:
             record.disconnected = True
 
     def report_step(self, node: str, generation: int, metrics: pb.StepMetrics) -> None:
-        if self._current(generation):
-            self._steps.put((node, metrics))
+        self._keep_if_current(self._steps, generation, (node, metrics))
 
     def report_result(self, node: str, generation: int, result: pb.ReportResultRequest) -> None:
-        if self._current(generation):
-            self._results.put((node, result))
+        self._keep_if_current(self._results, generation, (node, result))
 
     def report_profile(self, node: str, generation: int, report: pb.ReportProfileRequest) -> None:
-        if self._current(generation):
-            self._profiles.put((node, report))
+        self._keep_if_current(self._profiles, generation, (node, report))
 
-    def _current(self, generation: int) -> bool:
+    def _keep_if_current(self, reports: queue.Queue, generation: int, report: tuple) -> None:
+        # Checked and queued under the lock that begin_generation drains under: no stale report
+        # can slip in between a check and the drain.
         with self._lock:
             if generation == self._generation:
-                return True
-            self.stale_reports += 1
-            return False
+                reports.put(report)
+            else:
+                self.stale_reports += 1
 
     # --- the job driver's side
 

@@ -8,6 +8,7 @@ plain text (rich `Text`, or `markup=False` and `emoji=False`), never parsed as m
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -16,7 +17,9 @@ from rich.text import Text
 
 from hetlaunch.launcher.planning.plan import Plan
 from hetlaunch.launcher.planning.planner import format_bytes
-from hetlaunch.launcher.run_record import StepRecord
+
+if TYPE_CHECKING:  # run_record imports the live session (torch, grpc); `plan --profile` must not
+    from hetlaunch.launcher.run_record import StepRecord
 
 
 def _ms(seconds: float | None) -> str:

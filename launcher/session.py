@@ -48,8 +48,12 @@ class ClusterSession:
 
         make_run_dir(self.run_dir)  # a one-line JobError naming the path and the reason, before anything starts
         try:
-            self.server = CoordinatorServer(coord.host, coord.port, self.token, list(self.nodes)).start()
-            self.store = dist.TCPStore(coord.host, 0, is_master=True, wait_for_workers=False)
+            try:
+                self.server = CoordinatorServer(coord.host, coord.port, self.token, list(self.nodes)).start()
+                self.store = dist.TCPStore(coord.host, 0, is_master=True, wait_for_workers=False)
+            except (RuntimeError, OSError) as err:  # grpc raises RuntimeError("Failed to bind ...")
+                raise JobError(f"cannot listen on {coord.host}:{coord.port} (coordinator.host/port): "
+                               f"{' '.join(str(err).split())[:200]}") from None
             self._write_contact()
             for node in self.cluster.local_nodes:
                 self.agents.start(node.name, self.server.address, self.token, self.run_dir / "logs",
@@ -130,20 +134,20 @@ class ClusterSession:
             node, why = next(iter(lost.items()))
             raise JobError(f"lost node {node}: {why}")
 
-    def blame(self, failures: dict[str, str], what: str, done: set[str]) -> JobError:
+    def blame(self, failures: dict[str, str], what: str, done: set[str], more_failures=None) -> JobError:
         """The error to end the job with when `failures` (node -> error) came in: the cause first.
 
         When a node dies, its neighbours' data-plane calls fail too ("Connection closed by
         peer"), often before the dead node is noticed. So wait a moment for a lost node or for
         more failures, then name the lost node (or else the failure that is not a peer's
-        connection error) and list the others as consequences."""
+        connection error) and list the others as consequences. `more_failures()` returns the
+        (node, error) pairs reported meanwhile (default: failed stage results)."""
         deadline = time.monotonic() + BLAME_GRACE_S
         lost = self.lost_nodes(done | set(failures))
+        more_failures = more_failures or self._stage_failures
         while not lost and time.monotonic() < deadline:
             time.sleep(0.1)
-            for node, result in self.state.results():
-                if not result.ok:
-                    failures[node] = result.error
+            failures.update(more_failures())
             lost = self.lost_nodes(done | set(failures))
         if lost:
             cause, why = next(iter(lost.items()))
@@ -155,6 +159,9 @@ class ClusterSession:
         if others:
             message += "; then failed as a consequence: " + ", ".join(others)
         return JobError(message)
+
+    def _stage_failures(self) -> list[tuple[str, str]]:
+        return [(node, result.error) for node, result in self.state.results() if not result.ok]
 
     def _write_contact(self) -> None:
         """Where remote agents (and tests) find the coordinator; the token file only when someone needs it."""
@@ -196,6 +203,8 @@ class ClusterSession:
 
 
 def _last_seen(state: int, step: int) -> str:
+    if state == pb.AGENT_STATE_PROFILING:
+        return " (it was profiling)"
     if state == pb.AGENT_STATE_TRAINING:
         return f" (it was training, last step {step})" if step >= 0 else " (it was training, before its first step)"
     return ""

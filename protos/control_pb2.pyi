@@ -19,6 +19,7 @@ class AgentState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     AGENT_STATE_UNSPECIFIED: _ClassVar[AgentState]
     AGENT_STATE_IDLE: _ClassVar[AgentState]
     AGENT_STATE_TRAINING: _ClassVar[AgentState]
+    AGENT_STATE_PROFILING: _ClassVar[AgentState]
 
 class Schedule(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -41,6 +42,7 @@ DEVICE_KIND_CUDA: DeviceKind
 AGENT_STATE_UNSPECIFIED: AgentState
 AGENT_STATE_IDLE: AgentState
 AGENT_STATE_TRAINING: AgentState
+AGENT_STATE_PROFILING: AgentState
 SCHEDULE_UNSPECIFIED: Schedule
 SCHEDULE_1F1B: Schedule
 SCHEDULE_GPIPE: Schedule

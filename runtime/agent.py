@@ -46,7 +46,8 @@ class Agent:
         self.stub = control_pb2_grpc.CoordinatorStub(self.channel)
         self.metadata = ((TOKEN_METADATA_KEY, token),)
         self.agent_id = ""
-        self.training = threading.Event()
+        self.training = threading.Event()  # busy with a command (profiling or a stage): peers may wait on us
+        self.busy_state = pb.AGENT_STATE_IDLE  # what the heartbeat says we are doing
         self.step = -1
         self.generation = 0  # of the stage running now; its step reports carry it
         self.commands: queue.Queue = queue.Queue()
@@ -90,6 +91,7 @@ class Agent:
             rendezvous.store_host = self.coordinator.rsplit(":", 1)[0].strip("[]")
 
     def _run_profile(self, command: pb.Profile, generation: int) -> None:
+        self.busy_state = pb.AGENT_STATE_PROFILING
         self.training.set()
         if command.HasField("rendezvous"):  # touching an unset sub-message would make it "set", with port 0
             self._fill_store_host(command.rendezvous)
@@ -109,6 +111,8 @@ class Agent:
 
     def _run_stage(self, run: pb.RunStage, generation: int) -> None:
         self.generation = generation
+        self.step = -1
+        self.busy_state = pb.AGENT_STATE_TRAINING
         self.training.set()
         ok, error = True, ""
         self._fill_store_host(run.rendezvous)
@@ -155,7 +159,7 @@ class Agent:
             if self.parent_pid is not None and os.getppid() != self.parent_pid:
                 _log(self.node, "the process that started this agent is gone; exiting")
                 os._exit(EXIT_LOST_COORDINATOR)
-            state = pb.AGENT_STATE_TRAINING if self.training.is_set() else pb.AGENT_STATE_IDLE
+            state = self.busy_state if self.training.is_set() else pb.AGENT_STATE_IDLE
             try:
                 self.stub.Heartbeat(pb.HeartbeatRequest(agent_id=self.agent_id, state=state, step=self.step),
                                     metadata=self.metadata, timeout=max(interval * 3, 2.0))

@@ -1,10 +1,13 @@
-"""Files written whole or not at all: a reader (or a crash) never sees half of one."""
+"""Files written whole or not at all (a reader, or a crash, never sees half of one), and JSON
+files read without trusting them."""
 
 from __future__ import annotations
 
 import errno
+import json
 import os
 import secrets
+import stat
 from pathlib import Path
 
 
@@ -47,3 +50,45 @@ def _fsync_dir(directory: Path) -> None:
         pass  # some file systems cannot fsync a directory; the rename itself is done
     finally:
         os.close(fd)
+
+
+class UnreadableFile(ValueError):
+    """One-line reason a file another program (or host, or a past crash) left is not usable."""
+
+
+def read_json(path: Path, max_bytes: int) -> object:
+    """Parse a JSON file that may be hostile: never blocks (a FIFO), never reads more than
+    max_bytes, and turns everything Python's json would raise on (NaN and Infinity, an integer
+    of thousands of digits, deep nesting, bytes that are not UTF-8) into UnreadableFile.
+    FileNotFoundError passes through; other OSErrors become UnreadableFile."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise
+    except OSError as err:
+        raise UnreadableFile(f"cannot read ({err.strerror or err})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UnreadableFile("not a regular file")
+    with os.fdopen(fd, "rb") as f:
+        raw = f.read(max_bytes + 1)
+    if len(raw) > max_bytes:
+        raise UnreadableFile(f"larger than {max_bytes:,} bytes")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise UnreadableFile(f"not UTF-8 text (byte {err.start})") from None
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except json.JSONDecodeError as err:
+        raise UnreadableFile(f"not valid JSON (line {err.lineno}): {err.msg}") from None
+    except UnreadableFile:
+        raise
+    except ValueError:  # an integer of more than sys.get_int_max_str_digits() digits
+        raise UnreadableFile("a number with too many digits") from None
+    except RecursionError:
+        raise UnreadableFile("nested too deeply") from None
+
+
+def _no_constant(name: str):
+    raise UnreadableFile(f"{name} is not a JSON number")

@@ -24,31 +24,26 @@ _SCHEDULE_NAMES_BY_ID = {wire_id: name for name, wire_id in SCHEDULE_WIRE_IDS.it
 
 
 def codec_wire_id(name: str) -> int:
-    try:
-        return CODEC_WIRE_IDS[name]
-    except KeyError:
-        raise ValueError(f"unknown codec {name!r} (known: {', '.join(CODEC_NAMES)})") from None
+    return _lookup(CODEC_WIRE_IDS, name, f"unknown codec {name!r} (known: {', '.join(CODEC_NAMES)})")
 
 
 def codec_name(wire_id: int) -> str:
-    try:
-        return _CODEC_NAMES_BY_ID[wire_id]
-    except KeyError:
-        raise ValueError(f"unknown codec id {wire_id} on the wire") from None
+    return _lookup(_CODEC_NAMES_BY_ID, wire_id, f"unknown codec id {wire_id} on the wire")
 
 
 def schedule_wire_id(name: str) -> int:
-    try:
-        return SCHEDULE_WIRE_IDS[name]
-    except KeyError:
-        raise ValueError(f"unknown schedule {name!r} (known: {', '.join(SCHEDULE_NAMES)})") from None
+    return _lookup(SCHEDULE_WIRE_IDS, name, f"unknown schedule {name!r} (known: {', '.join(SCHEDULE_NAMES)})")
 
 
 def schedule_name(wire_id: int) -> str:
+    return _lookup(_SCHEDULE_NAMES_BY_ID, wire_id, f"unknown schedule id {wire_id} on the wire")
+
+
+def _lookup(table: dict, key, unknown: str):
     try:
-        return _SCHEDULE_NAMES_BY_ID[wire_id]
+        return table[key]
     except KeyError:
-        raise ValueError(f"unknown schedule id {wire_id} on the wire") from None
+        raise ValueError(unknown) from None
 
 
 def wire_device_type(compute_device_type: str, backend: str) -> str:

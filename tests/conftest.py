@@ -64,6 +64,19 @@ def _describe(proc: psutil.Process) -> str:
         return str(proc.pid)
 
 
+def error_of(text: str) -> str:
+    """The one-line ConfigError of cluster YAML text given as `cluster.yaml`."""
+    from hetlaunch.launcher.cluster_config import ConfigError
+    from hetlaunch.launcher.cluster_yaml import parse_cluster
+
+    with pytest.raises(ConfigError) as info:
+        parse_cluster(text, "cluster.yaml")
+    message = str(info.value)
+    assert "\n" not in message, message
+    assert message.startswith("cluster.yaml: "), message
+    return message
+
+
 def hetlaunch_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS_DIR), env.get("PYTHONPATH", "")]))

@@ -6,21 +6,13 @@ from pathlib import Path
 
 import pytest
 
+from conftest import error_of
 from hetlaunch.launcher.cluster_config import ClusterConfig, ConfigError
 from hetlaunch.launcher.cluster_yaml import cluster_from_dict, load_cluster, parse_cluster
 from hetlaunch.launcher.planning.plan import TilingError, check_layer_tiling
 from hetlaunch.runtime.model_spec import PRESETS, ModelSpec
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "cluster_examples"
-
-
-def error_of(text: str) -> str:
-    with pytest.raises(ConfigError) as info:
-        parse_cluster(text, "cluster.yaml")
-    message = str(info.value)
-    assert "\n" not in message, message
-    assert message.startswith("cluster.yaml: "), message
-    return message
 
 
 # ------------------------------------------------------------------ examples

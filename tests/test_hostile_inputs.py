@@ -161,3 +161,98 @@ def test_a_diverged_loss_is_written_as_null_not_nan(tmp_path):
     record.close()
     line = (tmp_path / "metrics.jsonl").read_text()
     assert json.loads(line, parse_constant=lambda c: pytest.fail(f"{c} in metrics.jsonl"))["loss"] is None
+
+
+def _profile_text(tmp_path, edit=None) -> str:
+    import json
+
+    from hetlaunch.launcher.planning.profile_file import save_profile
+    from test_planner import uniform_profile
+
+    save_profile(uniform_profile([1.0, 0.5], ["east", "west"]), tmp_path / "good.json")
+    data = json.loads((tmp_path / "good.json").read_text())
+    if edit:
+        edit(data)
+    return json.dumps(data)
+
+
+def _set_node(key, value):
+    def edit(data):
+        data["nodes"][0][key] = value
+    return edit
+
+
+BAD_PROFILES = {
+    "negative_time": (lambda t: _profile_text(t, _set_node("layer_seconds", [-0.01] * 8)), "greater than 0"),
+    "zero_time": (lambda t: _profile_text(t, _set_node("layer_seconds", [0.0] * 8)), "greater than 0"),
+    "negative_optimizer": (lambda t: _profile_text(t, _set_node("optimizer_seconds", [-1.0] * 8)), "optimizer_seconds"),
+    "negative_codec_cost": (lambda t: _profile_text(t, _set_node("codec_seconds_per_byte", {"int8": -1.0})),
+                            "codec_seconds_per_byte"),
+    "nan": (lambda t: _profile_text(t).replace("0.01", "NaN", 1), "NaN is not a JSON number"),
+    "huge_number": (lambda t: _profile_text(t).replace("0.01", "1e400", 1), "finite"),
+    "5000_digits": (lambda t: _profile_text(t).replace('"micro_batch_size": 4', '"micro_batch_size": ' + "9" * 5000),
+                    "too many digits"),
+    "deep_nesting": (lambda t: "[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    "not_utf8": (lambda t: b"\xff\xfe{}", "not UTF-8"),
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", sorted(BAD_PROFILES))
+def test_a_hostile_profile_file_is_one_line_exit_2(tmp_path, kind):
+    make, reason = BAD_PROFILES[kind]
+    content = make(tmp_path)
+    path = tmp_path / "bad.json"
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    result = run_hetlaunch("plan", "--profile", str(path), timeout=50)
+    assert result.returncode == 2, result.stderr + result.stdout
+    assert result.stderr.startswith(f"error: {path}: ") and len(result.stderr.splitlines()) == 1, result.stderr
+    assert reason in result.stderr
+
+
+@pytest.mark.timeout(60)
+def test_a_profile_that_is_not_a_regular_file_never_blocks(tmp_path):
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    for path in (fifo, "/dev/zero", tmp_path):
+        result = run_hetlaunch("plan", "--profile", str(path), timeout=30)
+        assert result.returncode == 2 and "not a regular file" in result.stderr, result.stderr
+
+
+@pytest.mark.timeout(60)
+def test_a_coordinator_port_in_use_is_one_line(tmp_path):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        (tmp_path / "cluster.yaml").write_text(f"coordinator: {{port: {port}}}\nnodes: [{{name: a, device: cpu}}]\n")
+        result = run_hetlaunch("up", str(tmp_path / "cluster.yaml"), "--run-dir", str(tmp_path / "run"), timeout=50)
+    assert result.returncode == 1, result.stderr + result.stdout
+    assert result.stderr.startswith(f"error: cannot listen on 127.0.0.1:{port}"), result.stderr
+    assert len(result.stderr.splitlines()) == 1 and stray_processes() == []
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("content,reason", [(None, "is a directory"), (b"", "is empty"),
+                                            (b"\xff\xfe token", "printable ASCII"), ("tökén".encode(), "printable ASCII"),
+                                            (b"has space\n", "printable ASCII")])
+def test_a_bad_token_file_is_named_in_one_line(tmp_path, content, reason):
+    path = tmp_path / "token"
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content)
+    result = run_hetlaunch("agent", "--coordinator", "127.0.0.1:1", "--name", "a", "--token-file", str(path),
+                           timeout=50)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"error: token file {path}") and reason in result.stderr, result.stderr
+
+
+@pytest.mark.timeout(30)
+def test_validate_never_hangs_on_a_fifo(tmp_path):
+    fifo = tmp_path / "cluster.yaml"
+    os.mkfifo(fifo)
+    result = run_hetlaunch("validate", str(fifo), timeout=20)
+    assert result.returncode == 2 and "file is empty" in result.stderr, result.stderr

@@ -15,13 +15,14 @@ import errno
 import json
 import os
 import re
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from conftest import hetlaunch_env, run_hetlaunch
 from hetlaunch.launcher.profile_cache import (MAX_ENTRY_BYTES, BadCacheEntry, cached_node, check_entry, node_cache_key,
-                                              parse_entry, store_node)
+                                              read_entry, store_node)
 from hetlaunch.launcher.run_record import RunRecord, StepRecord, write_run_file
 from hetlaunch.launcher.session import JobError
 from hetlaunch.runtime.registry import CODEC_NAMES
@@ -69,7 +70,7 @@ def populated(tmp_path_factory):
     files = list((tmp / "cache" / "profiles").iterdir())
     assert len(files) == 1, files
     good = json.loads(files[0].read_text())
-    parse_entry(files[0].read_bytes(), NUM_LAYERS)  # what we write passes what we read
+    read_entry(files[0], NUM_LAYERS)  # what we write passes what we read
     return tmp, env, files[0], good
 
 
@@ -102,7 +103,7 @@ def _profile_replaces(populated, bad_text: str, name: str) -> tuple[str, dict]:
     warnings = [line for line in said.splitlines() if str(path) in line]
     assert len(warnings) == 1 and "warning" in warnings[0], said
     assert "Traceback" not in said, said
-    fresh = parse_entry(path.read_bytes(), NUM_LAYERS)  # replaced by a valid entry
+    fresh = read_entry(path, NUM_LAYERS)  # replaced by a valid entry
     assert path.read_text() != bad_text
     return said, fresh
 
@@ -128,7 +129,7 @@ def test_negative_cached_time_never_reaches_the_plan_and_the_repair_is_reused(po
     assert any(str(path) in line and "warning" in line for line in said.splitlines()), said
     summary = json.loads((tmp / "up-negative" / "summary.json").read_text())
     assert summary["plan"]["predicted_tokens_per_s"] > 0 and summary["steps"] == 3
-    repaired = parse_entry(path.read_bytes(), NUM_LAYERS)
+    repaired = read_entry(path, NUM_LAYERS)
     again = run_hetlaunch("profile", str(cluster_yaml(tmp)), "-o", str(tmp / "again.json"),
                           "--run-dir", str(tmp / "run-again"), env=env, timeout=120)
     assert again.returncode == 0, again.stderr
@@ -189,6 +190,14 @@ BAD_TEXTS = {
     "truncated": (GOOD_TEXT[: len(GOOD_TEXT) // 2], "not valid JSON"),
     "deeply_nested": ("[" * 200_000 + "]" * 200_000, "nested too deeply"),
 }
+
+
+def parse_entry(raw: bytes, num_layers: int | None = None) -> dict:
+    """read_entry of a cache file holding `raw`."""
+    with tempfile.TemporaryDirectory() as directory:
+        path = Path(directory) / "entry.json"
+        path.write_bytes(raw)
+        return read_entry(path, num_layers)
 
 
 @pytest.mark.parametrize("kind", sorted(BAD_TEXTS))

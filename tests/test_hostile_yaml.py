@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_hetlaunch
+from conftest import error_of, run_hetlaunch
 from hetlaunch.launcher import cluster_yaml
 from hetlaunch.launcher.cluster_config import ConfigError
 from hetlaunch.launcher.cluster_yaml import cluster_from_dict, load_cluster, parse_cluster
@@ -43,15 +43,6 @@ def validate(path: Path, cwd: Path | None = None) -> tuple[str, float]:
     assert lines[0].startswith("error:"), lines[0]
     assert str(path) in lines[0], lines[0]  # names the file
     return lines[0], elapsed
-
-
-def error_of(text: str) -> str:
-    with pytest.raises(ConfigError) as info:
-        parse_cluster(text, "cluster.yaml")
-    message = str(info.value)
-    assert "\n" not in message, message
-    assert message.startswith("cluster.yaml: "), message
-    return message
 
 
 # ------------------------------------------------------------------ through the real CLI

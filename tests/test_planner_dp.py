@@ -1,8 +1,8 @@
 """Several data-parallel pipelines: the gradient sync's cost, the codec it gets, and the planner's choice.
 
 The planner is checked against brute force over every pair of disjoint chains, every cut
-of each and every micro-batch split, under the same cost model (launcher/cost_model.py
-and launcher/sync_cost.py).
+of each and every micro-batch split, under the same cost model (launcher/planning/cost_model.py
+and launcher/planning/sync_cost.py).
 """
 
 from __future__ import annotations

@@ -2,12 +2,12 @@
 
 * Exact for chains with stages x layers² up to EXACT_MAX_WORK: a dynamic program over
   (stage, first layer) keeps, per state, the Pareto front of the step-time formula's terms
-  (launcher/cost_model.py); the step time is increasing in all of them, so the optimum is
+  (launcher/planning/cost_model.py); the step time is increasing in all of them, so the optimum is
   on the front. Memory is a hard constraint.
 * Longer chains: a bisection on the bottleneck with a greedy fill (documented heuristic;
   exact for the bottleneck when links are uniform).
 * Codecs: the least lossy allowed codec per boundary whose step stays within CODEC_SLACK
-  of the most effective choice (launcher/compression.py).
+  of the most effective choice (launcher/planning/compression.py).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Larger clusters use region-level ordering: regions are chained to minimise the t
 crossing between them (all orders for up to 7 regions, greedy beyond), every contiguous run
 of that region order is a candidate, and inside it the k fastest nodes for a few k (each
 region's nodes stay together, sorted by memory so the stages that keep most micro-batches in
-flight get the most memory). Each chain is cut by launcher/chain_cuts.py.
+flight get the most memory). Each chain is cut by launcher/planning/chain_cuts.py.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ With `auto`, the planner picks per boundary the least lossy codec that takes the
 the critical path: the predicted step stays within 2% of what the most effective codec
 would give (CODEC_SLACK), so `none` where the link is fast enough uncompressed.
 
-`sync: auto` does the same per sync group (launcher/sync_cost.py), among none, fp16 and
+`sync: auto` does the same per sync group (launcher/planning/sync_cost.py), among none, fp16 and
 int8, and only for groups whose nodes span regions: gradient sync inside a region is
 never compressed under auto. A pinned `sync:` codec applies to every group.
 """

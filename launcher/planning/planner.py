@@ -1,19 +1,19 @@
 """The planner: from a profile to pipelines of nodes with contiguous layer ranges.
 
 It reads a profile only (never the YAML's emulation knobs) and prices every candidate
-with launcher/cost_model.py (one pipeline) and launcher/sync_cost.py (gradient sync
+with launcher/planning/cost_model.py (one pipeline) and launcher/planning/sync_cost.py (gradient sync
 between pipelines).
 
-* Cut of a fixed chain (launcher/chain_cuts.py) — exact by a dynamic program over Pareto
+* Cut of a fixed chain (launcher/planning/chain_cuts.py) — exact by a dynamic program over Pareto
   fronts of the step-time terms, memory a hard constraint; long chains use a bisection on
   the bottleneck (documented heuristic). Codecs per boundary: the least lossy that keeps
   the step within CODEC_SLACK of the most effective choice.
-* Which nodes, in which order (launcher/chain_search.py) — exhaustive over every ordered
+* Which nodes, in which order (launcher/planning/chain_search.py) — exhaustive over every ordered
   subset for clusters of up to EXHAUSTIVE_MAX_NODES nodes; larger clusters chain regions
   over their fastest links and try contiguous runs of that order with the k fastest nodes
   for a few k. Each node left out is reported with the first reason that holds, with its
   numbers (too little memory, too slow, behind a slow link, no stage to give it; _PlanFacts.reason).
-* Several pipelines (data-parallel replicas) when max_pipelines > 1 (launcher/replicas.py):
+* Several pipelines (data-parallel replicas) when max_pipelines > 1 (launcher/planning/replicas.py):
   1, 2, 4, ... replicas are tried while more pay off. For each count, sets of disjoint
   chains come from a greedy pick, from splitting the regions among the replicas (replicas
   inside regions, activations off the slow links) and, for two replicas on a small

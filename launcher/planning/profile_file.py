@@ -28,13 +28,12 @@ A link between two nodes is looked up by node pair first, then by their region p
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from hetlaunch.runtime.files import write_whole
+from hetlaunch.runtime.files import UnreadableFile, read_json, write_whole
 
 FORMAT = "hetlaunch-profile/1"
 
@@ -43,8 +42,20 @@ class ProfileError(Exception):
     """One-line reason a profile cannot be used."""
 
 
+MAX_PROFILE_BYTES = 64 << 20  # ~100 bytes a layer and a node: a bigger file is not a profile
+MAX_SECONDS = 86_400.0  # one layer, one micro-batch: over a day is no timing
+MAX_BYTES = 1 << 53  # byte counts stay exact as floats (8 PiB)
+
+# What every measured number must be, in a profile file and in the profile cache alike: a
+# negative, zero or NaN time would price a plan at "-103 tokens/s" or divide by zero.
+Seconds = Annotated[float, Field(gt=0, le=MAX_SECONDS)]
+MaybeZeroSeconds = Annotated[float, Field(ge=0, le=MAX_SECONDS)]
+ByteCount = Annotated[int, Field(ge=0, le=MAX_BYTES)]
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # allow_inf_nan: 1e400 parses as inf; neither it nor NaN is a measurement.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class ModelIdentity(_Strict):
@@ -53,19 +64,19 @@ class ModelIdentity(_Strict):
 
 
 class LayerInfo(_Strict):
-    param_bytes: int = Field(ge=0)
-    activation_bytes: int = Field(ge=0)
-    output_bytes: int = Field(ge=0)
+    param_bytes: ByteCount
+    activation_bytes: ByteCount
+    output_bytes: ByteCount
 
 
 class NodeProfile(_Strict):
     name: str
     region: str = "default"
     device: str
-    memory_bytes: float = Field(gt=0)
-    layer_seconds: list[float]
-    optimizer_seconds: list[float] | None = None  # per layer, one AdamW step; default 0
-    codec_seconds_per_byte: dict[str, float] | None = None  # encode + decode per raw byte; default 0
+    memory_bytes: float = Field(gt=0, le=MAX_BYTES)
+    layer_seconds: list[Seconds]
+    optimizer_seconds: list[MaybeZeroSeconds] | None = None  # per layer, one AdamW step; default 0
+    codec_seconds_per_byte: dict[str, MaybeZeroSeconds] | None = None  # encode + decode per raw byte; default 0
 
     def optimizer(self, index: int) -> float:
         return self.optimizer_seconds[index] if self.optimizer_seconds else 0.0
@@ -78,7 +89,7 @@ class LinkProfile(_Strict):
     nodes: tuple[str, str] | None = None
     regions: tuple[str, str] | None = None
     bandwidth_bytes_per_s: float = Field(gt=0)
-    latency_s: float = Field(ge=0)
+    latency_s: MaybeZeroSeconds
 
     @model_validator(mode="after")
     def _one_scope(self) -> "LinkProfile":
@@ -139,11 +150,11 @@ class Profile(_Strict):
 
 def load_profile(path: str | Path) -> Profile:
     try:
-        data = json.loads(Path(path).read_text())
-    except OSError as err:
-        raise ProfileError(f"{path}: cannot read ({err.strerror})") from None
-    except json.JSONDecodeError as err:
-        raise ProfileError(f"{path}: not valid JSON (line {err.lineno}): {err.msg}") from None
+        data = read_json(Path(path), MAX_PROFILE_BYTES)
+    except FileNotFoundError:
+        raise ProfileError(f"{path}: no such file") from None
+    except UnreadableFile as err:
+        raise ProfileError(f"{path}: {err}") from None
     try:
         return Profile.model_validate(data)
     except ValidationError as err:

@@ -14,7 +14,7 @@ Each set gets micro-batches in proportion to throughput (split_microbatches); fo
 with up to SPLIT_ALL_MAX_MICROBATCHES micro-batches every split is tried, otherwise the
 winning set moves single micro-batches off its slowest pipeline while that helps. Every
 pipeline is cut for its own share (the remembered best cut of that chain at that count),
-the gradient sync is priced (launcher/sync_cost.py), and the set with the smallest plan
+the gradient sync is priced (launcher/planning/sync_cost.py), and the set with the smallest plan
 step wins. On small sets (POLISH_MAX_STAGES) single stage boundaries are then moved while
 the plan step drops, since the sync groups follow the cuts.
 

@@ -1,7 +1,7 @@
 """The cost of gradient synchronisation between data-parallel pipelines, and its codec choice.
 
 Several pipelines train one model; the stages that hold a layer (one per pipeline) sum its
-gradients before any optimizer steps. launcher/sync_groups.py cuts the layers into sync
+gradients before any optimizer steps. launcher/planning/sync_groups.py cuts the layers into sync
 groups, maximal layer runs with one holder set. For a group G of layers [g0, g1) held by
 k nodes, with every quantity from the profile:
 
@@ -21,7 +21,7 @@ Overlap. A stage's gradients become final during its last backward of the step, 
 runtime (runtime/grad_sync.py) buckets them like DDP — at most SYNC_BUCKET_BYTES per
 bucket, a bucket never spans two groups — and starts a bucket's reduction as soon as its
 gradients are final. For holder (pipeline p, stage j), with pipeline p's step time step_p
-(launcher/cost_model.py, at its own share of the micro-batches) and its stages' t, lat, c:
+(launcher/planning/cost_model.py, at its own share of the micro-batches) and its stages' t, lat, c:
 
     drain_j = sum_{k<j} (2/3 t_k + lat_k + c_k)   after stage j's last backward, the last
                                                   gradient still travels up to stage 0
