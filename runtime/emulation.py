@@ -1,9 +1,10 @@
 """Make a YAML's `emulate:` knobs true where the profiler and the executor can see them.
 
 One machine stands in for a mixed geo cluster: a node with `speed: 0.25` really takes four
-times as long per layer (its compute is followed by a sleep), and a link with
-`bandwidth_mbps`/`latency_ms` really holds each message for its time on the wire. The
-planner never reads these knobs; it learns them by measuring, like real hardware.
+times as long per layer (each piece of compute is followed by a sleep three times as long
+as it took), and a link with `bandwidth_mbps`/`latency_ms` really holds each message for
+its time on the wire. The planner never reads these knobs; it learns them by measuring,
+like real hardware.
 """
 
 from __future__ import annotations
@@ -18,29 +19,52 @@ import torch
 class ComputeEmulation:
     speed: float = 1.0  # fraction of this device's real speed, in (0, 1]
 
-    def start(self) -> tuple[float, float]:
-        """Mark the start of a piece of compute: (wall clock, this thread's CPU clock)."""
-        return time.perf_counter(), time.thread_time()
+    def start(self) -> float:
+        """Mark the start of a piece of compute (wall clock); pass the mark to `stretch`."""
+        return time.perf_counter()
 
-    def stretch(self, started: tuple[float, float], device: torch.device) -> None:
-        """Called right after a piece of compute begun at `started`: make it last work / speed.
+    def stretch(self, started: float, device: torch.device) -> None:
+        """Called right after a piece of compute begun at `started`: make it last 1/speed as long.
 
-        On a single-threaded CPU stage the work is the CPU time this thread spent, not the wall
-        time: agents that share a machine slow each other down, and stretching that contention
-        by 1/speed would turn a little noise into a lot. Elsewhere the work is the wall time
-        (on CUDA after synchronising, so the kernels have run).
+        The promise: a speed-s node takes 1/s as long as the same node at speed 1 under the same
+        conditions, idle or loaded. On a busy machine a speed-1 node gets a share of a core and
+        its compute takes c times its CPU time (c >= 1, the contention); a device 1/s times
+        slower on that machine would too. So what is stretched is the wall time the compute
+        took, whatever slowed it (on CUDA after synchronising, so the kernels have run): a sleep
+        of elapsed * (1/s - 1). The ratio then holds under a steady load (up to how the
+        scheduler treats a sleeping node, see below), on CPU (one thread or several) and CUDA
+        alike, and the sleep burns no CPU, which matters with several agents on a few cores.
+
+        The emulation used to stretch a one-thread CPU stage only up to its CPU time / speed,
+        so that agents slowing each other down on a shared machine would not have that
+        contention multiplied by 1/speed. But once load made the wall time exceed CPU time /
+        speed nothing was added at all: a speed-0.5 node was no slower than a speed-1 node. The
+        price of keeping the promise is that contention during a piece of compute (a steady
+        load, a passing burst, other agents computing at the same moment) is stretched with it:
+        a slow node loses 1/speed times what it costs, where a speed-1 node loses it once, so
+        agents that share too few cores come out slower (and noisier) than profiled.
+
+        Not exact on an oversubscribed machine (more busy threads than cores), because the
+        scheduler does not treat a node that sleeps between pieces like one that computes
+        without a break, as a speed-1 node timing its layers back to back (the profiler) does.
+        Per thread, it serves a thread that has been sleeping first, so pieces of a scheduling
+        slice or two (a few ms) escape some of the contention: 3 ms pieces beside two busy loops
+        on 2 cores came out 1.2-1.8x as slow at speed 0.5 (25 ms pieces: 1.85-2.15x). Across
+        sessions (Linux autogroups; agents start their own), the balancer can give a busy node a
+        core to itself while a sleeping one shares: profiled pairs beside two busy loops came out
+        2.2-3.7x. Two alternatives were rejected: spinning until this thread's CPU time reaches
+        CPU time / speed would make the node as busy as a speed-1 one, but burns the cores the
+        other agents need (several agents on two cores at speed 1/8 would spin 7/8 of the time);
+        weighting CPU time by runnable threads / cores (/proc/loadavg) overshot, since on two
+        cores every thread that is runnable for an instant counts as half a core of contention
+        (beside one busy loop, profiled pairs came out up to 4.5x).
         """
         if self.speed >= 1.0:
             return
-        wall_start, cpu_start = started
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-            work = time.perf_counter() - wall_start
-        elif torch.get_num_threads() == 1:
-            work = time.thread_time() - cpu_start
-        else:
-            work = time.perf_counter() - wall_start
-        remaining = work / self.speed - (time.perf_counter() - wall_start)
+        now = time.perf_counter()
+        remaining = started + (now - started) / self.speed - now
         if remaining > 0:
             time.sleep(remaining)
 

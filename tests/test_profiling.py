@@ -7,6 +7,7 @@ their layers and probe the emulated inter-region link over gloo.
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
 
@@ -24,6 +25,23 @@ nodes:
   - {name: slow, region: west, device: cpu, threads: 1, emulate: {speed: 0.5, memory_gb: 3}}
 """
 
+# Local nodes are timed one after another, in the order listed: three pairs of a speed-1 and a
+# speed-0.5 node, each pair back to back and the order alternating, so load drifting during a profile
+# favours neither side.
+PAIRS = [("fast", "slow"), ("fast2", "slow2"), ("fast3", "slow3")]
+RATIO_CLUSTER = """
+name: speed-ratio
+model: {preset: tiny, n_layers: 4, seq_len: 64, d_model: 64}
+train: {micro_batch_size: 8, num_microbatches: 4}
+nodes:
+  - {name: fast, region: east, device: cpu, threads: 1}
+  - {name: slow, region: east, device: cpu, threads: 1, emulate: {speed: 0.5}}
+  - {name: slow2, region: east, device: cpu, threads: 1, emulate: {speed: 0.5}}
+  - {name: fast2, region: east, device: cpu, threads: 1}
+  - {name: fast3, region: east, device: cpu, threads: 1}
+  - {name: slow3, region: east, device: cpu, threads: 1, emulate: {speed: 0.5}}
+"""
+
 
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory):
@@ -36,27 +54,33 @@ def measured(tmp_path_factory):
     return tmp, env, json.loads((tmp / "p1.json").read_text())
 
 
-def speed_ratio(profile: dict) -> float:
+def speed_ratios(profile: dict, pairs=(("fast", "slow"),)) -> list[float]:
     nodes = {n["name"]: n for n in profile["nodes"]}
-    return sum(nodes["slow"]["layer_seconds"]) / sum(nodes["fast"]["layer_seconds"])
+    return [sum(nodes[slow]["layer_seconds"]) / sum(nodes[fast]["layer_seconds"]) for fast, slow in pairs]
 
 
 @pytest.mark.timeout(300)
 def test_profile_recovers_emulated_speed_memory_and_link(measured):
     tmp, env, profile = measured
-    # The two nodes are timed one after the other, and this shared VM's own speed drifts by 15% or
-    # more between such measurements; the median of three independent profiles is what is checked.
-    ratios = [speed_ratio(profile)]
+    # The emulation keeps the ratio under a steady load (tests/test_emulation_load.py), but the two nodes
+    # of a pair are timed one after the other, and on this shared 2-core VM other work comes and goes in
+    # bursts that can catch one of them and not the other (three one-pair profiles in a row measured
+    # 2.1, 4.3 and 0.8). So the check is the median over seven pairs: this profile's, and three from
+    # each of two profiles of back-to-back pairs.
+    (tmp / "ratio.yaml").write_text(RATIO_CLUSTER)
+    ratios = speed_ratios(profile)
     for k in range(2):
         own_cache = dict(env, HETLAUNCH_CACHE_DIR=str(tmp / f"cache-ratio{k}"))  # leave the shared cache as it was
-        again = run_hetlaunch("profile", str(tmp / "cluster.yaml"), "-o", str(tmp / f"r{k}.json"),
+        again = run_hetlaunch("profile", str(tmp / "ratio.yaml"), "-o", str(tmp / f"r{k}.json"),
                               "--run-dir", str(tmp / f"ratio{k}"), env=own_cache, timeout=120)
         assert again.returncode == 0, again.stderr
-        ratios.append(speed_ratio(json.loads((tmp / f"r{k}.json").read_text())))
+        ratios += speed_ratios(json.loads((tmp / f"r{k}.json").read_text()), PAIRS)
     # Nominal 2.0. The emulation sleeps between kernels and this VM runs the next kernel slower after
     # an idle (measured: +20% or more), so the realised slowdown is 2.0-2.8 here; the issue's 15%
-    # holds on a quiet run but not reliably on this machine (see the README's known gaps).
-    assert 1.7 <= sorted(ratios)[1] <= 3.0, ratios
+    # holds on a quiet run but not reliably on this machine (see the README's known gaps). With more
+    # busy threads than cores the scheduler treats the sleeping slow node differently from the busy
+    # fast one, and pairs spread further (2.2-3.7 beside two busy loops; see ComputeEmulation.stretch).
+    assert 1.7 <= statistics.median(ratios) <= 3.0, ratios
     nodes = {n["name"]: n for n in profile["nodes"]}
     assert nodes["slow"]["memory_bytes"] == 3 * 2**30
     assert nodes["fast"]["memory_bytes"] > 3 * 2**30
