@@ -253,6 +253,15 @@ def agent(
     connect_timeout: float = typer.Option(60.0, help="seconds to wait for the coordinator"),
 ) -> None:
     """Join a coordinator as one node of the cluster and run the stage it assigns."""
+    import math
+    import re
+
+    if not (math.isfinite(connect_timeout) and connect_timeout > 0):
+        _fail(f"--connect-timeout must be a positive number of seconds (got {connect_timeout})", EXIT_BAD_INPUT)
+    match = re.fullmatch(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})", coordinator)
+    if match is None or not 0 < int(match.group(2)) < 65536:
+        _fail(f"--coordinator must be HOST:PORT (e.g. 10.0.0.5:29400 or [::1]:29400), not {coordinator!r}",
+              EXIT_BAD_INPUT)
     from hetlaunch.runtime.agent import run_agent
     from hetlaunch.runtime.auth import read_token
 

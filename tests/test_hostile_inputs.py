@@ -256,3 +256,26 @@ def test_validate_never_hangs_on_a_fifo(tmp_path):
     os.mkfifo(fifo)
     result = run_hetlaunch("validate", str(fifo), timeout=20)
     assert result.returncode == 2 and "file is empty" in result.stderr, result.stderr
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("args", [["--coordinator", "notaport"], ["--coordinator", "[::1]:x"],
+                                  ["--coordinator", "127.0.0.1:99999"], ["--coordinator", "http://127.0.0.1:80"],
+                                  ["--coordinator", "127.0.0.1:1", "--connect-timeout", "nan"],
+                                  ["--coordinator", "127.0.0.1:1", "--connect-timeout", "-1"]])
+def test_agent_arguments_are_checked_at_once(args):
+    started = time.monotonic()
+    result = run_hetlaunch("agent", "--name", "n0", *args, timeout=50, env=hetlaunch_env(HETLAUNCH_TOKEN="abc"))
+    assert result.returncode == 2 and result.stderr.startswith("error: --"), result.stderr
+    assert time.monotonic() - started < 20
+
+
+def test_profile_node_names_follow_the_yaml_rules(tmp_path):
+    # A hand-written profile's names reach tables and messages: no escape bytes, newlines or empty names.
+    for bad in ["", "x\u001b[31m", "a\nb", "-rf", "n" * 65]:
+        text = _profile_text(tmp_path, _set_node("name", bad))
+        (tmp_path / "bad.json").write_text(text)
+        from hetlaunch.launcher.planning.profile_file import ProfileError, load_profile
+
+        with pytest.raises(ProfileError, match="nodes.0.name"):
+            load_profile(tmp_path / "bad.json")

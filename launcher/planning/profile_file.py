@@ -53,6 +53,11 @@ MaybeZeroSeconds = Annotated[float, Field(ge=0, le=MAX_SECONDS)]
 ByteCount = Annotated[int, Field(ge=0, le=MAX_BYTES)]
 
 
+# Node and region names as the cluster YAML allows them: they are printed in tables and messages,
+# so no control character, newline or empty name gets there from a hand-written profile.
+NodeName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
+
+
 class _Strict(BaseModel):
     # allow_inf_nan: 1e400 parses as inf; neither it nor NaN is a measurement.
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -70,8 +75,8 @@ class LayerInfo(_Strict):
 
 
 class NodeProfile(_Strict):
-    name: str
-    region: str = "default"
+    name: NodeName
+    region: NodeName = "default"
     device: str
     memory_bytes: float = Field(gt=0, le=MAX_BYTES)
     layer_seconds: list[Seconds]
