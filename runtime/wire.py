@@ -24,26 +24,27 @@ _SCHEDULE_NAMES_BY_ID = {wire_id: name for name, wire_id in SCHEDULE_WIRE_IDS.it
 
 
 def codec_wire_id(name: str) -> int:
-    return _lookup(CODEC_WIRE_IDS, name, f"unknown codec {name!r} (known: {', '.join(CODEC_NAMES)})")
+    return _lookup(CODEC_WIRE_IDS, name, "unknown codec {!r} (known: " + ", ".join(CODEC_NAMES) + ")")
 
 
 def codec_name(wire_id: int) -> str:
-    return _lookup(_CODEC_NAMES_BY_ID, wire_id, f"unknown codec id {wire_id} on the wire")
+    return _lookup(_CODEC_NAMES_BY_ID, wire_id, "unknown codec id {} on the wire")
 
 
 def schedule_wire_id(name: str) -> int:
-    return _lookup(SCHEDULE_WIRE_IDS, name, f"unknown schedule {name!r} (known: {', '.join(SCHEDULE_NAMES)})")
+    return _lookup(SCHEDULE_WIRE_IDS, name, "unknown schedule {!r} (known: " + ", ".join(SCHEDULE_NAMES) + ")")
 
 
 def schedule_name(wire_id: int) -> str:
-    return _lookup(_SCHEDULE_NAMES_BY_ID, wire_id, f"unknown schedule id {wire_id} on the wire")
+    return _lookup(_SCHEDULE_NAMES_BY_ID, wire_id, "unknown schedule id {} on the wire")
 
 
 def _lookup(table: dict, key, unknown: str):
+    # codec_name runs for every message a link receives: the error text is formatted only on a miss.
     try:
         return table[key]
     except KeyError:
-        raise ValueError(unknown) from None
+        raise ValueError(unknown.format(key)) from None
 
 
 def wire_device_type(compute_device_type: str, backend: str) -> str:
