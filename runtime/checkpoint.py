@@ -1,0 +1,341 @@
+"""Checkpoints as per-layer state, so that any cut of the model loads any checkpoint (reshard).
+
+Every tensor is keyed by its GLOBAL layer index (`layers.<i>.<name>` for a layer's state_dict,
+`adamw.<i>.<name>.<field>` for its optimizer state), never by stage: a stage of a new plan reads
+exactly its layers from whichever parts hold them, whatever cut wrote them.
+
+A checkpoint is `<root>/step-<8 digits>/`: one safetensors part per writing stage (tensors only,
+no pickle: a part another host wrote cannot run code here) plus `manifest.json`. Each stage writes
+its part whole (temp + fsync + rename); the coordinator writes the manifest only after every part
+is reported written, and that rename is the commit. A directory without a manifest is an
+interrupted save: never loaded, pruned once a newer checkpoint is committed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import safetensors.torch
+import torch
+from safetensors import SafetensorError, safe_open
+from torch import Tensor, nn
+
+from hetlaunch.runtime.files import UnreadableFile, read_json, write_whole
+
+CHECKPOINT_FORMAT = "hetlaunch-checkpoint/1"
+MANIFEST_NAME = "manifest.json"
+MAX_MANIFEST_BYTES = 16 * 1024 * 1024
+# Optimizer state saved per parameter (max_exp_avg_sq only exists with amsgrad=True).
+_ADAMW_FIELDS = ("step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq")
+_STEP_DIR = re.compile(r"step-(\d{8,})")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+class CheckpointError(ValueError):
+    """One-line reason a checkpoint cannot be written or used, naming the file."""
+
+
+def _int(d: dict, key: str, minimum: int, where: str) -> int:
+    value = d.get(key)
+    if type(value) is not int or value < minimum:  # bool is an int subclass: excluded on purpose
+        raise CheckpointError(f"{where}: {key} must be an integer >= {minimum}, got {value!r:.80}")
+    return value
+
+
+def _exact_keys(d: object, keys: set[str], where: str) -> dict:
+    if not isinstance(d, dict) or set(d) != keys:
+        got = sorted(d) if isinstance(d, dict) else type(d).__name__
+        raise CheckpointError(f"{where}: expected an object with keys {sorted(keys)}, got {str(got):.200}")
+    return d
+
+
+@dataclass(frozen=True)
+class PartInfo:
+    file: str  # a plain name inside the checkpoint directory
+    layer_start: int
+    layer_end: int
+    bytes: int
+    sha256: str
+
+    def to_dict(self) -> dict:
+        return {"file": self.file, "layer_start": self.layer_start, "layer_end": self.layer_end,
+                "bytes": self.bytes, "sha256": self.sha256}
+
+    @staticmethod
+    def from_dict(d: object, where: str = "part") -> PartInfo:
+        d = _exact_keys(d, {"file", "layer_start", "layer_end", "bytes", "sha256"}, where)
+        name = d["file"]
+        # A manifest names files only inside its own directory: no path, no hidden/temp files.
+        if (not isinstance(name, str) or not name or len(name) > 255 or name.startswith(".")
+                or any(c in name for c in "/\\\0") or name == MANIFEST_NAME):
+            raise CheckpointError(f"{where}: file must be a plain file name, got {name!r:.80}")
+        start, end = _int(d, "layer_start", 0, where), _int(d, "layer_end", 1, where)
+        if start >= end:
+            raise CheckpointError(f"{where}: empty layer range [{start}, {end})")
+        if not isinstance(d["sha256"], str) or not _SHA256.fullmatch(d["sha256"]):
+            raise CheckpointError(f"{where}: sha256 must be 64 lowercase hex digits")
+        return PartInfo(name, start, end, _int(d, "bytes", 0, where), d["sha256"])
+
+
+@dataclass(frozen=True)
+class Manifest:
+    step: int  # optimizer steps completed = the next step to run
+    num_layers: int
+    parts: list[PartInfo]
+    extra: dict  # free JSON: model description, data seed, plan, source...
+
+    def to_dict(self) -> dict:
+        return {"format": CHECKPOINT_FORMAT, "step": self.step, "num_layers": self.num_layers,
+                "parts": [p.to_dict() for p in self.parts], "extra": self.extra}
+
+    @staticmethod
+    def from_dict(d: object, where: str = "manifest") -> Manifest:
+        d = _exact_keys(d, {"format", "step", "num_layers", "parts", "extra"}, where)
+        if d["format"] != CHECKPOINT_FORMAT:
+            raise CheckpointError(f"{where}: format is {d['format']!r:.80}, expected {CHECKPOINT_FORMAT!r}")
+        if not isinstance(d["parts"], list) or not isinstance(d["extra"], dict):
+            raise CheckpointError(f"{where}: parts must be a list and extra an object")
+        parts = [PartInfo.from_dict(p, f"{where}: parts[{i}]") for i, p in enumerate(d["parts"])]
+        manifest = Manifest(_int(d, "step", 0, where), _int(d, "num_layers", 1, where), parts, d["extra"])
+        _check_parts(manifest.parts, manifest.num_layers, where)
+        return manifest
+
+
+def _check_parts(parts: list[PartInfo], num_layers: int, where: str) -> None:
+    """Parts must name distinct files and together cover [0, num_layers); overlap is fine (replicas).
+    Works on the ranges, never per layer: a hostile num_layers of 10**100 costs nothing."""
+    if len({p.file for p in parts}) != len(parts):
+        raise CheckpointError(f"{where}: a part file is listed twice")
+    reached = 0
+    for part in sorted(parts, key=lambda p: p.layer_start):
+        if part.layer_end > num_layers:
+            raise CheckpointError(f"{where}: {part.file} ends at layer {part.layer_end} > num_layers {num_layers}")
+        if part.layer_start > reached:
+            break
+        reached = max(reached, part.layer_end)
+    if reached < num_layers:
+        raise CheckpointError(f"{where}: no part holds layer {reached} (the model has {num_layers} layers)")
+
+
+def checkpoint_dir(root: Path, step: int) -> Path:
+    return Path(root) / f"step-{step:08d}"
+
+
+def stage_state(module: nn.Module, optimizer: torch.optim.Optimizer | None,
+                layer_start: int) -> dict[str, Tensor]:
+    """This stage's parameters, buffers and AdamW state as CPU clones under global layer keys.
+    Cloned so that training may go on (and a writer thread may write) while this is kept."""
+    def cpu(t: Tensor) -> Tensor:
+        return t.detach().to(device="cpu", copy=True, memory_format=torch.contiguous_format)
+
+    def global_key(local: str) -> str:
+        index, _, name = local.partition(".")
+        return f"{layer_start + int(index)}.{name}"
+
+    state = {f"layers.{global_key(k)}": cpu(v) for k, v in module.state_dict().items()}
+    if optimizer is not None:
+        for name, param in module.named_parameters():
+            saved = optimizer.state.get(param)  # absent before the first step
+            for field in _ADAMW_FIELDS:
+                if saved and isinstance(saved.get(field), Tensor):
+                    state[f"adamw.{global_key(name)}.{field}"] = cpu(saved[field])
+    return state
+
+
+def _layer_of(key: str) -> int | None:
+    """The global layer index of a `layers.<i>.` or `adamw.<i>.` key; None for anything else."""
+    kind, _, rest = key.partition(".")
+    index, dot, _ = rest.partition(".")
+    ok = kind in ("layers", "adamw") and dot and index.isascii() and index.isdigit()
+    return int(index) if ok else None
+
+
+def write_part(directory: Path, state: dict[str, Tensor], layer_start: int, layer_end: int) -> PartInfo:
+    """Write one stage's state whole; the returned size and hash go into the manifest."""
+    for key in state:
+        layer = _layer_of(key)
+        if layer is None or not layer_start <= layer < layer_end:
+            raise CheckpointError(f"key {key!r} does not belong to layers [{layer_start}, {layer_end})")
+    name = f"layers-{layer_start}-{layer_end}.safetensors"
+    data = safetensors.torch.save(state, metadata={"format": CHECKPOINT_FORMAT, "layer_start": str(layer_start),
+                                                   "layer_end": str(layer_end)})
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    write_whole(directory / name, data)
+    return PartInfo(name, layer_start, layer_end, len(data), hashlib.sha256(data).hexdigest())
+
+
+def write_manifest(directory: Path, step: int, num_layers: int, parts: list[PartInfo], extra: dict) -> Path:
+    """Commit the checkpoint: after this rename it exists; before it, it does not."""
+    directory = Path(directory)
+    manifest = Manifest(step, num_layers, list(parts), extra)
+    try:  # the same checks a reader makes, so we never commit what read_manifest would refuse
+        text = json.dumps(manifest.to_dict(), indent=1, allow_nan=False)
+        Manifest.from_dict(manifest.to_dict(), str(directory / MANIFEST_NAME))
+    except (TypeError, ValueError) as err:
+        raise CheckpointError(f"{directory / MANIFEST_NAME}: {err}") from None
+    for part in parts:
+        _check_file(directory / part.file, part, sha256=False)
+    path = directory / MANIFEST_NAME
+    write_whole(path, text)
+    return path
+
+
+def _check_file(path: Path, part: PartInfo, sha256: bool) -> None:
+    """Is this the file the manifest names: its size, and with `sha256` its content."""
+    digest = hashlib.sha256()
+    try:
+        size = path.stat().st_size
+        if sha256 and size == part.bytes:
+            with open(path, "rb") as f:
+                while chunk := f.read(1 << 22):
+                    digest.update(chunk)
+    except OSError as err:
+        raise CheckpointError(f"{path}: cannot read ({err.strerror or err})") from None
+    if size != part.bytes:
+        raise CheckpointError(f"{path}: {size} bytes, the manifest says {part.bytes}")
+    if sha256 and digest.hexdigest() != part.sha256:
+        raise CheckpointError(f"{path}: sha256 does not match the manifest (changed after it was written)")
+
+
+def read_manifest(directory: Path) -> Manifest:
+    path = Path(directory) / MANIFEST_NAME
+    try:
+        raw = read_json(path, MAX_MANIFEST_BYTES)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: no manifest (the checkpoint was never committed)") from None
+    except UnreadableFile as err:
+        raise CheckpointError(f"{path}: {err}") from None
+    return Manifest.from_dict(raw, str(path))
+
+
+def _step_dirs(root: Path) -> list[tuple[int, Path]]:
+    """Every step directory under root as (step, path), newest first."""
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return []
+    found = [(int(m.group(1)), Path(root) / n) for n in names if (m := _STEP_DIR.fullmatch(n))]
+    # Only the canonical spelling: "step-000000002" must not shadow (or be pruned as) step 2.
+    return sorted(((s, d) for s, d in found if d == checkpoint_dir(root, s) and d.is_dir()), reverse=True)
+
+
+def _manifest_of(step: int, directory: Path) -> Manifest | None:
+    try:
+        manifest = read_manifest(directory)
+    except CheckpointError:
+        return None  # uncommitted, or broken by someone else: never worth crashing a job over
+    # A manifest copied under another step's name would resume at the wrong step.
+    return manifest if manifest.step == step else None
+
+
+def latest_checkpoint(root: Path) -> tuple[Path, Manifest] | None:
+    return next(((d, m) for s, d in _step_dirs(root) if (m := _manifest_of(s, d)) is not None), None)
+
+
+def load_layers(directory: Path, manifest: Manifest, layer_start: int, layer_end: int,
+                verify: bool = True) -> dict[str, Tensor]:
+    """Layers [layer_start, layer_end) from whichever parts hold them, reading only their tensors."""
+    if not 0 <= layer_start < layer_end <= manifest.num_layers:
+        raise CheckpointError(f"{directory}: layers [{layer_start}, {layer_end}) are not inside "
+                              f"[0, {manifest.num_layers})")
+    wanted: dict[PartInfo, set[int]] = {}
+    for layer in range(layer_start, layer_end):
+        part = next((p for p in manifest.parts if p.layer_start <= layer < p.layer_end), None)
+        if part is None:
+            raise CheckpointError(f"{directory / MANIFEST_NAME}: no part holds layer {layer}")
+        wanted.setdefault(part, set()).add(layer)
+    state: dict[str, Tensor] = {}
+    for part, layers in wanted.items():
+        path = Path(directory) / part.file
+        if verify:
+            _check_file(path, part, sha256=True)
+        try:
+            with safe_open(str(path), framework="pt", device="cpu") as f:
+                meta = f.metadata() or {}
+                if (meta.get("format"), meta.get("layer_start"), meta.get("layer_end")) != (
+                        CHECKPOINT_FORMAT, str(part.layer_start), str(part.layer_end)):
+                    raise CheckpointError(f"{path}: its metadata does not say layers "
+                                          f"[{part.layer_start}, {part.layer_end}) of {CHECKPOINT_FORMAT}")
+                for key in f.keys():
+                    if _layer_of(key) in layers:
+                        state[key] = f.get_tensor(key)
+        except (OSError, SafetensorError) as err:
+            raise CheckpointError(f"{path}: not a readable safetensors file ({err})") from None
+    # A layer without parameters or buffers legitimately has no keys (user entrypoints may have
+    # such layers); apply_state's strict check is what catches a part missing real tensors.
+    return state
+
+
+def apply_state(module: nn.Module, optimizer: torch.optim.Optimizer | None, state: dict[str, Tensor],
+                layer_start: int) -> None:
+    """Load `state` (global keys) into this stage's module and AdamW, strictly; everything is
+    checked before anything changes, so a refused checkpoint leaves the stage as it was."""
+    weights: dict[str, Tensor] = {}
+    adamw: dict[str, dict[str, Tensor]] = {}
+    for key, tensor in state.items():
+        layer = _layer_of(key)
+        if layer is None:
+            raise CheckpointError(f"checkpoint key {key!r} names no layer")
+        local = f"{layer - layer_start}.{key.split('.', 2)[2]}"  # the module's own key: "<k>.<name>"
+        if key.startswith("layers."):
+            weights[local] = tensor
+        else:
+            name, _, field = local.rpartition(".")
+            adamw.setdefault(name, {})[field] = tensor
+    own, named = module.state_dict(), dict(module.named_parameters())
+    problems = ([f"missing {k}" for k in own if k not in weights]
+                + [f"unexpected {k}" for k in weights if k not in own]
+                + [f"shape of {k}: {tuple(weights[k].shape)} != {tuple(own[k].shape)}"
+                   for k in own if k in weights and weights[k].shape != own[k].shape])
+    for name, fields in adamw.items():
+        param = named.get(name)
+        if param is None or set(fields) - set(_ADAMW_FIELDS) or not {"step", "exp_avg", "exp_avg_sq"} <= set(fields):
+            problems.append(f"optimizer state {name}.{sorted(fields)}")
+        elif any(t.shape != param.shape for f, t in fields.items() if f != "step"):
+            problems.append(f"shape of optimizer state of {name}")
+    if problems:
+        raise CheckpointError(f"checkpoint does not fit the stage from layer {layer_start}: {problems[0]} "
+                              f"(local key; {len(problems)} problem(s))")
+    module.load_state_dict(weights, strict=True)
+    if optimizer is None:
+        return
+    groups = {id(p): g for g in optimizer.param_groups for p in g["params"]}
+    for name, fields in adamw.items():
+        param = named[name]
+        group = groups.get(id(param))
+        if group is None:
+            continue  # a frozen parameter: its old state has nothing left to drive
+        # AdamW keeps step as a CPU float32 scalar unless capturable or fused (then on the device).
+        step_device = param.device if group.get("capturable") or group.get("fused") else torch.device("cpu")
+        optimizer.state[param] = {
+            f: t.to(device=step_device, dtype=torch.float32, copy=True) if f == "step"
+            else t.to(device=param.device, dtype=param.dtype, copy=True) for f, t in fields.items()}
+
+
+def prune_checkpoints(root: Path, keep: int) -> None:
+    """Keep the newest `keep` committed checkpoints; remove older ones and the leftovers of
+    interrupted saves older than the newest commit. Directories newer than that may be a save
+    in progress and are never touched."""
+    if keep < 1:
+        raise ValueError(f"keep must be >= 1 (the newest checkpoint is never removed), got {keep}")
+    kept = 0
+    for step, directory in _step_dirs(root):
+        if kept < keep and _manifest_of(step, directory) is not None:
+            kept += 1
+            continue
+        if kept == 0:
+            continue  # newer than every committed checkpoint: possibly being written right now
+        if directory.is_symlink():
+            directory.unlink()
+            continue
+        # Un-commit first, so a crash halfway through the removal never leaves a manifest
+        # that names parts already deleted.
+        (directory / MANIFEST_NAME).unlink(missing_ok=True)
+        shutil.rmtree(directory, ignore_errors=True)
