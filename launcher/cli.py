@@ -79,13 +79,17 @@ def up(
     run_dir: Optional[Path] = typer.Option(None, help="write metrics here (default: runs/<run-id>)"),
     token_file: Optional[Path] = typer.Option(None, help="join token for remote agents (default: $HETLAUNCH_TOKEN or a new one)"),
     reprofile: bool = typer.Option(False, help="measure every node again instead of using cached profiles"),
+    resume: Optional[Path] = typer.Option(None, help="continue the run in this run directory from its last "
+                                                     "committed checkpoint (same YAML)"),
 ) -> None:
     """Start a coordinator and the local agents, wait for remote ones, profile, plan, train, write runs/<run-id>/."""
     cluster = _load(cluster_yaml)
     token = _token(cluster, token_file)
+    if resume is not None and run_dir is not None and resume.resolve() != run_dir.resolve():
+        _fail("--resume continues in its own run directory; leave --run-dir out", 2)
     from hetlaunch.launcher.job_driver import UpOptions, run_up
 
-    options = UpOptions(run_dir=run_dir, token=token, reprofile=reprofile)
+    options = UpOptions(run_dir=run_dir, token=token, reprofile=reprofile, resume=resume)
     _with_cluster(lambda: run_up(cluster, options, _console()))
 
 

@@ -57,7 +57,19 @@ class CoordinatorConfig(_Strict):
     host: str = Field("127.0.0.1", min_length=1)  # address the gRPC coordinator (and data-plane rendezvous store) binds
     port: int = Field(0, ge=0, le=65535)  # 0 = any free port (fine when every agent is local)
     join_timeout_s: YamlFloat = Field(60.0, gt=0)  # how long `up` waits for every node to register
-    heartbeat_timeout_s: YamlFloat = Field(15.0, gt=0)  # an agent silent this long is declared lost
+    # Agents send a heartbeat every interval; one silent for the timeout is declared lost and the
+    # job goes on without it. Shorter detects a stopped or cut-off node sooner; too short for the
+    # network's hiccups (a WAN pause, a coordinator under load) restarts a generation for nothing.
+    heartbeat_interval_s: YamlFloat = Field(0.5, ge=0.1, le=60)
+    heartbeat_timeout_s: YamlFloat = Field(4.0, gt=0)
+
+    @model_validator(mode="after")
+    def _timeout_spans_heartbeats(self) -> CoordinatorConfig:
+        if self.heartbeat_timeout_s < 2 * self.heartbeat_interval_s:
+            raise FieldError(("heartbeat_timeout_s",), f"{self.heartbeat_timeout_s:g} must be at least twice "
+                                                        f"heartbeat_interval_s ({self.heartbeat_interval_s:g}): "
+                                                        f"one late heartbeat must not lose a node")
+        return self
 
 
 _SIZE_FIELDS = ("d_model", "n_layers", "n_heads", "seq_len", "d_ff")
@@ -136,7 +148,10 @@ class TrainConfig(_Strict):
     lr: YamlFloat = Field(3.0e-3, gt=0)  # AdamW learning rate
     weight_decay: YamlFloat = Field(0.0, ge=0)  # AdamW weight decay
     seed: int = 0  # parameter-init seed
-    save_checkpoint: bool = False  # each stage saves its parameters to <run dir>/checkpoint/stage<i>.pt at the end
+    # Save parameters and AdamW state every this many steps (and after the last) under
+    # <run dir>/checkpoints/ (or checkpoint.dir): what a restart after a lost node resumes from.
+    checkpoint_every: int = Field(50, ge=1)
+    max_restarts: int = Field(3, ge=0)  # generations restarted after lost nodes before the job gives up
     # Data-parallel pipelines the planner may use (each its own chain of nodes and cut): auto = as many as pay off
     max_pipelines: Annotated[int | Literal["auto"], BeforeValidator(_auto_or_positive)] = "auto"
     # With pinned layers over several pipelines: each pipeline's micro-batches per step (default: as planned)
@@ -149,6 +164,13 @@ class TrainConfig(_Strict):
                 raise FieldError(("pipeline_microbatches",), f"{self.pipeline_microbatches} must be >= 1 each and "
                                                              f"sum to num_microbatches ({self.num_microbatches})")
         return self
+
+
+class CheckpointConfig(_Strict):
+    # Where checkpoints go; null = <run dir>/checkpoints. A path every node can write (a shared
+    # file system) when some agents are remote: each stage writes its part there itself.
+    dir: str | None = Field(None, min_length=1)
+    keep: int = Field(2, ge=1)  # committed checkpoints kept; older ones are deleted
 
 
 class RegionConfig(_Strict):
@@ -234,6 +256,7 @@ class ClusterConfig(_Strict):
     model: Annotated[ModelConfig, _none_to(dict)] = Field(default_factory=ModelConfig)
     data: Annotated[DataConfig, _none_to(dict)] = Field(default_factory=DataConfig)
     train: Annotated[TrainConfig, _none_to(dict)] = Field(default_factory=TrainConfig)
+    checkpoint: Annotated[CheckpointConfig, _none_to(dict)] = Field(default_factory=CheckpointConfig)
     regions: Annotated[list[RegionConfig], _none_to(list)] = Field(default_factory=list)  # regions used by nodes are implied
     links: Annotated[list[LinkConfig], _none_to(list)] = Field(default_factory=list)  # per region pair
     nodes: list[NodeConfig] = Field(min_length=1)  # the machines of the job; one pipeline stage each

@@ -27,10 +27,12 @@ INTRA_REGION_PAIRS = 2
 PROFILE_TIMEOUT_S = 600.0
 
 
-def probe_pairs(cluster) -> list[tuple[str, str]]:
-    """The links worth measuring, in the one global order every agent follows."""
+def probe_pairs(cluster, names: list[str] | None = None) -> list[tuple[str, str]]:
+    """The links worth measuring (among `names`, default all), in the one global order every agent follows."""
     by_region: dict[str, list[str]] = {}
     for node in cluster.nodes:
+        if names is not None and node.name not in names:
+            continue
         by_region.setdefault(node.region, []).append(node.name)
     pairs = []
     for names in by_region.values():
@@ -49,12 +51,13 @@ def _cache_key(session: ClusterSession, name: str, model: str, micro_batch_size:
 
 
 def measure_cluster(session: ClusterSession, spec: ModelSpec, micro_batch_size: int, seed: int,
-                    reprofile: bool, console: Console) -> Profile:
-    """Layers first, then links. Local agents share this machine, so they time their layers
-    one at a time (concurrent timings would measure each other); remote nodes all at once."""
+                    reprofile: bool, console: Console, names: list[str] | None = None) -> Profile:
+    """Layers first, then links, of the nodes named (default: all). Local agents share this
+    machine, so they time their layers one at a time (concurrent timings would measure each
+    other); remote nodes all at once."""
     cluster = session.cluster
     model = spec.describe()
-    names = [n.name for n in cluster.nodes]
+    names = [n.name for n in cluster.nodes if names is None or n.name in names]
     keys = {n: _cache_key(session, n, model, micro_batch_size) for n in names}
     # A bad cache file is reported (one line naming it) and its node measured again; the new entry replaces it.
     cached = {} if reprofile else {n: c for n in names
@@ -80,7 +83,7 @@ def measure_cluster(session: ClusterSession, spec: ModelSpec, micro_batch_size: 
         _collect(session, [name], reports, console, f"timing layers on {name}")
     _collect(session, at_once, reports, console, f"profiling {len(at_once)} node(s) ({len(cached)} cached)")
 
-    pairs = probe_pairs(cluster)
+    pairs = probe_pairs(cluster, names)
     if pairs:
         rank = {n: i for i, n in enumerate(names)}
         session.begin_generation()
@@ -144,6 +147,8 @@ def _assemble(session: ClusterSession, spec: ModelSpec, model: str, micro_batch_
     nodes = []
     counts: dict[str, int] = {}
     for node in cluster.nodes:
+        if node.name not in reports:  # not measured this time (a lost node)
+            continue
         report = reports[node.name]
         if report.layers:
             entry = {"layer_seconds": [l.seconds for l in report.layers],

@@ -36,6 +36,7 @@ class AgentRecord:
     state: int = pb.AGENT_STATE_IDLE  # from its last heartbeat
     step: int = -1
     disconnected: bool = False  # its command stream broke before a shutdown was sent
+    lost: bool = False  # declared lost: its calls are refused, its name is free to join again
 
 
 class Refused(Exception):
@@ -65,6 +66,8 @@ class CoordinatorState:
         self._steps: queue.Queue[tuple[str, pb.StepMetrics]] = queue.Queue()
         self._results: queue.Queue[tuple[str, pb.ReportResultRequest]] = queue.Queue()
         self._profiles: queue.Queue[tuple[str, pb.ReportProfileRequest]] = queue.Queue()
+        self._checkpoints: queue.Queue[tuple[str, pb.CheckpointPart]] = queue.Queue()
+        self.joins: queue.Queue[str] = queue.Queue()  # every registration, in order (the first ones and rejoins)
 
     # --- the service's side
 
@@ -88,6 +91,7 @@ class CoordinatorState:
             self._agents[name] = record
             self._by_id[record.agent_id] = record
             self._refusals.pop(name, None)
+            self.joins.put(name)
             return record
 
     def touch(self, agent_id: str, state: int | None = None, step: int | None = None) -> AgentRecord | None:
@@ -113,6 +117,9 @@ class CoordinatorState:
     def report_profile(self, node: str, generation: int, report: pb.ReportProfileRequest) -> None:
         self._keep_if_current(self._profiles, generation, (node, report))
 
+    def report_checkpoint(self, node: str, generation: int, part: pb.CheckpointPart) -> None:
+        self._keep_if_current(self._checkpoints, generation, (node, part))
+
     def _keep_if_current(self, reports: queue.Queue, generation: int, report: tuple) -> None:
         # Checked and queued under the lock that begin_generation drains under: no stale report
         # can slip in between a check and the drain.
@@ -133,7 +140,7 @@ class CoordinatorState:
         """Start the next generation: reports of earlier ones are dropped from now on."""
         with self._lock:
             self._generation += 1
-            for reports in (self._steps, self._results, self._profiles):
+            for reports in (self._steps, self._results, self._profiles, self._checkpoints):
                 while not reports.empty():
                     reports.get_nowait()
                     self.stale_reports += 1
@@ -144,6 +151,14 @@ class CoordinatorState:
         with self._lock:
             command.generation = self._generation
             self._agents[node_name].commands.put(command)
+
+    def mark_lost(self, node_name: str) -> None:
+        """Give a lost node's place up: its agent's calls are refused from now on (it exits when
+        it hears so), and an agent may join under its name again."""
+        with self._lock:
+            record = self._agents.pop(node_name, None)
+            if record is not None:
+                record.lost = True
 
     def shutdown_all(self, reason: str) -> None:
         for name in self.joined_nodes():
@@ -203,6 +218,13 @@ class CoordinatorState:
             out.append(self._results.get_nowait())
         return out
 
+    def checkpoints(self) -> list[tuple[str, pb.CheckpointPart]]:
+        """Every checkpoint part reported since the last call."""
+        out = []
+        while not self._checkpoints.empty():
+            out.append(self._checkpoints.get_nowait())
+        return out
+
     def steps_pending(self) -> bool:
         return not self._steps.empty()
 
@@ -246,6 +268,9 @@ class CoordinatorServicer(control_pb2_grpc.CoordinatorServicer):
         record = self.state.touch(agent_id, state, step)
         if record is None:
             context.abort(grpc.StatusCode.NOT_FOUND, f"unknown agent id {agent_id!r}: register first")
+        if record.lost:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"node {record.node_name!r} was declared lost and its place given up")
         return record
 
     def Heartbeat(self, request, context):
@@ -254,7 +279,7 @@ class CoordinatorServicer(control_pb2_grpc.CoordinatorServicer):
 
     def WatchCommands(self, request, context):
         record = self._record(request.agent_id, context)
-        while context.is_active():
+        while context.is_active() and not record.lost:
             try:
                 command = record.commands.get(timeout=0.5)
             except queue.Empty:
@@ -262,7 +287,8 @@ class CoordinatorServicer(control_pb2_grpc.CoordinatorServicer):
             yield command
             if command.HasField("shutdown"):
                 return
-        self.state.stream_broke(record)  # the agent went away without being told to
+        if not record.lost:
+            self.state.stream_broke(record)  # the agent went away without being told to
 
     def ReportStep(self, request, context):
         record = self._record(request.agent_id, context)
@@ -278,6 +304,11 @@ class CoordinatorServicer(control_pb2_grpc.CoordinatorServicer):
         record = self._record(request.agent_id, context)
         self.state.report_profile(record.node_name, request.generation, request)
         return pb.ReportProfileResponse()
+
+    def ReportCheckpoint(self, request, context):
+        record = self._record(request.agent_id, context)
+        self.state.report_checkpoint(record.node_name, request.generation, request.part)
+        return pb.ReportCheckpointResponse()
 
 
 class CoordinatorServer:

@@ -1,25 +1,43 @@
-"""`hetlaunch up`: a live cluster, a plan, training, the run directory — one job, top to bottom."""
+"""`hetlaunch up`: a live cluster, a plan, training, the run directory — one job, top to bottom.
+
+A job is a loop over generations. Each generation is a plan, a data-plane group and the
+checkpoint it starts from. When a node is lost the generation ends; the coordinator aborts
+the survivors' workers (snapshotting their layers where another pipeline may stand in for
+the lost one), re-plans on the nodes left with the profile it already has, and starts the
+next generation from the newest committed state. `--resume` starts the first generation
+from the run directory's last checkpoint after the coordinator itself died.
+"""
 
 from __future__ import annotations
 
 import secrets
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
 
+from hetlaunch.launcher.checkpoint_book import CheckpointBook, Restore
+from hetlaunch.launcher.cluster_measurement import measure_cluster
+from hetlaunch.launcher.events import EventLog
+from hetlaunch.launcher.generation import follow
 from hetlaunch.launcher.planning.plan import Plan, pinned_num_layers, planned, static_plan
+from hetlaunch.launcher.planning.planner import PlanningError
 from hetlaunch.launcher.planning.planner import plan as plan_pipelines
 from hetlaunch.launcher.planning.planner import plan_fixed_cut, price_pipelines
-from hetlaunch.launcher.cluster_measurement import measure_cluster
+from hetlaunch.launcher.planning.profile_file import Profile
 from hetlaunch.launcher.progress import TrainingProgress, print_plan, print_summary
-from hetlaunch.launcher.run_record import RunRecord, StepAggregator
+from hetlaunch.launcher.run_record import RunRecord
 from hetlaunch.launcher.session import ClusterSession, JobError
+from hetlaunch.launcher.stage_launch import launch
 from hetlaunch.protos import control_pb2 as pb
-from hetlaunch.runtime.wire import codec_wire_id, model_spec_to_proto, schedule_wire_id
+from hetlaunch.runtime.checkpoint import CheckpointError, read_manifest
 
 __all__ = ["JobError", "UpOptions", "run_up", "make_plan", "new_run_dir"]
+
+JOIN_GAIN = 0.10  # a (re)joined node is taken in when the planner predicts at least this much more tokens/s
+SNAPSHOT_WAIT_S = 20.0  # how long survivors get to write their layers after a loss
 
 
 @dataclass
@@ -28,22 +46,24 @@ class UpOptions:
     run_dir: Path | None = None
     token: str | None = None
     reprofile: bool = False
+    resume: Path | None = None  # a run directory to continue from its last committed checkpoint
 
 
 def new_run_dir(cluster, options: UpOptions) -> Path:
-    return options.run_dir or options.run_root / f"{cluster.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+    return options.resume or options.run_dir or options.run_root / f"{cluster.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
 
-def make_plan(session: ClusterSession, spec, reprofile: bool, console: Console) -> Plan:
+def make_plan(session: ClusterSession, spec, reprofile: bool, console: Console) -> tuple[Plan, Profile | None]:
     """Measure the cluster and plan from the profile. Pinned `layers:` are used as they are, with
-    no measuring at all when every codec is pinned too (else the codecs are planned)."""
+    no measuring at all when every codec is pinned too (else the codecs are planned). Returns the
+    plan and the profile it came from (None when nothing was measured)."""
     cluster = session.cluster
     train = cluster.train
     pinned = None
     if all(n.layers is not None for n in cluster.nodes):
         pinned = static_plan(cluster, pinned_num_layers(cluster))
         if not _codec_choice_left(cluster, pinned):
-            return pinned
+            return pinned, None
     profile = measure_cluster(session, spec, train.micro_batch_size, train.seed, reprofile, console)
     if pinned is None:
         max_pipelines = len(cluster.nodes) if train.max_pipelines == "auto" else train.max_pipelines
@@ -52,7 +72,7 @@ def make_plan(session: ClusterSession, spec, reprofile: bool, console: Console) 
             result = plan_pipelines(profile, train.num_microbatches, train.schedule, max_pipelines=max_pipelines,
                                     compression=cluster.compression)
         console.print(f"planned in {result.planning_s:.1f}s ({result.method} search)")
-        return planned(cluster, result)
+        return planned(cluster, result), profile
     chains = [([s.node for s in stages], [(s.layer_start, s.layer_end) for s in stages])
               for stages in pinned.pipelines()]
     if len(chains) == 1:
@@ -61,7 +81,7 @@ def make_plan(session: ClusterSession, spec, reprofile: bool, console: Console) 
         result = price_pipelines(profile, [(nodes, cuts, share) for (nodes, cuts), share
                                            in zip(chains, pinned.pipeline_microbatches)],
                                  train.schedule, cluster.compression)
-    return planned(cluster, result, source="pinned")
+    return planned(cluster, result, source="pinned"), profile
 
 
 def _codec_choice_left(cluster, plan: Plan) -> bool:
@@ -78,114 +98,173 @@ def run_up(cluster, options: UpOptions, console: Console) -> Path:
     spec = cluster.model.to_spec()
     if all(n.layers is not None for n in cluster.nodes):
         static_plan(cluster, pinned_num_layers(cluster))  # bad pinned ranges fail here, before anything starts
+    if options.resume is not None and not (options.resume / "metrics.jsonl").is_file():
+        raise JobError(f"cannot resume {options.resume}: not a run directory (no metrics.jsonl)")
     run_dir = new_run_dir(cluster, options)
     with ClusterSession(cluster, run_dir, options.token or secrets.token_urlsafe(24), console) as session:
-        plan = make_plan(session, spec, options.reprofile, console)
-        print_plan(console, plan)
-        for node in plan.excluded or {}:
-            session.state.send(node, pb.Command(shutdown=pb.Shutdown(reason="not in the plan")))
-        start = time.monotonic()
-        _launch(session, plan, spec)
-        record = RunRecord(run_dir)
+        while not session.state.joins.empty():  # the first registrations are not joins to act on
+            session.state.joins.get_nowait()
+        events = EventLog(run_dir, resume=options.resume is not None)
         try:
-            _follow(session, plan, record, console)
+            _run(session, spec, options, events, console)
         finally:
-            record.close()
-        summary = {"run_id": run_dir.name, "plan": plan.to_dict(), **record.summarize(),
-                   "wall_s": time.monotonic() - start}
-        record.write_summary(summary)
-        print_summary(console, summary, run_dir)
+            events.close()
         return run_dir
 
 
-def _launch(session: ClusterSession, plan: Plan, spec) -> None:
-    """Push every stage its RunStage on a fresh data-plane generation."""
-    cluster = session.cluster
-    backend = session.backend_for([s.node for s in plan.stages])
-    t = cluster.train
-    data = pb.DataSpec(path=str(Path(cluster.data.path).resolve()) if cluster.data.path else "", seed=cluster.data.seed)
-    model = model_spec_to_proto(spec)
-    pipelines = plan.pipelines()
-    world = len(plan.stages)
-    data_parallel = _data_parallel(cluster, plan) if len(pipelines) > 1 else None
-    session.begin_generation()
-    offset = rank = 0  # ranks follow plan.stages: pipeline after pipeline
-    for p, (stages, share) in enumerate(zip(pipelines, plan.pipeline_microbatches)):
-        train = pb.TrainSpec(steps=t.steps, micro_batch_size=t.micro_batch_size, num_microbatches=share,
-                             schedule=schedule_wire_id(t.schedule), lr=t.lr, weight_decay=t.weight_decay, seed=t.seed,
-                             checkpoint_dir=str((session.run_dir / "checkpoint").resolve()) if t.save_checkpoint else "")
-        n = len(stages)
-        for j, stage in enumerate(stages):
-            node = cluster.node(stage.node)
-            spec_msg = pb.StageSpec(stage_index=j, num_stages=n, layer_start=stage.layer_start,
-                                    layer_end=stage.layer_end, device=session.device_of(stage.node),
-                                    threads=session.threads_of(stage.node),
-                                    emulate=pb.Emulation(speed=node.emulate.speed))
-            if j > 0:
-                spec_msg.prev.CopyFrom(_link_spec(cluster, stages[j - 1], stage, peer_rank=rank - 1))
-            if j < n - 1:
-                spec_msg.next.CopyFrom(_link_spec(cluster, stage, stages[j + 1], peer_rank=rank + 1))
-            command = pb.RunStage(model=model, data=data, train=train, stage=spec_msg,
-                                  rendezvous=session.rendezvous(rank, world, backend))
-            if data_parallel is not None:
-                command.data_parallel.CopyFrom(data_parallel)
-                command.data_parallel.pipeline_index = p
-                command.data_parallel.microbatch_offset = offset
-            session.state.send(stage.node, pb.Command(run_stage=command))
-            rank += 1
-        offset += share
+def _checkpoint_root(session: ClusterSession) -> Path:
+    configured = session.cluster.checkpoint.dir
+    return Path(configured).resolve() if configured else (session.run_dir / "checkpoints").resolve()
 
 
-def _data_parallel(cluster, plan: Plan) -> pb.DataParallel:
-    """What every stage of a several-pipeline plan shares: the global batch and all sync groups."""
-    rank = {stage.node: i for i, stage in enumerate(plan.stages)}
-    message = pb.DataParallel(global_microbatches=plan.num_microbatches)
-    for group in plan.sync_plans():
-        bw, lat = _slowest_emulated_link(cluster, group.nodes)
-        message.sync_groups.add(layer_start=group.layer_start, layer_end=group.layer_end,
-                                ranks=[rank[name] for name in group.nodes], codec=codec_wire_id(group.codec),
-                                emulate_bandwidth_mbps=bw, emulate_latency_ms=lat)
-    return message
+def _run(session: ClusterSession, spec, options: UpOptions, events: EventLog, console: Console) -> None:
+    cluster, train = session.cluster, session.cluster.train
+    plan, profile = make_plan(session, spec, options.reprofile, console)
+    print_plan(console, plan)
+    book = CheckpointBook(_checkpoint_root(session), cluster.checkpoint.keep, plan.num_layers,
+                          {"model": spec.describe(), "train_seed": train.seed, "data_seed": cluster.data.seed,
+                           "rng": "torch.manual_seed(step_rng_seed(train_seed, step)) before every step"})
+    restore = Restore(0, None, "init")
+    if options.resume is not None:
+        restore = _resume_point(book, spec, plan)
+        events.write("resume", step=restore.step, directory=str(restore.directory) if restore.directory else None)
+    record = RunRecord(session.run_dir, resume_at=restore.step if options.resume is not None else None)
+    restarts = 0
+    start = time.monotonic()
+    try:
+        with TrainingProgress(console, train.steps, completed=restore.step) as progress:
+            while restore.step < train.steps:
+                book.expect(launch(session, plan, spec, restore, book.root))
+                events.write("generation", generation=session.state.generation, start_step=restore.step,
+                             restore_source=restore.source, plan=plan.to_dict())
+                if restore.directory is not None:
+                    events.write("restore", step=restore.step, source=restore.source, directory=str(restore.directory))
+                outcome = follow(session, plan, record, book, events, progress,
+                                 lambda node: _better_with_joined(session, profile, plan))
+                if outcome.finished:
+                    break
+                if outcome.grow is not None:  # at a checkpoint: switch to the bigger plan
+                    _abort(session, plan, "a node joined", snapshot_root=None)
+                    restore, plan = book.restore_point("file"), outcome.grow
+                    events.write("restart", cause=outcome.message, resume_step=restore.step,
+                                 lost_steps=record.rewind(restore.step))
+                    progress.recovering(outcome.message, restore.step)
+                    print_plan(console, plan)
+                    continue
+                for node, why in outcome.lost.items():
+                    session.declare_lost(node, why)
+                    events.write("lost", node=node, why=why, in_plan=True)
+                if restarts >= train.max_restarts:
+                    raise JobError(f"{outcome.message} (no restart left: train.max_restarts is {train.max_restarts})")
+                restarts += 1
+                progress.recovering(outcome.message, record.records[-1].step + 1 if record.records else 0)
+                restore = _abort_and_restore(session, plan, book, events, outcome.failed)
+                plan, profile = _replan(session, spec, profile, console)
+                print_plan(console, plan)
+                events.write("restart", restart=restarts, cause=outcome.message, resume_step=restore.step,
+                             restore_source=restore.source, lost_steps=record.rewind(restore.step))
+    finally:
+        record.close()
+    summary = {"run_id": session.run_dir.name, "plan": plan.to_dict(), **record.summarize(),
+               "wall_s": time.monotonic() - start, "restarts": restarts,
+               "checkpoints_committed": book.committed, "events": dict(events.counts)}
+    record.write_summary(summary)
+    events.write("done", steps=len(record.records))
+    print_summary(console, summary, session.run_dir)
 
 
-def _slowest_emulated_link(cluster, nodes: tuple[str, ...]) -> tuple[float, float]:
-    """A sync group runs at its slowest link: the lowest emulated bandwidth, the highest latency."""
-    pairs = [cluster.emulated_link(a, b) for i, a in enumerate(nodes) for b in nodes[i + 1:]]
-    limited = [bw for bw, _ in pairs if bw > 0]
-    return (min(limited) if limited else 0.0), max((lat for _, lat in pairs), default=0.0)
+def _resume_point(book: CheckpointBook, spec, plan: Plan) -> Restore:
+    """The last committed checkpoint of the run being resumed (or the start, if none was committed)."""
+    if book.latest is None:
+        return Restore(0, None, "init")
+    step, directory = book.latest
+    try:
+        manifest = read_manifest(directory)
+    except CheckpointError as err:
+        raise JobError(f"cannot resume: {err}") from None
+    if manifest.extra.get("model") != spec.describe() or manifest.num_layers != plan.num_layers:
+        raise JobError(f"cannot resume: {directory} holds model {manifest.extra.get('model')} "
+                       f"({manifest.num_layers} layers), the YAML describes {spec.describe()} ({plan.num_layers} layers)")
+    return Restore(step, directory, "file")
 
 
-def _link_spec(cluster, up, down, peer_rank: int) -> pb.LinkSpec:
-    """The boundary between stages `up` and `down` of one pipeline, as seen from one side."""
-    bw, lat = cluster.emulated_link(up.node, down.node)
-    return pb.LinkSpec(peer_rank=peer_rank, forward_codec=codec_wire_id(up.forward_codec),
-                       backward_codec=codec_wire_id(up.backward_codec),
-                       emulate_bandwidth_mbps=bw, emulate_latency_ms=lat)
+def _abort(session: ClusterSession, plan: Plan, reason: str, snapshot_root: Path | None) -> list[str]:
+    """Stop every live stage's worker (after a snapshot of its layers, into snapshot_root/<node>)."""
+    live = [s.node for s in plan.stages if s.node not in session.lost]
+    for node in live:
+        snapshot_dir = str(snapshot_root / node) if snapshot_root is not None else ""
+        session.state.send(node, pb.Command(abort=pb.Abort(reason=reason, snapshot_dir=snapshot_dir)))
+    return live
 
 
-def _follow(session: ClusterSession, plan: Plan, record: RunRecord, console: Console) -> None:
-    """Collect step metrics until every stage reports success; fail fast on any lost or failed stage."""
-    state = session.state
-    steps = session.cluster.train.steps
-    aggregator = StepAggregator(plan)
-    finished: set[str] = set()
-    idle = set(plan.excluded or {})  # told to shut down before training; their exit is expected
-    with TrainingProgress(console, steps) as progress:
-        while len(finished) < len(plan.stages) or len(record.records) < steps:
-            received = state.next_step(timeout=0.2)
-            if received is not None:
-                step_record = aggregator.add(*received)
-                if step_record is not None:
-                    record.add(step_record)
-                    progress.update(step_record)
-            failures = {}
-            for node, result in state.results():
-                if result.ok:
-                    finished.add(node)
-                else:
-                    failures[node] = result.error
-            if failures:
-                raise session.blame(failures, "stage", finished | idle)
-            session.check_alive(finished | idle)
-            if len(finished) == len(plan.stages) and not state.steps_pending() and len(record.records) < steps:
-                raise JobError(f"stages finished but only {len(record.records)} of {steps} steps reported")
+def _abort_and_restore(session: ClusterSession, plan: Plan, book: CheckpointBook, events: EventLog,
+                       failed: set[str]) -> Restore:
+    """End the generation on the survivors and choose the state the next one starts from: the
+    survivors' snapshots when they hold every layer at a newer step than the last checkpoint
+    (another pipeline stood in for the lost node), else the last committed checkpoint."""
+    several = len(plan.pipelines()) > 1
+    snapshot_root = book.root / f"replica-g{session.state.generation}" if several else None
+    live = _abort(session, plan, "a node was lost", snapshot_root)
+    answered = set(failed)  # a failed stage wrote its snapshot (if any) before it reported its failure
+    deadline = time.monotonic() + (SNAPSHOT_WAIT_S if several else 0.5)
+    while time.monotonic() < deadline and not (several and set(live) <= answered | set(book.snapshots)):
+        for node, part in session.state.checkpoints():
+            if (step := book.add(node, part)) is not None:  # a checkpoint finished just before the loss
+                events.write("checkpoint", step=step, directory=str(book.latest[1]), source="file")
+        answered |= {node for node, result in session.state.results()}
+        answered |= set(session.lost_nodes(answered))
+        time.sleep(0.05)
+    for node, part in book.snapshots.items():
+        events.write("snapshot", node=node, step=part.step, layers=[part.layer_start, part.layer_end])
+    source = "file"
+    if several and (step := book.commit_snapshots()) is not None:
+        events.write("checkpoint", step=step, directory=str(book.latest[1]), source="replica")
+        source = "replica"
+    if snapshot_root is not None:
+        shutil.rmtree(snapshot_root, ignore_errors=True)
+    return book.restore_point(source)
+
+
+def _live_nodes(session: ClusterSession) -> list[str]:
+    joined = set(session.state.joined_nodes())
+    return [n.name for n in session.cluster.nodes if n.name in joined and n.name not in session.lost]
+
+
+def _plan_on(session: ClusterSession, profile: Profile, names: list[str]) -> Plan:
+    cluster, train = session.cluster, session.cluster.train
+    subset = profile.model_copy(update={
+        "nodes": [n for n in profile.nodes if n.name in names],
+        "links": [link for link in profile.links if link.nodes is None or set(link.nodes) <= set(names)]})
+    cap = len(names) if train.max_pipelines == "auto" else min(train.max_pipelines, len(names))
+    try:
+        result = plan_pipelines(subset, train.num_microbatches, train.schedule, max_pipelines=cap,
+                                compression=cluster.compression)
+    except PlanningError as err:
+        raise JobError(f"the nodes left ({', '.join(names)}) cannot train the model: {err}") from None
+    return planned(cluster, result, source="replanned")
+
+
+def _replan(session: ClusterSession, spec, profile: Profile | None, console: Console) -> tuple[Plan, Profile]:
+    """A plan for the nodes still in the job, from the profile already measured (pinned layers
+    cannot survive a lost node: the planner cuts the model anew)."""
+    names = _live_nodes(session)
+    if not names:
+        raise JobError("no node is left to train on")
+    if profile is None:  # the first plan was pinned without measuring: measure the survivors now
+        train = session.cluster.train
+        profile = measure_cluster(session, spec, train.micro_batch_size, train.seed, False, console, names=names)
+    with console.status(f"re-planning on {len(names)} node(s)"):
+        return _plan_on(session, profile, names), profile
+
+
+def _better_with_joined(session: ClusterSession, profile: Profile | None, current: Plan) -> Plan | None:
+    """The plan with the (re)joined nodes, if the planner predicts it JOIN_GAIN faster than `current`."""
+    if profile is None or current.predicted_tokens_per_s is None:
+        return None  # nothing measured to predict with (a pinned plan)
+    names = [n for n in _live_nodes(session) if any(p.name == n for p in profile.nodes)]
+    try:
+        candidate = _plan_on(session, profile, names)
+    except JobError:
+        return None
+    gain = (candidate.predicted_tokens_per_s or 0) / current.predicted_tokens_per_s - 1
+    return candidate if gain >= JOIN_GAIN else None

@@ -65,6 +65,16 @@ class LocalAgents:
                 return False
         return True
 
+    def kill(self, node: str) -> None:
+        """SIGKILL one agent and its worker (its process group), e.g. after it was declared lost."""
+        agent = self.agents.get(node)
+        if agent is not None and agent.process.poll() is None:
+            _signal_group(agent.process, signal.SIGKILL)
+            try:
+                agent.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+
     def stop(self, grace_s: float = 5.0) -> None:
         """SIGTERM every agent still running, then SIGKILL what is left after the grace period."""
         for agent in self.agents.values():

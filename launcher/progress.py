@@ -96,12 +96,18 @@ def print_plan(console: Console, plan: Plan) -> None:
 class TrainingProgress:
     """A rich progress bar with step, loss and tokens/s."""
 
-    def __init__(self, console: Console, total_steps: int):
+    def __init__(self, console: Console, total_steps: int, completed: int = 0):
         self.progress = Progress(
-            TextColumn("[bold]training"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("[bold]{task.fields[status]}"), BarColumn(), MofNCompleteColumn(),
             TextColumn("loss [cyan]{task.fields[loss]}"), TextColumn("[green]{task.fields[tps]}[/] tok/s"),
             TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False)
-        self.task = self.progress.add_task("train", total=total_steps, loss="-", tps="-")
+        self.task = self.progress.add_task("train", total=total_steps, completed=completed, loss="-", tps="-",
+                                           status="training")
+
+    def recovering(self, why: str, completed: int) -> None:
+        """Say that the job is recovering (and why, on its own line), back to the step it resumes at."""
+        self.progress.console.print(Text(f"recovering: {why}"))
+        self.progress.update(self.task, completed=completed, status="recovering")
 
     def __enter__(self) -> "TrainingProgress":
         self.progress.start()
@@ -112,7 +118,7 @@ class TrainingProgress:
 
     def update(self, record: StepRecord) -> None:
         self.progress.update(self.task, completed=record.step + 1, loss=f"{record.loss:.4f}",
-                             tps=f"{record.tokens_per_s:,.0f}")
+                             tps=f"{record.tokens_per_s:,.0f}", status="training")
 
 
 def print_summary(console: Console, summary: dict, run_dir: Path) -> None:

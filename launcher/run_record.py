@@ -107,28 +107,31 @@ class StepAggregator:
                           step_s=step_s, stages=stages)
 
 
-@dataclass
-class RunRecord:
-    run_dir: Path
-    records: list[StepRecord] = field(default_factory=list)
+class JsonLines:
+    """An append-only file of JSON lines, each written whole: one write to an O_APPEND descriptor,
+    cut off again if the disk takes only part of it. `keep` lines (already in the file, e.g. of a
+    resumed run) are rewritten whole first; otherwise the file starts empty."""
 
-    def __post_init__(self):
-        make_run_dir(self.run_dir)
-        self.metrics_path = self.run_dir / "metrics.jsonl"
+    def __init__(self, path: Path, keep: list[str] | None = None):
+        self.path = path
         self._close_error: str | None = None
-        self._length = 0  # bytes of whole lines in metrics.jsonl
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NONBLOCK
         try:
+            if keep is None:
+                flags |= os.O_TRUNC
+            else:
+                write_whole(path, "".join(line + "\n" for line in keep))
             # O_NONBLOCK: a FIFO left in the way fails here instead of blocking (no effect on a regular file).
-            self._fd: int | None = os.open(self.metrics_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-                                           | os.O_CLOEXEC | os.O_NONBLOCK, 0o666)
+            self._fd: int | None = os.open(path, flags, 0o666)
+            self._length = os.fstat(self._fd).st_size  # bytes of whole lines in the file
         except OSError as err:
-            raise JobError(f"cannot write {self.metrics_path}: {_reason(err)}") from None
+            raise JobError(f"cannot write {path}: {_reason(err)}") from None
 
-    def add(self, record: StepRecord) -> None:
-        """Append the step's line whole, or fail with JobError and leave the file as it was."""
+    def append(self, line: str) -> None:
+        """Append one line whole, or fail with JobError and leave the file as it was."""
         if self._fd is None:
-            raise JobError(f"cannot write {self.metrics_path}: the run record is closed")
-        data = (record.to_json() + "\n").encode()
+            raise JobError(f"cannot write {self.path}: it is closed")
+        data = (line + "\n").encode()
         try:
             view = memoryview(data)
             while view:
@@ -141,25 +144,101 @@ class RunRecord:
                 os.ftruncate(self._fd, self._length)  # a short write left part of a line: take it back
             except OSError:
                 pass
-            raise JobError(f"cannot write {self.metrics_path}: {_reason(err)}") from None
+            raise JobError(f"cannot write {self.path}: {_reason(err)}") from None
         self._length += len(data)
-        self.records.append(record)
 
-    def close(self) -> None:
-        """Flush metrics.jsonl to disk and close it. Never raises (it runs in a `finally`, where it
-        would hide the error that got there); a failure is raised by write_summary instead."""
+    def close(self) -> str | None:
+        """Flush to disk and close; never raises (it runs in `finally` blocks), returns the error instead."""
         if self._fd is None:
-            return
+            return self._close_error
         fd, self._fd = self._fd, None
         try:
             os.fsync(fd)
         except OSError as err:
-            self._close_error = f"cannot write {self.metrics_path}: {_reason(err)}"
+            self._close_error = f"cannot write {self.path}: {_reason(err)}"
         finally:
             try:
                 os.close(fd)
             except OSError as err:
-                self._close_error = self._close_error or f"cannot write {self.metrics_path}: {_reason(err)}"
+                self._close_error = self._close_error or f"cannot write {self.path}: {_reason(err)}"
+        return self._close_error
+
+
+MAX_RESUMED_METRICS_BYTES = 2 * 2**30
+
+
+def read_metrics(path: Path, before_step: int) -> list[StepRecord]:
+    """The step records of an earlier run of this run directory, for steps before `before_step`
+    (the steps after the checkpoint a resume starts from are run, and logged, again). A line cut
+    off by a crash is dropped; a file that is not ours is a JobError."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_RESUMED_METRICS_BYTES:
+            raise JobError(f"cannot resume from {path}: larger than {MAX_RESUMED_METRICS_BYTES:,} bytes")
+        lines = path.read_text(errors="replace").splitlines()
+    except FileNotFoundError:
+        return []
+    except OSError as err:
+        raise JobError(f"cannot read {path}: {_reason(err)}") from None
+    records = []
+    for number, line in enumerate(lines, 1):
+        try:
+            data = json.loads(line)
+            record = StepRecord(step=int(data["step"]), loss=_number(data["loss"]),
+                                tokens_per_s=float(data["tokens_per_s"]), step_s=float(data["step_s"]),
+                                stages=list(data["stages"]))
+        except (ValueError, KeyError, TypeError):
+            if number == len(lines):
+                break  # the last line, cut off by the crash that ended the earlier run
+            raise JobError(f"cannot resume from {path}: line {number} is not a step record") from None
+        if record.step < before_step:
+            records.append(record)
+    records.sort(key=lambda r: r.step)
+    return records
+
+
+def _number(value) -> float:
+    return float("nan") if value is None else float(value)
+
+
+@dataclass
+class RunRecord:
+    """metrics.jsonl and the step records behind the summary. `resume_at`: keep the records of an
+    earlier run of this directory before that step (a resumed run), else start empty."""
+
+    run_dir: Path
+    resume_at: int | None = None
+    records: list[StepRecord] = field(default_factory=list)
+
+    def __post_init__(self):
+        make_run_dir(self.run_dir)
+        self.metrics_path = self.run_dir / "metrics.jsonl"
+        self._close_error: str | None = None
+        if self.resume_at is not None:
+            self.records = read_metrics(self.metrics_path, self.resume_at)
+        self._lines = JsonLines(self.metrics_path, [r.to_json() for r in self.records]
+                                if self.resume_at is not None else None)
+
+    def add(self, record: StepRecord) -> None:
+        """Append the step's line whole, or fail with JobError and leave the file as it was."""
+        self._lines.append(record.to_json())
+        self.records.append(record)
+
+    def rewind(self, step: int) -> int:
+        """Forget the steps from `step` on (they run again after a restore from an older state):
+        the file is rewritten whole without them. Returns how many were dropped."""
+        kept = [r for r in self.records if r.step < step]
+        dropped = len(self.records) - len(kept)
+        if dropped:
+            self._lines.close()
+            self.records = kept
+            self._lines = JsonLines(self.metrics_path, [r.to_json() for r in kept])
+        return dropped
+
+    def close(self) -> None:
+        """Flush metrics.jsonl to disk and close it. Never raises (it runs in a `finally`, where it
+        would hide the error that got there); a failure is raised by write_summary instead."""
+        self._close_error = self._lines.close()
 
     def write_summary(self, summary: dict) -> None:
         """Write summary.json atomically and durably, so a reader never sees half a file."""
@@ -180,29 +259,34 @@ class RunRecord:
 
     def _links(self) -> list[dict]:
         """Per stage boundary of each pipeline: bytes before and after compression over the whole
-        run, both directions."""
-        stages = self.records[0].stages
-        links = []
-        for j, (a, b) in enumerate(zip(stages, stages[1:])):
-            if a["pipeline"] != b["pipeline"]:
-                continue
-            raw = wire = 0
-            for r in self.records:
-                fwd = r.stages[j]["sent_bytes"]["forward"]
-                bwd = r.stages[j + 1]["sent_bytes"]["backward"]
-                raw += fwd[0] + bwd[0]
-                wire += fwd[1] + bwd[1]
-            links.append({"pipeline": a["pipeline"], "boundary": a["stage"], "from": a["node"], "to": b["node"],
-                          "raw_bytes": raw, "wire_bytes": wire, "compression_ratio": raw / wire if wire else 1.0})
-        return links
+        run, both directions. After a re-plan the boundaries differ: each is listed with its steps."""
+        links: dict[tuple, dict] = {}
+        for r in self.records:
+            for a, b in zip(r.stages, r.stages[1:]):
+                if a["pipeline"] != b["pipeline"]:
+                    continue
+                key = (a["pipeline"], a["stage"], a["node"], b["node"])
+                link = links.setdefault(key, {"pipeline": a["pipeline"], "boundary": a["stage"], "from": a["node"],
+                                              "to": b["node"], "raw_bytes": 0, "wire_bytes": 0})
+                fwd, bwd = a["sent_bytes"]["forward"], b["sent_bytes"]["backward"]
+                link["raw_bytes"] += fwd[0] + bwd[0]
+                link["wire_bytes"] += fwd[1] + bwd[1]
+        for link in links.values():
+            link["compression_ratio"] = link["raw_bytes"] / link["wire_bytes"] if link["wire_bytes"] else 1.0
+        return list(links.values())
 
     def _sync(self) -> list[dict]:
-        """Per stage that synced gradients with other pipelines: bytes over the run, blocked time per step."""
-        out = []
-        for i, stage in enumerate(self.records[0].stages):
-            raw = sum(r.stages[i]["sent_bytes"]["sync"][0] for r in self.records)
-            wire = sum(r.stages[i]["sent_bytes"]["sync"][1] for r in self.records)
-            if raw:
-                out.append({"node": stage["node"], "raw_bytes": raw, "wire_bytes": wire,
-                            "mean_blocked_s": sum(r.stages[i]["sync_s"] for r in self.records) / len(self.records)})
-        return out
+        """Per node that synced gradients with other pipelines: bytes over the run, blocked time per step."""
+        out: dict[str, dict] = {}
+        for r in self.records:
+            for stage in r.stages:
+                raw, wire = stage["sent_bytes"]["sync"]
+                if raw:
+                    entry = out.setdefault(stage["node"], {"node": stage["node"], "raw_bytes": 0, "wire_bytes": 0,
+                                                           "blocked_s": 0.0, "steps": 0})
+                    entry["raw_bytes"] += raw
+                    entry["wire_bytes"] += wire
+                    entry["blocked_s"] += stage["sync_s"]
+                    entry["steps"] += 1
+        return [{"node": e["node"], "raw_bytes": e["raw_bytes"], "wire_bytes": e["wire_bytes"],
+                 "mean_blocked_s": e["blocked_s"] / e["steps"]} for e in out.values()]

@@ -41,6 +41,7 @@ class ClusterSession:
         self.agents = LocalAgents()
         self.server: CoordinatorServer | None = None
         self.store: dist.TCPStore | None = None
+        self.lost: dict[str, str] = {}  # nodes declared lost, with why; never used again unless they rejoin
 
     def __enter__(self) -> "ClusterSession":
         coord = self.cluster.coordinator
@@ -49,7 +50,8 @@ class ClusterSession:
         make_run_dir(self.run_dir)  # a one-line JobError naming the path and the reason, before anything starts
         try:
             try:
-                self.server = CoordinatorServer(coord.host, coord.port, self.token, list(self.nodes)).start()
+                self.server = CoordinatorServer(coord.host, coord.port, self.token, list(self.nodes),
+                                                heartbeat_interval_ms=round(coord.heartbeat_interval_s * 1000)).start()
                 self.store = dist.TCPStore(coord.host, 0, is_master=True, wait_for_workers=False)
             except (RuntimeError, OSError) as err:  # grpc raises RuntimeError("Failed to bind ...")
                 raise JobError(f"cannot listen on {coord.host}:{coord.port} (coordinator.host/port): "
@@ -108,11 +110,22 @@ class ClusterSession:
         node = self.nodes[name]
         return self.cluster.threads_for(node, os.cpu_count() or 1) if node.launch == "local" else 0
 
+    def declare_lost(self, node: str, why: str) -> None:
+        """Take a node out of the job: its agent is refused from now on (a local one is stopped,
+        with its worker), and its name may join again."""
+        self.lost[node] = why
+        self.state.mark_lost(node)
+        self.agents.kill(node)
+
+    def rejoined(self, node: str) -> None:
+        self.lost.pop(node, None)
+
     def lost_nodes(self, done: set[str]) -> dict[str, str]:
         """Nodes not in `done` that are gone, with how we know: a local agent process that exited,
         a command stream that broke (the agent's process or host went away), or heartbeats that
         stopped for longer than the timeout."""
         lost = {}
+        done = done | set(self.lost)
         for node, code in self.agents.exited().items():
             if node not in done:
                 lost[node] = (f"local agent was killed by {signal.Signals(-code).name}" if code < 0 else
@@ -128,14 +141,19 @@ class ClusterSession:
         return lost
 
     def check_alive(self, done: set[str]) -> None:
-        """Raise JobError naming a lost node, if any."""
+        """Raise JobError naming a lost node, if any (used where a loss cannot be recovered from)."""
         lost = self.lost_nodes(done)
         if lost:
             node, why = next(iter(lost.items()))
             raise JobError(f"lost node {node}: {why}")
 
     def blame(self, failures: dict[str, str], what: str, done: set[str], more_failures=None) -> JobError:
-        """The error to end the job with when `failures` (node -> error) came in: the cause first.
+        """The error to end the job with when `failures` (node -> error) came in: the cause first."""
+        return JobError(self.diagnose(failures, what, done, more_failures)[1])
+
+    def diagnose(self, failures: dict[str, str], what: str, done: set[str],
+                 more_failures=None) -> tuple[dict[str, str], str]:
+        """The nodes at fault for `failures` (node -> error), with why, and a one-line account.
 
         When a node dies, its neighbours' data-plane calls fail too ("Connection closed by
         peer"), often before the dead node is noticed. So wait a moment for a lost node or for
@@ -145,7 +163,8 @@ class ClusterSession:
         deadline = time.monotonic() + BLAME_GRACE_S
         lost = self.lost_nodes(done | set(failures))
         more_failures = more_failures or self._stage_failures
-        while not lost and time.monotonic() < deadline:
+        # A failure that is not a peer's connection error is a cause itself: no need to wait.
+        while not lost and time.monotonic() < deadline and all(map(_is_peer_error, failures.values())):
             time.sleep(0.1)
             failures.update(more_failures())
             lost = self.lost_nodes(done | set(failures))
@@ -155,10 +174,11 @@ class ClusterSession:
         else:
             cause = next((n for n, e in failures.items() if not _is_peer_error(e)), next(iter(failures)))
             message = f"{what} on node {cause} failed: {failures[cause]}"
-        others = [f"{n} ({_first_line(e)})" for n, e in failures.items() if n != cause]
+            lost = {cause: f"its {what} failed: {_first_line(failures[cause])}"}
+        others = [f"{n} ({_first_line(e)})" for n, e in failures.items() if n not in lost]
         if others:
             message += "; then failed as a consequence: " + ", ".join(others)
-        return JobError(message)
+        return lost, message
 
     def _stage_failures(self) -> list[tuple[str, str]]:
         return [(node, result.error) for node, result in self.state.results() if not result.ok]

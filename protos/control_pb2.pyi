@@ -117,22 +117,32 @@ class WatchCommandsRequest(_message.Message):
     def __init__(self, agent_id: _Optional[str] = ...) -> None: ...
 
 class Command(_message.Message):
-    __slots__ = ("run_stage", "shutdown", "profile", "generation")
+    __slots__ = ("run_stage", "shutdown", "profile", "abort", "generation")
     RUN_STAGE_FIELD_NUMBER: _ClassVar[int]
     SHUTDOWN_FIELD_NUMBER: _ClassVar[int]
     PROFILE_FIELD_NUMBER: _ClassVar[int]
+    ABORT_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     run_stage: RunStage
     shutdown: Shutdown
     profile: Profile
+    abort: Abort
     generation: int
-    def __init__(self, run_stage: _Optional[_Union[RunStage, _Mapping]] = ..., shutdown: _Optional[_Union[Shutdown, _Mapping]] = ..., profile: _Optional[_Union[Profile, _Mapping]] = ..., generation: _Optional[int] = ...) -> None: ...
+    def __init__(self, run_stage: _Optional[_Union[RunStage, _Mapping]] = ..., shutdown: _Optional[_Union[Shutdown, _Mapping]] = ..., profile: _Optional[_Union[Profile, _Mapping]] = ..., abort: _Optional[_Union[Abort, _Mapping]] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class Shutdown(_message.Message):
     __slots__ = ("reason",)
     REASON_FIELD_NUMBER: _ClassVar[int]
     reason: str
     def __init__(self, reason: _Optional[str] = ...) -> None: ...
+
+class Abort(_message.Message):
+    __slots__ = ("reason", "snapshot_dir")
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_DIR_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    snapshot_dir: str
+    def __init__(self, reason: _Optional[str] = ..., snapshot_dir: _Optional[str] = ...) -> None: ...
 
 class GptModel(_message.Message):
     __slots__ = ("vocab_size", "seq_len", "d_model", "n_layers", "n_heads", "d_ff")
@@ -177,7 +187,7 @@ class DataSpec(_message.Message):
     def __init__(self, path: _Optional[str] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class TrainSpec(_message.Message):
-    __slots__ = ("steps", "micro_batch_size", "num_microbatches", "schedule", "lr", "weight_decay", "seed", "checkpoint_dir")
+    __slots__ = ("steps", "micro_batch_size", "num_microbatches", "schedule", "lr", "weight_decay", "seed", "checkpoint_dir", "checkpoint_every", "save_part", "start_step", "snapshot_dir")
     STEPS_FIELD_NUMBER: _ClassVar[int]
     MICRO_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     NUM_MICROBATCHES_FIELD_NUMBER: _ClassVar[int]
@@ -186,6 +196,10 @@ class TrainSpec(_message.Message):
     WEIGHT_DECAY_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_DIR_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_EVERY_FIELD_NUMBER: _ClassVar[int]
+    SAVE_PART_FIELD_NUMBER: _ClassVar[int]
+    START_STEP_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_DIR_FIELD_NUMBER: _ClassVar[int]
     steps: int
     micro_batch_size: int
     num_microbatches: int
@@ -194,7 +208,17 @@ class TrainSpec(_message.Message):
     weight_decay: float
     seed: int
     checkpoint_dir: str
-    def __init__(self, steps: _Optional[int] = ..., micro_batch_size: _Optional[int] = ..., num_microbatches: _Optional[int] = ..., schedule: _Optional[_Union[Schedule, str]] = ..., lr: _Optional[float] = ..., weight_decay: _Optional[float] = ..., seed: _Optional[int] = ..., checkpoint_dir: _Optional[str] = ...) -> None: ...
+    checkpoint_every: int
+    save_part: bool
+    start_step: int
+    snapshot_dir: str
+    def __init__(self, steps: _Optional[int] = ..., micro_batch_size: _Optional[int] = ..., num_microbatches: _Optional[int] = ..., schedule: _Optional[_Union[Schedule, str]] = ..., lr: _Optional[float] = ..., weight_decay: _Optional[float] = ..., seed: _Optional[int] = ..., checkpoint_dir: _Optional[str] = ..., checkpoint_every: _Optional[int] = ..., save_part: _Optional[bool] = ..., start_step: _Optional[int] = ..., snapshot_dir: _Optional[str] = ...) -> None: ...
+
+class RestoreSpec(_message.Message):
+    __slots__ = ("checkpoint_dir",)
+    CHECKPOINT_DIR_FIELD_NUMBER: _ClassVar[int]
+    checkpoint_dir: str
+    def __init__(self, checkpoint_dir: _Optional[str] = ...) -> None: ...
 
 class Emulation(_message.Message):
     __slots__ = ("speed", "memory_gb")
@@ -287,20 +311,22 @@ class DataParallel(_message.Message):
     def __init__(self, pipeline_index: _Optional[int] = ..., microbatch_offset: _Optional[int] = ..., global_microbatches: _Optional[int] = ..., sync_groups: _Optional[_Iterable[_Union[SyncGroupSpec, _Mapping]]] = ...) -> None: ...
 
 class RunStage(_message.Message):
-    __slots__ = ("model", "data", "train", "stage", "rendezvous", "data_parallel")
+    __slots__ = ("model", "data", "train", "stage", "rendezvous", "data_parallel", "restore")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     TRAIN_FIELD_NUMBER: _ClassVar[int]
     STAGE_FIELD_NUMBER: _ClassVar[int]
     RENDEZVOUS_FIELD_NUMBER: _ClassVar[int]
     DATA_PARALLEL_FIELD_NUMBER: _ClassVar[int]
+    RESTORE_FIELD_NUMBER: _ClassVar[int]
     model: ModelSpec
     data: DataSpec
     train: TrainSpec
     stage: StageSpec
     rendezvous: Rendezvous
     data_parallel: DataParallel
-    def __init__(self, model: _Optional[_Union[ModelSpec, _Mapping]] = ..., data: _Optional[_Union[DataSpec, _Mapping]] = ..., train: _Optional[_Union[TrainSpec, _Mapping]] = ..., stage: _Optional[_Union[StageSpec, _Mapping]] = ..., rendezvous: _Optional[_Union[Rendezvous, _Mapping]] = ..., data_parallel: _Optional[_Union[DataParallel, _Mapping]] = ...) -> None: ...
+    restore: RestoreSpec
+    def __init__(self, model: _Optional[_Union[ModelSpec, _Mapping]] = ..., data: _Optional[_Union[DataSpec, _Mapping]] = ..., train: _Optional[_Union[TrainSpec, _Mapping]] = ..., stage: _Optional[_Union[StageSpec, _Mapping]] = ..., rendezvous: _Optional[_Union[Rendezvous, _Mapping]] = ..., data_parallel: _Optional[_Union[DataParallel, _Mapping]] = ..., restore: _Optional[_Union[RestoreSpec, _Mapping]] = ...) -> None: ...
 
 class StepMetrics(_message.Message):
     __slots__ = ("step", "stage_index", "has_loss", "loss", "step_s", "compute_s", "comm_s", "tokens", "forward_raw_bytes", "forward_wire_bytes", "backward_raw_bytes", "backward_wire_bytes", "pipeline_index", "sync_s", "sync_raw_bytes", "sync_wire_bytes")
@@ -365,6 +391,44 @@ class ReportResultRequest(_message.Message):
     def __init__(self, agent_id: _Optional[str] = ..., ok: _Optional[bool] = ..., error: _Optional[str] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class ReportResultResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class CheckpointPart(_message.Message):
+    __slots__ = ("directory", "file", "layer_start", "layer_end", "bytes", "sha256", "step", "snapshot", "write_s", "stall_s")
+    DIRECTORY_FIELD_NUMBER: _ClassVar[int]
+    FILE_FIELD_NUMBER: _ClassVar[int]
+    LAYER_START_FIELD_NUMBER: _ClassVar[int]
+    LAYER_END_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    WRITE_S_FIELD_NUMBER: _ClassVar[int]
+    STALL_S_FIELD_NUMBER: _ClassVar[int]
+    directory: str
+    file: str
+    layer_start: int
+    layer_end: int
+    bytes: int
+    sha256: str
+    step: int
+    snapshot: bool
+    write_s: float
+    stall_s: float
+    def __init__(self, directory: _Optional[str] = ..., file: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., bytes: _Optional[int] = ..., sha256: _Optional[str] = ..., step: _Optional[int] = ..., snapshot: _Optional[bool] = ..., write_s: _Optional[float] = ..., stall_s: _Optional[float] = ...) -> None: ...
+
+class ReportCheckpointRequest(_message.Message):
+    __slots__ = ("agent_id", "part", "generation")
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    PART_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    agent_id: str
+    part: CheckpointPart
+    generation: int
+    def __init__(self, agent_id: _Optional[str] = ..., part: _Optional[_Union[CheckpointPart, _Mapping]] = ..., generation: _Optional[int] = ...) -> None: ...
+
+class ReportCheckpointResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 

@@ -64,6 +64,11 @@ class CoordinatorStub:
                 request_serializer=hetlaunch_dot_protos_dot_control__pb2.ReportProfileRequest.SerializeToString,
                 response_deserializer=hetlaunch_dot_protos_dot_control__pb2.ReportProfileResponse.FromString,
                 _registered_method=True)
+        self.ReportCheckpoint = channel.unary_unary(
+                '/hetlaunch.v1.Coordinator/ReportCheckpoint',
+                request_serializer=hetlaunch_dot_protos_dot_control__pb2.ReportCheckpointRequest.SerializeToString,
+                response_deserializer=hetlaunch_dot_protos_dot_control__pb2.ReportCheckpointResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -111,6 +116,14 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportCheckpoint(self, request, context):
+        """A stage wrote its part of a checkpoint (or a snapshot of its layers when aborted); the
+        coordinator commits the checkpoint once every part of it is in.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -143,6 +156,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.ReportProfile,
                     request_deserializer=hetlaunch_dot_protos_dot_control__pb2.ReportProfileRequest.FromString,
                     response_serializer=hetlaunch_dot_protos_dot_control__pb2.ReportProfileResponse.SerializeToString,
+            ),
+            'ReportCheckpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportCheckpoint,
+                    request_deserializer=hetlaunch_dot_protos_dot_control__pb2.ReportCheckpointRequest.FromString,
+                    response_serializer=hetlaunch_dot_protos_dot_control__pb2.ReportCheckpointResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -307,6 +325,33 @@ class Coordinator:
             '/hetlaunch.v1.Coordinator/ReportProfile',
             hetlaunch_dot_protos_dot_control__pb2.ReportProfileRequest.SerializeToString,
             hetlaunch_dot_protos_dot_control__pb2.ReportProfileResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportCheckpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hetlaunch.v1.Coordinator/ReportCheckpoint',
+            hetlaunch_dot_protos_dot_control__pb2.ReportCheckpointRequest.SerializeToString,
+            hetlaunch_dot_protos_dot_control__pb2.ReportCheckpointResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,11 +1,15 @@
-"""The per-node agent: join a coordinator, stay alive, run the stage it is given.
+"""The per-node agent: join a coordinator, stay alive, run what it is given in a worker.
 
     python -m hetlaunch.runtime.agent --coordinator HOST:PORT --name NODE [--token-file F]
 
-(`hetlaunch agent` is the same.) The agent registers with its devices and versions,
-sends a heartbeat every interval, and follows the coordinator's command stream. It
-never outlives its coordinator: if heartbeats keep failing, or the process that
-started it is gone, it exits on its own.
+(`hetlaunch agent` is the same.) The agent is the node's long-lived control plane: it
+registers with its devices and versions, sends a heartbeat every interval, and follows
+the coordinator's command stream. Each stage or profiling run is a worker subprocess
+(runtime/worker.py) that the agent starts, relays and can kill, so a failure in one
+generation — a dead peer, a crashed stage — ends only that worker, and the agent waits
+for the next generation's command. It never outlives its coordinator: if heartbeats keep
+failing, the coordinator declares it lost, or the process that started it is gone, it
+stops its worker and exits.
 """
 
 from __future__ import annotations
@@ -17,20 +21,21 @@ import socket
 import sys
 import threading
 import time
-import traceback
 
 import grpc
 
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.protos import control_pb2_grpc
+from hetlaunch.protos import worker_pb2 as wpb
 from hetlaunch.runtime.auth import TOKEN_METADATA_KEY, read_token
 from hetlaunch.runtime.devices import describe_devices
-from hetlaunch.runtime.profile_command import run_profile
-from hetlaunch.runtime.stage_command import run_stage
+from hetlaunch.runtime.supervisor import WorkerProcess
+from hetlaunch.runtime.worker_pipe import FrameError
 from hetlaunch.runtime.version import hetlaunch_version, torch_version
 
 EXIT_REFUSED = 1
 EXIT_LOST_COORDINATOR = 3
+EXIT_DECLARED_LOST = 5  # the coordinator gave our place up (we were silent too long); restart to rejoin
 
 
 def _log(node: str, message: str) -> None:
@@ -51,6 +56,8 @@ class Agent:
         self.step = -1
         self.generation = 0  # of the stage running now; its step reports carry it
         self.commands: queue.Queue = queue.Queue()
+        self.worker: WorkerProcess | None = None  # the task running now, in its own process
+        self._worker_lock = threading.Lock()
 
     def run(self, connect_timeout_s: float) -> int:
         try:
@@ -82,73 +89,100 @@ class Agent:
                 _log(self.node, f"shutting down: {command.shutdown.reason or 'job finished'}")
                 return 0
             if command.HasField("profile"):
-                self._run_profile(command.profile, command.generation)
-            else:
-                self._run_stage(command.run_stage, command.generation)
+                if command.profile.HasField("rendezvous"):  # touching an unset one would make it "set", port 0
+                    self._fill_store_host(command.profile.rendezvous)
+                self._supervise(wpb.WorkerTask(profile=command.profile), command.generation,
+                                pb.AGENT_STATE_PROFILING)
+            elif command.HasField("run_stage"):
+                self._fill_store_host(command.run_stage.rendezvous)
+                self._supervise(wpb.WorkerTask(run_stage=command.run_stage), command.generation,
+                                pb.AGENT_STATE_TRAINING)
 
     def _fill_store_host(self, rendezvous: pb.Rendezvous) -> None:
         if not rendezvous.store_host:  # the store lives on the host we dialed to reach the coordinator
             rendezvous.store_host = self.coordinator.rsplit(":", 1)[0].strip("[]")
 
-    def _run_profile(self, command: pb.Profile, generation: int) -> None:
-        self.busy_state = pb.AGENT_STATE_PROFILING
-        self.training.set()
-        if command.HasField("rendezvous"):  # touching an unset sub-message would make it "set", with port 0
-            self._fill_store_host(command.rendezvous)
-        try:
-            report = run_profile(command)
-        except Exception as exc:  # the coordinator must hear why profiling died, whatever it was
-            _log(self.node, "profiling failed:\n" + traceback.format_exc())
-            report = pb.ReportProfileRequest(ok=False, error=f"{type(exc).__name__}: {exc}")
-        finally:
-            self.training.clear()
-        report.agent_id = self.agent_id
-        report.generation = generation
-        try:
-            self.stub.ReportProfile(report, metadata=self.metadata, timeout=30)
-        except grpc.RpcError as err:
-            _log(self.node, f"could not report the profile: {err.details()}")
-
-    def _run_stage(self, run: pb.RunStage, generation: int) -> None:
-        self.generation = generation
+    def _supervise(self, task: wpb.WorkerTask, generation: int, state: int) -> None:
+        """Run one task in a worker, relay its events, and report how it ended (unless aborted)."""
         self.step = -1
-        self.busy_state = pb.AGENT_STATE_TRAINING
+        self.busy_state = state
+        with self._worker_lock:
+            self.generation = generation
+            worker = self.worker = WorkerProcess(task)
         self.training.set()
-        ok, error = True, ""
-        self._fill_store_host(run.rendezvous)
+        done, profile = None, None
         try:
-            run_stage(run, self._report_step)
-        except Exception as exc:  # the coordinator must hear why the stage died, whatever it was
-            ok, error = False, f"{type(exc).__name__}: {exc}"
-            _log(self.node, "stage failed:\n" + traceback.format_exc())
-        finally:
-            self.training.clear()
-        try:
-            self.stub.ReportResult(pb.ReportResultRequest(agent_id=self.agent_id, ok=ok, error=error,
-                                                          generation=generation),
-                                   metadata=self.metadata, timeout=30)
-        except grpc.RpcError as err:
-            _log(self.node, f"could not report the result: {err.details()}")
+            for event in worker.events():
+                kind = event.WhichOneof("kind")
+                if kind == "step":
+                    self.step = event.step.step
+                    self._call("ReportStep", pb.ReportStepRequest(agent_id=self.agent_id, metrics=event.step,
+                                                                  generation=generation))
+                elif kind == "checkpoint":
+                    self._call("ReportCheckpoint", pb.ReportCheckpointRequest(
+                        agent_id=self.agent_id, part=event.checkpoint, generation=generation))
+                elif kind == "profile":
+                    profile = event.profile
+                elif kind == "done":
+                    done = event.done
+        except FrameError as err:  # a worker runs user code; garbage on its pipe ends it
+            worker.kill()
+            done = wpb.WorkerDone(ok=False, error=f"the worker sent garbage: {err}")
+        worker.wait()
+        self.training.clear()
+        with self._worker_lock:
+            self.worker = None
+        if worker.aborted:
+            return  # the coordinator ended this generation; it expects no result
+        if done is None:
+            done = wpb.WorkerDone(ok=False, error=worker.exit_description())
+        if not done.ok:
+            _log(self.node, f"task failed: {done.error}")
+        if task.HasField("profile"):
+            report = profile if (done.ok and profile is not None) else pb.ReportProfileRequest(
+                ok=False, error=done.error or "the worker reported no profile")
+            report.agent_id, report.generation = self.agent_id, generation
+            self._call("ReportProfile", report)
+        else:
+            self._call("ReportResult", pb.ReportResultRequest(agent_id=self.agent_id, ok=done.ok, error=done.error,
+                                                              generation=generation))
 
-    def _report_step(self, metrics: pb.StepMetrics) -> None:
-        self.step = metrics.step
-        # Unary on loopback costs well under a millisecond a step; a queue would only hide failures.
-        self.stub.ReportStep(pb.ReportStepRequest(agent_id=self.agent_id, metrics=metrics, generation=self.generation),
-                             metadata=self.metadata, timeout=30)
+    def _call(self, method: str, request) -> None:
+        try:
+            getattr(self.stub, method)(request, metadata=self.metadata, timeout=30)
+        except grpc.RpcError as err:
+            _log(self.node, f"{method} failed ({err.code().name}): {err.details()}")
+
+    def _stop_worker(self, snapshot_dir: str = "", generation: int | None = None) -> None:
+        """Stop the running worker — only if it belongs to `generation` or an earlier one (when given):
+        a late abort must never hit the next generation's worker."""
+        with self._worker_lock:
+            worker = self.worker
+            if worker is None or (generation is not None and self.generation > generation):
+                return
+        if snapshot_dir:
+            worker.snapshot(snapshot_dir)
+        else:
+            worker.kill()
 
     def _command_reader(self) -> None:
         request = pb.WatchCommandsRequest(agent_id=self.agent_id)
         try:
             for command in self.stub.WatchCommands(request, metadata=self.metadata):
+                if command.HasField("abort"):
+                    # Here, not in the command loop: that loop is busy relaying the worker being aborted.
+                    _log(self.node, f"aborting the running task: {command.abort.reason}")
+                    threading.Thread(target=self._stop_worker,
+                                     args=(command.abort.snapshot_dir, command.generation), daemon=True).start()
+                    continue
                 if command.HasField("shutdown") and self.training.is_set():
-                    # Peers may be blocked on the data plane; a clean unwind is not possible.
-                    _log(self.node, f"stopping mid-stage: {command.shutdown.reason}")
-                    os._exit(0)
+                    _log(self.node, f"stopping mid-task: {command.shutdown.reason}")
+                    self._stop_worker()
                 self.commands.put(command)
         except grpc.RpcError as err:
             if self.training.is_set():
-                _log(self.node, f"lost the coordinator mid-stage: {err.details()}")
-                os._exit(EXIT_LOST_COORDINATOR)
+                _log(self.node, f"lost the coordinator mid-task: {err.details()}")
+                self._stop_worker()
         self.commands.put(None)
 
     def _heartbeat_loop(self, interval: float) -> None:
@@ -157,17 +191,23 @@ class Agent:
         while True:
             time.sleep(interval)
             if self.parent_pid is not None and os.getppid() != self.parent_pid:
-                _log(self.node, "the process that started this agent is gone; exiting")
-                os._exit(EXIT_LOST_COORDINATOR)
+                self._exit(EXIT_LOST_COORDINATOR, "the process that started this agent is gone; exiting")
             state = self.busy_state if self.training.is_set() else pb.AGENT_STATE_IDLE
             try:
                 self.stub.Heartbeat(pb.HeartbeatRequest(agent_id=self.agent_id, state=state, step=self.step),
                                     metadata=self.metadata, timeout=max(interval * 3, 2.0))
                 last_ok = time.monotonic()
             except grpc.RpcError as err:
+                if err.code() == grpc.StatusCode.FAILED_PRECONDITION:  # declared lost while we were silent
+                    self._exit(EXIT_DECLARED_LOST, f"{err.details()}; restart the agent to rejoin")
                 if time.monotonic() - last_ok > lost_after:
-                    _log(self.node, f"no heartbeat accepted for {lost_after:.0f}s ({err.code().name}); exiting")
-                    os._exit(EXIT_LOST_COORDINATOR)
+                    self._exit(EXIT_LOST_COORDINATOR,
+                               f"no heartbeat accepted for {lost_after:.0f}s ({err.code().name}); exiting")
+
+    def _exit(self, code: int, why: str) -> None:
+        _log(self.node, why)
+        self._stop_worker()
+        os._exit(code)
 
 
 def run_agent(coordinator: str, node_name: str, token: str, connect_timeout_s: float = 60.0,

@@ -11,6 +11,7 @@ during the last backward, before the optimizer steps).
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -64,6 +65,10 @@ class StageExecutor:
     grad_sync: GradientSync | None = None
     module: nn.Sequential = field(init=False)
     optimizer: torch.optim.Optimizer | None = field(init=False)
+    # Optimizer steps taken, counting those before a restore. It changes together with the
+    # parameters, under `state_lock`, so a snapshot taken from another thread is one step's state.
+    steps_done: int = field(init=False, default=0)
+    state_lock: threading.Lock = field(init=False, default_factory=threading.Lock)
 
     def __post_init__(self):
         if self.is_first != (self.prev_link is None) or self.is_last != (self.next_link is None):
@@ -140,9 +145,11 @@ class StageExecutor:
             self.prev_link.send(saved.inputs.grad)
 
     def _optimizer_step(self) -> None:
-        if self.optimizer is not None:
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+        with self.state_lock:
+            if self.optimizer is not None:
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+            self.steps_done += 1
 
     def _received(self, link: Link) -> torch.Tensor:
         start = time.perf_counter()

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-import os
+import hashlib
+import sys
+import threading
+import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Protocol
 
 import torch
 import torch.distributed as dist
 
 from hetlaunch.protos import control_pb2 as pb
+from hetlaunch.runtime.checkpoint import (apply_state, checkpoint_dir, load_layers, read_manifest, stage_state,
+                                          write_part)
 from hetlaunch.runtime.codecs import codec_by_id
 from hetlaunch.runtime.data_plane import init_data_plane, wire_device
 from hetlaunch.runtime.devices import resolve_device
@@ -45,24 +50,84 @@ def sync_group_plans(dp: pb.DataParallel) -> list[SyncGroupPlan]:
     return plans
 
 
-def save_stage_checkpoint(module: torch.nn.Module, layer_start: int, stage_index: int, directory: str | Path) -> Path:
-    """Parameters keyed by global layer index (`layers.<i>.<name>`), so stages merge into one model.
+class StageReports(Protocol):
+    """Where a stage's reports go (runtime/worker.py: to the agent, over a pipe)."""
 
-    Load with torch.load(path, weights_only=True); written to a temporary name first so a
-    reader never sees half a file.
-    """
-    state = {f"layers.{layer_start + int(key.split('.', 1)[0])}.{key.split('.', 1)[1]}": value.detach().cpu()
-             for key, value in module.state_dict().items()}
-    path = Path(directory) / f"stage{stage_index}.pt"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".pt.tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
-    return path
+    def step(self, metrics: pb.StepMetrics) -> None: ...
+    def checkpoint(self, part: pb.CheckpointPart) -> None: ...
+    def on_snapshot(self, handler: Callable[[str], pb.CheckpointPart] | None) -> None: ...
 
 
-def run_stage(cmd: pb.RunStage, report: Callable[[pb.StepMetrics], None]) -> None:
-    """Train this node's stage for every step of the job; report one StepMetrics per step."""
+def step_rng_seed(seed: int, step: int) -> int:
+    """Every step starts from torch.manual_seed(this): a run resumed at step k, on any cut,
+    draws what an uninterrupted one draws — no per-process RNG state to save and reshard."""
+    digest = hashlib.blake2b(f"hetlaunch-step:{seed}:{step}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+class CheckpointWriter:
+    """Saves this stage's layers at step boundaries: the state is copied to CPU memory while
+    training waits (the only stall), then written and reported by a background thread. One
+    write at a time: a step that needs a new copy while the last one is still being written
+    waits for it."""
+
+    def __init__(self, executor: StageExecutor, layer_start: int, layer_end: int, root: str,
+                 reports: StageReports):
+        self.executor, self.layer_start, self.layer_end = executor, layer_start, layer_end
+        self.root = Path(root)
+        self.reports = reports
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    def save(self, step: int) -> None:
+        start = time.perf_counter()
+        self.wait()
+        with self.executor.state_lock:
+            state = stage_state(self.executor.module, self.executor.optimizer, self.layer_start)
+        stall_s = time.perf_counter() - start
+        self._thread = threading.Thread(target=self._write, args=(state, step, stall_s), daemon=True)
+        self._thread.start()
+
+    def _write(self, state: dict, step: int, stall_s: float) -> None:
+        try:
+            start = time.perf_counter()
+            directory = checkpoint_dir(self.root, step)
+            part = write_part(directory, state, self.layer_start, self.layer_end)
+            self.reports.checkpoint(_part_message(directory, part, step, write_s=time.perf_counter() - start,
+                                                  stall_s=stall_s))
+        except BaseException as err:  # surfaced on the main thread by wait()
+            self.error = err
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise RuntimeError(f"writing the checkpoint failed: {error}") from error
+
+
+def _part_message(directory: Path, part, step: int, write_s: float = 0.0, stall_s: float = 0.0,
+                  snapshot: bool = False) -> pb.CheckpointPart:
+    return pb.CheckpointPart(directory=str(directory), file=part.file, layer_start=part.layer_start,
+                             layer_end=part.layer_end, bytes=part.bytes, sha256=part.sha256, step=step,
+                             snapshot=snapshot, write_s=write_s, stall_s=stall_s)
+
+
+def _snapshot_handler(executor: StageExecutor, layer_start: int, layer_end: int):
+    """Write the state as of the last finished optimizer step; called on the worker's control
+    thread while the main thread may be blocked on a dead peer. The state lock is kept: no
+    optimizer step may change the state after it was written (the worker exits next)."""
+    def snapshot(directory: str) -> pb.CheckpointPart:
+        executor.state_lock.acquire()
+        state = stage_state(executor.module, executor.optimizer, layer_start)
+        part = write_part(Path(directory), state, layer_start, layer_end)
+        return _part_message(Path(directory), part, executor.steps_done, snapshot=True)
+    return snapshot
+
+
+def run_stage(cmd: pb.RunStage, reports: StageReports) -> None:
+    """Train this node's stage from train.start_step to the last step; report one StepMetrics per step."""
     stage, train = cmd.stage, cmd.train
     if stage.threads:
         torch.set_num_threads(stage.threads)
@@ -76,13 +141,15 @@ def run_stage(cmd: pb.RunStage, report: Callable[[pb.StepMetrics], None]) -> Non
     if is_last and stage.layer_end != bundle.num_layers:  # the loss belongs after the model's last layer
         raise ValueError(f"the last stage ends at layer {stage.layer_end}, but the model has {bundle.num_layers} "
                          f"layers: the pinned layers must cover [0, {bundle.num_layers})")
+    restored = None
+    if cmd.HasField("restore"):  # read before joining the group: a bad checkpoint fails this stage alone
+        directory = Path(cmd.restore.checkpoint_dir)
+        restored = load_layers(directory, read_manifest(directory), stage.layer_start, stage.layer_end)
     batches = None
     if is_first or is_last:  # middle stages never touch the data
         text = file_text_bytes(cmd.data.path) if cmd.data.path else stdlib_text_bytes()
         batches = TokenBatches(text, spec.seq_len, seed=cmd.data.seed)
     dp = cmd.data_parallel if cmd.HasField("data_parallel") else None
-    global_microbatches = dp.global_microbatches if dp else train.num_microbatches
-    first_microbatch = dp.microbatch_offset if dp else 0
     init_data_plane(cmd.rendezvous)
     try:
         prev_link, next_link = _links(stage, device, cmd.rendezvous.backend)
@@ -95,26 +162,55 @@ def run_stage(cmd: pb.RunStage, report: Callable[[pb.StepMetrics], None]) -> Non
                                  prev_link=prev_link, next_link=next_link, lr=train.lr,
                                  weight_decay=train.weight_decay,
                                  emulation=ComputeEmulation(stage.emulate.speed or 1.0), grad_sync=grad_sync)
-        actions = schedule_for(schedule_name(train.schedule), stage.stage_index, stage.num_stages,
-                               train.num_microbatches)
-        tokens = train.micro_batch_size * train.num_microbatches * spec.seq_len
-        for step in range(train.steps):
-            microbatches = None
-            if batches is not None:  # the step's global batch, of which this pipeline takes its share
-                microbatches = batches.micro_batches(step, train.micro_batch_size, global_microbatches)
-                microbatches = microbatches[first_microbatch:first_microbatch + train.num_microbatches]
-            result = executor.train_step(actions, microbatches, global_microbatches)
-            report(pb.StepMetrics(step=step, stage_index=stage.stage_index, has_loss=result.loss is not None,
-                                  loss=result.loss or 0.0, step_s=result.step_s, compute_s=result.compute_s,
-                                  comm_s=result.comm_s, tokens=tokens,
-                                  forward_raw_bytes=result.forward_bytes[0], forward_wire_bytes=result.forward_bytes[1],
-                                  backward_raw_bytes=result.backward_bytes[0],
-                                  backward_wire_bytes=result.backward_bytes[1],
-                                  pipeline_index=dp.pipeline_index if dp else 0, sync_s=result.sync_s,
-                                  sync_raw_bytes=result.sync_bytes[0], sync_wire_bytes=result.sync_bytes[1]))
-        if train.checkpoint_dir:
-            # Several pipelines hold identical replicas; each saves its own, under pipeline<p>/.
-            directory = Path(train.checkpoint_dir) / (f"pipeline{dp.pipeline_index}" if dp else "")
-            save_stage_checkpoint(executor.module, stage.layer_start, stage.stage_index, directory)
+        executor.steps_done = train.start_step
+        if restored is not None:
+            apply_state(executor.module, executor.optimizer, restored, stage.layer_start)
+        snapshot = _snapshot_handler(executor, stage.layer_start, stage.layer_end)
+        reports.on_snapshot(snapshot)
+        writer = (CheckpointWriter(executor, stage.layer_start, stage.layer_end, train.checkpoint_dir, reports)
+                  if train.checkpoint_dir and train.save_part else None)
+        try:
+            _train(cmd, executor, batches, writer, reports)
+        except Exception:
+            if train.snapshot_dir:  # before reporting the failure: a replica may stand in for a lost node
+                try:
+                    reports.checkpoint(snapshot(train.snapshot_dir))
+                except Exception as err:  # the failure reported is the one that ended the stage
+                    print(f"snapshot after the failure not written: {err}", file=sys.stderr, flush=True)
+            raise
     finally:
         dist.destroy_process_group()
+
+
+def _train(cmd: pb.RunStage, executor: StageExecutor, batches: TokenBatches | None,
+           writer: CheckpointWriter | None, reports: StageReports) -> None:
+    """The steps, from train.start_step on: data, one schedule pass, a report, a checkpoint when due."""
+    stage, train = cmd.stage, cmd.train
+    spec = model_spec_from_proto(cmd.model)
+    dp = cmd.data_parallel if cmd.HasField("data_parallel") else None
+    global_microbatches = dp.global_microbatches if dp else train.num_microbatches
+    first_microbatch = dp.microbatch_offset if dp else 0
+    actions = schedule_for(schedule_name(train.schedule), stage.stage_index, stage.num_stages, train.num_microbatches)
+    tokens = train.micro_batch_size * train.num_microbatches * spec.seq_len
+    for step in range(train.start_step, train.steps):
+        torch.manual_seed(step_rng_seed(train.seed, step))
+        microbatches = None
+        if batches is not None:  # the step's global batch, of which this pipeline takes its share
+            microbatches = batches.micro_batches(step, train.micro_batch_size, global_microbatches)
+            microbatches = microbatches[first_microbatch:first_microbatch + train.num_microbatches]
+        result = executor.train_step(actions, microbatches, global_microbatches)
+        reports.step(pb.StepMetrics(step=step, stage_index=stage.stage_index, has_loss=result.loss is not None,
+                                    loss=result.loss or 0.0, step_s=result.step_s, compute_s=result.compute_s,
+                                    comm_s=result.comm_s, tokens=tokens,
+                                    forward_raw_bytes=result.forward_bytes[0],
+                                    forward_wire_bytes=result.forward_bytes[1],
+                                    backward_raw_bytes=result.backward_bytes[0],
+                                    backward_wire_bytes=result.backward_bytes[1],
+                                    pipeline_index=dp.pipeline_index if dp else 0, sync_s=result.sync_s,
+                                    sync_raw_bytes=result.sync_bytes[0], sync_wire_bytes=result.sync_bytes[1]))
+        done = step + 1
+        if writer is not None and (done == train.steps or
+                                   (train.checkpoint_every and done % train.checkpoint_every == 0)):
+            writer.save(done)
+    if writer is not None:
+        writer.wait()  # the last checkpoint is reported before the stage reports success

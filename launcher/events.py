@@ -1,0 +1,51 @@
+"""events.jsonl: what happened to the job besides its steps, one JSON line per event.
+
+Joins, lost nodes (with how long detection took), generations with their plans, committed
+checkpoints, restores (from a file or from a live replica), restarts and resumes. Lines are
+written whole (run_record.JsonLines); a resumed run appends to the same file.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from pathlib import Path
+
+from hetlaunch.launcher.run_record import JsonLines, strict_json
+
+MAX_EVENTS_BYTES = 256 * 2**20
+
+
+class EventLog:
+    def __init__(self, run_dir: Path, resume: bool = False):
+        self.path = run_dir / "events.jsonl"
+        self.counts: Counter[str] = Counter()
+        self._lines = JsonLines(self.path, _earlier_lines(self.path) if resume else None)
+
+    def write(self, event: str, **fields) -> dict:
+        entry = {"time": round(time.time(), 3), "event": event, **fields}
+        self._lines.append(strict_json(entry))
+        self.counts[event] += 1
+        return entry
+
+    def close(self) -> None:
+        self._lines.close()
+
+
+def _earlier_lines(path: Path) -> list[str]:
+    """The whole lines an earlier run of this directory wrote (a line cut off by its crash is dropped)."""
+    try:
+        if path.stat().st_size > MAX_EVENTS_BYTES:
+            return []
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    kept = []
+    for line in lines:
+        try:
+            if isinstance(json.loads(line), dict):
+                kept.append(line)
+        except ValueError:
+            continue
+    return kept

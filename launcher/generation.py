@@ -1,0 +1,86 @@
+"""Follow one generation (a plan, its data-plane group, the checkpoint it started from) to its end.
+
+It ends in one of three ways: every stage finished every step; a node was lost (its agent
+or worker died, its heartbeats stopped, or its stage failed for a reason of its own — the
+neighbours' "connection closed" errors are consequences, not causes); or a node (re)joined
+and the planner predicts the cluster with it to be enough faster, at a committed checkpoint.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from hetlaunch.launcher.checkpoint_book import CheckpointBook
+from hetlaunch.launcher.events import EventLog
+from hetlaunch.launcher.planning.plan import Plan
+from hetlaunch.launcher.progress import TrainingProgress
+from hetlaunch.launcher.run_record import RunRecord, StepAggregator
+from hetlaunch.launcher.session import ClusterSession, JobError
+
+
+@dataclass
+class Outcome:
+    finished: bool = False
+    lost: dict[str, str] = field(default_factory=dict)  # node -> why it is out
+    message: str = ""
+    grow: Plan | None = None  # a better plan with joined nodes, to switch to at the last checkpoint
+    failed: set[str] = field(default_factory=set)  # nodes whose stage reported a failure
+
+
+def follow(session: ClusterSession, plan: Plan, record: RunRecord, book: CheckpointBook, events: EventLog,
+           progress: TrainingProgress, consider_join: Callable[[str], Plan | None]) -> Outcome:
+    state = session.state
+    steps = session.cluster.train.steps
+    aggregator = StepAggregator(plan)
+    in_plan = {s.node for s in plan.stages}
+    finished: set[str] = set()
+    joined: list[str] = []
+    while True:
+        received = state.next_step(timeout=0.2)
+        if received is not None:
+            step_record = aggregator.add(*received)
+            if step_record is not None:
+                record.add(step_record)
+                progress.update(step_record)
+        committed = None
+        for node, part in state.checkpoints():
+            committed = book.add(node, part) or committed
+        if committed is not None:
+            events.write("checkpoint", step=committed, directory=str(book.latest[1]), source="file")
+        failures = {}
+        for node, result in state.results():
+            if result.ok:
+                finished.add(node)
+            else:
+                failures[node] = result.error
+        lost = session.lost_nodes(finished)
+        for node, why in lost.items():
+            if node not in in_plan:  # a spare the plan did not use: note it, carry on
+                session.declare_lost(node, why)
+                events.write("lost", node=node, why=why, in_plan=False)
+        lost = {n: why for n, why in lost.items() if n in in_plan}
+        if failures:
+            lost, message = session.diagnose(failures, "stage", finished)
+            return Outcome(lost=lost, message=message, failed=set(failures))
+        if lost:
+            node, why = next(iter(lost.items()))
+            return Outcome(lost=lost, message=f"lost node {node}: {why}")
+        while not state.joins.empty():
+            node = state.joins.get_nowait()
+            session.rejoined(node)
+            events.write("join", node=node, step=len(record.records))
+            joined.append(node)
+        if joined and committed is not None and committed < steps:
+            better = consider_join(joined[-1])
+            joined.clear()
+            if better is not None:
+                return Outcome(grow=better, message=f"node(s) joined; switching to a plan predicted at "
+                                                    f"{better.predicted_tokens_per_s:,.0f} tokens/s")
+        if len(finished) == len(plan.stages):
+            if len(record.records) >= steps:
+                return Outcome(finished=True)
+            if not state.steps_pending():
+                raise JobError(f"stages finished but only {len(record.records)} of {steps} steps reported")
+        time.sleep(0)

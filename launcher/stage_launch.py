@@ -1,0 +1,85 @@
+"""Turn a plan into the RunStage commands of one generation: ranks, links, sync groups, restore."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hetlaunch.launcher.checkpoint_book import Restore
+from hetlaunch.launcher.planning.plan import Plan
+from hetlaunch.launcher.session import ClusterSession
+from hetlaunch.protos import control_pb2 as pb
+from hetlaunch.runtime.wire import codec_wire_id, model_spec_to_proto, schedule_wire_id
+
+
+def launch(session: ClusterSession, plan: Plan, spec, restore: Restore, checkpoint_root: Path) -> dict[str, tuple[int, int]]:
+    """Push every stage its RunStage on a fresh data-plane generation, starting from `restore`.
+    Returns the checkpoint writers: node -> the layers it saves (the first pipeline's stages)."""
+    cluster = session.cluster
+    backend = session.backend_for([s.node for s in plan.stages])
+    t = cluster.train
+    data = pb.DataSpec(path=str(Path(cluster.data.path).resolve()) if cluster.data.path else "", seed=cluster.data.seed)
+    model = model_spec_to_proto(spec)
+    pipelines = plan.pipelines()
+    world = len(plan.stages)
+    data_parallel = _data_parallel(cluster, plan) if len(pipelines) > 1 else None
+    generation = session.begin_generation()
+    # With several pipelines a failing stage snapshots its layers: another pipeline may hold the lost ones.
+    snapshot_root = checkpoint_root / f"replica-g{generation}" if len(pipelines) > 1 else None
+    offset = rank = 0  # ranks follow plan.stages: pipeline after pipeline
+    for p, (stages, share) in enumerate(zip(pipelines, plan.pipeline_microbatches)):
+        train = pb.TrainSpec(steps=t.steps, micro_batch_size=t.micro_batch_size, num_microbatches=share,
+                             schedule=schedule_wire_id(t.schedule), lr=t.lr, weight_decay=t.weight_decay, seed=t.seed,
+                             checkpoint_dir=str(checkpoint_root), checkpoint_every=t.checkpoint_every,
+                             save_part=p == 0, start_step=restore.step)
+        n = len(stages)
+        for j, stage in enumerate(stages):
+            node = cluster.node(stage.node)
+            spec_msg = pb.StageSpec(stage_index=j, num_stages=n, layer_start=stage.layer_start,
+                                    layer_end=stage.layer_end, device=session.device_of(stage.node),
+                                    threads=session.threads_of(stage.node),
+                                    emulate=pb.Emulation(speed=node.emulate.speed))
+            if j > 0:
+                spec_msg.prev.CopyFrom(_link_spec(cluster, stages[j - 1], stage, peer_rank=rank - 1))
+            if j < n - 1:
+                spec_msg.next.CopyFrom(_link_spec(cluster, stage, stages[j + 1], peer_rank=rank + 1))
+            command = pb.RunStage(model=model, data=data, train=train, stage=spec_msg,
+                                  rendezvous=session.rendezvous(rank, world, backend))
+            if snapshot_root is not None:
+                command.train.snapshot_dir = str(snapshot_root / stage.node)
+            if restore.directory is not None:
+                command.restore.checkpoint_dir = str(restore.directory)
+            if data_parallel is not None:
+                command.data_parallel.CopyFrom(data_parallel)
+                command.data_parallel.pipeline_index = p
+                command.data_parallel.microbatch_offset = offset
+            session.state.send(stage.node, pb.Command(run_stage=command))
+            rank += 1
+        offset += share
+    return {s.node: (s.layer_start, s.layer_end) for s in pipelines[0]}
+
+
+def _data_parallel(cluster, plan: Plan) -> pb.DataParallel:
+    """What every stage of a several-pipeline plan shares: the global batch and all sync groups."""
+    rank = {stage.node: i for i, stage in enumerate(plan.stages)}
+    message = pb.DataParallel(global_microbatches=plan.num_microbatches)
+    for group in plan.sync_plans():
+        bw, lat = _slowest_emulated_link(cluster, group.nodes)
+        message.sync_groups.add(layer_start=group.layer_start, layer_end=group.layer_end,
+                                ranks=[rank[name] for name in group.nodes], codec=codec_wire_id(group.codec),
+                                emulate_bandwidth_mbps=bw, emulate_latency_ms=lat)
+    return message
+
+
+def _slowest_emulated_link(cluster, nodes: tuple[str, ...]) -> tuple[float, float]:
+    """A sync group runs at its slowest link: the lowest emulated bandwidth, the highest latency."""
+    pairs = [cluster.emulated_link(a, b) for i, a in enumerate(nodes) for b in nodes[i + 1:]]
+    limited = [bw for bw, _ in pairs if bw > 0]
+    return (min(limited) if limited else 0.0), max((lat for _, lat in pairs), default=0.0)
+
+
+def _link_spec(cluster, up, down, peer_rank: int) -> pb.LinkSpec:
+    """The boundary between stages `up` and `down` of one pipeline, as seen from one side."""
+    bw, lat = cluster.emulated_link(up.node, down.node)
+    return pb.LinkSpec(peer_rank=peer_rank, forward_codec=codec_wire_id(up.forward_codec),
+                       backward_codec=codec_wire_id(up.backward_codec),
+                       emulate_bandwidth_mbps=bw, emulate_latency_ms=lat)

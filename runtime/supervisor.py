@@ -1,0 +1,98 @@
+"""The agent's side of a worker: start it, read its events, snapshot or kill it, say how it ended.
+
+A worker is a fresh interpreter (`python -m hetlaunch.runtime.worker`), exec'd, never a
+fork of the agent (which holds gRPC). It inherits the agent's stderr (so its traceback lands
+in the agent's log) and process group (so stopping a local agent's group stops it too).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Iterator
+
+from hetlaunch.protos import worker_pb2 as wpb
+from hetlaunch.runtime.worker_pipe import FrameWriter, PipeClosed, read_frame
+
+SNAPSHOT_TIMEOUT_S = 20.0  # a stage's state is written locally; past this the replica is not waited for
+
+
+class WorkerProcess:
+    def __init__(self, task: wpb.WorkerTask):
+        read_fd, write_fd = os.pipe()
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "hetlaunch.runtime.worker", "--report-fd", str(write_fd)],
+                stdin=subprocess.PIPE, pass_fds=(write_fd,), close_fds=True)
+        except BaseException:
+            os.close(read_fd)
+            raise
+        finally:
+            os.close(write_fd)  # the worker holds the only write end: its exit ends our reads
+        self._events_fd = read_fd
+        self._control = FrameWriter(self.process.stdin.fileno())
+        self.aborted = False
+        try:
+            self._control.write(task)
+        except PipeClosed:
+            pass  # it died at once; events() ends and exit_description() says how
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def events(self) -> Iterator[wpb.WorkerEvent]:
+        """Every event until the worker closes its pipe (exits or is killed). FrameError on garbage."""
+        try:
+            while True:
+                try:
+                    yield read_frame(self._events_fd, wpb.WorkerEvent)
+                except PipeClosed:
+                    return
+        finally:
+            os.close(self._events_fd)
+            self._events_fd = -1
+
+    def snapshot(self, directory: str, timeout_s: float = SNAPSHOT_TIMEOUT_S) -> None:
+        """Ask for a snapshot of the stage's state; kill the worker if it has not exited in time."""
+        self.aborted = True
+        try:
+            self._control.write(wpb.WorkerControl(snapshot_dir=directory))
+        except PipeClosed:
+            pass
+        deadline = time.monotonic() + timeout_s
+        while self.process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL: a worker blocked on a dead peer's data-plane call cannot be unwound politely."""
+        self.aborted = True
+        if self.process.poll() is None:
+            try:
+                self.process.send_signal(signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def wait(self, timeout_s: float = 30.0) -> int:
+        try:
+            return self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return self.process.wait(timeout=5)
+        finally:
+            try:
+                self.process.stdin.close()  # the file object owns the descriptor
+            except OSError:
+                pass
+
+    def exit_description(self) -> str:
+        code = self.process.poll()
+        if code is None:
+            return "the worker is still running"
+        if code < 0:
+            return f"the worker was killed by {signal.Signals(-code).name}"
+        return f"the worker exited with code {code} without reporting"

@@ -1,0 +1,119 @@
+"""The worker: one stage or one profiling run, in a subprocess its agent supervises.
+
+    python -m hetlaunch.runtime.worker --report-fd N     (started by runtime/supervisor.py)
+
+The agent writes one WorkerTask on our stdin and may later write WorkerControl messages
+there; we write WorkerEvents (steps, checkpoint parts, the profile, done) to the report
+pipe. The agent stays responsive whatever we do: it can kill us at any moment (that is how
+a generation is aborted while we sit in a data-plane call to a dead peer), and when the
+agent itself goes away our stdin ends and we exit at once — a worker never outlives its agent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+import traceback
+from typing import Callable
+
+from hetlaunch.protos import control_pb2 as pb
+from hetlaunch.protos import worker_pb2 as wpb
+from hetlaunch.runtime.worker_pipe import FrameError, FrameWriter, PipeClosed, read_frame
+
+EXIT_AGENT_GONE = 4
+EXIT_SNAPSHOT = 5  # exited after writing a snapshot, as asked
+
+
+def _log(message: str) -> None:
+    print(f"[worker {os.getpid()}] {message}", file=sys.stderr, flush=True)
+
+
+class WorkerReports:
+    """What a stage or a profiling run tells its agent; `on_snapshot` registers how to snapshot."""
+
+    def __init__(self, writer: FrameWriter):
+        self._writer = writer
+        self._snapshot: Callable[[str], pb.CheckpointPart] | None = None
+        self._snapshot_lock = threading.Lock()
+
+    def step(self, metrics: pb.StepMetrics) -> None:
+        self._writer.write(wpb.WorkerEvent(step=metrics))
+
+    def checkpoint(self, part: pb.CheckpointPart) -> None:
+        self._writer.write(wpb.WorkerEvent(checkpoint=part))
+
+    def on_snapshot(self, handler: Callable[[str], pb.CheckpointPart] | None) -> None:
+        with self._snapshot_lock:
+            self._snapshot = handler
+
+    def snapshot(self, directory: str) -> None:
+        """Write the stage's state (when a stage is running) and exit; runs on the control thread
+        while the main thread may be blocked on a dead peer."""
+        with self._snapshot_lock:
+            handler = self._snapshot
+        if handler is not None:
+            try:
+                self.checkpoint(handler(directory))
+            except Exception:  # nothing to stand in with: the coordinator falls back to the last checkpoint
+                _log("snapshot failed:\n" + traceback.format_exc())
+        os._exit(EXIT_SNAPSHOT)
+
+
+def _watch_controls(reports: WorkerReports) -> None:
+    """Follow the agent's control messages; the end of stdin means the agent is gone."""
+    while True:
+        try:
+            control = read_frame(0, wpb.WorkerControl)
+        except (PipeClosed, FrameError, OSError):
+            os._exit(EXIT_AGENT_GONE)
+        if control.snapshot_dir:
+            reports.snapshot(control.snapshot_dir)
+
+
+def run_task(task: wpb.WorkerTask, reports: WorkerReports, writer: FrameWriter) -> None:
+    # Imported here: torch loads only in the worker, after the task arrived.
+    if task.HasField("profile"):
+        from hetlaunch.runtime.profile_command import run_profile
+
+        writer.write(wpb.WorkerEvent(profile=run_profile(task.profile)))
+    else:
+        from hetlaunch.runtime.stage_command import run_stage
+
+        run_stage(task.run_stage, reports)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="hetlaunch-worker", description="Run one task for a hetlaunch agent.")
+    parser.add_argument("--report-fd", type=int, required=True)
+    args = parser.parse_args(argv)
+    writer = FrameWriter(args.report_fd)
+    try:
+        task = read_frame(0, wpb.WorkerTask)
+    except (PipeClosed, FrameError) as err:
+        _log(f"no task: {err}")
+        return EXIT_AGENT_GONE
+    reports = WorkerReports(writer)
+    threading.Thread(target=_watch_controls, args=(reports,), daemon=True).start()
+    try:
+        run_task(task, reports, writer)
+    except PipeClosed:
+        return EXIT_AGENT_GONE
+    except Exception as exc:  # the agent must hear why the task died, whatever it was
+        _log("task failed:\n" + traceback.format_exc())
+        try:
+            writer.write(wpb.WorkerEvent(done=wpb.WorkerDone(ok=False, error=f"{type(exc).__name__}: {exc}")))
+        except PipeClosed:
+            return EXIT_AGENT_GONE
+        return 1
+    writer.write(wpb.WorkerEvent(done=wpb.WorkerDone(ok=True)))
+    return 0
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter teardown: a c10d group or a CUDA context can hang it; everything is reported.
+    os._exit(code)
