@@ -52,6 +52,8 @@ class CheckpointBook:
     def add(self, node: str, part: pb.CheckpointPart, source: str = "file") -> int | None:
         """A part was written; returns the step if that completed (and committed) a checkpoint.
         Snapshots (written by failing or aborted stages) are kept for commit_snapshots."""
+        if part.error:  # e.g. a full disk: the run cannot keep its promise to be resumable
+            raise JobError(f"cannot write the checkpoint of step {part.step} on node {node}: {part.error}")
         if part.snapshot:
             self.snapshots[node] = part
             return None

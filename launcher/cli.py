@@ -255,8 +255,10 @@ def agent(
     name: str = typer.Option(..., help="this node's name in the cluster YAML"),
     token_file: Optional[Path] = typer.Option(None, help="file holding the join token (else $HETLAUNCH_TOKEN)"),
     connect_timeout: float = typer.Option(60.0, help="seconds to wait for the coordinator"),
+    work_dir: Optional[Path] = typer.Option(None, help="where checkpoint parts wait for their upload to the "
+                                                       "coordinator (default ~/.cache/hetlaunch/agent/NAME)"),
 ) -> None:
-    """Join a coordinator as one node of the cluster and run the stage it assigns."""
+    """Join a coordinator as one node of the cluster and run the stages it assigns, in worker subprocesses."""
     import math
     import re
 
@@ -273,7 +275,7 @@ def agent(
         token = read_token(str(token_file) if token_file else None)
     except ValueError as err:
         _fail(str(err), EXIT_BAD_INPUT)
-    raise typer.Exit(run_agent(coordinator, name, token, connect_timeout))
+    raise typer.Exit(run_agent(coordinator, name, token, connect_timeout, work_dir=work_dir))
 
 
 def main() -> None:

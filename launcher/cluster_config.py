@@ -150,7 +150,8 @@ class TrainConfig(_Strict):
     seed: int = 0  # parameter-init seed
     # Save parameters and AdamW state every this many steps (and after the last) under
     # <run dir>/checkpoints/ (or checkpoint.dir): what a restart after a lost node resumes from.
-    checkpoint_every: int = Field(50, ge=1)
+    # 0: never (a lost node then restarts the job from step 0, unless a replica stands in).
+    checkpoint_every: int = Field(50, ge=0)
     max_restarts: int = Field(3, ge=0)  # generations restarted after lost nodes before the job gives up
     # Data-parallel pipelines the planner may use (each its own chain of nodes and cut): auto = as many as pay off
     max_pipelines: Annotated[int | Literal["auto"], BeforeValidator(_auto_or_positive)] = "auto"

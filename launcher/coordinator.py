@@ -11,19 +11,23 @@ import hmac
 import queue
 import threading
 import time
+import itertools
 import uuid
 from concurrent import futures
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from hetlaunch.protos import control_pb2 as pb
+from hetlaunch.launcher.part_store import PartRefused, receive, send, upload_target
 from hetlaunch.protos import control_pb2_grpc
 from hetlaunch.runtime.auth import TOKEN_METADATA_KEY
 from hetlaunch.runtime.version import hetlaunch_version, torch_version
 
 SERVICE_NAME = "hetlaunch.v1.Coordinator"
+MAX_PART_BYTES = 1 << 40  # a sanity bound on one uploaded checkpoint part (1 TiB)
 
 
 @dataclass
@@ -68,6 +72,7 @@ class CoordinatorState:
         self._profiles: queue.Queue[tuple[str, pb.ReportProfileRequest]] = queue.Queue()
         self._checkpoints: queue.Queue[tuple[str, pb.CheckpointPart]] = queue.Queue()
         self.joins: queue.Queue[str] = queue.Queue()  # every registration, in order (the first ones and rejoins)
+        self.checkpoint_root: Path | None = None  # where uploaded parts go; None: no uploads accepted
 
     # --- the service's side
 
@@ -304,6 +309,32 @@ class CoordinatorServicer(control_pb2_grpc.CoordinatorServicer):
         record = self._record(request.agent_id, context)
         self.state.report_profile(record.node_name, request.generation, request)
         return pb.ReportProfileResponse()
+
+    def UploadPart(self, request_iterator, context):
+        first = next(request_iterator, None)
+        if first is None:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "an empty upload")
+        record = self._record(first.agent_id, context)
+        root = self.state.checkpoint_root
+        if root is None:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, "this job takes no checkpoint uploads")
+        try:
+            return receive(itertools.chain([first], request_iterator), upload_target(root, record.node_name, first),
+                           MAX_PART_BYTES)
+        except PartRefused as err:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        except OSError as err:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"cannot store the part: {err.strerror or err}")
+
+    def DownloadPart(self, request, context):
+        self._record(request.agent_id, context)
+        root = self.state.checkpoint_root
+        if root is None:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, "this job has no checkpoints to download")
+        try:
+            yield from send(root, request)
+        except PartRefused as err:
+            context.abort(grpc.StatusCode.NOT_FOUND, str(err))
 
     def ReportCheckpoint(self, request, context):
         record = self._record(request.agent_id, context)

@@ -17,7 +17,7 @@ from hetlaunch.launcher.events import EventLog
 from hetlaunch.launcher.planning.plan import Plan
 from hetlaunch.launcher.progress import TrainingProgress
 from hetlaunch.launcher.run_record import RunRecord, StepAggregator
-from hetlaunch.launcher.session import ClusterSession, JobError
+from hetlaunch.launcher.session import ClusterSession, JobError, is_peer_error
 
 
 @dataclass
@@ -27,6 +27,7 @@ class Outcome:
     message: str = ""
     grow: Plan | None = None  # a better plan with joined nodes, to switch to at the last checkpoint
     failed: set[str] = field(default_factory=set)  # nodes whose stage reported a failure
+    aggregator: StepAggregator | None = None  # holds the steps some stage never reported
 
 
 def follow(session: ClusterSession, plan: Plan, record: RunRecord, book: CheckpointBook, events: EventLog,
@@ -37,11 +38,28 @@ def follow(session: ClusterSession, plan: Plan, record: RunRecord, book: Checkpo
     in_plan = {s.node for s in plan.stages}
     finished: set[str] = set()
     joined: list[str] = []
+    first = True
+    died: set[str] = set()  # stages whose worker died without reporting (recoverable, unlike a stage's error)
+
+    def new_failures() -> list[tuple[str, str]]:
+        failed = []
+        for node, result in state.results():
+            if result.ok:
+                finished.add(node)
+            else:
+                failed.append((node, result.error))
+                if result.worker_died:
+                    died.add(node)
+        return failed
+
     while True:
         received = state.next_step(timeout=0.2)
         if received is not None:
             step_record = aggregator.add(*received)
             if step_record is not None:
+                if first:  # when the generation is really running again (recovery time ends here)
+                    events.write("first_step", generation=state.generation, step=step_record.step)
+                    first = False
                 record.add(step_record)
                 progress.update(step_record)
         committed = None
@@ -49,12 +67,7 @@ def follow(session: ClusterSession, plan: Plan, record: RunRecord, book: Checkpo
             committed = book.add(node, part) or committed
         if committed is not None:
             events.write("checkpoint", step=committed, directory=str(book.latest[1]), source="file")
-        failures = {}
-        for node, result in state.results():
-            if result.ok:
-                finished.add(node)
-            else:
-                failures[node] = result.error
+        failures = dict(new_failures())
         lost = session.lost_nodes(finished)
         for node, why in lost.items():
             if node not in in_plan:  # a spare the plan did not use: note it, carry on
@@ -62,11 +75,17 @@ def follow(session: ClusterSession, plan: Plan, record: RunRecord, book: Checkpo
                 events.write("lost", node=node, why=why, in_plan=False)
         lost = {n: why for n, why in lost.items() if n in in_plan}
         if failures:
-            lost, message = session.diagnose(failures, "stage", finished)
-            return Outcome(lost=lost, message=message, failed=set(failures))
+            lost, message = session.diagnose(failures, "stage", finished, new_failures)
+            blamed = {node for node in lost if node in failures and node not in died}
+            if any(not is_peer_error(failures[node]) for node in blamed):
+                # The stage reported an error of its own (a bad model, a bad range): it would happen again.
+                raise JobError(message)
+            # Only connection errors and nobody gone: a network hiccup. Run again, on the same nodes.
+            return Outcome(lost={n: why for n, why in lost.items() if n not in blamed}, message=message,
+                           failed=set(failures), aggregator=aggregator)
         if lost:
             node, why = next(iter(lost.items()))
-            return Outcome(lost=lost, message=f"lost node {node}: {why}")
+            return Outcome(lost=lost, message=f"lost node {node}: {why}", aggregator=aggregator)
         while not state.joins.empty():
             node = state.joins.get_nowait()
             session.rejoined(node)

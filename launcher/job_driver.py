@@ -124,10 +124,13 @@ def _run(session: ClusterSession, spec, options: UpOptions, events: EventLog, co
     book = CheckpointBook(_checkpoint_root(session), cluster.checkpoint.keep, plan.num_layers,
                           {"model": spec.describe(), "train_seed": train.seed, "data_seed": cluster.data.seed,
                            "rng": "torch.manual_seed(step_rng_seed(train_seed, step)) before every step"})
+    session.state.checkpoint_root = book.root  # remote stages upload their parts here
     restore = Restore(0, None, "init")
     if options.resume is not None:
         restore = _resume_point(book, spec, plan)
         events.write("resume", step=restore.step, directory=str(restore.directory) if restore.directory else None)
+        console.print(f"resuming at step {restore.step} from {restore.directory}" if restore.directory else
+                      "no committed checkpoint to resume from: starting at step 0")
     record = RunRecord(session.run_dir, resume_at=restore.step if options.resume is not None else None)
     restarts = 0
     start = time.monotonic()
@@ -159,10 +162,14 @@ def _run(session: ClusterSession, spec, options: UpOptions, events: EventLog, co
                 restarts += 1
                 progress.recovering(outcome.message, record.records[-1].step + 1 if record.records else 0)
                 restore = _abort_and_restore(session, plan, book, events, outcome.failed)
+                lost_steps = record.rewind(restore.step)
+                for late in outcome.aggregator.incomplete(before=restore.step):  # taken, but not all reported
+                    if late.step == len(record.records):
+                        record.add(late)
                 plan, profile = _replan(session, spec, profile, console)
                 print_plan(console, plan)
                 events.write("restart", restart=restarts, cause=outcome.message, resume_step=restore.step,
-                             restore_source=restore.source, lost_steps=record.rewind(restore.step))
+                             restore_source=restore.source, lost_steps=lost_steps)
     finally:
         record.close()
     summary = {"run_id": session.run_dir.name, "plan": plan.to_dict(), **record.summarize(),

@@ -14,6 +14,7 @@ import errno
 import json
 import math
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -65,10 +66,13 @@ class StepRecord:
     tokens_per_s: float
     step_s: float
     stages: list[dict]
+    time: float = field(default_factory=time.time)  # when the coordinator had every stage's report (Unix s)
+    missing: list[str] | None = None  # nodes whose report never came (lost right after the step)
 
     def to_json(self) -> str:
+        extra = {"missing": self.missing} if self.missing else {}
         return strict_json({"step": self.step, "loss": self.loss, "tokens_per_s": self.tokens_per_s,
-                            "step_s": self.step_s, "stages": self.stages})
+                            "step_s": self.step_s, "time": round(self.time, 3), **extra, "stages": self.stages})
 
 
 class StepAggregator:
@@ -92,8 +96,26 @@ class StepAggregator:
         if len(reports) < len(self.position):
             return None
         del self.pending[metrics.step]
+        return self._record(metrics.step, reports)
+
+    def incomplete(self, before: int) -> list[StepRecord]:
+        """Steps before `before` that some stage never reported (its node died after the step was
+        taken, before its report arrived), recorded from the reports that did arrive: the loss of
+        the pipelines whose last stage reported, and which nodes are missing."""
+        out = []
+        for step in sorted(s for s in self.pending if s < before):
+            reports = self.pending.pop(step)
+            record = self._record(step, reports)
+            record.missing = sorted(n for n, pos in self.position.items() if pos not in reports)
+            out.append(record)
+        return out
+
+    def _record(self, step: int, reports: dict) -> StepRecord:
         ordered = [(position, *reports[position]) for position in sorted(reports)]
-        loss = sum(m.loss * self.shares[p] for (p, _), _, m in ordered if m.has_loss) / sum(self.shares)
+        with_loss = {p for (p, _), _, m in ordered if m.has_loss}
+        shares = sum(self.shares[p] for p in with_loss)
+        loss = (sum(m.loss * self.shares[p] for (p, _), _, m in ordered if m.has_loss) / shares if shares
+                else float("nan"))
         # Stages overlap in a pipeline and pipelines run side by side: the step takes as long as the slowest.
         step_s = max(m.step_s for _, _, m in ordered)
         tokens = sum(m.tokens for (_, j), _, m in ordered if j == 0)
@@ -103,7 +125,7 @@ class StepAggregator:
                                   "backward": [m.backward_raw_bytes, m.backward_wire_bytes],
                                   "sync": [m.sync_raw_bytes, m.sync_wire_bytes]}}
                   for (p, j), node, m in ordered]
-        return StepRecord(step=metrics.step, loss=loss, tokens_per_s=tokens / step_s if step_s > 0 else 0.0,
+        return StepRecord(step=step, loss=loss, tokens_per_s=tokens / step_s if step_s > 0 else 0.0,
                           step_s=step_s, stages=stages)
 
 
@@ -186,7 +208,8 @@ def read_metrics(path: Path, before_step: int) -> list[StepRecord]:
             data = json.loads(line)
             record = StepRecord(step=int(data["step"]), loss=_number(data["loss"]),
                                 tokens_per_s=float(data["tokens_per_s"]), step_s=float(data["step_s"]),
-                                stages=list(data["stages"]))
+                                stages=list(data["stages"]), time=float(data.get("time", 0.0)),
+                                missing=data.get("missing"))
         except (ValueError, KeyError, TypeError):
             if number == len(lines):
                 break  # the last line, cut off by the crash that ended the earlier run

@@ -164,7 +164,7 @@ class ClusterSession:
         lost = self.lost_nodes(done | set(failures))
         more_failures = more_failures or self._stage_failures
         # A failure that is not a peer's connection error is a cause itself: no need to wait.
-        while not lost and time.monotonic() < deadline and all(map(_is_peer_error, failures.values())):
+        while not lost and time.monotonic() < deadline and all(map(is_peer_error, failures.values())):
             time.sleep(0.1)
             failures.update(more_failures())
             lost = self.lost_nodes(done | set(failures))
@@ -172,7 +172,7 @@ class ClusterSession:
             cause, why = next(iter(lost.items()))
             message = f"lost node {cause}: {why}"
         else:
-            cause = next((n for n, e in failures.items() if not _is_peer_error(e)), next(iter(failures)))
+            cause = next((n for n, e in failures.items() if not is_peer_error(e)), next(iter(failures)))
             message = f"{what} on node {cause} failed: {failures[cause]}"
             lost = {cause: f"its {what} failed: {_first_line(failures[cause])}"}
         others = [f"{n} ({_first_line(e)})" for n, e in failures.items() if n not in lost]
@@ -230,7 +230,7 @@ def _last_seen(state: int, step: int) -> str:
     return ""
 
 
-def _is_peer_error(error: str) -> bool:
+def is_peer_error(error: str) -> bool:
     return any(marker in error.lower() for marker in PEER_ERRORS)
 
 

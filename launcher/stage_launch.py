@@ -29,7 +29,8 @@ def launch(session: ClusterSession, plan: Plan, spec, restore: Restore, checkpoi
     for p, (stages, share) in enumerate(zip(pipelines, plan.pipeline_microbatches)):
         train = pb.TrainSpec(steps=t.steps, micro_batch_size=t.micro_batch_size, num_microbatches=share,
                              schedule=schedule_wire_id(t.schedule), lr=t.lr, weight_decay=t.weight_decay, seed=t.seed,
-                             checkpoint_dir=str(checkpoint_root), checkpoint_every=t.checkpoint_every,
+                             checkpoint_dir=str(checkpoint_root) if t.checkpoint_every else "",
+                             checkpoint_every=t.checkpoint_every,
                              save_part=p == 0, start_step=restore.step)
         n = len(stages)
         for j, stage in enumerate(stages):
@@ -44,6 +45,8 @@ def launch(session: ClusterSession, plan: Plan, spec, restore: Restore, checkpoi
                 spec_msg.next.CopyFrom(_link_spec(cluster, stage, stages[j + 1], peer_rank=rank + 1))
             command = pb.RunStage(model=model, data=data, train=train, stage=spec_msg,
                                   rendezvous=session.rendezvous(rank, world, backend))
+            # A remote stage's parts must outlive its host: without a shared dir its agent uploads them.
+            command.train.upload_parts = node.launch == "remote" and not cluster.checkpoint.dir
             if snapshot_root is not None:
                 command.train.snapshot_dir = str(snapshot_root / stage.node)
             if restore.directory is not None:
@@ -61,7 +64,8 @@ def launch(session: ClusterSession, plan: Plan, spec, restore: Restore, checkpoi
 def _data_parallel(cluster, plan: Plan) -> pb.DataParallel:
     """What every stage of a several-pipeline plan shares: the global batch and all sync groups."""
     rank = {stage.node: i for i, stage in enumerate(plan.stages)}
-    message = pb.DataParallel(global_microbatches=plan.num_microbatches)
+    message = pb.DataParallel(global_microbatches=plan.num_microbatches,
+                              pipeline_sizes=[len(stages) for stages in plan.pipelines()])
     for group in plan.sync_plans():
         bw, lat = _slowest_emulated_link(cluster, group.nodes)
         message.sync_groups.add(layer_start=group.layer_start, layer_end=group.layer_end,

@@ -187,7 +187,7 @@ class DataSpec(_message.Message):
     def __init__(self, path: _Optional[str] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class TrainSpec(_message.Message):
-    __slots__ = ("steps", "micro_batch_size", "num_microbatches", "schedule", "lr", "weight_decay", "seed", "checkpoint_dir", "checkpoint_every", "save_part", "start_step", "snapshot_dir")
+    __slots__ = ("steps", "micro_batch_size", "num_microbatches", "schedule", "lr", "weight_decay", "seed", "checkpoint_dir", "checkpoint_every", "save_part", "start_step", "upload_parts", "snapshot_dir")
     STEPS_FIELD_NUMBER: _ClassVar[int]
     MICRO_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     NUM_MICROBATCHES_FIELD_NUMBER: _ClassVar[int]
@@ -199,6 +199,7 @@ class TrainSpec(_message.Message):
     CHECKPOINT_EVERY_FIELD_NUMBER: _ClassVar[int]
     SAVE_PART_FIELD_NUMBER: _ClassVar[int]
     START_STEP_FIELD_NUMBER: _ClassVar[int]
+    UPLOAD_PARTS_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_DIR_FIELD_NUMBER: _ClassVar[int]
     steps: int
     micro_batch_size: int
@@ -211,8 +212,9 @@ class TrainSpec(_message.Message):
     checkpoint_every: int
     save_part: bool
     start_step: int
+    upload_parts: bool
     snapshot_dir: str
-    def __init__(self, steps: _Optional[int] = ..., micro_batch_size: _Optional[int] = ..., num_microbatches: _Optional[int] = ..., schedule: _Optional[_Union[Schedule, str]] = ..., lr: _Optional[float] = ..., weight_decay: _Optional[float] = ..., seed: _Optional[int] = ..., checkpoint_dir: _Optional[str] = ..., checkpoint_every: _Optional[int] = ..., save_part: _Optional[bool] = ..., start_step: _Optional[int] = ..., snapshot_dir: _Optional[str] = ...) -> None: ...
+    def __init__(self, steps: _Optional[int] = ..., micro_batch_size: _Optional[int] = ..., num_microbatches: _Optional[int] = ..., schedule: _Optional[_Union[Schedule, str]] = ..., lr: _Optional[float] = ..., weight_decay: _Optional[float] = ..., seed: _Optional[int] = ..., checkpoint_dir: _Optional[str] = ..., checkpoint_every: _Optional[int] = ..., save_part: _Optional[bool] = ..., start_step: _Optional[int] = ..., upload_parts: _Optional[bool] = ..., snapshot_dir: _Optional[str] = ...) -> None: ...
 
 class RestoreSpec(_message.Message):
     __slots__ = ("checkpoint_dir",)
@@ -299,16 +301,18 @@ class SyncGroupSpec(_message.Message):
     def __init__(self, layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., ranks: _Optional[_Iterable[int]] = ..., codec: _Optional[_Union[Codec, str]] = ..., emulate_bandwidth_mbps: _Optional[float] = ..., emulate_latency_ms: _Optional[float] = ...) -> None: ...
 
 class DataParallel(_message.Message):
-    __slots__ = ("pipeline_index", "microbatch_offset", "global_microbatches", "sync_groups")
+    __slots__ = ("pipeline_index", "microbatch_offset", "global_microbatches", "sync_groups", "pipeline_sizes")
     PIPELINE_INDEX_FIELD_NUMBER: _ClassVar[int]
     MICROBATCH_OFFSET_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_MICROBATCHES_FIELD_NUMBER: _ClassVar[int]
     SYNC_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    PIPELINE_SIZES_FIELD_NUMBER: _ClassVar[int]
     pipeline_index: int
     microbatch_offset: int
     global_microbatches: int
     sync_groups: _containers.RepeatedCompositeFieldContainer[SyncGroupSpec]
-    def __init__(self, pipeline_index: _Optional[int] = ..., microbatch_offset: _Optional[int] = ..., global_microbatches: _Optional[int] = ..., sync_groups: _Optional[_Iterable[_Union[SyncGroupSpec, _Mapping]]] = ...) -> None: ...
+    pipeline_sizes: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, pipeline_index: _Optional[int] = ..., microbatch_offset: _Optional[int] = ..., global_microbatches: _Optional[int] = ..., sync_groups: _Optional[_Iterable[_Union[SyncGroupSpec, _Mapping]]] = ..., pipeline_sizes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class RunStage(_message.Message):
     __slots__ = ("model", "data", "train", "stage", "rendezvous", "data_parallel", "restore")
@@ -379,23 +383,25 @@ class ReportStepResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class ReportResultRequest(_message.Message):
-    __slots__ = ("agent_id", "ok", "error", "generation")
+    __slots__ = ("agent_id", "ok", "error", "generation", "worker_died")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     OK_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
+    WORKER_DIED_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     ok: bool
     error: str
     generation: int
-    def __init__(self, agent_id: _Optional[str] = ..., ok: _Optional[bool] = ..., error: _Optional[str] = ..., generation: _Optional[int] = ...) -> None: ...
+    worker_died: bool
+    def __init__(self, agent_id: _Optional[str] = ..., ok: _Optional[bool] = ..., error: _Optional[str] = ..., generation: _Optional[int] = ..., worker_died: _Optional[bool] = ...) -> None: ...
 
 class ReportResultResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class CheckpointPart(_message.Message):
-    __slots__ = ("directory", "file", "layer_start", "layer_end", "bytes", "sha256", "step", "snapshot", "write_s", "stall_s")
+    __slots__ = ("directory", "file", "layer_start", "layer_end", "bytes", "sha256", "step", "snapshot", "write_s", "stall_s", "error")
     DIRECTORY_FIELD_NUMBER: _ClassVar[int]
     FILE_FIELD_NUMBER: _ClassVar[int]
     LAYER_START_FIELD_NUMBER: _ClassVar[int]
@@ -406,6 +412,7 @@ class CheckpointPart(_message.Message):
     SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     WRITE_S_FIELD_NUMBER: _ClassVar[int]
     STALL_S_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
     directory: str
     file: str
     layer_start: int
@@ -416,7 +423,8 @@ class CheckpointPart(_message.Message):
     snapshot: bool
     write_s: float
     stall_s: float
-    def __init__(self, directory: _Optional[str] = ..., file: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., bytes: _Optional[int] = ..., sha256: _Optional[str] = ..., step: _Optional[int] = ..., snapshot: _Optional[bool] = ..., write_s: _Optional[float] = ..., stall_s: _Optional[float] = ...) -> None: ...
+    error: str
+    def __init__(self, directory: _Optional[str] = ..., file: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., bytes: _Optional[int] = ..., sha256: _Optional[str] = ..., step: _Optional[int] = ..., snapshot: _Optional[bool] = ..., write_s: _Optional[float] = ..., stall_s: _Optional[float] = ..., error: _Optional[str] = ...) -> None: ...
 
 class ReportCheckpointRequest(_message.Message):
     __slots__ = ("agent_id", "part", "generation")
@@ -431,6 +439,42 @@ class ReportCheckpointRequest(_message.Message):
 class ReportCheckpointResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class PartChunk(_message.Message):
+    __slots__ = ("agent_id", "generation", "step", "snapshot", "file", "data")
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    FILE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    agent_id: str
+    generation: int
+    step: int
+    snapshot: bool
+    file: str
+    data: bytes
+    def __init__(self, agent_id: _Optional[str] = ..., generation: _Optional[int] = ..., step: _Optional[int] = ..., snapshot: _Optional[bool] = ..., file: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class UploadPartResponse(_message.Message):
+    __slots__ = ("directory", "bytes", "sha256")
+    DIRECTORY_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    directory: str
+    bytes: int
+    sha256: str
+    def __init__(self, directory: _Optional[str] = ..., bytes: _Optional[int] = ..., sha256: _Optional[str] = ...) -> None: ...
+
+class DownloadPartRequest(_message.Message):
+    __slots__ = ("agent_id", "checkpoint", "file")
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    FILE_FIELD_NUMBER: _ClassVar[int]
+    agent_id: str
+    checkpoint: str
+    file: str
+    def __init__(self, agent_id: _Optional[str] = ..., checkpoint: _Optional[str] = ..., file: _Optional[str] = ...) -> None: ...
 
 class ProbePeer(_message.Message):
     __slots__ = ("peer_rank", "peer_node", "initiator", "emulate_bandwidth_mbps", "emulate_latency_ms")

@@ -69,6 +69,16 @@ class CoordinatorStub:
                 request_serializer=hetlaunch_dot_protos_dot_control__pb2.ReportCheckpointRequest.SerializeToString,
                 response_deserializer=hetlaunch_dot_protos_dot_control__pb2.ReportCheckpointResponse.FromString,
                 _registered_method=True)
+        self.UploadPart = channel.stream_unary(
+                '/hetlaunch.v1.Coordinator/UploadPart',
+                request_serializer=hetlaunch_dot_protos_dot_control__pb2.PartChunk.SerializeToString,
+                response_deserializer=hetlaunch_dot_protos_dot_control__pb2.UploadPartResponse.FromString,
+                _registered_method=True)
+        self.DownloadPart = channel.unary_stream(
+                '/hetlaunch.v1.Coordinator/DownloadPart',
+                request_serializer=hetlaunch_dot_protos_dot_control__pb2.DownloadPartRequest.SerializeToString,
+                response_deserializer=hetlaunch_dot_protos_dot_control__pb2.PartChunk.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -124,6 +134,21 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UploadPart(self, request_iterator, context):
+        """A remote stage's checkpoint part (no shared checkpoint.dir), in chunks, into the
+        coordinator's checkpoint directory; the first chunk says what it is.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DownloadPart(self, request, context):
+        """One file of a committed checkpoint, in chunks, for a remote stage to restore from.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -161,6 +186,16 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.ReportCheckpoint,
                     request_deserializer=hetlaunch_dot_protos_dot_control__pb2.ReportCheckpointRequest.FromString,
                     response_serializer=hetlaunch_dot_protos_dot_control__pb2.ReportCheckpointResponse.SerializeToString,
+            ),
+            'UploadPart': grpc.stream_unary_rpc_method_handler(
+                    servicer.UploadPart,
+                    request_deserializer=hetlaunch_dot_protos_dot_control__pb2.PartChunk.FromString,
+                    response_serializer=hetlaunch_dot_protos_dot_control__pb2.UploadPartResponse.SerializeToString,
+            ),
+            'DownloadPart': grpc.unary_stream_rpc_method_handler(
+                    servicer.DownloadPart,
+                    request_deserializer=hetlaunch_dot_protos_dot_control__pb2.DownloadPartRequest.FromString,
+                    response_serializer=hetlaunch_dot_protos_dot_control__pb2.PartChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -352,6 +387,60 @@ class Coordinator:
             '/hetlaunch.v1.Coordinator/ReportCheckpoint',
             hetlaunch_dot_protos_dot_control__pb2.ReportCheckpointRequest.SerializeToString,
             hetlaunch_dot_protos_dot_control__pb2.ReportCheckpointResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UploadPart(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/hetlaunch.v1.Coordinator/UploadPart',
+            hetlaunch_dot_protos_dot_control__pb2.PartChunk.SerializeToString,
+            hetlaunch_dot_protos_dot_control__pb2.UploadPartResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DownloadPart(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/hetlaunch.v1.Coordinator/DownloadPart',
+            hetlaunch_dot_protos_dot_control__pb2.DownloadPartRequest.SerializeToString,
+            hetlaunch_dot_protos_dot_control__pb2.PartChunk.FromString,
             options,
             channel_credentials,
             insecure,

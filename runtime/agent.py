@@ -21,6 +21,7 @@ import socket
 import sys
 import threading
 import time
+from pathlib import Path
 
 import grpc
 
@@ -43,8 +44,14 @@ def _log(node: str, message: str) -> None:
 
 
 class Agent:
-    def __init__(self, coordinator: str, token: str, node_name: str, parent_pid: int | None = None):
+    def __init__(self, coordinator: str, token: str, node_name: str, parent_pid: int | None = None,
+                 work_dir: Path | None = None):
         self.node = node_name
+        # Checkpoint parts on their way to the coordinator, and copies to restore from.
+        self.work_dir = work_dir or default_work_dir(node_name)
+        self.uploading = False
+        self.local_snapshot_dir = ""
+        self.uploader = None
         self.parent_pid = parent_pid
         self.channel = grpc.insecure_channel(coordinator)
         self.coordinator = coordinator
@@ -95,8 +102,38 @@ class Agent:
                                 pb.AGENT_STATE_PROFILING)
             elif command.HasField("run_stage"):
                 self._fill_store_host(command.run_stage.rendezvous)
+                try:
+                    self._local_checkpoints(command.run_stage, command.generation)
+                except (grpc.RpcError, OSError, ValueError) as err:
+                    detail = err.details() if isinstance(err, grpc.RpcError) else str(err)
+                    self._call("ReportResult", pb.ReportResultRequest(
+                        agent_id=self.agent_id, ok=False, generation=command.generation,
+                        error=f"cannot fetch the checkpoint to restore from: {detail}"))
+                    continue
                 self._supervise(wpb.WorkerTask(run_stage=command.run_stage), command.generation,
                                 pb.AGENT_STATE_TRAINING)
+
+    def _local_checkpoints(self, run: pb.RunStage, generation: int) -> None:
+        """A stage whose parts this agent must upload (remote, no shared checkpoint dir) writes them
+        into our work dir, and restores from a copy we download first."""
+        self.uploading = run.train.upload_parts
+        self.local_snapshot_dir = ""
+        if not run.train.upload_parts:
+            return
+        if run.train.checkpoint_dir:
+            run.train.checkpoint_dir = str(self.work_dir / "checkpoints")
+        if run.train.snapshot_dir:
+            run.train.snapshot_dir = self.local_snapshot_dir = str(self.work_dir / "snapshots" / f"g{generation}")
+        if run.HasField("restore"):
+            from hetlaunch.runtime.part_transfer import download_checkpoint  # loads torch: only when restoring
+
+            local = download_checkpoint(self.stub, self.metadata, self.agent_id, Path(run.restore.checkpoint_dir).name,
+                                        run.stage.layer_start, run.stage.layer_end, self.work_dir)
+            run.restore.checkpoint_dir = str(local)
+
+    def _report_part(self, part: pb.CheckpointPart, generation: int) -> None:
+        self._call("ReportCheckpoint", pb.ReportCheckpointRequest(agent_id=self.agent_id, part=part,
+                                                                  generation=generation))
 
     def _fill_store_host(self, rendezvous: pb.Rendezvous) -> None:
         if not rendezvous.store_host:  # the store lives on the host we dialed to reach the coordinator
@@ -119,8 +156,10 @@ class Agent:
                     self._call("ReportStep", pb.ReportStepRequest(agent_id=self.agent_id, metrics=event.step,
                                                                   generation=generation))
                 elif kind == "checkpoint":
-                    self._call("ReportCheckpoint", pb.ReportCheckpointRequest(
-                        agent_id=self.agent_id, part=event.checkpoint, generation=generation))
+                    if self.uploading and not event.checkpoint.error:  # reported once it is on the coordinator
+                        self._uploader().submit(event.checkpoint, generation)
+                    else:
+                        self._report_part(event.checkpoint, generation)
                 elif kind == "profile":
                     profile = event.profile
                 elif kind == "done":
@@ -129,12 +168,15 @@ class Agent:
             worker.kill()
             done = wpb.WorkerDone(ok=False, error=f"the worker sent garbage: {err}")
         worker.wait()
+        if self.uploading:
+            self._uploader().wait_idle()  # the last checkpoint is reported before the result
         self.training.clear()
         with self._worker_lock:
             self.worker = None
         if worker.aborted:
             return  # the coordinator ended this generation; it expects no result
-        if done is None:
+        died = done is None
+        if died:
             done = wpb.WorkerDone(ok=False, error=worker.exit_description())
         if not done.ok:
             _log(self.node, f"task failed: {done.error}")
@@ -145,7 +187,14 @@ class Agent:
             self._call("ReportProfile", report)
         else:
             self._call("ReportResult", pb.ReportResultRequest(agent_id=self.agent_id, ok=done.ok, error=done.error,
-                                                              generation=generation))
+                                                              generation=generation, worker_died=died))
+
+    def _uploader(self):
+        if self.uploader is None:
+            from hetlaunch.runtime.part_transfer import PartUploader
+
+            self.uploader = PartUploader(self.stub, self.metadata, self.agent_id, self._report_part)
+        return self.uploader
 
     def _call(self, method: str, request) -> None:
         try:
@@ -161,7 +210,7 @@ class Agent:
             if worker is None or (generation is not None and self.generation > generation):
                 return
         if snapshot_dir:
-            worker.snapshot(snapshot_dir)
+            worker.snapshot(self.local_snapshot_dir or snapshot_dir)
         else:
             worker.kill()
 
@@ -210,9 +259,14 @@ class Agent:
         os._exit(code)
 
 
+def default_work_dir(node_name: str) -> Path:
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "hetlaunch" / "agent" / node_name
+
+
 def run_agent(coordinator: str, node_name: str, token: str, connect_timeout_s: float = 60.0,
-              parent_pid: int | None = None) -> int:
-    return Agent(coordinator, token, node_name, parent_pid).run(connect_timeout_s)
+              parent_pid: int | None = None, work_dir: Path | None = None) -> int:
+    return Agent(coordinator, token, node_name, parent_pid, work_dir).run(connect_timeout_s)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -222,13 +276,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--token-file", default=None, help="file holding the join token (else $HETLAUNCH_TOKEN)")
     parser.add_argument("--connect-timeout", type=float, default=60.0)
     parser.add_argument("--parent-pid", type=int, default=None, help="exit when this process is gone")
+    parser.add_argument("--work-dir", type=Path, default=None,
+                        help="where checkpoint parts wait for upload (default ~/.cache/hetlaunch/agent/NAME)")
     args = parser.parse_args(argv)
     try:
         token = read_token(args.token_file)
     except ValueError as err:
         print(f"hetlaunch agent: {err}", file=sys.stderr)
         return 2
-    return run_agent(args.coordinator, args.name, token, args.connect_timeout, args.parent_pid)
+    return run_agent(args.coordinator, args.name, token, args.connect_timeout, args.parent_pid, args.work_dir)
 
 
 if __name__ == "__main__":

@@ -63,6 +63,8 @@ class StageExecutor:
     emulation: ComputeEmulation = field(default_factory=ComputeEmulation)
     # Several pipelines: sums this stage's gradients with the other holders of its layers.
     grad_sync: GradientSync | None = None
+    # Several pipelines: waits until every stage of this pipeline may step (runtime/stage_command.py).
+    before_optimizer_step: Callable[[], None] | None = None
     module: nn.Sequential = field(init=False)
     optimizer: torch.optim.Optimizer | None = field(init=False)
     # Optimizer steps taken, counting those before a restore. It changes together with the
@@ -106,6 +108,10 @@ class StageExecutor:
             if link is not None:
                 self._comm_s += link.drain()
         sync = self.grad_sync.finish() if self.grad_sync is not None else SyncStats()
+        if self.before_optimizer_step is not None:
+            start = time.perf_counter()
+            self.before_optimizer_step()
+            self._comm_s += time.perf_counter() - start
         self._timed(self._optimizer_step)
         loss = sum(losses) / len(losses) if self.is_last else None
 

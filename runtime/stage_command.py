@@ -89,12 +89,18 @@ class CheckpointWriter:
         self._thread.start()
 
     def _write(self, state: dict, step: int, stall_s: float) -> None:
+        start = time.perf_counter()
+        directory = checkpoint_dir(self.root, step)
         try:
-            start = time.perf_counter()
-            directory = checkpoint_dir(self.root, step)
             part = write_part(directory, state, self.layer_start, self.layer_end)
-            self.reports.checkpoint(_part_message(directory, part, step, write_s=time.perf_counter() - start,
-                                                  stall_s=stall_s))
+        except (OSError, ValueError) as err:  # a full or read-only disk: the coordinator decides what it means
+            message = pb.CheckpointPart(directory=str(directory), layer_start=self.layer_start,
+                                        layer_end=self.layer_end, step=step,
+                                        error=f"{type(err).__name__}: {err.strerror if isinstance(err, OSError) and err.strerror else err}")
+        else:
+            message = _part_message(directory, part, step, write_s=time.perf_counter() - start, stall_s=stall_s)
+        try:
+            self.reports.checkpoint(message)
         except BaseException as err:  # surfaced on the main thread by wait()
             self.error = err
 
@@ -124,6 +130,29 @@ def _snapshot_handler(executor: StageExecutor, layer_start: int, layer_end: int)
         part = write_part(Path(directory), state, layer_start, layer_end)
         return _part_message(Path(directory), part, executor.steps_done, snapshot=True)
     return snapshot
+
+
+def _pipeline_barrier(dp: pb.DataParallel | None, rank: int, device: torch.device, backend: str):
+    """With several pipelines: a barrier of this stage's pipeline before each optimizer step, so
+    either every surviving stage of a pipeline took step s or none did (a stage whose sync partner
+    died cannot take it). Without it, stage 0 could be a step ahead of stage 1 after a loss and no
+    pipeline would hold all layers at one step. Costs one small all-reduce over the pipeline a step.
+    Every rank creates every pipeline's group, in order (c10d requires it)."""
+    if dp is None or len(dp.pipeline_sizes) < 2:
+        return None
+    mine, start = None, 0
+    for size in dp.pipeline_sizes:
+        group = dist.new_group(list(range(start, start + size)))
+        if start <= rank < start + size:
+            mine = group if size > 1 else None
+        start += size
+    if mine is None:
+        return None
+    token = torch.zeros(1, device=wire_device(device, backend))
+
+    def barrier() -> None:
+        dist.all_reduce(token, group=mine)
+    return barrier
 
 
 def run_stage(cmd: pb.RunStage, reports: StageReports) -> None:
@@ -161,7 +190,9 @@ def run_stage(cmd: pb.RunStage, reports: StageReports) -> None:
         executor = StageExecutor(bundle.layers, bundle.loss_fn, is_first=is_first, is_last=is_last, device=device,
                                  prev_link=prev_link, next_link=next_link, lr=train.lr,
                                  weight_decay=train.weight_decay,
-                                 emulation=ComputeEmulation(stage.emulate.speed or 1.0), grad_sync=grad_sync)
+                                 emulation=ComputeEmulation(stage.emulate.speed or 1.0), grad_sync=grad_sync,
+                                 before_optimizer_step=_pipeline_barrier(dp, cmd.rendezvous.rank, device,
+                                                                         cmd.rendezvous.backend))
         executor.steps_done = train.start_step
         if restored is not None:
             apply_state(executor.module, executor.optimizer, restored, stage.layer_start)

@@ -44,7 +44,8 @@ def metrics_lines(run_dir) -> int:
 
 @pytest.mark.timeout(180)
 def test_killing_the_middle_node_blames_it_not_a_survivor(tmp_path):
-    (tmp_path / "cluster.yaml").write_text(THREE_NODES)
+    # No restart allowed: the job ends, and the error must name the node that was lost.
+    (tmp_path / "cluster.yaml").write_text(THREE_NODES.replace("num_microbatches: 4}", "num_microbatches: 4, max_restarts: 0}"))
     run_dir = tmp_path / "run"
     up = popen_hetlaunch("up", str(tmp_path / "cluster.yaml"), "--run-dir", str(run_dir), cwd=tmp_path)
     try:
@@ -59,6 +60,7 @@ def test_killing_the_middle_node_blames_it_not_a_survivor(tmp_path):
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1, err
     assert lines[0].startswith("error: lost node n2:"), lines[0]
+    assert lines[0].endswith("(no restart left: train.max_restarts is 0)"), lines[0]
     assert "Traceback" not in err and "MarkupError" not in err
     # The survivors' errors come after the cause, as its consequences, never as the cause.
     assert "stage on node n1 failed" not in lines[0] and "stage on node n3 failed" not in lines[0]

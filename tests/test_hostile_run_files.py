@@ -38,9 +38,9 @@ nodes:
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
-def cluster_yaml(directory: Path, steps: int = 3) -> Path:
-    path = directory / f"cluster{steps}.yaml"
-    path.write_text(CLUSTER.replace("STEPS", str(steps)))
+def cluster_yaml(directory: Path, steps: int = 3, checkpoint_every: int = 50) -> Path:
+    path = directory / f"cluster{steps}-{checkpoint_every}.yaml"
+    path.write_text(CLUSTER.replace("STEPS", f"{steps}, checkpoint_every: {checkpoint_every}"))
     return path
 
 
@@ -330,9 +330,10 @@ def test_disk_full_mid_run_is_one_line_whole_metrics_and_no_leftovers(tmp_path):
     with small_tmpfs(tmp_path / "disk", "64k") as disk:
         run_dir = disk / "run"
         env = hetlaunch_env(HETLAUNCH_CACHE_DIR=str(tmp_path / "cache"))
-        # About 330 bytes a step: 400 steps are twice what this disk holds.
-        result = run_hetlaunch("up", str(cluster_yaml(tmp_path, steps=400)), "--run-dir", str(run_dir), env=env,
-                               timeout=150)
+        # About 330 bytes a step: 400 steps are twice what this disk holds. No checkpoints: the
+        # metrics file is what fills the disk here (the next test fills it with a checkpoint).
+        result = run_hetlaunch("up", str(cluster_yaml(tmp_path, steps=400, checkpoint_every=0)), "--run-dir",
+                               str(run_dir), env=env, timeout=150)
         assert result.returncode == 1, result.stderr + result.stdout
         line = the_error_line(result.stderr)
         assert f"cannot write {run_dir / 'metrics.jsonl'}: No space left on device" in line, line
@@ -342,6 +343,23 @@ def test_disk_full_mid_run_is_one_line_whole_metrics_and_no_leftovers(tmp_path):
         assert steps == list(range(len(steps))) and len(steps) < 400
         assert not (run_dir / "summary.json").exists()
     # The autouse fixture checks that no agent or CLI process is left.
+
+
+@pytest.mark.timeout(180)
+def test_disk_full_at_a_checkpoint_is_one_line_and_leaves_no_part_behind(tmp_path):
+    with small_tmpfs(tmp_path / "disk", "64k") as disk:
+        run_dir = disk / "run"
+        env = hetlaunch_env(HETLAUNCH_CACHE_DIR=str(tmp_path / "cache"))
+        # The model's part (parameters and AdamW state, ~200 KiB) cannot fit this disk.
+        result = run_hetlaunch("up", str(cluster_yaml(tmp_path, steps=40, checkpoint_every=5)), "--run-dir",
+                               str(run_dir), env=env, timeout=150)
+        assert result.returncode == 1, result.stderr + result.stdout
+        line = the_error_line(result.stderr)
+        assert "cannot write the checkpoint of step 5 on node a" in line and "No space left on device" in line, line
+        leftovers = [p for p in (run_dir / "checkpoints").rglob("*") if p.is_file()]
+        assert leftovers == [], leftovers  # no half-written part, no manifest
+        steps = [json.loads(row)["step"] for row in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        assert steps == list(range(len(steps))) and 5 <= len(steps) < 40
 
 
 def step(i: int, payload: int = 300) -> StepRecord:

@@ -304,9 +304,9 @@ def _why_nothing_fits(profile: Profile, num_microbatches: int, schedule: str) ->
     need = cm.memory_bytes(0, L, 0, 1)
     have = sum(n.memory_bytes for n in profile.nodes)
     if need > have:
-        return (f"the model does not fit the cluster's memory: it needs about {need / 2**30:.2f} GiB "
-                f"({schedule}, {num_microbatches} micro-batches) and the nodes have {have / 2**30:.2f} GiB together, "
-                f"{(need - have) / 2**30:.2f} GiB short")
+        return (f"the model does not fit the cluster's memory: it needs about {format_bytes(need)} "
+                f"({schedule}, {num_microbatches} micro-batches) and the nodes have {format_bytes(have)} together, "
+                f"{format_bytes(need - have)} short")
     biggest = max(STATIC_BYTES_PER_PARAM_BYTE * layer.param_bytes + layer.activation_bytes for layer in profile.layers)
-    return (f"no cut fits in memory: the largest layer alone needs {biggest / 2**30:.3f} GiB and the per-stage "
+    return (f"no cut fits in memory: the largest layer alone needs {format_bytes(biggest)} and the per-stage "
             f"memory (parameters, gradients, AdamW state, activations in flight) exceeds what some node has")

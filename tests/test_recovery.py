@@ -1,0 +1,236 @@
+"""A run survives losing a node: real agents, real workers, real gloo, real signals.
+
+Each test starts `hetlaunch up` on a small pinned cluster, hurts one process at a step in
+the middle of the run, and checks that the job finishes every step on the survivors — and,
+where it says so, that what it computed after the restore equals a fault-free run started
+from the same checkpoint on the same plan.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import popen_hetlaunch, run_hetlaunch, stop_process, wait_for
+
+STEPS = 60
+
+
+def cluster_yaml(pinned: list[tuple[str, int, int, int]], steps: int = STEPS, every: int = 5, extra: str = "",
+                 node_extra: str = "") -> str:
+    nodes = "\n".join(f"  - {{name: {name}, device: cpu, threads: 1, layers: [{a}, {b}], pipeline: {p}{node_extra}}}"
+                      for name, a, b, p in pinned)
+    return f"""name: ft
+coordinator: {{heartbeat_interval_s: 0.5, heartbeat_timeout_s: 2}}
+model: {{preset: tiny, n_layers: 2, seq_len: 32, d_model: 32}}
+train: {{steps: {steps}, micro_batch_size: 4, num_microbatches: 4, checkpoint_every: {every}}}
+compression: {{intra_region: none, cross_region: none, sync: none}}  # exact numerics: nothing lossy
+{extra}
+nodes:
+{nodes}
+"""
+
+
+TWO_PIPELINES = [("n0", 0, 2, 0), ("n1", 2, 4, 0), ("n2", 0, 2, 1), ("n3", 2, 4, 1)]
+
+
+def steps_done(run_dir: Path) -> int:
+    try:
+        return len((run_dir / "metrics.jsonl").read_text().splitlines())
+    except OSError:
+        return 0
+
+
+def agent_process(node: str) -> psutil.Process:
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = proc.info["cmdline"] or []
+        if "hetlaunch.runtime.agent" in cmdline and f"--name={node}" in cmdline:
+            return proc
+    raise AssertionError(f"no agent process for {node}")
+
+
+def worker_of(node: str) -> psutil.Process:
+    workers = [c for c in agent_process(node).children() if "hetlaunch.runtime.worker" in " ".join(c.cmdline())]
+    assert len(workers) == 1, workers
+    return workers[0]
+
+
+def events(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def run_and_hurt(tmp_path: Path, yaml_text: str, hurt, at_step: int, timeout: float = 150):
+    """Start `up`, call hurt() once `at_step` steps are logged; return (run_dir, rc, output, hurt time)."""
+    yaml_path = tmp_path / "cluster.yaml"
+    yaml_path.write_text(yaml_text)
+    run_dir = tmp_path / "run"
+    proc = popen_hetlaunch("up", str(yaml_path), "--run-dir", str(run_dir))
+    try:
+        wait_for(lambda: steps_done(run_dir) >= at_step, 90, f"step {at_step}", proc, interval=0.02)
+        hurt_at = time.time()
+        hurt()
+        proc.wait(timeout=timeout)
+    finally:
+        stdout, stderr = stop_process(proc)
+    return run_dir, proc.returncode, stderr + stdout, hurt_at
+
+
+def assert_every_step_once(run_dir: Path, steps: int = STEPS) -> list[dict]:
+    records = metrics(run_dir)
+    assert [r["step"] for r in records] == list(range(steps)), "a step is missing or logged twice"
+    return records
+
+
+def resume_on(tmp_path: Path, source_run: Path, checkpoint: Path, plan: dict, name: str, steps: int = STEPS) -> Path:
+    """A fault-free run that starts from `checkpoint` on `plan`'s cut: a run directory holding only
+    that checkpoint and the steps before it, resumed with the plan's layers pinned."""
+    step = int(checkpoint.name.split("-")[1])
+    run_dir = tmp_path / name
+    shutil.copytree(checkpoint, run_dir / "checkpoints" / checkpoint.name)
+    kept = [line for line in (source_run / "metrics.jsonl").read_text().splitlines() if json.loads(line)["step"] < step]
+    (run_dir / "metrics.jsonl").write_text("".join(line + "\n" for line in kept))
+    pinned = [(s["node"], s["layer_start"], s["layer_end"], s["pipeline"]) for s in plan["stages"]]
+    yaml_path = tmp_path / f"{name}.yaml"
+    yaml_path.write_text(cluster_yaml(pinned, steps=steps))
+    result = run_hetlaunch("up", str(yaml_path), "--resume", str(run_dir), timeout=150)
+    assert result.returncode == 0, result.stderr + result.stdout
+    return run_dir
+
+
+def assert_losses_equal(got: list[dict], want: list[dict], from_step: int) -> None:
+    pairs = [(g["loss"], w["loss"]) for g, w in zip(got, want) if g["step"] >= from_step]
+    assert pairs, "no step after the restore to compare"
+    for g, w in pairs:
+        assert abs(g - w) / abs(w) <= 1e-5, (g, w)
+
+
+@pytest.mark.timeout(300)
+def test_killed_worker_run_finishes_and_matches_a_fault_free_run_from_the_same_state(tmp_path):
+    keep_all = "checkpoint: {keep: 1000}  # the restore's checkpoint is loaded again below"
+    run_dir, rc, stderr, _ = run_and_hurt(tmp_path, cluster_yaml(TWO_PIPELINES, extra=keep_all),
+                                          lambda: worker_of("n3").send_signal(signal.SIGKILL), at_step=12)
+    assert rc == 0, stderr
+    records = assert_every_step_once(run_dir)
+    log = events(run_dir)
+    lost = [e for e in log if e["event"] == "lost"]
+    assert [e["node"] for e in lost] == ["n3"] and "SIGKILL" in lost[0]["why"], lost
+    restore = [e for e in log if e["event"] == "restore"][-1]
+    # Both pipelines held n3's layers: the survivors' snapshots stand in, at or after the kill.
+    assert restore["source"] == "replica", log
+    assert restore["step"] >= 12
+    restart = next(e for e in log if e["event"] == "restart")
+    assert restart["lost_steps"] == 0
+    last_generation = [e for e in log if e["event"] == "generation"][-1]
+    assert "n3" not in {s["node"] for s in last_generation["plan"]["stages"]}
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["restarts"] == 1 and summary["events"]["lost"] == 1
+
+    reference = resume_on(tmp_path, run_dir, Path(restore["directory"]), last_generation["plan"], "reference")
+    assert_losses_equal(records, metrics(reference), restore["step"])
+
+
+@pytest.mark.timeout(300)
+def test_killed_agent_run_finishes_on_the_survivors(tmp_path):
+    run_dir, rc, stderr, _ = run_and_hurt(tmp_path, cluster_yaml(TWO_PIPELINES),
+                                          lambda: agent_process("n1").send_signal(signal.SIGKILL), at_step=12)
+    assert rc == 0, stderr
+    assert_every_step_once(run_dir)
+    lost = [e for e in events(run_dir) if e["event"] == "lost"]
+    assert [e["node"] for e in lost] == ["n1"], lost
+    assert "recovering: lost node n1" in stderr, stderr  # the progress output says the job is recovering
+
+
+@pytest.mark.timeout(300)
+def test_sigstopped_agent_is_detected_within_the_heartbeat_timeout(tmp_path):
+    stopped = []
+
+    def stop():
+        agent = agent_process("n3")
+        stopped.append(agent)
+        agent.send_signal(signal.SIGSTOP)
+
+    try:
+        run_dir, rc, stderr, stopped_at = run_and_hurt(tmp_path, cluster_yaml(TWO_PIPELINES), stop, at_step=10)
+    finally:
+        for agent in stopped:  # SIGKILLed by `up` when declared lost; never leave a stopped process behind
+            if agent.is_running():
+                agent.send_signal(signal.SIGCONT)
+    assert rc == 0, stderr
+    assert_every_step_once(run_dir)
+    lost = [e for e in events(run_dir) if e["event"] == "lost"]
+    assert [e["node"] for e in lost] == ["n3"] and "no heartbeat" in lost[0]["why"], lost
+    # heartbeat_timeout_s is 2: declared lost within it, plus the coordinator's polling and scheduling slack.
+    assert lost[0]["time"] - stopped_at <= 2 + 1.5, lost[0]["time"] - stopped_at
+
+
+@pytest.mark.timeout(300)
+def test_resume_after_up_was_killed_continues_without_logging_a_step_twice(tmp_path):
+    pinned = [("n0", 0, 2, 0), ("n1", 2, 4, 0)]
+    yaml_text = cluster_yaml(pinned)
+    holder = {}
+    run_dir, rc, _, _ = run_and_hurt(tmp_path, yaml_text, lambda: holder.setdefault("killed", True), at_step=0)
+    assert rc == 0  # (a plain run first: the reference)
+    reference = metrics(run_dir)
+
+    (tmp_path / "cluster.yaml").write_text(yaml_text)
+    second = tmp_path / "killed"
+    proc = popen_hetlaunch("up", str(tmp_path / "cluster.yaml"), "--run-dir", str(second))
+    try:
+        wait_for(lambda: (second / "checkpoints").exists() and any((second / "checkpoints").glob("step-*/manifest.json"))
+                 and steps_done(second) >= 17, 90, "a committed checkpoint and step 17", proc, interval=0.02)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        stop_process(proc)
+    # The agents notice their parent is gone and exit, taking their workers with them.
+    wait_for(lambda: not any("hetlaunch.runtime" in " ".join(p.info["cmdline"] or [])
+                             for p in psutil.process_iter(["cmdline"])),
+             15, "the killed run's agents and workers to exit")
+    logged_before = steps_done(second)
+    result = run_hetlaunch("up", str(tmp_path / "cluster.yaml"), "--resume", str(second), timeout=150)
+    assert result.returncode == 0, result.stderr + result.stdout
+    records = assert_every_step_once(second)
+    resume = next(e for e in events(second) if e["event"] == "resume")
+    assert 5 <= resume["step"] <= logged_before
+    # The same plan from the same state: the resumed steps equal the uninterrupted run's.
+    assert_losses_equal(records, reference, 0)
+
+
+@pytest.mark.timeout(300)
+def test_checkpoint_of_one_pipeline_resumes_on_two_pipelines_of_other_cuts(tmp_path):
+    one = [("n0", 0, 2, 0), ("n1", 2, 4, 0)]
+    run_dir, rc, stderr, _ = run_and_hurt(tmp_path, cluster_yaml(one, steps=20, every=10), lambda: None, at_step=0)
+    assert rc == 0, stderr
+    records = assert_every_step_once(run_dir, 20)
+    checkpoint = run_dir / "checkpoints" / "step-00000010"
+    two = {"stages": [{"node": n, "layer_start": a, "layer_end": b, "pipeline": p}
+                      for n, a, b, p in [("n0", 0, 1, 0), ("n1", 1, 4, 0), ("n2", 0, 3, 1), ("n3", 3, 4, 1)]]}
+    resumed = resume_on(tmp_path, run_dir, checkpoint, two, "resharded", steps=20)
+    got = metrics(resumed)
+    assert [r["step"] for r in got] == list(range(20))
+    assert_losses_equal(got, records, 10)
+
+
+@pytest.mark.timeout(300)
+def test_loss_no_survivor_can_hold_ends_with_one_line_naming_the_shortfall(tmp_path):
+    # Each node reports 1 MiB: the model (about 1.3 MiB with its AdamW state) needs both.
+    pinned = [("n0", 0, 2, 0), ("n1", 2, 4, 0)]
+    yaml_text = cluster_yaml(pinned, node_extra=", emulate: {memory_gb: 0.0009765625}")
+    run_dir, rc, stderr, _ = run_and_hurt(tmp_path, yaml_text, lambda: worker_of("n1").send_signal(signal.SIGKILL),
+                                          at_step=5)
+    assert rc == 1, stderr
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, stderr
+    line = errors[0]
+    assert "n0" in line and "short" in line and "MiB" in line, line
+    assert "Traceback" not in stderr
