@@ -52,6 +52,7 @@ class Agent:
         self.uploading = False
         self.local_snapshot_dir = ""
         self.uploader = None
+        self.spare: WorkerProcess | None = None  # the next task's worker, started ahead
         self.parent_pid = parent_pid
         self.channel = grpc.insecure_channel(coordinator)
         self.coordinator = coordinator
@@ -80,6 +81,7 @@ class Agent:
             _log(self.node, f"registration refused ({err.code().name}): {err.details()}")
             return EXIT_REFUSED
         self.agent_id = reply.agent_id
+        self.spare = WorkerProcess()  # loads torch while the cluster is still joining
         interval = max(reply.heartbeat_interval_ms, 100) / 1000
         threading.Thread(target=self._heartbeat_loop, args=(interval,), daemon=True).start()
         threading.Thread(target=self._command_reader, daemon=True).start()
@@ -145,7 +147,7 @@ class Agent:
         self.busy_state = state
         with self._worker_lock:
             self.generation = generation
-            worker = self.worker = WorkerProcess(task)
+            worker = self.worker = self._take_worker().start(task)
         self.training.set()
         done, profile = None, None
         try:
@@ -188,6 +190,12 @@ class Agent:
         else:
             self._call("ReportResult", pb.ReportResultRequest(agent_id=self.agent_id, ok=done.ok, error=done.error,
                                                               generation=generation, worker_died=died))
+
+    def _take_worker(self) -> WorkerProcess:
+        """The warm spare (torch already loaded) if it is alive, and a new spare for next time."""
+        spare = self.spare if self.spare is not None and self.spare.process.poll() is None else WorkerProcess()
+        self.spare = WorkerProcess()
+        return spare
 
     def _uploader(self):
         if self.uploader is None:

@@ -21,7 +21,9 @@ SNAPSHOT_TIMEOUT_S = 20.0  # a stage's state is written locally; past this the r
 
 
 class WorkerProcess:
-    def __init__(self, task: wpb.WorkerTask):
+    """One worker. Started before it has a task (it loads torch meanwhile); `start(task)` gives it one."""
+
+    def __init__(self):
         read_fd, write_fd = os.pipe()
         try:
             self.process = subprocess.Popen(
@@ -35,10 +37,13 @@ class WorkerProcess:
         self._events_fd = read_fd
         self._control = FrameWriter(self.process.stdin.fileno())
         self.aborted = False
+
+    def start(self, task: wpb.WorkerTask) -> "WorkerProcess":
         try:
             self._control.write(task)
         except PipeClosed:
-            pass  # it died at once; events() ends and exit_description() says how
+            pass  # it died; events() ends and exit_description() says how
+        return self
 
     @property
     def pid(self) -> int:

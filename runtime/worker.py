@@ -12,6 +12,7 @@ agent itself goes away our stdin ends and we exit at once — a worker never out
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 import threading
@@ -73,14 +74,12 @@ def _watch_controls(reports: WorkerReports) -> None:
 
 
 def run_task(task: wpb.WorkerTask, reports: WorkerReports, writer: FrameWriter) -> None:
-    # Imported here: torch loads only in the worker, after the task arrived.
-    if task.HasField("profile"):
-        from hetlaunch.runtime.profile_command import run_profile
+    from hetlaunch.runtime.profile_command import run_profile
+    from hetlaunch.runtime.stage_command import run_stage
 
+    if task.HasField("profile"):
         writer.write(wpb.WorkerEvent(profile=run_profile(task.profile)))
     else:
-        from hetlaunch.runtime.stage_command import run_stage
-
         run_stage(task.run_stage, reports)
 
 
@@ -89,6 +88,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report-fd", type=int, required=True)
     args = parser.parse_args(argv)
     writer = FrameWriter(args.report_fd)
+    # Load torch and the model code before the task comes: the agent starts its next worker as
+    # soon as one is taken, so this import happens while the agent is idle, not on a restart's clock.
+    for module in ("hetlaunch.runtime.profile_command", "hetlaunch.runtime.stage_command"):
+        importlib.import_module(module)
+
     try:
         task = read_frame(0, wpb.WorkerTask)
     except (PipeClosed, FrameError) as err:

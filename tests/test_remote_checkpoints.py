@@ -86,3 +86,65 @@ def test_remote_parts_are_uploaded_and_downloaded_for_a_restore(tmp_path):
     assert len(got) == 20
     for g, w in zip(got[10:], want[10:]):
         assert abs(g - w) / w <= 1e-5, (g, w)
+
+
+ELASTIC = """
+name: elastic
+coordinator: {host: 127.0.0.1, join_timeout_s: 60, heartbeat_interval_s: 0.5, heartbeat_timeout_s: 3}
+model: {preset: tiny, n_layers: 2, seq_len: 32, d_model: 64}
+train: {steps: 80, micro_batch_size: 4, num_microbatches: 4, checkpoint_every: 5, max_pipelines: 1}
+compression: {intra_region: none, cross_region: none}
+nodes:
+  - {name: slow0, device: cpu, threads: 1, emulate: {speed: 0.2}}
+  - {name: slow1, device: cpu, threads: 1, emulate: {speed: 0.2}}
+  - {name: fast, launch: remote, host: box-1, device: cpu}
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_lost_node_that_rejoins_is_taken_back_at_a_checkpoint(tmp_path):
+    token_file = tmp_path / "token"
+    token_file.write_text("elastic-join-token\n")
+    token_file.chmod(0o600)
+    (tmp_path / "cluster.yaml").write_text(ELASTIC)
+    run_dir = tmp_path / "run"
+    up = popen_hetlaunch("up", str(tmp_path / "cluster.yaml"), "--token-file", str(token_file), "--run-dir", str(run_dir))
+    agents = []
+
+    def start_agent():
+        agents.append(subprocess.Popen(
+            hetlaunch_cmd("agent", "--coordinator", address, "--token-file", str(token_file), "--name", "fast",
+                          "--work-dir", str(tmp_path / "work")),
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=hetlaunch_env()))
+
+    def events():
+        path = run_dir / "events.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    try:
+        contact = run_dir / "coordinator.json"
+        address = wait_for(lambda: contact.exists() and json.loads(contact.read_text() or "{}").get("address"), 60,
+                           "the coordinator's address", proc=up)
+        start_agent()
+        wait_for(lambda: any(e["event"] == "first_step" for e in events()), 120, "training to start", proc=up)
+        agents[0].kill()  # the fast node goes away...
+        wait_for(lambda: any(e["event"] == "restart" for e in events()), 60, "the restart without it", proc=up)
+        start_agent()  # ...and comes back under its name
+        up.wait(timeout=200)
+    finally:
+        for agent in agents:
+            if agent.poll() is None:
+                agent.kill()
+            agent.wait(timeout=10)
+        out, err = stop_process(up)
+    assert up.returncode == 0, err + out
+    log = events()
+    kinds = [e["event"] for e in log]
+    assert "join" in kinds, kinds
+    join_at = kinds.index("join")
+    restart = next(e for e in log[join_at:] if e["event"] == "restart")
+    assert "joined" in restart["cause"], restart
+    last = [e for e in log if e["event"] == "generation"][-1]
+    assert "fast" in {s["node"] for s in last["plan"]["stages"]}, last["plan"]["stages"]
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(80))
