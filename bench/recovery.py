@@ -99,9 +99,8 @@ def one_loss(steps: int, kill_step: int, node: str, what: str, timeout_s: float)
                     raise BenchError(f"the run ended or stalled before step {kill_step}: {proc.stderr.read()[-500:]}")
                 time.sleep(0.02)
             agent = _agent(node)
-            target = agent if what == "agent" else min(  # the running worker, older than the warm spare
-                (c for c in agent.children() if "hetlaunch.runtime.worker" in " ".join(c.cmdline())),
-                key=lambda c: c.create_time())
+            target = agent if what == "agent" else next(
+                c for c in agent.children() if "hetlaunch.runtime.worker" in " ".join(c.cmdline()))
             killed_at = time.time()
             target.send_signal(signal.SIGKILL)
             _, stderr = proc.communicate(timeout=max(10.0, deadline - time.monotonic()))

@@ -10,12 +10,14 @@ from the run directory's last checkpoint after the coordinator itself died.
 
 from __future__ import annotations
 
+import os
 import secrets
 import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 from rich.console import Console
 
 from hetlaunch.launcher.checkpoint_book import CheckpointBook, Restore
@@ -28,11 +30,12 @@ from hetlaunch.launcher.planning.planner import plan as plan_pipelines
 from hetlaunch.launcher.planning.planner import plan_fixed_cut, price_pipelines
 from hetlaunch.launcher.planning.profile_file import Profile
 from hetlaunch.launcher.progress import TrainingProgress, print_plan, print_summary
-from hetlaunch.launcher.run_record import RunRecord
+from hetlaunch.launcher.run_record import RunRecord, read_metrics
 from hetlaunch.launcher.session import ClusterSession, JobError
 from hetlaunch.launcher.stage_launch import launch
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.runtime.checkpoint import CheckpointError, read_manifest
+from hetlaunch.runtime.files import UnreadableFile, read_json
 
 __all__ = ["JobError", "UpOptions", "run_up", "make_plan", "new_run_dir"]
 
@@ -98,8 +101,8 @@ def run_up(cluster, options: UpOptions, console: Console) -> Path:
     spec = cluster.model.to_spec()
     if all(n.layers is not None for n in cluster.nodes):
         static_plan(cluster, pinned_num_layers(cluster))  # bad pinned ranges fail here, before anything starts
-    if options.resume is not None and not (options.resume / "metrics.jsonl").is_file():
-        raise JobError(f"cannot resume {options.resume}: not a run directory (no metrics.jsonl)")
+    if options.resume is not None:
+        _check_resumable(options.resume)
     run_dir = new_run_dir(cluster, options)
     with ClusterSession(cluster, run_dir, options.token or secrets.token_urlsafe(24), console) as session:
         while not session.state.joins.empty():  # the first registrations are not joins to act on
@@ -110,6 +113,26 @@ def run_up(cluster, options: UpOptions, console: Console) -> Path:
         finally:
             events.close()
         return run_dir
+
+
+def _check_resumable(run_dir: Path) -> None:
+    """Before anything starts: a run directory of ours, with readable metrics, that no live
+    coordinator is still writing."""
+    if not (run_dir / "metrics.jsonl").is_file():
+        raise JobError(f"cannot resume {run_dir}: not a run directory (no metrics.jsonl)")
+    read_metrics(run_dir / "metrics.jsonl", before_step=2**62)  # a JobError naming the bad line
+    try:
+        contact = read_json(run_dir / "coordinator.json", 4096)
+        pid = contact.get("pid") if isinstance(contact, dict) else None
+    except (FileNotFoundError, UnreadableFile):
+        pid = None
+    if isinstance(pid, int) and pid != os.getpid() and psutil.pid_exists(pid):
+        try:
+            running = "hetlaunch" in " ".join(psutil.Process(pid).cmdline())
+        except psutil.Error:
+            running = False
+        if running:
+            raise JobError(f"cannot resume {run_dir}: its coordinator (pid {pid}) is still running")
 
 
 def _checkpoint_root(session: ClusterSession) -> Path:

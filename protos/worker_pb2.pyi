@@ -15,10 +15,12 @@ class WorkerTask(_message.Message):
     def __init__(self, run_stage: _Optional[_Union[_control_pb2.RunStage, _Mapping]] = ..., profile: _Optional[_Union[_control_pb2.Profile, _Mapping]] = ...) -> None: ...
 
 class WorkerControl(_message.Message):
-    __slots__ = ("snapshot_dir",)
+    __slots__ = ("snapshot_dir", "task")
     SNAPSHOT_DIR_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
     snapshot_dir: str
-    def __init__(self, snapshot_dir: _Optional[str] = ...) -> None: ...
+    task: WorkerTask
+    def __init__(self, snapshot_dir: _Optional[str] = ..., task: _Optional[_Union[WorkerTask, _Mapping]] = ...) -> None: ...
 
 class WorkerEvent(_message.Message):
     __slots__ = ("step", "checkpoint", "profile", "done")

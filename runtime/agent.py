@@ -52,7 +52,7 @@ class Agent:
         self.uploading = False
         self.local_snapshot_dir = ""
         self.uploader = None
-        self.spare: WorkerProcess | None = None  # the next task's worker, started ahead
+        self.spare: WorkerProcess | None = None  # the next task's worker: started ahead, or the last one
         self.parent_pid = parent_pid
         self.channel = grpc.insecure_channel(coordinator)
         self.coordinator = coordinator
@@ -169,13 +169,19 @@ class Agent:
         except FrameError as err:  # a worker runs user code; garbage on its pipe ends it
             worker.kill()
             done = wpb.WorkerDone(ok=False, error=f"the worker sent garbage: {err}")
-        worker.wait()
+        aborted = worker.aborted  # by the coordinator's Abort (killing it below does not count)
+        if done is not None and done.ok and not aborted and worker.alive():
+            self.spare = worker  # it ended well: it runs the next task too, with torch loaded
+        else:
+            worker.kill()
+            worker.wait()
+            self.spare = WorkerProcess()  # fresh, and warm by the time the next generation starts
         if self.uploading:
             self._uploader().wait_idle()  # the last checkpoint is reported before the result
         self.training.clear()
         with self._worker_lock:
             self.worker = None
-        if worker.aborted:
+        if aborted:
             return  # the coordinator ended this generation; it expects no result
         died = done is None
         if died:
@@ -192,10 +198,10 @@ class Agent:
                                                               generation=generation, worker_died=died))
 
     def _take_worker(self) -> WorkerProcess:
-        """The warm spare (torch already loaded) if it is alive, and a new spare for next time."""
-        spare = self.spare if self.spare is not None and self.spare.process.poll() is None else WorkerProcess()
-        self.spare = WorkerProcess()
-        return spare
+        """The warm worker (torch already loaded) if it is alive, else a new one."""
+        worker = self.spare if self.spare is not None and self.spare.alive() else WorkerProcess()
+        self.spare = None
+        return worker
 
     def _uploader(self):
         if self.uploader is None:

@@ -21,7 +21,9 @@ SNAPSHOT_TIMEOUT_S = 20.0  # a stage's state is written locally; past this the r
 
 
 class WorkerProcess:
-    """One worker. Started before it has a task (it loads torch meanwhile); `start(task)` gives it one."""
+    """One worker. Started before it has a task (it loads torch meanwhile); `start(task)` gives it
+    one, `events()` follows that task to its `done`, and a worker whose task ended well may start
+    the next one."""
 
     def __init__(self):
         read_fd, write_fd = os.pipe()
@@ -39,25 +41,35 @@ class WorkerProcess:
         self.aborted = False
 
     def start(self, task: wpb.WorkerTask) -> "WorkerProcess":
+        self.aborted = False
         try:
-            self._control.write(task)
+            self._control.write(wpb.WorkerControl(task=task))
         except PipeClosed:
             pass  # it died; events() ends and exit_description() says how
         return self
+
+    def alive(self) -> bool:
+        return self.process.poll() is None and self._events_fd >= 0
 
     @property
     def pid(self) -> int:
         return self.process.pid
 
     def events(self) -> Iterator[wpb.WorkerEvent]:
-        """Every event until the worker closes its pipe (exits or is killed). FrameError on garbage."""
-        try:
-            while True:
-                try:
-                    yield read_frame(self._events_fd, wpb.WorkerEvent)
-                except PipeClosed:
-                    return
-        finally:
+        """The running task's events, through its `done`, or until the worker closes its pipe
+        (exits or is killed). FrameError on garbage."""
+        while True:
+            try:
+                event = read_frame(self._events_fd, wpb.WorkerEvent)
+            except PipeClosed:
+                self._close_events()
+                return
+            yield event
+            if event.HasField("done"):
+                return
+
+    def _close_events(self) -> None:
+        if self._events_fd >= 0:
             os.close(self._events_fd)
             self._events_fd = -1
 
@@ -83,12 +95,14 @@ class WorkerProcess:
                 pass
 
     def wait(self, timeout_s: float = 30.0) -> int:
+        """Wait for the worker to exit (after it was killed, or failed); close our ends."""
         try:
             return self.process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             self.kill()
             return self.process.wait(timeout=5)
         finally:
+            self._close_events()
             try:
                 self.process.stdin.close()  # the file object owns the descriptor
             except OSError:

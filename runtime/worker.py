@@ -1,12 +1,14 @@
-"""The worker: one stage or one profiling run, in a subprocess its agent supervises.
+"""The worker: stages and profiling runs, one at a time, in a subprocess its agent supervises.
 
     python -m hetlaunch.runtime.worker --report-fd N     (started by runtime/supervisor.py)
 
-The agent writes one WorkerTask on our stdin and may later write WorkerControl messages
-there; we write WorkerEvents (steps, checkpoint parts, the profile, done) to the report
-pipe. The agent stays responsive whatever we do: it can kill us at any moment (that is how
-a generation is aborted while we sit in a data-plane call to a dead peer), and when the
-agent itself goes away our stdin ends and we exit at once — a worker never outlives its agent.
+The agent writes WorkerControl messages on our stdin (a task to run, or a request to
+snapshot the running stage and exit); we write WorkerEvents (steps, checkpoint parts, the
+profile, done) to the report pipe. A task ends with a `done` event; after one that ended
+well the agent may give us the next task (torch stays loaded), after anything else it kills
+us. It can kill us at any moment — that is how a generation is aborted while we sit in a
+data-plane call to a dead peer — and when the agent itself goes away our stdin ends and we
+exit at once: a worker never outlives its agent.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import queue
 import sys
 import threading
 import traceback
@@ -62,7 +65,7 @@ class WorkerReports:
         os._exit(EXIT_SNAPSHOT)
 
 
-def _watch_controls(reports: WorkerReports) -> None:
+def _watch_controls(reports: WorkerReports, tasks: queue.Queue) -> None:
     """Follow the agent's control messages; the end of stdin means the agent is gone."""
     while True:
         try:
@@ -71,6 +74,8 @@ def _watch_controls(reports: WorkerReports) -> None:
             os._exit(EXIT_AGENT_GONE)
         if control.snapshot_dir:
             reports.snapshot(control.snapshot_dir)
+        elif control.HasField("task"):
+            tasks.put(control.task)
 
 
 def run_task(task: wpb.WorkerTask, reports: WorkerReports, writer: FrameWriter) -> None:
@@ -84,35 +89,44 @@ def run_task(task: wpb.WorkerTask, reports: WorkerReports, writer: FrameWriter) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="hetlaunch-worker", description="Run one task for a hetlaunch agent.")
+    parser = argparse.ArgumentParser(prog="hetlaunch-worker", description="Run tasks for a hetlaunch agent.")
     parser.add_argument("--report-fd", type=int, required=True)
     args = parser.parse_args(argv)
     writer = FrameWriter(args.report_fd)
-    # Load torch and the model code before the task comes: the agent starts its next worker as
-    # soon as one is taken, so this import happens while the agent is idle, not on a restart's clock.
+    reports = WorkerReports(writer)
+    tasks: queue.Queue = queue.Queue()
+    threading.Thread(target=_watch_controls, args=(reports, tasks), daemon=True).start()
+    # Load torch and the model code before the first task comes: the agent starts a worker
+    # ahead, so this happens while it is idle, not on a restart's clock.
     for module in ("hetlaunch.runtime.profile_command", "hetlaunch.runtime.stage_command"):
         importlib.import_module(module)
-
-    try:
-        task = read_frame(0, wpb.WorkerTask)
-    except (PipeClosed, FrameError) as err:
-        _log(f"no task: {err}")
-        return EXIT_AGENT_GONE
-    reports = WorkerReports(writer)
-    threading.Thread(target=_watch_controls, args=(reports,), daemon=True).start()
-    try:
-        run_task(task, reports, writer)
-    except PipeClosed:
-        return EXIT_AGENT_GONE
-    except Exception as exc:  # the agent must hear why the task died, whatever it was
-        _log("task failed:\n" + traceback.format_exc())
+    while True:
+        task = tasks.get()
         try:
-            writer.write(wpb.WorkerEvent(done=wpb.WorkerDone(ok=False, error=f"{type(exc).__name__}: {exc}")))
+            run_task(task, reports, writer)
         except PipeClosed:
             return EXIT_AGENT_GONE
-        return 1
-    writer.write(wpb.WorkerEvent(done=wpb.WorkerDone(ok=True)))
-    return 0
+        except Exception as exc:  # the agent must hear why the task died, whatever it was
+            _log("task failed:\n" + traceback.format_exc())
+            try:
+                writer.write(wpb.WorkerEvent(done=wpb.WorkerDone(ok=False, error=f"{type(exc).__name__}: {exc}")))
+            except PipeClosed:
+                pass
+            return 1  # a failed task may leave a broken state behind: the agent starts a fresh worker
+        reports.on_snapshot(None)
+        _release_memory()
+        writer.write(wpb.WorkerEvent(done=wpb.WorkerDone(ok=True)))
+
+
+def _release_memory() -> None:
+    """Between tasks: give cached accelerator memory back, so the next task's stage sees all of it."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

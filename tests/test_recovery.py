@@ -56,10 +56,10 @@ def agent_process(node: str) -> psutil.Process:
 
 
 def worker_of(node: str) -> psutil.Process:
-    """The worker running the node's stage: the older of the two (the agent keeps a warm spare)."""
+    """The worker running the node's stage (the same process ran its profiling before)."""
     workers = [c for c in agent_process(node).children() if "hetlaunch.runtime.worker" in " ".join(c.cmdline())]
-    assert 1 <= len(workers) <= 2, workers
-    return min(workers, key=lambda w: w.create_time())
+    assert len(workers) == 1, workers
+    return workers[0]
 
 
 def events(run_dir: Path) -> list[dict]:
