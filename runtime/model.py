@@ -1,146 +1,67 @@
-"""Models as an ordered list of layers, so any contiguous range can be a pipeline stage.
+"""Models as an ordered list of layers, so any contiguous range can be a pipeline stage, and a
+stage allocates only its own layers.
 
-Two sources of models:
+Two sources of models: the built-in GPT (runtime/gpt.py) and a user entrypoint
+``"package.module:function"``. ``function(**kwargs)`` returns one of:
 
-* the built-in byte-level GPT (``GPTConfig`` / ``PRESETS``): layer 0 is the
-  embedding, layers ``1..n_layers`` are transformer blocks, the last layer is
-  the head (final LayerNorm + projection to the vocabulary);
-* a user entrypoint ``"package.module:function"``.
+* a ``LayeredModel(num_layers, make_layer, loss_fn)`` (the form for models of any size):
+  ``make_layer(i)`` builds layer ``i`` alone. hetlaunch calls it only for the layers a stage
+  holds, each under the CPU RNG seeded from ``(seed, i)``, so any cut gives the same weights and
+  no process ever holds the whole model. It is also called under ``torch.device("meta")`` to
+  learn a layer's structure without allocating it (layers of one structure are profiled once),
+  so it must not read tensor values while building;
+* ``(layers, loss_fn)``, an ordered list/tuple/``nn.ModuleList``/``nn.Sequential`` of
+  ``nn.Module`` (the old form, fine for small models): the whole model is built under one fixed
+  seed and a stage keeps its slice.
 
-The entrypoint contract. ``function(**kwargs)`` returns ``(layers, loss_fn)``:
-
-* ``layers`` is an ordered list/tuple (or ``nn.ModuleList`` / ``nn.Sequential``)
-  of ``nn.Module``. Layer 0 receives the input batch, a LongTensor ``[B, T]``
-  of token ids. Every layer returns exactly one tensor, which is the only
-  input of the next layer (that single tensor is what crosses a stage link).
-* ``loss_fn(last_output, targets)`` takes the last layer's output and the
-  targets, a LongTensor ``[B, T]``, and returns a scalar tensor.
-* Parameters should be created on CPU; the executor moves them. The function
-  is called under a fixed CPU seed so every process that builds the model gets
-  the same initial weights; it must not depend on other randomness.
-* ``kwargs["seq_len"]`` is the sequence length the data pipeline uses.
-
-Initialisation is per layer: GPT layer ``i`` draws its weights from its own
-generator seeded by ``(seed, i)``, so a stage that builds only layers
-``[2, 5)`` holds exactly the weights a single process building ``[0, n)`` holds
-for those layers. Nothing touches the global RNG state of the caller.
+Either way: layer 0 receives the input batch, a LongTensor ``[B, T]`` of token ids; every layer
+returns exactly one tensor, the only input of the next layer (what crosses a stage link);
+``loss_fn(last_output, targets)`` returns a scalar; parameters are created on CPU (the executor
+moves them); ``kwargs["seq_len"]`` is the sequence length the data pipeline uses. Building never
+touches the caller's RNG state.
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib
-import math
 from dataclasses import dataclass
-from typing import Callable
+from functools import partial
+from typing import Callable, Hashable
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
+from hetlaunch.runtime.gpt import gpt_layer_kind, lm_loss, make_gpt_layer
 from hetlaunch.runtime.model_spec import GPTConfig, ModelSpec
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
 
 
-class Embedding(nn.Module):
-    """Token + learned position embedding: LongTensor [B, T] -> float [B, T, D]."""
+@dataclass(frozen=True)
+class LayeredModel:
+    """A model described without allocating it: its depth, how to build one layer, its loss."""
 
-    def __init__(self, cfg: GPTConfig) -> None:
-        super().__init__()
-        self.seq_len = cfg.seq_len
-        self.tok = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.pos = nn.Embedding(cfg.seq_len, cfg.d_model)
+    num_layers: int
+    make_layer: Callable[[int], nn.Module]
+    loss_fn: LossFn
+    # Token ids the first layer accepts; profiling draws inputs below it (None: 256, bytes).
+    vocab_size: int | None = None
+    # Layers with equal kinds cost the same (profiled once); None: judged from their structure.
+    layer_kind: Callable[[int], Hashable] | None = None
 
-    def forward(self, idx: Tensor) -> Tensor:
-        t = idx.shape[-1]
-        if t > self.seq_len:
-            raise ValueError(f"sequence length {t} exceeds the model's seq_len {self.seq_len}")
-        pos = torch.arange(t, device=idx.device)
-        return self.tok(idx) + self.pos(pos)
-
-
-class CausalSelfAttention(nn.Module):
-    def __init__(self, cfg: GPTConfig) -> None:
-        super().__init__()
-        self.n_heads = cfg.n_heads
-        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
-        self.proj = nn.Linear(cfg.d_model, cfg.d_model)
-
-    def forward(self, x: Tensor) -> Tensor:
-        b, t, d = x.shape
-        q, k, v = self.qkv(x).split(d, dim=-1)
-        # [B, T, D] -> [B, H, T, D/H]
-        q, k, v = (z.view(b, t, self.n_heads, d // self.n_heads).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(y.transpose(1, 2).reshape(b, t, d))
+    def __post_init__(self) -> None:
+        if not isinstance(self.num_layers, int) or self.num_layers < 1:
+            raise TypeError(f"LayeredModel.num_layers must be a positive int, got {self.num_layers!r}")
+        if not callable(self.make_layer) or not callable(self.loss_fn):
+            raise TypeError("LayeredModel.make_layer and LayeredModel.loss_fn must be callable")
 
 
-class Block(nn.Module):
-    """Pre-norm transformer block. No dropout: pipeline and single-process runs must agree."""
-
-    def __init__(self, cfg: GPTConfig) -> None:
-        super().__init__()
-        self.ln1 = nn.LayerNorm(cfg.d_model)
-        self.attn = CausalSelfAttention(cfg)
-        self.ln2 = nn.LayerNorm(cfg.d_model)
-        self.fc = nn.Linear(cfg.d_model, cfg.ff_dim)
-        self.proj = nn.Linear(cfg.ff_dim, cfg.d_model)
-
-    def forward(self, x: Tensor) -> Tensor:
-        x = x + self.attn(self.ln1(x))
-        return x + self.proj(F.gelu(self.fc(self.ln2(x))))
-
-
-class Head(nn.Module):
-    """Final LayerNorm + projection to the vocabulary. Not tied to the embedding,
-    because the two usually live on different stages."""
-
-    def __init__(self, cfg: GPTConfig) -> None:
-        super().__init__()
-        self.ln = nn.LayerNorm(cfg.d_model)
-        self.out = nn.Linear(cfg.d_model, cfg.vocab_size)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.out(self.ln(x))
-
-
-def lm_loss(logits: Tensor, targets: Tensor) -> Tensor:
-    """Mean cross entropy over all tokens: logits [B, T, V], targets [B, T]."""
-    return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten())
-
-
-def _layer_seed(seed: int, index: int) -> int:
-    # A hash rather than arithmetic so distinct (seed, index) pairs never collide
-    # and negative seeds are fine; 63 bits fits every generator.
+def layer_seed(seed: int, index: int) -> int:
+    # A hash rather than arithmetic so distinct (seed, index) pairs never collide and negative
+    # seeds are fine; 63 bits fits every generator.
     digest = hashlib.blake2b(f"hetlaunch-layer:{seed}:{index}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1
-
-
-def _init_gpt_layer(layer: nn.Module, cfg: GPTConfig, gen: torch.Generator) -> None:
-    """GPT-2 init: N(0, 0.02) weights, zero biases, residual projections scaled
-    by 1/sqrt(2 * n_layers) so the residual stream does not grow with depth."""
-    resid_std = 0.02 / math.sqrt(2 * cfg.n_layers)
-    with torch.no_grad():
-        # named_modules() order is fixed by construction, so draws are reproducible.
-        for name, mod in layer.named_modules():
-            if isinstance(mod, nn.LayerNorm):
-                nn.init.ones_(mod.weight)
-                nn.init.zeros_(mod.bias)
-            elif isinstance(mod, nn.Embedding):
-                nn.init.normal_(mod.weight, 0.0, 0.02, generator=gen)
-            elif isinstance(mod, nn.Linear):
-                std = resid_std if name.endswith("proj") else 0.02
-                nn.init.normal_(mod.weight, 0.0, std, generator=gen)
-                nn.init.zeros_(mod.bias)
-
-
-def _make_gpt_layer(cfg: GPTConfig, index: int) -> nn.Module:
-    if index == 0:
-        return Embedding(cfg)
-    if index == cfg.num_stage_layers - 1:
-        return Head(cfg)
-    return Block(cfg)
 
 
 def _check_range(start: int, end: int, num_layers: int) -> None:
@@ -148,22 +69,6 @@ def _check_range(start: int, end: int, num_layers: int) -> None:
         raise ValueError(
             f"layer range [{start}, {end}) is not a non-empty range inside [0, {num_layers})"
         )
-
-
-def build_gpt_range(cfg: GPTConfig, start: int, end: int, seed: int) -> list[nn.Module]:
-    """Build only layers [start, end) of the GPT, each initialised from its own (seed, index) generator."""
-    _check_range(start, end, cfg.num_stage_layers)
-    layers = []
-    for i in range(start, end):
-        # The modules' default init draws from the global RNG; fork it so building
-        # a stage never changes the caller's random stream (the draws are then
-        # overwritten by the per-layer generator anyway).
-        with torch.random.fork_rng(devices=[]):
-            layer = _make_gpt_layer(cfg, i)
-        gen = torch.Generator().manual_seed(_layer_seed(seed, i))
-        _init_gpt_layer(layer, cfg, gen)
-        layers.append(layer)
-    return layers
 
 
 def _resolve_entrypoint(entrypoint: str) -> Callable:
@@ -189,19 +94,21 @@ def _resolve_entrypoint(entrypoint: str) -> Callable:
 
 
 _CONTRACT = (
-    "it must return (layers, loss_fn): layers a non-empty list/tuple/nn.ModuleList/nn.Sequential "
-    "of nn.Module, loss_fn a callable (last_output, targets) -> scalar tensor"
+    "it must return a hetlaunch.runtime.model.LayeredModel or (layers, loss_fn): layers a non-empty "
+    "list/tuple/nn.ModuleList/nn.Sequential of nn.Module, loss_fn a callable (last_output, targets) -> scalar"
 )
 
 
-def load_entrypoint_layers(entrypoint: str, kwargs: dict, seed: int) -> tuple[list[nn.Module], LossFn]:
-    """Import ``package.module:function`` and call it under a fixed CPU seed (see module docstring)."""
+def _call_entrypoint(entrypoint: str, kwargs: dict, seed: int):
     func = _resolve_entrypoint(entrypoint)
-    # Seed only the CPU generator, inside a fork, so every process gets the same
-    # weights and the caller's RNG streams (CPU and CUDA) are left untouched.
+    # Seed only the CPU generator, inside a fork, so every process gets the same weights and the
+    # caller's RNG streams (CPU and CUDA) are left untouched.
     with torch.random.fork_rng(devices=[]):
         torch.default_generator.manual_seed(seed)
-        result = func(**kwargs)
+        return func(**kwargs)
+
+
+def _checked_pair(entrypoint: str, result) -> tuple[list[nn.Module], LossFn]:
     if not isinstance(result, (tuple, list)) or len(result) != 2:
         raise TypeError(f"model.entrypoint {entrypoint!r} returned {type(result).__name__}; {_CONTRACT}")
     layers, loss_fn = result
@@ -215,13 +122,92 @@ def load_entrypoint_layers(entrypoint: str, kwargs: dict, seed: int) -> tuple[li
     return layers, loss_fn
 
 
-def count_layers(spec: ModelSpec) -> int:
-    """The model's layer count. An entrypoint's depth is known only by building it once, so only
-    an agent does this (its profile reports the count); the launcher never calls it."""
+def load_entrypoint_layers(entrypoint: str, kwargs: dict, seed: int) -> tuple[list[nn.Module], LossFn]:
+    """The old form, whole: import ``package.module:function`` and build every layer."""
+    return _checked_pair(entrypoint, _call_entrypoint(entrypoint, kwargs, seed))
+
+
+def _structure(layer: nn.Module) -> Hashable:
+    """What a layer's cost depends on, read without running it: its class, its printed structure
+    (sizes of its submodules) and its tensors' names, shapes and dtypes."""
+    tensors = [(name, tuple(t.shape), str(t.dtype)) for name, t in layer.named_parameters()]
+    tensors += [(name, tuple(t.shape), str(t.dtype)) for name, t in layer.named_buffers()]
+    return (type(layer).__qualname__, repr(layer), tuple(tensors))
+
+
+def _is_meta(layers: list[nn.Module]) -> bool:
+    return any(t.is_meta for layer in layers for t in layer.parameters())
+
+
+def _old_form(entrypoint: str, kwargs: dict, seed: int, described: list[nn.Module], loss_fn: LossFn,
+              vocab_size: int | None) -> LayeredModel:
+    """``(layers, loss_fn)`` as a LayeredModel. ``described`` may live on the meta device; the
+    first layer asked for builds the real model once (under its fixed seed) and keeps it."""
+    real: list[nn.Module] = []
+
+    def make_layer(index: int) -> nn.Module:
+        if not real:
+            real.extend(load_entrypoint_layers(entrypoint, kwargs, seed)[0] if _is_meta(described) else described)
+        return real[index]
+    kinds = [_structure(layer) for layer in described]
+    return LayeredModel(len(described), make_layer, loss_fn, vocab_size=vocab_size, layer_kind=kinds.__getitem__)
+
+
+def gpt_model(cfg: GPTConfig) -> LayeredModel:
+    return LayeredModel(cfg.num_stage_layers, partial(make_gpt_layer, cfg), lm_loss, vocab_size=cfg.vocab_size,
+                        layer_kind=partial(gpt_layer_kind, cfg))
+
+
+def build_gpt_range(cfg: GPTConfig, start: int, end: int, seed: int) -> list[nn.Module]:
+    """Layers [start, end) of the built-in GPT (the weights a whole build holds for them)."""
+    return build_model_range(ModelSpec(gpt=cfg), start, end, seed).layers
+
+
+def describe_model(spec: ModelSpec, seed: int) -> LayeredModel:
+    """The model, with no weights allocated where its form allows it."""
     if spec.gpt is not None:
-        return spec.gpt.num_stage_layers
-    layers, _ = load_entrypoint_layers(spec.entrypoint, spec.kwargs, seed=0)
-    return len(layers)
+        return gpt_model(spec.gpt)
+    try:  # an old-form entrypoint then builds its layers without memory; a LayeredModel costs nothing
+        with torch.device("meta"):
+            result = _call_entrypoint(spec.entrypoint, spec.kwargs, seed)
+    except Exception:  # code that cannot run on meta (reads values, loads files): build it for real
+        result = _call_entrypoint(spec.entrypoint, spec.kwargs, seed)
+    if isinstance(result, LayeredModel):
+        return result
+    layers, loss_fn = _checked_pair(spec.entrypoint, result)
+    vocab_size = spec.kwargs.get("vocab_size")
+    return _old_form(spec.entrypoint, spec.kwargs, seed, layers, loss_fn,
+                     vocab_size if isinstance(vocab_size, int) else None)
+
+
+def build_layer(model: LayeredModel, index: int, seed: int) -> nn.Module:
+    """Allocate and initialise layer ``index`` alone, from the CPU RNG seeded by (seed, index)."""
+    _check_range(index, index + 1, model.num_layers)
+    with torch.random.fork_rng(devices=[]):
+        torch.default_generator.manual_seed(layer_seed(seed, index))
+        layer = model.make_layer(index)
+    if not isinstance(layer, nn.Module):
+        raise TypeError(f"make_layer({index}) returned {type(layer).__name__}, not an nn.Module")
+    if any(t.is_meta for t in layer.parameters()) or any(t.is_meta for t in layer.buffers()):
+        raise ValueError(f"make_layer({index}) returned a layer with tensors on the meta device; "
+                         "it must allocate them (e.g. to_empty(device='cpu') and initialise)")
+    return layer
+
+
+def layer_kind(model: LayeredModel, index: int) -> Hashable | None:
+    """Equal for layers that cost the same to run; None when the structure cannot be read."""
+    if model.layer_kind is not None:
+        return ("kind", model.layer_kind(index))
+    try:
+        with torch.device("meta"), torch.random.fork_rng(devices=[]):
+            return _structure(model.make_layer(index))
+    except Exception:  # a factory that cannot build on meta is profiled layer by layer
+        return None
+
+
+def count_layers(spec: ModelSpec) -> int:
+    """The model's depth, without allocating it where its form allows (see describe_model)."""
+    return describe_model(spec, seed=0).num_layers
 
 
 @dataclass
@@ -232,11 +218,8 @@ class ModelBundle:
 
 
 def build_model_range(spec: ModelSpec, start: int, end: int, seed: int) -> ModelBundle:
-    if spec.gpt is not None:
-        total = spec.gpt.num_stage_layers
-        _check_range(start, end, total)
-        return ModelBundle(build_gpt_range(spec.gpt, start, end, seed), lm_loss, total)
-    # A user function builds the whole model; keep only this stage's slice.
-    layers, loss_fn = load_entrypoint_layers(spec.entrypoint, spec.kwargs, seed)
-    _check_range(start, end, len(layers))
-    return ModelBundle(layers[start:end], loss_fn, len(layers))
+    """Layers [start, end) of the model, and nothing else allocated (the old entrypoint form
+    builds the whole model and keeps the slice)."""
+    model = describe_model(spec, seed)
+    _check_range(start, end, model.num_layers)
+    return ModelBundle([build_layer(model, i, seed) for i in range(start, end)], model.loss_fn, model.num_layers)

@@ -18,7 +18,7 @@ from torch import nn
 
 from hetlaunch.runtime.emulation import ComputeEmulation
 from hetlaunch.runtime.link import Link
-from hetlaunch.runtime.model import build_model_range, count_layers
+from hetlaunch.runtime.model import build_layer, describe_model, layer_kind
 from hetlaunch.runtime.model_spec import ModelSpec
 
 
@@ -75,44 +75,60 @@ def profile_layers(spec: ModelSpec, micro_batch_size: int, device: torch.device,
                    repeats: int = 5) -> list[LayerMeasurement]:
     """Time and size every layer of the model, one layer on the device at a time.
 
-    The last layer is timed together with the loss, as the last stage runs it.
+    A layer of the same kind as one already measured, fed an input of the same shape, that gives
+    back that shape, costs what that one cost: it is not built (24 identical blocks are built
+    once). The last layer is timed together with the loss, as the last stage runs it.
     """
-    num_layers = count_layers(spec)
+    model = describe_model(spec, seed)
+    vocab = model.vocab_size or 256
     generator = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(0, 256, (micro_batch_size, spec.seq_len), generator=generator).to(device)
-    targets = torch.randint(0, 256, (micro_batch_size, spec.seq_len), generator=generator).to(device)
+    tokens = torch.randint(0, vocab, (micro_batch_size, spec.seq_len), generator=generator).to(device)
+    targets = torch.randint(0, vocab, (micro_batch_size, spec.seq_len), generator=generator).to(device)
     x = tokens
-    results = []
-    for index in range(num_layers):
-        bundle = build_model_range(spec, index, index + 1, seed)
-        layer = bundle.layers[0].to(device)
-        params = [p for p in layer.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(params, lr=1e-9) if params else None
-        inputs = x if not x.is_floating_point() else x.detach().requires_grad_()
-        is_last = index == num_layers - 1
-
-        def fwd_bwd():
-            out = layer(inputs)
-            if is_last:
-                bundle.loss_fn(out, targets).backward()
-            else:
-                out.backward(torch.ones_like(out))
-
-        for _ in range(warmup):
-            fwd_bwd()
-        seconds = statistics.median(_timed(fwd_bwd, device, emulation) for _ in range(repeats))
-        opt_seconds = 0.0
-        if optimizer is not None:
-            optimizer.step()  # the first step allocates state; time the later ones
-            opt_seconds = statistics.median(_timed(optimizer.step, device, emulation) for _ in range(repeats))
-        out, activation_bytes = _saved_bytes(layer, inputs)
-        results.append(LayerMeasurement(
-            seconds=seconds, optimizer_seconds=opt_seconds,
-            param_bytes=sum(p.numel() * p.element_size() for p in params),
-            activation_bytes=activation_bytes, output_bytes=out.numel() * out.element_size()))
-        x = out.detach()
-        del optimizer  # the layer goes with the next iteration; free the AdamW state now
+    results: list[LayerMeasurement] = []
+    measured: dict[tuple, LayerMeasurement] = {}
+    for index in range(model.num_layers):
+        is_last = index == model.num_layers - 1
+        kind = layer_kind(model, index)
+        key = (kind, tuple(x.shape), x.dtype)
+        if kind is not None and not is_last and key in measured:
+            results.append(measured[key])
+            continue
+        measurement, out = _measure_layer(build_layer(model, index, seed).to(device), x,
+                                          model.loss_fn if is_last else None, targets, device, emulation,
+                                          warmup, repeats)
+        results.append(measurement)
+        if kind is not None and out.shape == x.shape and out.dtype == x.dtype:
+            measured[key] = measurement  # the next layer of this kind may reuse it: its input is alike
+        x = out
     return results
+
+
+def _measure_layer(layer: nn.Module, x: torch.Tensor, loss_fn, targets: torch.Tensor, device: torch.device,
+                   emulation: ComputeEmulation, warmup: int, repeats: int) -> tuple[LayerMeasurement, torch.Tensor]:
+    params = [p for p in layer.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=1e-9) if params else None
+    inputs = x if not x.is_floating_point() else x.detach().requires_grad_()
+
+    def fwd_bwd():
+        out = layer(inputs)
+        if loss_fn is not None:
+            loss_fn(out, targets).backward()
+        else:
+            out.backward(torch.ones_like(out))
+
+    for _ in range(warmup):
+        fwd_bwd()
+    seconds = statistics.median(_timed(fwd_bwd, device, emulation) for _ in range(repeats))
+    opt_seconds = 0.0
+    if optimizer is not None:
+        optimizer.step()  # the first step allocates state; time the later ones
+        opt_seconds = statistics.median(_timed(optimizer.step, device, emulation) for _ in range(repeats))
+    out, activation_bytes = _saved_bytes(layer, inputs)
+    return LayerMeasurement(seconds=seconds, optimizer_seconds=opt_seconds,
+                            param_bytes=sum(p.numel() * p.element_size() for p in params),
+                            activation_bytes=activation_bytes,
+                            output_bytes=out.numel() * out.element_size()), out.detach()
 
 
 def codec_seconds_per_byte(sample: torch.Tensor, repeats: int = 5) -> dict[str, float]:

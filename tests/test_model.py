@@ -7,10 +7,8 @@ import pytest
 import torch
 from torch import nn
 
+from hetlaunch.runtime.gpt import Block, Embedding, Head
 from hetlaunch.runtime.model import (
-    Block,
-    Embedding,
-    Head,
     ModelBundle,
     build_gpt_range,
     build_model_range,
@@ -205,5 +203,5 @@ def test_entrypoint_missing_module_or_attribute(user_path):
 
 @pytest.mark.parametrize("func", ["returns_module", "returns_bad_layers", "returns_bad_loss"])
 def test_entrypoint_wrong_return_shape(user_path, func):
-    with pytest.raises(TypeError, match=r"must return \(layers, loss_fn\)"):
+    with pytest.raises(TypeError, match=r"must return a .*LayeredModel or \(layers, loss_fn\)"):
         load_entrypoint_layers(f"user_model:{func}", {}, seed=0)

@@ -3,6 +3,7 @@
 Imported as ``user_model:make_mlp_lm`` with this directory on sys.path.
 """
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -17,11 +18,11 @@ class TokenEmbed(nn.Module):
 
 
 class ResidualMLP(nn.Module):
-    def __init__(self, d: int) -> None:
+    def __init__(self, d: int, mult: int = 2) -> None:
         super().__init__()
         self.ln = nn.LayerNorm(d)
-        self.fc = nn.Linear(d, 2 * d)
-        self.out = nn.Linear(2 * d, d)
+        self.fc = nn.Linear(d, mult * d)
+        self.out = nn.Linear(mult * d, d)
 
     def forward(self, x: Tensor) -> Tensor:
         return x + self.out(F.gelu(self.fc(self.ln(x))))
@@ -31,12 +32,32 @@ def lm_loss(logits: Tensor, targets: Tensor) -> Tensor:
     return F.cross_entropy(logits.flatten(0, -2), targets.flatten())
 
 
-def make_mlp_lm(vocab_size: int = 256, d: int = 32, n_hidden: int = 3, seq_len: int = 16):
+def make_mlp_lm(vocab_size: int = 256, d: int = 32, n_hidden: int = 3, seq_len: int = 16, hidden_mult: int = 2):
     # seq_len is part of the contract (the data pipeline reads it); this model ignores it.
     layers = [TokenEmbed(vocab_size, d)]
-    layers += [ResidualMLP(d) for _ in range(n_hidden)]
+    layers += [ResidualMLP(d, hidden_mult) for _ in range(n_hidden)]
     layers.append(nn.Sequential(nn.LayerNorm(d), nn.Linear(d, vocab_size)))
     return layers, lm_loss
+
+
+# The LayeredModel form: each layer built alone, so a stage allocates only its own.
+BUILT_LAYERS: list[tuple[int, str]] = []  # (index, device) of every make_layer call, for the tests
+
+
+def make_layered_mlp_lm(vocab_size: int = 256, d: int = 32, n_hidden: int = 3, seq_len: int = 16,
+                        hidden_mult: int = 2):
+    from hetlaunch.runtime.model import LayeredModel
+
+    num_layers = n_hidden + 2
+
+    def make_layer(index: int) -> nn.Module:
+        BUILT_LAYERS.append((index, str(torch.get_default_device())))
+        if index == 0:
+            return TokenEmbed(vocab_size, d)
+        if index == num_layers - 1:
+            return nn.Sequential(nn.LayerNorm(d), nn.Linear(d, vocab_size))
+        return ResidualMLP(d, hidden_mult)
+    return LayeredModel(num_layers, make_layer, lm_loss, vocab_size=vocab_size)
 
 
 # Deliberately broken entrypoints for the loader's error tests.
