@@ -11,6 +11,7 @@ during the last backward, before the optimizer steps).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from torch import nn
 from hetlaunch.runtime.emulation import ComputeEmulation
 from hetlaunch.runtime.grad_sync import GradientSync, SyncStats
 from hetlaunch.runtime.link import Link
+from hetlaunch.runtime.memory_limit import StageMemory
 from hetlaunch.runtime.schedules import Action, Op
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -65,6 +67,8 @@ class StageExecutor:
     grad_sync: GradientSync | None = None
     # Several pipelines: waits until every stage of this pipeline may step (runtime/stage_command.py).
     before_optimizer_step: Callable[[], None] | None = None
+    # The node's memory limit: counts this stage's tensors and stops it when they go over.
+    memory: StageMemory | None = None
     module: nn.Sequential = field(init=False)
     optimizer: torch.optim.Optimizer | None = field(init=False)
     # Optimizer steps taken, counting those before a restore. It changes together with the
@@ -76,6 +80,8 @@ class StageExecutor:
         if self.is_first != (self.prev_link is None) or self.is_last != (self.next_link is None):
             raise ValueError("a stage has a previous link unless it is first and a next link unless it is last")
         self.module = nn.Sequential(*self.layers).to(self.device)
+        if self.memory is not None:
+            self.memory.attach(self.module)
         params = [p for p in self.module.parameters() if p.requires_grad]
         # A stage with no parameters (e.g. a pure reshape) still runs; it has nothing to step.
         self.optimizer = torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay) if params else None
@@ -97,11 +103,14 @@ class StageExecutor:
         last_backward = max(i for i, a in enumerate(actions) if a.op is Op.BACKWARD) if self.grad_sync else -1
         for i, action in enumerate(actions):
             if action.op is Op.FORWARD:
-                in_flight[action.microbatch] = self._forward(action.microbatch, microbatches, loss_divisor, losses)
+                with self.memory.forward(action.microbatch) if self.memory else contextlib.nullcontext():
+                    in_flight[action.microbatch] = self._forward(action.microbatch, microbatches, loss_divisor, losses)
             else:
                 if i == last_backward:
                     self.grad_sync.arm()  # gradients become final during this backward
                 self._backward(in_flight.pop(action.microbatch))
+                if self.memory is not None:
+                    self.memory.backward_done(action.microbatch)
         if in_flight:
             raise RuntimeError(f"schedule left micro-batches {sorted(in_flight)} without a backward")
         for link in (self.prev_link, self.next_link):
@@ -113,6 +122,8 @@ class StageExecutor:
             self.before_optimizer_step()
             self._comm_s += time.perf_counter() - start
         self._timed(self._optimizer_step)
+        if self.memory is not None:
+            self.memory.check(self.module, self.optimizer, f"at step {self.steps_done - 1}")
         loss = sum(losses) / len(losses) if self.is_last else None
 
         def sent(link: Link | None) -> tuple[int, int]:

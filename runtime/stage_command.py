@@ -23,6 +23,7 @@ from hetlaunch.runtime.emulation import ComputeEmulation, WireEmulation
 from hetlaunch.runtime.executor import StageExecutor
 from hetlaunch.runtime.grad_sync import GradientSync, SyncGroupPlan, make_groups
 from hetlaunch.runtime.link import Link
+from hetlaunch.runtime.memory_limit import StageMemory
 from hetlaunch.runtime.model import build_model_range
 from hetlaunch.runtime.schedules import schedule_for
 from hetlaunch.runtime.wire import model_spec_from_proto, schedule_name, sync_emulation_latency_ms
@@ -164,6 +165,10 @@ def run_stage(cmd: pb.RunStage, reports: StageReports) -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     spec = model_spec_from_proto(cmd.model)
+    memory = None
+    if stage.emulate.memory_gb > 0:  # before building: on CUDA the allocator's cap must be in place first
+        memory = StageMemory(int(stage.emulate.memory_gb * 2**30), device,
+                             f"this node's emulate.memory_gb ({stage.emulate.memory_gb:g} GiB)")
     bundle = build_model_range(spec, stage.layer_start, stage.layer_end, seed=train.seed)
     is_first = stage.stage_index == 0
     is_last = stage.stage_index == stage.num_stages - 1
@@ -192,7 +197,8 @@ def run_stage(cmd: pb.RunStage, reports: StageReports) -> None:
                                  weight_decay=train.weight_decay,
                                  emulation=ComputeEmulation(stage.emulate.speed or 1.0), grad_sync=grad_sync,
                                  before_optimizer_step=_pipeline_barrier(dp, cmd.rendezvous.rank, device,
-                                                                         cmd.rendezvous.backend))
+                                                                         cmd.rendezvous.backend),
+                                 memory=memory)
         executor.steps_done = train.start_step
         if restored is not None:
             apply_state(executor.module, executor.optimizer, restored, stage.layer_start)
@@ -229,7 +235,12 @@ def _train(cmd: pb.RunStage, executor: StageExecutor, batches: TokenBatches | No
         if batches is not None:  # the step's global batch, of which this pipeline takes its share
             microbatches = batches.micro_batches(step, train.micro_batch_size, global_microbatches)
             microbatches = microbatches[first_microbatch:first_microbatch + train.num_microbatches]
-        result = executor.train_step(actions, microbatches, global_microbatches)
+        try:
+            result = executor.train_step(actions, microbatches, global_microbatches)
+        except torch.OutOfMemoryError as err:
+            if executor.memory is None:
+                raise
+            raise executor.memory.out_of_memory(err, f"at step {step}") from None
         reports.step(pb.StepMetrics(step=step, stage_index=stage.stage_index, has_loss=result.loss is not None,
                                     loss=result.loss or 0.0, step_s=result.step_s, compute_s=result.compute_s,
                                     comm_s=result.comm_s, tokens=tokens,

@@ -1,0 +1,107 @@
+"""Hold a stage to the memory its node may use (`emulate.memory_gb`), so a plan that does not
+fit fails with a clear error instead of silently using more than the node was said to have.
+
+What counts is what a GPU's allocator would hold for the stage: its tensors. On CUDA that is
+the caching allocator's own peak, and the limit is also set as the allocator's memory
+fraction, so CUDA itself refuses to go over. On CPU there is no allocator to ask, so the stage
+counts its tensors itself: parameters, gradients and optimizer state, plus the peak of the
+activations that forwards keep for their backwards (every tensor autograd saves, counted once
+per storage, released when its micro-batch's backward is done). The interpreter, torch and
+gloo are not counted, as a GPU's limit does not count the CUDA context.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import defaultdict
+
+import torch
+from torch import nn
+
+GiB = 2**30
+
+
+class MemoryLimitExceeded(RuntimeError):
+    """The stage used more memory than its node may use."""
+
+
+def _tensor_bytes(t: torch.Tensor) -> int:
+    return t.untyped_storage().nbytes()
+
+
+class StageMemory:
+    """Tracks a stage's tensor memory against `limit_bytes` (0: only tracks)."""
+
+    def __init__(self, limit_bytes: int, device: torch.device, setting: str) -> None:
+        self.limit_bytes = limit_bytes
+        self.device = device
+        self.setting = setting  # names the limit in the error, e.g. "emulate.memory_gb (1.0) of node a"
+        self._saved: dict[int, dict[int, int]] = defaultdict(dict)  # micro-batch -> storage -> bytes
+        self._live = 0
+        self.peak_activation_bytes = 0
+        self._parameter_storages: set[int] = set()
+        if device.type == "cuda" and limit_bytes:
+            total = torch.cuda.get_device_properties(device).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, limit_bytes / total), device)
+            torch.cuda.reset_peak_memory_stats(device)
+
+    def attach(self, module: nn.Module) -> None:
+        """The stage's parameters (on their device): what autograd saves of them, often a view such
+        as a transposed weight, is counted as parameters, not again as activations."""
+        self._parameter_storages = {p.untyped_storage().data_ptr() for p in module.parameters()}
+
+    @contextlib.contextmanager
+    def forward(self, microbatch: int):
+        """Count what autograd saves during this micro-batch's forward (on CPU)."""
+        if self.device.type == "cuda":
+            yield
+            return
+        saved = self._saved[microbatch]
+
+        def pack(t: torch.Tensor):
+            key = t.untyped_storage().data_ptr()
+            if key not in self._parameter_storages:  # parameters are counted as parameters
+                if key not in saved:
+                    saved[key] = _tensor_bytes(t)
+                    self._live += saved[key]
+                    self.peak_activation_bytes = max(self.peak_activation_bytes, self._live)
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            yield
+
+    def backward_done(self, microbatch: int) -> None:
+        self._live -= sum(self._saved.pop(microbatch, {}).values())
+
+    def used_bytes(self, module: nn.Module, optimizer: torch.optim.Optimizer | None) -> int:
+        """The stage's peak tensor memory so far."""
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.device)
+        storages: dict[int, int] = {}
+        for p in module.parameters():
+            storages[p.untyped_storage().data_ptr()] = _tensor_bytes(p)
+            if p.grad is not None:
+                storages[p.grad.untyped_storage().data_ptr()] = _tensor_bytes(p.grad)
+        if optimizer is not None:
+            for state in optimizer.state.values():
+                for value in state.values():
+                    if isinstance(value, torch.Tensor) and value.numel() > 1:  # not the scalar step counts
+                        storages[value.untyped_storage().data_ptr()] = _tensor_bytes(value)
+        # Gradients are freed after each step (zero_grad(set_to_none)); in a step they exist
+        # alongside the parameters, so count them as the parameters' size when absent.
+        grads = sum(_tensor_bytes(p) for p in module.parameters() if p.requires_grad and p.grad is None)
+        return sum(storages.values()) + grads + self.peak_activation_bytes
+
+    def check(self, module: nn.Module, optimizer: torch.optim.Optimizer | None, where: str) -> None:
+        if not self.limit_bytes:
+            return
+        used = self.used_bytes(module, optimizer)
+        if used > self.limit_bytes:
+            raise MemoryLimitExceeded(
+                f"the stage's tensors use {used / 2**20:.1f} MiB {where}, over the {self.limit_bytes / 2**20:.1f} "
+                f"MiB of {self.setting}; give this node fewer layers (nodes[].layers) or raise its limit")
+
+    def out_of_memory(self, err: BaseException, where: str) -> MemoryLimitExceeded:
+        """CUDA refused an allocation under the memory fraction: the same error, in our words."""
+        return MemoryLimitExceeded(f"CUDA refused an allocation {where} under the {self.limit_bytes / 2**20:.1f} MiB "
+                                   f"of {self.setting}: {' '.join(str(err).split())[:300]}")
