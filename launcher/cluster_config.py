@@ -72,11 +72,12 @@ class CoordinatorConfig(_Strict):
         return self
 
 
-_SIZE_FIELDS = ("d_model", "n_layers", "n_heads", "seq_len", "d_ff")
+_SIZE_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "seq_len", "d_ff")
 
 
 class ModelConfig(_Strict):
     preset: str | None = "tiny"  # a name in hetlaunch.runtime.model_spec.PRESETS; the sizes below override it
+    vocab_size: int | None = Field(None, ge=1)  # token ids the model takes (256: bytes; a tokenizer's size for token files)
     d_model: int | None = Field(None, ge=1)  # width of the residual stream
     n_layers: int | None = Field(None, ge=1)  # transformer blocks (stage layers = n_layers + 2: embedding, head)
     n_heads: int | None = Field(None, ge=1)  # attention heads; must divide d_model
@@ -130,8 +131,19 @@ class ModelConfig(_Strict):
 
 
 class DataConfig(_Strict):
-    path: str | None = Field(None, min_length=1)  # a text file to train on; default: the Python standard library's own sources
+    # text: a file's bytes are the tokens (vocabulary 256); tokens: a flat file of token ids
+    # (nanoGPT's format, as `hetlaunch prepare-data` writes), memory-mapped.
+    format: Literal["text", "tokens"] = "text"
+    path: str | None = Field(None, min_length=1)  # the file; default (text only): the Python standard library's own sources
+    dtype: Literal["uint16", "uint32"] = "uint16"  # tokens: the ids' width
     seed: int = 0  # shuffling / sampling seed
+    eval_fraction: YamlFloat = Field(0.1, gt=0, lt=1)  # with train.eval_every: the data's tail held out, never trained on
+
+    @model_validator(mode="after")
+    def _tokens_need_a_file(self) -> DataConfig:
+        if self.format == "tokens" and self.path is None:
+            raise FieldError(("path",), "a token file is required with data.format: tokens")
+        return self
 
 
 def _auto_or_positive(value: Any) -> Any:
@@ -145,8 +157,16 @@ class TrainConfig(_Strict):
     micro_batch_size: int = Field(8, ge=1)  # samples per micro-batch
     num_microbatches: int = Field(4, ge=1)  # micro-batches per step (global batch = the product)
     schedule: Literal[SCHEDULE_NAMES] = DEFAULT_SCHEDULE  # pipeline schedule (runtime/registry.py)
-    lr: YamlFloat = Field(3.0e-3, gt=0)  # AdamW learning rate
-    weight_decay: YamlFloat = Field(0.0, ge=0)  # AdamW weight decay
+    optimizer: Literal["adamw", "sgd"] = "adamw"
+    lr: YamlFloat = Field(3.0e-3, gt=0)  # peak learning rate
+    momentum: YamlFloat = Field(0.9, ge=0, lt=1)  # sgd only
+    weight_decay: YamlFloat = Field(0.0, ge=0)  # decoupled (AdamW) or L2 (SGD); only on weights of >= 2 dimensions
+    lr_schedule: Literal["constant", "cosine", "linear"] = "constant"  # after warm-up, down to lr * min_lr_ratio by the end of the run
+    warmup_steps: int = Field(0, ge=0)  # linear warm-up from lr / warmup_steps
+    min_lr_ratio: YamlFloat = Field(0.1, ge=0, le=1)
+    grad_clip: YamlFloat = Field(0.0, ge=0)  # max norm of the whole model's gradient (all stages, all pipelines); 0: off
+    eval_every: int = Field(0, ge=0)  # held-out loss every this many steps and after the last; 0: never
+    eval_microbatches: int = Field(4, ge=1)  # micro-batches (of micro_batch_size) per evaluation
     seed: int = 0  # parameter-init seed
     # Save parameters and AdamW state every this many steps (and after the last) under
     # <run dir>/checkpoints/ (or checkpoint.dir): what a restart after a lost node resumes from.

@@ -68,10 +68,15 @@ class StepRecord:
     stages: list[dict]
     time: float = field(default_factory=time.time)  # when the coordinator had every stage's report (Unix s)
     missing: list[str] | None = None  # nodes whose report never came (lost right after the step)
+    lr: float | None = None  # the learning rate the step used
+    grad_norm: float | None = None  # the whole model's gradient norm before clipping (when clipping)
+    eval_loss: float | None = None  # the held-out loss after this step (when an evaluation was due)
 
     def to_json(self) -> str:
         extra = {"missing": self.missing} if self.missing else {}
-        return strict_json({"step": self.step, "loss": self.loss, "tokens_per_s": self.tokens_per_s,
+        recipe = {k: v for k, v in (("lr", self.lr), ("grad_norm", self.grad_norm), ("eval_loss", self.eval_loss))
+                  if v is not None}
+        return strict_json({"step": self.step, "loss": self.loss, **recipe, "tokens_per_s": self.tokens_per_s,
                             "step_s": self.step_s, "time": round(self.time, 3), **extra, "stages": self.stages})
 
 
@@ -125,8 +130,11 @@ class StepAggregator:
                                   "backward": [m.backward_raw_bytes, m.backward_wire_bytes],
                                   "sync": [m.sync_raw_bytes, m.sync_wire_bytes]}}
                   for (p, j), node, m in ordered]
+        evals = [m.eval_loss for _, _, m in ordered if m.has_eval_loss]  # one per pipeline, same weights
         return StepRecord(step=step, loss=loss, tokens_per_s=tokens / step_s if step_s > 0 else 0.0,
-                          step_s=step_s, stages=stages)
+                          step_s=step_s, stages=stages, lr=ordered[0][2].lr or None,
+                          grad_norm=max(m.grad_norm for _, _, m in ordered) or None,
+                          eval_loss=sum(evals) / len(evals) if evals else None)
 
 
 class JsonLines:
@@ -209,7 +217,8 @@ def read_metrics(path: Path, before_step: int) -> list[StepRecord]:
             record = StepRecord(step=int(data["step"]), loss=_number(data["loss"]),
                                 tokens_per_s=float(data["tokens_per_s"]), step_s=float(data["step_s"]),
                                 stages=list(data["stages"]), time=float(data.get("time", 0.0)),
-                                missing=data.get("missing"))
+                                missing=data.get("missing"), lr=_optional(data.get("lr")),
+                                grad_norm=_optional(data.get("grad_norm")), eval_loss=_optional(data.get("eval_loss")))
         except (ValueError, KeyError, TypeError):
             if number == len(lines):
                 break  # the last line, cut off by the crash that ended the earlier run
@@ -222,6 +231,10 @@ def read_metrics(path: Path, before_step: int) -> list[StepRecord]:
 
 def _number(value) -> float:
     return float("nan") if value is None else float(value)
+
+
+def _optional(value) -> float | None:
+    return None if value is None else float(value)
 
 
 @dataclass
@@ -276,8 +289,9 @@ class RunRecord:
         timed = self.records[1:] or self.records
         tokens = sum(r.tokens_per_s * r.step_s for r in timed)
         seconds = sum(r.step_s for r in timed)
+        evals = [r.eval_loss for r in self.records if r.eval_loss is not None]
         return {"steps": len(self.records), "first_loss": self.records[0].loss,
-                "final_loss": self.records[-1].loss, "mean_tokens_per_s": tokens / seconds if seconds else 0.0,
+                "final_loss": self.records[-1].loss, **({"final_eval_loss": evals[-1]} if evals else {}), "mean_tokens_per_s": tokens / seconds if seconds else 0.0,
                 "links": self._links(), "gradient_sync": self._sync()}
 
     def _links(self) -> list[dict]:

@@ -17,7 +17,9 @@ def launch(session: ClusterSession, plan: Plan, spec, restore: Restore, checkpoi
     cluster = session.cluster
     backend = session.backend_for([s.node for s in plan.stages])
     t = cluster.train
-    data = pb.DataSpec(path=str(Path(cluster.data.path).resolve()) if cluster.data.path else "", seed=cluster.data.seed)
+    d = cluster.data
+    data = pb.DataSpec(path=str(Path(d.path).resolve()) if d.path else "", seed=d.seed, format=d.format, dtype=d.dtype,
+                       eval_fraction=d.eval_fraction)
     model = model_spec_to_proto(spec)
     pipelines = plan.pipelines()
     world = len(plan.stages)
@@ -31,7 +33,9 @@ def launch(session: ClusterSession, plan: Plan, spec, restore: Restore, checkpoi
                              schedule=schedule_wire_id(t.schedule), lr=t.lr, weight_decay=t.weight_decay, seed=t.seed,
                              checkpoint_dir=str(checkpoint_root) if t.checkpoint_every else "",
                              checkpoint_every=t.checkpoint_every,
-                             save_part=p == 0, start_step=restore.step)
+                             save_part=p == 0, start_step=restore.step, optimizer=t.optimizer, momentum=t.momentum,
+                             lr_schedule=t.lr_schedule, warmup_steps=t.warmup_steps, min_lr_ratio=t.min_lr_ratio,
+                             grad_clip=t.grad_clip, eval_every=t.eval_every, eval_microbatches=t.eval_microbatches)
         n = len(stages)
         for j, stage in enumerate(stages):
             node = cluster.node(stage.node)

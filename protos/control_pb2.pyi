@@ -179,15 +179,21 @@ class ModelSpec(_message.Message):
     def __init__(self, gpt: _Optional[_Union[GptModel, _Mapping]] = ..., entrypoint: _Optional[_Union[EntrypointModel, _Mapping]] = ...) -> None: ...
 
 class DataSpec(_message.Message):
-    __slots__ = ("path", "seed")
+    __slots__ = ("path", "seed", "format", "dtype", "eval_fraction")
     PATH_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    EVAL_FRACTION_FIELD_NUMBER: _ClassVar[int]
     path: str
     seed: int
-    def __init__(self, path: _Optional[str] = ..., seed: _Optional[int] = ...) -> None: ...
+    format: str
+    dtype: str
+    eval_fraction: float
+    def __init__(self, path: _Optional[str] = ..., seed: _Optional[int] = ..., format: _Optional[str] = ..., dtype: _Optional[str] = ..., eval_fraction: _Optional[float] = ...) -> None: ...
 
 class TrainSpec(_message.Message):
-    __slots__ = ("steps", "micro_batch_size", "num_microbatches", "schedule", "lr", "weight_decay", "seed", "checkpoint_dir", "checkpoint_every", "save_part", "start_step", "upload_parts", "snapshot_dir")
+    __slots__ = ("steps", "micro_batch_size", "num_microbatches", "schedule", "lr", "weight_decay", "seed", "checkpoint_dir", "checkpoint_every", "save_part", "start_step", "upload_parts", "snapshot_dir", "optimizer", "momentum", "lr_schedule", "warmup_steps", "min_lr_ratio", "grad_clip", "eval_every", "eval_microbatches")
     STEPS_FIELD_NUMBER: _ClassVar[int]
     MICRO_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     NUM_MICROBATCHES_FIELD_NUMBER: _ClassVar[int]
@@ -201,6 +207,14 @@ class TrainSpec(_message.Message):
     START_STEP_FIELD_NUMBER: _ClassVar[int]
     UPLOAD_PARTS_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_DIR_FIELD_NUMBER: _ClassVar[int]
+    OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
+    MOMENTUM_FIELD_NUMBER: _ClassVar[int]
+    LR_SCHEDULE_FIELD_NUMBER: _ClassVar[int]
+    WARMUP_STEPS_FIELD_NUMBER: _ClassVar[int]
+    MIN_LR_RATIO_FIELD_NUMBER: _ClassVar[int]
+    GRAD_CLIP_FIELD_NUMBER: _ClassVar[int]
+    EVAL_EVERY_FIELD_NUMBER: _ClassVar[int]
+    EVAL_MICROBATCHES_FIELD_NUMBER: _ClassVar[int]
     steps: int
     micro_batch_size: int
     num_microbatches: int
@@ -214,7 +228,15 @@ class TrainSpec(_message.Message):
     start_step: int
     upload_parts: bool
     snapshot_dir: str
-    def __init__(self, steps: _Optional[int] = ..., micro_batch_size: _Optional[int] = ..., num_microbatches: _Optional[int] = ..., schedule: _Optional[_Union[Schedule, str]] = ..., lr: _Optional[float] = ..., weight_decay: _Optional[float] = ..., seed: _Optional[int] = ..., checkpoint_dir: _Optional[str] = ..., checkpoint_every: _Optional[int] = ..., save_part: _Optional[bool] = ..., start_step: _Optional[int] = ..., upload_parts: _Optional[bool] = ..., snapshot_dir: _Optional[str] = ...) -> None: ...
+    optimizer: str
+    momentum: float
+    lr_schedule: str
+    warmup_steps: int
+    min_lr_ratio: float
+    grad_clip: float
+    eval_every: int
+    eval_microbatches: int
+    def __init__(self, steps: _Optional[int] = ..., micro_batch_size: _Optional[int] = ..., num_microbatches: _Optional[int] = ..., schedule: _Optional[_Union[Schedule, str]] = ..., lr: _Optional[float] = ..., weight_decay: _Optional[float] = ..., seed: _Optional[int] = ..., checkpoint_dir: _Optional[str] = ..., checkpoint_every: _Optional[int] = ..., save_part: _Optional[bool] = ..., start_step: _Optional[int] = ..., upload_parts: _Optional[bool] = ..., snapshot_dir: _Optional[str] = ..., optimizer: _Optional[str] = ..., momentum: _Optional[float] = ..., lr_schedule: _Optional[str] = ..., warmup_steps: _Optional[int] = ..., min_lr_ratio: _Optional[float] = ..., grad_clip: _Optional[float] = ..., eval_every: _Optional[int] = ..., eval_microbatches: _Optional[int] = ...) -> None: ...
 
 class RestoreSpec(_message.Message):
     __slots__ = ("checkpoint_dir",)
@@ -333,7 +355,7 @@ class RunStage(_message.Message):
     def __init__(self, model: _Optional[_Union[ModelSpec, _Mapping]] = ..., data: _Optional[_Union[DataSpec, _Mapping]] = ..., train: _Optional[_Union[TrainSpec, _Mapping]] = ..., stage: _Optional[_Union[StageSpec, _Mapping]] = ..., rendezvous: _Optional[_Union[Rendezvous, _Mapping]] = ..., data_parallel: _Optional[_Union[DataParallel, _Mapping]] = ..., restore: _Optional[_Union[RestoreSpec, _Mapping]] = ...) -> None: ...
 
 class StepMetrics(_message.Message):
-    __slots__ = ("step", "stage_index", "has_loss", "loss", "step_s", "compute_s", "comm_s", "tokens", "forward_raw_bytes", "forward_wire_bytes", "backward_raw_bytes", "backward_wire_bytes", "pipeline_index", "sync_s", "sync_raw_bytes", "sync_wire_bytes")
+    __slots__ = ("step", "stage_index", "has_loss", "loss", "step_s", "compute_s", "comm_s", "tokens", "forward_raw_bytes", "forward_wire_bytes", "backward_raw_bytes", "backward_wire_bytes", "pipeline_index", "sync_s", "sync_raw_bytes", "sync_wire_bytes", "lr", "grad_norm", "has_eval_loss", "eval_loss")
     STEP_FIELD_NUMBER: _ClassVar[int]
     STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
     HAS_LOSS_FIELD_NUMBER: _ClassVar[int]
@@ -350,6 +372,10 @@ class StepMetrics(_message.Message):
     SYNC_S_FIELD_NUMBER: _ClassVar[int]
     SYNC_RAW_BYTES_FIELD_NUMBER: _ClassVar[int]
     SYNC_WIRE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LR_FIELD_NUMBER: _ClassVar[int]
+    GRAD_NORM_FIELD_NUMBER: _ClassVar[int]
+    HAS_EVAL_LOSS_FIELD_NUMBER: _ClassVar[int]
+    EVAL_LOSS_FIELD_NUMBER: _ClassVar[int]
     step: int
     stage_index: int
     has_loss: bool
@@ -366,7 +392,11 @@ class StepMetrics(_message.Message):
     sync_s: float
     sync_raw_bytes: int
     sync_wire_bytes: int
-    def __init__(self, step: _Optional[int] = ..., stage_index: _Optional[int] = ..., has_loss: _Optional[bool] = ..., loss: _Optional[float] = ..., step_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., comm_s: _Optional[float] = ..., tokens: _Optional[int] = ..., forward_raw_bytes: _Optional[int] = ..., forward_wire_bytes: _Optional[int] = ..., backward_raw_bytes: _Optional[int] = ..., backward_wire_bytes: _Optional[int] = ..., pipeline_index: _Optional[int] = ..., sync_s: _Optional[float] = ..., sync_raw_bytes: _Optional[int] = ..., sync_wire_bytes: _Optional[int] = ...) -> None: ...
+    lr: float
+    grad_norm: float
+    has_eval_loss: bool
+    eval_loss: float
+    def __init__(self, step: _Optional[int] = ..., stage_index: _Optional[int] = ..., has_loss: _Optional[bool] = ..., loss: _Optional[float] = ..., step_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., comm_s: _Optional[float] = ..., tokens: _Optional[int] = ..., forward_raw_bytes: _Optional[int] = ..., forward_wire_bytes: _Optional[int] = ..., backward_raw_bytes: _Optional[int] = ..., backward_wire_bytes: _Optional[int] = ..., pipeline_index: _Optional[int] = ..., sync_s: _Optional[float] = ..., sync_raw_bytes: _Optional[int] = ..., sync_wire_bytes: _Optional[int] = ..., lr: _Optional[float] = ..., grad_norm: _Optional[float] = ..., has_eval_loss: _Optional[bool] = ..., eval_loss: _Optional[float] = ...) -> None: ...
 
 class ReportStepRequest(_message.Message):
     __slots__ = ("agent_id", "metrics", "generation")

@@ -1,7 +1,8 @@
 """Checkpoints as per-layer state, so that any cut of the model loads any checkpoint (reshard).
 
 Every tensor is keyed by its GLOBAL layer index (`layers.<i>.<name>` for a layer's state_dict,
-`adamw.<i>.<name>.<field>` for its optimizer state), never by stage: a stage of a new plan reads
+`optim.<i>.<name>.<field>` for its optimizer state: AdamW moments or SGD momentum), never by
+stage: a stage of a new plan reads
 exactly its layers from whichever parts hold them, whatever cut wrote them.
 
 A checkpoint is `<root>/step-<8 digits>/`: one safetensors part per writing stage (tensors only,
@@ -32,7 +33,9 @@ CHECKPOINT_FORMAT = "hetlaunch-checkpoint/1"
 MANIFEST_NAME = "manifest.json"
 MAX_MANIFEST_BYTES = 16 * 1024 * 1024
 # Optimizer state saved per parameter (max_exp_avg_sq only exists with amsgrad=True).
-_ADAMW_FIELDS = ("step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq")
+_OPTIMIZER_FIELDS = ("step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer")
+_ADAMW_REQUIRED = {"step", "exp_avg", "exp_avg_sq"}
+_SGD_REQUIRED = {"momentum_buffer"}
 _STEP_DIR = re.compile(r"step-(\d{8,})")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
@@ -129,7 +132,7 @@ def checkpoint_dir(root: Path, step: int) -> Path:
 
 def stage_state(module: nn.Module, optimizer: torch.optim.Optimizer | None,
                 layer_start: int) -> dict[str, Tensor]:
-    """This stage's parameters, buffers and AdamW state as CPU clones under global layer keys.
+    """This stage's parameters, buffers and optimizer state as CPU clones under global layer keys.
     Cloned so that training may go on (and a writer thread may write) while this is kept."""
     def cpu(t: Tensor) -> Tensor:
         return t.detach().to(device="cpu", copy=True, memory_format=torch.contiguous_format)
@@ -142,17 +145,17 @@ def stage_state(module: nn.Module, optimizer: torch.optim.Optimizer | None,
     if optimizer is not None:
         for name, param in module.named_parameters():
             saved = optimizer.state.get(param)  # absent before the first step
-            for field in _ADAMW_FIELDS:
+            for field in _OPTIMIZER_FIELDS:
                 if saved and isinstance(saved.get(field), Tensor):
-                    state[f"adamw.{global_key(name)}.{field}"] = cpu(saved[field])
+                    state[f"optim.{global_key(name)}.{field}"] = cpu(saved[field])
     return state
 
 
 def _layer_of(key: str) -> int | None:
-    """The global layer index of a `layers.<i>.` or `adamw.<i>.` key; None for anything else."""
+    """The global layer index of a `layers.<i>.` or `optim.<i>.` key; None for anything else."""
     kind, _, rest = key.partition(".")
     index, dot, _ = rest.partition(".")
-    ok = kind in ("layers", "adamw") and dot and index.isascii() and index.isdigit()
+    ok = kind in ("layers", "optim") and dot and index.isascii() and index.isdigit()
     return int(index) if ok else None
 
 
@@ -275,10 +278,10 @@ def load_layers(directory: Path, manifest: Manifest, layer_start: int, layer_end
 
 def apply_state(module: nn.Module, optimizer: torch.optim.Optimizer | None, state: dict[str, Tensor],
                 layer_start: int) -> None:
-    """Load `state` (global keys) into this stage's module and AdamW, strictly; everything is
+    """Load `state` (global keys) into this stage's module and optimizer, strictly; everything is
     checked before anything changes, so a refused checkpoint leaves the stage as it was."""
     weights: dict[str, Tensor] = {}
-    adamw: dict[str, dict[str, Tensor]] = {}
+    moments: dict[str, dict[str, Tensor]] = {}
     for key, tensor in state.items():
         layer = _layer_of(key)
         if layer is None:
@@ -288,16 +291,18 @@ def apply_state(module: nn.Module, optimizer: torch.optim.Optimizer | None, stat
             weights[local] = tensor
         else:
             name, _, field = local.rpartition(".")
-            adamw.setdefault(name, {})[field] = tensor
+            moments.setdefault(name, {})[field] = tensor
     own, named = module.state_dict(), dict(module.named_parameters())
     problems = ([f"missing {k}" for k in own if k not in weights]
                 + [f"unexpected {k}" for k in weights if k not in own]
                 + [f"shape of {k}: {tuple(weights[k].shape)} != {tuple(own[k].shape)}"
                    for k in own if k in weights and weights[k].shape != own[k].shape])
-    for name, fields in adamw.items():
+    required = _SGD_REQUIRED if isinstance(optimizer, torch.optim.SGD) else _ADAMW_REQUIRED
+    for name, fields in moments.items():
         param = named.get(name)
-        if param is None or set(fields) - set(_ADAMW_FIELDS) or not {"step", "exp_avg", "exp_avg_sq"} <= set(fields):
-            problems.append(f"optimizer state {name}.{sorted(fields)}")
+        if param is None or set(fields) - set(_OPTIMIZER_FIELDS) or not required <= set(fields):
+            problems.append(f"optimizer state {name}.{sorted(fields)} (this run's optimizer is "
+                            f"{type(optimizer).__name__ if optimizer is not None else 'none'})")
         elif any(t.shape != param.shape for f, t in fields.items() if f != "step"):
             problems.append(f"shape of optimizer state of {name}")
     if problems:
@@ -307,7 +312,7 @@ def apply_state(module: nn.Module, optimizer: torch.optim.Optimizer | None, stat
     if optimizer is None:
         return
     groups = {id(p): g for g in optimizer.param_groups for p in g["params"]}
-    for name, fields in adamw.items():
+    for name, fields in moments.items():
         param = named[name]
         group = groups.get(id(param))
         if group is None:

@@ -1,6 +1,8 @@
-"""Deterministic byte-level token batches.
+"""Deterministic token batches: from bytes of text (the zero-setup default) or from a token file.
 
-Every stage that needs data (the first stage for inputs, the last for targets)
+A token file is nanoGPT's format: a flat array of uint16 or uint32 token ids, no header,
+memory-mapped so a corpus larger than memory costs only the windows drawn from it
+(`hetlaunch prepare-data` writes one from text). Every stage that needs data (the first stage for inputs, the last for targets)
 builds its own ``TokenBatches`` from the same bytes and seed; because a batch
 depends only on ``(seed, step)``, the two processes agree on every batch without
 sending tokens to each other, whatever order they ask for steps in.
@@ -17,6 +19,7 @@ import os
 import sysconfig
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -77,26 +80,62 @@ def _step_seed(seed: int, step: int) -> int:
     return int.from_bytes(digest, "little") >> 1
 
 
-class TokenBatches:
-    """Random windows of ``seq_len + 1`` bytes; inputs are the first ``seq_len``,
-    targets the last ``seq_len`` (inputs shifted by one)."""
+TOKEN_DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
 
-    def __init__(self, data: bytes, seq_len: int, seed: int) -> None:
+
+def token_file(path: str, dtype: str) -> np.ndarray:
+    """A token file, memory-mapped read-only; refuses one that is missing, empty or cut mid-token."""
+    if dtype not in TOKEN_DTYPES:
+        raise ValueError(f"token dtype {dtype!r} is not one of {', '.join(TOKEN_DTYPES)}")
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"data file {path!r} does not exist")
+    if not p.is_file():
+        raise ValueError(f"data file {path!r} is not a regular file")
+    size, itemsize = p.stat().st_size, np.dtype(TOKEN_DTYPES[dtype]).itemsize
+    if size == 0 or size % itemsize:
+        raise ValueError(f"data file {path!r} has {size} bytes, not a whole number of {dtype} tokens "
+                         f"({itemsize} bytes each)")
+    return np.memmap(p, dtype=TOKEN_DTYPES[dtype], mode="r")
+
+
+class TokenBatches:
+    """Random windows of ``seq_len + 1`` tokens; inputs are the first ``seq_len``, targets the
+    last ``seq_len`` (inputs shifted by one). The windows of step s are nanoGPT's ``get_batch``
+    under ``torch.manual_seed(step seed)``: starts drawn uniformly from [0, len - seq_len)."""
+
+    def __init__(self, data: bytes | np.ndarray, seq_len: int, seed: int, vocab_size: int | None = None,
+                 source: str = "the data") -> None:
         if seq_len < 1:
             raise ValueError(f"seq_len must be >= 1, got {seq_len}")
         if len(data) < seq_len + 2:
             raise ValueError(
-                f"data has {len(data)} bytes; need at least seq_len + 2 = {seq_len + 2} "
+                f"{source} has {len(data)} tokens; need at least seq_len + 2 = {seq_len + 2} "
                 "to draw more than one distinct window"
             )
-        # uint8 keeps the corpus at one byte per token; windows are widened on gather.
-        self._tokens = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        if isinstance(data, np.ndarray):
+            self._tokens = data  # memory-mapped: read only where windows fall
+        else:  # uint8 keeps the corpus at one byte per token; windows are widened on gather.
+            self._tokens = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         self.seq_len = seq_len
         self.seed = seed
+        self.vocab_size = vocab_size
+        self.source = source
         self._window = torch.arange(seq_len + 1)
 
     def __len__(self) -> int:
-        return self._tokens.numel()
+        return len(self._tokens)
+
+    def _windows(self, offsets: Tensor) -> Tensor:
+        if isinstance(self._tokens, np.ndarray):
+            rows = [self._tokens[o:o + self.seq_len + 1] for o in offsets.tolist()]
+            windows = torch.from_numpy(np.stack(rows).astype(np.int64))
+        else:
+            windows = self._tokens[offsets[:, None] + self._window].long()
+        if self.vocab_size is not None and windows.numel() and int(windows.max()) >= self.vocab_size:
+            raise ValueError(f"{self.source} holds token id {int(windows.max())}, outside the model's "
+                             f"vocabulary of {self.vocab_size} (ids 0..{self.vocab_size - 1})")
+        return windows
 
     def batch(self, step: int, batch_size: int) -> tuple[Tensor, Tensor]:
         """(inputs, targets), each int64 [batch_size, seq_len], on CPU."""
@@ -105,9 +144,9 @@ class TokenBatches:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         gen = torch.Generator().manual_seed(_step_seed(self.seed, step))
-        # Window start in [0, len - seq_len - 1] so the window's last byte exists.
+        # Window start in [0, len - seq_len - 1] so the window's last token exists.
         offsets = torch.randint(0, len(self) - self.seq_len, (batch_size,), generator=gen)
-        windows = self._tokens[offsets[:, None] + self._window].long()
+        windows = self._windows(offsets)
         # contiguous: these tensors may be sent over a link as they are.
         return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
 
@@ -122,3 +161,22 @@ class TokenBatches:
             )
         inputs, targets = self.batch(step, micro_batch_size * num_microbatches)
         return list(zip(inputs.split(micro_batch_size), targets.split(micro_batch_size)))
+
+
+def open_data(path: str, data_format: str, dtype: str, seq_len: int, seed: int, vocab_size: int | None,
+              eval_fraction: float = 0.0) -> tuple[TokenBatches, TokenBatches | None]:
+    """Training batches and, when `eval_fraction` > 0, batches of the held-out tail of the data
+    (the last `eval_fraction` of it, never trained on)."""
+    if data_format == "tokens":
+        data, source = token_file(path, dtype), f"data file {path!r}"
+    elif data_format in ("", "text"):
+        data = file_text_bytes(path) if path else stdlib_text_bytes()
+        source = f"data file {path!r}" if path else "the standard library's text"
+    else:
+        raise ValueError(f"data.format {data_format!r} is not one of text, tokens")
+    if not eval_fraction:
+        return TokenBatches(data, seq_len, seed, vocab_size, source), None
+    cut = int(len(data) * (1.0 - eval_fraction))
+    held_out = f"{source} (its held-out last {eval_fraction:g})"
+    return (TokenBatches(data[:cut], seq_len, seed, vocab_size, source),
+            TokenBatches(data[cut:], seq_len, seed + 1, vocab_size, held_out))

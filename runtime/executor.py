@@ -24,6 +24,7 @@ from hetlaunch.runtime.emulation import ComputeEmulation
 from hetlaunch.runtime.grad_sync import GradientSync, SyncStats
 from hetlaunch.runtime.link import Link
 from hetlaunch.runtime.memory_limit import StageMemory
+from hetlaunch.runtime.optim import Recipe, clip_gradients, make_optimizer, set_lr
 from hetlaunch.runtime.schedules import Action, Op
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -40,6 +41,8 @@ class StepResult:
     backward_bytes: tuple[int, int] = (0, 0)
     sync_s: float = 0.0                # blocked on gradient sync with the other pipelines
     sync_bytes: tuple[int, int] = (0, 0)
+    lr: float = 0.0                    # the learning rate this step used
+    grad_norm: float = 0.0             # the whole model's gradient norm before clipping (0: not clipping)
 
 
 @dataclass
@@ -59,8 +62,11 @@ class StageExecutor:
     device: torch.device
     prev_link: Link | None = None
     next_link: Link | None = None
-    lr: float = 3e-3
-    weight_decay: float = 0.0
+    # Optimizer, learning-rate schedule, weight decay, clipping (runtime/optim.py).
+    recipe: Recipe = field(default_factory=Recipe)
+    # Clipping: turns this stage's sum of squared gradients into the whole model's (an
+    # all-reduce over every stage of every pipeline); None in a single process.
+    sum_over_model: Callable[[torch.Tensor], torch.Tensor] | None = None
     # Emulated slowdown: compute that took t seconds is stretched to t / speed.
     emulation: ComputeEmulation = field(default_factory=ComputeEmulation)
     # Several pipelines: sums this stage's gradients with the other holders of its layers.
@@ -82,9 +88,8 @@ class StageExecutor:
         self.module = nn.Sequential(*self.layers).to(self.device)
         if self.memory is not None:
             self.memory.attach(self.module)
-        params = [p for p in self.module.parameters() if p.requires_grad]
         # A stage with no parameters (e.g. a pure reshape) still runs; it has nothing to step.
-        self.optimizer = torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay) if params else None
+        self.optimizer = make_optimizer(self.module, self.recipe)
 
     def train_step(self, actions: list[Action], microbatches: list[Batch] | None, loss_divisor: int) -> StepResult:
         """One optimizer step over the schedule's micro-batches, in its order.
@@ -121,7 +126,13 @@ class StageExecutor:
             start = time.perf_counter()
             self.before_optimizer_step()
             self._comm_s += time.perf_counter() - start
-        self._timed(self._optimizer_step)
+        grad_norm = 0.0
+        if self.recipe.grad_clip > 0:  # after the sync: every replica clips the same summed gradient
+            start = time.perf_counter()
+            grad_norm = clip_gradients(self.module, self.recipe.grad_clip, self.sum_over_model or (lambda t: t))
+            self._comm_s += time.perf_counter() - start
+        lr = self.recipe.lr_at(self.steps_done)
+        self._timed(self._optimizer_step, lr)
         if self.memory is not None:
             self.memory.check(self.module, self.optimizer, f"at step {self.steps_done - 1}")
         loss = sum(losses) / len(losses) if self.is_last else None
@@ -135,7 +146,23 @@ class StageExecutor:
         return StepResult(loss=loss, step_s=time.perf_counter() - step_start, compute_s=self._compute_s,
                           comm_s=self._comm_s, forward_bytes=sent(self.next_link),
                           backward_bytes=sent(self.prev_link), sync_s=sync.blocked_s,
-                          sync_bytes=(sync.raw_bytes, sync.wire_bytes))
+                          sync_bytes=(sync.raw_bytes, sync.wire_bytes), lr=lr, grad_norm=grad_norm)
+
+    @torch.no_grad()
+    def evaluate(self, microbatches: list[Batch] | None, count: int) -> float | None:
+        """The mean loss over `count` held-out micro-batches, forward only, passed down the
+        pipeline in order; the last stage returns it, the others None. No state changes."""
+        losses = []
+        for mb in range(count):
+            inputs = microbatches[mb][0].to(self.device) if self.is_first else self.prev_link.recv()
+            output = self.module(inputs)
+            if self.is_last:
+                losses.append(self.loss_fn(output, microbatches[mb][1].to(self.device)).item())
+            else:
+                self.next_link.send(output)
+        if self.next_link is not None:
+            self.next_link.drain()
+        return sum(losses) / len(losses) if self.is_last else None
 
     def _forward(self, mb: int, microbatches: list[Batch] | None, loss_divisor: int,
                  losses: list[float]) -> _InFlight:
@@ -161,9 +188,10 @@ class StageExecutor:
         if not self.is_first:
             self.prev_link.send(saved.inputs.grad)
 
-    def _optimizer_step(self) -> None:
+    def _optimizer_step(self, lr: float) -> None:
         with self.state_lock:
             if self.optimizer is not None:
+                set_lr(self.optimizer, lr)
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
             self.steps_done += 1

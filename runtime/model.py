@@ -215,6 +215,7 @@ class ModelBundle:
     layers: list[nn.Module]  # only the requested contiguous range [start, end)
     loss_fn: LossFn
     num_layers: int  # total layers in the full model
+    vocab_size: int | None = None  # token ids the first layer takes, where the model says
 
 
 def build_model_range(spec: ModelSpec, start: int, end: int, seed: int) -> ModelBundle:
@@ -222,4 +223,5 @@ def build_model_range(spec: ModelSpec, start: int, end: int, seed: int) -> Model
     builds the whole model and keeps the slice)."""
     model = describe_model(spec, seed)
     _check_range(start, end, model.num_layers)
-    return ModelBundle([build_layer(model, i, seed) for i in range(start, end)], model.loss_fn, model.num_layers)
+    return ModelBundle([build_layer(model, i, seed) for i in range(start, end)], model.loss_fn, model.num_layers,
+                       model.vocab_size)

@@ -18,13 +18,14 @@ from hetlaunch.runtime.checkpoint import (apply_state, checkpoint_dir, load_laye
 from hetlaunch.runtime.codecs import codec_by_id
 from hetlaunch.runtime.data_plane import init_data_plane, wire_device
 from hetlaunch.runtime.devices import resolve_device
-from hetlaunch.runtime.data import TokenBatches, file_text_bytes, stdlib_text_bytes
+from hetlaunch.runtime.data import TokenBatches, open_data
 from hetlaunch.runtime.emulation import ComputeEmulation, WireEmulation
 from hetlaunch.runtime.executor import StageExecutor
 from hetlaunch.runtime.grad_sync import GradientSync, SyncGroupPlan, make_groups
 from hetlaunch.runtime.link import Link
 from hetlaunch.runtime.memory_limit import StageMemory
 from hetlaunch.runtime.model import build_model_range
+from hetlaunch.runtime.optim import Recipe
 from hetlaunch.runtime.schedules import schedule_for
 from hetlaunch.runtime.wire import model_spec_from_proto, schedule_name, sync_emulation_latency_ms
 
@@ -133,6 +134,28 @@ def _snapshot_handler(executor: StageExecutor, layer_start: int, layer_end: int)
     return snapshot
 
 
+def recipe_of(train: pb.TrainSpec) -> Recipe:
+    """The TrainSpec's recipe; an empty name or zero is the default (older launchers send none)."""
+    return Recipe(lr=train.lr, weight_decay=train.weight_decay, optimizer=train.optimizer or "adamw",
+                  momentum=train.momentum, lr_schedule=train.lr_schedule or "constant",
+                  warmup_steps=train.warmup_steps, min_lr_ratio=train.min_lr_ratio, total_steps=train.steps,
+                  grad_clip=train.grad_clip)
+
+
+def _sum_over_model(dp: pb.DataParallel | None, device: torch.device, backend: str):
+    """For clipping: every rank's sum of squared gradients, summed over the whole data plane, is
+    the model's summed once per pipeline (after the sync, every pipeline holds the same
+    gradients for every layer), so divide by the pipeline count."""
+    pipelines = len(dp.pipeline_sizes) if dp is not None and dp.pipeline_sizes else 1
+    wire = wire_device(device, backend)
+
+    def sum_over_model(local: torch.Tensor) -> torch.Tensor:
+        total = local.detach().reshape(1).to(wire, torch.float32)
+        dist.all_reduce(total)
+        return total[0] / pipelines
+    return sum_over_model
+
+
 def _pipeline_barrier(dp: pb.DataParallel | None, rank: int, device: torch.device, backend: str):
     """With several pipelines: a barrier of this stage's pipeline before each optimizer step, so
     either every surviving stage of a pipeline took step s or none did (a stage whose sync partner
@@ -179,10 +202,11 @@ def run_stage(cmd: pb.RunStage, reports: StageReports) -> None:
     if cmd.HasField("restore"):  # read before joining the group: a bad checkpoint fails this stage alone
         directory = Path(cmd.restore.checkpoint_dir)
         restored = load_layers(directory, read_manifest(directory), stage.layer_start, stage.layer_end)
-    batches = None
+    batches = eval_batches = None
     if is_first or is_last:  # middle stages never touch the data
-        text = file_text_bytes(cmd.data.path) if cmd.data.path else stdlib_text_bytes()
-        batches = TokenBatches(text, spec.seq_len, seed=cmd.data.seed)
+        d = cmd.data
+        batches, eval_batches = open_data(d.path, d.format, d.dtype, spec.seq_len, d.seed, bundle.vocab_size,
+                                          d.eval_fraction if train.eval_every else 0.0)
     dp = cmd.data_parallel if cmd.HasField("data_parallel") else None
     init_data_plane(cmd.rendezvous)
     try:
@@ -193,8 +217,8 @@ def run_stage(cmd: pb.RunStage, reports: StageReports) -> None:
             grad_sync = GradientSync(bundle.layers, stage.layer_start, plans, make_groups(plans),
                                      wire_device(device, cmd.rendezvous.backend))
         executor = StageExecutor(bundle.layers, bundle.loss_fn, is_first=is_first, is_last=is_last, device=device,
-                                 prev_link=prev_link, next_link=next_link, lr=train.lr,
-                                 weight_decay=train.weight_decay,
+                                 prev_link=prev_link, next_link=next_link, recipe=recipe_of(train),
+                                 sum_over_model=_sum_over_model(dp, device, cmd.rendezvous.backend),
                                  emulation=ComputeEmulation(stage.emulate.speed or 1.0), grad_sync=grad_sync,
                                  before_optimizer_step=_pipeline_barrier(dp, cmd.rendezvous.rank, device,
                                                                          cmd.rendezvous.backend),
@@ -207,7 +231,7 @@ def run_stage(cmd: pb.RunStage, reports: StageReports) -> None:
         writer = (CheckpointWriter(executor, stage.layer_start, stage.layer_end, train.checkpoint_dir, reports)
                   if train.checkpoint_dir and train.save_part else None)
         try:
-            _train(cmd, executor, batches, writer, reports)
+            _train(cmd, executor, batches, eval_batches, writer, reports)
         except Exception:
             if train.snapshot_dir:  # before reporting the failure: a replica may stand in for a lost node
                 try:
@@ -220,7 +244,7 @@ def run_stage(cmd: pb.RunStage, reports: StageReports) -> None:
 
 
 def _train(cmd: pb.RunStage, executor: StageExecutor, batches: TokenBatches | None,
-           writer: CheckpointWriter | None, reports: StageReports) -> None:
+           eval_batches: TokenBatches | None, writer: CheckpointWriter | None, reports: StageReports) -> None:
     """The steps, from train.start_step on: data, one schedule pass, a report, a checkpoint when due."""
     stage, train = cmd.stage, cmd.train
     spec = model_spec_from_proto(cmd.model)
@@ -241,6 +265,13 @@ def _train(cmd: pb.RunStage, executor: StageExecutor, batches: TokenBatches | No
             if executor.memory is None:
                 raise
             raise executor.memory.out_of_memory(err, f"at step {step}") from None
+        done = step + 1
+        eval_loss = None
+        if train.eval_every and (done % train.eval_every == 0 or done == train.steps):  # every stage takes part
+            held_out = None
+            if eval_batches is not None:  # the same held-out windows every time, so the curve compares
+                held_out = eval_batches.micro_batches(0, train.micro_batch_size, train.eval_microbatches)
+            eval_loss = executor.evaluate(held_out, train.eval_microbatches)
         reports.step(pb.StepMetrics(step=step, stage_index=stage.stage_index, has_loss=result.loss is not None,
                                     loss=result.loss or 0.0, step_s=result.step_s, compute_s=result.compute_s,
                                     comm_s=result.comm_s, tokens=tokens,
@@ -249,8 +280,9 @@ def _train(cmd: pb.RunStage, executor: StageExecutor, batches: TokenBatches | No
                                     backward_raw_bytes=result.backward_bytes[0],
                                     backward_wire_bytes=result.backward_bytes[1],
                                     pipeline_index=dp.pipeline_index if dp else 0, sync_s=result.sync_s,
-                                    sync_raw_bytes=result.sync_bytes[0], sync_wire_bytes=result.sync_bytes[1]))
-        done = step + 1
+                                    sync_raw_bytes=result.sync_bytes[0], sync_wire_bytes=result.sync_bytes[1],
+                                    lr=result.lr, grad_norm=result.grad_norm, has_eval_loss=eval_loss is not None,
+                                    eval_loss=eval_loss or 0.0))
         if writer is not None and (done == train.steps or
                                    (train.checkpoint_every and done % train.checkpoint_every == 0)):
             writer.save(done)

@@ -113,7 +113,7 @@ def test_a_checkpoint_of_one_cut_resumes_exactly_on_another(tmp_path):
 def test_a_checkpoint_before_the_first_step_has_no_optimizer_state(tmp_path):
     cut_a = make_cut([0, 3, N], seed=1)
     state = stage_state(cut_a[0].module, cut_a[0].optimizer, 0)
-    assert state and not any(k.startswith("adamw.") for k in state)
+    assert state and not any(k.startswith("optim.") for k in state)
     assert all(k.startswith(("layers.0.", "layers.1.", "layers.2.")) for k in state)
     directory = save(cut_a, tmp_path, 0)
 
@@ -174,7 +174,7 @@ def test_a_part_whose_keys_do_not_fit_the_stage_is_refused(tmp_path):
     state["layers.1.fc.bias"] = torch.zeros(1)
     with pytest.raises(CheckpointError, match=r"shape of 1\.fc\.bias"):
         apply_state(fresh.module, fresh.optimizer, state, 0)
-    state["adamw.0.tok.weight.exp_avg"] = torch.zeros(1)
+    state["optim.0.tok.weight.exp_avg"] = torch.zeros(1)
     with pytest.raises(CheckpointError):
         apply_state(fresh.module, fresh.optimizer, state, 0)
     for k, v in fresh.module.state_dict().items():  # a refused checkpoint changes nothing

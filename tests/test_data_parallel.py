@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from conftest import final_parameters, run_hetlaunch
-from test_pipeline_equivalence import CFG, DATA_SEED, LR, MICRO_BATCH, NUM_MICRO, SEED, STEPS, WEIGHT_DECAY
+from test_pipeline_equivalence import CFG, CLIP, DATA_SEED, LR, MICRO_BATCH, NUM_MICRO, RECIPE, SEED, STEPS, WEIGHT_DECAY
 
 CLUSTER = f"""
 name: data-parallel
@@ -30,6 +30,7 @@ train:
   lr: {LR}
   weight_decay: {WEIGHT_DECAY}
   seed: {SEED}
+  {RECIPE.replace(", ", chr(10) + "  ")}
 compression: {{intra_region: none, cross_region: none, sync: SYNC}}
 nodes:
   - {{name: a0, device: cpu, threads: 1, pipeline: 0, layers: [0, 2]}}
@@ -60,6 +61,8 @@ def test_two_pipelines_match_single_process(schedule, reference, tmp_path):
     assert [r["step"] for r in lines] == list(range(STEPS))
     for got, want in zip((r["loss"] for r in lines), ref_losses):
         assert abs(got - want) / abs(want) <= 1e-5, (got, want)
+    # Clipping used the whole model's norm, summed over both pipelines' stages, on every step.
+    assert all(r["grad_norm"] > CLIP for r in lines), [r["grad_norm"] for r in lines]
     assert params.keys() == ref_params.keys()
     for name, want in ref_params.items():
         torch.testing.assert_close(params[name], want, rtol=1e-5, atol=1e-6, msg=name)

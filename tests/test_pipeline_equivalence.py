@@ -8,6 +8,7 @@ reference trains the whole model on the same batches with the same seed.
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -20,6 +21,9 @@ from hetlaunch.runtime.model_spec import GPTConfig, ModelSpec
 STEPS = 6
 MICRO_BATCH, NUM_MICRO = 2, 4
 LR, WEIGHT_DECAY, SEED, DATA_SEED = 3e-3, 0.01, 7, 3
+# The recipe under test: warm-up then cosine decay, and a clip low enough to act on every step.
+WARMUP, MIN_LR_RATIO, CLIP = 2, 0.1, 0.05
+RECIPE = f"lr_schedule: cosine, warmup_steps: {WARMUP}, min_lr_ratio: {MIN_LR_RATIO}, grad_clip: {CLIP}"
 CFG = GPTConfig(seq_len=16, d_model=32, n_layers=6, n_heads=4)  # 8 stage layers
 
 CLUSTER = f"""
@@ -34,6 +38,7 @@ train:
   lr: {LR}
   weight_decay: {WEIGHT_DECAY}
   seed: {SEED}
+  {RECIPE.replace(", ", chr(10) + "  ")}
 compression: {{intra_region: none, cross_region: none}}  # exact numerics: no lossy codec may be chosen
 nodes:
   - {{name: head, device: cpu, threads: 1, layers: [0, 1]}}
@@ -42,12 +47,26 @@ nodes:
 """
 
 
+def reference_lr(step: int) -> float:
+    """Linear warm-up, then cosine down to LR * MIN_LR_RATIO at the last step (written out here,
+    not taken from runtime/optim.py, so a wrong schedule there fails this test)."""
+    if step < WARMUP:
+        return LR * (step + 1) / WARMUP
+    progress = (step - WARMUP) / (STEPS - WARMUP)
+    floor = LR * MIN_LR_RATIO
+    return floor + (LR - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
 def reference_training() -> tuple[list[float], dict[str, torch.Tensor]]:
     torch.set_num_threads(1)
     spec = ModelSpec(gpt=CFG)
     bundle = build_model_range(spec, 0, count_layers(spec), seed=SEED)
     model = torch.nn.Sequential(*bundle.layers)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+    # Weight decay on matrices and embeddings only, never on biases or LayerNorm gains.
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": WEIGHT_DECAY},
+                                   {"params": no_decay, "weight_decay": 0.0}], lr=LR)
     batches = TokenBatches(stdlib_text_bytes(), CFG.seq_len, seed=DATA_SEED)
     losses = []
     for step in range(STEPS):
@@ -56,6 +75,10 @@ def reference_training() -> tuple[list[float], dict[str, torch.Tensor]]:
             loss = bundle.loss_fn(model(inputs), targets)
             (loss / NUM_MICRO).backward()
             step_losses.append(loss.item())
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        assert norm > CLIP  # the clip acts on every step: the test covers it
+        for group in optimizer.param_groups:
+            group["lr"] = reference_lr(step)
         optimizer.step()
         optimizer.zero_grad()
         losses.append(sum(step_losses) / NUM_MICRO)
@@ -82,6 +105,8 @@ def test_pipeline_matches_single_process(schedule, reference, tmp_path):
     assert [r["step"] for r in lines] == list(range(STEPS))
     for got, want in zip((r["loss"] for r in lines), ref_losses):
         assert abs(got - want) / abs(want) <= 1e-5, (got, want)
+    assert [r["lr"] for r in lines] == pytest.approx([reference_lr(s) for s in range(STEPS)], rel=1e-12)
+    assert all(r["grad_norm"] > CLIP for r in lines), [r["grad_norm"] for r in lines]
 
     merged = final_parameters(run_dir)
     assert merged.keys() == ref_params.keys()
