@@ -1,4 +1,4 @@
-"""The `hetlaunch` command: up, profile, plan, validate, agent.
+"""The `hetlaunch` command: up, profile, plan, validate, prepare-data, agent.
 
 Only typer is imported up front: each command imports what it needs, so `--help`,
 `--version` and `validate` never load torch or grpc. Every message is printed as plain
@@ -247,6 +247,32 @@ def _with_cluster(work) -> None:
         _fail("interrupted; every local agent was stopped", 130)
     except Terminated:
         _fail("terminated; every local agent was stopped", 143)
+
+
+@app.command("prepare-data")
+def prepare_data(
+    text_file: Path = typer.Argument(..., help="UTF-8 text to tokenize"),
+    tokenizer: str = typer.Option(..., help="a tokenizer.json (or a directory holding one), or a Hugging Face hub name such as gpt2 (needs the network)"),
+    output: Path = typer.Option(..., "-o", "--output", help="the token file to write (e.g. train.bin)"),
+) -> None:
+    """Tokenize a text file into a token file for `data: {format: tokens}` (needs hetlaunch[data])."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from hetlaunch.launcher.prepare_data import PrepareError, prepare
+
+    try:
+        total = text_file.stat().st_size if text_file.is_file() else None
+        with Progress(TextColumn("tokenizing"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
+                      console=_console(stderr=True), transient=True, disable=not sys.stderr.isatty()) as progress:
+            task = progress.add_task("tokenizing", total=total)
+            done = prepare(text_file, tokenizer, output, advance=lambda n: progress.advance(task, n))
+    except PrepareError as err:
+        _fail(str(err), EXIT_BAD_INPUT)
+    except OSError as err:
+        _fail(f"{err.filename or output}: {err.strerror or err}", EXIT_BAD_INPUT)
+    print(f"{output}: {done.tokens:,} tokens as {done.dtype}, vocabulary {done.vocab_size:,}. In the cluster YAML:\n"
+          f"  data: {{format: tokens, path: {output}, dtype: {done.dtype}}}\n"
+          f"  model: {{vocab_size: {done.vocab_size}}}   # or your entrypoint's vocabulary", flush=True)
 
 
 @app.command()

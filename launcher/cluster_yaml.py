@@ -193,3 +193,7 @@ def _check_data_path(cluster: ClusterConfig, source: str) -> None:
         raise ConfigError(f"{source}: data.path: file is empty: {shown}")
     if not os.access(path, os.R_OK):
         raise ConfigError(f"{source}: data.path: not readable: {shown}")
+    width = {"uint16": 2, "uint32": 4}[cluster.data.dtype]
+    if cluster.data.format == "tokens" and info.st_size % width:
+        raise ConfigError(f"{source}: data.path: {info.st_size} bytes is not a whole number of {cluster.data.dtype} "
+                          f"token ids ({width} bytes each; is data.dtype right?): {shown}")

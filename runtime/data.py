@@ -74,7 +74,7 @@ def file_text_bytes(path: str) -> bytes:
     return data
 
 
-def _step_seed(seed: int, step: int) -> int:
+def batch_seed(seed: int, step: int) -> int:
     # Hash so that (seed, step) pairs never collide and any int seed is accepted.
     digest = hashlib.blake2b(f"hetlaunch-data:{seed}:{step}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1
@@ -143,7 +143,7 @@ class TokenBatches:
             raise ValueError(f"step must be >= 0, got {step}")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        gen = torch.Generator().manual_seed(_step_seed(self.seed, step))
+        gen = torch.Generator().manual_seed(batch_seed(self.seed, step))
         # Window start in [0, len - seq_len - 1] so the window's last token exists.
         offsets = torch.randint(0, len(self) - self.seq_len, (batch_size,), generator=gen)
         windows = self._windows(offsets)

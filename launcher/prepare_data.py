@@ -1,0 +1,108 @@
+"""`hetlaunch prepare-data`: tokenize a text file into a token file (nanoGPT's format: a flat
+array of uint16 or uint32 ids, no header) that `data: {format: tokens}` trains on.
+
+The tokenizer comes from the `tokenizers` package (the `hetlaunch[data]` extra): a
+`tokenizer.json` file, or a name on the Hugging Face hub (which needs the network). The text is
+read and encoded in chunks cut at line ends, so a corpus larger than memory works, with a
+progress bar; the output is written whole (a temp file renamed at the end) or not at all.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+CHUNK_BYTES = 4 * 2**20
+
+
+class PrepareError(Exception):
+    """Bad input for prepare-data, said in one line."""
+
+
+@dataclass
+class Prepared:
+    tokens: int
+    vocab_size: int
+    dtype: str
+
+
+def load_tokenizer(name: str):
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise PrepareError("prepare-data needs the tokenizers package: pip install 'hetlaunch[data]'") from None
+    path = Path(name)
+    if path.is_dir():
+        path = path / "tokenizer.json"
+    if path.exists():
+        try:
+            return Tokenizer.from_file(str(path))
+        except Exception as err:  # the library's own parse errors, whatever their type
+            raise PrepareError(f"{path} is not a tokenizer.json the tokenizers package can read: {err}") from None
+    try:
+        return Tokenizer.from_pretrained(name)
+    except Exception as err:
+        raise PrepareError(f"tokenizer {name!r} is neither a tokenizer.json file nor a directory holding one, "
+                           f"and fetching it from the Hugging Face hub failed: {' '.join(str(err).split())}") from None
+
+
+def _chunks(path: Path, size: int):
+    """The file's bytes in pieces of about `size`, each ending after a newline, so no token spans
+    two pieces; a line longer than `size` is cut before a UTF-8 character, never inside one."""
+    tail = b""
+    with path.open("rb") as f:
+        while block := f.read(size):
+            block = tail + block
+            cut = block.rfind(b"\n") + 1
+            if cut == 0:  # back off continuation bytes (10xxxxxx) to a character's first byte
+                cut = len(block)
+                while cut > 0 and block[cut - 1] & 0xC0 == 0x80:
+                    cut -= 1
+                if cut > 0 and block[cut - 1] >= 0xC0:
+                    cut -= 1
+                cut = cut or len(block)
+            tail = block[cut:]
+            yield block[:cut]
+    if tail:
+        yield tail
+
+
+def prepare(text_path: Path, tokenizer_name: str, output: Path,
+            advance: Callable[[int], None] = lambda n: None) -> Prepared:
+    """Tokenize `text_path` into `output`; `advance(bytes)` is called as the text is read."""
+    if not text_path.is_file():
+        raise PrepareError(f"{text_path} is not a readable file")
+    if text_path.stat().st_size == 0:
+        raise PrepareError(f"{text_path} is empty")
+    tokenizer = load_tokenizer(tokenizer_name)
+    vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+    dtype = "uint16" if vocab_size <= 2**16 else "uint32"
+    output.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=output.parent, prefix=f".{output.name}.", suffix=".tmp")
+    tokens = offset = 0
+    try:
+        with os.fdopen(fd, "wb") as out:
+            for chunk in _chunks(text_path, CHUNK_BYTES):
+                try:
+                    text = chunk.decode("utf-8")
+                except UnicodeDecodeError as err:
+                    raise PrepareError(f"{text_path} is not UTF-8 text ({err.reason} at byte {offset + err.start:,})") from None
+                ids = np.asarray(tokenizer.encode(text, add_special_tokens=False).ids, dtype=dtype)
+                out.write(ids.tobytes())
+                tokens += ids.size
+                offset += len(chunk)
+                advance(len(chunk))
+            out.flush()
+            os.fsync(out.fileno())
+        if tokens < 2:
+            raise PrepareError(f"{text_path} gave {tokens} token(s); training needs more")
+        os.replace(tmp, output)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return Prepared(tokens=tokens, vocab_size=vocab_size, dtype=dtype)

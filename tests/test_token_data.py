@@ -1,0 +1,160 @@
+"""Token files (nanoGPT's format): deterministic batches equal to nanoGPT's sampling, clear errors
+for ids outside the vocabulary and for files that are not whole tokens, `hetlaunch
+prepare-data` with a real tokenizer, and a run that trains on its output."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import hetlaunch_cmd, hetlaunch_env, run_hetlaunch
+from hetlaunch.runtime.data import TokenBatches, batch_seed, open_data, token_file
+
+torch.set_num_threads(1)
+
+
+def write_tokens(path, ids, dtype="uint16"):
+    np.asarray(ids, dtype=dtype).tofile(path)
+    return path
+
+
+def nanogpt_get_batch(data: np.ndarray, block_size: int, batch_size: int):
+    """nanoGPT's train.py get_batch on the CPU, verbatim in substance."""
+    ix = torch.randint(len(data) - block_size, (batch_size,))
+    x = torch.stack([torch.from_numpy((data[i:i + block_size]).astype(np.int64)) for i in ix])
+    y = torch.stack([torch.from_numpy((data[i + 1:i + 1 + block_size]).astype(np.int64)) for i in ix])
+    return x, y
+
+
+@pytest.mark.parametrize("dtype", ["uint16", "uint32"])
+def test_batches_are_nanogpt_sampling_under_the_step_seed(tmp_path, dtype):
+    ids = np.random.default_rng(0).integers(0, 50_000, 5_000)
+    path = write_tokens(tmp_path / "train.bin", ids, dtype)
+    batches = TokenBatches(token_file(str(path), dtype), seq_len=32, seed=9, vocab_size=50_257)
+    for step in (0, 1, 17):
+        x, y = batches.batch(step, 6)
+        torch.manual_seed(batch_seed(9, step))
+        want_x, want_y = nanogpt_get_batch(np.memmap(path, dtype=dtype, mode="r"), 32, 6)
+        assert torch.equal(x, want_x) and torch.equal(y, want_y)
+        assert x.dtype == torch.int64
+    again = TokenBatches(token_file(str(path), dtype), seq_len=32, seed=9, vocab_size=50_257)
+    assert torch.equal(again.batch(17, 6)[0], batches.batch(17, 6)[0])  # per (seed, step), any process
+
+
+def test_an_id_outside_the_vocabulary_names_the_file(tmp_path):
+    path = write_tokens(tmp_path / "train.bin", [1, 2, 3, 4] * 20 + [300] * 40)
+    train, _ = open_data(str(path), "tokens", "uint16", seq_len=8, seed=0, vocab_size=256)
+    with pytest.raises(ValueError, match=r"data file '.*train\.bin' holds token id 300, outside the model's "
+                                         r"vocabulary of 256"):
+        for step in range(50):
+            train.batch(step, 4)
+
+
+def test_files_that_are_not_whole_tokens_are_refused(tmp_path):
+    odd = tmp_path / "odd.bin"
+    odd.write_bytes(b"\x01\x00\x02")
+    with pytest.raises(ValueError, match=r"odd\.bin' has 3 bytes, not a whole number of uint16 tokens"):
+        token_file(str(odd), "uint16")
+    empty = tmp_path / "empty.bin"
+    empty.write_bytes(b"")
+    with pytest.raises(ValueError, match="has 0 bytes"):
+        token_file(str(empty), "uint16")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        token_file(str(tmp_path / "missing.bin"), "uint16")
+    yaml_path = tmp_path / "c.yaml"
+    yaml_path.write_text(f"name: t\ndata: {{format: tokens, path: {odd}}}\nnodes: [{{name: a}}]\n")
+    result = run_hetlaunch("validate", str(yaml_path), timeout=60)
+    assert result.returncode == 2 and "3 bytes is not a whole number of uint16 token ids" in result.stderr
+    yaml_path.write_text("name: t\ndata: {format: tokens}\nnodes: [{name: a}]\n")
+    result = run_hetlaunch("validate", str(yaml_path), timeout=60)
+    assert result.returncode == 2 and "data.path: a token file is required" in result.stderr
+
+
+def test_the_held_out_tail_is_never_in_training_windows(tmp_path):
+    path = write_tokens(tmp_path / "train.bin", np.arange(1000))  # each id tells its position
+    train, held_out = open_data(str(path), "tokens", "uint16", seq_len=8, seed=0, vocab_size=1000, eval_fraction=0.1)
+    assert (len(train), len(held_out)) == (900, 100)
+    seen = torch.cat([torch.cat(train.batch(s, 16)).flatten() for s in range(30)])
+    assert int(seen.max()) < 900 and int(seen.max()) > 850
+    held = torch.cat(held_out.micro_batches(0, 4, 2)[0])
+    assert int(held.min()) >= 900
+
+
+@pytest.fixture(scope="module")
+def tokenizer_json(tmp_path_factory):
+    """A small byte-level BPE trained here (the hub is not reachable from tests)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    text = open(json.__file__).read()
+    tokenizer.train_from_iterator([text], trainers.BpeTrainer(vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
+    tokenizer.save(str(path))
+    return path
+
+
+@pytest.mark.timeout(240)
+def test_prepare_data_then_train_on_the_tokens(tmp_path, tokenizer_json):
+    from tokenizers import Tokenizer
+
+    text = open(json.__file__).read() + "\nünïcødé ✓ at a chunk's edge\n" + "é✓" * 90 + "\n"  # a line longer than a chunk
+    source = tmp_path / "input.txt"
+    source.write_text(text)
+    out = tmp_path / "train.bin"
+    # A tiny chunk size, so lines and multi-byte characters are cut across chunks.
+    code = ("import sys; import hetlaunch.launcher.prepare_data as p; p.CHUNK_BYTES = 97; "
+            "from hetlaunch.launcher.cli import main; sys.argv = ['hetlaunch'] + sys.argv[1:]; main()")
+    result = subprocess.run([sys.executable, "-c", code, "prepare-data", str(source), "--tokenizer", str(tokenizer_json),
+                             "-o", str(out)], capture_output=True, text=True, timeout=120, env=hetlaunch_env())
+    assert result.returncode == 0, result.stderr
+    assert "format: tokens" in result.stdout and "dtype: uint16" in result.stdout
+    ids = np.fromfile(out, dtype=np.uint16)
+    tokenizer = Tokenizer.from_file(str(tokenizer_json))
+    assert tokenizer.decode(ids.tolist()) == text  # nothing lost or doubled at the chunk edges
+    assert not list(tmp_path.glob(".train.bin.*"))  # no temp file left
+
+    vocab = tokenizer.get_vocab_size()
+    yaml_path = tmp_path / "cluster.yaml"
+    yaml_path.write_text(f"""name: tokens
+model: {{preset: tiny, vocab_size: {vocab}, seq_len: 16, d_model: 32, n_layers: 2}}
+data: {{format: tokens, path: {out}, dtype: uint16}}
+train: {{steps: 4, micro_batch_size: 2, num_microbatches: 2, checkpoint_every: 0}}
+nodes:
+  - {{name: a, device: cpu, threads: 1, layers: [0, 2]}}
+  - {{name: b, device: cpu, threads: 1, layers: [2, 4]}}
+""")
+    run = run_hetlaunch("up", str(yaml_path), "--run-dir", str(tmp_path / "run"), timeout=180)
+    assert run.returncode == 0, run.stderr
+    losses = [json.loads(line)["loss"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert len(losses) == 4 and abs(losses[0] - np.log(vocab)) < 0.5  # a real vocabulary, not bytes
+
+
+def test_prepare_data_errors_are_one_line(tmp_path, tokenizer_json):
+    def prepare(*args, env=None):
+        return subprocess.run(hetlaunch_cmd("prepare-data", *args), capture_output=True, text=True, timeout=60,
+                              env=env or hetlaunch_env())
+
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"ok\n\xff\xfe not utf-8\n")
+    result = prepare(str(bad), "--tokenizer", str(tokenizer_json), "-o", str(tmp_path / "o.bin"))
+    assert result.returncode == 2 and result.stderr.startswith("error: ") and "not UTF-8" in result.stderr
+    assert not (tmp_path / "o.bin").exists() and not list(tmp_path.glob(".o.bin.*"))
+    not_json = tmp_path / "tok.json"
+    not_json.write_text("{ nope")
+    result = prepare(str(bad), "--tokenizer", str(not_json), "-o", str(tmp_path / "o.bin"))
+    assert result.returncode == 2 and "is not a tokenizer.json" in result.stderr
+    result = prepare(str(tmp_path / "missing.txt"), "--tokenizer", str(tokenizer_json), "-o", str(tmp_path / "o.bin"))
+    assert result.returncode == 2 and "is not a readable file" in result.stderr
+    # Without the optional extra: the install line, not a traceback.
+    code = ("import sys; sys.modules['tokenizers'] = None; from hetlaunch.launcher.cli import main; "
+            "sys.argv = ['hetlaunch'] + sys.argv[1:]; main()")
+    result = subprocess.run([sys.executable, "-c", code, "prepare-data", str(bad), "--tokenizer", "x", "-o",
+                             str(tmp_path / "o.bin")], capture_output=True, text=True, timeout=60, env=hetlaunch_env())
+    assert result.returncode == 2 and "pip install 'hetlaunch[data]'" in result.stderr and "Traceback" not in result.stderr
