@@ -30,7 +30,7 @@ def main(config_json: str, rank: int, store_port: int, out_path: str) -> None:
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
     from hetlaunch.runtime.data import TokenBatches, stdlib_text_bytes
-    from hetlaunch.runtime.model import build_model_range, count_layers
+    from hetlaunch.runtime.model import build_model_range
     from hetlaunch.runtime.model_spec import GPTConfig, ModelSpec
 
     world = len(cfg["ranges"])

@@ -157,6 +157,9 @@ class TrainConfig(_Strict):
     micro_batch_size: int = Field(8, ge=1)  # samples per micro-batch
     num_microbatches: int = Field(4, ge=1)  # micro-batches per step (global batch = the product)
     schedule: Literal[SCHEDULE_NAMES] = DEFAULT_SCHEDULE  # pipeline schedule (runtime/registry.py)
+    # bf16/fp16: autocast over fp32 master weights and optimizer state; activations cross links in
+    # the compute dtype; fp16 adds a loss scale kept the same on every stage.
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     optimizer: Literal["adamw", "sgd"] = "adamw"
     lr: YamlFloat = Field(3.0e-3, gt=0)  # peak learning rate
     momentum: YamlFloat = Field(0.9, ge=0, lt=1)  # sgd only

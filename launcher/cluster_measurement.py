@@ -47,7 +47,7 @@ def _cache_key(session: ClusterSession, name: str, model: str, micro_batch_size:
     devices = [d.name for d in session.state.agent_info(name).devices]
     return node_cache_key(device=session.device_of(name), devices=devices, threads=session.threads_of(name),
                           speed=node.emulate.speed, model=model, micro_batch_size=micro_batch_size,
-                          version=hetlaunch_version())
+                          precision=session.cluster.train.precision, version=hetlaunch_version())
 
 
 def measure_cluster(session: ClusterSession, spec: ModelSpec, micro_batch_size: int, seed: int,
@@ -70,7 +70,7 @@ def measure_cluster(session: ClusterSession, spec: ModelSpec, micro_batch_size: 
         return pb.Profile(model=proto_model, micro_batch_size=micro_batch_size, seed=seed,
                           device=session.device_of(name), threads=session.threads_of(name),
                           emulate=pb.Emulation(speed=node.emulate.speed, memory_gb=node.emulate.memory_gb or 0.0),
-                          measure_layers=measure_layers)
+                          measure_layers=measure_layers, precision=cluster.train.precision)
 
     # Every node reports its device and free memory; cached nodes skip the layer timings.
     reports: dict[str, pb.ReportProfileRequest] = {}

@@ -35,7 +35,8 @@ def launch(session: ClusterSession, plan: Plan, spec, restore: Restore, checkpoi
                              checkpoint_every=t.checkpoint_every,
                              save_part=p == 0, start_step=restore.step, optimizer=t.optimizer, momentum=t.momentum,
                              lr_schedule=t.lr_schedule, warmup_steps=t.warmup_steps, min_lr_ratio=t.min_lr_ratio,
-                             grad_clip=t.grad_clip, eval_every=t.eval_every, eval_microbatches=t.eval_microbatches)
+                             grad_clip=t.grad_clip, eval_every=t.eval_every, eval_microbatches=t.eval_microbatches,
+                             precision=t.precision)
         n = len(stages)
         for j, stage in enumerate(stages):
             node = cluster.node(stage.node)

@@ -25,6 +25,7 @@ from hetlaunch.runtime.grad_sync import GradientSync, SyncStats
 from hetlaunch.runtime.link import Link
 from hetlaunch.runtime.memory_limit import StageMemory
 from hetlaunch.runtime.optim import Recipe, clip_gradients, make_optimizer, set_lr
+from hetlaunch.runtime.precision import LossScaler, autocast, compute_dtype, from_wire, to_wire
 from hetlaunch.runtime.schedules import Action, Op
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -67,6 +68,10 @@ class StageExecutor:
     # Clipping: turns this stage's sum of squared gradients into the whole model's (an
     # all-reduce over every stage of every pipeline); None in a single process.
     sum_over_model: Callable[[torch.Tensor], torch.Tensor] | None = None
+    # fp32, or bf16/fp16 autocast over fp32 master weights (runtime/precision.py).
+    precision: str = "fp32"
+    # fp16: whether any stage's gradients overflowed (an all-reduce); None in a single process.
+    any_over_model: Callable[[bool], bool] | None = None
     # Emulated slowdown: compute that took t seconds is stretched to t / speed.
     emulation: ComputeEmulation = field(default_factory=ComputeEmulation)
     # Several pipelines: sums this stage's gradients with the other holders of its layers.
@@ -90,6 +95,8 @@ class StageExecutor:
             self.memory.attach(self.module)
         # A stage with no parameters (e.g. a pure reshape) still runs; it has nothing to step.
         self.optimizer = make_optimizer(self.module, self.recipe)
+        self._dtype = compute_dtype(self.precision)
+        self.scaler = LossScaler() if self.precision == "fp16" else None
 
     def train_step(self, actions: list[Action], microbatches: list[Batch] | None, loss_divisor: int) -> StepResult:
         """One optimizer step over the schedule's micro-batches, in its order.
@@ -126,13 +133,20 @@ class StageExecutor:
             start = time.perf_counter()
             self.before_optimizer_step()
             self._comm_s += time.perf_counter() - start
+        skip = False
+        if self.scaler is not None:  # fp16: unscale; an overflow anywhere skips the step everywhere
+            start = time.perf_counter()
+            overflow = self.scaler.unscale(self.module)
+            skip = self.any_over_model(overflow) if self.any_over_model is not None else overflow
+            self.scaler.update(skip)
+            self._comm_s += time.perf_counter() - start
         grad_norm = 0.0
-        if self.recipe.grad_clip > 0:  # after the sync: every replica clips the same summed gradient
+        if self.recipe.grad_clip > 0 and not skip:  # after the sync: every replica clips the same summed gradient
             start = time.perf_counter()
             grad_norm = clip_gradients(self.module, self.recipe.grad_clip, self.sum_over_model or (lambda t: t))
             self._comm_s += time.perf_counter() - start
         lr = self.recipe.lr_at(self.steps_done)
-        self._timed(self._optimizer_step, lr)
+        self._timed(self._optimizer_step, lr, skip)
         if self.memory is not None:
             self.memory.check(self.module, self.optimizer, f"at step {self.steps_done - 1}")
         loss = sum(losses) / len(losses) if self.is_last else None
@@ -155,11 +169,12 @@ class StageExecutor:
         losses = []
         for mb in range(count):
             inputs = microbatches[mb][0].to(self.device) if self.is_first else self.prev_link.recv()
-            output = self.module(inputs)
-            if self.is_last:
-                losses.append(self.loss_fn(output, microbatches[mb][1].to(self.device)).item())
-            else:
-                self.next_link.send(output)
+            with autocast(self.device, self._dtype):
+                output = self.module(from_wire(inputs, self._dtype))
+                if self.is_last:
+                    losses.append(self.loss_fn(output, microbatches[mb][1].to(self.device)).item())
+            if not self.is_last:
+                self.next_link.send(to_wire(output, self._dtype))
         if self.next_link is not None:
             self.next_link.drain()
         return sum(losses) / len(losses) if self.is_last else None
@@ -167,15 +182,22 @@ class StageExecutor:
     def _forward(self, mb: int, microbatches: list[Batch] | None, loss_divisor: int,
                  losses: list[float]) -> _InFlight:
         if self.is_first:
-            inputs = microbatches[mb][0].to(self.device, non_blocking=True)
-        else:
+            inputs = x = microbatches[mb][0].to(self.device, non_blocking=True)
+        else:  # received in the compute dtype; computed on in fp32, the gradient goes back in it
             inputs = self._received(self.prev_link).requires_grad_()
-        output = self._timed(self.module, inputs)
+            x = from_wire(inputs, self._dtype)
+        with autocast(self.device, self._dtype):
+            output = self._timed(self.module, x)
+            if self.is_last:
+                targets = microbatches[mb][1].to(self.device, non_blocking=True)
+                loss = self._timed(self.loss_fn, output, targets)
         if self.is_last:
-            targets = microbatches[mb][1].to(self.device, non_blocking=True)
-            loss = self._timed(self.loss_fn, output, targets)
             losses.append(loss.item())
-            return _InFlight(inputs, loss / loss_divisor)
+            scaled = loss / loss_divisor
+            if self.scaler is not None:  # in fp32: a half-precision loss times 2**16 would overflow here
+                scaled = scaled.float() * self.scaler.scale
+            return _InFlight(inputs, scaled)
+        output = to_wire(output, self._dtype)
         self.next_link.send(output)
         return _InFlight(inputs, output)
 
@@ -188,11 +210,12 @@ class StageExecutor:
         if not self.is_first:
             self.prev_link.send(saved.inputs.grad)
 
-    def _optimizer_step(self, lr: float) -> None:
+    def _optimizer_step(self, lr: float, skip: bool = False) -> None:
         with self.state_lock:
             if self.optimizer is not None:
                 set_lr(self.optimizer, lr)
-                self.optimizer.step()
+                if not skip:
+                    self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
             self.steps_done += 1
 

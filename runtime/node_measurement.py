@@ -20,6 +20,7 @@ from hetlaunch.runtime.emulation import ComputeEmulation
 from hetlaunch.runtime.link import Link
 from hetlaunch.runtime.model import build_layer, describe_model, layer_kind
 from hetlaunch.runtime.model_spec import ModelSpec
+from hetlaunch.runtime.precision import autocast, compute_dtype, from_wire, to_wire
 
 
 @dataclass
@@ -72,12 +73,14 @@ def _saved_bytes(layer: nn.Module, inputs: torch.Tensor) -> tuple[torch.Tensor, 
 
 def profile_layers(spec: ModelSpec, micro_batch_size: int, device: torch.device, seed: int = 0,
                    emulation: ComputeEmulation = ComputeEmulation(), warmup: int = 2,
-                   repeats: int = 5) -> list[LayerMeasurement]:
+                   repeats: int = 5, precision: str = "fp32") -> list[LayerMeasurement]:
     """Time and size every layer of the model, one layer on the device at a time.
 
     A layer of the same kind as one already measured, fed an input of the same shape, that gives
     back that shape, costs what that one cost: it is not built (24 identical blocks are built
-    once). The last layer is timed together with the loss, as the last stage runs it.
+    once). The last layer is timed together with the loss, as the last stage runs it. Under
+    bf16/fp16 each layer runs under autocast and its output is sized in the compute dtype, as
+    a stage sends it.
     """
     model = describe_model(spec, seed)
     vocab = model.vocab_size or 256
@@ -96,7 +99,7 @@ def profile_layers(spec: ModelSpec, micro_batch_size: int, device: torch.device,
             continue
         measurement, out = _measure_layer(build_layer(model, index, seed).to(device), x,
                                           model.loss_fn if is_last else None, targets, device, emulation,
-                                          warmup, repeats)
+                                          warmup, repeats, compute_dtype(precision))
         results.append(measurement)
         if kind is not None and out.shape == x.shape and out.dtype == x.dtype:
             measured[key] = measurement  # the next layer of this kind may reuse it: its input is alike
@@ -105,16 +108,21 @@ def profile_layers(spec: ModelSpec, micro_batch_size: int, device: torch.device,
 
 
 def _measure_layer(layer: nn.Module, x: torch.Tensor, loss_fn, targets: torch.Tensor, device: torch.device,
-                   emulation: ComputeEmulation, warmup: int, repeats: int) -> tuple[LayerMeasurement, torch.Tensor]:
+                   emulation: ComputeEmulation, warmup: int, repeats: int,
+                   dtype: torch.dtype | None) -> tuple[LayerMeasurement, torch.Tensor]:
     params = [p for p in layer.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-9) if params else None
     inputs = x if not x.is_floating_point() else x.detach().requires_grad_()
 
     def fwd_bwd():
-        out = layer(inputs)
+        with autocast(device, dtype):
+            out = layer(inputs)
+            if loss_fn is not None:
+                loss = loss_fn(out, targets)
         if loss_fn is not None:
-            loss_fn(out, targets).backward()
+            loss.backward()
         else:
+            out = to_wire(out, dtype)
             out.backward(torch.ones_like(out))
 
     for _ in range(warmup):
@@ -124,11 +132,13 @@ def _measure_layer(layer: nn.Module, x: torch.Tensor, loss_fn, targets: torch.Te
     if optimizer is not None:
         optimizer.step()  # the first step allocates state; time the later ones
         opt_seconds = statistics.median(_timed(optimizer.step, device, emulation) for _ in range(repeats))
-    out, activation_bytes = _saved_bytes(layer, inputs)
+    with autocast(device, dtype):
+        out, activation_bytes = _saved_bytes(layer, inputs)
+    out = to_wire(out, dtype)
     return LayerMeasurement(seconds=seconds, optimizer_seconds=opt_seconds,
                             param_bytes=sum(p.numel() * p.element_size() for p in params),
                             activation_bytes=activation_bytes,
-                            output_bytes=out.numel() * out.element_size()), out.detach()
+                            output_bytes=out.numel() * out.element_size()), from_wire(out.detach(), dtype)
 
 
 def codec_seconds_per_byte(sample: torch.Tensor, repeats: int = 5) -> dict[str, float]:

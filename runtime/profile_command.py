@@ -28,7 +28,8 @@ def run_profile(cmd: pb.Profile) -> pb.ReportProfileRequest:
     if cmd.measure_layers:
         spec = model_spec_from_proto(cmd.model)
         measured = profile_layers(spec, cmd.micro_batch_size, device, seed=cmd.seed,
-                                  emulation=ComputeEmulation(cmd.emulate.speed or 1.0))
+                                  emulation=ComputeEmulation(cmd.emulate.speed or 1.0),
+                                  precision=cmd.precision or "fp32")
         for m in measured:
             report.layers.append(pb.LayerProfile(seconds=m.seconds, optimizer_seconds=m.optimizer_seconds,
                                                   param_bytes=m.param_bytes, activation_bytes=m.activation_bytes,

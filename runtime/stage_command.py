@@ -156,6 +156,17 @@ def _sum_over_model(dp: pb.DataParallel | None, device: torch.device, backend: s
     return sum_over_model
 
 
+def _any_over_model(device: torch.device, backend: str):
+    """fp16: whether any rank saw an overflow (one all-reduce over the whole data plane)."""
+    wire = wire_device(device, backend)
+
+    def any_over_model(flag: bool) -> bool:
+        total = torch.tensor([1.0 if flag else 0.0], device=wire)
+        dist.all_reduce(total, op=dist.ReduceOp.MAX)
+        return bool(total[0] > 0)
+    return any_over_model
+
+
 def _pipeline_barrier(dp: pb.DataParallel | None, rank: int, device: torch.device, backend: str):
     """With several pipelines: a barrier of this stage's pipeline before each optimizer step, so
     either every surviving stage of a pipeline took step s or none did (a stage whose sync partner
@@ -219,6 +230,8 @@ def run_stage(cmd: pb.RunStage, reports: StageReports) -> None:
         executor = StageExecutor(bundle.layers, bundle.loss_fn, is_first=is_first, is_last=is_last, device=device,
                                  prev_link=prev_link, next_link=next_link, recipe=recipe_of(train),
                                  sum_over_model=_sum_over_model(dp, device, cmd.rendezvous.backend),
+                                 precision=train.precision or "fp32",
+                                 any_over_model=_any_over_model(device, cmd.rendezvous.backend),
                                  emulation=ComputeEmulation(stage.emulate.speed or 1.0), grad_sync=grad_sync,
                                  before_optimizer_step=_pipeline_barrier(dp, cmd.rendezvous.rank, device,
                                                                          cmd.rendezvous.backend),
