@@ -1,4 +1,4 @@
-"""The `hetlaunch` command: up, profile, plan, validate, prepare-data, agent.
+"""The `hetlaunch` command: up, profile, plan, validate, prepare-data, export, agent.
 
 Only typer is imported up front: each command imports what it needs, so `--help`,
 `--version` and `validate` never load torch or grpc. Every message is printed as plain
@@ -273,6 +273,25 @@ def prepare_data(
     print(f"{output}: {done.tokens:,} tokens as {done.dtype}, vocabulary {done.vocab_size:,}. In the cluster YAML:\n"
           f"  data: {{format: tokens, path: {output}, dtype: {done.dtype}}}\n"
           f"  model: {{vocab_size: {done.vocab_size}}}   # or your entrypoint's vocabulary", flush=True)
+
+
+@app.command()
+def export(
+    run: Path = typer.Argument(..., help="a run directory, a checkpoint root, or one step-<k> checkpoint"),
+    output: Path = typer.Option(..., "-o", "--output", help="the .safetensors file to write"),
+) -> None:
+    """Merge a run's newest checkpoint into one state dict (Hugging Face names for HF models)."""
+    from hetlaunch.launcher.export import ExportError, export as export_run
+
+    try:
+        done = export_run(run, output)
+    except ExportError as err:
+        _fail(str(err), EXIT_BAD_INPUT)
+    except (ValueError, TypeError) as err:  # the model's entrypoint refused (e.g. transformers missing)
+        _fail(str(err), EXIT_BAD_INPUT)
+    except OSError as err:
+        _fail(f"{err.filename or output}: {err.strerror or err}", EXIT_BAD_INPUT)
+    print(f"{output}: {done.tensors} tensors of the checkpoint at step {done.step} ({done.directory})", flush=True)
 
 
 @app.command()

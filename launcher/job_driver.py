@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+from google.protobuf import json_format
 from rich.console import Console
 
 from hetlaunch.launcher.checkpoint_book import CheckpointBook, Restore
@@ -36,6 +37,7 @@ from hetlaunch.launcher.stage_launch import launch
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.runtime.checkpoint import CheckpointError, read_manifest
 from hetlaunch.runtime.files import UnreadableFile, read_json
+from hetlaunch.runtime.wire import model_spec_to_proto
 
 __all__ = ["JobError", "UpOptions", "run_up", "make_plan", "new_run_dir"]
 
@@ -145,7 +147,8 @@ def _run(session: ClusterSession, spec, options: UpOptions, events: EventLog, co
     plan, profile = make_plan(session, spec, options.reprofile, console)
     print_plan(console, plan)
     book = CheckpointBook(_checkpoint_root(session), cluster.checkpoint.keep, plan.num_layers,
-                          {"model": spec.describe(), "train_seed": train.seed, "data_seed": cluster.data.seed,
+                          {"model": spec.describe(), "model_spec": json_format.MessageToDict(model_spec_to_proto(spec)),
+                           "train_seed": train.seed, "data_seed": cluster.data.seed,
                            "rng": "torch.manual_seed(step_rng_seed(train_seed, step)) before every step"})
     session.state.checkpoint_root = book.root  # remote stages upload their parts here
     restore = Restore(0, None, "init")

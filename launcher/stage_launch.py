@@ -27,6 +27,8 @@ def launch(session: ClusterSession, plan: Plan, spec, restore: Restore, checkpoi
     generation = session.begin_generation()
     # With several pipelines a failing stage snapshots its layers: another pipeline may hold the lost ones.
     snapshot_root = checkpoint_root / f"replica-g{generation}" if len(pipelines) > 1 else None
+    layout = [pb.StagePlace(rank=r, pipeline=p, layer_start=s.layer_start, layer_end=s.layer_end)
+              for r, (p, s) in enumerate((p, s) for p, stages in enumerate(pipelines) for s in stages)]
     offset = rank = 0  # ranks follow plan.stages: pipeline after pipeline
     for p, (stages, share) in enumerate(zip(pipelines, plan.pipeline_microbatches)):
         train = pb.TrainSpec(steps=t.steps, micro_batch_size=t.micro_batch_size, num_microbatches=share,
@@ -50,7 +52,7 @@ def launch(session: ClusterSession, plan: Plan, spec, restore: Restore, checkpoi
             if j < n - 1:
                 spec_msg.next.CopyFrom(_link_spec(cluster, stage, stages[j + 1], peer_rank=rank + 1))
             command = pb.RunStage(model=model, data=data, train=train, stage=spec_msg,
-                                  rendezvous=session.rendezvous(rank, world, backend))
+                                  rendezvous=session.rendezvous(rank, world, backend), layout=layout)
             # A remote stage's parts must outlive its host: without a shared dir its agent uploads them.
             command.train.upload_parts = node.launch == "remote" and not cluster.checkpoint.dir
             if snapshot_root is not None:

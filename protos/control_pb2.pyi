@@ -339,7 +339,7 @@ class DataParallel(_message.Message):
     def __init__(self, pipeline_index: _Optional[int] = ..., microbatch_offset: _Optional[int] = ..., global_microbatches: _Optional[int] = ..., sync_groups: _Optional[_Iterable[_Union[SyncGroupSpec, _Mapping]]] = ..., pipeline_sizes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class RunStage(_message.Message):
-    __slots__ = ("model", "data", "train", "stage", "rendezvous", "data_parallel", "restore")
+    __slots__ = ("model", "data", "train", "stage", "rendezvous", "data_parallel", "restore", "layout")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     TRAIN_FIELD_NUMBER: _ClassVar[int]
@@ -347,6 +347,7 @@ class RunStage(_message.Message):
     RENDEZVOUS_FIELD_NUMBER: _ClassVar[int]
     DATA_PARALLEL_FIELD_NUMBER: _ClassVar[int]
     RESTORE_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
     model: ModelSpec
     data: DataSpec
     train: TrainSpec
@@ -354,7 +355,20 @@ class RunStage(_message.Message):
     rendezvous: Rendezvous
     data_parallel: DataParallel
     restore: RestoreSpec
-    def __init__(self, model: _Optional[_Union[ModelSpec, _Mapping]] = ..., data: _Optional[_Union[DataSpec, _Mapping]] = ..., train: _Optional[_Union[TrainSpec, _Mapping]] = ..., stage: _Optional[_Union[StageSpec, _Mapping]] = ..., rendezvous: _Optional[_Union[Rendezvous, _Mapping]] = ..., data_parallel: _Optional[_Union[DataParallel, _Mapping]] = ..., restore: _Optional[_Union[RestoreSpec, _Mapping]] = ...) -> None: ...
+    layout: _containers.RepeatedCompositeFieldContainer[StagePlace]
+    def __init__(self, model: _Optional[_Union[ModelSpec, _Mapping]] = ..., data: _Optional[_Union[DataSpec, _Mapping]] = ..., train: _Optional[_Union[TrainSpec, _Mapping]] = ..., stage: _Optional[_Union[StageSpec, _Mapping]] = ..., rendezvous: _Optional[_Union[Rendezvous, _Mapping]] = ..., data_parallel: _Optional[_Union[DataParallel, _Mapping]] = ..., restore: _Optional[_Union[RestoreSpec, _Mapping]] = ..., layout: _Optional[_Iterable[_Union[StagePlace, _Mapping]]] = ...) -> None: ...
+
+class StagePlace(_message.Message):
+    __slots__ = ("rank", "pipeline", "layer_start", "layer_end")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    PIPELINE_FIELD_NUMBER: _ClassVar[int]
+    LAYER_START_FIELD_NUMBER: _ClassVar[int]
+    LAYER_END_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    pipeline: int
+    layer_start: int
+    layer_end: int
+    def __init__(self, rank: _Optional[int] = ..., pipeline: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ...) -> None: ...
 
 class StepMetrics(_message.Message):
     __slots__ = ("step", "stage_index", "has_loss", "loss", "step_s", "compute_s", "comm_s", "tokens", "forward_raw_bytes", "forward_wire_bytes", "backward_raw_bytes", "backward_wire_bytes", "pipeline_index", "sync_s", "sync_raw_bytes", "sync_wire_bytes", "lr", "grad_norm", "has_eval_loss", "eval_loss")

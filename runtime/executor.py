@@ -27,6 +27,7 @@ from hetlaunch.runtime.memory_limit import StageMemory
 from hetlaunch.runtime.optim import Recipe, clip_gradients, make_optimizer, set_lr
 from hetlaunch.runtime.precision import LossScaler, autocast, compute_dtype, from_wire, to_wire
 from hetlaunch.runtime.schedules import Action, Op
+from hetlaunch.runtime.tied import TiedParameters
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -78,6 +79,8 @@ class StageExecutor:
     grad_sync: GradientSync | None = None
     # Several pipelines: waits until every stage of this pipeline may step (runtime/stage_command.py).
     before_optimizer_step: Callable[[], None] | None = None
+    # Parameters tied to other stages' (runtime/tied.py): gradients summed among the holders.
+    tied: TiedParameters | None = None
     # The node's memory limit: counts this stage's tensors and stops it when they go over.
     memory: StageMemory | None = None
     module: nn.Sequential = field(init=False)
@@ -129,6 +132,10 @@ class StageExecutor:
             if link is not None:
                 self._comm_s += link.drain()
         sync = self.grad_sync.finish() if self.grad_sync is not None else SyncStats()
+        if self.tied is not None:
+            start = time.perf_counter()
+            self.tied.sum_gradients()
+            self._comm_s += time.perf_counter() - start
         if self.before_optimizer_step is not None:
             start = time.perf_counter()
             self.before_optimizer_step()
@@ -143,7 +150,8 @@ class StageExecutor:
         grad_norm = 0.0
         if self.recipe.grad_clip > 0 and not skip:  # after the sync: every replica clips the same summed gradient
             start = time.perf_counter()
-            grad_norm = clip_gradients(self.module, self.recipe.grad_clip, self.sum_over_model or (lambda t: t))
+            grad_norm = clip_gradients(self.module, self.recipe.grad_clip, self.sum_over_model or (lambda t: t),
+                                       self.tied.duplicates if self.tied is not None else frozenset())
             self._comm_s += time.perf_counter() - start
         lr = self.recipe.lr_at(self.steps_done)
         self._timed(self._optimizer_step, lr, skip)

@@ -49,6 +49,11 @@ class LayeredModel:
     vocab_size: int | None = None
     # Layers with equal kinds cost the same (profiled once); None: judged from their structure.
     layer_kind: Callable[[int], Hashable] | None = None
+    # Parameters that are one parameter, by global name "<layer>.<name>" (GPT-2's embedding and
+    # output projection): their holders sum gradients every step (runtime/tied.py).
+    tied: tuple[tuple[str, ...], ...] = ()
+    # `hetlaunch export`'s name for a layer's parameter (e.g. Hugging Face's); None: "layers.<i>.<name>".
+    export_name: Callable[[int, str], str] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.num_layers, int) or self.num_layers < 1:
@@ -216,6 +221,7 @@ class ModelBundle:
     loss_fn: LossFn
     num_layers: int  # total layers in the full model
     vocab_size: int | None = None  # token ids the first layer takes, where the model says
+    tied: tuple[tuple[str, ...], ...] = ()  # LayeredModel.tied
 
 
 def build_model_range(spec: ModelSpec, start: int, end: int, seed: int) -> ModelBundle:
@@ -224,4 +230,4 @@ def build_model_range(spec: ModelSpec, start: int, end: int, seed: int) -> Model
     model = describe_model(spec, seed)
     _check_range(start, end, model.num_layers)
     return ModelBundle([build_layer(model, i, seed) for i in range(start, end)], model.loss_fn, model.num_layers,
-                       model.vocab_size)
+                       model.vocab_size, model.tied)

@@ -79,14 +79,17 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
 
 
 def clip_gradients(module: nn.Module, max_norm: float,
-                   sum_over_model: Callable[[torch.Tensor], torch.Tensor]) -> float:
+                   sum_over_model: Callable[[torch.Tensor], torch.Tensor], exclude: set[int] = frozenset()) -> float:
     """Scale this stage's gradients so the whole model's gradient norm is at most max_norm;
     returns that norm (before clipping). `sum_over_model` turns this stage's sum of squares into
-    the whole model's (an all-reduce over the stages; identity in one process)."""
-    grads = [p.grad for p in module.parameters() if p.grad is not None]
+    the whole model's (an all-reduce over the stages; identity in one process). Parameters in
+    `exclude` (ids: copies of a tied parameter) are scaled but not counted again."""
+    params = [p for p in module.parameters() if p.grad is not None]
+    grads = [p.grad for p in params]
     local = torch.zeros((), dtype=torch.float32, device=grads[0].device if grads else None)
-    for g in grads:
-        local = local + g.detach().float().pow(2).sum()
+    for p in params:
+        if id(p) not in exclude:
+            local = local + p.grad.detach().float().pow(2).sum()
     total = float(sum_over_model(local)) ** 0.5
     coef = max_norm / (total + 1e-6)  # as torch.nn.utils.clip_grad_norm_
     if coef < 1.0:

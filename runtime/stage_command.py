@@ -27,6 +27,7 @@ from hetlaunch.runtime.memory_limit import StageMemory
 from hetlaunch.runtime.model import build_model_range
 from hetlaunch.runtime.optim import Recipe
 from hetlaunch.runtime.schedules import schedule_for
+from hetlaunch.runtime.tied import TiedParameters
 from hetlaunch.runtime.wire import model_spec_from_proto, schedule_name, sync_emulation_latency_ms
 
 
@@ -237,6 +238,11 @@ def run_stage(cmd: pb.RunStage, reports: StageReports) -> None:
                                                                          cmd.rendezvous.backend),
                                  memory=memory)
         executor.steps_done = train.start_step
+        if bundle.tied:  # after every other group, in the same order on every rank
+            executor.tied = TiedParameters(bundle.tied, list(cmd.layout), cmd.rendezvous.rank, executor.module,
+                                           stage.layer_start, wire_device(device, cmd.rendezvous.backend))
+            if restored is None:
+                executor.tied.share_initial_values()
         if restored is not None:
             apply_state(executor.module, executor.optimizer, restored, stage.layer_start)
         snapshot = _snapshot_handler(executor, stage.layer_start, stage.layer_end)

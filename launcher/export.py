@@ -1,0 +1,86 @@
+"""`hetlaunch export RUN -o model.safetensors`: the stages' checkpoint parts of a run, merged
+into one state dict of the whole model — under the model's own names where it has them (a
+Hugging Face model's, so `transformers` loads the file), else `layers.<i>.<name>`.
+
+RUN is a run directory, a checkpoint root (its `checkpoints/` or `checkpoint.dir`) or one
+committed `step-<k>` directory; the newest committed checkpoint is used. The model is named in
+the checkpoint's manifest, so its entrypoint is imported here (as on an agent). The output is
+written whole (temp, fsync, rename) or not at all.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from google.protobuf import json_format
+
+from hetlaunch.protos import control_pb2 as pb
+from hetlaunch.runtime.checkpoint import CheckpointError, latest_checkpoint, load_layers, read_manifest
+from hetlaunch.runtime.wire import model_spec_from_proto
+
+
+class ExportError(Exception):
+    """Nothing to export, said in one line."""
+
+
+@dataclass
+class Exported:
+    step: int
+    tensors: int
+    directory: Path
+
+
+def _checkpoint(path: Path):
+    if (path / "manifest.json").is_file():
+        return path, read_manifest(path)
+    for root in (path / "checkpoints", path):
+        if root.is_dir():
+            found = latest_checkpoint(root)
+            if found is not None:
+                return found
+    raise ExportError(f"{path}: no committed checkpoint (a run directory, a checkpoint root or a step-<k> "
+                      "directory with a manifest.json)")
+
+
+def export(path: Path, output: Path) -> Exported:
+    import torch
+    from safetensors.torch import save_file
+
+    from hetlaunch.runtime.model import describe_model
+
+    try:
+        directory, manifest = _checkpoint(path)
+        state = load_layers(directory, manifest, 0, manifest.num_layers)
+    except CheckpointError as err:
+        raise ExportError(str(err)) from None
+    saved = manifest.extra.get("model_spec")
+    if not isinstance(saved, dict):
+        raise ExportError(f"{directory}: the manifest does not name its model (written before hetlaunch 0.2?)")
+    spec = model_spec_from_proto(json_format.ParseDict(saved, pb.ModelSpec()))
+    model = describe_model(spec, seed=0)
+    if model.num_layers != manifest.num_layers:
+        raise ExportError(f"{directory}: {manifest.num_layers} layers, but the model {spec.describe()} has "
+                          f"{model.num_layers}")
+    merged: dict[str, torch.Tensor] = {}
+    for key, tensor in state.items():
+        kind, index, local = key.split(".", 2)
+        if kind != "layers":
+            continue  # optimizer state stays in the checkpoint
+        name = model.export_name(int(index), local) if model.export_name else key
+        merged[name] = tensor.contiguous()
+    output.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=output.parent, prefix=f".{output.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        save_file(merged, tmp, metadata={"format": "pt", "hetlaunch_step": str(manifest.step),
+                                         "hetlaunch_model": spec.describe()})
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, output)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return Exported(step=manifest.step, tensors=len(merged), directory=directory)

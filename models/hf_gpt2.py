@@ -1,0 +1,179 @@
+"""Hugging Face GPT-2 as a hetlaunch model: `model: {entrypoint: hetlaunch.models.hf_gpt2:build}`.
+
+Layers: 0 = token + position embeddings (`transformer.wte`, `.wpe`), 1..n = the `GPT2Block`s of
+`transformers` itself, n+1 = final LayerNorm + `lm_head`. The output projection is tied to the
+token embedding as in GPT-2 (`tied`): a stage holding either keeps its copy, and the two
+holders sum their gradients every step, so training equals one process with the tie.
+
+Random init from a config (GPT-2's scheme, per layer from hetlaunch's seeded RNG), or
+`pretrained: <local dir>` (a `save_pretrained` directory: config.json + *.safetensors), where
+each stage reads only its own layers' tensors. `hetlaunch export` writes the trained weights
+back under Hugging Face's names, loadable by `GPT2LMHeadModel`. Needs `transformers`
+(`pip install 'hetlaunch[hf]'`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from hetlaunch.runtime.model import LayeredModel
+
+
+def _transformers():
+    try:
+        import transformers
+    except ImportError:
+        raise ValueError("the hf_gpt2 model needs transformers: pip install 'hetlaunch[hf]'") from None
+    return transformers
+
+
+class Embeddings(nn.Module):
+    def __init__(self, config) -> None:
+        super().__init__()
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.wpe = nn.Embedding(config.n_positions, config.n_embd)
+
+    def forward(self, idx: Tensor) -> Tensor:
+        positions = torch.arange(idx.shape[-1], device=idx.device)
+        return self.wte(idx) + self.wpe(positions)
+
+
+class Block(nn.Module):
+    """One `transformers` GPT2Block. With no attention mask and SDPA attention the block is
+    causal by itself, so only the hidden state crosses a stage boundary."""
+
+    def __init__(self, config, index: int) -> None:
+        super().__init__()
+        from transformers.models.gpt2.modeling_gpt2 import GPT2Block
+
+        self.block = GPT2Block(config, layer_idx=index)
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = self.block(x)
+        return out[0] if isinstance(out, tuple) else out
+
+
+class Head(nn.Module):
+    def __init__(self, config) -> None:
+        super().__init__()
+        self.ln_f = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.lm_head(self.ln_f(x))
+
+
+def lm_loss(logits: Tensor, targets: Tensor) -> Tensor:
+    return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten())
+
+
+def _init(layer: nn.Module, config) -> None:
+    """GPT-2's scheme (as GPT2PreTrainedModel._init_weights): N(0, 0.02), zero biases, unit
+    LayerNorms, residual projections scaled by 1/sqrt(2 n_layer); drawn from the CPU RNG that
+    hetlaunch seeded for this layer."""
+    std = config.initializer_range
+    with torch.no_grad():
+        for name, module in layer.named_modules():
+            if isinstance(module, nn.LayerNorm):
+                module.weight.fill_(1.0)
+                module.bias.zero_()
+            elif isinstance(module, nn.Embedding):
+                module.weight.normal_(0.0, std)
+            elif hasattr(module, "weight") and isinstance(module.weight, nn.Parameter):  # Linear, Conv1D
+                scale = 1 / math.sqrt(2 * config.n_layer) if name.endswith("c_proj") else 1.0
+                module.weight.normal_(0.0, std * scale)
+                if getattr(module, "bias", None) is not None:
+                    module.bias.zero_()
+
+
+def hf_name(num_layers: int, index: int, local: str) -> str:
+    """A layer's parameter name in GPT2LMHeadModel's state dict."""
+    if index == 0:
+        return f"transformer.{local}"
+    if index == num_layers - 1:
+        return "lm_head.weight" if local == "lm_head.weight" else f"transformer.{local}"
+    return f"transformer.h.{index - 1}.{local.removeprefix('block.')}"
+
+
+def _config(pretrained: str | None, sizes: dict):
+    transformers = _transformers()
+    if pretrained:
+        path = Path(pretrained) / "config.json"
+        try:
+            config = transformers.GPT2Config.from_dict(json.loads(path.read_text()))
+        except (OSError, ValueError) as err:
+            raise ValueError(f"pretrained: cannot read {path}: {err}") from None
+    else:
+        config = transformers.GPT2Config(**sizes)
+    # No dropout (pipeline and one process must agree); SDPA: causal without a mask tensor.
+    config.resid_pdrop = config.embd_pdrop = config.attn_pdrop = 0.0
+    config._attn_implementation = "sdpa"
+    return config
+
+
+def _load_own(pretrained: str, names: dict[str, str]) -> dict[str, Tensor]:
+    """Only the named tensors (HF name -> local name), from whichever shard holds each. A tied
+    `lm_head.weight` that the files leave out (GPT-2's do) is the token embedding's."""
+    from safetensors import safe_open
+
+    files = sorted(Path(pretrained).glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"pretrained: no *.safetensors files in {pretrained}")
+    found: dict[str, Tensor] = {}
+    embedding = None
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            for key in f.keys():
+                # Old GPT-2 files name the body without the "transformer." prefix.
+                bare = key if key.startswith(("transformer.", "lm_head.")) else f"transformer.{key}"
+                if bare in names:
+                    found[names[bare]] = f.get_tensor(key)
+                elif bare == "transformer.wte.weight" and "lm_head.weight" in names:
+                    embedding = f.get_tensor(key)
+    head = names.get("lm_head.weight")
+    if head is not None and head not in found and embedding is not None:
+        found[head] = embedding
+    return found
+
+
+def build(seq_len: int, n_layer: int = 2, n_embd: int = 64, n_head: int = 4, vocab_size: int = 256,
+          pretrained: str | None = None) -> LayeredModel:
+    """GPT-2 with `n_layer` blocks (stage layers: n_layer + 2), or the one saved in `pretrained`."""
+    config = _config(pretrained, {"n_layer": n_layer, "n_embd": n_embd, "n_head": n_head, "vocab_size": vocab_size,
+                                  "n_positions": seq_len,
+                                  # GPT-2's <|endoftext|> id, or the last id of a smaller vocabulary
+                                  "bos_token_id": min(50256, vocab_size - 1), "eos_token_id": min(50256, vocab_size - 1)})
+    if seq_len > config.n_positions:
+        raise ValueError(f"seq_len {seq_len} exceeds the model's n_positions {config.n_positions}")
+    num_layers = config.n_layer + 2
+
+    def make_layer(index: int) -> nn.Module:
+        if index == 0:
+            layer = Embeddings(config)
+        elif index == num_layers - 1:
+            layer = Head(config)
+        else:
+            layer = Block(config, index - 1)
+        if torch.get_default_device().type == "meta":
+            return layer  # only described
+        if pretrained:
+            names = {hf_name(num_layers, index, local): local for local, _ in layer.named_parameters()}
+            state = _load_own(pretrained, names)
+            missing = sorted(set(names.values()) - set(state))
+            if missing:
+                raise ValueError(f"pretrained: {pretrained} has no tensor for layer {index}'s {missing[0]}")
+            layer.load_state_dict(state, strict=False)
+        else:
+            _init(layer, config)
+        return layer
+
+    return LayeredModel(num_layers, make_layer, lm_loss, vocab_size=config.vocab_size,
+                        layer_kind=lambda i: "embeddings" if i == 0 else "head" if i == num_layers - 1 else "block",
+                        tied=(("0.wte.weight", f"{num_layers - 1}.lm_head.weight"),),
+                        export_name=lambda index, local: hf_name(num_layers, index, local))
