@@ -20,6 +20,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from hetlaunch.runtime.boundary import Message, differentiable, map_tensors, tensors
 from hetlaunch.runtime.emulation import ComputeEmulation
 from hetlaunch.runtime.grad_sync import GradientSync, SyncStats
 from hetlaunch.runtime.link import Link
@@ -49,10 +50,11 @@ class StepResult:
 
 @dataclass
 class _InFlight:
-    """What a forward keeps until its backward: the stage's input and output (or loss)."""
+    """What a forward keeps until its backward: the stage's input and output (or loss), each a
+    tensor or a tuple of tensors (runtime/boundary.py)."""
 
-    inputs: torch.Tensor
-    output: torch.Tensor
+    inputs: Message
+    output: Message
 
 
 @dataclass
@@ -178,11 +180,11 @@ class StageExecutor:
         for mb in range(count):
             inputs = microbatches[mb][0].to(self.device) if self.is_first else self.prev_link.recv()
             with autocast(self.device, self._dtype):
-                output = self.module(from_wire(inputs, self._dtype))
+                output = self.module(map_tensors(lambda t: from_wire(t, self._dtype), inputs))
                 if self.is_last:
                     losses.append(self.loss_fn(output, microbatches[mb][1].to(self.device)).item())
             if not self.is_last:
-                self.next_link.send(to_wire(output, self._dtype))
+                self.next_link.send(map_tensors(lambda t: to_wire(t, self._dtype), output))
         if self.next_link is not None:
             self.next_link.drain()
         return sum(losses) / len(losses) if self.is_last else None
@@ -192,8 +194,10 @@ class StageExecutor:
         if self.is_first:
             inputs = x = microbatches[mb][0].to(self.device, non_blocking=True)
         else:  # received in the compute dtype; computed on in fp32, the gradient goes back in it
-            inputs = self._received(self.prev_link).requires_grad_()
-            x = from_wire(inputs, self._dtype)
+            inputs = self._received(self.prev_link)
+            for t in differentiable(inputs):
+                t.requires_grad_()
+            x = map_tensors(lambda t: from_wire(t, self._dtype), inputs)
         with autocast(self.device, self._dtype):
             output = self._timed(self.module, x)
             if self.is_last:
@@ -205,18 +209,23 @@ class StageExecutor:
             if self.scaler is not None:  # in fp32: a half-precision loss times 2**16 would overflow here
                 scaled = scaled.float() * self.scaler.scale
             return _InFlight(inputs, scaled)
-        output = to_wire(output, self._dtype)
+        output = map_tensors(lambda t: to_wire(t, self._dtype), output)
         self.next_link.send(output)
         return _InFlight(inputs, output)
 
     def _backward(self, saved: _InFlight) -> None:
         if self.is_last:
             self._timed(saved.output.backward)
-        else:
-            grad = self._received(self.next_link)
-            self._timed(saved.output.backward, grad)
+        elif differentiable(saved.output):  # the next stage sends a gradient per floating element
+            grads = tensors(self._received(self.next_link))
+            pairs = [(out, grad) for out, grad in zip(differentiable(saved.output), grads) if out.requires_grad]
+            if pairs:
+                self._timed(torch.autograd.backward, [o for o, _ in pairs], [g for _, g in pairs])
         if not self.is_first:
-            self.prev_link.send(saved.inputs.grad)
+            inputs = differentiable(saved.inputs)
+            if inputs:  # an input this stage did not use gets a zero gradient: the sender waits for one per element
+                grads = [t.grad if t.grad is not None else torch.zeros_like(t) for t in inputs]
+                self.prev_link.send(grads[0] if isinstance(saved.inputs, torch.Tensor) else tuple(grads))
 
     def _optimizer_step(self, lr: float, skip: bool = False) -> None:
         with self.state_lock:
@@ -227,7 +236,7 @@ class StageExecutor:
                 self.optimizer.zero_grad(set_to_none=True)
             self.steps_done += 1
 
-    def _received(self, link: Link) -> torch.Tensor:
+    def _received(self, link: Link) -> Message:
         start = time.perf_counter()
         tensor = link.recv()
         self._comm_s += time.perf_counter() - start

@@ -2,7 +2,10 @@
 
 What crosses is a fixed-size int64 header tensor (format version, codec, dtype, shape)
 followed by the codec's payload tensors, sent with point-to-point isend/irecv. Only
-tensors cross: nothing is pickled. Sends are asynchronous so the sender's compute goes
+tensors cross: nothing is pickled. A boundary may carry a tuple of tensors (a hidden state and
+a mask, say): each element is one such message, its header saying which of how many it is.
+Each element gets the link's codec, which leaves integer and boolean tensors exact; a complex
+tensor crosses as its real view and is made complex again on arrival. Sends are asynchronous so the sender's compute goes
 on while bytes are on the wire; the executor drains them at the end of a step.
 """
 
@@ -17,9 +20,13 @@ import torch.distributed as dist
 from hetlaunch.runtime.codecs import Codec, codec_by_id
 from hetlaunch.runtime.emulation import WireEmulation
 
-HEADER_VERSION = 1
+HEADER_VERSION = 2  # 2: tuple position and count, complex flag
 MAX_DIMS = 8
-HEADER_LEN = 5 + MAX_DIMS  # version, codec, dtype, send time (us), ndim, dims...
+HEADER_LEN = 8 + MAX_DIMS  # version, codec, dtype, send time (us), position, count, complex, ndim, dims...
+# A message's count: 0 for a lone tensor, n for element `position` of an n-tuple.
+Message = torch.Tensor | tuple[torch.Tensor, ...]
+
+MAX_TUPLE = 64  # tensors in one boundary message
 
 # Wire codes for dtypes; append only, the numbers are part of the protocol.
 DTYPE_CODES: dict[torch.dtype, int] = {
@@ -36,7 +43,8 @@ DTYPE_CODES: dict[torch.dtype, int] = {
 DTYPES_BY_CODE = {code: dtype for dtype, code in DTYPE_CODES.items()}
 
 
-def encode_header(codec: Codec, shape: tuple[int, ...], dtype: torch.dtype, sent_at: float = 0.0) -> torch.Tensor:
+def encode_header(codec: Codec, shape: tuple[int, ...], dtype: torch.dtype, sent_at: float = 0.0,
+                  position: int = 0, count: int = 0, complex_: bool = False) -> torch.Tensor:
     if len(shape) > MAX_DIMS:
         raise ValueError(f"tensors of more than {MAX_DIMS} dims cannot cross a link (got {len(shape)})")
     if dtype not in DTYPE_CODES:
@@ -46,28 +54,36 @@ def encode_header(codec: Codec, shape: tuple[int, ...], dtype: torch.dtype, sent
     header[1] = codec.wire_id
     header[2] = DTYPE_CODES[dtype]
     header[3] = int(sent_at * 1e6)  # wall clock, read only by an emulated link on the same machine
-    header[4] = len(shape)
+    header[4] = position
+    header[5] = count
+    header[6] = int(complex_)
+    header[7] = len(shape)
     if shape:
-        header[5 : 5 + len(shape)] = torch.tensor(shape, dtype=torch.int64)
+        header[8 : 8 + len(shape)] = torch.tensor(shape, dtype=torch.int64)
     return header
 
 
 @dataclass(frozen=True)
 class Header:
     codec: Codec
-    shape: tuple[int, ...]
+    shape: tuple[int, ...]   # of the real view, for a complex tensor
     dtype: torch.dtype
     sent_at: float
+    position: int = 0
+    count: int = 0
+    complex_: bool = False
 
 
 def decode_header(header: torch.Tensor) -> Header:
     values = header.tolist()
     if values[0] != HEADER_VERSION:
         raise ValueError(f"link header version {values[0]} (expected {HEADER_VERSION}): peers run different hetlaunch versions")
-    ndim = values[4]
-    if not 0 <= ndim <= MAX_DIMS or values[2] not in DTYPES_BY_CODE:
+    position, count, complex_, ndim = values[4:8]
+    if (not 0 <= ndim <= MAX_DIMS or values[2] not in DTYPES_BY_CODE or not 0 <= count <= MAX_TUPLE
+            or not (position == 0 if count == 0 else 0 <= position < count) or complex_ not in (0, 1)):
         raise ValueError(f"corrupt link header {values}")
-    return Header(codec_by_id(values[1]), tuple(values[5 : 5 + ndim]), DTYPES_BY_CODE[values[2]], values[3] / 1e6)
+    return Header(codec_by_id(values[1]), tuple(values[8 : 8 + ndim]), DTYPES_BY_CODE[values[2]], values[3] / 1e6,
+                  position, count, bool(complex_))
 
 
 @dataclass
@@ -97,11 +113,25 @@ class Link:
         self.stats = LinkStats()
         self._pending: list[tuple[dist.Work, list[torch.Tensor]]] = []
 
-    def send(self, tensor: torch.Tensor) -> None:
-        """Start sending; returns without waiting for the bytes to leave."""
+    def send(self, message: Message) -> None:
+        """Start sending a tensor or a tuple of tensors; returns without waiting for the bytes to leave."""
+        if isinstance(message, torch.Tensor):
+            self._send_one(message, 0, 0)
+            return
+        if not 1 <= len(message) <= MAX_TUPLE or not all(isinstance(t, torch.Tensor) for t in message):
+            raise TypeError(f"a stage boundary carries a tensor or a tuple of 1 to {MAX_TUPLE} tensors, "
+                            f"got {type(message).__name__} of {len(message)}")
+        for position, tensor in enumerate(message):
+            self._send_one(tensor, position, len(message))
+
+    def _send_one(self, tensor: torch.Tensor, position: int, count: int) -> None:
         tensor = tensor.detach()
+        complex_ = tensor.is_complex()
+        if complex_:
+            tensor = torch.view_as_real(tensor.resolve_conj())
         payloads = self.send_codec.encode(tensor)
-        header = encode_header(self.send_codec, tuple(tensor.shape), tensor.dtype, time.time())
+        header = encode_header(self.send_codec, tuple(tensor.shape), tensor.dtype, time.time(), position, count,
+                               complex_)
         to_wire = [header.to(self.wire_device)] + [p.to(self.wire_device).contiguous() for p in payloads]
         for t in to_wire:
             work = dist.isend(t, dst=self.peer_rank, group=self.group)
@@ -111,8 +141,23 @@ class Link:
         self.stats.wire_bytes += sum(p.numel() * p.element_size() for p in payloads)
         self._pending = [(w, ts) for w, ts in self._pending if not w.is_completed()]
 
-    def recv(self) -> torch.Tensor:
-        """Block until the peer's next tensor arrives; return it on the compute device."""
+    def recv(self) -> Message:
+        """Block until the peer's next tensor (or tuple) arrives; return it on the compute device."""
+        head, first = self._recv_one()
+        if head.count == 0:
+            return first
+        if head.position != 0:
+            raise ValueError(f"link message starts at tuple position {head.position}, not 0")
+        items = [first]
+        for expected in range(1, head.count):
+            more, tensor = self._recv_one()
+            if (more.position, more.count) != (expected, head.count):
+                raise ValueError(f"link tuple out of order: got {more.position} of {more.count}, "
+                                 f"expected {expected} of {head.count}")
+            items.append(tensor)
+        return tuple(items)
+
+    def _recv_one(self) -> tuple[Header, torch.Tensor]:
         header = torch.empty(HEADER_LEN, dtype=torch.int64, device=self.wire_device)
         dist.recv(header, src=self.peer_rank, group=self.group)
         head = decode_header(header.cpu())
@@ -123,7 +168,8 @@ class Link:
             work.wait()
         if self.emulation is not None:
             self.emulation.deliver(head.sent_at, head.codec.wire_bytes(head.shape, head.dtype))
-        return head.codec.decode([p.to(self.device) for p in payloads], head.shape, head.dtype)
+        tensor = head.codec.decode([p.to(self.device) for p in payloads], head.shape, head.dtype)
+        return head, torch.view_as_complex(tensor.contiguous()) if head.complex_ else tensor
 
     def drain(self) -> float:
         """Wait for every send still in flight; return the seconds spent waiting."""

@@ -16,6 +16,7 @@ import psutil
 import torch
 from torch import nn
 
+from hetlaunch.runtime.boundary import Message, differentiable, map_tensors, nbytes, signature
 from hetlaunch.runtime.emulation import ComputeEmulation
 from hetlaunch.runtime.link import Link
 from hetlaunch.runtime.model import build_layer, describe_model, layer_kind
@@ -56,7 +57,7 @@ def _timed(fn, device: torch.device, emulation: ComputeEmulation) -> float:
     return time.perf_counter() - start
 
 
-def _saved_bytes(layer: nn.Module, inputs: torch.Tensor) -> tuple[torch.Tensor, int]:
+def _saved_bytes(layer: nn.Module, inputs: Message) -> tuple[Message, int]:
     """Run forward once, counting the bytes autograd saves for backward (activation memory)."""
     seen: dict[int, int] = {}
 
@@ -93,7 +94,7 @@ def profile_layers(spec: ModelSpec, micro_batch_size: int, device: torch.device,
     for index in range(model.num_layers):
         is_last = index == model.num_layers - 1
         kind = layer_kind(model, index)
-        key = (kind, tuple(x.shape), x.dtype)
+        key = (kind, signature(x))
         if kind is not None and not is_last and key in measured:
             results.append(measured[key])
             continue
@@ -101,18 +102,18 @@ def profile_layers(spec: ModelSpec, micro_batch_size: int, device: torch.device,
                                           model.loss_fn if is_last else None, targets, device, emulation,
                                           warmup, repeats, compute_dtype(precision))
         results.append(measurement)
-        if kind is not None and out.shape == x.shape and out.dtype == x.dtype:
+        if kind is not None and signature(out) == signature(x):
             measured[key] = measurement  # the next layer of this kind may reuse it: its input is alike
         x = out
     return results
 
 
-def _measure_layer(layer: nn.Module, x: torch.Tensor, loss_fn, targets: torch.Tensor, device: torch.device,
+def _measure_layer(layer: nn.Module, x: Message, loss_fn, targets: torch.Tensor, device: torch.device,
                    emulation: ComputeEmulation, warmup: int, repeats: int,
-                   dtype: torch.dtype | None) -> tuple[LayerMeasurement, torch.Tensor]:
+                   dtype: torch.dtype | None) -> tuple[LayerMeasurement, Message]:
     params = [p for p in layer.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-9) if params else None
-    inputs = x if not x.is_floating_point() else x.detach().requires_grad_()
+    inputs = map_tensors(lambda t: t.detach().requires_grad_() if t.is_floating_point() or t.is_complex() else t, x)
 
     def fwd_bwd():
         with autocast(device, dtype):
@@ -122,8 +123,9 @@ def _measure_layer(layer: nn.Module, x: torch.Tensor, loss_fn, targets: torch.Te
         if loss_fn is not None:
             loss.backward()
         else:
-            out = to_wire(out, dtype)
-            out.backward(torch.ones_like(out))
+            outs = [t for t in differentiable(map_tensors(lambda t: to_wire(t, dtype), out)) if t.requires_grad]
+            if outs:
+                torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
 
     for _ in range(warmup):
         fwd_bwd()
@@ -134,11 +136,11 @@ def _measure_layer(layer: nn.Module, x: torch.Tensor, loss_fn, targets: torch.Te
         opt_seconds = statistics.median(_timed(optimizer.step, device, emulation) for _ in range(repeats))
     with autocast(device, dtype):
         out, activation_bytes = _saved_bytes(layer, inputs)
-    out = to_wire(out, dtype)
+    out = map_tensors(lambda t: to_wire(t, dtype), out)
     return LayerMeasurement(seconds=seconds, optimizer_seconds=opt_seconds,
                             param_bytes=sum(p.numel() * p.element_size() for p in params),
                             activation_bytes=activation_bytes,
-                            output_bytes=out.numel() * out.element_size()), from_wire(out.detach(), dtype)
+                            output_bytes=nbytes(out)), map_tensors(lambda t: from_wire(t.detach(), dtype), out)
 
 
 def codec_seconds_per_byte(sample: torch.Tensor, repeats: int = 5) -> dict[str, float]:

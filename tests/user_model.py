@@ -74,3 +74,48 @@ def returns_bad_loss():
 
 
 NOT_CALLABLE = 3
+
+
+# Boundaries that carry a tuple: every layer after the embedding takes and returns (hidden, mask),
+# the mask a bool tensor that zeroes the padding positions' updates (token 0 counts as padding).
+class MaskedEmbed(nn.Module):
+    def __init__(self, vocab_size: int, d: int) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab_size, d)
+
+    def forward(self, idx: Tensor) -> tuple[Tensor, Tensor]:
+        return self.emb(idx), idx != 32  # a space byte "pads"
+
+
+class MaskedMLP(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.inner = ResidualMLP(d)
+
+    def forward(self, hidden_mask: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+        hidden, mask = hidden_mask
+        update = self.inner(hidden) - hidden
+        return hidden + update * mask.unsqueeze(-1).to(hidden.dtype), mask
+
+
+class MaskedHead(nn.Module):
+    def __init__(self, d: int, vocab_size: int) -> None:
+        super().__init__()
+        self.out = nn.Sequential(nn.LayerNorm(d), nn.Linear(d, vocab_size))
+
+    def forward(self, hidden_mask: tuple[Tensor, Tensor]) -> Tensor:
+        return self.out(hidden_mask[0])
+
+
+def make_masked_lm(vocab_size: int = 256, d: int = 32, n_hidden: int = 3, seq_len: int = 16):
+    from hetlaunch.runtime.model import LayeredModel
+
+    num_layers = n_hidden + 2
+
+    def make_layer(index: int) -> nn.Module:
+        if index == 0:
+            return MaskedEmbed(vocab_size, d)
+        if index == num_layers - 1:
+            return MaskedHead(d, vocab_size)
+        return MaskedMLP(d)
+    return LayeredModel(num_layers, make_layer, lm_loss, vocab_size=vocab_size)
