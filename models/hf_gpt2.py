@@ -15,22 +15,14 @@ back under Hugging Face's names, loadable by `GPT2LMHeadModel`. Needs `transform
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from hetlaunch.models._hf import gpt2_residual_scale, init_layer, load_own, require_transformers
 from hetlaunch.runtime.model import LayeredModel
-
-
-def _transformers():
-    try:
-        import transformers
-    except ImportError:
-        raise ValueError("the hf_gpt2 model needs transformers: pip install 'hetlaunch[hf]'") from None
-    return transformers
 
 
 class Embeddings(nn.Module):
@@ -73,25 +65,6 @@ def lm_loss(logits: Tensor, targets: Tensor) -> Tensor:
     return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten())
 
 
-def _init(layer: nn.Module, config) -> None:
-    """GPT-2's scheme (as GPT2PreTrainedModel._init_weights): N(0, 0.02), zero biases, unit
-    LayerNorms, residual projections scaled by 1/sqrt(2 n_layer); drawn from the CPU RNG that
-    hetlaunch seeded for this layer."""
-    std = config.initializer_range
-    with torch.no_grad():
-        for name, module in layer.named_modules():
-            if isinstance(module, nn.LayerNorm):
-                module.weight.fill_(1.0)
-                module.bias.zero_()
-            elif isinstance(module, nn.Embedding):
-                module.weight.normal_(0.0, std)
-            elif hasattr(module, "weight") and isinstance(module.weight, nn.Parameter):  # Linear, Conv1D
-                scale = 1 / math.sqrt(2 * config.n_layer) if name.endswith("c_proj") else 1.0
-                module.weight.normal_(0.0, std * scale)
-                if getattr(module, "bias", None) is not None:
-                    module.bias.zero_()
-
-
 def hf_name(num_layers: int, index: int, local: str) -> str:
     """A layer's parameter name in GPT2LMHeadModel's state dict."""
     if index == 0:
@@ -101,8 +74,8 @@ def hf_name(num_layers: int, index: int, local: str) -> str:
     return f"transformer.h.{index - 1}.{local.removeprefix('block.')}"
 
 
-def _config(pretrained: str | None, sizes: dict):
-    transformers = _transformers()
+def config_of(pretrained: str | None, sizes: dict):
+    transformers = require_transformers()
     if pretrained:
         path = Path(pretrained) / "config.json"
         try:
@@ -117,35 +90,10 @@ def _config(pretrained: str | None, sizes: dict):
     return config
 
 
-def _load_own(pretrained: str, names: dict[str, str]) -> dict[str, Tensor]:
-    """Only the named tensors (HF name -> local name), from whichever shard holds each. A tied
-    `lm_head.weight` that the files leave out (GPT-2's do) is the token embedding's."""
-    from safetensors import safe_open
-
-    files = sorted(Path(pretrained).glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"pretrained: no *.safetensors files in {pretrained}")
-    found: dict[str, Tensor] = {}
-    embedding = None
-    for file in files:
-        with safe_open(str(file), framework="pt") as f:
-            for key in f.keys():
-                # Old GPT-2 files name the body without the "transformer." prefix.
-                bare = key if key.startswith(("transformer.", "lm_head.")) else f"transformer.{key}"
-                if bare in names:
-                    found[names[bare]] = f.get_tensor(key)
-                elif bare == "transformer.wte.weight" and "lm_head.weight" in names:
-                    embedding = f.get_tensor(key)
-    head = names.get("lm_head.weight")
-    if head is not None and head not in found and embedding is not None:
-        found[head] = embedding
-    return found
-
-
 def build(seq_len: int, n_layer: int = 2, n_embd: int = 64, n_head: int = 4, vocab_size: int = 256,
           pretrained: str | None = None) -> LayeredModel:
     """GPT-2 with `n_layer` blocks (stage layers: n_layer + 2), or the one saved in `pretrained`."""
-    config = _config(pretrained, {"n_layer": n_layer, "n_embd": n_embd, "n_head": n_head, "vocab_size": vocab_size,
+    config = config_of(pretrained, {"n_layer": n_layer, "n_embd": n_embd, "n_head": n_head, "vocab_size": vocab_size,
                                   "n_positions": seq_len,
                                   # GPT-2's <|endoftext|> id, or the last id of a smaller vocabulary
                                   "bos_token_id": min(50256, vocab_size - 1), "eos_token_id": min(50256, vocab_size - 1)})
@@ -164,13 +112,12 @@ def build(seq_len: int, n_layer: int = 2, n_embd: int = 64, n_head: int = 4, voc
             return layer  # only described
         if pretrained:
             names = {hf_name(num_layers, index, local): local for local, _ in layer.named_parameters()}
-            state = _load_own(pretrained, names)
-            missing = sorted(set(names.values()) - set(state))
-            if missing:
-                raise ValueError(f"pretrained: {pretrained} has no tensor for layer {index}'s {missing[0]}")
+            # Old GPT-2 files name the body without the "transformer." prefix.
+            state = load_own(pretrained, names, lambda key: key if key.startswith(("transformer.", "lm_head."))
+                             else f"transformer.{key}", ("lm_head.weight", "transformer.wte.weight"))
             layer.load_state_dict(state, strict=False)
-        else:
-            _init(layer, config)
+        else:  # GPT-2's scheme, as GPT2PreTrainedModel._init_weights
+            init_layer(layer, config.initializer_range, gpt2_residual_scale(config.n_layer))
         return layer
 
     return LayeredModel(num_layers, make_layer, lm_loss, vocab_size=config.vocab_size,

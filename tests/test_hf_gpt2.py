@@ -79,9 +79,9 @@ def test_tied_gpt2_across_first_and_last_stage_equals_one_process_and_exports(tm
     out = tmp_path / "model.safetensors"
     exported = run_hetlaunch("export", str(run_dir), "-o", str(out), timeout=120)
     assert exported.returncode == 0, exported.stderr
-    from hetlaunch.models.hf_gpt2 import _config
+    from hetlaunch.models.hf_gpt2 import config_of
 
-    hf = transformers.GPT2LMHeadModel(_config(None, {"n_layer": 2, "n_embd": 32, "n_head": 4, "vocab_size": 256,
+    hf = transformers.GPT2LMHeadModel(config_of(None, {"n_layer": 2, "n_embd": 32, "n_head": 4, "vocab_size": 256,
                                                      "n_positions": 16})).eval()
     from safetensors.torch import load_file
 
@@ -96,10 +96,10 @@ def test_tied_gpt2_across_first_and_last_stage_equals_one_process_and_exports(tm
 
 
 def test_pretrained_loads_each_stage_from_the_saved_shards(tmp_path):
-    from hetlaunch.models.hf_gpt2 import _config
+    from hetlaunch.models.hf_gpt2 import config_of
 
     torch.manual_seed(1)
-    hf = transformers.GPT2LMHeadModel(_config(None, {"n_layer": 3, "n_embd": 32, "n_head": 4, "vocab_size": 300,
+    hf = transformers.GPT2LMHeadModel(config_of(None, {"n_layer": 3, "n_embd": 32, "n_head": 4, "vocab_size": 300,
                                                      "n_positions": 32})).eval()
     hf.save_pretrained(tmp_path / "gpt2", safe_serialization=True, max_shard_size="40KB")  # several shards
     assert len(list((tmp_path / "gpt2").glob("*.safetensors"))) > 1

@@ -1,0 +1,70 @@
+"""What the Hugging Face entrypoints share: importing transformers with a clear error, reading
+only a stage's tensors from a `save_pretrained` directory, and initialising a layer from
+hetlaunch's seeded RNG the way transformers would."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import Tensor, nn
+
+
+def require_transformers():
+    try:
+        import transformers
+    except ImportError:
+        raise ValueError("Hugging Face models need transformers: pip install 'hetlaunch[hf]'") from None
+    return transformers
+
+
+def load_own(pretrained: str, names: dict[str, str], canonical: Callable[[str], str],
+             tied: tuple[str, str] | None = None) -> dict[str, Tensor]:
+    """Only the named tensors (canonical HF name -> local name), from whichever shard holds each.
+    `canonical` maps a file's key to the names used here (old files drop a prefix). `tied` =
+    (head, embedding): a head the files leave out, because it is tied, is the embedding's."""
+    from safetensors import safe_open
+
+    files = sorted(Path(pretrained).glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"pretrained: no *.safetensors files in {pretrained}")
+    found: dict[str, Tensor] = {}
+    embedding = None
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            for key in f.keys():
+                name = canonical(key)
+                if name in names:
+                    found[names[name]] = f.get_tensor(key)
+                elif tied is not None and name == tied[1] and tied[0] in names:
+                    embedding = f.get_tensor(key)
+    if tied is not None and tied[0] in names and names[tied[0]] not in found and embedding is not None:
+        found[names[tied[0]]] = embedding
+    missing = sorted(set(names.values()) - set(found))
+    if missing:
+        raise ValueError(f"pretrained: {pretrained} has no tensor for {missing[0]}")
+    return found
+
+
+def init_layer(layer: nn.Module, std: float, residual_scale: Callable[[str], float] = lambda name: 1.0) -> None:
+    """N(0, std) for matrices and embeddings (times residual_scale(module name)), zero biases,
+    unit norm gains — drawn from the CPU RNG hetlaunch seeded for this layer."""
+    with torch.no_grad():
+        for name, module in layer.named_modules():
+            weight = getattr(module, "weight", None)
+            if not isinstance(weight, nn.Parameter):
+                continue
+            if weight.dim() == 1:  # LayerNorm, RMSNorm
+                weight.fill_(1.0)
+            else:
+                weight.normal_(0.0, std * residual_scale(name))
+            bias = getattr(module, "bias", None)
+            if isinstance(bias, nn.Parameter):
+                bias.zero_()
+
+
+def gpt2_residual_scale(n_layer: int) -> Callable[[str], float]:
+    """GPT-2's scheme: the projections into the residual stream scaled by 1/sqrt(2 n_layer)."""
+    return lambda name: 1 / math.sqrt(2 * n_layer) if name.endswith("c_proj") else 1.0
