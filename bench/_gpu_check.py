@@ -5,7 +5,8 @@
 2. profiler: per-layer CUDA timings and the allocator's peak of the tiny preset, fp32 and bf16;
 3. training: the local example's shape on CUDA — three agents, on three GPUs with NCCL where
    there are three, else all on one GPU with gloo between them — fp32 and bf16, 60 steps each:
-   tokens/s, first and final loss, the data-plane backend the run used.
+   tokens/s, first and final loss, the data-plane backend the run used;
+4. memory: a stage over its node's memory_fraction stops the job with one line.
 Prints one table; writes the figures to bench/results/gpu_check.json.
 """
 
@@ -89,6 +90,19 @@ def training() -> list[tuple[str, str, str]]:
     return rows
 
 
+def memory_limit() -> list[tuple[str, str, str]]:
+    """A stage over its node's memory_fraction must stop the job with one line naming it."""
+    tmp = Path(tempfile.mkdtemp(prefix="hetlaunch-gpu-"))
+    (tmp / "cluster.yaml").write_text("name: gpu-memory\nmodel: {preset: small}\n"
+                                      "train: {steps: 5, checkpoint_every: 0}\n"
+                                      "nodes:\n  - {name: g0, device: 'cuda:0', layers: [0, 8], memory_fraction: 0.0005}\n")
+    proc = subprocess.run([sys.executable, "-m", "hetlaunch.launcher.cli", "up", str(tmp / "cluster.yaml"),
+                           "--run-dir", str(tmp / "run")], capture_output=True, text=True, timeout=600)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    ok = proc.returncode == 1 and len(errors) == 1 and "memory_fraction" in errors[0]
+    return [("memory_fraction 0.0005", errors[0][:120] if errors else f"exit {proc.returncode}", "ok" if ok else "WRONG")]
+
+
 def main() -> int:
     import torch
 
@@ -96,7 +110,7 @@ def main() -> int:
         print("gpu_check: no CUDA device here (torch.cuda.is_available() is False); nothing to check")
         return 2
     names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    rows = [("devices", ", ".join(names), "")] + codecs() + profiler() + training()
+    rows = [("devices", ", ".join(names), "")] + codecs() + profiler() + training() + memory_limit()
     width = max(len(r[0]) for r in rows)
     for name, value, verdict in rows:
         print(f"{name:<{width}}  {verdict:<6}  {value}")

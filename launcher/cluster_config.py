@@ -238,6 +238,9 @@ class NodeConfig(_Strict):
     host: str | None = Field(None, min_length=1)  # remote nodes only: shown in the "waiting for" message
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda|cuda:\d+)$")  # auto | cpu | cuda | cuda:N
     threads: int | None = Field(None, ge=1)  # local nodes only: torch intra-op threads (default: cores / local agents)
+    # CUDA only: the share of the GPU's memory this node's stage may allocate (the allocator
+    # refuses more; the planner fits stages under it); null: all that is free.
+    memory_fraction: YamlFloat | None = Field(None, gt=0, le=1)
     layers: Annotated[tuple[int, int], BeforeValidator(_listed_pair)] | None = None  # [start, end) pinned layer range
     pipeline: int | None = Field(None, ge=0)  # with pinned layers: which data-parallel pipeline (0, 1, ...); default 0
     emulate: NodeEmulation = Field(default_factory=NodeEmulation)  # local nodes only
@@ -258,6 +261,8 @@ class NodeConfig(_Strict):
                     raise FieldError((key,), f"{why}; this node has launch: remote")
         elif self.host is not None:
             raise FieldError(("host",), "only for remote nodes (a local node runs on this machine)")
+        if self.memory_fraction is not None and self.device == "cpu":
+            raise FieldError(("memory_fraction",), "only for CUDA devices (on CPU use emulate.memory_gb)")
         return self
 
 

@@ -70,7 +70,8 @@ def measure_cluster(session: ClusterSession, spec: ModelSpec, micro_batch_size: 
         return pb.Profile(model=proto_model, micro_batch_size=micro_batch_size, seed=seed,
                           device=session.device_of(name), threads=session.threads_of(name),
                           emulate=pb.Emulation(speed=node.emulate.speed, memory_gb=node.emulate.memory_gb or 0.0),
-                          measure_layers=measure_layers, precision=cluster.train.precision)
+                          measure_layers=measure_layers, precision=cluster.train.precision,
+                          memory_fraction=node.memory_fraction or 0.0)
 
     # Every node reports its device and free memory; cached nodes skip the layer timings.
     reports: dict[str, pb.ReportProfileRequest] = {}

@@ -46,7 +46,8 @@ def launch(session: ClusterSession, plan: Plan, spec, restore: Restore, checkpoi
                                     layer_end=stage.layer_end, device=session.device_of(stage.node),
                                     threads=session.threads_of(stage.node),
                                     emulate=pb.Emulation(speed=node.emulate.speed,
-                                                         memory_gb=node.emulate.memory_gb or 0.0))
+                                                         memory_gb=node.emulate.memory_gb or 0.0),
+                                    memory_fraction=node.memory_fraction or 0.0)
             if j > 0:
                 spec_msg.prev.CopyFrom(_link_spec(cluster, stages[j - 1], stage, peer_rank=rank - 1))
             if j < n - 1:

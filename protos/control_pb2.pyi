@@ -269,7 +269,7 @@ class LinkSpec(_message.Message):
     def __init__(self, peer_rank: _Optional[int] = ..., forward_codec: _Optional[_Union[Codec, str]] = ..., backward_codec: _Optional[_Union[Codec, str]] = ..., emulate_bandwidth_mbps: _Optional[float] = ..., emulate_latency_ms: _Optional[float] = ...) -> None: ...
 
 class StageSpec(_message.Message):
-    __slots__ = ("stage_index", "num_stages", "layer_start", "layer_end", "prev", "next", "device", "threads", "emulate")
+    __slots__ = ("stage_index", "num_stages", "layer_start", "layer_end", "prev", "next", "device", "threads", "emulate", "memory_fraction")
     STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
     NUM_STAGES_FIELD_NUMBER: _ClassVar[int]
     LAYER_START_FIELD_NUMBER: _ClassVar[int]
@@ -279,6 +279,7 @@ class StageSpec(_message.Message):
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     THREADS_FIELD_NUMBER: _ClassVar[int]
     EMULATE_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_FRACTION_FIELD_NUMBER: _ClassVar[int]
     stage_index: int
     num_stages: int
     layer_start: int
@@ -288,7 +289,8 @@ class StageSpec(_message.Message):
     device: str
     threads: int
     emulate: Emulation
-    def __init__(self, stage_index: _Optional[int] = ..., num_stages: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., prev: _Optional[_Union[LinkSpec, _Mapping]] = ..., next: _Optional[_Union[LinkSpec, _Mapping]] = ..., device: _Optional[str] = ..., threads: _Optional[int] = ..., emulate: _Optional[_Union[Emulation, _Mapping]] = ...) -> None: ...
+    memory_fraction: float
+    def __init__(self, stage_index: _Optional[int] = ..., num_stages: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., prev: _Optional[_Union[LinkSpec, _Mapping]] = ..., next: _Optional[_Union[LinkSpec, _Mapping]] = ..., device: _Optional[str] = ..., threads: _Optional[int] = ..., emulate: _Optional[_Union[Emulation, _Mapping]] = ..., memory_fraction: _Optional[float] = ...) -> None: ...
 
 class Rendezvous(_message.Message):
     __slots__ = ("store_host", "store_port", "generation", "rank", "world_size", "timeout_s", "backend")
@@ -537,7 +539,7 @@ class ProbePeer(_message.Message):
     def __init__(self, peer_rank: _Optional[int] = ..., peer_node: _Optional[str] = ..., initiator: _Optional[bool] = ..., emulate_bandwidth_mbps: _Optional[float] = ..., emulate_latency_ms: _Optional[float] = ...) -> None: ...
 
 class Profile(_message.Message):
-    __slots__ = ("model", "micro_batch_size", "seed", "device", "threads", "emulate", "measure_layers", "rendezvous", "probes", "precision")
+    __slots__ = ("model", "micro_batch_size", "seed", "device", "threads", "emulate", "measure_layers", "rendezvous", "probes", "precision", "memory_fraction")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MICRO_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
@@ -548,6 +550,7 @@ class Profile(_message.Message):
     RENDEZVOUS_FIELD_NUMBER: _ClassVar[int]
     PROBES_FIELD_NUMBER: _ClassVar[int]
     PRECISION_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_FRACTION_FIELD_NUMBER: _ClassVar[int]
     model: ModelSpec
     micro_batch_size: int
     seed: int
@@ -558,7 +561,8 @@ class Profile(_message.Message):
     rendezvous: Rendezvous
     probes: _containers.RepeatedCompositeFieldContainer[ProbePeer]
     precision: str
-    def __init__(self, model: _Optional[_Union[ModelSpec, _Mapping]] = ..., micro_batch_size: _Optional[int] = ..., seed: _Optional[int] = ..., device: _Optional[str] = ..., threads: _Optional[int] = ..., emulate: _Optional[_Union[Emulation, _Mapping]] = ..., measure_layers: _Optional[bool] = ..., rendezvous: _Optional[_Union[Rendezvous, _Mapping]] = ..., probes: _Optional[_Iterable[_Union[ProbePeer, _Mapping]]] = ..., precision: _Optional[str] = ...) -> None: ...
+    memory_fraction: float
+    def __init__(self, model: _Optional[_Union[ModelSpec, _Mapping]] = ..., micro_batch_size: _Optional[int] = ..., seed: _Optional[int] = ..., device: _Optional[str] = ..., threads: _Optional[int] = ..., emulate: _Optional[_Union[Emulation, _Mapping]] = ..., measure_layers: _Optional[bool] = ..., rendezvous: _Optional[_Union[Rendezvous, _Mapping]] = ..., probes: _Optional[_Iterable[_Union[ProbePeer, _Mapping]]] = ..., precision: _Optional[str] = ..., memory_fraction: _Optional[float] = ...) -> None: ...
 
 class LayerProfile(_message.Message):
     __slots__ = ("seconds", "optimizer_seconds", "param_bytes", "activation_bytes", "output_bytes")

@@ -33,10 +33,13 @@ class LayerMeasurement:
     output_bytes: int         # what crosses a stage boundary placed after this layer
 
 
-def usable_memory_bytes(device: torch.device, cap_gb: float = 0.0) -> int:
-    """Free memory on the device (system memory on CPU), lowered to an emulated cap if any."""
+def usable_memory_bytes(device: torch.device, cap_gb: float = 0.0, fraction: float = 0.0) -> int:
+    """Free memory on the device (system memory on CPU), lowered to an emulated cap and, on CUDA,
+    to the configured share of the GPU's memory."""
     if device.type == "cuda":
-        free = torch.cuda.mem_get_info(device)[0]
+        free, total = torch.cuda.mem_get_info(device)
+        if fraction > 0:
+            free = min(free, int(fraction * total))
     else:
         free = psutil.virtual_memory().available
     return min(free, int(cap_gb * 2**30)) if cap_gb > 0 else free

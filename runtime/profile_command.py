@@ -24,7 +24,8 @@ def run_profile(cmd: pb.Profile) -> pb.ReportProfileRequest:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     report = pb.ReportProfileRequest(ok=True, device_name=device_name(device),
-                                     memory_bytes=usable_memory_bytes(device, cmd.emulate.memory_gb))
+                                     memory_bytes=usable_memory_bytes(device, cmd.emulate.memory_gb,
+                                                                                     cmd.memory_fraction))
     if cmd.measure_layers:
         spec = model_spec_from_proto(cmd.model)
         measured = profile_layers(spec, cmd.micro_batch_size, device, seed=cmd.seed,

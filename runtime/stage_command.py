@@ -204,6 +204,10 @@ def run_stage(cmd: pb.RunStage, reports: StageReports) -> None:
     if stage.emulate.memory_gb > 0:  # before building: on CUDA the allocator's cap must be in place first
         memory = StageMemory(int(stage.emulate.memory_gb * 2**30), device,
                              f"this node's emulate.memory_gb ({stage.emulate.memory_gb:g} GiB)")
+    elif stage.memory_fraction > 0 and device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        memory = StageMemory(int(stage.memory_fraction * total), device,
+                             f"this node's memory_fraction ({stage.memory_fraction:g} of {total / 2**30:.1f} GiB)")
     bundle = build_model_range(spec, stage.layer_start, stage.layer_end, seed=train.seed)
     is_first = stage.stage_index == 0
     is_last = stage.stage_index == stage.num_stages - 1

@@ -74,3 +74,12 @@ nodes:
     assert len(errors) == 1, proc.stderr
     assert "b" in errors[0] and "over the 0.2 MiB of this node's emulate.memory_gb" in errors[0], errors[0]
     assert "Traceback" not in proc.stderr
+
+
+def test_memory_fraction_is_for_cuda_devices_only(tmp_path):
+    from conftest import error_of
+
+    assert "nodes[0].memory_fraction: only for CUDA devices" in error_of(
+        "nodes: [{name: a, device: cpu, memory_fraction: 0.5}]")
+    assert "nodes[0].memory_fraction" in error_of("nodes: [{name: a, device: cuda, memory_fraction: 0}]")
+    assert "nodes[0].memory_fraction" in error_of("nodes: [{name: a, device: cuda, memory_fraction: 1.5}]")
