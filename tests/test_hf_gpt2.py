@@ -121,3 +121,19 @@ def test_export_of_a_directory_without_a_checkpoint_is_one_line(tmp_path):
     result = run_hetlaunch("export", str(tmp_path), "-o", str(tmp_path / "m.safetensors"), timeout=60)
     assert result.returncode == 2 and result.stderr.startswith("error: ") and "no committed checkpoint" in result.stderr
     assert not (tmp_path / "m.safetensors").exists()
+
+
+@pytest.mark.timeout(120)
+def test_export_of_a_damaged_checkpoint_is_one_line_and_writes_nothing(tmp_path):
+    (tmp_path / "cluster.yaml").write_text(CLUSTER.replace(f"steps: {STEPS}", "steps: 2"))
+    run_dir = tmp_path / "run"
+    assert run_hetlaunch("up", str(tmp_path / "cluster.yaml"), "--run-dir", str(run_dir), timeout=100).returncode == 0
+    part = next((run_dir / "checkpoints").glob("step-*/*.safetensors"))
+    data = bytearray(part.read_bytes())
+    data[-10] ^= 0xFF  # one flipped bit of a tensor
+    part.write_bytes(bytes(data))
+    out = tmp_path / "m.safetensors"
+    result = run_hetlaunch("export", str(run_dir), "-o", str(out), timeout=60)
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "sha256" in result.stderr or "checksum" in result.stderr or "does not match" in result.stderr, result.stderr
+    assert not out.exists() and not list(tmp_path.glob(".m.safetensors.*"))

@@ -67,6 +67,14 @@ def test_decode_refuses_corrupt_headers():
     bad_codec[1] = 12345
     with pytest.raises(ValueError, match="codec"):
         decode_header(bad_codec)
+    # Tuple fields: a count past the limit, a position outside the count, a flag that is not 0/1.
+    for position, count, complex_ in ((0, 65, 0), (3, 3, 0), (1, 0, 0), (-1, 2, 0), (0, 2, 7)):
+        bad = encode_header(NONE, (2, 3), torch.float32)
+        bad[4], bad[5], bad[6] = position, count, complex_
+        with pytest.raises(ValueError, match="corrupt"):
+            decode_header(bad)
+    element = decode_header(encode_header(NONE, (2, 3), torch.float32, position=2, count=3, complex_=True))
+    assert (element.position, element.count, element.complex_) == (2, 3, True)
 
 
 # ---------------------------------------------------------------- codecs

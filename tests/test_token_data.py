@@ -158,3 +158,20 @@ def test_prepare_data_errors_are_one_line(tmp_path, tokenizer_json):
     result = subprocess.run([sys.executable, "-c", code, "prepare-data", str(bad), "--tokenizer", "x", "-o",
                              str(tmp_path / "o.bin")], capture_output=True, text=True, timeout=60, env=hetlaunch_env())
     assert result.returncode == 2 and "pip install 'hetlaunch[data]'" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.timeout(180)
+def test_up_on_a_token_file_with_an_id_past_the_vocabulary_is_one_line(tmp_path):
+    path = write_tokens(tmp_path / "train.bin", [5] * 2000 + [9000] * 10, "uint16")
+    (tmp_path / "c.yaml").write_text(f"""name: bad-ids
+model: {{preset: tiny, n_layers: 1, d_model: 16, seq_len: 16}}
+data: {{format: tokens, path: {path}}}
+train: {{steps: 400, micro_batch_size: 4, num_microbatches: 1, checkpoint_every: 0}}
+nodes:
+  - {{name: a, device: cpu, threads: 1}}
+""")
+    result = run_hetlaunch("up", str(tmp_path / "c.yaml"), "--run-dir", str(tmp_path / "run"), timeout=150)
+    assert result.returncode == 1, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "train.bin' holds token id 9000, outside the model's vocabulary of 256" in errors[0]
+    assert "Traceback" not in result.stderr
