@@ -302,6 +302,9 @@ def agent(
     connect_timeout: float = typer.Option(60.0, help="seconds to wait for the coordinator"),
     work_dir: Optional[Path] = typer.Option(None, help="where checkpoint parts wait for their upload to the "
                                                        "coordinator (default ~/.cache/hetlaunch/agent/NAME)"),
+    ca: Optional[Path] = typer.Option(None, help="TLS: the CA that signed the coordinator's certificate"),
+    cert: Optional[Path] = typer.Option(None, help="mutual TLS: this agent's certificate"),
+    key: Optional[Path] = typer.Option(None, help="mutual TLS: this agent's private key"),
 ) -> None:
     """Join a coordinator as one node of the cluster and run the stages it assigns, in worker subprocesses."""
     import math
@@ -313,14 +316,41 @@ def agent(
     if match is None or not 0 < int(match.group(2)) < 65536:
         _fail(f"--coordinator must be HOST:PORT (e.g. 10.0.0.5:29400 or [::1]:29400), not {coordinator!r}",
               EXIT_BAD_INPUT)
-    from hetlaunch.runtime.agent import run_agent
+    from hetlaunch.runtime.agent import run_agent, tls_credentials
     from hetlaunch.runtime.auth import read_token
 
     try:
         token = read_token(str(token_file) if token_file else None)
+        credentials = tls_credentials(*(str(p) if p else None for p in (ca, cert, key)))
     except ValueError as err:
         _fail(str(err), EXIT_BAD_INPUT)
-    raise typer.Exit(run_agent(coordinator, name, token, connect_timeout, work_dir=work_dir))
+    raise typer.Exit(run_agent(coordinator, name, token, connect_timeout, work_dir=work_dir, credentials=credentials))
+
+
+certs_app = typer.Typer(add_completion=False, no_args_is_help=True,
+                        help="Certificates for TLS on the control plane (needs hetlaunch[tls]).")
+app.add_typer(certs_app, name="certs")
+
+
+@certs_app.command("init")
+def certs_init(
+    directory: Path = typer.Argument(..., help="where the CA, coordinator and agent certificates go"),
+    host: list[str] = typer.Option([], "--host", help="an address agents dial the coordinator at (repeat)"),
+) -> None:
+    """Make a private CA, a coordinator certificate (localhost, 127.0.0.1, ::1 and each --host) and an agent certificate."""
+    from hetlaunch.launcher.certs import CertError, init_certs
+
+    try:
+        issued = init_certs(directory, host)
+    except CertError as err:
+        _fail(str(err), EXIT_BAD_INPUT)
+    except OSError as err:
+        _fail(f"{err.filename or directory}: {err.strerror or err}", EXIT_BAD_INPUT)
+    print(f"{directory}: {', '.join(issued.files)} (coordinator valid for {', '.join(issued.hosts)}). In the cluster YAML:\n"
+          f"  coordinator: {{tls: {{cert: {directory}/coordinator.pem, key: {directory}/coordinator.key, "
+          f"ca: {directory}/ca.pem, agent_cert: {directory}/agent.pem, agent_key: {directory}/agent.key}}}}\n"
+          f"On each remote host: hetlaunch agent ... --ca ca.pem --cert agent.pem --key agent.key "
+          f"(keep ca.key off the hosts)", flush=True)
 
 
 def main() -> None:

@@ -11,6 +11,8 @@ silently into a default. The commented field list in
 
 from __future__ import annotations
 
+import ipaddress
+
 import re
 from typing import Annotated, Any, Literal
 
@@ -53,6 +55,32 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
+class TlsConfig(_Strict):
+    # PEM files, e.g. from `hetlaunch certs init DIR`. With `ca`, agents must present a
+    # certificate it signed (mutual TLS); local agents then use agent_cert/agent_key.
+    cert: str = Field(min_length=1)  # the coordinator's certificate
+    key: str = Field(min_length=1)  # its private key
+    ca: str | None = Field(None, min_length=1)  # the CA agents' certificates must chain to; null: server-only TLS
+    agent_cert: str | None = Field(None, min_length=1)  # the certificate local agents present
+    agent_key: str | None = Field(None, min_length=1)
+
+    @model_validator(mode="after")
+    def _pairs(self) -> TlsConfig:
+        if (self.agent_cert is None) != (self.agent_key is None):
+            raise FieldError(("agent_key" if self.agent_key is None else "agent_cert",),
+                             "agent_cert and agent_key go together")
+        return self
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 class CoordinatorConfig(_Strict):
     host: str = Field("127.0.0.1", min_length=1)  # address the gRPC coordinator (and data-plane rendezvous store) binds
     port: int = Field(0, ge=0, le=65535)  # 0 = any free port (fine when every agent is local)
@@ -62,9 +90,15 @@ class CoordinatorConfig(_Strict):
     # network's hiccups (a WAN pause, a coordinator under load) restarts a generation for nothing.
     heartbeat_interval_s: YamlFloat = Field(0.5, ge=0.1, le=60)
     heartbeat_timeout_s: YamlFloat = Field(4.0, gt=0)
+    tls: TlsConfig | None = None  # TLS on the control plane (runtime/tls.py)
+    insecure: bool = False  # allow a non-loopback host without tls (the token then crosses in clear text)
 
     @model_validator(mode="after")
     def _timeout_spans_heartbeats(self) -> CoordinatorConfig:
+        if self.tls is None and not self.insecure and not _loopback(self.host):
+            raise FieldError(("host",), f"binds {self.host} without coordinator.tls: the join token and every command "
+                                        "would cross the network in clear text; set coordinator.tls (hetlaunch certs "
+                                        "init) or, on a network you trust, insecure: true")
         if self.heartbeat_timeout_s < 2 * self.heartbeat_interval_s:
             raise FieldError(("heartbeat_timeout_s",), f"{self.heartbeat_timeout_s:g} must be at least twice "
                                                         f"heartbeat_interval_s ({self.heartbeat_interval_s:g}): "
@@ -307,6 +341,10 @@ class ClusterConfig(_Strict):
             if pair in seen:
                 raise FieldError(("links", i, "between"), f"duplicate link between {link.between[0]} and {link.between[1]} (also links[{seen[pair]}])")
             seen[pair] = i
+        tls = self.coordinator.tls
+        if tls is not None and tls.ca is not None and tls.agent_cert is None and self.local_nodes:
+            raise FieldError(("coordinator", "tls", "agent_cert"), "required with tls.ca and local nodes: under mutual "
+                                                                   "TLS the agents `up` starts present it")
         self._check_layers()
         return self
 

@@ -345,7 +345,8 @@ class CoordinatorServicer(control_pb2_grpc.CoordinatorServicer):
 class CoordinatorServer:
     """The gRPC server bound to an explicit address, with grpc.health.v1 served beside it."""
 
-    def __init__(self, host: str, port: int, token: str, expected_nodes: list[str], heartbeat_interval_ms: int = 1000):
+    def __init__(self, host: str, port: int, token: str, expected_nodes: list[str], heartbeat_interval_ms: int = 1000,
+                 credentials: grpc.ServerCredentials | None = None):
         self.state = CoordinatorState(expected_nodes)
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=max(16, 4 * len(expected_nodes) + 8)),
                                   interceptors=[TokenInterceptor(token)])
@@ -354,7 +355,9 @@ class CoordinatorServer:
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.host = host
-        self.port = self.server.add_insecure_port(f"{host}:{port}")
+        self.tls = credentials is not None
+        self.port = (self.server.add_secure_port(f"{host}:{port}", credentials) if credentials is not None
+                     else self.server.add_insecure_port(f"{host}:{port}"))
         if self.port == 0:
             raise OSError(f"could not bind the coordinator to {host}:{port}")
 

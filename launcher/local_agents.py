@@ -37,7 +37,8 @@ class LocalAgents:
     def __init__(self) -> None:
         self.agents: dict[str, LocalAgent] = {}
 
-    def start(self, node: str, coordinator: str, token: str, log_dir: Path, threads: int) -> None:
+    def start(self, node: str, coordinator: str, token: str, log_dir: Path, threads: int,
+              tls_args: list[str] | None = None) -> None:
         log_dir.mkdir(parents=True, exist_ok=True)
         log_path = log_dir / f"{node}.log"
         env = dict(os.environ)
@@ -45,7 +46,8 @@ class LocalAgents:
         env.setdefault("OMP_NUM_THREADS", str(threads))
         env.setdefault("PYTHONUNBUFFERED", "1")
         cmd = [sys.executable, "-m", "hetlaunch.runtime.agent", "--coordinator", coordinator,
-               f"--name={node}", "--parent-pid", str(os.getpid()), "--connect-timeout", "30"]  # = : never an option
+               f"--name={node}", "--parent-pid", str(os.getpid()), "--connect-timeout", "30",
+               *(tls_args or [])]  # --name=: a node name is never taken for an option
         with open(log_path, "w") as log:
             process = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log,
                                        stderr=subprocess.STDOUT, start_new_session=True)

@@ -51,7 +51,8 @@ class ClusterSession:
         try:
             try:
                 self.server = CoordinatorServer(coord.host, coord.port, self.token, list(self.nodes),
-                                                heartbeat_interval_ms=round(coord.heartbeat_interval_s * 1000)).start()
+                                                heartbeat_interval_ms=round(coord.heartbeat_interval_s * 1000),
+                                                credentials=self._server_credentials()).start()
                 self.store = dist.TCPStore(coord.host, 0, is_master=True, wait_for_workers=False)
             except (RuntimeError, OSError) as err:  # grpc raises RuntimeError("Failed to bind ...")
                 raise JobError(f"cannot listen on {coord.host}:{coord.port} (coordinator.host/port): "
@@ -59,12 +60,34 @@ class ClusterSession:
             self._write_contact()
             for node in self.cluster.local_nodes:
                 self.agents.start(node.name, self.server.address, self.token, self.run_dir / "logs",
-                                  self.cluster.threads_for(node, os.cpu_count() or 1))
+                                  self.cluster.threads_for(node, os.cpu_count() or 1), self._agent_tls_args())
             self._wait_for_nodes()
         except BaseException:
             self.__exit__(None, None, None)
             raise
         return self
+
+    def _server_credentials(self):
+        tls = self.cluster.coordinator.tls
+        if tls is None:
+            return None
+        from hetlaunch.runtime.tls import TlsError, server_credentials
+
+        try:
+            return server_credentials(tls.cert, tls.key, tls.ca)
+        except TlsError as err:
+            raise JobError(str(err)) from None
+
+    def _agent_tls_args(self) -> list[str]:
+        """What local agents need to verify the coordinator (its CA, else its own certificate) and,
+        under mutual TLS, to present themselves."""
+        tls = self.cluster.coordinator.tls
+        if tls is None:
+            return []
+        args = ["--ca", tls.ca or tls.cert]
+        if tls.agent_cert is not None:
+            args += ["--cert", tls.agent_cert, "--key", tls.agent_key]
+        return args
 
     def __exit__(self, *exc) -> None:
         if self.server is not None:

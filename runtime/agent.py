@@ -45,7 +45,7 @@ def _log(node: str, message: str) -> None:
 
 class Agent:
     def __init__(self, coordinator: str, token: str, node_name: str, parent_pid: int | None = None,
-                 work_dir: Path | None = None):
+                 work_dir: Path | None = None, credentials: grpc.ChannelCredentials | None = None):
         self.node = node_name
         # Checkpoint parts on their way to the coordinator, and copies to restore from.
         self.work_dir = work_dir or default_work_dir(node_name)
@@ -54,7 +54,9 @@ class Agent:
         self.uploader = None
         self.spare: WorkerProcess | None = None  # the next task's worker: started ahead, or the last one
         self.parent_pid = parent_pid
-        self.channel = grpc.insecure_channel(coordinator)
+        self.tls = credentials is not None
+        self.channel = (grpc.secure_channel(coordinator, credentials) if credentials is not None
+                        else grpc.insecure_channel(coordinator))
         self.coordinator = coordinator
         self.stub = control_pb2_grpc.CoordinatorStub(self.channel)
         self.metadata = ((TOKEN_METADATA_KEY, token),)
@@ -71,7 +73,9 @@ class Agent:
         try:
             grpc.channel_ready_future(self.channel).result(timeout=connect_timeout_s)
         except grpc.FutureTimeoutError:
-            _log(self.node, f"could not reach the coordinator at {self.coordinator} within {connect_timeout_s:.0f}s")
+            hint = (" over TLS (is --ca the CA that signed the coordinator's certificate, does that certificate name "
+                    "this address, and does the coordinator accept --cert?)" if self.tls else "")
+            _log(self.node, f"could not reach the coordinator at {self.coordinator} within {connect_timeout_s:.0f}s{hint}")
             return EXIT_LOST_COORDINATOR
         info = pb.AgentInfo(node_name=self.node, hostname=socket.gethostname(), devices=describe_devices(),
                             agent_version=hetlaunch_version(), torch_version=torch_version(), pid=os.getpid())
@@ -279,8 +283,9 @@ def default_work_dir(node_name: str) -> Path:
 
 
 def run_agent(coordinator: str, node_name: str, token: str, connect_timeout_s: float = 60.0,
-              parent_pid: int | None = None, work_dir: Path | None = None) -> int:
-    return Agent(coordinator, token, node_name, parent_pid, work_dir).run(connect_timeout_s)
+              parent_pid: int | None = None, work_dir: Path | None = None,
+              credentials: grpc.ChannelCredentials | None = None) -> int:
+    return Agent(coordinator, token, node_name, parent_pid, work_dir, credentials).run(connect_timeout_s)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -292,13 +297,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parent-pid", type=int, default=None, help="exit when this process is gone")
     parser.add_argument("--work-dir", type=Path, default=None,
                         help="where checkpoint parts wait for upload (default ~/.cache/hetlaunch/agent/NAME)")
+    parser.add_argument("--ca", default=None, help="TLS: the CA that signed the coordinator's certificate")
+    parser.add_argument("--cert", default=None, help="mutual TLS: this agent's certificate")
+    parser.add_argument("--key", default=None, help="mutual TLS: this agent's private key")
     args = parser.parse_args(argv)
     try:
         token = read_token(args.token_file)
+        credentials = tls_credentials(args.ca, args.cert, args.key)
     except ValueError as err:
         print(f"hetlaunch agent: {err}", file=sys.stderr)
         return 2
-    return run_agent(args.coordinator, args.name, token, args.connect_timeout, args.parent_pid, args.work_dir)
+    return run_agent(args.coordinator, args.name, token, args.connect_timeout, args.parent_pid, args.work_dir,
+                     credentials)
+
+
+def tls_credentials(ca: str | None, cert: str | None, key: str | None) -> grpc.ChannelCredentials | None:
+    """None without --ca (clear text); --cert/--key need --ca."""
+    if ca is None:
+        if cert is not None or key is not None:
+            raise ValueError("--cert and --key need --ca (the CA that signed the coordinator's certificate)")
+        return None
+    from hetlaunch.runtime.tls import channel_credentials
+
+    return channel_credentials(ca, cert, key)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,55 @@
+"""TLS for the control plane: the coordinator's server credentials and an agent's channel.
+
+`coordinator.tls: {cert, key, ca}` in the YAML: the coordinator presents `cert`; with `ca` it
+also requires every agent to present a certificate signed by that CA (mutual TLS). An agent
+always verifies the coordinator against its `--ca` and, for mutual TLS, presents `--cert` and
+`--key`. The join token is still required on every RPC; TLS keeps it (and everything else on the
+control plane) from being read or changed on the way. Files are PEM, read once, each failure
+a one-line error naming the file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grpc
+
+MAX_PEM_BYTES = 1 << 20
+
+
+class TlsError(ValueError):
+    """A certificate or key that cannot be used, said in one line."""
+
+
+def read_pem(path: str | Path, what: str) -> bytes:
+    p = Path(path)
+    try:
+        if p.stat().st_size > MAX_PEM_BYTES:
+            raise TlsError(f"{what} {p}: larger than {MAX_PEM_BYTES} bytes, not a PEM file")
+        data = p.read_bytes()
+    except FileNotFoundError:
+        raise TlsError(f"{what} {p}: no such file") from None
+    except OSError as err:
+        raise TlsError(f"{what} {p}: {err.strerror or err}") from None
+    if b"-----BEGIN " not in data:
+        raise TlsError(f"{what} {p}: not a PEM file")
+    return data
+
+
+def server_credentials(cert: str, key: str, ca: str | None) -> grpc.ServerCredentials:
+    """The coordinator's side; with `ca`, clients without a certificate it signed are refused."""
+    pair = (read_pem(key, "coordinator.tls.key"), read_pem(cert, "coordinator.tls.cert"))
+    if ca is None:
+        return grpc.ssl_server_credentials([pair])
+    return grpc.ssl_server_credentials([pair], root_certificates=read_pem(ca, "coordinator.tls.ca"),
+                                       require_client_auth=True)
+
+
+def channel_credentials(ca: str, cert: str | None = None, key: str | None = None) -> grpc.ChannelCredentials:
+    """An agent's side: verify the coordinator against `ca`; present cert/key for mutual TLS."""
+    if (cert is None) != (key is None):
+        raise TlsError("--cert and --key go together (the agent's certificate and its private key)")
+    return grpc.ssl_channel_credentials(
+        root_certificates=read_pem(ca, "--ca"),
+        private_key=read_pem(key, "--key") if key else None,
+        certificate_chain=read_pem(cert, "--cert") if cert else None)
