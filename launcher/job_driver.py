@@ -163,7 +163,8 @@ def _run(session: ClusterSession, spec, options: UpOptions, events: EventLog, co
     try:
         with TrainingProgress(console, train.steps, completed=restore.step) as progress:
             while restore.step < train.steps:
-                book.expect(launch(session, plan, spec, restore, book.root))
+                book.expect(launch(session, plan, spec, restore, book.root,
+                                   [layer.output_bytes for layer in profile.layers] if profile is not None else None))
                 events.write("generation", generation=session.state.generation, start_step=restore.step,
                              restore_source=restore.source, plan=plan.to_dict())
                 if restore.directory is not None:

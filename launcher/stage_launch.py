@@ -11,8 +11,10 @@ from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.runtime.wire import codec_wire_id, model_spec_to_proto, schedule_wire_id
 
 
-def launch(session: ClusterSession, plan: Plan, spec, restore: Restore, checkpoint_root: Path) -> dict[str, tuple[int, int]]:
+def launch(session: ClusterSession, plan: Plan, spec, restore: Restore, checkpoint_root: Path,
+           boundary_bytes: list[int] | None = None) -> dict[str, tuple[int, int]]:
     """Push every stage its RunStage on a fresh data-plane generation, starting from `restore`.
+    `boundary_bytes[i]` (the profile's output of layer i) bounds what a link after layer i accepts.
     Returns the checkpoint writers: node -> the layers it saves (the first pipeline's stages)."""
     cluster = session.cluster
     backend = session.backend_for([s.node for s in plan.stages])
@@ -49,9 +51,9 @@ def launch(session: ClusterSession, plan: Plan, spec, restore: Restore, checkpoi
                                                          memory_gb=node.emulate.memory_gb or 0.0),
                                     memory_fraction=node.memory_fraction or 0.0)
             if j > 0:
-                spec_msg.prev.CopyFrom(_link_spec(cluster, stages[j - 1], stage, peer_rank=rank - 1))
+                spec_msg.prev.CopyFrom(_link_spec(cluster, stages[j - 1], stage, rank - 1, boundary_bytes))
             if j < n - 1:
-                spec_msg.next.CopyFrom(_link_spec(cluster, stage, stages[j + 1], peer_rank=rank + 1))
+                spec_msg.next.CopyFrom(_link_spec(cluster, stage, stages[j + 1], rank + 1, boundary_bytes))
             command = pb.RunStage(model=model, data=data, train=train, stage=spec_msg,
                                   rendezvous=session.rendezvous(rank, world, backend), layout=layout)
             # A remote stage's parts must outlive its host: without a shared dir its agent uploads them.
@@ -90,9 +92,14 @@ def _slowest_emulated_link(cluster, nodes: tuple[str, ...]) -> tuple[float, floa
     return (min(limited) if limited else 0.0), max((lat for _, lat in pairs), default=0.0)
 
 
-def _link_spec(cluster, up, down, peer_rank: int) -> pb.LinkSpec:
-    """The boundary between stages `up` and `down` of one pipeline, as seen from one side."""
+def _link_spec(cluster, up, down, peer_rank: int, boundary_bytes: list[int] | None) -> pb.LinkSpec:
+    """The boundary between stages `up` and `down` of one pipeline, as seen from one side. A
+    message (activation or gradient, fp32 at most) may be twice the profiled boundary, plus 1 MiB:
+    room for a profile taken at another precision, never room for an arbitrary allocation."""
     bw, lat = cluster.emulated_link(up.node, down.node)
+    limit = 0
+    if boundary_bytes is not None and up.layer_end - 1 < len(boundary_bytes):
+        limit = 2 * boundary_bytes[up.layer_end - 1] + 2**20
     return pb.LinkSpec(peer_rank=peer_rank, forward_codec=codec_wire_id(up.forward_codec),
                        backward_codec=codec_wire_id(up.backward_codec),
-                       emulate_bandwidth_mbps=bw, emulate_latency_ms=lat)
+                       emulate_bandwidth_mbps=bw, emulate_latency_ms=lat, max_message_bytes=limit)

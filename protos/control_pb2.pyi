@@ -255,18 +255,20 @@ class Emulation(_message.Message):
     def __init__(self, speed: _Optional[float] = ..., memory_gb: _Optional[float] = ...) -> None: ...
 
 class LinkSpec(_message.Message):
-    __slots__ = ("peer_rank", "forward_codec", "backward_codec", "emulate_bandwidth_mbps", "emulate_latency_ms")
+    __slots__ = ("peer_rank", "forward_codec", "backward_codec", "emulate_bandwidth_mbps", "emulate_latency_ms", "max_message_bytes")
     PEER_RANK_FIELD_NUMBER: _ClassVar[int]
     FORWARD_CODEC_FIELD_NUMBER: _ClassVar[int]
     BACKWARD_CODEC_FIELD_NUMBER: _ClassVar[int]
     EMULATE_BANDWIDTH_MBPS_FIELD_NUMBER: _ClassVar[int]
     EMULATE_LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
     peer_rank: int
     forward_codec: Codec
     backward_codec: Codec
     emulate_bandwidth_mbps: float
     emulate_latency_ms: float
-    def __init__(self, peer_rank: _Optional[int] = ..., forward_codec: _Optional[_Union[Codec, str]] = ..., backward_codec: _Optional[_Union[Codec, str]] = ..., emulate_bandwidth_mbps: _Optional[float] = ..., emulate_latency_ms: _Optional[float] = ...) -> None: ...
+    max_message_bytes: int
+    def __init__(self, peer_rank: _Optional[int] = ..., forward_codec: _Optional[_Union[Codec, str]] = ..., backward_codec: _Optional[_Union[Codec, str]] = ..., emulate_bandwidth_mbps: _Optional[float] = ..., emulate_latency_ms: _Optional[float] = ..., max_message_bytes: _Optional[int] = ...) -> None: ...
 
 class StageSpec(_message.Message):
     __slots__ = ("stage_index", "num_stages", "layer_start", "layer_end", "prev", "next", "device", "threads", "emulate", "memory_fraction")

@@ -27,6 +27,9 @@ HEADER_LEN = 8 + MAX_DIMS  # version, codec, dtype, send time (us), position, co
 Message = torch.Tensor | tuple[torch.Tensor, ...]
 
 MAX_TUPLE = 64  # tensors in one boundary message
+# Never allocate more than this for one received tensor, whatever a header says; a plan sets a
+# tighter bound per link from the profiled boundary (LinkSpec.max_message_bytes).
+HARD_MAX_MESSAGE_BYTES = 16 * 2**30
 
 # Wire codes for dtypes; append only, the numbers are part of the protocol.
 DTYPE_CODES: dict[torch.dtype, int] = {
@@ -79,11 +82,21 @@ def decode_header(header: torch.Tensor) -> Header:
     if values[0] != HEADER_VERSION:
         raise ValueError(f"link header version {values[0]} (expected {HEADER_VERSION}): peers run different hetlaunch versions")
     position, count, complex_, ndim = values[4:8]
-    if (not 0 <= ndim <= MAX_DIMS or values[2] not in DTYPES_BY_CODE or not 0 <= count <= MAX_TUPLE
+    if (not 0 <= ndim <= MAX_DIMS or any(d < 0 for d in values[8 : 8 + ndim]) or values[2] not in DTYPES_BY_CODE or not 0 <= count <= MAX_TUPLE
             or not (position == 0 if count == 0 else 0 <= position < count) or complex_ not in (0, 1)):
         raise ValueError(f"corrupt link header {values}")
     return Header(codec_by_id(values[1]), tuple(values[8 : 8 + ndim]), DTYPES_BY_CODE[values[2]], values[3] / 1e6,
                   position, count, bool(complex_))
+
+
+def check_message_size(head: Header, max_bytes: int, peer_rank: int) -> None:
+    """Refuse a header whose tensor is larger than this link accepts, before allocating for it."""
+    size = head.dtype.itemsize
+    for dim in head.shape:
+        size *= dim
+    if size > max_bytes:
+        raise ValueError(f"rank {peer_rank} announced a {size:,}-byte tensor {list(head.shape)}, over the "
+                         f"{max_bytes:,} bytes this link accepts (the profiled boundary, with room)")
 
 
 @dataclass
@@ -103,7 +116,8 @@ class Link:
     """
 
     def __init__(self, peer_rank: int, send_codec: Codec, device: torch.device, wire_device: torch.device,
-                 group: dist.ProcessGroup | None = None, emulation: WireEmulation | None = None):
+                 group: dist.ProcessGroup | None = None, emulation: WireEmulation | None = None,
+                 max_message_bytes: int = 0):
         self.peer_rank = peer_rank
         self.send_codec = send_codec
         self.device = device
@@ -111,6 +125,7 @@ class Link:
         self.group = group
         self.emulation = emulation  # holds what we receive for its emulated time on the wire
         self.stats = LinkStats()
+        self.max_message_bytes = max_message_bytes or HARD_MAX_MESSAGE_BYTES
         self._pending: list[tuple[dist.Work, list[torch.Tensor]]] = []
 
     def send(self, message: Message) -> None:
@@ -161,6 +176,7 @@ class Link:
         header = torch.empty(HEADER_LEN, dtype=torch.int64, device=self.wire_device)
         dist.recv(header, src=self.peer_rank, group=self.group)
         head = decode_header(header.cpu())
+        check_message_size(head, self.max_message_bytes, self.peer_rank)
         specs = head.codec.payload_specs(head.shape, head.dtype)
         payloads = [torch.empty(s, dtype=d, device=self.wire_device) for s, d in specs]
         works = [dist.irecv(p, src=self.peer_rank, group=self.group) for p in payloads]

@@ -36,10 +36,12 @@ def _links(stage: pb.StageSpec, device: torch.device, backend: str) -> tuple[Lin
     prev = next_ = None
     if stage.HasField("prev"):  # we send gradients back to the previous stage
         prev = Link(stage.prev.peer_rank, codec_by_id(stage.prev.backward_codec), device, wire,
-                    emulation=WireEmulation.from_spec(stage.prev.emulate_bandwidth_mbps, stage.prev.emulate_latency_ms))
+                    emulation=WireEmulation.from_spec(stage.prev.emulate_bandwidth_mbps, stage.prev.emulate_latency_ms),
+                    max_message_bytes=stage.prev.max_message_bytes)
     if stage.HasField("next"):  # we send activations on to the next stage
         next_ = Link(stage.next.peer_rank, codec_by_id(stage.next.forward_codec), device, wire,
-                     emulation=WireEmulation.from_spec(stage.next.emulate_bandwidth_mbps, stage.next.emulate_latency_ms))
+                     emulation=WireEmulation.from_spec(stage.next.emulate_bandwidth_mbps, stage.next.emulate_latency_ms),
+                     max_message_bytes=stage.next.max_message_bytes)
     return prev, next_
 
 

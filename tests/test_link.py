@@ -164,3 +164,20 @@ def _link_rank(rank: int, out_dir: str) -> None:
 @pytest.mark.timeout(90)
 def test_link_send_recv_bit_exact_both_directions(tmp_path):
     run_gloo_ranks(_link_rank, 2, tmp_path)
+
+
+def test_a_header_over_the_links_bound_is_refused_before_anything_is_allocated():
+    from hetlaunch.runtime.link import HARD_MAX_MESSAGE_BYTES, check_message_size
+
+    head = decode_header(encode_header(NONE, (1000, 1000), torch.float32))
+    check_message_size(head, 4_000_000, peer_rank=1)  # exactly the bound
+    with pytest.raises(ValueError, match=r"rank 1 announced a 4,000,000-byte tensor \[1000, 1000\], over the "
+                                         r"3,999,999 bytes"):
+        check_message_size(head, 3_999_999, peer_rank=1)
+    huge = decode_header(encode_header(NONE, (2**40, 2**20), torch.float32))  # what a hostile peer might say
+    with pytest.raises(ValueError, match="over the"):
+        check_message_size(huge, HARD_MAX_MESSAGE_BYTES, peer_rank=0)
+    negative = encode_header(NONE, (2, 3), torch.float32)
+    negative[HEADER_LEN - MAX_DIMS] = -5
+    with pytest.raises(ValueError, match="corrupt"):
+        decode_header(negative)
