@@ -302,6 +302,11 @@ def agent(
     connect_timeout: float = typer.Option(60.0, help="seconds to wait for the coordinator"),
     work_dir: Optional[Path] = typer.Option(None, help="where checkpoint parts wait for their upload to the "
                                                        "coordinator (default ~/.cache/hetlaunch/agent/NAME)"),
+    allow_entrypoint: list[str] = typer.Option([], help="fnmatch pattern of model entrypoints this agent runs, "
+                                                        "e.g. 'mypkg.*:build' (repeat; default: only the built-in GPT)"),
+    data_root: list[Path] = typer.Option([], help="data files may only come from under this directory (repeat)"),
+    checkpoint_root: list[Path] = typer.Option([], help="checkpoints may only be written or read under this "
+                                                        "directory (repeat; the work dir is always allowed)"),
     ca: Optional[Path] = typer.Option(None, help="TLS: the CA that signed the coordinator's certificate"),
     cert: Optional[Path] = typer.Option(None, help="mutual TLS: this agent's certificate"),
     key: Optional[Path] = typer.Option(None, help="mutual TLS: this agent's private key"),
@@ -324,7 +329,9 @@ def agent(
         credentials = tls_credentials(*(str(p) if p else None for p in (ca, cert, key)))
     except ValueError as err:
         _fail(str(err), EXIT_BAD_INPUT)
-    raise typer.Exit(run_agent(coordinator, name, token, connect_timeout, work_dir=work_dir, credentials=credentials))
+    raise typer.Exit(run_agent(coordinator, name, token, connect_timeout, work_dir=work_dir, credentials=credentials,
+                               allow_entrypoints=tuple(allow_entrypoint), data_roots=tuple(map(str, data_root)),
+                               checkpoint_roots=tuple(map(str, checkpoint_root))))
 
 
 certs_app = typer.Typer(add_completion=False, no_args_is_help=True,

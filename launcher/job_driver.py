@@ -137,16 +137,12 @@ def _check_resumable(run_dir: Path) -> None:
             raise JobError(f"cannot resume {run_dir}: its coordinator (pid {pid}) is still running")
 
 
-def _checkpoint_root(session: ClusterSession) -> Path:
-    configured = session.cluster.checkpoint.dir
-    return Path(configured).resolve() if configured else (session.run_dir / "checkpoints").resolve()
-
 
 def _run(session: ClusterSession, spec, options: UpOptions, events: EventLog, console: Console) -> None:
     cluster, train = session.cluster, session.cluster.train
     plan, profile = make_plan(session, spec, options.reprofile, console)
     print_plan(console, plan)
-    book = CheckpointBook(_checkpoint_root(session), cluster.checkpoint.keep, plan.num_layers,
+    book = CheckpointBook(session.checkpoint_root, cluster.checkpoint.keep, plan.num_layers,
                           {"model": spec.describe(), "model_spec": json_format.MessageToDict(model_spec_to_proto(spec)),
                            "train_seed": train.seed, "data_seed": cluster.data.seed,
                            "rng": "torch.manual_seed(step_rng_seed(train_seed, step)) before every step"})

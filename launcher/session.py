@@ -60,7 +60,8 @@ class ClusterSession:
             self._write_contact()
             for node in self.cluster.local_nodes:
                 self.agents.start(node.name, self.server.address, self.token, self.run_dir / "logs",
-                                  self.cluster.threads_for(node, os.cpu_count() or 1), self._agent_tls_args())
+                                  self.cluster.threads_for(node, os.cpu_count() or 1),
+                                  self._agent_tls_args() + self._agent_policy_args())
             self._wait_for_nodes()
         except BaseException:
             self.__exit__(None, None, None)
@@ -77,6 +78,21 @@ class ClusterSession:
             return server_credentials(tls.cert, tls.key, tls.ca)
         except TlsError as err:
             raise JobError(str(err)) from None
+
+    @property
+    def checkpoint_root(self) -> Path:
+        configured = self.cluster.checkpoint.dir
+        return Path(configured).resolve() if configured else (self.run_dir / "checkpoints").resolve()
+
+    def _agent_policy_args(self) -> list[str]:
+        """The agents `up` starts here run the user's own YAML: allow exactly its entrypoint, its
+        data file and its checkpoint directory (runtime/policy.py)."""
+        args = [f"--checkpoint-root={self.checkpoint_root}"]
+        if self.cluster.model.entrypoint:
+            args.append(f"--allow-entrypoint={self.cluster.model.entrypoint}")
+        if self.cluster.data.path:
+            args.append(f"--data-root={Path(self.cluster.data.path).resolve()}")
+        return args
 
     def _agent_tls_args(self) -> list[str]:
         """What local agents need to verify the coordinator (its CA, else its own certificate) and,

@@ -30,6 +30,7 @@ from hetlaunch.protos import control_pb2_grpc
 from hetlaunch.protos import worker_pb2 as wpb
 from hetlaunch.runtime.auth import TOKEN_METADATA_KEY, read_token
 from hetlaunch.runtime.devices import describe_devices
+from hetlaunch.runtime.policy import AgentPolicy, PolicyRefusal
 from hetlaunch.runtime.supervisor import WorkerProcess
 from hetlaunch.runtime.worker_pipe import FrameError
 from hetlaunch.runtime.version import hetlaunch_version, torch_version
@@ -45,10 +46,12 @@ def _log(node: str, message: str) -> None:
 
 class Agent:
     def __init__(self, coordinator: str, token: str, node_name: str, parent_pid: int | None = None,
-                 work_dir: Path | None = None, credentials: grpc.ChannelCredentials | None = None):
+                 work_dir: Path | None = None, credentials: grpc.ChannelCredentials | None = None,
+                 policy: AgentPolicy | None = None):
         self.node = node_name
         # Checkpoint parts on their way to the coordinator, and copies to restore from.
         self.work_dir = work_dir or default_work_dir(node_name)
+        self.policy = policy or AgentPolicy.of((), (), (), self.work_dir)
         self.uploading = False
         self.local_snapshot_dir = ""
         self.uploader = None
@@ -101,6 +104,16 @@ class Agent:
             if command.HasField("shutdown"):
                 _log(self.node, f"shutting down: {command.shutdown.reason or 'job finished'}")
                 return 0
+            refusal = self._refusal(command)
+            if refusal is not None:
+                _log(self.node, refusal)
+                if command.HasField("profile"):
+                    self._call("ReportProfile", pb.ReportProfileRequest(agent_id=self.agent_id, ok=False,
+                                                                        error=refusal, generation=command.generation))
+                elif command.HasField("run_stage"):
+                    self._call("ReportResult", pb.ReportResultRequest(agent_id=self.agent_id, ok=False, error=refusal,
+                                                                      generation=command.generation))
+                continue
             if command.HasField("profile"):
                 if command.profile.HasField("rendezvous"):  # touching an unset one would make it "set", port 0
                     self._fill_store_host(command.profile.rendezvous)
@@ -110,6 +123,12 @@ class Agent:
                 self._fill_store_host(command.run_stage.rendezvous)
                 try:
                     self._local_checkpoints(command.run_stage, command.generation)
+                    self.policy.check_paths(command.run_stage)
+                except PolicyRefusal as err:
+                    _log(self.node, str(err))
+                    self._call("ReportResult", pb.ReportResultRequest(agent_id=self.agent_id, ok=False, error=str(err),
+                                                                      generation=command.generation))
+                    continue
                 except (grpc.RpcError, OSError, ValueError) as err:
                     detail = err.details() if isinstance(err, grpc.RpcError) else str(err)
                     self._call("ReportResult", pb.ReportResultRequest(
@@ -118,6 +137,17 @@ class Agent:
                     continue
                 self._supervise(wpb.WorkerTask(run_stage=command.run_stage), command.generation,
                                 pb.AGENT_STATE_TRAINING)
+
+    def _refusal(self, command: pb.Command) -> str | None:
+        """Why this agent's policy refuses the command (runtime/policy.py), or None."""
+        try:
+            if command.HasField("profile") and command.profile.measure_layers:
+                self.policy.check_model(command.profile.model)
+            elif command.HasField("run_stage"):
+                self.policy.check_run_stage(command.run_stage)
+        except PolicyRefusal as err:
+            return str(err)
+        return None
 
     def _local_checkpoints(self, run: pb.RunStage, generation: int) -> None:
         """A stage whose parts this agent must upload (remote, no shared checkpoint dir) writes them
@@ -284,8 +314,11 @@ def default_work_dir(node_name: str) -> Path:
 
 def run_agent(coordinator: str, node_name: str, token: str, connect_timeout_s: float = 60.0,
               parent_pid: int | None = None, work_dir: Path | None = None,
-              credentials: grpc.ChannelCredentials | None = None) -> int:
-    return Agent(coordinator, token, node_name, parent_pid, work_dir, credentials).run(connect_timeout_s)
+              credentials: grpc.ChannelCredentials | None = None, allow_entrypoints: tuple[str, ...] = (),
+              data_roots: tuple[str, ...] = (), checkpoint_roots: tuple[str, ...] = ()) -> int:
+    work_dir = work_dir or default_work_dir(node_name)
+    policy = AgentPolicy.of(allow_entrypoints, data_roots, checkpoint_roots, work_dir)
+    return Agent(coordinator, token, node_name, parent_pid, work_dir, credentials, policy).run(connect_timeout_s)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -297,6 +330,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parent-pid", type=int, default=None, help="exit when this process is gone")
     parser.add_argument("--work-dir", type=Path, default=None,
                         help="where checkpoint parts wait for upload (default ~/.cache/hetlaunch/agent/NAME)")
+    parser.add_argument("--allow-entrypoint", action="append", default=[],
+                        help="fnmatch pattern of model entrypoints this agent runs (default: only the built-in GPT)")
+    parser.add_argument("--data-root", action="append", default=[], help="data files may only come from under here")
+    parser.add_argument("--checkpoint-root", action="append", default=[],
+                        help="checkpoints may only be written or read under here (and the work dir)")
     parser.add_argument("--ca", default=None, help="TLS: the CA that signed the coordinator's certificate")
     parser.add_argument("--cert", default=None, help="mutual TLS: this agent's certificate")
     parser.add_argument("--key", default=None, help="mutual TLS: this agent's private key")
@@ -308,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hetlaunch agent: {err}", file=sys.stderr)
         return 2
     return run_agent(args.coordinator, args.name, token, args.connect_timeout, args.parent_pid, args.work_dir,
-                     credentials)
+                     credentials, tuple(args.allow_entrypoint), tuple(args.data_root), tuple(args.checkpoint_root))
 
 
 def tls_credentials(ca: str | None, cert: str | None, key: str | None) -> grpc.ChannelCredentials | None:
