@@ -307,6 +307,8 @@ def agent(
     data_root: list[Path] = typer.Option([], help="data files may only come from under this directory (repeat)"),
     checkpoint_root: list[Path] = typer.Option([], help="checkpoints may only be written or read under this "
                                                         "directory (repeat; the work dir is always allowed)"),
+    serve: bool = typer.Option(False, "--serve", help="stay up: serve one job after another, dialing the coordinator "
+                                                      "again (with backoff) until SIGTERM/SIGINT"),
     ca: Optional[Path] = typer.Option(None, help="TLS: the CA that signed the coordinator's certificate"),
     cert: Optional[Path] = typer.Option(None, help="mutual TLS: this agent's certificate"),
     key: Optional[Path] = typer.Option(None, help="mutual TLS: this agent's private key"),
@@ -331,7 +333,7 @@ def agent(
         _fail(str(err), EXIT_BAD_INPUT)
     raise typer.Exit(run_agent(coordinator, name, token, connect_timeout, work_dir=work_dir, credentials=credentials,
                                allow_entrypoints=tuple(allow_entrypoint), data_roots=tuple(map(str, data_root)),
-                               checkpoint_roots=tuple(map(str, checkpoint_root))))
+                               checkpoint_roots=tuple(map(str, checkpoint_root)), serve=serve))
 
 
 certs_app = typer.Typer(add_completion=False, no_args_is_help=True,

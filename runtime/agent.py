@@ -69,10 +69,35 @@ class Agent:
         self.step = -1
         self.generation = 0  # of the stage running now; its step reports carry it
         self.commands: queue.Queue = queue.Queue()
+        # A service (runtime/agent_service.py) outlives this job: ending it must not end the process.
+        self.in_service = False
+        self.finished = threading.Event()
+        self.exit_code: int | None = None
         self.worker: WorkerProcess | None = None  # the task running now, in its own process
         self._worker_lock = threading.Lock()
 
     def run(self, connect_timeout_s: float) -> int:
+        try:
+            return self._run(connect_timeout_s)
+        finally:
+            self.finished.set()
+            if self.in_service:  # nothing of this job may outlive it: its workers, its channel
+                self._stop_worker()
+                if self.spare is not None:
+                    self.spare.kill()
+                    self.spare.wait()
+                self.channel.close()
+
+    def end(self, code: int, why: str) -> None:
+        """End this job from another thread (a signal, a lost coordinator): stop the worker and
+        let the command loop return `code`."""
+        _log(self.node, why)
+        self.exit_code = code
+        self.finished.set()
+        self._stop_worker()
+        self.commands.put(None)
+
+    def _run(self, connect_timeout_s: float) -> int:
         try:
             grpc.channel_ready_future(self.channel).result(timeout=connect_timeout_s)
         except grpc.FutureTimeoutError:
@@ -99,6 +124,8 @@ class Agent:
         while True:
             command = self.commands.get()
             if command is None:
+                if self.exit_code is not None:
+                    return self.exit_code
                 _log(self.node, "the coordinator closed the command stream")
                 return EXIT_LOST_COORDINATOR
             if command.HasField("shutdown"):
@@ -285,10 +312,10 @@ class Agent:
     def _heartbeat_loop(self, interval: float) -> None:
         last_ok = time.monotonic()
         lost_after = max(10 * interval, 10.0)
-        while True:
-            time.sleep(interval)
+        while not self.finished.wait(interval):
             if self.parent_pid is not None and os.getppid() != self.parent_pid:
                 self._exit(EXIT_LOST_COORDINATOR, "the process that started this agent is gone; exiting")
+                return
             state = self.busy_state if self.training.is_set() else pb.AGENT_STATE_IDLE
             try:
                 self.stub.Heartbeat(pb.HeartbeatRequest(agent_id=self.agent_id, state=state, step=self.step),
@@ -297,11 +324,16 @@ class Agent:
             except grpc.RpcError as err:
                 if err.code() == grpc.StatusCode.FAILED_PRECONDITION:  # declared lost while we were silent
                     self._exit(EXIT_DECLARED_LOST, f"{err.details()}; restart the agent to rejoin")
+                    return
                 if time.monotonic() - last_ok > lost_after:
                     self._exit(EXIT_LOST_COORDINATOR,
                                f"no heartbeat accepted for {lost_after:.0f}s ({err.code().name}); exiting")
+                    return
 
     def _exit(self, code: int, why: str) -> None:
+        if self.in_service:
+            self.end(code, why)
+            return
         _log(self.node, why)
         self._stop_worker()
         os._exit(code)
@@ -315,9 +347,13 @@ def default_work_dir(node_name: str) -> Path:
 def run_agent(coordinator: str, node_name: str, token: str, connect_timeout_s: float = 60.0,
               parent_pid: int | None = None, work_dir: Path | None = None,
               credentials: grpc.ChannelCredentials | None = None, allow_entrypoints: tuple[str, ...] = (),
-              data_roots: tuple[str, ...] = (), checkpoint_roots: tuple[str, ...] = ()) -> int:
+              data_roots: tuple[str, ...] = (), checkpoint_roots: tuple[str, ...] = (), serve: bool = False) -> int:
     work_dir = work_dir or default_work_dir(node_name)
     policy = AgentPolicy.of(allow_entrypoints, data_roots, checkpoint_roots, work_dir)
+    if serve:
+        from hetlaunch.runtime.agent_service import serve as serve_jobs
+
+        return serve_jobs(coordinator, node_name, token, connect_timeout_s, work_dir, credentials, policy)
     return Agent(coordinator, token, node_name, parent_pid, work_dir, credentials, policy).run(connect_timeout_s)
 
 
