@@ -1,4 +1,4 @@
-"""The `hetlaunch` command: up, profile, plan, validate, prepare-data, export, agent.
+"""The `hetlaunch` command: up, status, logs, down, profile, plan, validate, prepare-data, export, certs, agent.
 
 Only typer is imported up front: each command imports what it needs, so `--help`,
 `--version` and `validate` never load torch or grpc. Every message is printed as plain
@@ -255,7 +255,7 @@ def prepare_data(
     tokenizer: str = typer.Option(..., help="a tokenizer.json (or a directory holding one), or a Hugging Face hub name such as gpt2 (needs the network)"),
     output: Path = typer.Option(..., "-o", "--output", help="the token file to write (e.g. train.bin)"),
 ) -> None:
-    """Tokenize a text file into a token file for `data: {format: tokens}` (needs hetlaunch[data])."""
+    """Tokenize a text file into a token file for `data: {format: tokens}` (needs tokenizers: the data extra)."""
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
     from hetlaunch.launcher.prepare_data import PrepareError, prepare
@@ -336,8 +336,69 @@ def agent(
                                checkpoint_roots=tuple(map(str, checkpoint_root)), serve=serve))
 
 
+@app.command()
+def status(
+    run_dir: Path = typer.Argument(..., help="the run directory (runs/<id>)"),
+    token_file: Optional[Path] = typer.Option(None, help="the join token (default: RUN_DIR/token)"),
+) -> None:
+    """Show a running job: generation, each node's state, step and last heartbeat, the last step's figures."""
+    from hetlaunch.launcher.run_control import RunControlError, last_record
+    from hetlaunch.launcher.run_control import status as run_status
+
+    try:
+        reply = run_status(run_dir, token_file)
+    except RunControlError as err:
+        _fail(str(err), EXIT_JOB_FAILED)
+    last = last_record(run_dir)
+    print(f"{run_dir}: generation {reply.generation}"
+          + (f", stopping: {reply.down_requested}" if reply.down_requested else ""))
+    if last is not None:
+        print(f"  step {last['step']}, loss {last['loss']}, {last['tokens_per_s']:,.0f} tokens/s")
+    for node in reply.nodes:
+        print(f"  {node.node:<24} {node.state:<10} step {node.step:<8} heard {node.silent_s:.1f}s ago")
+
+
+@app.command()
+def logs(
+    run_dir: Path = typer.Argument(..., help="the run directory (runs/<id>)"),
+    node: str = typer.Argument(..., help="a node name"),
+    follow: bool = typer.Option(False, "-f", "--follow", help="keep printing until the run ends"),
+) -> None:
+    """Print a local agent's log (remote agents log on their own host)."""
+    from hetlaunch.launcher.run_control import RunControlError, contact_of, follow_log
+
+    path = run_dir / "logs" / f"{node}.log"
+    if not path.is_file():
+        _fail(f"{path}: no log for node {node!r} in this run (a remote agent logs on its own host)", EXIT_BAD_INPUT)
+    try:
+        contact = contact_of(run_dir) if follow else None
+    except RunControlError as err:
+        _fail(str(err), EXIT_BAD_INPUT)
+    try:
+        follow_log(path, contact, sys.stdout)
+    except KeyboardInterrupt:
+        raise typer.Exit(130)
+
+
+@app.command()
+def down(
+    run_dir: Path = typer.Argument(..., help="the run directory (runs/<id>)"),
+    reason: str = typer.Option("hetlaunch down", help="recorded in events.jsonl"),
+    token_file: Optional[Path] = typer.Option(None, help="the join token (default: RUN_DIR/token)"),
+) -> None:
+    """Stop a running job at its next committed checkpoint (at once when checkpoints are off); up --resume continues it."""
+    from hetlaunch.launcher.run_control import RunControlError
+    from hetlaunch.launcher.run_control import down as run_down
+
+    try:
+        run_down(run_dir, reason, token_file)
+    except RunControlError as err:
+        _fail(str(err), EXIT_JOB_FAILED)
+    print(f"{run_dir}: stopping at the next committed checkpoint", flush=True)
+
+
 certs_app = typer.Typer(add_completion=False, no_args_is_help=True,
-                        help="Certificates for TLS on the control plane (needs hetlaunch[tls]).")
+                        help="Certificates for TLS on the control plane (needs cryptography: the tls extra).")
 app.add_typer(certs_app, name="certs")
 
 

@@ -73,6 +73,7 @@ class CoordinatorState:
         self._checkpoints: queue.Queue[tuple[str, pb.CheckpointPart]] = queue.Queue()
         self.joins: queue.Queue[str] = queue.Queue()  # every registration, in order (the first ones and rejoins)
         self.checkpoint_root: Path | None = None  # where uploaded parts go; None: no uploads accepted
+        self.down_requested = ""  # why `hetlaunch down` asked the job to end; empty: it did not
 
     # --- the service's side
 
@@ -198,6 +199,14 @@ class CoordinatorState:
     def agent_info(self, node_name: str) -> pb.AgentInfo:
         with self._lock:
             return self._agents[node_name].info
+
+    def status(self, now: float) -> pb.GetStatusResponse:
+        states = {pb.AGENT_STATE_IDLE: "idle", pb.AGENT_STATE_PROFILING: "profiling",
+                  pb.AGENT_STATE_TRAINING: "training"}
+        with self._lock:
+            nodes = [pb.NodeStatus(node=name, state="lost" if rec.lost else states.get(rec.state, "idle"),
+                                   step=rec.step, silent_s=now - rec.last_seen) for name, rec in self._agents.items()]
+            return pb.GetStatusResponse(generation=self._generation, nodes=nodes, down_requested=self.down_requested)
 
     def silent_for(self, now: float) -> dict[str, tuple[float, int, int]]:
         """Per joined node: (seconds since it was last heard from, its last state, its last step)."""
@@ -335,6 +344,13 @@ class CoordinatorServicer(control_pb2_grpc.CoordinatorServicer):
             yield from send(root, request)
         except PartRefused as err:
             context.abort(grpc.StatusCode.NOT_FOUND, str(err))
+
+    def GetStatus(self, request, context):
+        return self.state.status(time.monotonic())
+
+    def Down(self, request, context):
+        self.state.down_requested = " ".join(request.reason.split())[:200] or "hetlaunch down"
+        return pb.DownResponse()
 
     def ReportCheckpoint(self, request, context):
         record = self._record(request.agent_id, context)

@@ -26,6 +26,7 @@ class Outcome:
     lost: dict[str, str] = field(default_factory=dict)  # node -> why it is out
     message: str = ""
     grow: Plan | None = None  # a better plan with joined nodes, to switch to at the last checkpoint
+    down: bool = False  # `hetlaunch down`: stop here, at a committed checkpoint where checkpoints are on
     failed: set[str] = field(default_factory=set)  # nodes whose stage reported a failure
     aggregator: StepAggregator | None = None  # holds the steps some stage never reported
 
@@ -67,6 +68,9 @@ def follow(session: ClusterSession, plan: Plan, record: RunRecord, book: Checkpo
             committed = book.add(node, part) or committed
         if committed is not None:
             events.write("checkpoint", step=committed, directory=str(book.latest[1]), source="file")
+        if state.down_requested and (committed is not None or not session.cluster.train.checkpoint_every):
+            where = f"at the checkpoint of step {committed}" if committed is not None else "(checkpoints are off)"
+            return Outcome(down=True, message=f"stopped by `hetlaunch down` {where}: {state.down_requested}")
         failures = dict(new_failures())
         lost = session.lost_nodes(finished)
         for node, why in lost.items():

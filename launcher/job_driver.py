@@ -169,6 +169,11 @@ def _run(session: ClusterSession, spec, options: UpOptions, events: EventLog, co
                                  lambda node: _better_with_joined(session, profile, plan))
                 if outcome.finished:
                     break
+                if outcome.down:
+                    _abort(session, plan, "hetlaunch down", snapshot_root=None)
+                    events.write("down", why=session.state.down_requested, step=book.latest[0] if book.latest else 0)
+                    console.print(f"{outcome.message}; `hetlaunch up --resume {session.run_dir}` continues")
+                    break
                 if outcome.grow is not None:  # at a checkpoint: switch to the bigger plan
                     _abort(session, plan, "a node joined", snapshot_root=None)
                     restore, plan = book.restore_point("file"), outcome.grow

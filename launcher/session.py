@@ -227,11 +227,17 @@ class ClusterSession:
         from hetlaunch.launcher.run_record import write_run_file  # whole or not at all; JobError naming the file
 
         address = self.server.address
-        write_run_file(self.run_dir / "coordinator.json", json.dumps({"address": address, "pid": os.getpid()}) + "\n")
+        contact = {"address": address, "pid": os.getpid()}
+        tls = self.cluster.coordinator.tls
+        if tls is not None:  # how `hetlaunch status/down` reach it (paths, no secrets)
+            contact["tls"] = {"ca": str(Path(tls.ca or tls.cert).resolve()),
+                              **({"cert": str(Path(tls.agent_cert).resolve()), "key": str(Path(tls.agent_key).resolve())}
+                                 if tls.agent_cert else {})}
+        write_run_file(self.run_dir / "coordinator.json", json.dumps(contact) + "\n")
         self.console.print(f"coordinator listening on {address} (run dir {self.run_dir})")
+        token_path = self.run_dir / "token"  # for remote agents, `hetlaunch status` and `down`
+        write_run_file(token_path, self.token + "\n", mode=0o600)  # never readable by others, not even briefly
         if self.cluster.remote_nodes:
-            token_path = self.run_dir / "token"
-            write_run_file(token_path, self.token + "\n", mode=0o600)  # never readable by others, not even briefly
             for node in self.cluster.remote_nodes:
                 self.console.print(f"  on {node.host or node.name}: hetlaunch agent --coordinator <this host>:"
                                    f"{self.server.port} --token-file {token_path} --name {node.name}")

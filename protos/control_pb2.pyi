@@ -54,6 +54,42 @@ CODEC_INT8: Codec
 CODEC_INT4: Codec
 CODEC_INT4_ROTATED: Codec
 
+class GetStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class NodeStatus(_message.Message):
+    __slots__ = ("node", "state", "step", "silent_s")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    SILENT_S_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    state: str
+    step: int
+    silent_s: float
+    def __init__(self, node: _Optional[str] = ..., state: _Optional[str] = ..., step: _Optional[int] = ..., silent_s: _Optional[float] = ...) -> None: ...
+
+class GetStatusResponse(_message.Message):
+    __slots__ = ("generation", "nodes", "down_requested")
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    DOWN_REQUESTED_FIELD_NUMBER: _ClassVar[int]
+    generation: int
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeStatus]
+    down_requested: str
+    def __init__(self, generation: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., down_requested: _Optional[str] = ...) -> None: ...
+
+class DownRequest(_message.Message):
+    __slots__ = ("reason",)
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    def __init__(self, reason: _Optional[str] = ...) -> None: ...
+
+class DownResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class Device(_message.Message):
     __slots__ = ("kind", "name", "memory_bytes", "index")
     KIND_FIELD_NUMBER: _ClassVar[int]

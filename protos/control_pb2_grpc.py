@@ -79,6 +79,16 @@ class CoordinatorStub:
                 request_serializer=hetlaunch_dot_protos_dot_control__pb2.DownloadPartRequest.SerializeToString,
                 response_deserializer=hetlaunch_dot_protos_dot_control__pb2.PartChunk.FromString,
                 _registered_method=True)
+        self.GetStatus = channel.unary_unary(
+                '/hetlaunch.v1.Coordinator/GetStatus',
+                request_serializer=hetlaunch_dot_protos_dot_control__pb2.GetStatusRequest.SerializeToString,
+                response_deserializer=hetlaunch_dot_protos_dot_control__pb2.GetStatusResponse.FromString,
+                _registered_method=True)
+        self.Down = channel.unary_unary(
+                '/hetlaunch.v1.Coordinator/Down',
+                request_serializer=hetlaunch_dot_protos_dot_control__pb2.DownRequest.SerializeToString,
+                response_deserializer=hetlaunch_dot_protos_dot_control__pb2.DownResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -149,6 +159,20 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetStatus(self, request, context):
+        """For `hetlaunch status`: the generation and every node's state, step and silence.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Down(self, request, context):
+        """For `hetlaunch down`: end the job at its next committed checkpoint (at once without checkpoints).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -196,6 +220,16 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.DownloadPart,
                     request_deserializer=hetlaunch_dot_protos_dot_control__pb2.DownloadPartRequest.FromString,
                     response_serializer=hetlaunch_dot_protos_dot_control__pb2.PartChunk.SerializeToString,
+            ),
+            'GetStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetStatus,
+                    request_deserializer=hetlaunch_dot_protos_dot_control__pb2.GetStatusRequest.FromString,
+                    response_serializer=hetlaunch_dot_protos_dot_control__pb2.GetStatusResponse.SerializeToString,
+            ),
+            'Down': grpc.unary_unary_rpc_method_handler(
+                    servicer.Down,
+                    request_deserializer=hetlaunch_dot_protos_dot_control__pb2.DownRequest.FromString,
+                    response_serializer=hetlaunch_dot_protos_dot_control__pb2.DownResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -441,6 +475,60 @@ class Coordinator:
             '/hetlaunch.v1.Coordinator/DownloadPart',
             hetlaunch_dot_protos_dot_control__pb2.DownloadPartRequest.SerializeToString,
             hetlaunch_dot_protos_dot_control__pb2.PartChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hetlaunch.v1.Coordinator/GetStatus',
+            hetlaunch_dot_protos_dot_control__pb2.GetStatusRequest.SerializeToString,
+            hetlaunch_dot_protos_dot_control__pb2.GetStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Down(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hetlaunch.v1.Coordinator/Down',
+            hetlaunch_dot_protos_dot_control__pb2.DownRequest.SerializeToString,
+            hetlaunch_dot_protos_dot_control__pb2.DownResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,128 @@
+"""`hetlaunch status`, `logs` and `down`: see and stop a running job from its run directory.
+
+The run dir holds what it takes to reach the job's coordinator: `coordinator.json` (address,
+pid, and the TLS files' paths when the control plane uses TLS) and `token` (0600). Every call is
+an authenticated RPC on the control plane, as an agent's are.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from hetlaunch.protos import control_pb2 as pb
+from hetlaunch.protos import control_pb2_grpc
+from hetlaunch.runtime.auth import TOKEN_METADATA_KEY, read_token
+
+
+class RunControlError(Exception):
+    """The run cannot be reached or read, said in one line."""
+
+
+@dataclass
+class Contact:
+    address: str
+    pid: int
+    tls: dict
+
+
+def contact_of(run_dir: Path) -> Contact:
+    path = run_dir / "coordinator.json"
+    try:
+        data = json.loads(path.read_text())
+        return Contact(str(data["address"]), int(data["pid"]), dict(data.get("tls") or {}))
+    except FileNotFoundError:
+        raise RunControlError(f"{run_dir}: not a run directory (no coordinator.json)") from None
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise RunControlError(f"{path}: unreadable ({err})") from None
+
+
+def running(contact: Contact) -> bool:
+    try:
+        os.kill(contact.pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _stub(run_dir: Path, token_file: Path | None):
+    contact = contact_of(run_dir)
+    if not running(contact):
+        raise RunControlError(f"{run_dir}: its coordinator (pid {contact.pid}) is not running; the run has ended "
+                              f"(see {run_dir / 'summary.json'})")
+    path = token_file or (run_dir / "token")
+    try:
+        token = read_token(str(path)) if path.exists() else read_token(None)
+    except ValueError as err:
+        raise RunControlError(str(err)) from None
+    if contact.tls:
+        from hetlaunch.runtime.tls import channel_credentials
+
+        try:
+            channel = grpc.secure_channel(contact.address, channel_credentials(
+                contact.tls["ca"], contact.tls.get("cert"), contact.tls.get("key")))
+        except ValueError as err:
+            raise RunControlError(str(err)) from None
+    else:
+        channel = grpc.insecure_channel(contact.address)
+    return control_pb2_grpc.CoordinatorStub(channel), ((TOKEN_METADATA_KEY, token),), channel
+
+
+def status(run_dir: Path, token_file: Path | None = None) -> pb.GetStatusResponse:
+    stub, metadata, channel = _stub(run_dir, token_file)
+    try:
+        return stub.GetStatus(pb.GetStatusRequest(), metadata=metadata, timeout=10)
+    except grpc.RpcError as err:
+        raise RunControlError(f"the coordinator at {contact_of(run_dir).address} did not answer: "
+                              f"{err.code().name} {err.details()}") from None
+    finally:
+        channel.close()
+
+
+def down(run_dir: Path, reason: str, token_file: Path | None = None) -> None:
+    stub, metadata, channel = _stub(run_dir, token_file)
+    try:
+        stub.Down(pb.DownRequest(reason=reason), metadata=metadata, timeout=10)
+    except grpc.RpcError as err:
+        raise RunControlError(f"the coordinator at {contact_of(run_dir).address} did not answer: "
+                              f"{err.code().name} {err.details()}") from None
+    finally:
+        channel.close()
+
+
+def last_record(run_dir: Path) -> dict | None:
+    """The newest step record of metrics.jsonl (its last whole line)."""
+    path = run_dir / "metrics.jsonl"
+    try:
+        with path.open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 65536))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            return json.loads(line)
+        except ValueError:
+            continue
+    return None
+
+
+def follow_log(path: Path, contact: Contact | None, out, poll_s: float = 0.5) -> None:
+    """Print the log, then what is appended, until the run's coordinator is gone (or Ctrl-C)."""
+    with path.open("rb") as f:
+        while True:
+            chunk = f.read()
+            if chunk:
+                out.write(chunk.decode(errors="replace"))
+                out.flush()
+            elif contact is None or not running(contact):
+                return
+            else:
+                time.sleep(poll_s)
