@@ -20,6 +20,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from hetlaunch.launcher.rendezvous_store import RendezvousStore, StoreRefused
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.launcher.part_store import PartRefused, receive, send, upload_target
 from hetlaunch.protos import control_pb2_grpc
@@ -74,6 +75,7 @@ class CoordinatorState:
         self.joins: queue.Queue[str] = queue.Queue()  # every registration, in order (the first ones and rejoins)
         self.checkpoint_root: Path | None = None  # where uploaded parts go; None: no uploads accepted
         self.down_requested = ""  # why `hetlaunch down` asked the job to end; empty: it did not
+        self.store = RendezvousStore()  # the data plane's rendezvous keys, served by StoreOp
 
     # --- the service's side
 
@@ -344,6 +346,13 @@ class CoordinatorServicer(control_pb2_grpc.CoordinatorServicer):
             yield from send(root, request)
         except PartRefused as err:
             context.abort(grpc.StatusCode.NOT_FOUND, str(err))
+
+    def StoreOp(self, request, context):
+        remaining = context.time_remaining()
+        try:
+            return self.state.store.handle(request, min(remaining - 1.0, 600.0) if remaining is not None else 600.0)
+        except (StoreRefused, IndexError, ValueError) as err:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"store: {err}")
 
     def GetStatus(self, request, context):
         return self.state.status(time.monotonic())

@@ -13,7 +13,6 @@ import signal
 import time
 from pathlib import Path
 
-import torch.distributed as dist
 from rich.console import Console
 
 from hetlaunch.launcher.coordinator import CoordinatorServer
@@ -40,7 +39,6 @@ class ClusterSession:
         self.nodes = {n.name: n for n in cluster.nodes}
         self.agents = LocalAgents()
         self.server: CoordinatorServer | None = None
-        self.store: dist.TCPStore | None = None
         self.lost: dict[str, str] = {}  # nodes declared lost, with why; never used again unless they rejoin
 
     def __enter__(self) -> "ClusterSession":
@@ -53,7 +51,6 @@ class ClusterSession:
                 self.server = CoordinatorServer(coord.host, coord.port, self.token, list(self.nodes),
                                                 heartbeat_interval_ms=round(coord.heartbeat_interval_s * 1000),
                                                 credentials=self._server_credentials()).start()
-                self.store = dist.TCPStore(coord.host, 0, is_master=True, wait_for_workers=False)
             except (RuntimeError, OSError) as err:  # grpc raises RuntimeError("Failed to bind ...")
                 raise JobError(f"cannot listen on {coord.host}:{coord.port} (coordinator.host/port): "
                                f"{' '.join(str(err).split())[:200]}") from None
@@ -112,7 +109,6 @@ class ClusterSession:
         self.agents.stop()
         if self.server is not None:
             self.server.stop()
-        self.store = None
 
     @property
     def state(self):
@@ -125,14 +121,8 @@ class ClusterSession:
 
     def rendezvous(self, rank: int, world_size: int, backend: str) -> pb.Rendezvous:
         """The current generation's data-plane group; its number is the group's key prefix on the store."""
-        return pb.Rendezvous(store_host=self._store_host(), store_port=self.store.port,
-                             generation=self.state.generation, rank=rank, world_size=world_size,
+        return pb.Rendezvous(generation=self.state.generation, rank=rank, world_size=world_size,
                              timeout_s=RENDEZVOUS_TIMEOUT_S, backend=backend)
-
-    def _store_host(self) -> str:
-        # The store binds every interface; an empty host tells agents to dial the coordinator's own host.
-        host = self.cluster.coordinator.host
-        return "" if host in ("0.0.0.0", "::") else host
 
     def device_of(self, name: str) -> str:
         node = self.nodes[name]

@@ -89,6 +89,11 @@ class CoordinatorStub:
                 request_serializer=hetlaunch_dot_protos_dot_control__pb2.DownRequest.SerializeToString,
                 response_deserializer=hetlaunch_dot_protos_dot_control__pb2.DownResponse.FromString,
                 _registered_method=True)
+        self.StoreOp = channel.unary_unary(
+                '/hetlaunch.v1.Coordinator/StoreOp',
+                request_serializer=hetlaunch_dot_protos_dot_control__pb2.StoreRequest.SerializeToString,
+                response_deserializer=hetlaunch_dot_protos_dot_control__pb2.StoreResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -173,6 +178,13 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StoreOp(self, request, context):
+        """The data plane's rendezvous store (launcher/rendezvous_store.py): c10d's keys, behind the token.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -230,6 +242,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.Down,
                     request_deserializer=hetlaunch_dot_protos_dot_control__pb2.DownRequest.FromString,
                     response_serializer=hetlaunch_dot_protos_dot_control__pb2.DownResponse.SerializeToString,
+            ),
+            'StoreOp': grpc.unary_unary_rpc_method_handler(
+                    servicer.StoreOp,
+                    request_deserializer=hetlaunch_dot_protos_dot_control__pb2.StoreRequest.FromString,
+                    response_serializer=hetlaunch_dot_protos_dot_control__pb2.StoreResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -529,6 +546,33 @@ class Coordinator:
             '/hetlaunch.v1.Coordinator/Down',
             hetlaunch_dot_protos_dot_control__pb2.DownRequest.SerializeToString,
             hetlaunch_dot_protos_dot_control__pb2.DownResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StoreOp(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hetlaunch.v1.Coordinator/StoreOp',
+            hetlaunch_dot_protos_dot_control__pb2.StoreRequest.SerializeToString,
+            hetlaunch_dot_protos_dot_control__pb2.StoreResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -7,12 +7,28 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class WorkerTask(_message.Message):
-    __slots__ = ("run_stage", "profile")
+    __slots__ = ("run_stage", "profile", "store")
     RUN_STAGE_FIELD_NUMBER: _ClassVar[int]
     PROFILE_FIELD_NUMBER: _ClassVar[int]
+    STORE_FIELD_NUMBER: _ClassVar[int]
     run_stage: _control_pb2.RunStage
     profile: _control_pb2.Profile
-    def __init__(self, run_stage: _Optional[_Union[_control_pb2.RunStage, _Mapping]] = ..., profile: _Optional[_Union[_control_pb2.Profile, _Mapping]] = ...) -> None: ...
+    store: StoreAccess
+    def __init__(self, run_stage: _Optional[_Union[_control_pb2.RunStage, _Mapping]] = ..., profile: _Optional[_Union[_control_pb2.Profile, _Mapping]] = ..., store: _Optional[_Union[StoreAccess, _Mapping]] = ...) -> None: ...
+
+class StoreAccess(_message.Message):
+    __slots__ = ("address", "token", "ca_pem", "cert_pem", "key_pem")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    CA_PEM_FIELD_NUMBER: _ClassVar[int]
+    CERT_PEM_FIELD_NUMBER: _ClassVar[int]
+    KEY_PEM_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    token: str
+    ca_pem: bytes
+    cert_pem: bytes
+    key_pem: bytes
+    def __init__(self, address: _Optional[str] = ..., token: _Optional[str] = ..., ca_pem: _Optional[bytes] = ..., cert_pem: _Optional[bytes] = ..., key_pem: _Optional[bytes] = ...) -> None: ...
 
 class WorkerControl(_message.Message):
     __slots__ = ("snapshot_dir", "task")

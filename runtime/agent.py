@@ -32,6 +32,7 @@ from hetlaunch.runtime.auth import TOKEN_METADATA_KEY, read_token
 from hetlaunch.runtime.devices import describe_devices
 from hetlaunch.runtime.policy import AgentPolicy, PolicyRefusal
 from hetlaunch.runtime.supervisor import WorkerProcess
+from hetlaunch.runtime.tls import ClientTls
 from hetlaunch.runtime.worker_pipe import FrameError
 from hetlaunch.runtime.version import hetlaunch_version, torch_version
 
@@ -46,7 +47,7 @@ def _log(node: str, message: str) -> None:
 
 class Agent:
     def __init__(self, coordinator: str, token: str, node_name: str, parent_pid: int | None = None,
-                 work_dir: Path | None = None, credentials: grpc.ChannelCredentials | None = None,
+                 work_dir: Path | None = None, credentials: ClientTls | None = None,
                  policy: AgentPolicy | None = None):
         self.node = node_name
         # Checkpoint parts on their way to the coordinator, and copies to restore from.
@@ -58,11 +59,15 @@ class Agent:
         self.spare: WorkerProcess | None = None  # the next task's worker: started ahead, or the last one
         self.parent_pid = parent_pid
         self.tls = credentials is not None
-        self.channel = (grpc.secure_channel(coordinator, credentials) if credentials is not None
+        self.channel = (grpc.secure_channel(coordinator, credentials.credentials()) if credentials is not None
                         else grpc.insecure_channel(coordinator))
         self.coordinator = coordinator
         self.stub = control_pb2_grpc.CoordinatorStub(self.channel)
         self.metadata = ((TOKEN_METADATA_KEY, token),)
+        # What a worker needs to reach the rendezvous store on the coordinator (runtime/grpc_store.py).
+        tls = credentials or ClientTls(b"")
+        self.store_access = wpb.StoreAccess(address=coordinator, token=token, ca_pem=tls.ca_pem,
+                                            cert_pem=tls.cert_pem, key_pem=tls.key_pem)
         self.agent_id = ""
         self.training = threading.Event()  # busy with a command (profiling or a stage): peers may wait on us
         self.busy_state = pb.AGENT_STATE_IDLE  # what the heartbeat says we are doing
@@ -142,12 +147,9 @@ class Agent:
                                                                       generation=command.generation))
                 continue
             if command.HasField("profile"):
-                if command.profile.HasField("rendezvous"):  # touching an unset one would make it "set", port 0
-                    self._fill_store_host(command.profile.rendezvous)
                 self._supervise(wpb.WorkerTask(profile=command.profile), command.generation,
                                 pb.AGENT_STATE_PROFILING)
             elif command.HasField("run_stage"):
-                self._fill_store_host(command.run_stage.rendezvous)
                 try:
                     self._local_checkpoints(command.run_stage, command.generation)
                     self.policy.check_paths(command.run_stage)
@@ -198,12 +200,9 @@ class Agent:
         self._call("ReportCheckpoint", pb.ReportCheckpointRequest(agent_id=self.agent_id, part=part,
                                                                   generation=generation))
 
-    def _fill_store_host(self, rendezvous: pb.Rendezvous) -> None:
-        if not rendezvous.store_host:  # the store lives on the host we dialed to reach the coordinator
-            rendezvous.store_host = self.coordinator.rsplit(":", 1)[0].strip("[]")
-
     def _supervise(self, task: wpb.WorkerTask, generation: int, state: int) -> None:
         """Run one task in a worker, relay its events, and report how it ended (unless aborted)."""
+        task.store.CopyFrom(self.store_access)
         self.step = -1
         self.busy_state = state
         with self._worker_lock:
@@ -346,7 +345,7 @@ def default_work_dir(node_name: str) -> Path:
 
 def run_agent(coordinator: str, node_name: str, token: str, connect_timeout_s: float = 60.0,
               parent_pid: int | None = None, work_dir: Path | None = None,
-              credentials: grpc.ChannelCredentials | None = None, allow_entrypoints: tuple[str, ...] = (),
+              credentials: ClientTls | None = None, allow_entrypoints: tuple[str, ...] = (),
               data_roots: tuple[str, ...] = (), checkpoint_roots: tuple[str, ...] = (), serve: bool = False) -> int:
     work_dir = work_dir or default_work_dir(node_name)
     policy = AgentPolicy.of(allow_entrypoints, data_roots, checkpoint_roots, work_dir)
@@ -385,15 +384,13 @@ def main(argv: list[str] | None = None) -> int:
                      credentials, tuple(args.allow_entrypoint), tuple(args.data_root), tuple(args.checkpoint_root))
 
 
-def tls_credentials(ca: str | None, cert: str | None, key: str | None) -> grpc.ChannelCredentials | None:
+def tls_credentials(ca: str | None, cert: str | None, key: str | None) -> ClientTls | None:
     """None without --ca (clear text); --cert/--key need --ca."""
     if ca is None:
         if cert is not None or key is not None:
             raise ValueError("--cert and --key need --ca (the CA that signed the coordinator's certificate)")
         return None
-    from hetlaunch.runtime.tls import channel_credentials
-
-    return channel_credentials(ca, cert, key)
+    return ClientTls.read(ca, cert, key)
 
 
 if __name__ == "__main__":

@@ -16,9 +16,8 @@ import sys
 import threading
 from pathlib import Path
 
-import grpc
-
 from hetlaunch.runtime.agent import Agent, AgentPolicy
+from hetlaunch.runtime.tls import ClientTls
 
 MAX_BACKOFF_S = 60.0
 
@@ -28,7 +27,7 @@ def _log(node: str, message: str) -> None:
 
 
 def serve(coordinator: str, node_name: str, token: str, connect_timeout_s: float, work_dir: Path,
-          credentials: grpc.ChannelCredentials | None, policy: AgentPolicy,
+          credentials: ClientTls | None, policy: AgentPolicy,
           first_backoff_s: float = 1.0) -> int:
     stop = threading.Event()
     current: list[Agent] = []

@@ -6,6 +6,7 @@ import torch
 import torch.distributed as dist
 
 from hetlaunch.protos import control_pb2 as pb
+from hetlaunch.protos import worker_pb2 as wpb
 from hetlaunch.runtime.codecs import CODECS_BY_NAME
 from hetlaunch.runtime.data_plane import init_data_plane, wire_device
 from hetlaunch.runtime.devices import device_name, resolve_device
@@ -17,7 +18,7 @@ from hetlaunch.runtime.wire import model_spec_from_proto
 MAX_REPORTED_BANDWIDTH = 1e12  # a fit on a very fast link can come out unbounded; keep JSON finite
 
 
-def run_profile(cmd: pb.Profile) -> pb.ReportProfileRequest:
+def run_profile(cmd: pb.Profile, store: wpb.StoreAccess) -> pb.ReportProfileRequest:
     if cmd.threads:
         torch.set_num_threads(cmd.threads)
     device = resolve_device(cmd.device)
@@ -40,7 +41,7 @@ def run_profile(cmd: pb.Profile) -> pb.ReportProfileRequest:
         sample = torch.randn(max(biggest // 4, 1), device=device)
         report.codec_seconds_per_byte.update(codec_seconds_per_byte(sample))
     if cmd.HasField("rendezvous"):  # every agent joins the group, probing or not
-        init_data_plane(cmd.rendezvous)
+        init_data_plane(cmd.rendezvous, store)
         try:
             wire = wire_device(device, cmd.rendezvous.backend)
             for probe in cmd.probes:

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from hetlaunch.protos import control_pb2 as pb
+from hetlaunch.protos import worker_pb2 as wpb
 from hetlaunch.runtime.checkpoint import (apply_state, checkpoint_dir, load_layers, read_manifest, stage_state,
                                           write_part)
 from hetlaunch.runtime.codecs import codec_by_id
@@ -193,7 +194,7 @@ def _pipeline_barrier(dp: pb.DataParallel | None, rank: int, device: torch.devic
     return barrier
 
 
-def run_stage(cmd: pb.RunStage, reports: StageReports) -> None:
+def run_stage(cmd: pb.RunStage, reports: StageReports, store: wpb.StoreAccess) -> None:
     """Train this node's stage from train.start_step to the last step; report one StepMetrics per step."""
     stage, train = cmd.stage, cmd.train
     if stage.threads:
@@ -226,7 +227,7 @@ def run_stage(cmd: pb.RunStage, reports: StageReports) -> None:
         batches, eval_batches = open_data(d.path, d.format, d.dtype, spec.seq_len, d.seed, bundle.vocab_size,
                                           d.eval_fraction if train.eval_every else 0.0)
     dp = cmd.data_parallel if cmd.HasField("data_parallel") else None
-    init_data_plane(cmd.rendezvous)
+    init_data_plane(cmd.rendezvous, store)
     try:
         prev_link, next_link = _links(stage, device, cmd.rendezvous.backend)
         grad_sync = None

@@ -10,6 +10,7 @@ a one-line error naming the file.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -43,6 +44,25 @@ def server_credentials(cert: str, key: str, ca: str | None) -> grpc.ServerCreden
         return grpc.ssl_server_credentials([pair])
     return grpc.ssl_server_credentials([pair], root_certificates=read_pem(ca, "coordinator.tls.ca"),
                                        require_client_auth=True)
+
+
+@dataclass(frozen=True)
+class ClientTls:
+    """An agent's TLS material, read once: for its own channel and for its workers' (the store)."""
+
+    ca_pem: bytes
+    cert_pem: bytes = b""
+    key_pem: bytes = b""
+
+    @classmethod
+    def read(cls, ca: str, cert: str | None = None, key: str | None = None) -> ClientTls:
+        if (cert is None) != (key is None):
+            raise TlsError("--cert and --key go together (the agent's certificate and its private key)")
+        return cls(read_pem(ca, "--ca"), read_pem(cert, "--cert") if cert else b"", read_pem(key, "--key") if key else b"")
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        return grpc.ssl_channel_credentials(root_certificates=self.ca_pem, private_key=self.key_pem or None,
+                                            certificate_chain=self.cert_pem or None)
 
 
 def channel_credentials(ca: str, cert: str | None = None, key: str | None = None) -> grpc.ChannelCredentials:

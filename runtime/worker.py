@@ -83,9 +83,9 @@ def run_task(task: wpb.WorkerTask, reports: WorkerReports, writer: FrameWriter) 
     from hetlaunch.runtime.stage_command import run_stage
 
     if task.HasField("profile"):
-        writer.write(wpb.WorkerEvent(profile=run_profile(task.profile)))
+        writer.write(wpb.WorkerEvent(profile=run_profile(task.profile, task.store)))
     else:
-        run_stage(task.run_stage, reports)
+        run_stage(task.run_stage, reports, task.store)
 
 
 def main(argv: list[str] | None = None) -> int:

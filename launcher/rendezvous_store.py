@@ -1,0 +1,81 @@
+"""The data plane's rendezvous store, served on the control plane.
+
+c10d needs a key-value store to rendezvous (ranks publish their addresses, wait for each
+other). A `TCPStore` would listen on a port of its own with no authentication: anyone who can
+reach it can list the keys and write into a rendezvous. Instead the coordinator keeps the keys
+and serves them through its gRPC service (`StoreOp`), behind the same join token and TLS as
+every other RPC; each worker reaches it with runtime/grpc_store.py.
+
+Bounded: keys of at most 512 bytes, values of at most 1 MiB, at most 100,000 keys; a `get` or
+`wait` blocks at most until its deadline (and the RPC's).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from hetlaunch.protos import control_pb2 as pb
+
+MAX_KEY_BYTES = 512
+MAX_VALUE_BYTES = 1 << 20
+MAX_KEYS = 100_000
+
+
+class StoreRefused(ValueError):
+    """An operation the store will not do (too large, too many keys, unknown op)."""
+
+
+class RendezvousStore:
+    def __init__(self) -> None:
+        self._data: dict[str, bytes] = {}
+        self._changed = threading.Condition()
+
+    def _put(self, key: str, value: bytes) -> None:
+        if len(key.encode()) > MAX_KEY_BYTES or len(value) > MAX_VALUE_BYTES:
+            raise StoreRefused(f"key of {len(key.encode())} or value of {len(value)} bytes is over the limit")
+        if key not in self._data and len(self._data) >= MAX_KEYS:
+            raise StoreRefused(f"the store holds {MAX_KEYS} keys already")
+        self._data[key] = value
+        self._changed.notify_all()
+
+    def _wait_for(self, keys: list[str], timeout_s: float) -> bool:
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        while not all(k in self._data for k in keys):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self._changed.wait(left)
+        return True
+
+    def handle(self, request: pb.StoreRequest, limit_s: float) -> pb.StoreResponse:
+        """Do one operation; `limit_s` caps any wait (the RPC's own deadline)."""
+        timeout_s = min(request.timeout_s or limit_s, limit_s)
+        op, keys = request.op, list(request.keys)
+        with self._changed:
+            if op == "set":
+                self._put(keys[0], request.value)
+                return pb.StoreResponse(ok=True)
+            if op == "get":
+                if not self._wait_for(keys[:1], timeout_s):
+                    return pb.StoreResponse(ok=False)
+                return pb.StoreResponse(ok=True, value=self._data[keys[0]])
+            if op == "add":
+                current = int(self._data.get(keys[0], b"0") or b"0")
+                self._put(keys[0], str(current + request.amount).encode())
+                return pb.StoreResponse(ok=True, number=current + request.amount)
+            if op == "compare_set":
+                current = self._data.get(keys[0])
+                if (current is None and request.expected == b"") or current == request.expected:
+                    self._put(keys[0], request.value)
+                    return pb.StoreResponse(ok=True, value=request.value)
+                return pb.StoreResponse(ok=True, value=current if current is not None else request.expected)
+            if op == "wait":
+                return pb.StoreResponse(ok=self._wait_for(keys, timeout_s))
+            if op == "check":
+                return pb.StoreResponse(ok=all(k in self._data for k in keys))
+            if op == "delete":
+                return pb.StoreResponse(ok=self._data.pop(keys[0], None) is not None)
+            if op == "num_keys":
+                return pb.StoreResponse(ok=True, number=len(self._data))
+        raise StoreRefused(f"unknown store operation {op!r}")

@@ -1,0 +1,81 @@
+"""The rendezvous store lives on the control plane: bounded operations behind the token, gloo
+rendezvousing through it for real, and no other port for `up` to leave open."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import grpc
+import psutil
+import pytest
+
+from conftest import popen_hetlaunch, stop_process, wait_for
+from hetlaunch.launcher.coordinator import CoordinatorServer
+from hetlaunch.launcher.rendezvous_store import MAX_VALUE_BYTES, RendezvousStore, StoreRefused
+from hetlaunch.protos import control_pb2 as pb
+from hetlaunch.protos import control_pb2_grpc
+
+
+def test_the_store_does_what_c10d_asks_and_refuses_what_is_too_big():
+    store = RendezvousStore()
+    assert store.handle(pb.StoreRequest(op="set", keys=["a"], value=b"1"), 5).ok
+    assert store.handle(pb.StoreRequest(op="get", keys=["a"]), 5).value == b"1"
+    assert store.handle(pb.StoreRequest(op="add", keys=["n"], amount=3), 5).number == 3
+    assert store.handle(pb.StoreRequest(op="add", keys=["n"], amount=-1), 5).number == 2
+    assert store.handle(pb.StoreRequest(op="compare_set", keys=["c"], expected=b"", value=b"x"), 5).value == b"x"
+    assert store.handle(pb.StoreRequest(op="compare_set", keys=["c"], expected=b"y", value=b"z"), 5).value == b"x"
+    assert store.handle(pb.StoreRequest(op="check", keys=["a", "n"]), 5).ok
+    assert not store.handle(pb.StoreRequest(op="get", keys=["missing"], timeout_s=0.2), 5).ok  # waited, then no
+    later = threading.Timer(0.2, lambda: store.handle(pb.StoreRequest(op="set", keys=["late"], value=b"v"), 5))
+    later.start()
+    start = time.monotonic()
+    assert store.handle(pb.StoreRequest(op="wait", keys=["late"], timeout_s=5), 5).ok
+    assert time.monotonic() - start < 2
+    with pytest.raises(StoreRefused):
+        store.handle(pb.StoreRequest(op="set", keys=["big"], value=b"x" * (MAX_VALUE_BYTES + 1)), 5)
+    with pytest.raises(StoreRefused, match="unknown store operation"):
+        store.handle(pb.StoreRequest(op="list_keys"), 5)
+    assert store.handle(pb.StoreRequest(op="delete", keys=["a"]), 5).ok
+    assert store.handle(pb.StoreRequest(op="num_keys"), 5).number == 3
+
+
+def test_the_store_rpc_needs_the_token():
+    server = CoordinatorServer("127.0.0.1", 0, "right-token", ["a"]).start()
+    try:
+        with grpc.insecure_channel(server.address) as channel:
+            stub = control_pb2_grpc.CoordinatorStub(channel)
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.StoreOp(pb.StoreRequest(op="num_keys"), timeout=5)
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            with pytest.raises(grpc.RpcError) as wrong:
+                stub.StoreOp(pb.StoreRequest(op="num_keys"), metadata=(("x-hetlaunch-token", "nope"),), timeout=5)
+            assert wrong.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            ok = stub.StoreOp(pb.StoreRequest(op="set", keys=["k"], value=b"v"),
+                              metadata=(("x-hetlaunch-token", "right-token"),), timeout=5)
+            assert ok.ok
+    finally:
+        server.stop()
+
+
+@pytest.mark.timeout(150)
+def test_up_listens_on_one_port_only_while_a_job_trains(tmp_path):
+    yaml = tmp_path / "c.yaml"
+    yaml.write_text("""name: ports
+model: {preset: tiny, n_layers: 2, seq_len: 16, d_model: 32}
+train: {steps: 300, micro_batch_size: 2, num_microbatches: 2, checkpoint_every: 0}
+nodes:
+  - {name: a, device: cpu, threads: 1}
+  - {name: b, device: cpu, threads: 1}
+""")
+    run_dir = tmp_path / "run"
+    up = popen_hetlaunch("up", str(yaml), "--run-dir", str(run_dir))
+    try:
+        wait_for(lambda: (run_dir / "metrics.jsonl").exists() and
+                 len((run_dir / "metrics.jsonl").read_text().splitlines()) >= 3, 90, "3 steps", proc=up)
+        listening = {c.laddr.port for c in psutil.Process(up.pid).net_connections("inet")
+                     if c.status == psutil.CONN_LISTEN}
+        contact = (run_dir / "coordinator.json").read_text()
+        assert len(listening) == 1 and f":{listening.pop()}\"" in contact, (listening, contact)
+    finally:
+        stop_process(up)
