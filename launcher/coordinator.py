@@ -350,7 +350,8 @@ class CoordinatorServicer(control_pb2_grpc.CoordinatorServicer):
     def StoreOp(self, request, context):
         remaining = context.time_remaining()
         try:
-            return self.state.store.handle(request, min(remaining - 1.0, 600.0) if remaining is not None else 600.0)
+            return self.state.store.handle(request, min(remaining - 1.0, 600.0) if remaining is not None else 600.0,
+                                           context.is_active)
         except (StoreRefused, IndexError, ValueError) as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"store: {err}")
 
@@ -398,5 +399,6 @@ class CoordinatorServer:
         return self
 
     def stop(self, grace_s: float = 1.0) -> None:
+        self.state.store.close()  # before the server waits for its handlers: release blocked rendezvous calls
         self.health.enter_graceful_shutdown()
         self.server.stop(grace_s).wait(grace_s + 1)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Callable
 
 from hetlaunch.protos import control_pb2 as pb
 
@@ -30,6 +31,14 @@ class RendezvousStore:
     def __init__(self) -> None:
         self._data: dict[str, bytes] = {}
         self._changed = threading.Condition()
+        self._closed = False
+
+    def close(self) -> None:
+        """The coordinator is stopping: every blocked get and wait returns at once (a gRPC thread
+        left waiting would keep the process from exiting)."""
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
 
     def _put(self, key: str, value: bytes) -> None:
         if len(key.encode()) > MAX_KEY_BYTES or len(value) > MAX_VALUE_BYTES:
@@ -39,17 +48,19 @@ class RendezvousStore:
         self._data[key] = value
         self._changed.notify_all()
 
-    def _wait_for(self, keys: list[str], timeout_s: float) -> bool:
+    def _wait_for(self, keys: list[str], timeout_s: float, wanted: Callable[[], bool]) -> bool:
         deadline = time.monotonic() + max(0.0, timeout_s)
         while not all(k in self._data for k in keys):
             left = deadline - time.monotonic()
-            if left <= 0:
+            if left <= 0 or self._closed or not wanted():
                 return False
-            self._changed.wait(left)
+            self._changed.wait(min(left, 0.5))  # wake to notice a caller that went away
         return True
 
-    def handle(self, request: pb.StoreRequest, limit_s: float) -> pb.StoreResponse:
-        """Do one operation; `limit_s` caps any wait (the RPC's own deadline)."""
+    def handle(self, request: pb.StoreRequest, limit_s: float,
+               wanted: Callable[[], bool] = lambda: True) -> pb.StoreResponse:
+        """Do one operation; `limit_s` caps any wait (the RPC's own deadline); a wait ends early
+        once `wanted()` is false (the caller cancelled) or the store is closed."""
         timeout_s = min(request.timeout_s or limit_s, limit_s)
         op, keys = request.op, list(request.keys)
         with self._changed:
@@ -57,7 +68,7 @@ class RendezvousStore:
                 self._put(keys[0], request.value)
                 return pb.StoreResponse(ok=True)
             if op == "get":
-                if not self._wait_for(keys[:1], timeout_s):
+                if not self._wait_for(keys[:1], timeout_s, wanted):
                     return pb.StoreResponse(ok=False)
                 return pb.StoreResponse(ok=True, value=self._data[keys[0]])
             if op == "add":
@@ -71,7 +82,7 @@ class RendezvousStore:
                     return pb.StoreResponse(ok=True, value=request.value)
                 return pb.StoreResponse(ok=True, value=current if current is not None else request.expected)
             if op == "wait":
-                return pb.StoreResponse(ok=self._wait_for(keys, timeout_s))
+                return pb.StoreResponse(ok=self._wait_for(keys, timeout_s, wanted))
             if op == "check":
                 return pb.StoreResponse(ok=all(k in self._data for k in keys))
             if op == "delete":

@@ -79,3 +79,17 @@ nodes:
         assert len(listening) == 1 and f":{listening.pop()}\"" in contact, (listening, contact)
     finally:
         stop_process(up)
+
+
+def test_a_blocked_get_ends_when_the_store_closes_or_the_caller_leaves():
+    store = RendezvousStore()
+    threading.Timer(0.3, store.close).start()
+    start = time.monotonic()
+    assert not store.handle(pb.StoreRequest(op="get", keys=["never"], timeout_s=60), 60).ok
+    assert time.monotonic() - start < 5
+    other = RendezvousStore()
+    gone = time.monotonic() + 0.3
+    start = time.monotonic()
+    assert not other.handle(pb.StoreRequest(op="wait", keys=["never"], timeout_s=60), 60,
+                            wanted=lambda: time.monotonic() < gone).ok
+    assert time.monotonic() - start < 5
