@@ -28,9 +28,9 @@ def test_status_logs_and_down_of_a_running_job(tmp_path):
 model: {{preset: tiny, n_layers: 2, seq_len: 16, d_model: 32}}
 train: {{steps: {STEPS}, micro_batch_size: 2, num_microbatches: 2, checkpoint_every: 20}}
 nodes:
-  - {{name: a, device: cpu, threads: 1}}
-  - {{name: b, device: cpu, threads: 1}}
-""")
+  - {{name: a, device: cpu, threads: 1, layers: [0, 2]}}
+  - {{name: b, device: cpu, threads: 1, layers: [2, 4]}}
+""")  # pinned: both nodes train whatever the machine's load makes the planner think
     run_dir = tmp_path / "run"
     up = popen_hetlaunch("up", str(yaml), "--run-dir", str(run_dir))
     try:
