@@ -23,44 +23,17 @@ from _harness import REPO, BenchError, NullReporter, Reporter
 KWARGS = {"vocab_size": 256, "d": 1152, "n_hidden": 22, "seq_len": 16, "hidden_mult": 4}
 QUICK_KWARGS = {**KWARGS, "d": 384}
 
-MEASURE = r"""
-import json, sys
-from pathlib import Path
-import torch
-torch.set_num_threads(1)
-sys.path.insert(0, sys.argv[1])
-from hetlaunch.runtime.model_spec import ModelSpec
-
-def rss(field):
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field):
-            return int(line.split()[1]) * 1024
-
-spec = ModelSpec(entrypoint=sys.argv[5], kwargs=json.loads(sys.argv[2]))
-start, end = int(sys.argv[3]), int(sys.argv[4])
-Path("/proc/self/clear_refs").write_text("5")
-before = rss("VmRSS:")
-if start < 0:
-    from hetlaunch.runtime.node_measurement import profile_layers
-    profile_layers(spec, micro_batch_size=1, device=torch.device("cpu"), warmup=0, repeats=1)
-else:
-    from hetlaunch.runtime.model import build_model_range
-    held = build_model_range(spec, start, end, seed=0)
-print(json.dumps({"peak_bytes": rss("VmHWM:") - before}))
-"""
-
-
 LAYERED = "user_model:make_layered_mlp_lm"
 OLD_FORM = "user_model:make_mlp_lm"  # the same model returned whole, as (layers, loss_fn)
 
 
 def _peak(kwargs: dict, start: int, end: int, entrypoint: str = LAYERED) -> int:
-    out = subprocess.run([sys.executable, "-c", MEASURE, str(REPO / "tests"), json.dumps(kwargs), str(start), str(end),
-                          entrypoint],
+    out = subprocess.run([sys.executable, str(REPO / "tests" / "peak_memory.py"), entrypoint, json.dumps(kwargs),
+                          str(start), str(end)],
                          capture_output=True, text=True, timeout=600)
     if out.returncode != 0:
         raise BenchError(f"measuring layers [{start}, {end}) failed: {out.stderr.strip()[-500:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])["peak_bytes"]
+    return json.loads(out.stdout.strip().splitlines()[-1])["peak_bytes"]  # tests/peak_memory.py
 
 
 def run(quick: bool, reporter: Reporter | None = None) -> dict:

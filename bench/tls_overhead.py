@@ -41,13 +41,13 @@ def rpc_latency_s(certs: Path | None, calls: int) -> float:
     from hetlaunch.launcher.coordinator import CoordinatorServer
     from hetlaunch.protos import control_pb2 as pb
     from hetlaunch.protos import control_pb2_grpc
-    from hetlaunch.runtime.tls import channel_credentials, server_credentials
+    from hetlaunch.runtime.tls import ClientTls, server_credentials
 
     creds = server_credentials(f"{certs}/coordinator.pem", f"{certs}/coordinator.key", f"{certs}/ca.pem") if certs else None
     server = CoordinatorServer("127.0.0.1", 0, "bench-token", ["a"], credentials=creds).start()
     try:
-        channel = (grpc.secure_channel(server.address, channel_credentials(f"{certs}/ca.pem", f"{certs}/agent.pem",
-                                                                           f"{certs}/agent.key"))
+        channel = (grpc.secure_channel(server.address, ClientTls.read(f"{certs}/ca.pem", f"{certs}/agent.pem",
+                                                                      f"{certs}/agent.key").credentials())
                    if certs else grpc.insecure_channel(server.address))
         stub = control_pb2_grpc.CoordinatorStub(channel)
         metadata = (("x-hetlaunch-token", "bench-token"),)

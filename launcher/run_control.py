@@ -63,11 +63,11 @@ def _stub(run_dir: Path, token_file: Path | None):
     except ValueError as err:
         raise RunControlError(str(err)) from None
     if contact.tls:
-        from hetlaunch.runtime.tls import channel_credentials
+        from hetlaunch.runtime.tls import ClientTls
 
         try:
-            channel = grpc.secure_channel(contact.address, channel_credentials(
-                contact.tls["ca"], contact.tls.get("cert"), contact.tls.get("key")))
+            channel = grpc.secure_channel(contact.address, ClientTls.read(
+                contact.tls["ca"], contact.tls.get("cert"), contact.tls.get("key")).credentials())
         except ValueError as err:
             raise RunControlError(str(err)) from None
     else:

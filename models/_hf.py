@@ -4,12 +4,16 @@ hetlaunch's seeded RNG the way transformers would."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Callable
 
 import torch
 from torch import Tensor, nn
+
+from hetlaunch.runtime.gpt import lm_loss
+from hetlaunch.runtime.model import LayeredModel
 
 
 def require_transformers():
@@ -18,6 +22,44 @@ def require_transformers():
     except ImportError:
         raise ValueError("Hugging Face models need transformers: pip install 'hetlaunch[hf]'") from None
     return transformers
+
+
+def read_config(config_class, pretrained: str | None, sizes: dict):
+    """The `save_pretrained` directory's config.json, or one made from `sizes`."""
+    if not pretrained:
+        return config_class(**sizes)
+    path = Path(pretrained) / "config.json"
+    try:
+        return config_class.from_dict(json.loads(path.read_text()))
+    except (OSError, ValueError) as err:
+        raise ValueError(f"pretrained: cannot read {path}: {err}") from None
+
+
+def layered_model(num_layers: int, vocab_size: int, make: Callable[[int], nn.Module], pretrained: str | None,
+                  hf_name: Callable[[int, str], str], canonical: Callable[[str], str], tied_embedding: str | None,
+                  init: Callable[[nn.Module], None]) -> LayeredModel:
+    """A Hugging Face decoder as a LayeredModel: layer 0 the embeddings, the last the head (its
+    `lm_head`), the rest blocks (`make(i)` builds layer i). Each built layer is loaded from
+    `pretrained` (only its tensors) or initialised by `init`. `tied_embedding`: layer 0's weight
+    that `lm_head.weight` is tied to, if any."""
+    head = num_layers - 1
+    tied = (hf_name(head, "lm_head.weight"), hf_name(0, tied_embedding)) if tied_embedding else None
+
+    def make_layer(index: int) -> nn.Module:
+        layer = make(index)
+        if torch.get_default_device().type == "meta":
+            return layer  # only described
+        if pretrained:
+            names = {hf_name(index, local): local for local, _ in layer.named_parameters()}
+            layer.load_state_dict(load_own(pretrained, names, canonical, tied), strict=False)
+        else:
+            init(layer)
+        return layer
+
+    return LayeredModel(num_layers, make_layer, lm_loss, vocab_size=vocab_size,
+                        layer_kind=lambda i: "embeddings" if i == 0 else "head" if i == head else "block",
+                        tied=((f"0.{tied_embedding}", f"{head}.lm_head.weight"),) if tied_embedding else (),
+                        export_name=hf_name)
 
 
 def load_own(pretrained: str, names: dict[str, str], canonical: Callable[[str], str],

@@ -14,14 +14,12 @@ back under Hugging Face's names, loadable by `GPT2LMHeadModel`. Needs `transform
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
+from functools import partial
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hetlaunch.models._hf import gpt2_residual_scale, init_layer, load_own, require_transformers
+from hetlaunch.models._hf import gpt2_residual_scale, init_layer, layered_model, read_config, require_transformers
 from hetlaunch.runtime.model import LayeredModel
 
 
@@ -61,10 +59,6 @@ class Head(nn.Module):
         return self.lm_head(self.ln_f(x))
 
 
-def lm_loss(logits: Tensor, targets: Tensor) -> Tensor:
-    return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten())
-
-
 def hf_name(num_layers: int, index: int, local: str) -> str:
     """A layer's parameter name in GPT2LMHeadModel's state dict."""
     if index == 0:
@@ -75,15 +69,7 @@ def hf_name(num_layers: int, index: int, local: str) -> str:
 
 
 def config_of(pretrained: str | None, sizes: dict):
-    transformers = require_transformers()
-    if pretrained:
-        path = Path(pretrained) / "config.json"
-        try:
-            config = transformers.GPT2Config.from_dict(json.loads(path.read_text()))
-        except (OSError, ValueError) as err:
-            raise ValueError(f"pretrained: cannot read {path}: {err}") from None
-    else:
-        config = transformers.GPT2Config(**sizes)
+    config = read_config(require_transformers().GPT2Config, pretrained, sizes)
     # No dropout (pipeline and one process must agree); SDPA: causal without a mask tensor.
     config.resid_pdrop = config.embd_pdrop = config.attn_pdrop = 0.0
     config._attn_implementation = "sdpa"
@@ -101,26 +87,14 @@ def build(seq_len: int, n_layer: int = 2, n_embd: int = 64, n_head: int = 4, voc
         raise ValueError(f"seq_len {seq_len} exceeds the model's n_positions {config.n_positions}")
     num_layers = config.n_layer + 2
 
-    def make_layer(index: int) -> nn.Module:
+    def make(index: int) -> nn.Module:
         if index == 0:
-            layer = Embeddings(config)
-        elif index == num_layers - 1:
-            layer = Head(config)
-        else:
-            layer = Block(config, index - 1)
-        if torch.get_default_device().type == "meta":
-            return layer  # only described
-        if pretrained:
-            names = {hf_name(num_layers, index, local): local for local, _ in layer.named_parameters()}
-            # Old GPT-2 files name the body without the "transformer." prefix.
-            state = load_own(pretrained, names, lambda key: key if key.startswith(("transformer.", "lm_head."))
-                             else f"transformer.{key}", ("lm_head.weight", "transformer.wte.weight"))
-            layer.load_state_dict(state, strict=False)
-        else:  # GPT-2's scheme, as GPT2PreTrainedModel._init_weights
-            init_layer(layer, config.initializer_range, gpt2_residual_scale(config.n_layer))
-        return layer
+            return Embeddings(config)
+        return Head(config) if index == num_layers - 1 else Block(config, index - 1)
 
-    return LayeredModel(num_layers, make_layer, lm_loss, vocab_size=config.vocab_size,
-                        layer_kind=lambda i: "embeddings" if i == 0 else "head" if i == num_layers - 1 else "block",
-                        tied=(("0.wte.weight", f"{num_layers - 1}.lm_head.weight"),),
-                        export_name=lambda index, local: hf_name(num_layers, index, local))
+    # Old GPT-2 files name the body without the "transformer." prefix.
+    return layered_model(num_layers, config.vocab_size, make, pretrained, partial(hf_name, num_layers),
+                         lambda key: key if key.startswith(("transformer.", "lm_head.")) else f"transformer.{key}",
+                         "wte.weight",
+                         # GPT-2's scheme, as GPT2PreTrainedModel._init_weights
+                         lambda layer: init_layer(layer, config.initializer_range, gpt2_residual_scale(config.n_layer)))

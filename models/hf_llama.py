@@ -13,14 +13,12 @@ tensors. `hetlaunch export` writes Hugging Face's names, loadable by `LlamaForCa
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
+from functools import partial
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hetlaunch.models._hf import init_layer, load_own, require_transformers
+from hetlaunch.models._hf import init_layer, layered_model, read_config, require_transformers
 from hetlaunch.runtime.model import LayeredModel
 
 
@@ -59,10 +57,6 @@ class Head(nn.Module):
         return self.lm_head(self.norm(x))
 
 
-def lm_loss(logits: Tensor, targets: Tensor) -> Tensor:
-    return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten())
-
-
 def hf_name(num_layers: int, index: int, local: str) -> str:
     """A layer's parameter name in LlamaForCausalLM's state dict."""
     if index == 0:
@@ -73,15 +67,7 @@ def hf_name(num_layers: int, index: int, local: str) -> str:
 
 
 def config_of(pretrained: str | None, sizes: dict):
-    transformers = require_transformers()
-    if pretrained:
-        path = Path(pretrained) / "config.json"
-        try:
-            config = transformers.LlamaConfig.from_dict(json.loads(path.read_text()))
-        except (OSError, ValueError) as err:
-            raise ValueError(f"pretrained: cannot read {path}: {err}") from None
-    else:
-        config = transformers.LlamaConfig(**sizes)
+    config = read_config(require_transformers().LlamaConfig, pretrained, sizes)
     config.attention_dropout = 0.0
     config._attn_implementation = "sdpa"  # causal without a mask tensor
     return config
@@ -101,25 +87,11 @@ def build(seq_len: int, num_hidden_layers: int = 2, hidden_size: int = 64, inter
         raise ValueError(f"seq_len {seq_len} exceeds the model's max_position_embeddings {config.max_position_embeddings}")
     num_layers = config.num_hidden_layers + 2
 
-    def make_layer(index: int) -> nn.Module:
+    def make(index: int) -> nn.Module:
         if index == 0:
-            layer = Embeddings(config)
-        elif index == num_layers - 1:
-            layer = Head(config)
-        else:
-            layer = Block(config, index - 1)
-        if torch.get_default_device().type == "meta":
-            return layer  # only described
-        if pretrained:
-            names = {hf_name(num_layers, index, local): local for local, _ in layer.named_parameters()}
-            layer.load_state_dict(load_own(pretrained, names, lambda key: key,
-                                           ("lm_head.weight", "model.embed_tokens.weight")), strict=False)
-        else:
-            init_layer(layer, config.initializer_range)
-        return layer
+            return Embeddings(config)
+        return Head(config) if index == num_layers - 1 else Block(config, index - 1)
 
-    tied = ((("0.embed_tokens.weight", f"{num_layers - 1}.lm_head.weight"),)
-            if config.tie_word_embeddings else ())
-    return LayeredModel(num_layers, make_layer, lm_loss, vocab_size=config.vocab_size,
-                        layer_kind=lambda i: "embeddings" if i == 0 else "head" if i == num_layers - 1 else "block",
-                        tied=tied, export_name=lambda index, local: hf_name(num_layers, index, local))
+    return layered_model(num_layers, config.vocab_size, make, pretrained, partial(hf_name, num_layers), lambda key: key,
+                         "embed_tokens.weight" if config.tie_word_embeddings else None,
+                         lambda layer: init_layer(layer, config.initializer_range))

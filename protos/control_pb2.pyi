@@ -357,22 +357,18 @@ class StageSpec(_message.Message):
     def __init__(self, stage_index: _Optional[int] = ..., num_stages: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., prev: _Optional[_Union[LinkSpec, _Mapping]] = ..., next: _Optional[_Union[LinkSpec, _Mapping]] = ..., device: _Optional[str] = ..., threads: _Optional[int] = ..., emulate: _Optional[_Union[Emulation, _Mapping]] = ..., memory_fraction: _Optional[float] = ...) -> None: ...
 
 class Rendezvous(_message.Message):
-    __slots__ = ("store_host", "store_port", "generation", "rank", "world_size", "timeout_s", "backend")
-    STORE_HOST_FIELD_NUMBER: _ClassVar[int]
-    STORE_PORT_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("generation", "rank", "world_size", "timeout_s", "backend")
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
-    store_host: str
-    store_port: int
     generation: int
     rank: int
     world_size: int
     timeout_s: float
     backend: str
-    def __init__(self, store_host: _Optional[str] = ..., store_port: _Optional[int] = ..., generation: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., timeout_s: _Optional[float] = ..., backend: _Optional[str] = ...) -> None: ...
+    def __init__(self, generation: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., timeout_s: _Optional[float] = ..., backend: _Optional[str] = ...) -> None: ...
 
 class SyncGroupSpec(_message.Message):
     __slots__ = ("layer_start", "layer_end", "ranks", "codec", "emulate_bandwidth_mbps", "emulate_latency_ms")

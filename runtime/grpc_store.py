@@ -17,6 +17,7 @@ from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.protos import control_pb2_grpc
 from hetlaunch.protos import worker_pb2 as wpb
 from hetlaunch.runtime.auth import TOKEN_METADATA_KEY
+from hetlaunch.runtime.tls import ClientTls
 
 
 class GrpcStore(dist.Store):
@@ -24,9 +25,7 @@ class GrpcStore(dist.Store):
         super().__init__()
         self._prefix = prefix  # every key lives under it (a generation's namespace)
         if access.ca_pem:
-            credentials = grpc.ssl_channel_credentials(root_certificates=access.ca_pem,
-                                                       private_key=access.key_pem or None,
-                                                       certificate_chain=access.cert_pem or None)
+            credentials = ClientTls(access.ca_pem, access.cert_pem, access.key_pem).credentials()
             self._channel = grpc.secure_channel(access.address, credentials)
         else:
             self._channel = grpc.insecure_channel(access.address)

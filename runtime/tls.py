@@ -63,13 +63,3 @@ class ClientTls:
     def credentials(self) -> grpc.ChannelCredentials:
         return grpc.ssl_channel_credentials(root_certificates=self.ca_pem, private_key=self.key_pem or None,
                                             certificate_chain=self.cert_pem or None)
-
-
-def channel_credentials(ca: str, cert: str | None = None, key: str | None = None) -> grpc.ChannelCredentials:
-    """An agent's side: verify the coordinator against `ca`; present cert/key for mutual TLS."""
-    if (cert is None) != (key is None):
-        raise TlsError("--cert and --key go together (the agent's certificate and its private key)")
-    return grpc.ssl_channel_credentials(
-        root_certificates=read_pem(ca, "--ca"),
-        private_key=read_pem(key, "--key") if key else None,
-        certificate_chain=read_pem(cert, "--cert") if cert else None)

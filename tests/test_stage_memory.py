@@ -19,35 +19,6 @@ TESTS_DIR = Path(__file__).parent
 # 24 layers, ~1 GB of fp32 weights: 22 residual MLP blocks of ~42 MB between a small embedding and head.
 BIG = {"vocab_size": 256, "d": 1152, "n_hidden": 22, "seq_len": 16, "hidden_mult": 4}
 
-MEASURE = r"""
-import json, sys
-from pathlib import Path
-import torch
-torch.set_num_threads(1)
-sys.path.insert(0, sys.argv[1])
-from hetlaunch.runtime.model_spec import ModelSpec
-
-def rss(field):
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field):
-            return int(line.split()[1]) * 1024
-
-spec = ModelSpec(entrypoint="user_model:make_layered_mlp_lm", kwargs=json.loads(sys.argv[2]))
-what = sys.argv[3]
-Path("/proc/self/clear_refs").write_text("5")
-before = rss("VmRSS:")
-if what == "stage":
-    from hetlaunch.runtime.model import build_model_range
-    held = build_model_range(spec, 5, 6, seed=0)
-    params = sum(p.numel() * p.element_size() for layer in held.layers for p in layer.parameters())
-else:
-    from hetlaunch.runtime.node_measurement import profile_layers
-    profile_layers(spec, micro_batch_size=1, device=torch.device("cpu"), warmup=0, repeats=1)
-    params = 0
-print(json.dumps({"peak": rss("VmHWM:") - before, "params": params}))
-"""
-
-
 def whole_model_param_bytes(kwargs: dict) -> int:
     sys.path.insert(0, str(TESTS_DIR))
     try:
@@ -62,10 +33,13 @@ def whole_model_param_bytes(kwargs: dict) -> int:
 
 
 def measure(what: str) -> dict:
-    out = subprocess.run([sys.executable, "-c", MEASURE, str(TESTS_DIR), json.dumps(BIG), what],
-                         capture_output=True, text=True, timeout=120)
+    """peak_memory.py in a fresh process: a stage holding layer 5, or profiling the model."""
+    start, end = (5, 6) if what == "stage" else (-1, -1)
+    out = subprocess.run([sys.executable, str(TESTS_DIR / "peak_memory.py"), "user_model:make_layered_mlp_lm",
+                          json.dumps(BIG), str(start), str(end)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    data = json.loads(out.stdout.strip().splitlines()[-1])
+    return {"peak": data["peak_bytes"], "params": data["param_bytes"]}
 
 
 @pytest.fixture
