@@ -70,7 +70,9 @@ def validate(cluster_yaml: Path = typer.Argument(..., help="cluster YAML file"))
     """Check a cluster YAML file without starting anything."""
     cluster = _load(cluster_yaml)
     print(f"{cluster_yaml}: ok ({len(cluster.nodes)} nodes, {len(cluster.local_nodes)} local, "
-                  f"{len(cluster.remote_nodes)} remote)", flush=True)
+          f"{len(cluster.remote_nodes)} remote, {len(cluster.ssh_nodes)} over ssh)", flush=True)
+    if cluster.discover is not None:
+        print(f"  up will take {cluster.discover.describe()}", flush=True)
 
 
 @app.command()
@@ -196,7 +198,7 @@ def _measure_live(cluster, token_file, reprofile):
 
 
 def _load(cluster_yaml: Path):
-    from hetlaunch.launcher.cluster_config import ConfigError
+    from hetlaunch.launcher.config_types import ConfigError
     from hetlaunch.launcher.cluster_yaml import load_cluster
 
     try:
@@ -215,7 +217,7 @@ def _token(cluster, token_file: Optional[Path]) -> Optional[str]:
     """The token remote agents must present: from --token-file or $HETLAUNCH_TOKEN, else a new one later."""
     from hetlaunch.runtime.auth import read_token
 
-    if token_file is None and not cluster.remote_nodes:
+    if token_file is None and not cluster.remote_nodes and cluster.discover is None:
         return None
     try:
         return read_token(str(token_file) if token_file else None)
@@ -227,7 +229,7 @@ def _token(cluster, token_file: Optional[Path]) -> Optional[str]:
 
 def _with_cluster(work) -> None:
     """Run work that starts agents; every exit path stops them (SIGTERM is turned into an unwind)."""
-    from hetlaunch.launcher.cluster_config import ConfigError
+    from hetlaunch.launcher.config_types import ConfigError
     from hetlaunch.launcher.planning.plan import TilingError
     from hetlaunch.launcher.planning.planner import PlanningError
     from hetlaunch.launcher.planning.profile_file import ProfileError
@@ -312,6 +314,8 @@ def agent(
     ca: Optional[Path] = typer.Option(None, help="TLS: the CA that signed the coordinator's certificate"),
     cert: Optional[Path] = typer.Option(None, help="mutual TLS: this agent's certificate"),
     key: Optional[Path] = typer.Option(None, help="mutual TLS: this agent's private key"),
+    region: str = typer.Option("", help="this node's region (used when the YAML discovers agents)"),
+    label: list[str] = typer.Option([], help="KEY=VALUE the YAML's discover.labels can match (repeat)"),
 ) -> None:
     """Join a coordinator as one node of the cluster and run the stages it assigns, in worker subprocesses."""
     import math
@@ -325,15 +329,21 @@ def agent(
               EXIT_BAD_INPUT)
     from hetlaunch.runtime.agent import run_agent, tls_credentials
     from hetlaunch.runtime.auth import read_token
+    from hetlaunch.runtime.labels import parse_labels
 
     try:
         token = read_token(str(token_file) if token_file else None)
         credentials = tls_credentials(*(str(p) if p else None for p in (ca, cert, key)))
+        labels = parse_labels(label)
     except ValueError as err:
         _fail(str(err), EXIT_BAD_INPUT)
+    if region and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", region):
+        _fail(f"--region must be 1-64 of letters, digits, '_', '.', '-', starting with a letter or digit "
+              f"(got {region[:80]!r})", EXIT_BAD_INPUT)
     raise typer.Exit(run_agent(coordinator, name, token, connect_timeout, work_dir=work_dir, credentials=credentials,
                                allow_entrypoints=tuple(allow_entrypoint), data_roots=tuple(map(str, data_root)),
-                               checkpoint_roots=tuple(map(str, checkpoint_root)), serve=serve))
+                               checkpoint_roots=tuple(map(str, checkpoint_root)), serve=serve, region=region,
+                               labels=labels))
 
 
 @app.command()

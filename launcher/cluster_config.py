@@ -11,51 +11,20 @@ silently into a default. The commented field list in
 
 from __future__ import annotations
 
-import ipaddress
-
-import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BeforeValidator, Field, field_validator, model_validator
 
 from hetlaunch.launcher.config_errors import FieldError, show
+from hetlaunch.launcher.config_types import MAX_NAME, Strict, YamlFloat, is_loopback, starts_alnum
+from hetlaunch.launcher.node_config import DataPlaneConfig, DiscoverConfig, LinkConfig, NodeConfig, RegionConfig
 from hetlaunch.launcher.planning.compression import CompressionConfig
 from hetlaunch.launcher.planning.plan import TilingError, check_layer_tiling
 from hetlaunch.runtime.model_spec import PRESETS, GPTConfig, ModelSpec
 from hetlaunch.runtime.registry import DEFAULT_SCHEDULE, SCHEDULE_NAMES
 
 
-class ConfigError(Exception):
-    """One-line, user-facing message; the CLI prints it and exits 2."""
-
-
-def _sci_float(value: Any) -> Any:
-    # PyYAML (YAML 1.1) reads `3e-3` (no dot) as a *string*; take it as the number the user meant.
-    if isinstance(value, str) and re.fullmatch(r"\s*[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+\s*", value):
-        return float(value)
-    return value
-
-
-YamlFloat = Annotated[float, BeforeValidator(_sci_float), Field(allow_inf_nan=False)]
-MAX_NAME = 64  # characters in the cluster name and in node and region names
-
-
-def _starts_alnum(value: str) -> str:
-    # Names become file names and command-line values: `-rf` or `--parent-pid` must never look like an option.
-    if not (value[:1].isascii() and value[:1].isalnum()):
-        raise ValueError(f"must start with a letter or digit (got {show(value)})")
-    return value
-
-
-# Node and region names: 1-64 of letters, digits, '_', '.', '-', starting with a letter or digit.
-Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$", max_length=MAX_NAME), AfterValidator(_starts_alnum)]
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
-class TlsConfig(_Strict):
+class TlsConfig(Strict):
     # PEM files, e.g. from `hetlaunch certs init DIR`. With `ca`, agents must present a
     # certificate it signed (mutual TLS); local agents then use agent_cert/agent_key.
     cert: str = Field(min_length=1)  # the coordinator's certificate
@@ -72,16 +41,7 @@ class TlsConfig(_Strict):
         return self
 
 
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-class CoordinatorConfig(_Strict):
+class CoordinatorConfig(Strict):
     host: str = Field("127.0.0.1", min_length=1)  # address the gRPC coordinator (and data-plane rendezvous store) binds
     port: int = Field(0, ge=0, le=65535)  # 0 = any free port (fine when every agent is local)
     join_timeout_s: YamlFloat = Field(60.0, gt=0)  # how long `up` waits for every node to register
@@ -92,10 +52,12 @@ class CoordinatorConfig(_Strict):
     heartbeat_timeout_s: YamlFloat = Field(4.0, gt=0)
     tls: TlsConfig | None = None  # TLS on the control plane (runtime/tls.py)
     insecure: bool = False  # allow a non-loopback host without tls (the token then crosses in clear text)
+    # The host agents started over SSH dial (default: host; this machine's name when host is 0.0.0.0 or ::)
+    advertise: str | None = Field(None, min_length=1, pattern=r"^[A-Za-z0-9_.:\[\]-]+$")
 
     @model_validator(mode="after")
     def _timeout_spans_heartbeats(self) -> CoordinatorConfig:
-        if self.tls is None and not self.insecure and not _loopback(self.host):
+        if self.tls is None and not self.insecure and not is_loopback(self.host):
             raise FieldError(("host",), f"binds {self.host} without coordinator.tls: the join token and every command "
                                         "would cross the network in clear text; set coordinator.tls (hetlaunch certs "
                                         "init) or, on a network you trust, insecure: true")
@@ -109,7 +71,7 @@ class CoordinatorConfig(_Strict):
 _SIZE_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "seq_len", "d_ff")
 
 
-class ModelConfig(_Strict):
+class ModelConfig(Strict):
     preset: str | None = "tiny"  # a name in hetlaunch.runtime.model_spec.PRESETS; the sizes below override it
     vocab_size: int | None = Field(None, ge=1)  # token ids the model takes (256: bytes; a tokenizer's size for token files)
     d_model: int | None = Field(None, ge=1)  # width of the residual stream
@@ -164,7 +126,7 @@ class ModelConfig(_Strict):
         return ModelSpec(gpt=self._gpt())
 
 
-class DataConfig(_Strict):
+class DataConfig(Strict):
     # text: a file's bytes are the tokens (vocabulary 256); tokens: a flat file of token ids
     # (nanoGPT's format, as `hetlaunch prepare-data` writes), memory-mapped.
     format: Literal["text", "tokens"] = "text"
@@ -186,7 +148,7 @@ def _auto_or_positive(value: Any) -> Any:
     raise ValueError(f"must be auto or an integer >= 1 (got {show(value)})")
 
 
-class TrainConfig(_Strict):
+class TrainConfig(Strict):
     steps: int = Field(300, ge=1)  # optimizer steps
     micro_batch_size: int = Field(8, ge=1)  # samples per micro-batch
     num_microbatches: int = Field(4, ge=1)  # micro-batches per step (global batch = the product)
@@ -224,80 +186,11 @@ class TrainConfig(_Strict):
         return self
 
 
-class CheckpointConfig(_Strict):
+class CheckpointConfig(Strict):
     # Where checkpoints go; null = <run dir>/checkpoints. A path every node can write (a shared
     # file system) when some agents are remote: each stage writes its part there itself.
     dir: str | None = Field(None, min_length=1)
     keep: int = Field(2, ge=1)  # committed checkpoints kept; older ones are deleted
-
-
-class RegionConfig(_Strict):
-    name: Name  # a region, e.g. us-east
-
-
-class LinkEmulation(_Strict):
-    bandwidth_mbps: YamlFloat | None = Field(None, gt=0)  # megabits/s the link carries (after compression)
-    latency_ms: YamlFloat | None = Field(None, ge=0)  # one-way latency added to every message
-
-
-def _listed_pair(value: Any) -> Any:
-    if isinstance(value, list):  # YAML has lists, the schema wants a pair
-        if len(value) != 2:
-            raise ValueError(f"must be a pair [a, b] (got {len(value)} items)")
-        return tuple(value)
-    return value
-
-
-class LinkConfig(_Strict):
-    between: Annotated[tuple[str, str], BeforeValidator(_listed_pair)]  # two distinct region names that nodes use
-    emulate: LinkEmulation = Field(default_factory=LinkEmulation)  # only local agents honour it
-
-    @field_validator("between")
-    @classmethod
-    def _distinct(cls, value: tuple[str, str]) -> tuple[str, str]:
-        if value[0] == value[1]:
-            raise ValueError(f"needs two different regions (got {value[0]!r} twice)")
-        return value
-
-
-class NodeEmulation(_Strict):
-    speed: YamlFloat = Field(1.0, gt=0, le=1)  # fraction of real compute speed; < 1 stretches every layer's time
-    memory_gb: YamlFloat | None = Field(None, gt=0)  # caps the memory the agent reports and may use
-
-
-class NodeConfig(_Strict):
-    name: Name  # unique node name
-    region: Name = "default"  # nodes in different regions talk over a (possibly emulated) link
-    launch: Literal["local", "remote"] = "local"  # local: started by `hetlaunch up`; remote: the user runs `hetlaunch agent` there
-    host: str | None = Field(None, min_length=1)  # remote nodes only: shown in the "waiting for" message
-    device: str = Field("auto", pattern=r"^(auto|cpu|cuda|cuda:\d+)$")  # auto | cpu | cuda | cuda:N
-    threads: int | None = Field(None, ge=1)  # local nodes only: torch intra-op threads (default: cores / local agents)
-    # CUDA only: the share of the GPU's memory this node's stage may allocate (the allocator
-    # refuses more; the planner fits stages under it); null: all that is free.
-    memory_fraction: YamlFloat | None = Field(None, gt=0, le=1)
-    layers: Annotated[tuple[int, int], BeforeValidator(_listed_pair)] | None = None  # [start, end) pinned layer range
-    pipeline: int | None = Field(None, ge=0)  # with pinned layers: which data-parallel pipeline (0, 1, ...); default 0
-    emulate: NodeEmulation = Field(default_factory=NodeEmulation)  # local nodes only
-
-    @field_validator("layers")
-    @classmethod
-    def _ordered(cls, value: tuple[int, int] | None) -> tuple[int, int] | None:
-        if value is not None and not 0 <= value[0] < value[1]:
-            raise ValueError(f"must be [start, end) with 0 <= start < end (got [{value[0]}, {value[1]}))")
-        return value
-
-    @model_validator(mode="after")
-    def _local_only(self) -> NodeConfig:
-        if self.launch == "remote":
-            for key, why in (("emulate", "only local nodes can emulate speed or memory"),
-                             ("threads", "only for local nodes (start the remote agent with its own settings)")):
-                if key in self.model_fields_set:
-                    raise FieldError((key,), f"{why}; this node has launch: remote")
-        elif self.host is not None:
-            raise FieldError(("host",), "only for remote nodes (a local node runs on this machine)")
-        if self.memory_fraction is not None and self.device == "cpu":
-            raise FieldError(("memory_fraction",), "only for CUDA devices (on CPU use emulate.memory_gb)")
-        return self
 
 
 def _none_to(default: Any) -> BeforeValidator:
@@ -312,9 +205,9 @@ def _auto_compression(value: Any) -> Any:
     return value
 
 
-class ClusterConfig(_Strict):
+class ClusterConfig(Strict):
     # run name prefix: 1-64 of a-z, 0-9, '_', '-', starting with a letter or digit
-    name: Annotated[str, Field(pattern=r"^[a-z0-9_-]+$", max_length=MAX_NAME), AfterValidator(_starts_alnum)] = "job"
+    name: Annotated[str, Field(pattern=r"^[a-z0-9_-]+$", max_length=MAX_NAME), AfterValidator(starts_alnum)] = "job"
     coordinator: Annotated[CoordinatorConfig, _none_to(dict)] = Field(default_factory=CoordinatorConfig)
     model: Annotated[ModelConfig, _none_to(dict)] = Field(default_factory=ModelConfig)
     data: Annotated[DataConfig, _none_to(dict)] = Field(default_factory=DataConfig)
@@ -322,13 +215,19 @@ class ClusterConfig(_Strict):
     checkpoint: Annotated[CheckpointConfig, _none_to(dict)] = Field(default_factory=CheckpointConfig)
     regions: Annotated[list[RegionConfig], _none_to(list)] = Field(default_factory=list)  # regions used by nodes are implied
     links: Annotated[list[LinkConfig], _none_to(list)] = Field(default_factory=list)  # per region pair
-    nodes: list[NodeConfig] = Field(min_length=1)  # the machines of the job; one pipeline stage each
+    nodes: Annotated[list[NodeConfig], _none_to(list)] = Field(default_factory=list)  # the machines of the job, by name
+    discover: DiscoverConfig | None = None  # and/or agents taken as they come (launcher/node_config.py)
+    data_plane: DataPlaneConfig = Field(default_factory=DataPlaneConfig)  # every node's, unless it sets its own
     # `auto` (default) or codecs pinned per link class / stage boundary: see launcher/planning/compression.py
     compression: Annotated[CompressionConfig, BeforeValidator(_auto_compression)] = Field(
         default_factory=CompressionConfig)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> ClusterConfig:
+        if not self.nodes and self.discover is None:
+            raise FieldError(("nodes",), "list at least one node, or take agents as they come with discover:")
+        if self.discover is not None and any(n.layers is not None for n in self.nodes):
+            raise FieldError(("discover",), "cannot be combined with pinned layers (discovered nodes have none)")
         _first_duplicate([r.name for r in self.regions], "regions", "name", "region")
         _first_duplicate([n.name for n in self.nodes], "nodes", "name", "node name")
         used = sorted({n.region for n in self.nodes})
@@ -349,6 +248,8 @@ class ClusterConfig(_Strict):
         return self
 
     def _check_layers(self) -> None:
+        if not self.nodes:
+            return  # only discovered nodes, checked again when they have joined
         pinned = [n.layers is not None for n in self.nodes]
         num_layers = self.model.num_stage_layers
         if any(pinned) and not all(pinned):
@@ -394,12 +295,31 @@ class ClusterConfig(_Strict):
                 for p in range(self.pinned_pipeline_count())]
 
     @property
+    def pinned(self) -> bool:
+        """Every node pins its layers: the plan is the YAML's (no planner)."""
+        return bool(self.nodes) and all(n.layers is not None for n in self.nodes)
+
+    @property
     def local_nodes(self) -> list[NodeConfig]:
         return [n for n in self.nodes if n.launch == "local"]
 
     @property
     def remote_nodes(self) -> list[NodeConfig]:
         return [n for n in self.nodes if n.launch == "remote"]
+
+    @property
+    def ssh_nodes(self) -> list[NodeConfig]:
+        return [n for n in self.nodes if n.launch == "ssh"]
+
+    def data_plane_of(self, node: NodeConfig) -> DataPlaneConfig:
+        return node.data_plane or self.data_plane
+
+    def with_discovered(self, found: list[NodeConfig]) -> ClusterConfig:
+        """This cluster with the discovered nodes added, validated again as a whole (they must still
+        fit the model), and discovery done."""
+        data = self.model_dump(exclude={"nodes", "discover"}, exclude_unset=True)
+        data["nodes"] = [n.model_dump(exclude_unset=True) for n in self.nodes + found]
+        return ClusterConfig.model_validate(_plain(data), strict=False)
 
     @property
     def region_names(self) -> list[str]:
@@ -437,6 +357,15 @@ class ClusterConfig(_Strict):
         if node.threads is not None:
             return node.threads
         return max(1, cpu_count // max(1, len(self.local_nodes)))
+
+
+def _plain(value: Any) -> Any:
+    """A dump made valid input again (tuples back to the lists YAML gives)."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
 
 
 def _first_duplicate(names: list[str], section: str, key: str, what: str) -> None:

@@ -88,11 +88,10 @@ def measure_cluster(session: ClusterSession, spec: ModelSpec, micro_batch_size: 
     if pairs:
         rank = {n: i for i, n in enumerate(names)}
         session.begin_generation()
-        rendezvous = session.rendezvous(0, len(names), session.backend_for(names))
+        backend = session.backend_for(names)
         for name in names:
             probe = command(name, False)
-            probe.rendezvous.CopyFrom(rendezvous)
-            probe.rendezvous.rank = rank[name]
+            probe.rendezvous.CopyFrom(session.rendezvous(rank[name], len(names), backend, name))
             for a, b in pairs:
                 if name in (a, b):
                     peer = b if name == a else a

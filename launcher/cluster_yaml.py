@@ -12,7 +12,8 @@ from typing import Any, Mapping
 import yaml
 from pydantic import ValidationError
 
-from hetlaunch.launcher.cluster_config import ClusterConfig, ConfigError
+from hetlaunch.launcher.cluster_config import ClusterConfig
+from hetlaunch.launcher.config_types import ConfigError
 from hetlaunch.launcher.config_errors import describe, one_line, show, yaml_path
 
 MAX_FILE_BYTES = 1 << 20  # a cluster YAML is a few KB; refuse to read (or parse) more than 1 MiB

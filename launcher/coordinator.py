@@ -20,6 +20,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from hetlaunch.launcher.discovery import Discovery
 from hetlaunch.launcher.rendezvous_store import RendezvousStore, StoreRefused
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.launcher.part_store import PartRefused, receive, send, upload_target
@@ -60,9 +61,10 @@ class CoordinatorState:
     that an earlier generation started is counted in `stale_reports` and dropped.
     """
 
-    def __init__(self, expected_nodes: list[str]):
+    def __init__(self, expected_nodes: list[str], discovery: Discovery | None = None):
         self._lock = threading.Lock()
         self.expected_nodes = list(expected_nodes)
+        self.discovery = discovery  # who else may join (launcher/discovery.py); None: only the listed nodes
         self._agents: dict[str, AgentRecord] = {}   # by node name
         self._by_id: dict[str, AgentRecord] = {}
         self._refusals: dict[str, str] = {}         # node name -> why its registration was refused
@@ -84,17 +86,22 @@ class CoordinatorState:
         the newcomer says, so a second registration under its name can never disturb a job."""
         name = info.node_name
         with self._lock:
+            theirs = (info.agent_version, info.torch_version)
+            mismatch = theirs != versions and (f"version mismatch for node {name!r}: agent has hetlaunch {theirs[0]}, "
+                                               f"torch {theirs[1]}; coordinator has hetlaunch {versions[0]}, "
+                                               f"torch {versions[1]}")
             if name not in self.expected_nodes:
-                raise Refused(grpc.StatusCode.NOT_FOUND,
-                              f"node {name!r} is not in the cluster (nodes: {', '.join(self.expected_nodes)})")
+                why = self.discovery.admit(info, mismatch) if self.discovery is not None else (
+                    f"node {name[:64]!r} is not in the cluster (nodes: {', '.join(self.expected_nodes)})")
+                if why is not None:
+                    raise Refused(grpc.StatusCode.PERMISSION_DENIED if self.discovery else grpc.StatusCode.NOT_FOUND,
+                                  why)
+                self.expected_nodes.append(name)
             if name in self._agents:
                 raise Refused(grpc.StatusCode.ALREADY_EXISTS, f"node {name!r} has already joined")
-            theirs = (info.agent_version, info.torch_version)
-            if theirs != versions:
-                why = (f"version mismatch for node {name!r}: agent has hetlaunch {theirs[0]}, torch {theirs[1]}; "
-                       f"coordinator has hetlaunch {versions[0]}, torch {versions[1]}")
-                self._refusals[name] = why
-                raise Refused(grpc.StatusCode.FAILED_PRECONDITION, why)
+            if mismatch:
+                self._refusals[name] = mismatch  # a listed node that cannot run ends `up` at once, by name
+                raise Refused(grpc.StatusCode.FAILED_PRECONDITION, mismatch)
             record = AgentRecord(agent_id=uuid.uuid4().hex[:12], node_name=name, info=info, last_seen=time.monotonic())
             self._agents[name] = record
             self._by_id[record.agent_id] = record
@@ -372,9 +379,10 @@ class CoordinatorServer:
     """The gRPC server bound to an explicit address, with grpc.health.v1 served beside it."""
 
     def __init__(self, host: str, port: int, token: str, expected_nodes: list[str], heartbeat_interval_ms: int = 1000,
-                 credentials: grpc.ServerCredentials | None = None):
-        self.state = CoordinatorState(expected_nodes)
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=max(16, 4 * len(expected_nodes) + 8)),
+                 credentials: grpc.ServerCredentials | None = None, discovery: Discovery | None = None):
+        self.state = CoordinatorState(expected_nodes, discovery)
+        most = len(expected_nodes) + (0 if discovery is None else discovery.limit or 64)
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=max(16, 4 * most + 8)),
                                   interceptors=[TokenInterceptor(token)])
         control_pb2_grpc.add_CoordinatorServicer_to_server(
             CoordinatorServicer(self.state, heartbeat_interval_ms), self.server)

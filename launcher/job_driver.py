@@ -65,7 +65,7 @@ def make_plan(session: ClusterSession, spec, reprofile: bool, console: Console) 
     cluster = session.cluster
     train = cluster.train
     pinned = None
-    if all(n.layers is not None for n in cluster.nodes):
+    if cluster.pinned:
         pinned = static_plan(cluster, pinned_num_layers(cluster))
         if not _codec_choice_left(cluster, pinned):
             return pinned, None
@@ -101,7 +101,7 @@ def _codec_choice_left(cluster, plan: Plan) -> bool:
 def run_up(cluster, options: UpOptions, console: Console) -> Path:
     """Run the cluster's job to the end; return the run directory. Raises JobError on failure."""
     spec = cluster.model.to_spec()
-    if all(n.layers is not None for n in cluster.nodes):
+    if cluster.pinned:
         static_plan(cluster, pinned_num_layers(cluster))  # bad pinned ranges fail here, before anything starts
     if options.resume is not None:
         _check_resumable(options.resume)

@@ -15,7 +15,9 @@ from pathlib import Path
 
 from rich.console import Console
 
+from hetlaunch.launcher.config_types import ConfigError
 from hetlaunch.launcher.coordinator import CoordinatorServer
+from hetlaunch.launcher.discovery import Discovery, discovered_node
 from hetlaunch.launcher.local_agents import LocalAgents
 from hetlaunch.protos import control_pb2 as pb
 
@@ -50,7 +52,8 @@ class ClusterSession:
             try:
                 self.server = CoordinatorServer(coord.host, coord.port, self.token, list(self.nodes),
                                                 heartbeat_interval_ms=round(coord.heartbeat_interval_s * 1000),
-                                                credentials=self._server_credentials()).start()
+                                                credentials=self._server_credentials(),
+                                                discovery=self._discovery()).start()
             except (RuntimeError, OSError) as err:  # grpc raises RuntimeError("Failed to bind ...")
                 raise JobError(f"cannot listen on {coord.host}:{coord.port} (coordinator.host/port): "
                                f"{' '.join(str(err).split())[:200]}") from None
@@ -60,10 +63,36 @@ class ClusterSession:
                                   self.cluster.threads_for(node, os.cpu_count() or 1),
                                   self._agent_tls_args() + self._agent_policy_args())
             self._wait_for_nodes()
+            self._take_discovered()
         except BaseException:
             self.__exit__(None, None, None)
             raise
         return self
+
+    def _discovery(self) -> Discovery | None:
+        rule = self.cluster.discover
+        if rule is None:
+            return None
+        limit = rule.max_nodes
+        layers = self.cluster.model.num_stage_layers
+        if layers is not None:  # every node needs a layer: never take more than the model can use
+            room = max(layers - len(self.cluster.nodes), 0)
+            limit = room if limit is None else min(limit, room)
+        return Discovery(rule, limit)
+
+    def _take_discovered(self) -> None:
+        """Close discovery; the agents it took become nodes of the cluster from now on."""
+        discovery = self.state.discovery
+        if discovery is None:
+            return
+        found = [discovered_node(self.state.agent_info(name)) for name in discovery.close()]
+        try:
+            self.cluster = self.cluster.with_discovered(found)
+        except ConfigError as err:
+            raise JobError(f"the discovered nodes do not fit the job: {err}") from None
+        self.nodes = {n.name: n for n in self.cluster.nodes}
+        self.console.print(f"discovered {len(found)} node(s): " +
+                           ", ".join(f"{n.name} ({n.region}{', ' + n.host if n.host else ''})" for n in found))
 
     def _server_credentials(self):
         tls = self.cluster.coordinator.tls
@@ -119,10 +148,14 @@ class ClusterSession:
         now on carry it, and reports of earlier generations are dropped."""
         return self.state.begin_generation()
 
-    def rendezvous(self, rank: int, world_size: int, backend: str) -> pb.Rendezvous:
-        """The current generation's data-plane group; its number is the group's key prefix on the store."""
+    def rendezvous(self, rank: int, world_size: int, backend: str, node: str) -> pb.Rendezvous:
+        """The current generation's data-plane group (its number is the group's key prefix on the
+        store), and where this node's tensors may cross (data_plane)."""
+        data_plane = self.cluster.data_plane_of(self.nodes[node])
+        low, high = data_plane.port_range or (0, 0)
         return pb.Rendezvous(generation=self.state.generation, rank=rank, world_size=world_size,
-                             timeout_s=RENDEZVOUS_TIMEOUT_S, backend=backend)
+                             timeout_s=RENDEZVOUS_TIMEOUT_S, backend=backend, interface=data_plane.interface or "",
+                             port_low=low, port_high=high)
 
     def device_of(self, name: str) -> str:
         node = self.nodes[name]
@@ -234,11 +267,21 @@ class ClusterSession:
 
     def _wait_for_nodes(self) -> None:
         timeout = self.cluster.coordinator.join_timeout_s
-        deadline = time.monotonic() + timeout
+        start = time.monotonic()
+        deadline = start + timeout
+        rule, discovery = self.cluster.discover, self.state.discovery
         with self.console.status("waiting for agents to join") as status:
             while True:
-                missing = self.state.missing_nodes()
-                if not missing:
+                missing = [n for n in self.state.missing_nodes() if n in self.nodes]
+                if discovery is not None:
+                    found, waited = discovery.count(), time.monotonic() - start
+                    if not missing and (discovery.full() or (waited >= rule.wait_s and found >= rule.min_nodes)):
+                        return
+                    if waited >= rule.wait_s and found < rule.min_nodes:
+                        refused = discovery.refusals()
+                        raise JobError(f"discover: {found} agent(s) joined within {rule.wait_s:g}s, min_nodes is "
+                                       f"{rule.min_nodes}" + (f"; refused: {refused}" if refused else ""))
+                elif not missing:
                     return
                 refused = self.state.refusal()
                 if refused:
@@ -248,12 +291,13 @@ class ClusterSession:
                     node, code = next(iter(dead.items()))
                     raise JobError(f"local agent {node} exited with code {code} before joining: "
                                    f"{self.agents.agents[node].log_tail()}")
-                if time.monotonic() > deadline:
+                if missing and time.monotonic() > deadline:
                     names = ", ".join(
                         f"{n} ({self.nodes[n].launch}{', host ' + self.nodes[n].host if self.nodes[n].host else ''})"
                         for n in missing)
                     raise JobError(f"nodes never joined within {timeout:g}s: {names}")
-                status.update(f"waiting for agents to join: {', '.join(missing)}")
+                waiting = missing + ([f"{rule.describe()} ({discovery.count()} so far)"] if discovery else [])
+                status.update(f"waiting for agents to join: {', '.join(waiting)}")
                 time.sleep(0.1)
 
 

@@ -55,9 +55,9 @@ def launch(session: ClusterSession, plan: Plan, spec, restore: Restore, checkpoi
             if j < n - 1:
                 spec_msg.next.CopyFrom(_link_spec(cluster, stage, stages[j + 1], rank + 1, boundary_bytes))
             command = pb.RunStage(model=model, data=data, train=train, stage=spec_msg,
-                                  rendezvous=session.rendezvous(rank, world, backend), layout=layout)
+                                  rendezvous=session.rendezvous(rank, world, backend, stage.node), layout=layout)
             # A remote stage's parts must outlive its host: without a shared dir its agent uploads them.
-            command.train.upload_parts = node.launch == "remote" and not cluster.checkpoint.dir
+            command.train.upload_parts = node.launch != "local" and not cluster.checkpoint.dir
             if snapshot_root is not None:
                 command.train.snapshot_dir = str(snapshot_root / stage.node)
             if restore.directory is not None:

@@ -129,20 +129,31 @@ class Device(_message.Message):
     def __init__(self, kind: _Optional[_Union[DeviceKind, str]] = ..., name: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., index: _Optional[int] = ...) -> None: ...
 
 class AgentInfo(_message.Message):
-    __slots__ = ("node_name", "hostname", "devices", "agent_version", "torch_version", "pid")
+    __slots__ = ("node_name", "hostname", "devices", "agent_version", "torch_version", "pid", "region", "labels")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     NODE_NAME_FIELD_NUMBER: _ClassVar[int]
     HOSTNAME_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     TORCH_VERSION_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
     node_name: str
     hostname: str
     devices: _containers.RepeatedCompositeFieldContainer[Device]
     agent_version: str
     torch_version: str
     pid: int
-    def __init__(self, node_name: _Optional[str] = ..., hostname: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., agent_version: _Optional[str] = ..., torch_version: _Optional[str] = ..., pid: _Optional[int] = ...) -> None: ...
+    region: str
+    labels: _containers.ScalarMap[str, str]
+    def __init__(self, node_name: _Optional[str] = ..., hostname: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., agent_version: _Optional[str] = ..., torch_version: _Optional[str] = ..., pid: _Optional[int] = ..., region: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
     __slots__ = ("agent",)
@@ -357,18 +368,24 @@ class StageSpec(_message.Message):
     def __init__(self, stage_index: _Optional[int] = ..., num_stages: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., prev: _Optional[_Union[LinkSpec, _Mapping]] = ..., next: _Optional[_Union[LinkSpec, _Mapping]] = ..., device: _Optional[str] = ..., threads: _Optional[int] = ..., emulate: _Optional[_Union[Emulation, _Mapping]] = ..., memory_fraction: _Optional[float] = ...) -> None: ...
 
 class Rendezvous(_message.Message):
-    __slots__ = ("generation", "rank", "world_size", "timeout_s", "backend")
+    __slots__ = ("generation", "rank", "world_size", "timeout_s", "backend", "interface", "port_low", "port_high")
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
+    INTERFACE_FIELD_NUMBER: _ClassVar[int]
+    PORT_LOW_FIELD_NUMBER: _ClassVar[int]
+    PORT_HIGH_FIELD_NUMBER: _ClassVar[int]
     generation: int
     rank: int
     world_size: int
     timeout_s: float
     backend: str
-    def __init__(self, generation: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., timeout_s: _Optional[float] = ..., backend: _Optional[str] = ...) -> None: ...
+    interface: str
+    port_low: int
+    port_high: int
+    def __init__(self, generation: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., timeout_s: _Optional[float] = ..., backend: _Optional[str] = ..., interface: _Optional[str] = ..., port_low: _Optional[int] = ..., port_high: _Optional[int] = ...) -> None: ...
 
 class SyncGroupSpec(_message.Message):
     __slots__ = ("layer_start", "layer_end", "ranks", "codec", "emulate_bandwidth_mbps", "emulate_latency_ms")

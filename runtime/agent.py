@@ -30,6 +30,7 @@ from hetlaunch.protos import control_pb2_grpc
 from hetlaunch.protos import worker_pb2 as wpb
 from hetlaunch.runtime.auth import TOKEN_METADATA_KEY, read_token
 from hetlaunch.runtime.devices import describe_devices
+from hetlaunch.runtime.labels import parse_labels
 from hetlaunch.runtime.policy import AgentPolicy, PolicyRefusal
 from hetlaunch.runtime.supervisor import WorkerProcess
 from hetlaunch.runtime.tls import ClientTls
@@ -48,8 +49,9 @@ def _log(node: str, message: str) -> None:
 class Agent:
     def __init__(self, coordinator: str, token: str, node_name: str, parent_pid: int | None = None,
                  work_dir: Path | None = None, credentials: ClientTls | None = None,
-                 policy: AgentPolicy | None = None):
+                 policy: AgentPolicy | None = None, region: str = "", labels: dict[str, str] | None = None):
         self.node = node_name
+        self.region, self.labels = region, dict(labels or {})  # what discovery matches (launcher/node_config.py)
         # Checkpoint parts on their way to the coordinator, and copies to restore from.
         self.work_dir = work_dir or default_work_dir(node_name)
         self.policy = policy or AgentPolicy.of((), (), (), self.work_dir)
@@ -111,7 +113,8 @@ class Agent:
             _log(self.node, f"could not reach the coordinator at {self.coordinator} within {connect_timeout_s:.0f}s{hint}")
             return EXIT_LOST_COORDINATOR
         info = pb.AgentInfo(node_name=self.node, hostname=socket.gethostname(), devices=describe_devices(),
-                            agent_version=hetlaunch_version(), torch_version=torch_version(), pid=os.getpid())
+                            agent_version=hetlaunch_version(), torch_version=torch_version(), pid=os.getpid(),
+                            region=self.region, labels=self.labels)
         try:
             reply = self.stub.Register(pb.RegisterRequest(agent=info), metadata=self.metadata, timeout=30)
         except grpc.RpcError as err:
@@ -346,14 +349,27 @@ def default_work_dir(node_name: str) -> Path:
 def run_agent(coordinator: str, node_name: str, token: str, connect_timeout_s: float = 60.0,
               parent_pid: int | None = None, work_dir: Path | None = None,
               credentials: ClientTls | None = None, allow_entrypoints: tuple[str, ...] = (),
-              data_roots: tuple[str, ...] = (), checkpoint_roots: tuple[str, ...] = (), serve: bool = False) -> int:
+              data_roots: tuple[str, ...] = (), checkpoint_roots: tuple[str, ...] = (), serve: bool = False,
+              region: str = "", labels: dict[str, str] | None = None, stdin_lifeline: bool = False) -> int:
     work_dir = work_dir or default_work_dir(node_name)
     policy = AgentPolicy.of(allow_entrypoints, data_roots, checkpoint_roots, work_dir)
     if serve:
         from hetlaunch.runtime.agent_service import serve as serve_jobs
 
-        return serve_jobs(coordinator, node_name, token, connect_timeout_s, work_dir, credentials, policy)
-    return Agent(coordinator, token, node_name, parent_pid, work_dir, credentials, policy).run(connect_timeout_s)
+        return serve_jobs(coordinator, node_name, token, connect_timeout_s, work_dir, credentials, policy,
+                          region=region, labels=labels)
+    agent = Agent(coordinator, token, node_name, parent_pid, work_dir, credentials, policy, region, labels)
+    if stdin_lifeline:
+        threading.Thread(target=_exit_when_stdin_closes, args=(agent,), daemon=True).start()
+    return agent.run(connect_timeout_s)
+
+
+def _exit_when_stdin_closes(agent: Agent) -> None:
+    """Started over SSH by `up`: the connection is our lifeline. When it closes (up ended, was
+    killed, or the network dropped it) stdin ends, and so do we, our worker with us."""
+    while sys.stdin.buffer.read(4096):
+        pass
+    agent._exit(EXIT_LOST_COORDINATOR, "the ssh session that started this agent closed; exiting")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -373,15 +389,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ca", default=None, help="TLS: the CA that signed the coordinator's certificate")
     parser.add_argument("--cert", default=None, help="mutual TLS: this agent's certificate")
     parser.add_argument("--key", default=None, help="mutual TLS: this agent's private key")
+    parser.add_argument("--region", default="", help="this node's region, for discovery")
+    parser.add_argument("--label", action="append", default=[], help="KEY=VALUE, for discovery (repeat)")
+    parser.add_argument("--stdin-lifeline", action="store_true", help="exit when stdin closes (started over SSH)")
     args = parser.parse_args(argv)
     try:
         token = read_token(args.token_file)
         credentials = tls_credentials(args.ca, args.cert, args.key)
+        labels = parse_labels(args.label)
     except ValueError as err:
         print(f"hetlaunch agent: {err}", file=sys.stderr)
         return 2
     return run_agent(args.coordinator, args.name, token, args.connect_timeout, args.parent_pid, args.work_dir,
-                     credentials, tuple(args.allow_entrypoint), tuple(args.data_root), tuple(args.checkpoint_root))
+                     credentials, tuple(args.allow_entrypoint), tuple(args.data_root), tuple(args.checkpoint_root),
+                     region=args.region, labels=labels, stdin_lifeline=args.stdin_lifeline)
 
 
 def tls_credentials(ca: str | None, cert: str | None, key: str | None) -> ClientTls | None:

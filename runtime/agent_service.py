@@ -28,7 +28,7 @@ def _log(node: str, message: str) -> None:
 
 def serve(coordinator: str, node_name: str, token: str, connect_timeout_s: float, work_dir: Path,
           credentials: ClientTls | None, policy: AgentPolicy,
-          first_backoff_s: float = 1.0) -> int:
+          first_backoff_s: float = 1.0, region: str = "", labels: dict[str, str] | None = None) -> int:
     stop = threading.Event()
     current: list[Agent] = []
 
@@ -42,7 +42,8 @@ def serve(coordinator: str, node_name: str, token: str, connect_timeout_s: float
     failures = 0
     jobs = 0
     while not stop.is_set():
-        agent = Agent(coordinator, token, node_name, work_dir=work_dir, credentials=credentials, policy=policy)
+        agent = Agent(coordinator, token, node_name, work_dir=work_dir, credentials=credentials, policy=policy,
+                      region=region, labels=labels)
         agent.in_service = True
         current[:] = [agent]
         code = agent.run(connect_timeout_s)

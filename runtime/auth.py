@@ -11,8 +11,13 @@ MAX_TOKEN_CHARS = 4096
 
 
 def read_token(token_file: str | None) -> str:
-    """The token from a file (first line) or, without one, from $HETLAUNCH_TOKEN; ValueError
+    """The token from a file (first line), stdin's first line (file "-") or, without one, from $HETLAUNCH_TOKEN; ValueError
     with a one-line reason naming where it looked."""
+    if token_file == "-":  # `up` starting an agent over SSH writes it here: never on a command line
+        import sys
+
+        return _checked(sys.stdin.buffer.readline(MAX_TOKEN_CHARS + 1), "the token on stdin",
+                        missing="no join token on stdin")
     if token_file:
         path = Path(token_file)
         if path.is_dir():

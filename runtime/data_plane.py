@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime
+import os
+import socket
 
 import torch
 import torch.distributed as dist
@@ -16,8 +18,40 @@ from hetlaunch.runtime.wire import wire_device_type
 _LIVE_STORES: list[GrpcStore] = []
 
 
+class DataPlaneRefusal(RuntimeError):
+    """This host cannot keep the data plane where the YAML's data_plane says (one line, names the key)."""
+
+
+def bind_to_network(rdzv: pb.Rendezvous) -> None:
+    """Keep gloo and NCCL on data_plane.interface, and check data_plane.port_range against the
+    ports they will take. Before the group exists: both read the variables when it is made."""
+    if rdzv.interface:
+        try:
+            socket.if_nametoindex(rdzv.interface)
+        except OSError:
+            names = ", ".join(name for _, name in socket.if_nameindex())
+            raise DataPlaneRefusal(f"data_plane.interface: {rdzv.interface!r} is not a network interface of "
+                                   f"{socket.gethostname()} (it has: {names})") from None
+        os.environ["GLOO_SOCKET_IFNAME"] = rdzv.interface
+        os.environ["NCCL_SOCKET_IFNAME"] = rdzv.interface
+    if rdzv.port_low:
+        low, high = ephemeral_ports()
+        if not rdzv.port_low <= low <= high <= rdzv.port_high:
+            raise DataPlaneRefusal(
+                f"data_plane.port_range: [{rdzv.port_low}, {rdzv.port_high}] but {socket.gethostname()} hands out "
+                f"ports {low}-{high} (gloo and NCCL bind ephemeral ports); set sysctl net.ipv4.ip_local_port_range="
+                f"\"{rdzv.port_low} {rdzv.port_high}\" on this host, or widen port_range")
+
+
+def ephemeral_ports(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> tuple[int, int]:
+    with open(path) as f:
+        low, high = f.read().split()[:2]
+    return int(low), int(high)
+
+
 def init_data_plane(rdzv: pb.Rendezvous, access: wpb.StoreAccess) -> None:
     """Join this generation's c10d group, rendezvousing through the coordinator's store."""
+    bind_to_network(rdzv)
     timeout = datetime.timedelta(seconds=rdzv.timeout_s or 120)
     # One key prefix per plan generation, so a re-plan can rendezvous on the same store.
     store = GrpcStore(access, timeout, prefix=f"gen{rdzv.generation}/")

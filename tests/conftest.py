@@ -66,7 +66,7 @@ def _describe(proc: psutil.Process) -> str:
 
 def error_of(text: str) -> str:
     """The one-line ConfigError of cluster YAML text given as `cluster.yaml`."""
-    from hetlaunch.launcher.cluster_config import ConfigError
+    from hetlaunch.launcher.config_types import ConfigError
     from hetlaunch.launcher.cluster_yaml import parse_cluster
 
     with pytest.raises(ConfigError) as info:

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from conftest import error_of
-from hetlaunch.launcher.cluster_config import ClusterConfig, ConfigError
+from hetlaunch.launcher.cluster_config import ClusterConfig
+from hetlaunch.launcher.config_types import ConfigError
 from hetlaunch.launcher.cluster_yaml import cluster_from_dict, load_cluster, parse_cluster
 from hetlaunch.launcher.planning.plan import TilingError, check_layer_tiling
 from hetlaunch.runtime.model_spec import PRESETS, ModelSpec
@@ -214,15 +215,20 @@ def test_types_are_strict() -> None:
 def test_enumerations_and_patterns() -> None:
     assert "train.schedule: must be '1f1b' or 'gpipe' (got 'zigzag')" in \
         error_of("train: {schedule: zigzag}\nnodes: [{name: a}]")
-    assert "nodes[0].launch: must be 'local' or 'remote'" in error_of("nodes: [{name: a, launch: ssh}]")
+    assert "nodes[0].launch: must be 'local', 'remote' or 'ssh'" in error_of("nodes: [{name: a, launch: rsh}]")
+    assert "nodes[0].host: required with launch: ssh" in error_of("nodes: [{name: a, launch: ssh}]")
+    assert "nodes[0].host: must match" in error_of("nodes: [{name: a, launch: ssh, host: -oProxyCommand=x}]")
+    assert "nodes[0].user: only with launch: ssh" in error_of("nodes: [{name: a, launch: remote, user: bob}]")
     assert "nodes[0].device: must match" in error_of("nodes: [{name: a, device: gpu}]")
     assert "name: must match [a-z0-9_-]+ (got 'Demo')" in error_of("name: Demo\nnodes: [{name: a}]")
     assert "nodes[0].name: must match" in error_of("nodes: [{name: 'a b'}]")
 
 
 def test_nodes_required_and_nonempty() -> None:
-    assert error_of("train: {steps: 1}") == "cluster.yaml: nodes: required"
-    assert "nodes: must have at least 1 item" in error_of("nodes: []")
+    assert error_of("train: {steps: 1}") == ("cluster.yaml: nodes: list at least one node, or take agents as they come "
+                                             "with discover:")
+    assert "nodes: list at least one node" in error_of("nodes: []")
+    assert "nodes: list at least one node" in error_of("nodes:")
 
 
 def test_duplicate_node_names() -> None:
@@ -274,7 +280,7 @@ def test_remote_node_with_threads() -> None:
 
 
 def test_local_node_with_host() -> None:
-    assert "nodes[0].host: only for remote nodes" in error_of("nodes: [{name: a, host: 10.0.0.1}]")
+    assert "nodes[0].host: only for remote or ssh nodes" in error_of("nodes: [{name: a, host: 10.0.0.1}]")
 
 
 # ------------------------------------------------------------------ model

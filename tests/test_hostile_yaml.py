@@ -15,7 +15,7 @@ import pytest
 
 from conftest import error_of, run_hetlaunch
 from hetlaunch.launcher import cluster_yaml
-from hetlaunch.launcher.cluster_config import ConfigError
+from hetlaunch.launcher.config_types import ConfigError
 from hetlaunch.launcher.cluster_yaml import cluster_from_dict, load_cluster, parse_cluster
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -144,8 +144,8 @@ def test_any_anchor_or_alias_is_refused(text: str, what: str) -> None:
 
 
 def test_anchor_like_text_in_quotes_is_fine() -> None:
-    cfg = parse_cluster("nodes: [{name: n0, host: '&a *b', launch: remote}]")
-    assert cfg.nodes[0].host == "&a *b"
+    cfg = parse_cluster("model: {entrypoint: 'a:b', kwargs: {seq_len: 8, tag: '&a *b'}}\nnodes: [{name: n0}]")
+    assert cfg.model.kwargs["tag"] == "&a *b"
 
 
 # ------------------------------------------------------------------ nesting, size, node count

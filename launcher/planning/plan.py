@@ -159,7 +159,7 @@ def static_plan(cluster, num_layers: int) -> Plan:
     """The plan from the YAML alone: pinned `layers:` ranges (one pipeline per `pipeline:` index),
     else an even split in node order."""
     train = cluster.train
-    if all(n.layers is not None for n in cluster.nodes):
+    if cluster.pinned:
         chains = []
         for members in cluster.pinned_pipelines():
             check_layer_tiling([(n.name, n.layers[0], n.layers[1]) for _, n in members], num_layers)

@@ -1,0 +1,61 @@
+"""The cluster YAML's shared building blocks: strict models, names, numbers and pairs as users write them."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+
+from hetlaunch.launcher.config_errors import show
+
+
+class ConfigError(Exception):
+    """One-line, user-facing message; the CLI prints it and exits 2."""
+
+
+def _sci_float(value: Any) -> Any:
+    # PyYAML (YAML 1.1) reads `3e-3` (no dot) as a *string*; take it as the number the user meant.
+    if isinstance(value, str) and re.fullmatch(r"\s*[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+\s*", value):
+        return float(value)
+    return value
+
+
+YamlFloat = Annotated[float, BeforeValidator(_sci_float), Field(allow_inf_nan=False)]
+MAX_NAME = 64  # characters in the cluster name and in node and region names
+
+
+def starts_alnum(value: str) -> str:
+    # Names become file names and command-line values: `-rf` or `--parent-pid` must never look like an option.
+    if not (value[:1].isascii() and value[:1].isalnum()):
+        raise ValueError(f"must start with a letter or digit (got {show(value)})")
+    return value
+
+
+# Node and region names: 1-64 of letters, digits, '_', '.', '-', starting with a letter or digit.
+Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$", max_length=MAX_NAME), AfterValidator(starts_alnum)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+def listed_pair(value: Any) -> Any:
+    if isinstance(value, list):  # YAML has lists, the schema wants a pair
+        if len(value) != 2:
+            raise ValueError(f"must be a pair [a, b] (got {len(value)} items)")
+        return tuple(value)
+    return value
+
+
+Pair = BeforeValidator(listed_pair)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
