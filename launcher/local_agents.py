@@ -1,4 +1,5 @@
-"""Agents that `hetlaunch up` starts on this machine, as fresh subprocesses.
+"""Agents that `hetlaunch up` starts as fresh subprocesses: on this machine, or an `ssh` client
+that runs one on another host (launcher/ssh_agents.py).
 
 They are started with exec (never a fork of this gRPC-holding process), in their own
 session so a terminal's Ctrl-C reaches only `up`, which then stops them in order.
@@ -53,6 +54,21 @@ class LocalAgents:
                                        stderr=subprocess.STDOUT, start_new_session=True)
         self.agents[node] = LocalAgent(node, process, log_path)
 
+    def start_over_ssh(self, node: str, ssh_command: list[str], token: str, log_dir: Path) -> None:
+        """Run `ssh ... agent --token-file - --stdin-lifeline` (launcher/ssh_agents.py): the token
+        is its stdin's first line, and the open stdin is the remote agent's lifeline."""
+        log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = log_dir / f"{node}.log"
+        with open(log_path, "w") as log:
+            process = subprocess.Popen(ssh_command, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
+                                       start_new_session=True)
+        try:
+            process.stdin.write(token.encode() + b"\n")
+            process.stdin.flush()
+        except BrokenPipeError:  # ssh already gave up; its exit code and log say why
+            pass
+        self.agents[node] = LocalAgent(node, process, log_path)
+
     def exited(self) -> dict[str, int]:
         """Agents whose process has ended, with exit codes."""
         return {n: a.process.returncode for n, a in self.agents.items() if a.process.poll() is not None}
@@ -78,7 +94,13 @@ class LocalAgents:
                 pass
 
     def stop(self, grace_s: float = 5.0) -> None:
-        """SIGTERM every agent still running, then SIGKILL what is left after the grace period."""
+        """Close the lifeline of agents over SSH and give them the grace period to stop their
+        workers; SIGTERM every agent still running, then SIGKILL what is left after another."""
+        lifelines = [a for a in self.agents.values() if a.process.stdin is not None and a.process.poll() is None]
+        for agent in lifelines:
+            _close(agent.process.stdin)
+        if lifelines:
+            self.wait_all(grace_s)
         for agent in self.agents.values():
             if agent.process.poll() is None:
                 _signal_group(agent.process, signal.SIGTERM)
@@ -87,6 +109,13 @@ class LocalAgents:
                 if agent.process.poll() is None:
                     _signal_group(agent.process, signal.SIGKILL)
             self.wait_all(5.0)
+
+
+def _close(stream) -> None:
+    try:
+        stream.close()
+    except OSError:  # the pipe broke: ssh is gone already
+        pass
 
 
 def _signal_group(process: subprocess.Popen, sig: int) -> None:

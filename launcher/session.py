@@ -62,12 +62,38 @@ class ClusterSession:
                 self.agents.start(node.name, self.server.address, self.token, self.run_dir / "logs",
                                   self.cluster.threads_for(node, os.cpu_count() or 1),
                                   self._agent_tls_args() + self._agent_policy_args())
+            self._start_over_ssh()
             self._wait_for_nodes()
             self._take_discovered()
         except BaseException:
             self.__exit__(None, None, None)
             raise
         return self
+
+    def _start_over_ssh(self) -> None:
+        nodes = self.cluster.ssh_nodes
+        if not nodes:
+            return
+        from concurrent.futures import ThreadPoolExecutor
+
+        from hetlaunch.launcher.ssh_agents import SshError, advertised_host, agent_command, check_remote_versions
+
+        coord = self.cluster.coordinator
+        host = advertised_host(coord.host, coord.advertise)
+        address = f"{'[' + host + ']' if ':' in host else host}:{self.server.port}"
+        with self.console.status(f"checking hetlaunch on {len(nodes)} host(s) over ssh"):
+            with ThreadPoolExecutor(max_workers=min(16, len(nodes))) as pool:
+                checks = [pool.submit(check_remote_versions, node) for node in nodes]
+                for check in checks:
+                    try:
+                        check.result()
+                    except SshError as err:
+                        raise JobError(str(err)) from None
+        for node in nodes:
+            self.agents.start_over_ssh(node.name, agent_command(node, address, self._agent_tls_args() +
+                                                                self._agent_policy_args()),
+                                       self.token, self.run_dir / "logs")
+        self.console.print(f"started {len(nodes)} agent(s) over ssh, dialing {address}")
 
     def _discovery(self) -> Discovery | None:
         rule = self.cluster.discover
@@ -289,7 +315,8 @@ class ClusterSession:
                 dead = {n: c for n, c in self.agents.exited().items() if n in missing}
                 if dead:
                     node, code = next(iter(dead.items()))
-                    raise JobError(f"local agent {node} exited with code {code} before joining: "
+                    how = "agent started over ssh" if self.nodes[node].launch == "ssh" else "local agent"
+                    raise JobError(f"{how} {node} exited with code {code} before joining: "
                                    f"{self.agents.agents[node].log_tail()}")
                 if missing and time.monotonic() > deadline:
                     names = ", ".join(

@@ -1,0 +1,82 @@
+"""Agents that `hetlaunch up` starts on other hosts through the system `ssh` client (launch: ssh).
+
+The system client, not a Python SSH library, so that what the user's ssh already does —
+~/.ssh/config Host entries, keys, ssh-agent, ProxyJump, known_hosts — works unchanged. Per node:
+
+1. one short `ssh HOST PYTHON -c ...` asks the remote hetlaunch and torch versions; a missing
+   hetlaunch or a mismatch stops `up` with one line before anything else starts there;
+2. `ssh HOST PYTHON -m hetlaunch.runtime.agent ... --token-file - --stdin-lifeline` starts the
+   agent; the token goes on its stdin (never on a command line, where `ps` on either host shows
+   it), and stdin stays open: when it closes — `up` ends, fails, is interrupted or killed, or the
+   connection drops — the remote agent stops its worker and exits;
+3. the remote agent's output comes back over the connection into runs/<id>/logs/<node>.log.
+"""
+
+from __future__ import annotations
+
+import shlex
+import socket
+import subprocess
+
+from hetlaunch.launcher.node_config import NodeConfig
+from hetlaunch.runtime.version import hetlaunch_version, torch_version
+
+VERSION_CHECK_TIMEOUT_S = 60.0
+_ASK_VERSIONS = ("import importlib.metadata as m; print('hetlaunch', m.version('hetlaunch')); "
+                 "print('torch', m.version('torch'))")
+
+
+class SshError(Exception):
+    """A one-line reason an SSH node cannot be started."""
+
+
+def ssh_command(node: NodeConfig, remote: list[str]) -> list[str]:
+    """`ssh` with the node's options, then `remote` as one safely quoted remote command line."""
+    login = ["-l", node.user] if node.user else []
+    port = ["-p", str(node.port)] if node.port else []
+    # BatchMode: never stop to ask for a password or a host key on a terminal nobody watches.
+    return ["ssh", "-o", "BatchMode=yes", *node.ssh_options, *login, *port, "--", node.host, shlex.join(remote)]
+
+
+def check_remote_versions(node: NodeConfig) -> None:
+    """Raise SshError unless the remote host has hetlaunch and torch of the versions here."""
+    where = f"node {node.name} (ssh {node.host})"
+    try:
+        done = subprocess.run(ssh_command(node, [node.remote_python, "-c", _ASK_VERSIONS]), capture_output=True,
+                              text=True, stdin=subprocess.DEVNULL, timeout=VERSION_CHECK_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise SshError(f"{where}: no answer within {VERSION_CHECK_TIMEOUT_S:g}s") from None
+    except FileNotFoundError:
+        raise SshError("launch: ssh needs the ssh client (openssh-client), and `ssh` is not on PATH") from None
+    if done.returncode == 255:  # ssh's own failure: cannot connect, authenticate, resolve
+        raise SshError(f"{where}: {_last_line(done.stderr) or 'ssh failed'}")
+    if done.returncode != 0:
+        raise SshError(f"{where}: {node.remote_python} there cannot load hetlaunch ({_last_line(done.stderr)}); "
+                       f"install hetlaunch there, or set remote_python to the interpreter that has it")
+    theirs = dict(line.split(" ", 1) for line in done.stdout.splitlines() if line.count(" ") == 1)
+    ours = {"hetlaunch": hetlaunch_version(), "torch": torch_version()}
+    if {k: theirs.get(k) for k in ours} != ours:
+        raise SshError(f"{where}: remote has hetlaunch {theirs.get('hetlaunch', '?')}, torch {theirs.get('torch', '?')}; "
+                       f"this machine has hetlaunch {ours['hetlaunch']}, torch {ours['torch']}; install the same there")
+
+
+def agent_command(node: NodeConfig, coordinator: str, agent_args: list[str]) -> list[str]:
+    return ssh_command(node, [node.remote_python, "-m", "hetlaunch.runtime.agent", "--coordinator", coordinator,
+                              f"--name={node.name}", "--token-file", "-", "--stdin-lifeline",
+                              "--connect-timeout", "30", *agent_args])
+
+
+def advertised_host(bound_host: str, advertise: str | None) -> str:
+    """The host remote agents dial: coordinator.advertise, else the bound address, else (bound to
+    every interface) this machine's name."""
+    if advertise:
+        return advertise
+    if bound_host in ("0.0.0.0", "::", "[::]", ""):
+        return socket.getfqdn()
+    return bound_host
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    line = lines[-1] if lines else ""
+    return line if len(line) <= 200 else line[:197] + "..."
