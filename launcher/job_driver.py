@@ -29,7 +29,7 @@ from hetlaunch.launcher.planning.plan import Plan, pinned_num_layers, planned, s
 from hetlaunch.launcher.planning.planner import PlanningError
 from hetlaunch.launcher.planning.planner import plan as plan_pipelines
 from hetlaunch.launcher.planning.planner import plan_fixed_cut, price_pipelines
-from hetlaunch.launcher.planning.profile_file import Profile
+from hetlaunch.launcher.planning.profile_file import Profile, save_profile
 from hetlaunch.launcher.progress import TrainingProgress, print_plan, print_summary
 from hetlaunch.launcher.run_record import RunRecord, read_metrics
 from hetlaunch.launcher.session import ClusterSession, JobError
@@ -141,6 +141,8 @@ def _check_resumable(run_dir: Path) -> None:
 def _run(session: ClusterSession, spec, options: UpOptions, events: EventLog, console: Console) -> None:
     cluster, train = session.cluster, session.cluster.train
     plan, profile = make_plan(session, spec, options.reprofile, console)
+    if profile is not None:  # what the plan was made from: `hetlaunch plan --profile` can replay it
+        save_profile(profile, session.run_dir / "profile.json")
     print_plan(console, plan)
     book = CheckpointBook(session.checkpoint_root, cluster.checkpoint.keep, plan.num_layers,
                           {"model": spec.describe(), "model_spec": json_format.MessageToDict(model_spec_to_proto(spec)),
