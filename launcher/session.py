@@ -288,7 +288,8 @@ class ClusterSession:
         write_run_file(token_path, self.token + "\n", mode=0o600)  # never readable by others, not even briefly
         if self.cluster.remote_nodes:
             for node in self.cluster.remote_nodes:
-                self.console.print(f"  on {node.host or node.name}: hetlaunch agent --coordinator <this host>:"
+                self.console.print(f"  on {node.host or node.name}: hetlaunch agent --coordinator "
+                                   f"{self.cluster.coordinator.advertise or '<this host>'}:"
                                    f"{self.server.port} --token-file {token_path} --name {node.name}")
 
     def _wait_for_nodes(self) -> None:

@@ -16,9 +16,12 @@ import os
 import secrets
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 COORDINATOR_ADDRESSES = {"a": "10.231.1.1", "b": "10.231.2.1"}  # what each agent dials
+PORT = 29555  # the coordinator's: fixed, the namespaces are ours alone
 DATA_ADDRESSES = {"a": "10.232.0.1", "b": "10.232.0.2"}
 
 
@@ -87,3 +90,42 @@ class GeoNamespaces:
     def __exit__(self, *exc) -> None:
         for role in ("coordinator", "a", "b"):  # deleting a namespace deletes its veth ends with it
             subprocess.run(["ip", "netns", "del", self.name(role)], capture_output=True)
+
+
+def run_in_namespaces(geo: GeoNamespaces, workdir: Path, cluster_yaml: str, env: dict,
+                      timeout_s: float = 150) -> tuple[int | None, str]:
+    """`hetlaunch up` in the coordinator's namespace (the YAML must bind 0.0.0.0:PORT) and a
+    remote agent named `a` and `b` in each region's; (up's exit code, the tail of every log).
+    Leaves no process behind."""
+    token = workdir / "token"
+    token.write_text(f"netns-{secrets.token_hex(8)}\n")
+    (workdir / "c.yaml").write_text(cluster_yaml)
+    cli = [sys.executable, "-m", "hetlaunch.launcher.cli"]
+    logs = {name: open(workdir / f"{name}.log", "w+") for name in ("up", "a", "b")}
+    commands = {"up": geo.exec("coordinator") + cli + ["up", str(workdir / "c.yaml"), "--run-dir", str(workdir / "run"),
+                                                       "--token-file", str(token)]}
+    for n in ("a", "b"):
+        commands[n] = geo.exec(n) + cli + ["agent", "--coordinator", f"{COORDINATOR_ADDRESSES[n]}:{PORT}", "--name", n,
+                                           "--token-file", str(token), "--connect-timeout", "30"]
+    procs = {name: subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logs[name], stderr=subprocess.STDOUT, env=env)
+             for name, cmd in commands.items()}
+    try:
+        procs["up"].wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in procs.values():
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    text = ""
+    for name, log in logs.items():
+        log.seek(0)
+        text += f"--- {name}\n{log.read()[-3000:]}"
+        log.close()
+    return procs["up"].returncode, text
