@@ -1,5 +1,6 @@
 """`hetlaunch agent --serve`: one agent, started before any coordinator exists, serves two jobs
-whose coordinators come and go on the same address, and ends cleanly on SIGTERM."""
+whose coordinators come and go on the same address (one of them killed mid-job), and ends
+cleanly on SIGTERM."""
 
 from __future__ import annotations
 
@@ -7,10 +8,11 @@ import json
 import signal
 import socket
 import subprocess
+from pathlib import Path
 
 import pytest
 
-from conftest import hetlaunch_cmd, hetlaunch_env, run_hetlaunch
+from conftest import hetlaunch_cmd, hetlaunch_env, popen_hetlaunch, run_hetlaunch, stop_process, wait_for
 
 
 def _free_port() -> int:
@@ -55,3 +57,47 @@ nodes:
     assert "Traceback" not in err
     summary = json.loads((tmp_path / "run2" / "summary.json").read_text())
     assert summary["steps"] == 2
+
+
+@pytest.mark.timeout(240)
+def test_the_same_agent_serves_the_next_job_after_its_coordinator_was_killed(tmp_path):
+    port = _free_port()
+    token_file = tmp_path / "token"
+    token_file.write_text("service-token\n")
+    agent = subprocess.Popen(hetlaunch_cmd("agent", "--serve", "--coordinator", f"127.0.0.1:{port}", "--name", "r",
+                                           "--token-file", str(token_file), "--connect-timeout", "2"),
+                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=hetlaunch_env(OMP_NUM_THREADS="1"))
+
+    def yaml(steps: int) -> Path:
+        path = tmp_path / f"job{steps}.yaml"
+        path.write_text(f"""name: service
+coordinator: {{host: 127.0.0.1, port: {port}, join_timeout_s: 90}}
+model: {{preset: tiny, n_layers: 1, seq_len: 16, d_model: 16}}
+train: {{steps: {steps}, micro_batch_size: 2, num_microbatches: 1, checkpoint_every: 0}}
+nodes:
+  - {{name: r, launch: remote, device: cpu}}
+""")
+        return path
+
+    try:
+        first = popen_hetlaunch("up", str(yaml(100000)), "--run-dir", str(tmp_path / "run1"), "--token-file",
+                                str(token_file))
+        metrics = tmp_path / "run1" / "metrics.jsonl"
+        wait_for(lambda: metrics.exists() and metrics.read_text().strip(), 90, "the first job's first step", proc=first)
+        first.kill()  # the coordinator dies mid-job, without a word to the agent
+        first.wait(timeout=10)
+        stop_process(first)
+        result = run_hetlaunch("up", str(yaml(2)), "--run-dir", str(tmp_path / "run2"), "--token-file",
+                               str(token_file), timeout=150)
+        assert result.returncode == 0, result.stderr
+        assert agent.poll() is None, "the agent must outlive both jobs"
+        agent.send_signal(signal.SIGTERM)
+        out, err = agent.communicate(timeout=30)
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.communicate(timeout=10)
+    assert agent.returncode == 0, err
+    assert "dialing 127.0.0.1" in err and "job 1 ended" in err and "service stopped after 1 job(s)" in err, err
+    assert json.loads((tmp_path / "run2" / "summary.json").read_text())["steps"] == 2
