@@ -93,30 +93,47 @@ def print_plan(console: Console, plan: Plan) -> None:
     _excluded(console, plan.excluded or {})
 
 
+LOG_LINES = 20  # not on a terminal: about this many progress lines per run
+
+
 class TrainingProgress:
-    """A rich progress bar with step, loss and tokens/s."""
+    """A rich progress bar with step, loss and tokens/s on a terminal. Elsewhere (a log file, a
+    pipe, systemd) a plain line every ~5% of the run, and no refresh thread taking the
+    coordinator's CPU from the job."""
 
     def __init__(self, console: Console, total_steps: int, completed: int = 0):
+        self.console = console
+        self.live = console.is_terminal
+        self.total = total_steps
+        self.every = max(1, total_steps // LOG_LINES)
         self.progress = Progress(
             TextColumn("[bold]{task.fields[status]}"), BarColumn(), MofNCompleteColumn(),
             TextColumn("loss [cyan]{task.fields[loss]}"), TextColumn("[green]{task.fields[tps]}[/] tok/s"),
-            TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False)
+            TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False, disable=not self.live)
         self.task = self.progress.add_task("train", total=total_steps, completed=completed, loss="-", tps="-",
                                            status="training")
 
     def recovering(self, why: str, completed: int) -> None:
         """Say that the job is recovering (and why, on its own line), back to the step it resumes at."""
-        self.progress.console.print(Text(f"recovering: {why}"))
+        self.console.print(Text(f"recovering: {why}"))
         self.progress.update(self.task, completed=completed, status="recovering")
 
     def __enter__(self) -> "TrainingProgress":
-        self.progress.start()
+        if self.live:
+            self.progress.start()
         return self
 
     def __exit__(self, *exc) -> None:
-        self.progress.stop()
+        if self.live:
+            self.progress.stop()
 
     def update(self, record: StepRecord) -> None:
+        if not self.live:
+            done = record.step + 1
+            if done % self.every == 0 or done == self.total:
+                self.console.print(Text(f"step {done}/{self.total}  loss {record.loss:.4f}  "
+                                        f"{record.tokens_per_s:,.0f} tokens/s"))
+            return
         self.progress.update(self.task, completed=record.step + 1, loss=f"{record.loss:.4f}",
                              tps=f"{record.tokens_per_s:,.0f}", status="training")
 

@@ -32,6 +32,7 @@ from hetlaunch.runtime.auth import TOKEN_METADATA_KEY, read_token
 from hetlaunch.runtime.devices import describe_devices
 from hetlaunch.runtime.labels import parse_labels
 from hetlaunch.runtime.policy import AgentPolicy, PolicyRefusal
+from hetlaunch.runtime.step_reporter import StepReporter
 from hetlaunch.runtime.supervisor import WorkerProcess
 from hetlaunch.runtime.tls import ClientTls
 from hetlaunch.runtime.worker_pipe import FrameError
@@ -81,6 +82,8 @@ class Agent:
         self.finished = threading.Event()
         self.exit_code: int | None = None
         self.worker: WorkerProcess | None = None  # the task running now, in its own process
+        # Step metrics go out from a thread of their own, so a slow RPC never holds up the relay.
+        self.step_reports = StepReporter(lambda request: self._call("ReportStep", request))
         self._worker_lock = threading.Lock()
 
     def run(self, connect_timeout_s: float) -> int:
@@ -88,6 +91,7 @@ class Agent:
             return self._run(connect_timeout_s)
         finally:
             self.finished.set()
+            self.step_reports.close()
             if self.in_service:  # nothing of this job may outlive it: its workers, its channel
                 self._stop_worker()
                 if self.spare is not None:
@@ -218,7 +222,7 @@ class Agent:
                 kind = event.WhichOneof("kind")
                 if kind == "step":
                     self.step = event.step.step
-                    self._call("ReportStep", pb.ReportStepRequest(agent_id=self.agent_id, metrics=event.step,
+                    self.step_reports.report(pb.ReportStepRequest(agent_id=self.agent_id, metrics=event.step,
                                                                   generation=generation))
                 elif kind == "checkpoint":
                     if self.uploading and not event.checkpoint.error:  # reported once it is on the coordinator
@@ -239,6 +243,7 @@ class Agent:
             worker.kill()
             worker.wait()
             self.spare = WorkerProcess()  # fresh, and warm by the time the next generation starts
+        self.step_reports.flush()  # every step is reported before the result
         if self.uploading:
             self._uploader().wait_idle()  # the last checkpoint is reported before the result
         self.training.clear()

@@ -88,7 +88,7 @@ discover: {min_nodes: 2, max_nodes: 2, wait_s: 60, regions: [eu], labels: {gpu: 
         up_out, up_err = stop_process(up)
     assert up.returncode == 0, up_err + up_out
     assert all(a.returncode == 0 for a in agents), results
-    assert "discovered 2 node(s): a100-x (eu" in up_out
+    assert "discovered 2 node(s): " in up_out and "a100-x (eu" in up_out and "a100-y (eu" in up_out, up_out
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 3
     assert {s["node"] for s in summary["plan"]["stages"]} <= {"a100-x", "a100-y"}

@@ -27,9 +27,8 @@ model: {{preset: tiny}}
 train: {{steps: {steps}, micro_batch_size: 4, num_microbatches: 2, precision: {precision}, checkpoint_every: 0, seed: 3}}
 compression: {{intra_region: none, cross_region: none}}
 nodes:
-  - {{name: a, device: cpu, threads: 1, layers: [0, 2]}}
-  - {{name: b, device: cpu, threads: 1, layers: [2, 4]}}
-  - {{name: c, device: cpu, threads: 1, layers: [4, 6]}}
+  - {{name: a, device: cpu, threads: 1, layers: [0, 3]}}
+  - {{name: b, device: cpu, threads: 1, layers: [3, 6]}}
 """)
     run_dir = tmp_path / precision
     result = run_hetlaunch("up", str(yaml_path), "--run-dir", str(run_dir), timeout=240)
@@ -40,7 +39,7 @@ nodes:
 
 @pytest.mark.timeout(420)
 def test_bf16_and_fp16_end_within_3_percent_of_fp32_and_halve_the_link_bytes(tmp_path):
-    steps = 200
+    steps = 150
     fp32, fp32_summary = _run(tmp_path, "fp32", steps)
     for precision in ("bf16", "fp16"):
         lines, summary = _run(tmp_path, precision, steps)
@@ -49,7 +48,7 @@ def test_bf16_and_fp16_end_within_3_percent_of_fp32_and_halve_the_link_bytes(tmp
         assert abs(final - want) / want <= 0.03, (precision, final, want)
         assert fp32[0]["loss"] - want > 1.0  # both runs really trained
         # The same activations cross the same links in half the bytes (no codec: "none").
-        assert len(summary["links"]) == len(fp32_summary["links"]) == 2
+        assert len(summary["links"]) == len(fp32_summary["links"]) == 1
         for ours, theirs in zip(summary["links"], fp32_summary["links"]):
             assert ours["raw_bytes"] * 2 == theirs["raw_bytes"], (ours, theirs)
 
