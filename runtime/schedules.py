@@ -131,9 +131,20 @@ def simulate(
     per_stage: list[list[Action]],
     forward_cost: list[float] | None = None,
     backward_cost: list[float] | None = None,
+    link_cost: list[float] | None = None,
+    latency: list[float] | None = None,
+    optimizer_cost: list[float] | None = None,
 ) -> float:
-    """Run the per-stage action lists under the pipeline dependencies, each stage
-    strictly in its own order, with zero communication cost; return the makespan.
+    """Run the per-stage action lists under the pipeline dependencies, each stage strictly in
+    its own order; return the step's makespan. The step time the planner prices.
+
+    Communication is what the executor does (runtime/executor.py, runtime/link.py): a stage
+    sends its result asynchronously the moment an action ends and goes on; boundary ``j``
+    (between stages j and j+1) carries each message for ``link_cost[j]`` seconds, one message
+    after another in each direction (activations down, gradients up: a full-duplex link), and
+    the message arrives ``latency[j]`` after it left the wire; a stage blocks only when the
+    action it is at needs a message that has not arrived. After its last action a stage steps
+    its optimizer (``optimizer_cost``). Default: free links, no optimizer.
 
     Raises ``ValueError("schedule deadlocks at ...")`` when no stage can progress.
     """
@@ -142,36 +153,73 @@ def simulate(
         raise ValueError("simulate needs at least one stage")
     f_cost = _costs(forward_cost, 1.0, num_stages, "forward_cost")
     b_cost = _costs(backward_cost, 2.0, num_stages, "backward_cost")
+    wire = _costs(link_cost, 0.0, num_stages - 1, "link_cost")
+    lat = _costs(latency, 0.0, num_stages - 1, "latency")
+    opt = _costs(optimizer_cost, 0.0, num_stages, "optimizer_cost")
     for s, actions in enumerate(per_stage):
         if len(set(actions)) != len(actions):
             raise ValueError(f"stage {s} repeats an action: {' '.join(map(str, actions))}")
 
-    finish: dict[tuple[int, Action], float] = {}
+    # Plain lists indexed [stage][micro-batch]: the planner simulates thousands of candidates.
+    num_mb = 1 + max((a.microbatch for actions in per_stage for a in actions), default=0)
+    plan = [[(a.op is Op.FORWARD, a.microbatch) for a in actions] for actions in per_stage]
+    f_done = [[None] * num_mb for _ in range(num_stages)]
+    b_done = [[None] * num_mb for _ in range(num_stages)]
+    f_in = [[None] * num_mb for _ in range(num_stages)]  # when an activation has arrived at stage s
+    b_in = [[None] * num_mb for _ in range(num_stages)]  # when a gradient has arrived at stage s
+    down_free = [0.0] * max(num_stages - 1, 0)  # each boundary's wire, activations going down
+    up_free = [0.0] * max(num_stages - 1, 0)  # and gradients going up
+    last = num_stages - 1
     next_idx = [0] * num_stages
     free_at = [0.0] * num_stages
     remaining = sum(len(a) for a in per_stage)
     while remaining:
         progressed = False
         for s in range(num_stages):
-            # Run as far as this stage can go; a start time depends only on
-            # finished actions, so the sweep order does not change the result.
-            while next_idx[s] < len(per_stage[s]):
-                a = per_stage[s][next_idx[s]]
-                deps = _deps(s, num_stages, a)
-                if any(d not in finish for d in deps):
-                    break
-                start = max([free_at[s]] + [finish[d] for d in deps])
-                free_at[s] = start + (f_cost[s] if a.op is Op.FORWARD else b_cost[s])
-                finish[(s, a)] = free_at[s]
-                next_idx[s] += 1
+            # Run as far as this stage can go; a start time depends only on finished
+            # actions, so the sweep order does not change the result.
+            actions, i = plan[s], next_idx[s]
+            while i < len(actions):
+                forward, m = actions[i]
+                if forward:
+                    ready = 0.0 if s == 0 else f_in[s][m]
+                    if ready is None:
+                        break
+                    end = max(free_at[s], ready) + f_cost[s]
+                    f_done[s][m] = end
+                    if s < last:  # the activation leaves now, behind what is still on the wire
+                        leaves = end if end > down_free[s] else down_free[s]
+                        down_free[s] = leaves + wire[s]
+                        f_in[s + 1][m] = leaves + wire[s] + lat[s]
+                else:
+                    ready = f_done[s][m]
+                    if ready is None:
+                        break
+                    if s < last:
+                        grad = b_in[s][m]
+                        if grad is None:
+                            break
+                        ready = max(ready, grad)
+                    end = max(free_at[s], ready) + b_cost[s]
+                    b_done[s][m] = end
+                    if s > 0:
+                        leaves = end if end > up_free[s - 1] else up_free[s - 1]
+                        up_free[s - 1] = leaves + wire[s - 1]
+                        b_in[s - 1][m] = leaves + wire[s - 1] + lat[s - 1]
+                free_at[s] = end
+                i += 1
                 remaining -= 1
                 progressed = True
+            next_idx[s] = i
         if not progressed:
+            finished = {(s, Action(Op.FORWARD if f else Op.BACKWARD, m))
+                        for s in range(num_stages) for f, done in ((True, f_done[s]), (False, b_done[s]))
+                        for m in range(num_mb) if done[m] is not None}
             stuck = "; ".join(
                 f"stage {s} {per_stage[s][i]} waits for "
-                + ", ".join(f"stage {ds} {da}" for ds, da in _deps(s, num_stages, per_stage[s][i]) if (ds, da) not in finish)
+                + ", ".join(f"stage {ds} {da}" for ds, da in _deps(s, num_stages, per_stage[s][i]) if (ds, da) not in finished)
                 for s, i in enumerate(next_idx)
                 if i < len(per_stage[s])
             )
             raise ValueError(f"schedule deadlocks at {stuck}")
-    return max(free_at)
+    return max(t + o for t, o in zip(free_at, opt))

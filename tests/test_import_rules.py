@@ -2,7 +2,8 @@
 inside functions) of the package's source:
 
 - runtime never imports launcher: an agent installs and runs without the planner;
-- launcher/planning imports only itself, runtime/registry.py and runtime/files.py: no grpc, no protos, no torch,
+- launcher/planning imports only itself, runtime/registry.py, runtime/files.py and runtime/schedules.py (the
+  schedules as data, which the planner prices by simulation): no grpc, no protos, no torch,
   no live session, so a plan can be made offline from a profile;
 - protos imports neither launcher nor runtime.
 """
@@ -45,7 +46,8 @@ def check_runtime(path: Path) -> list[str]:
     return forbidden_imports(path, lambda m: False, ["hetlaunch.launcher"])
 
 
-PLANNING_ALLOWED = ("hetlaunch.launcher.planning", "hetlaunch.runtime.registry", "hetlaunch.runtime.files")
+PLANNING_ALLOWED = ("hetlaunch.launcher.planning", "hetlaunch.runtime.registry", "hetlaunch.runtime.files",
+                    "hetlaunch.runtime.schedules")
 
 
 def check_planning(path: Path) -> list[str]:

@@ -229,7 +229,7 @@ def brute_force_two(profile: Profile, M: int, schedule: str, with_sync: bool) ->
     fits = {}  # (chain, m) -> every cut that fits in memory, priced
     for chain in chains:
         for m in range(1, M + 1):
-            costs = (models[m].evaluate(list(chain), cuts) for cuts in _cuts(len(chain), L))
+            costs = (models[m].exact(list(chain), models[m].evaluate(list(chain), cuts)) for cuts in _cuts(len(chain), L))
             fits[tuple(n.name for n in chain), m] = [c for c in costs
                                                      if all(s.memory_bytes <= s.capacity_bytes for s in c.stages)]
     best = min((c.step_s for chain in chains for c in fits[tuple(n.name for n in chain), M]), default=math.inf)
@@ -268,10 +268,11 @@ def test_two_pipelines_equal_brute_force_when_sync_is_free(seed):
 
 
 def test_two_pipelines_near_brute_force_with_sync():
-    # Measured over seeds 0-99: 96 exact, two within 0.003%, and seeds 39 and 75 4.9% and 5.3%
-    # above. The planner cuts each chain for its own step and then polishes single boundaries
-    # for the sync; a best plan that needs a chain cut worse for its own step is missed (in
-    # seed 39, a 2-stage chain whose stage-optimal cut puts a layer on the wrong side of the sync).
+    # Seeds 39 and 75 are 6.2% above (4.9% and 5.3% when plans were priced by the closed form;
+    # both sides are now the simulation), every other seed here exact. The planner cuts each
+    # chain for its own step and then polishes single boundaries for the sync; a best plan that
+    # needs a chain cut worse for its own step is missed (in seed 39, a 2-stage chain whose
+    # stage-optimal cut puts a layer on the wrong side of the sync).
     ratios = {}
     for seed in [*range(24), 39, 75]:
         profile, M, schedule = small_instance(seed, free_sync=False)
@@ -280,5 +281,5 @@ def test_two_pipelines_near_brute_force_with_sync():
         assert got.step_s <= plan(profile, M, schedule).step_s * (1 + 1e-12)
         assert got.step_s >= want * (1 - 1e-9), "the brute force is a lower bound"
         ratios[seed] = got.step_s / want
-    assert max(ratios.values()) <= 1.06, ratios
+    assert max(ratios.values()) <= 1.07, ratios
     assert sum(r <= 1 + 1e-9 for r in ratios.values()) >= len(ratios) - 3, ratios

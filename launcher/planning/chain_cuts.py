@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 
 from hetlaunch.launcher.planning.compression import CODEC_SLACK, LOSSINESS
@@ -20,6 +21,7 @@ from hetlaunch.launcher.planning.cost_model import CostModel, PipelineCost, in_f
 from hetlaunch.launcher.planning.profile_file import NodeProfile
 
 EXACT_MAX_WORK = 20_000  # stages x layers^2 up to which a chain's cut is found by the exact DP
+ENUMERATE_MAX_CUTS = 300  # cuts x codec choices up to which a finalist's cut is found by simulating each
 
 
 def best_cuts(cm: CostModel, chain: list[NodeProfile]) -> PipelineCost | None:
@@ -173,3 +175,25 @@ def least_lossy_codecs(cm: CostModel, chain: list[NodeProfile], cost: PipelineCo
                 codecs[j] = codec
                 break
     return cm.evaluate(chain, cuts, codecs)
+
+
+def simulated_best_cut(cm: CostModel, chain: list[NodeProfile], found: PipelineCost,
+                       most: int = ENUMERATE_MAX_CUTS) -> PipelineCost:
+    """The cut and codecs of this chain that the event simulation prices best, when there are at
+    most `most` to try (else `found`, priced exactly): the closed form the DP minimises is
+    off by up to ~40%, so its best cut need not be the simulation's."""
+    S, L = len(chain), cm.num_layers
+    options = [cm.codec_options(j, a, b) for j, (a, b) in enumerate(zip(chain, chain[1:]))]
+    if math.comb(L - 1, S - 1) * math.prod(len(o) for o in options) > most:
+        return cm.exact(chain, found)
+    best = cm.exact(chain, found)
+    for bounds in itertools.combinations(range(1, L), S - 1):
+        edges = (0, *bounds, L)
+        cuts = list(zip(edges, edges[1:]))
+        if any(cm.memory_bytes(a, b, j, S) > node.memory_bytes for j, (node, (a, b)) in enumerate(zip(chain, cuts))):
+            continue
+        for codecs in itertools.product(*options):
+            cost = cm.exact(chain, cm.evaluate(chain, cuts, list(codecs)))
+            if cost.step_s < best.step_s * (1 - 1e-12):
+                best = cost
+    return best

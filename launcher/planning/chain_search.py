@@ -12,13 +12,21 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
-from hetlaunch.launcher.planning.chain_cuts import cut_chain
+from hetlaunch.launcher.planning.chain_cuts import cut_chain, simulated_best_cut
 from hetlaunch.launcher.planning.compression import CompressionConfig
 from hetlaunch.launcher.planning.cost_model import CostModel, PipelineCost
 from hetlaunch.launcher.planning.profile_file import NodeProfile, Profile
 
 EXHAUSTIVE_MAX_NODES = 6
+EXACT_FINALISTS = 8  # chains whose every cut is priced by simulation (when they have few)
+SIMULATE_EVERY_CHAIN = 256  # stages x micro-batches up to which every chain priced is priced by simulation
+EVERY_CHAIN_MAX_CUTS = 128  # ... and cuts x codec choices up to which each of them tries every cut
+SIMULATION_BUDGET = 100_000  # simulated actions per search for pricing the closed form's chains again
+# The closed form is off by up to ~40% (1F1B's window over sub-chains; M < S), so chains
+# within this factor of its best stay in the running for the exact ranking.
+FINALIST_SLACK = 1.1
 
 
 def node_speed(node: NodeProfile) -> float:
@@ -116,13 +124,24 @@ class ChainSearch:
         key = self.key(chain)
         if key in self.memo:
             known = self.memo[key]
-            return None if known is None else self.cm.evaluate(chain, *known[:2])
+            if known is None:
+                return None
+            cost = self.cm.evaluate(chain, *known[:2])
+            return replace(cost, step_s=known[2], exact=True) if known[3] else cost
         if self.lower_bound(chain) >= bound:
             return None  # cannot beat the best so far; not remembered, a later bound may be looser
         cost = cut_chain(self.cm, chain)
-        self.memo[key] = None if cost is None else ([(s.layer_start, s.layer_end) for s in cost.stages],
-                                                    [s.codec for s in cost.stages[:-1]], cost.step_s)
+        if cost is not None and len(chain) * self.cm.M <= SIMULATE_EVERY_CHAIN:
+            # Cheap here: every comparison then uses what plans report, and a chain with few
+            # cuts gets the simulation's best one.
+            cost = simulated_best_cut(self.cm, chain, cost, EVERY_CHAIN_MAX_CUTS)
+        self.remember(chain, cost)
         return cost
+
+    def remember(self, chain: list[NodeProfile], cost: PipelineCost | None) -> None:
+        self.memo[self.key(chain)] = None if cost is None else (
+            [(s.layer_start, s.layer_end) for s in cost.stages], [s.codec for s in cost.stages[:-1]], cost.step_s,
+            cost.exact)
 
     def step(self, chain: list[NodeProfile], bound: float) -> float | None:
         """price(chain, bound).step_s without building the cost when it is remembered."""
@@ -156,14 +175,32 @@ class ChainSearch:
         return cm.step_s(work / len(chain), link_max, work + link_sum) * (1 - 1e-12)  # rounding stays below
 
     def best(self, nodes: list[NodeProfile], stages: int | None) -> PipelineCost | None:
-        best = None
+        """The best chain and cut: searched with the closed form, the EXACT_FINALISTS best of
+        them ranked by the event simulation (CostModel.exact), which is what the plan reports."""
+        best, priced = None, []
         chains = list(candidate_chains(self.profile, nodes, self.cm.num_layers, stages, self.paths))
         # Most promising first: an early good bound lets the lower bound skip the rest uncut.
         bounds = [self.lower_bound(chain) for chain in chains]
         for k in sorted(range(len(chains)), key=bounds.__getitem__):
-            if best is not None and bounds[k] >= best.step_s:
+            if best is not None and bounds[k] >= best.step_s * FINALIST_SLACK:
                 break
-            cost = self.price(chains[k], best.step_s if best else math.inf)
-            if cost is not None and (best is None or cost.step_s < best.step_s):
-                best = cost
+            cost = self.price(chains[k], best.step_s * FINALIST_SLACK if best else math.inf)
+            if cost is not None:
+                priced.append((cost, chains[k]))
+                if best is None or cost.step_s < best.step_s:
+                    best = cost
+        # Priced by the closed form (long chains), priced again by simulation while the budget
+        # lasts; the EXACT_FINALISTS best then try every cut they have.
+        simulated, spent = [], 0
+        for cost, chain in sorted(priced, key=lambda pair: pair[0].step_s):
+            if len(simulated) >= EXACT_FINALISTS and spent > SIMULATION_BUDGET:
+                break
+            simulated.append((cost if cost.exact else self.cm.exact(chain, cost), chain))
+            spent += 0 if cost.exact else 2 * len(chain) * self.cm.M
+        best = None
+        for cost, chain in sorted(simulated, key=lambda pair: pair[0].step_s)[:EXACT_FINALISTS]:
+            exact = simulated_best_cut(self.cm, chain, cost)
+            self.remember(chain, exact)  # this chain's cut from now on
+            if best is None or exact.step_s < best.step_s:
+                best = exact
         return best

@@ -35,11 +35,12 @@ bandwidth, is what limits 1F1B (GPipe has no such window).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hetlaunch.launcher.planning.compression import LOSSINESS, NONE, CompressionConfig, wire_ratio
 from hetlaunch.launcher.planning.profile_file import NodeProfile, Profile
 from hetlaunch.runtime.registry import STATIC_BYTES_PER_PARAM_BYTE
+from hetlaunch.runtime.schedules import schedule_for, simulate
 
 
 def in_flight(schedule: str, stage_index: int, num_stages: int, num_microbatches: int) -> int:
@@ -68,6 +69,7 @@ class PipelineCost:
     num_microbatches: int
     step_s: float
     bottleneck: str      # "compute on <node>" or "link <a> -> <b>"
+    exact: bool = False  # step_s from the event simulation (CostModel.exact), not the closed form
 
 
 class CostModel:
@@ -87,6 +89,7 @@ class CostModel:
         self._activation = _prefix([layer.activation_bytes for layer in profile.layers])
         self._links: dict[tuple[str, str], tuple[float, float]] = {}
         self._memory_prefix: dict[int, list[float]] = {}
+        self._optimizer: dict[str, list[float]] = {}
 
     def compute_s(self, node: NodeProfile, start: int, end: int) -> float:
         acc = self._time.get(node.name) or self.time_prefix(node)
@@ -102,6 +105,36 @@ class CostModel:
                 acc.append(total)
             self._time[node.name] = acc
         return acc
+
+    def optimizer_s(self, node: NodeProfile, start: int, end: int) -> float:
+        """The once-per-step optimizer time of layers [start, end) on node."""
+        acc = self._optimizer.get(node.name)
+        if acc is None:
+            acc = self._optimizer[node.name] = _prefix([node.optimizer(i) for i in range(self.num_layers)])
+        return acc[end] - acc[start]
+
+    def exact(self, chain: list[NodeProfile], cost: PipelineCost) -> PipelineCost:
+        """The same cut and codecs, its step priced by an event simulation of the schedule the
+        executor runs (runtime/schedules.py `simulate`) instead of the closed form above.
+
+        Per micro-batch a stage's layers take a third of their time forward and two thirds
+        backward (profiles hold forward + backward), plus half its boundary's codec work each
+        way (encoding what it sends, decoding what comes back); its optimizer runs once after
+        its last backward. The closed form stays for the search, where it is called thousands
+        of times; plans are priced with this."""
+        S = len(cost.stages)
+        forward, backward, optimizer = [], [], []
+        for j, (node, stage) in enumerate(zip(chain, cost.stages)):
+            opt = self.optimizer_s(node, stage.layer_start, stage.layer_end)
+            codec = self.codec_s(node, stage.layer_end - 1, stage.codec) if j < S - 1 else 0.0
+            layers = stage.compute_s - opt / self.M - codec
+            forward.append(layers / 3 + codec / 2)
+            backward.append(2 * layers / 3 + codec / 2)
+            optimizer.append(opt)
+        actions = [schedule_for(self.schedule, j, S, self.M) for j in range(S)]
+        step = simulate(actions, forward, backward, [s.link_s for s in cost.stages[:-1]],
+                        [s.latency_s for s in cost.stages[:-1]], optimizer)
+        return replace(cost, step_s=step, exact=True)
 
     def memory_prefix(self, stage_index: int, num_stages: int) -> list[float]:
         """prefix[i] = memory of layers [0, i) for a stage at this position (its in-flight window)."""

@@ -90,7 +90,7 @@ def plan(profile: Profile, num_microbatches: int, schedule: str = "1f1b", max_pi
     if best is None:
         raise PlanningError(_why_nothing_fits(profile, num_microbatches, schedule))
     excluded = _exclusion_reasons(profile, best.pipelines, schedule, stages, method == "exhaustive")
-    return _result(profile, best.pipelines, best.sync, method, started, excluded)
+    return _result(profile, best.pipelines, best.sync, method, started, schedule, compression, excluded)
 
 
 def plan_fixed_cut(profile: Profile, chain: list[str], cuts: list[tuple[int, int]], num_microbatches: int,
@@ -98,7 +98,7 @@ def plan_fixed_cut(profile: Profile, chain: list[str], cuts: list[tuple[int, int
     """Price a cut the user pinned and choose its codecs (the cut itself is not changed)."""
     started = time.perf_counter()
     cost = _pinned_cost(profile, chain, cuts, num_microbatches, schedule, compression)
-    return _result(profile, [cost], [], "pinned cut", started)
+    return _result(profile, [cost], [], "pinned cut", started, schedule, compression)
 
 
 def price_pipelines(profile: Profile, pipelines: list[tuple[list[str], list[tuple[int, int]], int]],
@@ -107,7 +107,8 @@ def price_pipelines(profile: Profile, pipelines: list[tuple[list[str], list[tupl
     gradient sync; codecs are chosen per boundary and per sync group, nothing else changes."""
     started = time.perf_counter()
     costs = [_pinned_cost(profile, chain, cuts, m, schedule, compression) for chain, cuts, m in pipelines]
-    return _result(profile, costs, sync_costs(profile, costs, compression), "pinned cut", started)
+    return _result(profile, costs, sync_costs(profile, costs, compression), "pinned cut", started, schedule,
+                   compression)
 
 
 def _pinned_cost(profile: Profile, chain: list[str], cuts: list[tuple[int, int]], num_microbatches: int,
@@ -118,7 +119,14 @@ def _pinned_cost(profile: Profile, chain: list[str], cuts: list[tuple[int, int]]
 
 
 def _result(profile: Profile, costs: list[PipelineCost], sync: list[SyncCost], method: str, started: float,
-            excluded: dict[str, str] | None = None) -> PlannerResult:
+            schedule: str, compression: CompressionConfig, excluded: dict[str, str] | None = None) -> PlannerResult:
+    """The plan as priced by simulation: every pipeline's step from CostModel.exact, and the
+    gradient sync priced again against those steps."""
+    exact = [c if c.exact else CostModel(profile, c.num_microbatches, schedule, compression).exact(
+        [profile.node(s.node) for s in c.stages], c) for c in costs]
+    if exact != costs and len(costs) > 1:
+        sync = sync_costs(profile, exact, compression)
+    costs = exact
     step_s = plan_step_s(costs, sync)
     tokens = sum(p.num_microbatches for p in costs) * profile.micro_batch_size * profile.seq_len
     index = {n.name: n for n in profile.nodes}
