@@ -257,8 +257,11 @@ class ClusterConfig(Strict):
             j = pinned.index(True)
             raise FieldError(("nodes", i, "layers"), f"missing; either every node pins layers or none does (nodes[{j}] does)")
         for i, n in enumerate(self.nodes):
-            if n.pipeline is not None and n.layers is None:
-                raise FieldError(("nodes", i, "pipeline"), "only with pinned layers (the planner places nodes itself)")
+            for key in ("pipeline", "window"):
+                if getattr(n, key) is not None and n.layers is None:
+                    raise FieldError(("nodes", i, key), "only with pinned layers (the planner places nodes itself)")
+            if n.window is not None and self.train.schedule != "1f1b":
+                raise FieldError(("nodes", i, "window"), f"only with train.schedule: 1f1b (not {self.train.schedule})")
         shares = self.train.pipeline_microbatches
         if shares is not None and not all(pinned):
             raise FieldError(("train", "pipeline_microbatches"), "only when every node pins layers")

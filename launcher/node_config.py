@@ -75,6 +75,7 @@ class NodeConfig(Strict):
     memory_fraction: YamlFloat | None = Field(None, gt=0, le=1)
     layers: Annotated[tuple[int, int], Pair] | None = None  # [start, end) pinned layer range
     pipeline: int | None = Field(None, ge=0)  # with pinned layers: which data-parallel pipeline (0, 1, ...); default 0
+    window: int | None = Field(None, ge=1)  # with pinned layers, 1F1B: micro-batches in flight (default: the planner's)
     emulate: NodeEmulation = Field(default_factory=NodeEmulation)  # local nodes only
     data_plane: DataPlaneConfig | None = None  # this node's own; default: the top-level data_plane
 

@@ -162,7 +162,7 @@ def planner_result_dict(result) -> dict:
             "num_microbatches": p.cost.num_microbatches, "step_s": p.cost.step_s, "bottleneck": p.cost.bottleneck,
             "stages": [{"node": s.node, "region": region, "layers": [s.layer_start, s.layer_end],
                         "compute_s": s.compute_s, "codec": s.codec, "link_s": s.link_s,
-                        "link_uncompressed_s": s.link_uncompressed_s, "latency_s": s.latency_s,
+                        "link_uncompressed_s": s.link_uncompressed_s, "latency_s": s.latency_s, "window": s.window,
                         "memory_bytes": s.memory_bytes, "capacity_bytes": s.capacity_bytes}
                        for s, region in zip(p.cost.stages, p.regions)]}
             for p in result.pipelines],

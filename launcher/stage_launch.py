@@ -49,7 +49,7 @@ def launch(session: ClusterSession, plan: Plan, spec, restore: Restore, checkpoi
                                     threads=session.threads_of(stage.node),
                                     emulate=pb.Emulation(speed=node.emulate.speed,
                                                          memory_gb=node.emulate.memory_gb or 0.0),
-                                    memory_fraction=node.memory_fraction or 0.0)
+                                    memory_fraction=node.memory_fraction or 0.0, window=stage.window)
             if j > 0:
                 spec_msg.prev.CopyFrom(_link_spec(cluster, stages[j - 1], stage, rank - 1, boundary_bytes))
             if j < n - 1:

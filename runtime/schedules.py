@@ -49,15 +49,24 @@ def _b(m: int) -> Action:
     return Action(Op.BACKWARD, m)
 
 
-def one_f_one_b(stage: int, num_stages: int, num_microbatches: int) -> list[Action]:
+def one_f_one_b(stage: int, num_stages: int, num_microbatches: int, window: int = 0) -> list[Action]:
     """PipeDream-flush 1F1B: warm-up forwards, then one forward / one backward, then drain.
 
     Stage ``s`` keeps at most ``min(num_stages - s, M)`` micro-batches' activations alive,
-    which is the point of 1F1B over GPipe.
+    which is the point of 1F1B over GPipe. A deeper ``window`` (micro-batches in flight, at
+    least that default) runs more warm-up forwards, so more micro-batches are on their way
+    over a slow link while the first gradient comes back, paid for in activation memory.
+    Windows must not grow down the pipeline (stage s's >= stage s+1's); the planner and the
+    YAML check (launcher/planning/plan.py check_windows).
     """
     _check_args(stage, num_stages, num_microbatches)
     m_total = num_microbatches
     warmup = min(num_stages - stage - 1, m_total)
+    if window:
+        own = min(num_stages - stage, m_total)
+        if window < own:
+            raise ValueError(f"stage {stage}'s window {window} is below 1F1B's {own}")
+        warmup = min(window - 1, m_total)
     actions = [_f(m) for m in range(warmup)]
     for i in range(m_total - warmup):
         actions += [_f(warmup + i), _b(i)]
@@ -78,10 +87,14 @@ def gpipe(stage: int, num_stages: int, num_microbatches: int) -> list[Action]:
 SCHEDULES: dict[str, Callable[[int, int, int], list[Action]]] = {"1f1b": one_f_one_b, "gpipe": gpipe}
 
 
-def schedule_for(name: str, stage: int, num_stages: int, num_microbatches: int) -> list[Action]:
+def schedule_for(name: str, stage: int, num_stages: int, num_microbatches: int, window: int = 0) -> list[Action]:
+    """The stage's actions; `window` (1F1B only; 0: the default) deepens its warm-up."""
     if name not in SCHEDULES:
         raise ValueError(f"unknown schedule {name!r}; valid schedules: {', '.join(SCHEDULES)}")
-    return SCHEDULES[name](stage, num_stages, num_microbatches)
+    if window and name != "1f1b":
+        raise ValueError(f"a window is for 1f1b only, not {name}")
+    return one_f_one_b(stage, num_stages, num_microbatches, window) if window else \
+        SCHEDULES[name](stage, num_stages, num_microbatches)
 
 
 def validate_actions(actions: list[Action], num_microbatches: int) -> None:
@@ -159,10 +172,26 @@ def simulate(
     for s, actions in enumerate(per_stage):
         if len(set(actions)) != len(actions):
             raise ValueError(f"stage {s} repeats an action: {' '.join(map(str, actions))}")
-
-    # Plain lists indexed [stage][micro-batch]: the planner simulates thousands of candidates.
     num_mb = 1 + max((a.microbatch for actions in per_stage for a in actions), default=0)
-    plan = [[(a.op is Op.FORWARD, a.microbatch) for a in actions] for actions in per_stage]
+    return _simulate(compiled(per_stage), f_cost, b_cost, wire, lat, opt, per_stage, num_mb)
+
+
+def compiled(per_stage: list[list[Action]]) -> tuple[tuple[tuple[bool, int], ...], ...]:
+    """The action lists as (is forward, micro-batch) pairs: what `simulate` walks. The planner
+    keeps these per stage shape and simulates thousands of candidates with `simulate_compiled`."""
+    return tuple(tuple((a.op is Op.FORWARD, a.microbatch) for a in actions) for actions in per_stage)
+
+
+def simulate_compiled(plan, forward_cost: list[float], backward_cost: list[float], link_cost: list[float],
+                      latency: list[float], optimizer_cost: list[float]) -> float:
+    """`simulate` on `compiled` action lists, costs given in full (no defaults, no checks)."""
+    # Well formed (schedule_for's): each stage runs the forward and the backward of every micro-batch.
+    return _simulate(plan, forward_cost, backward_cost, link_cost, latency, optimizer_cost, None, len(plan[0]) // 2)
+
+
+def _simulate(plan, f_cost, b_cost, wire, lat, opt, per_stage, num_mb: int) -> float:
+    num_stages = len(plan)
+    # Plain lists indexed [stage][micro-batch]: the planner simulates thousands of candidates.
     f_done = [[None] * num_mb for _ in range(num_stages)]
     b_done = [[None] * num_mb for _ in range(num_stages)]
     f_in = [[None] * num_mb for _ in range(num_stages)]  # when an activation has arrived at stage s
@@ -172,7 +201,7 @@ def simulate(
     last = num_stages - 1
     next_idx = [0] * num_stages
     free_at = [0.0] * num_stages
-    remaining = sum(len(a) for a in per_stage)
+    remaining = sum(len(a) for a in plan)
     while remaining:
         progressed = False
         for s in range(num_stages):
@@ -185,7 +214,7 @@ def simulate(
                     ready = 0.0 if s == 0 else f_in[s][m]
                     if ready is None:
                         break
-                    end = max(free_at[s], ready) + f_cost[s]
+                    end = (ready if ready > free_at[s] else free_at[s]) + f_cost[s]
                     f_done[s][m] = end
                     if s < last:  # the activation leaves now, behind what is still on the wire
                         leaves = end if end > down_free[s] else down_free[s]
@@ -199,8 +228,8 @@ def simulate(
                         grad = b_in[s][m]
                         if grad is None:
                             break
-                        ready = max(ready, grad)
-                    end = max(free_at[s], ready) + b_cost[s]
+                        ready = grad if grad > ready else ready
+                    end = (ready if ready > free_at[s] else free_at[s]) + b_cost[s]
                     b_done[s][m] = end
                     if s > 0:
                         leaves = end if end > up_free[s - 1] else up_free[s - 1]
@@ -212,6 +241,8 @@ def simulate(
                 progressed = True
             next_idx[s] = i
         if not progressed:
+            if per_stage is None:
+                raise ValueError("schedule deadlocks")
             finished = {(s, Action(Op.FORWARD if f else Op.BACKWARD, m))
                         for s in range(num_stages) for f, done in ((True, f_done[s]), (False, b_done[s]))
                         for m in range(num_mb) if done[m] is not None}

@@ -277,7 +277,8 @@ def _train(cmd: pb.RunStage, executor: StageExecutor, batches: TokenBatches | No
     dp = cmd.data_parallel if cmd.HasField("data_parallel") else None
     global_microbatches = dp.global_microbatches if dp else train.num_microbatches
     first_microbatch = dp.microbatch_offset if dp else 0
-    actions = schedule_for(schedule_name(train.schedule), stage.stage_index, stage.num_stages, train.num_microbatches)
+    actions = schedule_for(schedule_name(train.schedule), stage.stage_index, stage.num_stages, train.num_microbatches,
+                           stage.window)
     tokens = train.micro_batch_size * train.num_microbatches * spec.seq_len
     for step in range(train.start_step, train.steps):
         torch.manual_seed(step_rng_seed(train.seed, step))

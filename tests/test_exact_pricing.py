@@ -51,7 +51,7 @@ def _chain_profile(rng: random.Random, stages: int, first_last_slow: bool) -> Pr
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
 def test_a_plans_step_is_the_simulation_of_its_stages_on_200_random_chains(schedule):
     rng = random.Random(14)  # the same 200 chains for both schedules
-    worst_closed_form = 0.0
+    worst_closed_form, deepened = 0.0, 0
     for case in range(200):
         stages = rng.randint(2, 6)
         microbatches = rng.choice([1, 2, stages - 1, stages, 4, 8, 16]) or 1  # M < S included
@@ -60,13 +60,39 @@ def test_a_plans_step_is_the_simulation_of_its_stages_on_200_random_chains(sched
                                 microbatches, schedule)
         cost = result.pipelines[0].cost
         compute = [s.compute_s for s in cost.stages]
-        want = simulate([schedule_for(schedule, j, stages, microbatches) for j in range(stages)],
+        want = simulate([schedule_for(schedule, j, stages, microbatches, s.window) for j, s in enumerate(cost.stages)],
                         [t / 3 for t in compute], [2 * t / 3 for t in compute],
                         [s.link_s for s in cost.stages[:-1]], [s.latency_s for s in cost.stages[:-1]])
         assert result.step_s == pytest.approx(want, rel=1e-9), (case, stages, microbatches)
-        closed = CostModel(profile, microbatches, schedule).evaluate(profile.nodes, [(i, i + 1) for i in range(stages)])
-        worst_closed_form = max(worst_closed_form, abs(closed.step_s / want - 1))
+        deepened += any(s.window for s in cost.stages)
+        if not any(s.window for s in cost.stages):  # the closed form knows 1F1B's own windows only
+            closed = CostModel(profile, microbatches, schedule).evaluate(profile.nodes,
+                                                                         [(i, i + 1) for i in range(stages)])
+            worst_closed_form = max(worst_closed_form, abs(closed.step_s / want - 1))
     if schedule == "gpipe":  # an independent check of the simulation: GPipe's closed form is exact
-        assert worst_closed_form < 1e-9
+        assert worst_closed_form < 1e-9 and not deepened
     else:  # 1F1B's is not (its window term), which is why plans are priced by simulation
         assert worst_closed_form > 0.05, worst_closed_form
+        assert deepened >= 20, deepened  # distant links: deeper windows were chosen and priced too
+
+
+def _distant_pair(memory_bytes: float) -> Profile:
+    layers = [LayerInfo(param_bytes=2**20, activation_bytes=2**20, output_bytes=2**16) for _ in range(2)]
+    nodes = [NodeProfile(name=f"n{i}", region=f"r{i}", device="dev", memory_bytes=memory_bytes,
+                         layer_seconds=[0.010, 0.010], optimizer_seconds=[0.0, 0.0]) for i in range(2)]
+    links = [LinkProfile(regions=("r0", "r1"), bandwidth_bytes_per_s=1e9, latency_s=0.100)]
+    return Profile(model=ModelIdentity(description="pair", num_layers=2), micro_batch_size=1, seq_len=1,
+                   layers=layers, nodes=nodes, links=links)
+
+
+def test_the_planner_deepens_windows_over_a_distant_link_as_far_as_memory_allows():
+    roomy = plan_fixed_cut(_distant_pair(2**30), ["n0", "n1"], [(0, 1), (1, 2)], 8)
+    stages = roomy.pipelines[0].cost.stages
+    assert stages[0].window == 8 and stages[1].window == 0  # all 8 in flight; the last stage's own is deepest
+    plain = simulate([schedule_for("1f1b", j, 2, 8) for j in range(2)], [0.01 / 3] * 2, [0.02 / 3] * 2,
+                     [stages[0].link_s], [0.1])
+    assert roomy.step_s < 0.6 * plain
+    # Parameters, gradients and AdamW state take 4 MiB; room for 3 micro-batches of 1 MiB activations more.
+    tight = plan_fixed_cut(_distant_pair(7.5 * 2**20), ["n0", "n1"], [(0, 1), (1, 2)], 8)
+    first = tight.pipelines[0].cost.stages[0]
+    assert first.window == 3 and first.memory_bytes <= first.capacity_bytes

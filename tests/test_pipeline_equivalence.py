@@ -41,9 +41,9 @@ train:
   {RECIPE.replace(", ", chr(10) + "  ")}
 compression: {{intra_region: none, cross_region: none}}  # exact numerics: no lossy codec may be chosen
 nodes:
-  - {{name: head, device: cpu, threads: 1, layers: [0, 1]}}
-  - {{name: body, device: cpu, threads: 1, layers: [1, 7]}}
-  - {{name: tail, device: cpu, threads: 1, layers: [7, 8]}}
+  - {{name: head, device: cpu, threads: 1, layers: [0, 1]WINDOW0}}
+  - {{name: body, device: cpu, threads: 1, layers: [1, 7]WINDOW1}}
+  - {{name: tail, device: cpu, threads: 1, layers: [7, 8]WINDOW2}}
 """
 
 
@@ -92,10 +92,15 @@ def reference():
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
-def test_pipeline_matches_single_process(schedule, reference, tmp_path):
+@pytest.mark.parametrize("schedule, windows", [("1f1b", None), ("gpipe", None), ("1f1b", (4, 3, 2))],
+                         ids=["1f1b", "gpipe", "1f1b-deeper-windows"])
+def test_pipeline_matches_single_process(schedule, windows, reference, tmp_path):
+    """Deeper windows (1F1B's own here are 3, 2, 1) reorder forwards and backwards; the math must not move."""
+    text = CLUSTER.replace("SCHEDULE", schedule)
+    for j in range(3):
+        text = text.replace(f"WINDOW{j}", f", window: {windows[j]}" if windows else "")
     yaml_path = tmp_path / "cluster.yaml"
-    yaml_path.write_text(CLUSTER.replace("SCHEDULE", schedule))
+    yaml_path.write_text(text)
     run_dir = tmp_path / "run"
     result = run_hetlaunch("up", str(yaml_path), "--run-dir", str(run_dir), timeout=150)
     assert result.returncode == 0, result.stderr + result.stdout

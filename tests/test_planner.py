@@ -46,7 +46,7 @@ def brute_force(profile: Profile, M: int, schedule: str) -> float:
             for bounds in itertools.combinations(range(1, L), k - 1):
                 edges = (0, *bounds, L)
                 cuts = list(zip(edges, edges[1:]))
-                cost = cm.exact(list(chain), cm.evaluate(list(chain), cuts))
+                cost = cm.deepen(list(chain), cm.evaluate(list(chain), cuts))  # windows as deep as memory allows, when they pay
                 if all(s.memory_bytes <= s.capacity_bytes for s in cost.stages):
                     best = min(best, cost.step_s)
     return best

@@ -229,7 +229,7 @@ def brute_force_two(profile: Profile, M: int, schedule: str, with_sync: bool) ->
     fits = {}  # (chain, m) -> every cut that fits in memory, priced
     for chain in chains:
         for m in range(1, M + 1):
-            costs = (models[m].exact(list(chain), models[m].evaluate(list(chain), cuts)) for cuts in _cuts(len(chain), L))
+            costs = (models[m].deepen(list(chain), models[m].evaluate(list(chain), cuts)) for cuts in _cuts(len(chain), L))
             fits[tuple(n.name for n in chain), m] = [c for c in costs
                                                      if all(s.memory_bytes <= s.capacity_bytes for s in c.stages)]
     best = min((c.step_s for chain in chains for c in fits[tuple(n.name for n in chain), M]), default=math.inf)

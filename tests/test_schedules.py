@@ -115,3 +115,35 @@ def test_validation_errors():
         one_f_one_b(3, 3, 2)
     with pytest.raises(ValueError, match="num_microbatches"):
         gpipe(0, 2, 0)
+
+
+def test_deeper_windows_keep_more_in_flight_and_never_deadlock():
+    import random
+
+    rng = random.Random(5)
+    for _ in range(300):
+        stages, m = rng.randint(1, 6), rng.randint(1, 12)
+        windows, above = [], m
+        for j in range(stages):  # at least 1F1B's own, at most the one above
+            own = min(stages - j, m)
+            windows.append(rng.randint(own, max(own, min(above, m))))
+            above = windows[-1]
+        per_stage = [schedule_for("1f1b", j, stages, m, windows[j]) for j in range(stages)]
+        for j, actions in enumerate(per_stage):
+            validate_actions(actions, m)
+            assert max_in_flight(actions) == min(windows[j], m)
+        simulate(per_stage)  # raises on a deadlock
+    with pytest.raises(ValueError, match="below 1F1B's 3"):
+        schedule_for("1f1b", 0, 3, 4, window=2)
+    with pytest.raises(ValueError, match="for 1f1b only"):
+        schedule_for("gpipe", 0, 3, 4, window=4)
+
+
+def test_a_deeper_window_hides_a_distant_link():
+    # Two stages over a link with 100 ms latency each way: 1F1B's window of 2 waits for the
+    # round trip; a window of 8 keeps the first stage busy meanwhile.
+    def step(window: int) -> float:
+        per_stage = [schedule_for("1f1b", 0, 2, 8, window), schedule_for("1f1b", 1, 2, 8)]
+        return simulate(per_stage, [0.01, 0.01], [0.02, 0.02], [0.001], [0.1])
+
+    assert step(8) < 0.6 * step(0)

@@ -181,19 +181,20 @@ def simulated_best_cut(cm: CostModel, chain: list[NodeProfile], found: PipelineC
                        most: int = ENUMERATE_MAX_CUTS) -> PipelineCost:
     """The cut and codecs of this chain that the event simulation prices best, when there are at
     most `most` to try (else `found`, priced exactly): the closed form the DP minimises is
-    off by up to ~40%, so its best cut need not be the simulation's."""
+    off by up to ~40%, so its best cut need not be the simulation's. Each cut with its 1F1B
+    windows as deep as memory allows, where that pays (CostModel.deepen)."""
     S, L = len(chain), cm.num_layers
     options = [cm.codec_options(j, a, b) for j, (a, b) in enumerate(zip(chain, chain[1:]))]
     if math.comb(L - 1, S - 1) * math.prod(len(o) for o in options) > most:
-        return cm.exact(chain, found)
-    best = cm.exact(chain, found)
+        return cm.deepen(chain, found)
+    best = cm.deepen(chain, found)
     for bounds in itertools.combinations(range(1, L), S - 1):
         edges = (0, *bounds, L)
         cuts = list(zip(edges, edges[1:]))
         if any(cm.memory_bytes(a, b, j, S) > node.memory_bytes for j, (node, (a, b)) in enumerate(zip(chain, cuts))):
             continue
         for codecs in itertools.product(*options):
-            cost = cm.exact(chain, cm.evaluate(chain, cuts, list(codecs)))
+            cost = cm.deepen(chain, cm.evaluate(chain, cuts, list(codecs)))
             if cost.step_s < best.step_s * (1 - 1e-12):
                 best = cost
     return best

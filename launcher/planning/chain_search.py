@@ -23,7 +23,7 @@ EXHAUSTIVE_MAX_NODES = 6
 EXACT_FINALISTS = 8  # chains whose every cut is priced by simulation (when they have few)
 SIMULATE_EVERY_CHAIN = 256  # stages x micro-batches up to which every chain priced is priced by simulation
 EVERY_CHAIN_MAX_CUTS = 128  # ... and cuts x codec choices up to which each of them tries every cut
-SIMULATION_BUDGET = 100_000  # simulated actions per search for pricing the closed form's chains again
+SIMULATION_BUDGET = 30_000  # simulated actions per search for pricing the closed form's chains again
 # The closed form is off by up to ~40% (1F1B's window over sub-chains; M < S), so chains
 # within this factor of its best stay in the running for the exact ranking.
 FINALIST_SLACK = 1.1
@@ -195,7 +195,7 @@ class ChainSearch:
         for cost, chain in sorted(priced, key=lambda pair: pair[0].step_s):
             if len(simulated) >= EXACT_FINALISTS and spent > SIMULATION_BUDGET:
                 break
-            simulated.append((cost if cost.exact else self.cm.exact(chain, cost), chain))
+            simulated.append((cost if cost.exact else self.cm.deepen(chain, cost), chain))
             spent += 0 if cost.exact else 2 * len(chain) * self.cm.M
         best = None
         for cost, chain in sorted(simulated, key=lambda pair: pair[0].step_s)[:EXACT_FINALISTS]:

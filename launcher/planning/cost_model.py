@@ -40,7 +40,10 @@ from dataclasses import dataclass, replace
 from hetlaunch.launcher.planning.compression import LOSSINESS, NONE, CompressionConfig, wire_ratio
 from hetlaunch.launcher.planning.profile_file import NodeProfile, Profile
 from hetlaunch.runtime.registry import STATIC_BYTES_PER_PARAM_BYTE
-from hetlaunch.runtime.schedules import schedule_for, simulate
+from hetlaunch.runtime.schedules import compiled, schedule_for, simulate_compiled
+
+
+WINDOW_GAIN = 0.01  # deeper windows cost memory: taken only when they buy at least this much step time
 
 
 def in_flight(schedule: str, stage_index: int, num_stages: int, num_microbatches: int) -> int:
@@ -61,6 +64,7 @@ class StageCost:
     capacity_bytes: float
     codec: str = "none"              # codec of the outgoing link's activations
     link_uncompressed_s: float = 0.0  # c_j had the outgoing link sent raw bytes
+    window: int = 0                  # 1F1B: micro-batches in flight when deeper than the schedule's own; 0: its own
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,7 @@ class CostModel:
         self._links: dict[tuple[str, str], tuple[float, float]] = {}
         self._memory_prefix: dict[int, list[float]] = {}
         self._optimizer: dict[str, list[float]] = {}
+        self._schedules: dict[tuple[int, int, int], tuple] = {}  # compiled action lists, per stage shape
 
     def compute_s(self, node: NodeProfile, start: int, end: int) -> float:
         acc = self._time.get(node.name) or self.time_prefix(node)
@@ -131,10 +136,59 @@ class CostModel:
             forward.append(layers / 3 + codec / 2)
             backward.append(2 * layers / 3 + codec / 2)
             optimizer.append(opt)
-        actions = [schedule_for(self.schedule, j, S, self.M) for j in range(S)]
-        step = simulate(actions, forward, backward, [s.link_s for s in cost.stages[:-1]],
-                        [s.latency_s for s in cost.stages[:-1]], optimizer)
+        actions = tuple(self._actions(j, S, stage.window) for j, stage in enumerate(cost.stages))
+        step = simulate_compiled(actions, forward, backward, [s.link_s for s in cost.stages[:-1]],
+                                 [s.latency_s for s in cost.stages[:-1]], optimizer)
         return replace(cost, step_s=step, exact=True)
+
+    def _actions(self, stage_index: int, num_stages: int, window: int) -> tuple:
+        key = (stage_index, num_stages, window)
+        if key not in self._schedules:
+            self._schedules[key] = compiled([schedule_for(self.schedule, stage_index, num_stages, self.M, window)])[0]
+        return self._schedules[key]
+
+    def deepen(self, chain: list[NodeProfile], cost: PipelineCost) -> PipelineCost:
+        """1F1B with each stage's window as deep as its memory allows (never growing down the
+        pipeline, which would deadlock): more micro-batches in flight over a slow or distant
+        link. The deeper plan when the simulation prices it faster, else `cost` (exact)."""
+        plain = cost if cost.exact else self.exact(chain, cost)
+        if self.schedule != "1f1b" or not self._window_bound(cost):
+            return plain
+        S, windows, deeper = len(cost.stages), [], False
+        for j, (node, stage) in enumerate(zip(chain, cost.stages)):
+            a, b = stage.layer_start, stage.layer_end
+            static, per_mb = self._static[b] - self._static[a], self._activation[b] - self._activation[a]
+            fits = int((node.memory_bytes - static) // per_mb) if per_mb > 0 else self.M
+            own = in_flight(self.schedule, j, S, self.M)
+            # The last stage turns each forward straight into its backward: deeper only waits longer.
+            deepest = own if j == S - 1 else min(self.M, fits, windows[-1] if windows else self.M)
+            window = max(own, deepest)
+            windows.append(window)
+            deeper |= window > own
+        if not deeper:
+            return plain
+        stages = tuple(replace(stage, window=w if w > in_flight(self.schedule, j, S, self.M) else 0,
+                               memory_bytes=self._static[stage.layer_end] - self._static[stage.layer_start]
+                               + w * (self._activation[stage.layer_end] - self._activation[stage.layer_start]))
+                       for j, (stage, w) in enumerate(zip(cost.stages, windows)))
+        trial = self.exact(chain, replace(cost, stages=stages))
+        if trial.step_s >= plain.step_s * (1 - WINDOW_GAIN):
+            return plain
+        return replace(trial, bottleneck=f"{plain.bottleneck}; deeper 1F1B windows {windows} keep more "
+                                         f"micro-batches in flight")
+
+    def _window_bound(self, cost: PipelineCost) -> bool:
+        """Whether some stage's round trip to the end and back outlasts what its own 1F1B window
+        keeps busy (the closed form's window term above its compute and link terms): only then
+        can a deeper window buy anything, and only then is it worth a second simulation."""
+        S, busiest = len(cost.stages), max(max(s.compute_s, s.link_s) for s in cost.stages)
+        round_trip = 0.0
+        for j in range(S - 1, -1, -1):
+            stage = cost.stages[j]
+            round_trip += stage.compute_s + 2 * (stage.latency_s + stage.link_s)
+            if round_trip / in_flight(self.schedule, j, S, self.M) > busiest * (1 + WINDOW_GAIN):
+                return True
+        return False
 
     def memory_prefix(self, stage_index: int, num_stages: int) -> list[float]:
         """prefix[i] = memory of layers [0, i) for a stage at this position (its in-flight window)."""

@@ -29,6 +29,7 @@ class StagePlan:
     memory_bytes: float | None = None
     capacity_bytes: float | None = None
     pipeline: int = 0
+    window: int = 0  # 1F1B: micro-batches in flight when the planner deepened it; 0: the schedule's own
 
     @property
     def num_layers(self) -> int:
@@ -147,6 +148,21 @@ def even_shares(total: int, parts: int) -> list[int]:
     return [hi - lo for lo, hi in even_split(total, parts)]
 
 
+def check_windows(stages: list[StagePlan], num_microbatches: int) -> None:
+    """TilingError unless each pinned 1F1B window is at least the schedule's own (S - j) and at
+    most the micro-batches, and windows never grow down the pipeline."""
+    S, above = len(stages), None
+    for j, stage in enumerate(stages):
+        window = stage.window or min(S - j, num_microbatches)
+        if stage.window and not min(S - j, num_microbatches) <= stage.window <= num_microbatches:
+            raise TilingError(f"{stage.node}: window {stage.window} must be from {min(S - j, num_microbatches)} "
+                              f"(1F1B's own at stage {j} of {S}) to the {num_microbatches} micro-batches of its pipeline")
+        if above is not None and window > above:
+            raise TilingError(f"{stage.node}: window {window} is deeper than the stage before it ({above}); "
+                              f"windows must not grow down the pipeline")
+        above = window
+
+
 def pinned_num_layers(cluster) -> int:
     """The layers pinned `layers:` ranges must tile: the built-in GPT's count, else the end of the
     last range (an entrypoint's depth is known only to the agents that build it; the agent of a
@@ -178,12 +194,15 @@ def static_plan(cluster, num_layers: int) -> Plan:
                 allowed = policy.candidates(j, node.region == chain[j + 1][0].region)
                 codec = allowed[0] if len(allowed) == 1 else "none"
             stages.append(StagePlan(node=node.name, region=node.region, layer_start=start, layer_end=end,
-                                    forward_codec=codec, backward_codec=policy.gradient_codec(codec), pipeline=p))
+                                    forward_codec=codec, backward_codec=policy.gradient_codec(codec), pipeline=p,
+                                    window=node.window or 0))
     shares = tuple(train.pipeline_microbatches or even_shares(train.num_microbatches, len(chains)))
     sync_codec = policy.sync if policy.sync != "auto" else "none"
     plan = Plan(stages=tuple(stages), num_layers=num_layers, micro_batch_size=train.micro_batch_size,
                 num_microbatches=train.num_microbatches, schedule=train.schedule, source=source,
                 pipeline_microbatches=shares)
+    for pipeline, share in zip(plan.pipelines(), shares):
+        check_windows(list(pipeline), share)
     return replace(plan, sync=tuple(replace(g, codec=sync_codec) for g in plan.sync_plans()))
 
 
@@ -193,7 +212,8 @@ def planned(cluster, result, source: str = "planned") -> Plan:
     stages = tuple(StagePlan(node=s.node, region=cluster.node(s.node).region, layer_start=s.layer_start,
                              layer_end=s.layer_end, forward_codec=s.codec, backward_codec=policy.gradient_codec(s.codec),
                              compute_s=s.compute_s, link_s=s.link_s, link_uncompressed_s=s.link_uncompressed_s,
-                             memory_bytes=s.memory_bytes, capacity_bytes=s.capacity_bytes, pipeline=p)
+                             memory_bytes=s.memory_bytes, capacity_bytes=s.capacity_bytes, pipeline=p,
+                             window=cluster.node(s.node).window or s.window)  # a window pinned in the YAML wins
                    for p, pipeline in enumerate(result.pipelines) for s in pipeline.cost.stages)
     sync = tuple(SyncPlan(g.layer_start, g.layer_end, tuple(g.nodes), g.codec, g.allreduce_s, g.exposed_s)
                  for g in result.sync)

@@ -120,9 +120,10 @@ def _pinned_cost(profile: Profile, chain: list[str], cuts: list[tuple[int, int]]
 
 def _result(profile: Profile, costs: list[PipelineCost], sync: list[SyncCost], method: str, started: float,
             schedule: str, compression: CompressionConfig, excluded: dict[str, str] | None = None) -> PlannerResult:
-    """The plan as priced by simulation: every pipeline's step from CostModel.exact, and the
-    gradient sync priced again against those steps."""
-    exact = [c if c.exact else CostModel(profile, c.num_microbatches, schedule, compression).exact(
+    """The plan as priced by simulation: every pipeline's step from CostModel.exact, with 1F1B
+    windows deepened where memory allows and it pays (CostModel.deepen), and the gradient sync
+    priced again against those steps."""
+    exact = [CostModel(profile, c.num_microbatches, schedule, compression).deepen(
         [profile.node(s.node) for s in c.stages], c) for c in costs]
     if exact != costs and len(costs) > 1:
         sync = sync_costs(profile, exact, compression)
