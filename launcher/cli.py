@@ -139,6 +139,8 @@ def plan(
     max_pipelines: Optional[int] = typer.Option(None, min=1, help="allow at most this many data-parallel pipelines "
                                                                   "(default: the YAML's, else as many as pay off)"),
     stages: Optional[int] = typer.Option(None, min=1, help="use exactly this many stages per pipeline"),
+    compression: Optional[str] = typer.Option(None, help="codec on every boundary and sync: auto, none, fp16, bf16, "
+                                                         "int8, int4, int4_rotated (default: the YAML's, else auto)"),
     as_json: bool = typer.Option(False, "--json", help="print the plan as JSON"),
     token_file: Optional[Path] = typer.Option(None, help="join token for remote agents"),
     reprofile: bool = typer.Option(False, help="measure every node again instead of using cached profiles"),
@@ -169,8 +171,14 @@ def plan(
     if max_pipelines is None:
         configured = cluster.train.max_pipelines if cluster else "auto"
         max_pipelines = len(measured.nodes) if configured == "auto" else configured
+    policy = cluster.compression if cluster else CompressionConfig()  # offline: auto
+    if compression is not None:
+        from hetlaunch.runtime.registry import CODEC_NAMES
+
+        if compression not in ("auto", *CODEC_NAMES):
+            _fail(f"--compression must be auto or one of {', '.join(CODEC_NAMES)} (got {compression!r})", EXIT_BAD_INPUT)
+        policy = CompressionConfig(intra_region=compression, cross_region=compression, sync=compression)
     try:
-        policy = cluster.compression if cluster else CompressionConfig()  # offline: auto
         result = plan_pipelines(measured, num_mb, sched, max_pipelines=max_pipelines, stages=stages,
                                 compression=policy)
     except (PlanningError, ProfileError) as err:

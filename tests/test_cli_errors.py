@@ -132,3 +132,23 @@ nodes:
     assert stray_processes() == []
     _, err = output(up)
     assert "the-right-token" not in err
+
+
+def test_plan_compression_flag_pins_every_boundary_or_is_one_line(tmp_path):
+    import random
+
+    from test_planner import random_profile
+
+    from hetlaunch.launcher.planning.profile_file import save_profile
+
+    rng = random.Random(3)
+    save_profile(random_profile(rng, 4, 2, 8), tmp_path / "p.json")
+    bad = run_hetlaunch("plan", "--profile", str(tmp_path / "p.json"), "--compression", "zip")
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines() == [
+        "error: --compression must be auto or one of none, fp16, bf16, int8, int4_rotated, int4 (got 'zip')"]
+    pinned = run_hetlaunch("plan", "--profile", str(tmp_path / "p.json"), "--compression", "int8", "--json",
+                           "--max-pipelines", "1", "--stages", "3")
+    assert pinned.returncode == 0, pinned.stderr
+    stages = json.loads(pinned.stdout)["pipelines"][0]["stages"]
+    assert len(stages) > 1 and {s["codec"] for s in stages[:-1]} == {"int8"}

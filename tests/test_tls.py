@@ -118,7 +118,7 @@ def _remote_job(tmp_path, certs_dir, agent_args: list[str], tls: bool = True, re
             tap = Relay(address)
             address = f"127.0.0.1:{tap.port}"
         agent = subprocess.run(hetlaunch_cmd("agent", "--coordinator", address, "--token-file", str(token_file),
-                                             "--name", "r", "--connect-timeout", "8", *agent_args),
+                                             "--name", "r", "--connect-timeout", "4", *agent_args),
                                capture_output=True, text=True, timeout=120, env=hetlaunch_env(OMP_NUM_THREADS="1"))
         if agent.returncode == 0:  # the job ran: let `up` finish it
             up.wait(timeout=60)
