@@ -2,8 +2,8 @@
 
 Exhaustive over every ordered subset for clusters of up to EXHAUSTIVE_MAX_NODES nodes.
 Larger clusters use region-level ordering: regions are chained to minimise the time spent
-crossing between them (all orders for up to 7 regions, greedy beyond), every contiguous run
-of that region order is a candidate, and inside it the k fastest nodes for a few k (each
+crossing between them, bandwidth and latency both (exactly for up to 12 regions, greedy
+beyond), every contiguous run of that region order is a candidate, and inside it the k fastest nodes for a few k (each
 region's nodes stay together, sorted by memory so the stages that keep most micro-batches in
 flight get the most memory). Each chain is cut by launcher/planning/chain_cuts.py.
 """
@@ -20,9 +20,11 @@ from hetlaunch.launcher.planning.cost_model import CostModel, PipelineCost
 from hetlaunch.launcher.planning.profile_file import NodeProfile, Profile
 
 EXHAUSTIVE_MAX_NODES = 6
+EXACT_MAX_REGIONS = 12  # region orders found exactly (dynamic programming over subsets) up to this many regions
 EXACT_FINALISTS = 8  # chains whose every cut is priced by simulation (when they have few)
 SIMULATE_EVERY_CHAIN = 256  # stages x micro-batches up to which every chain priced is priced by simulation
 EVERY_CHAIN_MAX_CUTS = 128  # ... and cuts x codec choices up to which each of them tries every cut
+LARGE_SIMULATION = 1024  # stages x micro-batches above which a search simulates only its best chain
 SIMULATION_BUDGET = 30_000  # simulated actions per search for pricing the closed form's chains again
 # The closed form is off by up to ~40% (1F1B's window over sub-chains; M < S), so chains
 # within this factor of its best stay in the running for the exact ranking.
@@ -34,29 +36,67 @@ def node_speed(node: NodeProfile) -> float:
 
 
 def _region_path(profile: Profile, regions: list[str]) -> list[str]:
-    """Order regions so the chain crosses between them over the fastest links."""
+    """Order regions so the chain crosses between them as fast as it can: each hop costs one
+    typical activation's time on the wire between the regions plus the link's latency (a
+    nearby pair with modest bandwidth can beat a distant fat pipe). The shortest open path
+    through all regions, exactly by dynamic programming over subsets up to EXACT_MAX_REGIONS
+    regions (Held-Karp), nearest-neighbour from every start beyond."""
     if len(regions) <= 1:
         return regions
     reps = {r: next(n for n in profile.nodes if n.region == r) for r in regions}
-    hops = {(a, b): 1.0 / profile.link(reps[a], reps[b]).bandwidth_bytes_per_s
-            for a, b in itertools.permutations(regions, 2)}
+    outputs = sorted(layer.output_bytes for layer in profile.layers)
+    typical = outputs[len(outputs) // 2] if outputs else 0
 
-    def hop(a: str, b: str) -> float:
-        return hops[a, b]
+    def hop_cost(a: str, b: str) -> float:
+        link = profile.link(reps[a], reps[b])
+        return typical / link.bandwidth_bytes_per_s + link.latency_s
 
-    if len(regions) <= 7:
-        return list(min(itertools.permutations(regions), key=lambda p: sum(hop(a, b) for a, b in zip(p, p[1:]))))
+    n = len(regions)
+    cost = [[hop_cost(a, b) if a != b else 0.0 for b in regions] for a in regions]
+    if n <= EXACT_MAX_REGIONS:
+        return [regions[i] for i in _shortest_open_path(cost)]
     best = None
-    for start in regions:
-        path, left = [start], set(regions) - {start}
+    for start in range(n):
+        path, left = [start], set(range(n)) - {start}
         while left:
-            nxt = min(left, key=lambda r: hop(path[-1], r))
+            nxt = min(left, key=lambda r: cost[path[-1]][r])
             path.append(nxt)
             left.remove(nxt)
-        cost = sum(hop(a, b) for a, b in zip(path, path[1:]))
-        if best is None or cost < best[0]:
-            best = (cost, path)
-    return best[1]
+        total = sum(cost[a][b] for a, b in zip(path, path[1:]))
+        if best is None or total < best[0]:
+            best = (total, path)
+    return [regions[i] for i in best[1]]
+
+
+def _shortest_open_path(cost: list[list[float]]) -> list[int]:
+    """Held-Karp: the cheapest order visiting every index once, any start, any end."""
+    n = len(cost)
+    full = (1 << n) - 1
+    inf = float("inf")
+    best = [[inf] * n for _ in range(1 << n)]
+    came = [[-1] * n for _ in range(1 << n)]
+    for i in range(n):
+        best[1 << i][i] = 0.0
+    for mask in range(1, 1 << n):
+        row = best[mask]
+        for last in range(n):
+            here = row[last]
+            if here == inf:
+                continue
+            for nxt in range(n):
+                if mask >> nxt & 1:
+                    continue
+                grown = mask | 1 << nxt
+                total = here + cost[last][nxt]
+                if total < best[grown][nxt]:
+                    best[grown][nxt] = total
+                    came[grown][nxt] = last
+    last = min(range(n), key=lambda i: best[full][i])
+    path, mask = [], full
+    while last != -1:
+        path.append(last)
+        last, mask = came[mask][last], mask & ~(1 << last)
+    return path[::-1]
 
 
 def candidate_chains(profile: Profile, nodes: list[NodeProfile], num_layers: int, stages: int | None,
@@ -195,6 +235,8 @@ class ChainSearch:
         for cost, chain in sorted(priced, key=lambda pair: pair[0].step_s):
             if len(simulated) >= EXACT_FINALISTS and spent > SIMULATION_BUDGET:
                 break
+            if simulated and not cost.exact and len(chain) * self.cm.M > LARGE_SIMULATION:
+                break  # long pipelines of many micro-batches: the closed form's best alone is simulated here
             simulated.append((cost if cost.exact else self.cm.deepen(chain, cost), chain))
             spent += 0 if cost.exact else 2 * len(chain) * self.cm.M
         best = None
