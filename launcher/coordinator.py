@@ -375,6 +375,11 @@ class CoordinatorServicer(control_pb2_grpc.CoordinatorServicer):
         return pb.ReportCheckpointResponse()
 
 
+def host_port(host: str, port: int) -> str:
+    """HOST:PORT as gRPC and `--coordinator` take it (an IPv6 host in brackets)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 class CoordinatorServer:
     """The gRPC server bound to an explicit address, with grpc.health.v1 served beside it."""
 
@@ -397,8 +402,7 @@ class CoordinatorServer:
 
     @property
     def address(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{host}:{self.port}"
+        return host_port(self.host, self.port)
 
     def start(self) -> "CoordinatorServer":
         self.server.start()

@@ -74,7 +74,7 @@ class Discovery:
 
     def refusals(self) -> str:
         with self._lock:
-            return "; ".join(f"{why}" for why in self.refused.values())
+            return "; ".join(self.refused.values())
 
 
 def discovered_node(info: pb.AgentInfo) -> NodeConfig:

@@ -16,7 +16,7 @@ from pathlib import Path
 from rich.console import Console
 
 from hetlaunch.launcher.config_types import ConfigError
-from hetlaunch.launcher.coordinator import CoordinatorServer
+from hetlaunch.launcher.coordinator import CoordinatorServer, host_port
 from hetlaunch.launcher.discovery import Discovery, discovered_node
 from hetlaunch.launcher.local_agents import LocalAgents
 from hetlaunch.protos import control_pb2 as pb
@@ -80,7 +80,7 @@ class ClusterSession:
 
         coord = self.cluster.coordinator
         host = advertised_host(coord.host, coord.advertise)
-        address = f"{'[' + host + ']' if ':' in host else host}:{self.server.port}"
+        address = host_port(host, self.server.port)
         with self.console.status(f"checking hetlaunch on {len(nodes)} host(s) over ssh"):
             with ThreadPoolExecutor(max_workers=min(16, len(nodes))) as pool:
                 checks = [pool.submit(check_remote_versions, node) for node in nodes]

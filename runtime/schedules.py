@@ -49,6 +49,11 @@ def _b(m: int) -> Action:
     return Action(Op.BACKWARD, m)
 
 
+def own_window(stage: int, num_stages: int, num_microbatches: int) -> int:
+    """Micro-batches 1F1B itself keeps in flight at a stage: min(S - s, M)."""
+    return min(num_stages - stage, num_microbatches)
+
+
 def one_f_one_b(stage: int, num_stages: int, num_microbatches: int, window: int = 0) -> list[Action]:
     """PipeDream-flush 1F1B: warm-up forwards, then one forward / one backward, then drain.
 
@@ -63,7 +68,7 @@ def one_f_one_b(stage: int, num_stages: int, num_microbatches: int, window: int 
     m_total = num_microbatches
     warmup = min(num_stages - stage - 1, m_total)
     if window:
-        own = min(num_stages - stage, m_total)
+        own = own_window(stage, num_stages, m_total)
         if window < own:
             raise ValueError(f"stage {stage}'s window {window} is below 1F1B's {own}")
         warmup = min(window - 1, m_total)

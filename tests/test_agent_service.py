@@ -21,8 +21,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.timeout(240)
-def test_one_agent_serves_two_jobs_and_stops_on_sigterm(tmp_path):
+def _serving_agent(tmp_path: Path) -> tuple[int, Path, subprocess.Popen]:
+    """An agent service named r, started before any coordinator exists on the port it dials."""
     port = _free_port()
     token_file = tmp_path / "token"
     token_file.write_text("service-token\n")
@@ -31,6 +31,12 @@ def test_one_agent_serves_two_jobs_and_stops_on_sigterm(tmp_path):
                                            "--token-file", str(token_file), "--connect-timeout", "2"),
                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              env=hetlaunch_env(OMP_NUM_THREADS="1"))
+    return port, token_file, agent
+
+
+@pytest.mark.timeout(240)
+def test_one_agent_serves_two_jobs_and_stops_on_sigterm(tmp_path):
+    port, token_file, agent = _serving_agent(tmp_path)
     try:
         for job in (1, 2):
             yaml = tmp_path / f"job{job}.yaml"
@@ -61,13 +67,7 @@ nodes:
 
 @pytest.mark.timeout(240)
 def test_the_same_agent_serves_the_next_job_after_its_coordinator_was_killed(tmp_path):
-    port = _free_port()
-    token_file = tmp_path / "token"
-    token_file.write_text("service-token\n")
-    agent = subprocess.Popen(hetlaunch_cmd("agent", "--serve", "--coordinator", f"127.0.0.1:{port}", "--name", "r",
-                                           "--token-file", str(token_file), "--connect-timeout", "2"),
-                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env=hetlaunch_env(OMP_NUM_THREADS="1"))
+    port, token_file, agent = _serving_agent(tmp_path)
 
     def yaml(steps: int) -> Path:
         path = tmp_path / f"job{steps}.yaml"

@@ -185,9 +185,9 @@ def simulated_best_cut(cm: CostModel, chain: list[NodeProfile], found: PipelineC
     windows as deep as memory allows, where that pays (CostModel.deepen)."""
     S, L = len(chain), cm.num_layers
     options = [cm.codec_options(j, a, b) for j, (a, b) in enumerate(zip(chain, chain[1:]))]
-    if math.comb(L - 1, S - 1) * math.prod(len(o) for o in options) > most:
-        return cm.deepen(chain, found)
     best = cm.deepen(chain, found)
+    if math.comb(L - 1, S - 1) * math.prod(len(o) for o in options) > most:
+        return best
     for bounds in itertools.combinations(range(1, L), S - 1):
         edges = (0, *bounds, L)
         cuts = list(zip(edges, edges[1:]))

@@ -3,9 +3,9 @@
 Exhaustive over every ordered subset for clusters of up to EXHAUSTIVE_MAX_NODES nodes.
 Larger clusters use region-level ordering: regions are chained to minimise the time spent
 crossing between them, bandwidth and latency both (exactly for up to 12 regions, greedy
-beyond), every contiguous run of that region order is a candidate, and inside it the k fastest nodes for a few k (each
-region's nodes stay together, sorted by memory so the stages that keep most micro-batches in
-flight get the most memory). Each chain is cut by launcher/planning/chain_cuts.py.
+beyond), every contiguous run of that region order is a candidate, and inside it the k
+fastest nodes for a few k (each region's nodes stay together, sorted by memory so the stages
+that keep most micro-batches in flight get the most memory). Each chain is cut by launcher/planning/chain_cuts.py.
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ from dataclasses import dataclass, replace
 from hetlaunch.launcher.planning.compression import LOSSINESS, NONE, CompressionConfig, wire_ratio
 from hetlaunch.launcher.planning.profile_file import NodeProfile, Profile
 from hetlaunch.runtime.registry import STATIC_BYTES_PER_PARAM_BYTE
-from hetlaunch.runtime.schedules import compiled, schedule_for, simulate_compiled
+from hetlaunch.runtime.schedules import compiled, own_window, schedule_for, simulate_compiled
 
 
 WINDOW_GAIN = 0.01  # deeper windows cost memory: taken only when they buy at least this much step time
@@ -49,7 +49,7 @@ WINDOW_GAIN = 0.01  # deeper windows cost memory: taken only when they buy at le
 def in_flight(schedule: str, stage_index: int, num_stages: int, num_microbatches: int) -> int:
     if schedule == "gpipe":
         return num_microbatches
-    return min(num_stages - stage_index, num_microbatches)
+    return own_window(stage_index, num_stages, num_microbatches)
 
 
 @dataclass(frozen=True)
@@ -168,8 +168,7 @@ class CostModel:
         if not deeper:
             return plain
         stages = tuple(replace(stage, window=w if w > in_flight(self.schedule, j, S, self.M) else 0,
-                               memory_bytes=self._static[stage.layer_end] - self._static[stage.layer_start]
-                               + w * (self._activation[stage.layer_end] - self._activation[stage.layer_start]))
+                               memory_bytes=self.memory_bytes(stage.layer_start, stage.layer_end, j, S, w))
                        for j, (stage, w) in enumerate(zip(cost.stages, windows)))
         trial = self.exact(chain, replace(cost, stages=stages))
         if trial.step_s >= plain.step_s * (1 - WINDOW_GAIN):
@@ -197,8 +196,9 @@ class CostModel:
             self._memory_prefix[window] = [s + window * a for s, a in zip(self._static, self._activation)]
         return self._memory_prefix[window]
 
-    def memory_bytes(self, start: int, end: int, stage_index: int, num_stages: int) -> float:
-        window = in_flight(self.schedule, stage_index, num_stages, self.M)
+    def memory_bytes(self, start: int, end: int, stage_index: int, num_stages: int, window: int = 0) -> float:
+        """Layers [start, end) at this position, with its schedule's in-flight window (or `window`)."""
+        window = window or in_flight(self.schedule, stage_index, num_stages, self.M)
         return (self._static[end] - self._static[start]) + window * (self._activation[end] - self._activation[start])
 
     def link(self, a: NodeProfile, b: NodeProfile) -> tuple[float, float]:

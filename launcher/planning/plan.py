@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 
 from hetlaunch.launcher.planning.sync_groups import sync_groups
+from hetlaunch.runtime.schedules import own_window
 
 
 @dataclass(frozen=True)
@@ -153,9 +154,10 @@ def check_windows(stages: list[StagePlan], num_microbatches: int) -> None:
     most the micro-batches, and windows never grow down the pipeline."""
     S, above = len(stages), None
     for j, stage in enumerate(stages):
-        window = stage.window or min(S - j, num_microbatches)
-        if stage.window and not min(S - j, num_microbatches) <= stage.window <= num_microbatches:
-            raise TilingError(f"{stage.node}: window {stage.window} must be from {min(S - j, num_microbatches)} "
+        own = own_window(j, S, num_microbatches)
+        window = stage.window or own
+        if stage.window and not own <= stage.window <= num_microbatches:
+            raise TilingError(f"{stage.node}: window {stage.window} must be from {own} "
                               f"(1F1B's own at stage {j} of {S}) to the {num_microbatches} micro-batches of its pipeline")
         if above is not None and window > above:
             raise TilingError(f"{stage.node}: window {window} is deeper than the stage before it ({above}); "
