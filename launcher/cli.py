@@ -111,7 +111,7 @@ def profile(
            else f"{directory} is not writable" if not os.access(directory, os.W_OK) else None)
     if why:  # find out now, not after minutes of measuring
         _fail(f"cannot write {output}: {why}", EXIT_BAD_INPUT)
-    from hetlaunch.launcher.cluster_measurement import measure_cluster
+    from hetlaunch.launcher.cluster_measurement import measure_for_train
     from hetlaunch.launcher.job_driver import UpOptions, new_run_dir
     from hetlaunch.launcher.planning.profile_file import save_profile
     from hetlaunch.launcher.session import ClusterSession
@@ -121,8 +121,7 @@ def profile(
 
     def measure():
         with ClusterSession(cluster, new_run_dir(cluster, options), options.token or _new_token(), console) as s:
-            measured = measure_cluster(s, cluster.model.to_spec(), cluster.train.micro_batch_size, cluster.train.seed,
-                                       reprofile, console)
+            measured = measure_for_train(s, cluster.model.to_spec(), reprofile, console)
         save_profile(measured, output)
         console.print(f"profile of {len(measured.nodes)} nodes and {len(measured.links)} links written to {output}")
 
@@ -133,7 +132,11 @@ def profile(
 def plan(
     cluster_yaml: Optional[Path] = typer.Argument(None, help="cluster YAML file (starts agents and profiles them)"),
     profile_file: Optional[Path] = typer.Option(None, "--profile", help="plan offline from a saved profile instead"),
-    microbatches: Optional[int] = typer.Option(None, min=1, help="micro-batches per step (default: the YAML's, else 4)"),
+    microbatches: Optional[int] = typer.Option(None, min=1, help="micro-batches per step (default: the YAML's, else 4; "
+                                                                "with --global-batch: chosen)"),
+    global_batch: Optional[int] = typer.Option(None, min=1, max=1 << 24,
+                                               help="samples per step: the planner chooses micro-batch size and "
+                                                    "count (default: the YAML's global_batch)"),
     schedule: Optional[Schedule] = typer.Option(None, help="pipeline schedule (default: the YAML's, else "
                                                            f"{SCHEDULE_NAMES[0]})"),
     max_pipelines: Optional[int] = typer.Option(None, min=1, help="allow at most this many data-parallel pipelines "
@@ -147,7 +150,7 @@ def plan(
 ) -> None:
     """Print the plan the planner would run (a table, or --json); train nothing."""
     from hetlaunch.launcher.planning.compression import CompressionConfig
-    from hetlaunch.launcher.planning.planner import PlanningError
+    from hetlaunch.launcher.planning.planner import PlanningError, plan_global_batch
     from hetlaunch.launcher.planning.planner import plan as plan_pipelines
     from hetlaunch.launcher.planning.profile_file import ProfileError, load_profile
     from hetlaunch.launcher.progress import print_planner_result
@@ -155,7 +158,10 @@ def plan(
     if cluster_yaml is None and profile_file is None:
         _fail("give a cluster YAML (profiles it live), --profile PROFILE.json (offline), or both", EXIT_BAD_INPUT)
     cluster = _load(cluster_yaml) if cluster_yaml else None
-    num_mb = microbatches or (cluster.train.num_microbatches if cluster else 4)
+    train = cluster.train if cluster else None
+    global_batch = global_batch or (train.global_batch if train else None)
+    fixed = microbatches or (train.fixed_microbatches if train and global_batch == train.global_batch else None)
+    num_mb = microbatches or (train.batch_shape()[1] if train else 4)
     sched = schedule.value if schedule else (cluster.train.schedule if cluster else SCHEDULE_NAMES[0])
     if profile_file is not None:
         try:
@@ -163,7 +169,7 @@ def plan(
             if cluster is not None:  # planning this YAML's job from a saved profile: it must be of this model
                 spec = cluster.model.to_spec()
                 measured.check_model(spec.describe(), spec.known_num_layers or measured.model.num_layers,
-                                     cluster.train.micro_batch_size)
+                                     cluster.train.profile_size)
         except ProfileError as err:
             _fail(str(err), EXIT_BAD_INPUT)
     else:
@@ -179,8 +185,12 @@ def plan(
             _fail(f"--compression must be auto or one of {', '.join(CODEC_NAMES)} (got {compression!r})", EXIT_BAD_INPUT)
         policy = CompressionConfig(intra_region=compression, cross_region=compression, sync=compression)
     try:
-        result = plan_pipelines(measured, num_mb, sched, max_pipelines=max_pipelines, stages=stages,
-                                compression=policy)
+        if global_batch is not None:
+            result = plan_global_batch(measured, global_batch, sched, max_pipelines=max_pipelines, stages=stages,
+                                       compression=policy, num_microbatches=fixed)
+        else:
+            result = plan_pipelines(measured, num_mb, sched, max_pipelines=max_pipelines, stages=stages,
+                                    compression=policy)
     except (PlanningError, ProfileError) as err:
         _fail(str(err), EXIT_JOB_FAILED)
     print_planner_result(_console(), measured, result, as_json=as_json)
@@ -188,7 +198,7 @@ def plan(
 
 def _measure_live(cluster, token_file, reprofile):
     token = _token(cluster, token_file)
-    from hetlaunch.launcher.cluster_measurement import measure_cluster
+    from hetlaunch.launcher.cluster_measurement import measure_for_train
     from hetlaunch.launcher.job_driver import UpOptions, new_run_dir
     from hetlaunch.launcher.session import ClusterSession
 
@@ -198,8 +208,7 @@ def _measure_live(cluster, token_file, reprofile):
     def measure():
         status = _console(stderr=True)  # keep stdout clean for --json
         with ClusterSession(cluster, new_run_dir(cluster, options), options.token or _new_token(), status) as s:
-            measured.append(measure_cluster(s, cluster.model.to_spec(), cluster.train.micro_batch_size,
-                                            cluster.train.seed, reprofile, status))
+            measured.append(measure_for_train(s, cluster.model.to_spec(), reprofile, status))
 
     _with_cluster(measure)
     return measured[0]

@@ -152,6 +152,9 @@ class TrainConfig(Strict):
     steps: int = Field(300, ge=1)  # optimizer steps
     micro_batch_size: int = Field(8, ge=1)  # samples per micro-batch
     num_microbatches: int = Field(4, ge=1)  # micro-batches per step (global batch = the product)
+    # Samples per step. Set, the planner chooses the micro-batch size (micro_batch_size is then the
+    # largest it tries and the size profiled) and the count; a num_microbatches given too fixes the count.
+    global_batch: int | None = Field(None, ge=1, le=1 << 24)
     schedule: Literal[SCHEDULE_NAMES] = DEFAULT_SCHEDULE  # pipeline schedule (runtime/registry.py)
     # bf16/fp16: autocast over fp32 master weights and optimizer state; activations cross links in
     # the compute dtype; fp16 adds a loss scale kept the same on every stage.
@@ -179,11 +182,45 @@ class TrainConfig(Strict):
 
     @model_validator(mode="after")
     def _shares(self) -> TrainConfig:
+        given = self.model_fields_set
+        if self.global_batch is not None and "num_microbatches" in given:
+            if self.global_batch % self.num_microbatches:
+                raise FieldError(("num_microbatches",), f"{self.num_microbatches} micro-batches do not divide "
+                                                        f"global_batch ({self.global_batch})")
+            if "micro_batch_size" in given and self.micro_batch_size * self.num_microbatches != self.global_batch:
+                raise FieldError(("global_batch",), f"{self.global_batch} is not micro_batch_size x num_microbatches "
+                                                    f"({self.micro_batch_size} x {self.num_microbatches}); give two")
         if self.pipeline_microbatches is not None:
+            if self.global_batch is not None and "num_microbatches" not in given:
+                raise FieldError(("pipeline_microbatches",), "with global_batch, give num_microbatches too")
             if min(self.pipeline_microbatches) < 1 or sum(self.pipeline_microbatches) != self.num_microbatches:
                 raise FieldError(("pipeline_microbatches",), f"{self.pipeline_microbatches} must be >= 1 each and "
                                                              f"sum to num_microbatches ({self.num_microbatches})")
         return self
+
+    @property
+    def fixed_microbatches(self) -> int | None:
+        """The micro-batch count the planner must use; None when it chooses (global_batch alone)."""
+        if self.global_batch is not None and "num_microbatches" not in self.model_fields_set:
+            return None
+        return self.num_microbatches
+
+    @property
+    def profile_size(self) -> int:
+        """The micro-batch size nodes are profiled at: the largest the planner tries."""
+        if self.global_batch is not None and "num_microbatches" in self.model_fields_set:
+            return self.global_batch // self.num_microbatches
+        return self.micro_batch_size
+
+    def batch_shape(self) -> tuple[int, int]:
+        """(micro-batch size, micro-batches per step) of a plan not chosen by the planner: the
+        given ones, or with global_batch alone its largest divisor up to micro_batch_size."""
+        if self.global_batch is None:
+            return self.micro_batch_size, self.num_microbatches
+        if self.fixed_microbatches is not None:
+            return self.profile_size, self.fixed_microbatches
+        size = max(b for b in range(1, min(self.global_batch, self.micro_batch_size) + 1) if self.global_batch % b == 0)
+        return size, self.global_batch // size
 
 
 class CheckpointConfig(Strict):
@@ -269,8 +306,8 @@ class ClusterConfig(Strict):
             count = self.pinned_pipeline_count()
             if shares is not None and len(shares) != count:
                 raise FieldError(("train", "pipeline_microbatches"), f"has {len(shares)} entries for {count} pipelines")
-            if count > self.train.num_microbatches:
-                raise FieldError(("train", "num_microbatches"), f"{self.train.num_microbatches} micro-batches cannot feed "
+            if count > self.train.batch_shape()[1]:
+                raise FieldError(("train", "num_microbatches"), f"{self.train.batch_shape()[1]} micro-batches cannot feed "
                                                                 f"{count} pipelines (each needs one)")
         if num_layers is None:
             return  # entrypoint model: depth known only to the agents; `up` checks the pinned ranges' tiling

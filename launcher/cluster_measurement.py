@@ -15,6 +15,7 @@ import time
 
 from rich.console import Console
 
+from hetlaunch.launcher.planning.batch_sizes import candidate_sizes
 from hetlaunch.launcher.planning.profile_file import LayerInfo, LinkProfile, ModelIdentity, NodeProfile, Profile
 from hetlaunch.launcher.profile_cache import cached_node, node_cache_key, store_node
 from hetlaunch.launcher.session import ClusterSession, JobError
@@ -50,11 +51,30 @@ def _cache_key(session: ClusterSession, name: str, model: str, micro_batch_size:
                           precision=session.cluster.train.precision, version=hetlaunch_version())
 
 
+def measure_for_train(session: ClusterSession, spec: ModelSpec, reprofile: bool, console: Console,
+                      names: list[str] | None = None) -> Profile:
+    """measure_cluster at the train section's profile size; with a global batch the planner picks
+    the micro-batch size from, the smallest size it will try is timed too (layers only), so its
+    per-token model has two measured sizes and a measured error (launcher/planning/batch_sizes.py)."""
+    train = session.cluster.train
+    profile = measure_cluster(session, spec, train.profile_size, train.seed, reprofile, console, names)
+    if train.fixed_microbatches is not None or session.cluster.pinned:
+        return profile
+    smallest = candidate_sizes(train.global_batch, train.profile_size)[-1]
+    if smallest == train.profile_size:
+        return profile
+    other = measure_cluster(session, spec, smallest, train.seed, reprofile, console, names, probe_links=False)
+    timed = {n.name: n.layer_seconds for n in other.nodes}
+    return profile.model_copy(update={"nodes": [
+        n.model_copy(update={"layer_seconds_by_size": {smallest: timed[n.name]}}) for n in profile.nodes]})
+
+
 def measure_cluster(session: ClusterSession, spec: ModelSpec, micro_batch_size: int, seed: int,
-                    reprofile: bool, console: Console, names: list[str] | None = None) -> Profile:
-    """Layers first, then links, of the nodes named (default: all). Local agents share this
-    machine, so they time their layers one at a time (concurrent timings would measure each
-    other); remote nodes all at once."""
+                    reprofile: bool, console: Console, names: list[str] | None = None,
+                    probe_links: bool = True) -> Profile:
+    """Layers first, then links (unless probe_links is False), of the nodes named (default: all).
+    Local agents share this machine, so they time their layers one at a time (concurrent
+    timings would measure each other); remote nodes all at once."""
     cluster = session.cluster
     model = spec.describe()
     names = [n.name for n in cluster.nodes if names is None or n.name in names]
@@ -84,7 +104,7 @@ def measure_cluster(session: ClusterSession, spec: ModelSpec, micro_batch_size: 
         _collect(session, [name], reports, console, f"timing layers on {name}")
     _collect(session, at_once, reports, console, f"profiling {len(at_once)} node(s) ({len(cached)} cached)")
 
-    pairs = probe_pairs(cluster, names)
+    pairs = probe_pairs(cluster, names) if probe_links else []
     if pairs:
         rank = {n: i for i, n in enumerate(names)}
         session.begin_generation()

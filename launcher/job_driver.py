@@ -22,13 +22,14 @@ from google.protobuf import json_format
 from rich.console import Console
 
 from hetlaunch.launcher.checkpoint_book import CheckpointBook, Restore
-from hetlaunch.launcher.cluster_measurement import measure_cluster
+from hetlaunch.launcher.cluster_measurement import measure_for_train
 from hetlaunch.launcher.events import EventLog
 from hetlaunch.launcher.generation import follow
 from hetlaunch.launcher.planning.plan import Plan, pinned_num_layers, planned, static_plan
 from hetlaunch.launcher.planning.planner import PlanningError
 from hetlaunch.launcher.planning.planner import plan as plan_pipelines
-from hetlaunch.launcher.planning.planner import plan_fixed_cut, price_pipelines
+from hetlaunch.launcher.planning.batch_sizes import at_size
+from hetlaunch.launcher.planning.planner import PlannerResult, plan_fixed_cut, plan_global_batch, price_pipelines
 from hetlaunch.launcher.planning.profile_file import Profile, save_profile
 from hetlaunch.launcher.progress import TrainingProgress, print_plan, print_summary
 from hetlaunch.launcher.run_record import RunRecord, read_metrics
@@ -69,24 +70,33 @@ def make_plan(session: ClusterSession, spec, reprofile: bool, console: Console) 
         pinned = static_plan(cluster, pinned_num_layers(cluster))
         if not _codec_choice_left(cluster, pinned):
             return pinned, None
-    profile = measure_cluster(session, spec, train.micro_batch_size, train.seed, reprofile, console)
+    profile = measure_for_train(session, spec, reprofile, console)
     if pinned is None:
         max_pipelines = len(cluster.nodes) if train.max_pipelines == "auto" else train.max_pipelines
-        # Seconds to tens of seconds: every chain of up to 6 nodes, pairs of them, codecs per boundary.
         with console.status(f"planning up to {max_pipelines} pipelines over {len(profile.nodes)} nodes"):
-            result = plan_pipelines(profile, train.num_microbatches, train.schedule, max_pipelines=max_pipelines,
-                                    compression=cluster.compression)
+            result = plan_for(train, profile, max_pipelines, cluster.compression)
         console.print(f"planned in {result.planning_s:.1f}s ({result.method} search)")
         return planned(cluster, result), profile
     chains = [([s.node for s in stages], [(s.layer_start, s.layer_end) for s in stages])
               for stages in pinned.pipelines()]
+    at = at_size(profile, pinned.micro_batch_size)
     if len(chains) == 1:
-        result = plan_fixed_cut(profile, *chains[0], train.num_microbatches, train.schedule, cluster.compression)
+        result = plan_fixed_cut(at, *chains[0], pinned.num_microbatches, train.schedule, cluster.compression)
     else:
-        result = price_pipelines(profile, [(nodes, cuts, share) for (nodes, cuts), share
-                                           in zip(chains, pinned.pipeline_microbatches)],
+        result = price_pipelines(at, [(nodes, cuts, share) for (nodes, cuts), share
+                                      in zip(chains, pinned.pipeline_microbatches)],
                                  train.schedule, cluster.compression)
     return planned(cluster, result, source="pinned"), profile
+
+
+def plan_for(train, profile: Profile, max_pipelines: int, compression) -> PlannerResult:
+    """The planner on the train section's batch: its micro-batch count, or with a global batch
+    the size and count the planner chooses."""
+    if train.global_batch is None:
+        return plan_pipelines(profile, train.num_microbatches, train.schedule, max_pipelines=max_pipelines,
+                              compression=compression)
+    return plan_global_batch(profile, train.global_batch, train.schedule, max_pipelines=max_pipelines,
+                             compression=compression, num_microbatches=train.fixed_microbatches)
 
 
 def _codec_choice_left(cluster, plan: Plan) -> bool:
@@ -274,8 +284,7 @@ def _plan_on(session: ClusterSession, profile: Profile, names: list[str]) -> Pla
         "links": [link for link in profile.links if link.nodes is None or set(link.nodes) <= set(names)]})
     cap = len(names) if train.max_pipelines == "auto" else min(train.max_pipelines, len(names))
     try:
-        result = plan_pipelines(subset, train.num_microbatches, train.schedule, max_pipelines=cap,
-                                compression=cluster.compression)
+        result = plan_for(train, subset, cap, cluster.compression)
     except PlanningError as err:
         raise JobError(f"the nodes left ({', '.join(names)}) cannot train the model: {err}") from None
     return planned(cluster, result, source="replanned")
@@ -288,8 +297,7 @@ def _replan(session: ClusterSession, spec, profile: Profile | None, console: Con
     if not names:
         raise JobError("no node is left to train on")
     if profile is None:  # the first plan was pinned without measuring: measure the survivors now
-        train = session.cluster.train
-        profile = measure_cluster(session, spec, train.micro_batch_size, train.seed, False, console, names=names)
+        profile = measure_for_train(session, spec, False, console, names=names)
     with console.status(f"re-planning on {len(names)} node(s)"):
         return _plan_on(session, profile, names), profile
 

@@ -15,6 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
+from hetlaunch.launcher.planning.batch_sizes import describe
 from hetlaunch.launcher.planning.plan import Plan
 from hetlaunch.launcher.planning.planner import format_bytes
 
@@ -90,6 +91,8 @@ def print_plan(console: Console, plan: Plan) -> None:
     if plan.predicted_step_s is not None:
         _say(console, f"predicted: {plan.predicted_step_s * 1e3:.1f} ms/step, "
                       f"{plan.predicted_tokens_per_s:,.0f} tokens/s; bottleneck: {plan.bottleneck}")
+    if plan.batch_note:
+        _say(console, plan.batch_note)
     _excluded(console, plan.excluded or {})
 
 
@@ -157,7 +160,11 @@ def print_summary(console: Console, summary: dict, run_dir: Path) -> None:
 def planner_result_dict(result) -> dict:
     return {
         "step_s": result.step_s, "tokens_per_s": result.tokens_per_s, "method": result.method,
-        "planning_s": result.planning_s, "excluded": result.excluded,
+        "planning_s": result.planning_s, "excluded": result.excluded, "micro_batch_size": result.micro_batch_size,
+        "batch": None if result.batch is None else {
+            "global_batch": result.batch.micro_batch_size * result.batch.num_microbatches,
+            "num_microbatches": result.batch.num_microbatches, "tried_sizes": list(result.batch.tried_sizes),
+            "measured_sizes": list(result.batch.measured_sizes), "per_token_error": result.batch.per_token_error},
         "pipelines": [{
             "num_microbatches": p.cost.num_microbatches, "step_s": p.cost.step_s, "bottleneck": p.cost.bottleneck,
             "stages": [{"node": s.node, "region": region, "layers": [s.layer_start, s.layer_end],
@@ -179,7 +186,7 @@ def print_planner_result(console: Console, profile, result, as_json: bool = Fals
         console.print_json(json.dumps(planner_result_dict(result)))
         return
     for k, p in enumerate(result.pipelines):
-        table = _table(f"pipeline {k}: {p.cost.num_microbatches} micro-batches of {profile.micro_batch_size}, "
+        table = _table(f"pipeline {k}: {p.cost.num_microbatches} micro-batches of {result.micro_batch_size}, "
                        f"{p.cost.step_s * 1e3:.1f} ms/step",
                        ("stage", "node", "region", "layers", "ms/mb", "codec", "link ms (raw)", "memory used/free"))
         for i, (s, region) in enumerate(zip(p.cost.stages, p.regions)):
@@ -194,4 +201,6 @@ def print_planner_result(console: Console, profile, result, as_json: bool = Fals
                       f"({g.codec}, {_ms(g.allreduce_s)} ms, {_ms(g.exposed_s)} ms not hidden by backward)")
     _say(console, f"predicted: {result.step_s * 1e3:.1f} ms/step, {result.tokens_per_s:,.0f} tokens/s "
                   f"({result.method} search, planned in {result.planning_s:.2f}s)")
+    if result.batch is not None:
+        _say(console, describe(result.batch))
     _excluded(console, result.excluded)

@@ -33,7 +33,7 @@ def launch(session: ClusterSession, plan: Plan, spec, restore: Restore, checkpoi
               for r, (p, s) in enumerate((p, s) for p, stages in enumerate(pipelines) for s in stages)]
     offset = rank = 0  # ranks follow plan.stages: pipeline after pipeline
     for p, (stages, share) in enumerate(zip(pipelines, plan.pipeline_microbatches)):
-        train = pb.TrainSpec(steps=t.steps, micro_batch_size=t.micro_batch_size, num_microbatches=share,
+        train = pb.TrainSpec(steps=t.steps, micro_batch_size=plan.micro_batch_size, num_microbatches=share,
                              schedule=schedule_wire_id(t.schedule), lr=t.lr, weight_decay=t.weight_decay, seed=t.seed,
                              checkpoint_dir=str(checkpoint_root) if t.checkpoint_every else "",
                              checkpoint_every=t.checkpoint_every,

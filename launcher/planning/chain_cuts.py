@@ -154,26 +154,42 @@ def bottleneck_cuts(cm: CostModel, chain: list[NodeProfile]) -> PipelineCost | N
 
 
 def cut_chain(cm: CostModel, chain: list[NodeProfile]) -> PipelineCost | None:
+    """The chain's best cut with each boundary's most effective codec; the plan relaxes the
+    codecs of the pipelines it keeps (least_lossy_codecs), not every chain the search prices."""
     exact = len(chain) * cm.num_layers ** 2 <= EXACT_MAX_WORK
-    cost = best_cuts(cm, chain) if exact else bottleneck_cuts(cm, chain)
-    return None if cost is None else least_lossy_codecs(cm, chain, cost)
+    return best_cuts(cm, chain) if exact else bottleneck_cuts(cm, chain)
 
 
 def least_lossy_codecs(cm: CostModel, chain: list[NodeProfile], cost: PipelineCost) -> PipelineCost:
     """Per boundary, the least lossy allowed codec that keeps the link off the critical path:
-    the predicted step stays within CODEC_SLACK of the best codec choice's. `none` wherever the
-    raw link is fast enough; a lossier codec only where it really buys time."""
+    the closed form's step stays within CODEC_SLACK of the given codecs' (the most effective
+    choice). `none` wherever the raw link is fast enough; a lossier codec only where it really
+    buys time. Each trial changes one boundary, so it is priced from plain per-stage numbers."""
+    S = len(chain)
     cuts = [(s.layer_start, s.layer_end) for s in cost.stages]
     codecs = [s.codec for s in cost.stages[:-1]]
-    limit = cost.step_s * (1 + CODEC_SLACK)
-    for j, (a, b) in enumerate(zip(chain, chain[1:])):
-        for codec in sorted(cm.codec_options(j, a, b), key=LOSSINESS.index):
+
+    def terms(j: int, codec: str) -> tuple[float, float]:
+        node, end = chain[j], cuts[j][1]
+        compute = cm.compute_s(node, cuts[j][0], end) + cm.codec_s(node, end - 1, codec)
+        return compute, cm.boundary_s(node, chain[j + 1], end - 1, codec)[0]
+
+    compute = [cm.compute_s(node, a, b) for node, (a, b) in zip(chain, cuts)]
+    link, latency = [0.0] * S, [0.0] * S
+    for j in range(S - 1):
+        compute[j], link[j] = terms(j, codecs[j])
+        latency[j] = cm.link(chain[j], chain[j + 1])[1]
+    limit = cm.closed_step(compute, link, latency) * (1 + CODEC_SLACK)
+    for j in range(S - 1):
+        kept = compute[j], link[j]
+        for codec in sorted(cm.codec_options(j, chain[j], chain[j + 1]), key=LOSSINESS.index):
             if codec == codecs[j]:
                 break  # the cut's own choice is the least lossy that is good enough
-            trial = cm.evaluate(chain, cuts, codecs[:j] + [codec] + codecs[j + 1:])
-            if trial.step_s <= limit:
+            compute[j], link[j] = terms(j, codec)
+            if cm.closed_step(compute, link, latency) <= limit:
                 codecs[j] = codec
                 break
+            compute[j], link[j] = kept
     return cm.evaluate(chain, cuts, codecs)
 
 

@@ -243,6 +243,17 @@ class CostModel:
             return (self.M - 1) * (max(compute_max / 3, link_max) + max(2 * compute_max / 3, link_max)) + sum_term
         return (self.M - 1) * max(compute_max, link_max, window_max) + sum_term
 
+    def closed_step(self, compute: list[float], link: list[float], latency: list[float]) -> float:
+        """The closed form's step from per-stage compute t_j, outgoing link time c_j and latency
+        lat_j (0 after the last stage): plain floats, for callers that try many variations."""
+        S, sum_term, round_trip, window_max = len(compute), 0.0, 0.0, 0.0
+        for j in range(S - 1, -1, -1):
+            hop = compute[j] + 2 * (latency[j] + link[j])
+            sum_term += hop
+            round_trip += hop
+            window_max = max(window_max, self.window_term(round_trip, j, S))
+        return self.step_s(max(compute), max(link), sum_term, window_max)
+
     def window_term(self, round_trip: float, stage_index: int, num_stages: int) -> float:
         """1F1B: stage j keeps at most min(S - j, M) micro-batches in flight, and each needs the
         round trip to the end of the pipeline and back, so it starts one per round_trip / window."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
+from hetlaunch.launcher.planning.batch_sizes import describe
 from hetlaunch.launcher.planning.sync_groups import sync_groups
 from hetlaunch.runtime.schedules import own_window
 
@@ -63,6 +64,7 @@ class Plan:
     excluded: dict[str, str] | None = None  # node -> why the plan leaves it out
     pipeline_microbatches: tuple[int, ...] = ()  # each pipeline's share; () means one pipeline takes all
     sync: tuple[SyncPlan, ...] = ()
+    batch_note: str = ""  # with a global batch: how the planner chose the micro-batches
 
     def __post_init__(self):
         if not self.pipeline_microbatches:
@@ -198,10 +200,11 @@ def static_plan(cluster, num_layers: int) -> Plan:
             stages.append(StagePlan(node=node.name, region=node.region, layer_start=start, layer_end=end,
                                     forward_codec=codec, backward_codec=policy.gradient_codec(codec), pipeline=p,
                                     window=node.window or 0))
-    shares = tuple(train.pipeline_microbatches or even_shares(train.num_microbatches, len(chains)))
+    size, count = train.batch_shape()
+    shares = tuple(train.pipeline_microbatches or even_shares(count, len(chains)))
     sync_codec = policy.sync if policy.sync != "auto" else "none"
-    plan = Plan(stages=tuple(stages), num_layers=num_layers, micro_batch_size=train.micro_batch_size,
-                num_microbatches=train.num_microbatches, schedule=train.schedule, source=source,
+    plan = Plan(stages=tuple(stages), num_layers=num_layers, micro_batch_size=size,
+                num_microbatches=count, schedule=train.schedule, source=source,
                 pipeline_microbatches=shares)
     for pipeline, share in zip(plan.pipelines(), shares):
         check_windows(list(pipeline), share)
@@ -225,8 +228,10 @@ def planned(cluster, result, source: str = "planned") -> Plan:
         worst = max(sync, key=lambda g: g.exposed_s)
         bottleneck = f"gradient sync of layers {worst.layer_start}–{worst.layer_end - 1} over {', '.join(worst.nodes)}"
     train = cluster.train
-    return Plan(stages=stages, num_layers=stages[-1].layer_end, micro_batch_size=train.micro_batch_size,
-                num_microbatches=train.num_microbatches, schedule=train.schedule, source=source,
+    return Plan(stages=stages, num_layers=stages[-1].layer_end, micro_batch_size=result.micro_batch_size,
+                num_microbatches=sum(p.cost.num_microbatches for p in result.pipelines), schedule=train.schedule,
+                source=source,
                 predicted_step_s=result.step_s, predicted_tokens_per_s=result.tokens_per_s,
                 bottleneck=bottleneck, excluded=dict(result.excluded),
-                pipeline_microbatches=tuple(p.cost.num_microbatches for p in result.pipelines), sync=sync)
+                pipeline_microbatches=tuple(p.cost.num_microbatches for p in result.pipelines), sync=sync,
+                batch_note=describe(result.batch) if result.batch else "")

@@ -27,11 +27,12 @@ between pipelines).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from hetlaunch.launcher.planning.batch_sizes import BatchChoice, at_size, candidate_sizes, measured_sizes, per_token_error
 from hetlaunch.launcher.planning.chain_cuts import least_lossy_codecs, most_compressed_codecs
 from hetlaunch.launcher.planning.chain_search import EXHAUSTIVE_MAX_NODES
-from hetlaunch.launcher.planning.compression import NONE, CompressionConfig
+from hetlaunch.launcher.planning.compression import CODEC_SLACK, NONE, CompressionConfig
 from hetlaunch.launcher.planning.cost_model import CostModel, PipelineCost, in_flight
 from hetlaunch.launcher.planning.profile_file import NodeProfile, Profile
 from hetlaunch.launcher.planning.replicas import PipelineSet, Replicas, replica_counts
@@ -58,6 +59,8 @@ class PlannerResult:
     method: str = ""
     planning_s: float = 0.0
     sync: list[SyncCost] = field(default_factory=list)  # one per sync group; [] for one pipeline
+    micro_batch_size: int = 0  # the profile's (or, with a global batch, the one chosen)
+    batch: BatchChoice | None = None  # how the micro-batches were chosen for a global batch
 
 
 def plan(profile: Profile, num_microbatches: int, schedule: str = "1f1b", max_pipelines: int = 1,
@@ -93,6 +96,32 @@ def plan(profile: Profile, num_microbatches: int, schedule: str = "1f1b", max_pi
     return _result(profile, best.pipelines, best.sync, method, started, schedule, compression, excluded)
 
 
+def plan_global_batch(profile: Profile, global_batch: int, schedule: str = "1f1b", max_pipelines: int = 1,
+                      stages: int | None = None, compression: CompressionConfig = NONE,
+                      num_microbatches: int | None = None) -> PlannerResult:
+    """plan() for a global batch of samples: each candidate micro-batch size (or the one a fixed
+    `num_microbatches` gives) planned at its count, the most tokens/s kept (launcher/planning/batch_sizes.py)."""
+    started = time.perf_counter()
+    if num_microbatches is not None and global_batch % num_microbatches:
+        raise PlanningError(f"{num_microbatches} micro-batches do not divide the global batch of {global_batch}")
+    sizes = ([global_batch // num_microbatches] if num_microbatches is not None
+             else candidate_sizes(global_batch, profile.micro_batch_size))
+    best, failure = None, None
+    for size in sizes:
+        try:
+            found = plan(at_size(profile, size), global_batch // size, schedule, max_pipelines, stages, compression)
+        except PlanningError as err:  # this size does not fit; a smaller one may
+            failure = failure or err
+            continue
+        if best is None or found.tokens_per_s > best.tokens_per_s:
+            best = found
+    if best is None:
+        raise failure
+    choice = BatchChoice(best.micro_batch_size, global_batch // best.micro_batch_size, per_token_error(profile),
+                         tuple(measured_sizes(profile)), tuple(sizes))
+    return replace(best, batch=choice, planning_s=time.perf_counter() - started)
+
+
 def plan_fixed_cut(profile: Profile, chain: list[str], cuts: list[tuple[int, int]], num_microbatches: int,
                    schedule: str = "1f1b", compression: CompressionConfig = NONE) -> PlannerResult:
     """Price a cut the user pinned and choose its codecs (the cut itself is not changed)."""
@@ -123,8 +152,8 @@ def _result(profile: Profile, costs: list[PipelineCost], sync: list[SyncCost], m
     """The plan as priced by simulation: every pipeline's step from CostModel.exact, with 1F1B
     windows deepened where memory allows and it pays (CostModel.deepen), and the gradient sync
     priced again against those steps."""
-    exact = [CostModel(profile, c.num_microbatches, schedule, compression).deepen(
-        [profile.node(s.node) for s in c.stages], c) for c in costs]
+    exact = [_finished(CostModel(profile, c.num_microbatches, schedule, compression),
+                       [profile.node(s.node) for s in c.stages], c) for c in costs]
     if exact != costs and len(costs) > 1:
         sync = sync_costs(profile, exact, compression)
     costs = exact
@@ -133,7 +162,19 @@ def _result(profile: Profile, costs: list[PipelineCost], sync: list[SyncCost], m
     index = {n.name: n for n in profile.nodes}
     return PlannerResult(pipelines=[PlannedPipeline(p, tuple(index[s.node].region for s in p.stages)) for p in costs],
                          step_s=step_s, tokens_per_s=tokens / step_s, excluded=excluded or {}, method=method,
-                         planning_s=time.perf_counter() - started, sync=sync)
+                         planning_s=time.perf_counter() - started, sync=sync, micro_batch_size=profile.micro_batch_size)
+
+
+def _finished(cm: CostModel, chain: list[NodeProfile], cost: PipelineCost) -> PipelineCost:
+    """A kept pipeline with its least lossy good-enough codecs and its deepened windows, priced
+    exactly; its most effective codecs instead if relaxing them costs more than CODEC_SLACK once
+    simulated (the relaxation is judged by the closed form)."""
+    effective = cm.deepen(chain, cost)
+    relaxed = least_lossy_codecs(cm, chain, cost)
+    if [s.codec for s in relaxed.stages] == [s.codec for s in cost.stages]:
+        return effective
+    relaxed = cm.deepen(chain, relaxed)
+    return relaxed if relaxed.step_s <= effective.step_s * (1 + CODEC_SLACK) else effective
 
 
 # A left-out node is called slower or worse connected only when it is at least this much worse

@@ -13,7 +13,8 @@ sequences of `seq_len` tokens.
       "layers": [{"param_bytes": 49152, "activation_bytes": 4608, "output_bytes": 131072}, ...],
       "nodes": [{"name": "a", "region": "us-east", "device": "NVIDIA L4", "memory_bytes": 2.4e10,
                  "layer_seconds": [...], "optimizer_seconds": [...],
-                 "codec_seconds_per_byte": {"int8": 1e-9, ...}}, ...],
+                 "codec_seconds_per_byte": {"int8": 1e-9, ...},
+                 "layer_seconds_by_size": {"4": [...]}}, ...],
       "links": [{"nodes": ["a", "b"], "bandwidth_bytes_per_s": 1.2e9, "latency_s": 0.0002},
                 {"regions": ["us-east", "eu-west"], "bandwidth_bytes_per_s": 6.25e6, "latency_s": 0.04}]
     }
@@ -82,6 +83,9 @@ class NodeProfile(_Strict):
     layer_seconds: list[Seconds]
     optimizer_seconds: list[MaybeZeroSeconds] | None = None  # per layer, one AdamW step; default 0
     codec_seconds_per_byte: dict[str, MaybeZeroSeconds] | None = None  # encode + decode per raw byte; default 0
+    # layer_seconds measured at other micro-batch sizes (a global batch lets the planner choose the
+    # size; launcher/planning/batch_sizes.py interpolates between these and reports its error)
+    layer_seconds_by_size: dict[int, list[Seconds]] | None = None
 
     def optimizer(self, index: int) -> float:
         return self.optimizer_seconds[index] if self.optimizer_seconds else 0.0
@@ -123,6 +127,10 @@ class Profile(_Strict):
         for node in self.nodes:
             if len(node.layer_seconds) != n:
                 raise ValueError(f"node {node.name}: layer_seconds has {len(node.layer_seconds)} entries, expected {n}")
+            for size, seconds in (node.layer_seconds_by_size or {}).items():
+                if size < 1 or size == self.micro_batch_size or len(seconds) != n:
+                    raise ValueError(f"node {node.name}: layer_seconds_by_size[{size}] must be another micro-batch "
+                                     f"size >= 1 with {n} entries")
             if node.optimizer_seconds is not None and len(node.optimizer_seconds) != n:
                 raise ValueError(f"node {node.name}: optimizer_seconds has {len(node.optimizer_seconds)} entries, expected {n}")
         for link in self.links:

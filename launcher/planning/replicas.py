@@ -29,7 +29,7 @@ import itertools
 import math
 from dataclasses import dataclass
 
-from hetlaunch.launcher.planning.chain_cuts import least_lossy_codecs, most_compressed_codecs
+from hetlaunch.launcher.planning.chain_cuts import most_compressed_codecs
 from hetlaunch.launcher.planning.chain_search import EXHAUSTIVE_MAX_NODES, ChainSearch, candidate_chains, node_speed
 from hetlaunch.launcher.planning.compression import CompressionConfig
 from hetlaunch.launcher.planning.cost_model import PipelineCost
@@ -261,8 +261,7 @@ class Replicas:
                     if cuts[j][1] <= cuts[j][0] or cuts[j + 1][1] <= cuts[j + 1][0]:
                         continue
                     cm = self.search(pipeline.num_microbatches).cm
-                    moved = least_lossy_codecs(cm, chain, cm.evaluate(chain, [tuple(c) for c in cuts],
-                                                                      most_compressed_codecs(cm, chain)))
+                    moved = cm.evaluate(chain, [tuple(c) for c in cuts], most_compressed_codecs(cm, chain))
                     if any(s.memory_bytes > s.capacity_bytes for s in moved.stages):
                         continue
                     costs = current.pipelines[:i] + [moved] + current.pipelines[i + 1:]
