@@ -78,14 +78,24 @@ def test_sync_groups_bytes_links_and_ring_formula():
     assert [(g.layer_start, g.layer_end, g.nodes) for g in result.sync] == [
         (0, 1, ("a0", "b0")), (1, 2, ("a0", "b1")), (2, 4, ("a1", "b1"))]
     step = max(p.cost.step_s for p in result.pipelines)
+    alone = []
     for g, group in zip(result.sync, groups):
         assert g.bytes == 8 * MiB * (g.layer_end - g.layer_start)
         assert (g.codec, g.bandwidth_bytes_per_s, g.latency_s) == ("none", 1e8, 0.01)
         assert g.allreduce_s == pytest.approx(2 * 1 / 2 * g.bytes / 1e8 + 2 * 1 * 0.01)
         ready, backward = expected_end(profile, result, group)
         buckets = g.bytes // SYNC_BUCKET_BYTES
-        assert g.end_s == pytest.approx(max(ready + g.allreduce_s / buckets, ready - backward + g.allreduce_s))
+        alone.append((ready, max(ready + g.allreduce_s / buckets, ready - backward + g.allreduce_s)))
+    # a0 holds groups 0 and 1, b1 groups 1 and 2: each node's groups queue on its link, in the
+    # order they become ready.
+    busy: dict[str, float] = {}
+    for k in sorted(range(len(groups)), key=lambda k: alone[k][0]):
+        g = result.sync[k]
+        end = max([alone[k][1]] + [busy[n] + g.allreduce_s for n in g.nodes if n in busy])
+        busy.update({n: end for n in g.nodes})
+        assert g.end_s == pytest.approx(end)
         assert g.exposed_s == pytest.approx(max(0.0, g.end_s - step))
+    assert any(g.end_s > end + 1e-9 for g, (_, end) in zip(result.sync, alone)), "no group waited for a shared link"
     assert result.step_s == pytest.approx(max(step, max(g.end_s for g in result.sync)))
     assert result.tokens_per_s == pytest.approx(8 * 4 * 64 / result.step_s)
 
@@ -127,9 +137,12 @@ def test_sync_hides_behind_backward_on_a_fast_link_and_shows_on_a_slow_one():
     slow_profile = pinned_profile(cross_bandwidth=1e6)
     slow = price_pipelines(slow_profile, PINNED)
     assert all(g.exposed_s > 0 for g in slow.sync)
-    # Stage 0 holds the bottom group: ready at the step's end, its buckets stream during its own backward.
+    # Stage 0 holds the bottom group: ready at the step's end, its buckets stream during its own
+    # backward, but a0's link first carries group 1 (ready earlier): the bottom group queues behind it.
     ready, backward = expected_end(slow_profile, slow, sync_groups([cuts for _, cuts, _ in PINNED])[0])
-    assert slow.sync[0].end_s == pytest.approx(ready - backward + slow.sync[0].allreduce_s)
+    assert slow.sync[0].end_s == pytest.approx(max(ready - backward + slow.sync[0].allreduce_s,
+                                                   slow.sync[1].end_s + slow.sync[0].allreduce_s))
+    assert slow.sync[0].end_s > ready - backward + slow.sync[0].allreduce_s
     assert slow.step_s > 8 * MiB / 1e6, "the sync, not compute, sets the step"
 
 
@@ -268,11 +281,12 @@ def test_two_pipelines_equal_brute_force_when_sync_is_free(seed):
 
 
 def test_two_pipelines_near_brute_force_with_sync():
-    # Seeds 39 and 75 are 6.2% above (4.9% and 5.3% when plans were priced by the closed form;
-    # both sides are now the simulation), every other seed here exact. The planner cuts each
-    # chain for its own step and then polishes single boundaries for the sync; a best plan that
-    # needs a chain cut worse for its own step is missed (in seed 39, a 2-stage chain whose
-    # stage-optimal cut puts a layer on the wrong side of the sync).
+    # Seeds 39 and 75 are 5.7% and 10.3% above (4.9% and 5.3% when plans were priced by the
+    # closed form, 6.2% each before a node's sync groups shared its link in the price; both
+    # sides price the same way), every other seed here within 0.01%. The planner cuts each
+    # chain for its own step and then polishes single boundaries for the sync; a best plan
+    # that needs a chain cut worse for its own step, or other chains, is missed (seed 75's best
+    # pairs a 2-stage chain with a 3-stage one, where the planner pairs two 2-stage chains).
     ratios = {}
     for seed in [*range(24), 39, 75]:
         profile, M, schedule = small_instance(seed, free_sync=False)
@@ -281,5 +295,5 @@ def test_two_pipelines_near_brute_force_with_sync():
         assert got.step_s <= plan(profile, M, schedule).step_s * (1 + 1e-12)
         assert got.step_s >= want * (1 - 1e-9), "the brute force is a lower bound"
         ratios[seed] = got.step_s / want
-    assert max(ratios.values()) <= 1.07, ratios
+    assert max(ratios.values()) <= 1.11, ratios
     assert sum(r <= 1 + 1e-9 for r in ratios.values()) >= len(ratios) - 3, ratios

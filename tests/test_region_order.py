@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import random
 
-from hetlaunch.launcher.planning.chain_search import _region_path, _shortest_open_path
+from hetlaunch.launcher.planning.chain_search import region_path, _shortest_open_path
 from hetlaunch.launcher.planning.profile_file import LayerInfo, LinkProfile, ModelIdentity, NodeProfile, Profile
 
 
@@ -36,6 +36,6 @@ def test_ten_regions_use_the_near_pair_that_bandwidth_alone_ranks_last():
              for a, b in itertools.combinations(regions, 2)]
     profile = Profile(model=ModelIdentity(description="geo", num_layers=4), micro_batch_size=1, seq_len=1,
                       layers=layers, nodes=nodes, links=links)
-    path = _region_path(profile, regions)
+    path = region_path(profile, regions)
     assert sorted(path) == sorted(regions)
     assert abs(path.index("us-a") - path.index("us-b")) == 1, path

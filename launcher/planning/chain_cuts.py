@@ -22,62 +22,88 @@ from hetlaunch.launcher.planning.profile_file import NodeProfile
 
 EXACT_MAX_WORK = 20_000  # stages x layers^2 up to which a chain's cut is found by the exact DP
 ENUMERATE_MAX_CUTS = 300  # cuts x codec choices up to which a finalist's cut is found by simulating each
+BISECTIONS = 20  # long chains: the bottleneck to a millionth of its starting interval (then priced exactly)
 
 
 def best_cuts(cm: CostModel, chain: list[NodeProfile]) -> PipelineCost | None:
     """The exact best layer ranges (and boundary codecs) for a fixed chain, or None if no cut fits.
 
-    The program runs from the last stage back: a state (j, i) means stages j..S-1 hold
-    layers [i, L). Its points are (compute max, link max, 1F1B window max, suffix sum,
-    next start, next point, codec out of stage j); the suffix sum is the round trip from
-    stage j to the end, which the 1F1B window term needs. The step time is increasing in
-    every coordinate and every later term is increasing in them too, so keeping only
-    undominated points is exact.
+    The program runs from the last stage back: a state (suffix, i) means the suffix's stages
+    hold layers [i, L). Its points are (compute max, link max, 1F1B window max, suffix sum,
+    next start, next point, codec out of the suffix's first stage); the suffix sum is the
+    round trip from that stage to the end, which the 1F1B window term needs. The step time is
+    increasing in every coordinate and every later term is increasing in them too, so
+    keeping only undominated points is exact.
+
+    A state depends on its suffix of nodes only (a stage's window and memory depend on how
+    many stages follow it, not on how many precede it), so states are remembered on the cost
+    model by suffix: the chains an exhaustive search prices share most of their suffixes.
     """
     S, L = len(chain), cm.num_layers
     if S > L:
         return None
-    one_max = cm.schedule != "gpipe"  # 1F1B's step depends on max(compute, link, window) only
-    fronts: list[dict[int, list[tuple]]] = [dict() for _ in range(S)]
-    last = chain[-1]
-    for i in range(S - 1, L):
-        if cm.memory_bytes(i, L, S - 1, S) <= last.memory_bytes:
-            t = cm.compute_s(last, i, L)
-            fronts[S - 1][i] = [(t, 0.0, cm.window_term(t, S - 1, S), t, L, -1, "none")]
-    for j in range(S - 2, -1, -1):
-        node, next_node = chain[j], chain[j + 1]
-        window = in_flight(cm.schedule, j, S, cm.M) if one_max else 0  # what cm.window_term divides by
-        # Per codec and end of the stage: (link, latency, codec work). They depend on the end only,
-        # so they are worked out once per stage rather than once per (start, end) pair.
-        crossing = {codec: [(*cm.boundary_s(node, next_node, end - 1, codec), cm.codec_s(node, end - 1, codec))
-                            if end > 0 else None for end in range(L + 1)]
-                    for codec in cm.codec_options(j, node, next_node)}
-        for i in range(j, L - (S - j) + 1):
-            candidates = []
-            for end, front in fronts[j + 1].items():
-                if end <= i or cm.memory_bytes(i, end, j, S) > node.memory_bytes:
-                    continue
-                t = cm.compute_s(node, i, end)
-                for codec, per_end in crossing.items():
-                    c, lat, work = per_end[end]
-                    tc = t + work
-                    for k, (mt, mc, w, s, *_) in enumerate(front):
-                        total = s + tc + 2 * (lat + c)
-                        candidates.append((max(mt, tc), max(mc, c), max(w, total / window) if window else w, total,
-                                           end, k, codec))
-            if candidates:
-                fronts[j][i] = _pareto(candidates, one_max)
-    start = fronts[0].get(0)
+    pinned = bool(cm.compression.boundaries)  # codecs pinned by position: a suffix's place matters
+    keys = [(tuple(n.name for n in chain[j:]), j if pinned else None) for j in range(S)]
+    start = _front(cm, chain, 0, S, keys, 0)
     if not start:
         return None
     k = min(range(len(start)), key=lambda n: cm.step_s(start[n][0], start[n][1], start[n][3], start[n][2]))
     cuts, codecs, i = [], [], 0
     for j in range(S):
-        *_, end, next_k, codec = fronts[j][i][k]
+        *_, end, next_k, codec = cm.suffix_fronts[keys[j]][i][k]
         cuts.append((i, end))
         codecs.append(codec)
         i, k = end, next_k
     return cm.evaluate(chain, cuts, codecs[:-1])
+
+
+def _front(cm: CostModel, chain: list[NodeProfile], j: int, S: int, keys: list[tuple], i: int) -> list[tuple]:
+    """The Pareto front of state (chain[j:], i), from the cost model's memory or worked out
+    (with the states it needs) and remembered; [] when no cut of layers [i, L) fits."""
+    fronts = cm.suffix_fronts.setdefault(keys[j], {})
+    if i in fronts:
+        return fronts[i]
+    L, node = cm.num_layers, chain[j]
+    one_max = cm.schedule != "gpipe"  # 1F1B's step depends on max(compute, link, window) only
+    if j == S - 1:
+        front = []
+        if cm.memory_bytes(i, L, S - 1, S) <= node.memory_bytes:
+            t = cm.compute_s(node, i, L)
+            front = [(t, 0.0, cm.window_term(t, S - 1, S), t, L, -1, "none")]
+        fronts[i] = front
+        return front
+    window = in_flight(cm.schedule, j, S, cm.M) if one_max else 0  # what cm.window_term divides by
+    crossing = _crossing(cm, node, chain[j + 1], j)
+    candidates = []
+    for end in range(i + 1, L - (S - j - 1) + 1):
+        if cm.memory_bytes(i, end, j, S) > node.memory_bytes:
+            break  # memory only grows with the range
+        following = _front(cm, chain, j + 1, S, keys, end)
+        if not following:
+            continue
+        t = cm.compute_s(node, i, end)
+        for per_end in crossing.values():
+            c, lat, work, codec = per_end[end]
+            tc = t + work
+            for k, (mt, mc, w, s, *_) in enumerate(following):
+                total = s + tc + 2 * (lat + c)
+                candidates.append((max(mt, tc), max(mc, c), max(w, total / window) if window else w, total,
+                                   end, k, codec))
+    front = _pareto(candidates, one_max) if candidates else []
+    fronts[i] = front
+    return front
+
+
+def _crossing(cm: CostModel, node: NodeProfile, next_node: NodeProfile, j: int) -> dict[str, list]:
+    """Per codec and end of a stage: (link, latency, codec work, codec) of its outgoing boundary.
+    They depend on the end only, so they are worked out once per pair of nodes (and position,
+    when codecs are pinned by position) rather than once per (start, end) pair."""
+    key = (node.name, next_node.name, j if cm.compression.boundaries else None)
+    if key not in cm.crossings:
+        cm.crossings[key] = {codec: [(*cm.boundary_s(node, next_node, end - 1, codec), cm.codec_s(node, end - 1, codec),
+                                      codec) if end > 0 else None for end in range(cm.num_layers + 1)]
+                             for codec in cm.codec_options(j, node, next_node)}
+    return cm.crossings[key]
 
 
 def _pareto(points: list[tuple], one_max: bool) -> list[tuple]:
@@ -143,7 +169,7 @@ def bottleneck_cuts(cm: CostModel, chain: list[NodeProfile]) -> PipelineCost | N
     best = fill(hi)
     if best is None:
         return None
-    for _ in range(30):  # to a billionth of the starting interval
+    for _ in range(BISECTIONS):
         mid = (lo + hi) / 2
         cuts = fill(mid)
         if cuts is None:
@@ -210,7 +236,21 @@ def simulated_best_cut(cm: CostModel, chain: list[NodeProfile], found: PipelineC
         if any(cm.memory_bytes(a, b, j, S) > node.memory_bytes for j, (node, (a, b)) in enumerate(zip(chain, cuts))):
             continue
         for codecs in itertools.product(*options):
-            cost = cm.deepen(chain, cm.evaluate(chain, cuts, list(codecs)))
+            cost = cm.evaluate(chain, cuts, list(codecs))
+            if _simulation_floor(cm.M, cost) >= best.step_s:
+                continue
+            cost = cm.deepen(chain, cost)
             if cost.step_s < best.step_s * (1 - 1e-12):
                 best = cost
     return best
+
+
+def _simulation_floor(num_microbatches: int, cost: PipelineCost) -> float:
+    """A step no simulation of this cut can beat: stage j computes all M micro-batches (M t_j,
+    its optimizer included) and cannot start before the first activation has crossed every
+    link before it; a link carries M messages each way."""
+    floor, crossing = 0.0, 0.0
+    for stage in cost.stages:
+        floor = max(floor, num_microbatches * stage.compute_s + crossing, num_microbatches * stage.link_s)
+        crossing += stage.link_s + stage.latency_s
+    return floor

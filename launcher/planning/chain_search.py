@@ -35,7 +35,7 @@ def node_speed(node: NodeProfile) -> float:
     return 1.0 / max(sum(node.layer_seconds), 1e-12)
 
 
-def _region_path(profile: Profile, regions: list[str]) -> list[str]:
+def region_path(profile: Profile, regions: list[str]) -> list[str]:
     """Order regions so the chain crosses between them as fast as it can: each hop costs one
     typical activation's time on the wire between the regions plus the link's latency (a
     nearby pair with modest bandwidth can beat a distant fat pipe). The shortest open path
@@ -113,7 +113,7 @@ def candidate_chains(profile: Profile, nodes: list[NodeProfile], num_layers: int
     regions = tuple(sorted({n.region for n in nodes}))
     paths = {} if paths is None else paths
     if regions not in paths:
-        paths[regions] = _region_path(profile, list(regions))
+        paths[regions] = region_path(profile, list(regions))
     path = paths[regions]
     for a in range(len(path)):
         for b in range(a + 1, len(path) + 1):

@@ -95,6 +95,9 @@ class CostModel:
         self._memory_prefix: dict[int, list[float]] = {}
         self._optimizer: dict[str, list[float]] = {}
         self._schedules: dict[tuple[int, int, int], tuple] = {}  # compiled action lists, per stage shape
+        # launcher/planning/chain_cuts.py's dynamic program, remembered across the chains it cuts
+        self.suffix_fronts: dict[tuple, dict[int, list[tuple]]] = {}
+        self.crossings: dict[tuple, dict[str, list]] = {}
 
     def compute_s(self, node: NodeProfile, start: int, end: int) -> float:
         acc = self._time.get(node.name) or self.time_prefix(node)

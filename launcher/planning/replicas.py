@@ -30,7 +30,8 @@ import math
 from dataclasses import dataclass
 
 from hetlaunch.launcher.planning.chain_cuts import most_compressed_codecs
-from hetlaunch.launcher.planning.chain_search import EXHAUSTIVE_MAX_NODES, ChainSearch, candidate_chains, node_speed
+from hetlaunch.launcher.planning.chain_search import (EXHAUSTIVE_MAX_NODES, ChainSearch, candidate_chains, node_speed,
+                                                      region_path)
 from hetlaunch.launcher.planning.compression import CompressionConfig
 from hetlaunch.launcher.planning.cost_model import PipelineCost
 from hetlaunch.launcher.planning.profile_file import NodeProfile, Profile
@@ -147,6 +148,11 @@ class Replicas:
                 yield chains
 
     def _region_splits(self, regions: list[str], count: int):
+        """Every split while there are few; beyond, three that differ in where the links fall:
+        regions dealt by speed to the weakest group; runs of the region path (each pipeline's
+        regions close together, its activations on near links); and the path dealt round-robin
+        (each region's sync partners its neighbours on the path, so the sync crosses near links).
+        Each is priced with its sync, and the best set wins."""
         if _stirling2(len(regions), count) <= MAX_REGION_SPLITS:
             yield from _partitions(regions, count)
             return
@@ -158,6 +164,21 @@ class Replicas:
             groups[i].append(r)
             totals[i] += power[r]
         yield groups
+        key = tuple(sorted(regions))
+        if key not in self._paths:
+            self._paths[key] = region_path(self.profile, list(key))
+        path, total = self._paths[key], sum(power.values())
+        runs: list[list[str]] = [[]]
+        done = 0.0
+        for k, r in enumerate(path):
+            left = len(path) - k  # every later group still needs a region
+            if runs[-1] and len(runs) < count and (done >= total * len(runs) / count or left == count - len(runs)):
+                runs.append([])
+            runs[-1].append(r)
+            done += power[r]
+        if len(runs) == count:
+            yield runs
+        yield [path[i::count] for i in range(count)]
 
     def _best_in(self, search: ChainSearch, regions: list[str]) -> list[NodeProfile] | None:
         key = (search.cm.M, frozenset(regions))
@@ -246,7 +267,8 @@ class Replicas:
 
     def _polish(self, current: PipelineSet) -> PipelineSet:
         """Each pipeline was cut for its own step; the sync groups follow the cuts, so move single
-        stage boundaries by one layer while that lowers the plan step (small sets only)."""
+        stage boundaries (to any layer between their neighbours) while that lowers the plan step
+        (small sets only)."""
         if sum(len(p.stages) for p in current.pipelines) > POLISH_MAX_STAGES:
             return current
         chains = [self._nodes(p) for p in current.pipelines]
@@ -254,22 +276,30 @@ class Replicas:
         while improved:
             improved = False
             for i, (chain, pipeline) in enumerate(zip(chains, current.pipelines)):
-                for j, delta in itertools.product(range(len(chain) - 1), (-1, 1)):
+                for j in range(len(chain) - 1):
                     cuts = [[s.layer_start, s.layer_end] for s in current.pipelines[i].stages]
-                    cuts[j][1] += delta
-                    cuts[j + 1][0] += delta
-                    if cuts[j][1] <= cuts[j][0] or cuts[j + 1][1] <= cuts[j + 1][0]:
-                        continue
-                    cm = self.search(pipeline.num_microbatches).cm
-                    moved = cm.evaluate(chain, [tuple(c) for c in cuts], most_compressed_codecs(cm, chain))
-                    if any(s.memory_bytes > s.capacity_bytes for s in moved.stages):
-                        continue
-                    costs = current.pipelines[:i] + [moved] + current.pipelines[i + 1:]
-                    sync = self._sync.costs(costs, self.compression)
-                    step = plan_step_s(costs, sync)
-                    if step < current.step_s * (1 - 1e-12):
-                        current, improved = PipelineSet(costs, sync, step), True
+                    for boundary in range(cuts[j][0] + 1, cuts[j + 1][1]):
+                        if boundary == cuts[j][1]:
+                            continue
+                        moved = [list(c) for c in cuts]
+                        moved[j][1] = moved[j + 1][0] = boundary
+                        better = self._with_cut(current, i, chain, moved)
+                        if better is not None:
+                            current, improved = better, True
+                            break
         return current
+
+    def _with_cut(self, current: PipelineSet, i: int, chain: list[NodeProfile],
+                  cuts: list[list[int]]) -> PipelineSet | None:
+        """The set with pipeline i cut at `cuts`, if it fits and lowers the plan step; else None."""
+        cm = self.search(current.pipelines[i].num_microbatches).cm
+        moved = cm.evaluate(chain, [tuple(c) for c in cuts], most_compressed_codecs(cm, chain))
+        if any(s.memory_bytes > s.capacity_bytes for s in moved.stages):
+            return None
+        costs = current.pipelines[:i] + [moved] + current.pipelines[i + 1:]
+        sync = self._sync.costs(costs, self.compression)
+        step = plan_step_s(costs, sync)
+        return PipelineSet(costs, sync, step) if step < current.step_s * (1 - 1e-12) else None
 
 
 def _stirling2(n: int, k: int) -> int:

@@ -39,9 +39,10 @@ gradients are final. For holder (pipeline p, stage j), with pipeline p's step ti
 
     plan step = max(max_p step_p, max_G end_G);   exposed_G = max(0, end_G - max_p step_p)
 
-Groups reduce in parallel. Groups that share a node (the groups of one stage, or a node's
-link used by two groups) would in truth contend for its links; the model ignores that, so
-it is optimistic when a stage holds several groups over the same slow link.
+Groups without a node in common reduce in parallel. Groups that share a node (a stage
+whose layers the other pipelines cut differently holds several) share its link: taken in
+the order they become ready, a group ends no sooner than A after each of its holders has
+finished its earlier groups (a queue per node).
 
 Codec choice (`compression.sync`): per group, the least lossy allowed codec whose plan step
 stays within CODEC_SLACK of the step with every group at its fastest codec, so a group is
@@ -52,7 +53,7 @@ for groups whose holders span regions and only none inside a region.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Sequence
 
@@ -140,16 +141,18 @@ class SyncModel:
         groups = sync_groups([[(s.layer_start, s.layer_end) for s in p.stages] for p in pipelines])
         step = max(p.step_s for p in pipelines)
         drains = _drains(pipelines)
-        options = []
+        options, readies = [], []
         for group in groups:
             described = self.describe(pipelines, drains, group)
+            readies.append(described.ready)
             codecs = sorted(compression.sync_candidates(described.cross_region), key=LOSSINESS.index)
             options.append([self.priced(described, codec, step) for codec in codecs])
         best = max([step] + [min(o.end_s for o in costs) for costs in options])
         limit = best * (1 + CODEC_SLACK)
         # Groups only meet in the max, so each one's least lossy codec under the limit keeps the
-        # whole plan under it.
-        return [next((o for o in costs if o.end_s <= limit), min(costs, key=lambda o: o.end_s)) for costs in options]
+        # whole plan under it (judged before the groups' shared links are counted).
+        chosen = [next((o for o in costs if o.end_s <= limit), min(costs, key=lambda o: o.end_s)) for costs in options]
+        return _sharing_links(chosen, readies, step)
 
     def describe(self, pipelines: Sequence[PipelineCost], drains: list[list[float]], group: SyncGroup) -> _Group:
         nodes, ready, backward = [], -math.inf, 0.0
@@ -205,6 +208,26 @@ class SyncModel:
             self._links[shape] = (min((link.bandwidth_bytes_per_s for link in links), default=math.inf),
                                   max((link.latency_s for link in links), default=0.0))
         return self._links[shape]
+
+
+def _sharing_links(costs: list[SyncCost], readies: list[float], step: float) -> list[SyncCost]:
+    """The groups a node holds share its link: taken in the order they become ready, a group's
+    reduction ends no sooner than its own reduction time after every one of its holders has
+    finished the groups before it (a queue per node; fair sharing of the link ends the last
+    one at the same time)."""
+    busy: dict[str, float] = {}
+    shared = list(costs)
+    for k in sorted(range(len(costs)), key=readies.__getitem__):
+        cost = costs[k]
+        if cost.allreduce_s == 0.0:
+            continue
+        free = max((busy.get(n, -math.inf) for n in cost.nodes), default=-math.inf)
+        end = max(cost.end_s, free + cost.allreduce_s)
+        for n in cost.nodes:
+            busy[n] = end
+        if end != cost.end_s:
+            shared[k] = replace(cost, end_s=end, exposed_s=max(0.0, end - step))
+    return shared
 
 
 def _drains(pipelines: Sequence[PipelineCost]) -> list[list[float]]:
