@@ -140,12 +140,37 @@ class Replicas:
         if chains:
             yield chains
         regions = sorted({n.region for n in self.profile.nodes})
+        if count >= len(regions) and len(self.profile.nodes) > EXHAUSTIVE_MAX_NODES:
+            packed = self._packed(count)
+            if packed:
+                yield packed
         if count > len(regions):
             return
         for groups in self._region_splits(regions, count):
             chains = [self._best_in(search, group) for group in groups]
             if all(chains):
                 yield chains
+
+    def _packed(self, count: int) -> list[list[NodeProfile]]:
+        """Every node in one of `count` pipelines, each inside one region: a region gets pipelines
+        in proportion to its nodes, and its nodes, fastest first, are dealt to them back and
+        forth so each pipeline gets a like mix of fast and slow nodes (the cut then gives the
+        slow ones fewer layers). Ordered most memory first, since the first stages keep the most
+        micro-batches in flight. Many short pipelines of every node, where the other candidates
+        build few long ones from the fastest."""
+        by_region: dict[str, list[NodeProfile]] = {}
+        for n in self.profile.nodes:
+            by_region.setdefault(n.region, []).append(n)
+        total, layers = len(self.profile.nodes), self.profile.model.num_layers
+        chains: list[list[NodeProfile]] = []
+        for members in by_region.values():
+            k = max(1, min(len(members), round(count * len(members) / total)))
+            groups: list[list[NodeProfile]] = [[] for _ in range(k)]
+            for i, n in enumerate(sorted(members, key=node_speed, reverse=True)):
+                lap, at = divmod(i, k)
+                groups[at if lap % 2 == 0 else k - 1 - at].append(n)
+            chains += [sorted(g, key=lambda n: (-n.memory_bytes, -node_speed(n)))[:layers] for g in groups]
+        return chains
 
     def _region_splits(self, regions: list[str], count: int):
         """Every split while there are few; beyond, three that differ in where the links fall:

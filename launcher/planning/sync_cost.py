@@ -41,8 +41,8 @@ gradients are final. For holder (pipeline p, stage j), with pipeline p's step ti
 
 Groups without a node in common reduce in parallel. Groups that share a node (a stage
 whose layers the other pipelines cut differently holds several) share its link: taken in
-the order they become ready, a group ends no sooner than A after each of its holders has
-finished its earlier groups (a queue per node).
+the order they become ready, each node's link carries its groups one after another, and a
+group ends when the busiest of its holders' links has carried it (a queue per node).
 
 Codec choice (`compression.sync`): per group, the least lossy allowed codec whose plan step
 stays within CODEC_SLACK of the step with every group at its fastest codec, so a group is
@@ -211,20 +211,21 @@ class SyncModel:
 
 
 def _sharing_links(costs: list[SyncCost], readies: list[float], step: float) -> list[SyncCost]:
-    """The groups a node holds share its link: taken in the order they become ready, a group's
-    reduction ends no sooner than its own reduction time after every one of its holders has
-    finished the groups before it (a queue per node; fair sharing of the link ends the last
-    one at the same time)."""
+    """The groups a node holds share its link: taken in the order they become ready, each node's
+    link carries its groups one after another (fair sharing of the link ends the last one at
+    the same time), and a group ends when the busiest of its holders' links has carried it.
+    A node's load is its own groups only: two groups that share no node do not wait for each
+    other, even when a third group links them."""
     busy: dict[str, float] = {}
     shared = list(costs)
     for k in sorted(range(len(costs)), key=readies.__getitem__):
         cost = costs[k]
         if cost.allreduce_s == 0.0:
             continue
-        free = max((busy.get(n, -math.inf) for n in cost.nodes), default=-math.inf)
-        end = max(cost.end_s, free + cost.allreduce_s)
+        start = cost.end_s - cost.allreduce_s  # when it would start with every link to itself
         for n in cost.nodes:
-            busy[n] = end
+            busy[n] = max(busy.get(n, -math.inf), start) + cost.allreduce_s
+        end = max(cost.end_s, max(busy[n] for n in cost.nodes))
         if end != cost.end_s:
             shared[k] = replace(cost, end_s=end, exposed_s=max(0.0, end - step))
     return shared
