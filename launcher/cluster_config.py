@@ -223,6 +223,11 @@ class TrainConfig(Strict):
         return size, self.global_batch // size
 
 
+class ObserveConfig(Strict):
+    # Record a timeline (runs/<id>/trace.json, launcher/timeline.py) of every this many steps; 0: never.
+    trace_every: int = Field(25, ge=0)
+
+
 class CheckpointConfig(Strict):
     # Where checkpoints go; null = <run dir>/checkpoints. A path every node can write (a shared
     # file system) when some agents are remote: each stage writes its part there itself.
@@ -250,6 +255,7 @@ class ClusterConfig(Strict):
     data: Annotated[DataConfig, _none_to(dict)] = Field(default_factory=DataConfig)
     train: Annotated[TrainConfig, _none_to(dict)] = Field(default_factory=TrainConfig)
     checkpoint: Annotated[CheckpointConfig, _none_to(dict)] = Field(default_factory=CheckpointConfig)
+    observe: Annotated[ObserveConfig, _none_to(dict)] = Field(default_factory=ObserveConfig)
     regions: Annotated[list[RegionConfig], _none_to(list)] = Field(default_factory=list)  # regions used by nodes are implied
     links: Annotated[list[LinkConfig], _none_to(list)] = Field(default_factory=list)  # per region pair
     nodes: Annotated[list[NodeConfig], _none_to(list)] = Field(default_factory=list)  # the machines of the job, by name

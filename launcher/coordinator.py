@@ -8,6 +8,7 @@ by reading and writing that state; the servicer never decides anything about the
 from __future__ import annotations
 
 import hmac
+import math
 import queue
 import threading
 import time
@@ -43,6 +44,7 @@ class AgentRecord:
     step: int = -1
     disconnected: bool = False  # its command stream broke before a shutdown was sent
     lost: bool = False  # declared lost: its calls are refused, its name is free to join again
+    clock: tuple[float, float] | None = None  # (offset to our clock, round trip), runtime/clock_offset.py
 
 
 class Refused(Exception):
@@ -205,6 +207,11 @@ class CoordinatorState:
         with self._lock:
             return self._agents[node_name].disconnected
 
+    def clock_offsets(self) -> dict[str, tuple[float, float]]:
+        """node -> (seconds to add to its wall clock to read ours, the round trip that bounds it)."""
+        with self._lock:
+            return {name: record.clock for name, record in self._agents.items() if record.clock is not None}
+
     def agent_info(self, node_name: str) -> pb.AgentInfo:
         with self._lock:
             return self._agents[node_name].info
@@ -297,8 +304,10 @@ class CoordinatorServicer(control_pb2_grpc.CoordinatorServicer):
         return record
 
     def Heartbeat(self, request, context):
-        self._record(request.agent_id, context, request.state, request.step)
-        return pb.HeartbeatResponse()
+        record = self._record(request.agent_id, context, request.state, request.step)
+        if request.has_clock and math.isfinite(request.clock_offset_s) and math.isfinite(request.clock_rtt_s):
+            record.clock = (request.clock_offset_s, request.clock_rtt_s)
+        return pb.HeartbeatResponse(coordinator_time=time.time())
 
     def WatchCommands(self, request, context):
         record = self._record(request.agent_id, context)

@@ -18,6 +18,7 @@ from hetlaunch.launcher.planning.plan import Plan
 from hetlaunch.launcher.progress import TrainingProgress
 from hetlaunch.launcher.run_record import RunRecord, StepAggregator
 from hetlaunch.launcher.session import ClusterSession, JobError, is_peer_error
+from hetlaunch.launcher.timeline import Timeline
 
 
 @dataclass
@@ -32,7 +33,8 @@ class Outcome:
 
 
 def follow(session: ClusterSession, plan: Plan, record: RunRecord, book: CheckpointBook, events: EventLog,
-           progress: TrainingProgress, consider_join: Callable[[str], Plan | None]) -> Outcome:
+           progress: TrainingProgress, consider_join: Callable[[str], Plan | None],
+           timeline: Timeline | None = None) -> Outcome:
     state = session.state
     steps = session.cluster.train.steps
     aggregator = StepAggregator(plan)
@@ -56,6 +58,8 @@ def follow(session: ClusterSession, plan: Plan, record: RunRecord, book: Checkpo
     while True:
         received = state.next_step(timeout=0.2)
         if received is not None:
+            if timeline is not None and received[1].trace:
+                timeline.add(*received, plan, state.clock_offsets())
             step_record = aggregator.add(*received)
             if step_record is not None:
                 if first:  # when the generation is really running again (recovery time ends here)

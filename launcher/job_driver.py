@@ -35,6 +35,7 @@ from hetlaunch.launcher.progress import TrainingProgress, print_plan, print_summ
 from hetlaunch.launcher.run_record import RunRecord, read_metrics
 from hetlaunch.launcher.session import ClusterSession, JobError
 from hetlaunch.launcher.stage_launch import launch
+from hetlaunch.launcher.timeline import Timeline
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.runtime.checkpoint import CheckpointError, read_manifest
 from hetlaunch.runtime.files import UnreadableFile, read_json
@@ -166,6 +167,7 @@ def _run(session: ClusterSession, spec, options: UpOptions, events: EventLog, co
         console.print(f"resuming at step {restore.step} from {restore.directory}" if restore.directory else
                       "no committed checkpoint to resume from: starting at step 0")
     record = RunRecord(session.run_dir, resume_at=restore.step if options.resume is not None else None)
+    timeline = Timeline(session.run_dir)
     restarts = 0
     start = time.monotonic()
     try:
@@ -178,7 +180,7 @@ def _run(session: ClusterSession, spec, options: UpOptions, events: EventLog, co
                 if restore.directory is not None:
                     events.write("restore", step=restore.step, source=restore.source, directory=str(restore.directory))
                 outcome = follow(session, plan, record, book, events, progress,
-                                 lambda node: _better_with_joined(session, profile, plan))
+                                 lambda node: _better_with_joined(session, profile, plan), timeline)
                 if outcome.finished:
                     break
                 if outcome.down:

@@ -40,7 +40,7 @@ def launch(session: ClusterSession, plan: Plan, spec, restore: Restore, checkpoi
                              save_part=p == 0, start_step=restore.step, optimizer=t.optimizer, momentum=t.momentum,
                              lr_schedule=t.lr_schedule, warmup_steps=t.warmup_steps, min_lr_ratio=t.min_lr_ratio,
                              grad_clip=t.grad_clip, eval_every=t.eval_every, eval_microbatches=t.eval_microbatches,
-                             precision=t.precision)
+                             precision=t.precision, trace_every=cluster.observe.trace_every)
         n = len(stages)
         for j, stage in enumerate(stages):
             node = cluster.node(stage.node)

@@ -170,18 +170,26 @@ class RegisterResponse(_message.Message):
     def __init__(self, agent_id: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("agent_id", "state", "step")
+    __slots__ = ("agent_id", "state", "step", "has_clock", "clock_offset_s", "clock_rtt_s")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
+    HAS_CLOCK_FIELD_NUMBER: _ClassVar[int]
+    CLOCK_OFFSET_S_FIELD_NUMBER: _ClassVar[int]
+    CLOCK_RTT_S_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     state: AgentState
     step: int
-    def __init__(self, agent_id: _Optional[str] = ..., state: _Optional[_Union[AgentState, str]] = ..., step: _Optional[int] = ...) -> None: ...
+    has_clock: bool
+    clock_offset_s: float
+    clock_rtt_s: float
+    def __init__(self, agent_id: _Optional[str] = ..., state: _Optional[_Union[AgentState, str]] = ..., step: _Optional[int] = ..., has_clock: _Optional[bool] = ..., clock_offset_s: _Optional[float] = ..., clock_rtt_s: _Optional[float] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("coordinator_time",)
+    COORDINATOR_TIME_FIELD_NUMBER: _ClassVar[int]
+    coordinator_time: float
+    def __init__(self, coordinator_time: _Optional[float] = ...) -> None: ...
 
 class WatchCommandsRequest(_message.Message):
     __slots__ = ("agent_id",)
@@ -266,7 +274,7 @@ class DataSpec(_message.Message):
     def __init__(self, path: _Optional[str] = ..., seed: _Optional[int] = ..., format: _Optional[str] = ..., dtype: _Optional[str] = ..., eval_fraction: _Optional[float] = ...) -> None: ...
 
 class TrainSpec(_message.Message):
-    __slots__ = ("steps", "micro_batch_size", "num_microbatches", "schedule", "lr", "weight_decay", "seed", "checkpoint_dir", "checkpoint_every", "save_part", "start_step", "upload_parts", "snapshot_dir", "optimizer", "momentum", "lr_schedule", "warmup_steps", "min_lr_ratio", "grad_clip", "eval_every", "eval_microbatches", "precision")
+    __slots__ = ("steps", "micro_batch_size", "num_microbatches", "schedule", "lr", "weight_decay", "seed", "checkpoint_dir", "checkpoint_every", "save_part", "start_step", "upload_parts", "snapshot_dir", "optimizer", "momentum", "lr_schedule", "warmup_steps", "min_lr_ratio", "grad_clip", "eval_every", "eval_microbatches", "precision", "trace_every")
     STEPS_FIELD_NUMBER: _ClassVar[int]
     MICRO_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     NUM_MICROBATCHES_FIELD_NUMBER: _ClassVar[int]
@@ -289,6 +297,7 @@ class TrainSpec(_message.Message):
     EVAL_EVERY_FIELD_NUMBER: _ClassVar[int]
     EVAL_MICROBATCHES_FIELD_NUMBER: _ClassVar[int]
     PRECISION_FIELD_NUMBER: _ClassVar[int]
+    TRACE_EVERY_FIELD_NUMBER: _ClassVar[int]
     steps: int
     micro_batch_size: int
     num_microbatches: int
@@ -311,7 +320,8 @@ class TrainSpec(_message.Message):
     eval_every: int
     eval_microbatches: int
     precision: str
-    def __init__(self, steps: _Optional[int] = ..., micro_batch_size: _Optional[int] = ..., num_microbatches: _Optional[int] = ..., schedule: _Optional[_Union[Schedule, str]] = ..., lr: _Optional[float] = ..., weight_decay: _Optional[float] = ..., seed: _Optional[int] = ..., checkpoint_dir: _Optional[str] = ..., checkpoint_every: _Optional[int] = ..., save_part: _Optional[bool] = ..., start_step: _Optional[int] = ..., upload_parts: _Optional[bool] = ..., snapshot_dir: _Optional[str] = ..., optimizer: _Optional[str] = ..., momentum: _Optional[float] = ..., lr_schedule: _Optional[str] = ..., warmup_steps: _Optional[int] = ..., min_lr_ratio: _Optional[float] = ..., grad_clip: _Optional[float] = ..., eval_every: _Optional[int] = ..., eval_microbatches: _Optional[int] = ..., precision: _Optional[str] = ...) -> None: ...
+    trace_every: int
+    def __init__(self, steps: _Optional[int] = ..., micro_batch_size: _Optional[int] = ..., num_microbatches: _Optional[int] = ..., schedule: _Optional[_Union[Schedule, str]] = ..., lr: _Optional[float] = ..., weight_decay: _Optional[float] = ..., seed: _Optional[int] = ..., checkpoint_dir: _Optional[str] = ..., checkpoint_every: _Optional[int] = ..., save_part: _Optional[bool] = ..., start_step: _Optional[int] = ..., upload_parts: _Optional[bool] = ..., snapshot_dir: _Optional[str] = ..., optimizer: _Optional[str] = ..., momentum: _Optional[float] = ..., lr_schedule: _Optional[str] = ..., warmup_steps: _Optional[int] = ..., min_lr_ratio: _Optional[float] = ..., grad_clip: _Optional[float] = ..., eval_every: _Optional[int] = ..., eval_microbatches: _Optional[int] = ..., precision: _Optional[str] = ..., trace_every: _Optional[int] = ...) -> None: ...
 
 class RestoreSpec(_message.Message):
     __slots__ = ("checkpoint_dir",)
@@ -452,7 +462,7 @@ class StagePlace(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., pipeline: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ...) -> None: ...
 
 class StepMetrics(_message.Message):
-    __slots__ = ("step", "stage_index", "has_loss", "loss", "step_s", "compute_s", "comm_s", "tokens", "forward_raw_bytes", "forward_wire_bytes", "backward_raw_bytes", "backward_wire_bytes", "pipeline_index", "sync_s", "sync_raw_bytes", "sync_wire_bytes", "lr", "grad_norm", "has_eval_loss", "eval_loss")
+    __slots__ = ("step", "stage_index", "has_loss", "loss", "step_s", "compute_s", "comm_s", "tokens", "forward_raw_bytes", "forward_wire_bytes", "backward_raw_bytes", "backward_wire_bytes", "pipeline_index", "sync_s", "sync_raw_bytes", "sync_wire_bytes", "lr", "grad_norm", "has_eval_loss", "eval_loss", "trace")
     STEP_FIELD_NUMBER: _ClassVar[int]
     STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
     HAS_LOSS_FIELD_NUMBER: _ClassVar[int]
@@ -473,6 +483,7 @@ class StepMetrics(_message.Message):
     GRAD_NORM_FIELD_NUMBER: _ClassVar[int]
     HAS_EVAL_LOSS_FIELD_NUMBER: _ClassVar[int]
     EVAL_LOSS_FIELD_NUMBER: _ClassVar[int]
+    TRACE_FIELD_NUMBER: _ClassVar[int]
     step: int
     stage_index: int
     has_loss: bool
@@ -493,7 +504,20 @@ class StepMetrics(_message.Message):
     grad_norm: float
     has_eval_loss: bool
     eval_loss: float
-    def __init__(self, step: _Optional[int] = ..., stage_index: _Optional[int] = ..., has_loss: _Optional[bool] = ..., loss: _Optional[float] = ..., step_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., comm_s: _Optional[float] = ..., tokens: _Optional[int] = ..., forward_raw_bytes: _Optional[int] = ..., forward_wire_bytes: _Optional[int] = ..., backward_raw_bytes: _Optional[int] = ..., backward_wire_bytes: _Optional[int] = ..., pipeline_index: _Optional[int] = ..., sync_s: _Optional[float] = ..., sync_raw_bytes: _Optional[int] = ..., sync_wire_bytes: _Optional[int] = ..., lr: _Optional[float] = ..., grad_norm: _Optional[float] = ..., has_eval_loss: _Optional[bool] = ..., eval_loss: _Optional[float] = ...) -> None: ...
+    trace: _containers.RepeatedCompositeFieldContainer[TraceEvent]
+    def __init__(self, step: _Optional[int] = ..., stage_index: _Optional[int] = ..., has_loss: _Optional[bool] = ..., loss: _Optional[float] = ..., step_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., comm_s: _Optional[float] = ..., tokens: _Optional[int] = ..., forward_raw_bytes: _Optional[int] = ..., forward_wire_bytes: _Optional[int] = ..., backward_raw_bytes: _Optional[int] = ..., backward_wire_bytes: _Optional[int] = ..., pipeline_index: _Optional[int] = ..., sync_s: _Optional[float] = ..., sync_raw_bytes: _Optional[int] = ..., sync_wire_bytes: _Optional[int] = ..., lr: _Optional[float] = ..., grad_norm: _Optional[float] = ..., has_eval_loss: _Optional[bool] = ..., eval_loss: _Optional[float] = ..., trace: _Optional[_Iterable[_Union[TraceEvent, _Mapping]]] = ...) -> None: ...
+
+class TraceEvent(_message.Message):
+    __slots__ = ("name", "start", "end", "microbatch")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    MICROBATCH_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    start: float
+    end: float
+    microbatch: int
+    def __init__(self, name: _Optional[str] = ..., start: _Optional[float] = ..., end: _Optional[float] = ..., microbatch: _Optional[int] = ...) -> None: ...
 
 class ReportStepRequest(_message.Message):
     __slots__ = ("agent_id", "metrics", "generation")

@@ -29,6 +29,7 @@ from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.protos import control_pb2_grpc
 from hetlaunch.protos import worker_pb2 as wpb
 from hetlaunch.runtime.auth import TOKEN_METADATA_KEY, read_token
+from hetlaunch.runtime.clock_offset import ClockOffset
 from hetlaunch.runtime.devices import describe_devices
 from hetlaunch.runtime.labels import parse_labels
 from hetlaunch.runtime.policy import AgentPolicy, PolicyRefusal
@@ -74,6 +75,7 @@ class Agent:
         self.agent_id = ""
         self.training = threading.Event()  # busy with a command (profiling or a stage): peers may wait on us
         self.busy_state = pb.AGENT_STATE_IDLE  # what the heartbeat says we are doing
+        self.clock = ClockOffset()  # to the coordinator's clock, from the heartbeats' round trips
         self.step = -1
         self.generation = 0  # of the stage running now; its step reports carry it
         self.commands: queue.Queue = queue.Queue()
@@ -324,9 +326,14 @@ class Agent:
                 self._exit(EXIT_LOST_COORDINATOR, "the process that started this agent is gone; exiting")
                 return
             state = self.busy_state if self.training.is_set() else pb.AGENT_STATE_IDLE
+            clock = self.clock
             try:
-                self.stub.Heartbeat(pb.HeartbeatRequest(agent_id=self.agent_id, state=state, step=self.step),
-                                    metadata=self.metadata, timeout=max(interval * 3, 2.0))
+                sent = time.time()
+                reply = self.stub.Heartbeat(pb.HeartbeatRequest(
+                    agent_id=self.agent_id, state=state, step=self.step, has_clock=clock.known,
+                    clock_offset_s=clock.offset_s, clock_rtt_s=clock.rtt_s if clock.known else 0.0),
+                    metadata=self.metadata, timeout=max(interval * 3, 2.0))
+                clock.sample(sent, reply.coordinator_time, time.time())
                 last_ok = time.monotonic()
             except grpc.RpcError as err:
                 if err.code() == grpc.StatusCode.FAILED_PRECONDITION:  # declared lost while we were silent

@@ -90,6 +90,7 @@ class StageExecutor:
     # Optimizer steps taken, counting those before a restore. It changes together with the
     # parameters, under `state_lock`, so a snapshot taken from another thread is one step's state.
     steps_done: int = field(init=False, default=0)
+    _trace: list | None = field(init=False, default=None)  # this step's timeline, when it is traced
     state_lock: threading.Lock = field(init=False, default_factory=threading.Lock)
 
     def __post_init__(self):
@@ -103,13 +104,18 @@ class StageExecutor:
         self._dtype = compute_dtype(self.precision)
         self.scaler = LossScaler() if self.precision == "fp16" else None
 
-    def train_step(self, actions: list[Action], microbatches: list[Batch] | None, loss_divisor: int) -> StepResult:
+    def train_step(self, actions: list[Action], microbatches: list[Batch] | None, loss_divisor: int,
+                   trace: list[tuple[str, float, float, int]] | None = None) -> StepResult:
         """One optimizer step over the schedule's micro-batches, in its order.
 
         `microbatches` holds the (inputs, targets) pairs; the first stage reads inputs,
         the last stage reads targets, middle stages pass None. Each micro-batch's loss is
-        divided by `loss_divisor`: the step's micro-batch count over all pipelines.
+        divided by `loss_divisor`: the step's micro-batch count over all pipelines. With
+        `trace` (a list) the step's timeline is appended to it: (name, start, end, micro-batch)
+        in wall-clock seconds — every forward and backward, the waits for a message inside
+        them, the drain of the sends, the gradient sync and the optimizer step.
         """
+        self._trace = trace
         step_start = time.perf_counter()
         sent_before = {id(link): (link.stats.raw_bytes, link.stats.wire_bytes)
                        for link in (self.prev_link, self.next_link) if link is not None}
@@ -120,20 +126,24 @@ class StageExecutor:
         last_backward = max(i for i, a in enumerate(actions) if a.op is Op.BACKWARD) if self.grad_sync else -1
         for i, action in enumerate(actions):
             if action.op is Op.FORWARD:
-                with self.memory.forward(action.microbatch) if self.memory else contextlib.nullcontext():
+                with self.memory.forward(action.microbatch) if self.memory else contextlib.nullcontext(), \
+                        self._span("forward", action.microbatch):
                     in_flight[action.microbatch] = self._forward(action.microbatch, microbatches, loss_divisor, losses)
             else:
                 if i == last_backward:
                     self.grad_sync.arm()  # gradients become final during this backward
-                self._backward(in_flight.pop(action.microbatch))
+                with self._span("backward", action.microbatch):
+                    self._backward(in_flight.pop(action.microbatch))
                 if self.memory is not None:
                     self.memory.backward_done(action.microbatch)
         if in_flight:
             raise RuntimeError(f"schedule left micro-batches {sorted(in_flight)} without a backward")
-        for link in (self.prev_link, self.next_link):
-            if link is not None:
-                self._comm_s += link.drain()
-        sync = self.grad_sync.finish() if self.grad_sync is not None else SyncStats()
+        with self._span("drain sends"):
+            for link in (self.prev_link, self.next_link):
+                if link is not None:
+                    self._comm_s += link.drain()
+        with self._span("gradient sync"):
+            sync = self.grad_sync.finish() if self.grad_sync is not None else SyncStats()
         if self.tied is not None:
             start = time.perf_counter()
             self.tied.sum_gradients()
@@ -156,7 +166,8 @@ class StageExecutor:
                                        self.tied.duplicates if self.tied is not None else frozenset())
             self._comm_s += time.perf_counter() - start
         lr = self.recipe.lr_at(self.steps_done)
-        self._timed(self._optimizer_step, lr, skip)
+        with self._span("optimizer"):
+            self._timed(self._optimizer_step, lr, skip)
         if self.memory is not None:
             self.memory.check(self.module, self.optimizer, f"at step {self.steps_done - 1}")
         loss = sum(losses) / len(losses) if self.is_last else None
@@ -238,9 +249,22 @@ class StageExecutor:
 
     def _received(self, link: Link) -> Message:
         start = time.perf_counter()
-        tensor = link.recv()
+        with self._span("recv"):
+            tensor = link.recv()
         self._comm_s += time.perf_counter() - start
         return tensor
+
+    @contextlib.contextmanager
+    def _span(self, name: str, microbatch: int = -1):
+        """Time a piece of the step for the timeline, when this step is traced."""
+        if self._trace is None:
+            yield
+            return
+        start = time.time()
+        try:
+            yield
+        finally:
+            self._trace.append((name, start, time.time(), microbatch))
 
     def _timed(self, fn, *args):
         """Run compute, count its time, and stretch it when this node emulates a slower device."""

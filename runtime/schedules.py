@@ -194,7 +194,20 @@ def simulate_compiled(plan, forward_cost: list[float], backward_cost: list[float
     return _simulate(plan, forward_cost, backward_cost, link_cost, latency, optimizer_cost, None, len(plan[0]) // 2)
 
 
-def _simulate(plan, f_cost, b_cost, wire, lat, opt, per_stage, num_mb: int) -> float:
+def simulated_timeline(per_stage: list[list[Action]], forward_cost: list[float], backward_cost: list[float],
+                       link_cost: list[float], latency: list[float]) -> list[list[tuple[Action, float, float]]]:
+    """`simulate`'s schedule as (action, start, end) per stage, from the step's start: the
+    predicted timeline a trace shows beside the measured one."""
+    ends: dict = {}
+    _simulate(compiled(per_stage), forward_cost, backward_cost, link_cost, latency, [0.0] * len(per_stage),
+              per_stage, 1 + max(a.microbatch for actions in per_stage for a in actions), ends)
+    costs = {Op.FORWARD: forward_cost, Op.BACKWARD: backward_cost}
+    done = {Op.FORWARD: ends["forward"], Op.BACKWARD: ends["backward"]}
+    return [[(a, done[a.op][s][a.microbatch] - costs[a.op][s], done[a.op][s][a.microbatch]) for a in actions]
+            for s, actions in enumerate(per_stage)]
+
+
+def _simulate(plan, f_cost, b_cost, wire, lat, opt, per_stage, num_mb: int, ends: dict | None = None) -> float:
     num_stages = len(plan)
     # Plain lists indexed [stage][micro-batch]: the planner simulates thousands of candidates.
     f_done = [[None] * num_mb for _ in range(num_stages)]
@@ -258,4 +271,6 @@ def _simulate(plan, f_cost, b_cost, wire, lat, opt, per_stage, num_mb: int) -> f
                 if i < len(per_stage[s])
             )
             raise ValueError(f"schedule deadlocks at {stuck}")
+    if ends is not None:
+        ends.update(forward=f_done, backward=b_done)
     return max(t + o for t, o in zip(free_at, opt))

@@ -286,8 +286,9 @@ def _train(cmd: pb.RunStage, executor: StageExecutor, batches: TokenBatches | No
         if batches is not None:  # the step's global batch, of which this pipeline takes its share
             microbatches = batches.micro_batches(step, train.micro_batch_size, global_microbatches)
             microbatches = microbatches[first_microbatch:first_microbatch + train.num_microbatches]
+        trace = [] if train.trace_every and step % train.trace_every == 0 else None
         try:
-            result = executor.train_step(actions, microbatches, global_microbatches)
+            result = executor.train_step(actions, microbatches, global_microbatches, trace)
         except torch.OutOfMemoryError as err:
             if executor.memory is None:
                 raise
@@ -309,7 +310,9 @@ def _train(cmd: pb.RunStage, executor: StageExecutor, batches: TokenBatches | No
                                     pipeline_index=dp.pipeline_index if dp else 0, sync_s=result.sync_s,
                                     sync_raw_bytes=result.sync_bytes[0], sync_wire_bytes=result.sync_bytes[1],
                                     lr=result.lr, grad_norm=result.grad_norm, has_eval_loss=eval_loss is not None,
-                                    eval_loss=eval_loss or 0.0))
+                                    eval_loss=eval_loss or 0.0,
+                                    trace=[pb.TraceEvent(name=name, start=start, end=end, microbatch=mb)
+                                           for name, start, end, mb in trace or ()]))
         if writer is not None and (done == train.steps or
                                    (train.checkpoint_every and done % train.checkpoint_every == 0)):
             writer.save(done)

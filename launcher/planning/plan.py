@@ -28,6 +28,7 @@ class StagePlan:
     compute_s: float | None = None       # per micro-batch
     link_s: float | None = None          # outgoing transfer per micro-batch, with its codec
     link_uncompressed_s: float | None = None  # the same without compression
+    latency_s: float | None = None       # of the outgoing link
     memory_bytes: float | None = None
     capacity_bytes: float | None = None
     pipeline: int = 0
@@ -217,6 +218,7 @@ def planned(cluster, result, source: str = "planned") -> Plan:
     stages = tuple(StagePlan(node=s.node, region=cluster.node(s.node).region, layer_start=s.layer_start,
                              layer_end=s.layer_end, forward_codec=s.codec, backward_codec=policy.gradient_codec(s.codec),
                              compute_s=s.compute_s, link_s=s.link_s, link_uncompressed_s=s.link_uncompressed_s,
+                             latency_s=s.latency_s,
                              memory_bytes=s.memory_bytes, capacity_bytes=s.capacity_bytes, pipeline=p,
                              window=cluster.node(s.node).window or s.window)  # a window pinned in the YAML wins
                    for p, pipeline in enumerate(result.pipelines) for s in pipeline.cost.stages)

@@ -1,0 +1,96 @@
+"""runs/<id>/trace.json: sampled steps' timelines of every stage on one clock, beside the plan's prediction."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from conftest import REPO, run_hetlaunch
+from hetlaunch.runtime.clock_offset import ClockOffset
+from hetlaunch.runtime.schedules import one_f_one_b, simulate, simulated_timeline
+
+CLOCK_TOLERANCE_S = 0.005  # "within a few ms on one machine"
+
+
+def test_clock_offset_keeps_the_tightest_round_trip():
+    clock = ClockOffset()
+    assert not clock.known
+    clock.sample(100.0, 150.2, 100.4)  # coordinator 50 s ahead, 0.4 s round trip
+    assert clock.known and clock.offset_s == pytest.approx(50.0) and clock.rtt_s == pytest.approx(0.4)
+    clock.sample(200.0, 250.9, 201.0)  # a slower trip: kept out
+    assert clock.offset_s == pytest.approx(50.0)
+    clock.sample(300.0, 350.05, 300.1)  # tighter: taken
+    assert clock.offset_s == pytest.approx(50.0) and clock.rtt_s == pytest.approx(0.1)
+    clock.sample(400.0, 0.0, 400.01)  # a coordinator that does not say its time: ignored
+    clock.sample(500.0, 550.0, 499.0)  # the clock stepped back mid-trip: ignored
+    assert clock.offset_s == pytest.approx(50.0) and clock.rtt_s == pytest.approx(0.1)
+
+
+def test_simulated_timeline_is_the_simulation_action_by_action():
+    per_stage = [one_f_one_b(s, 3, 5) for s in range(3)]
+    forward, backward, wire, latency = [1.0, 2.0, 1.5], [2.0, 4.0, 3.0], [0.5, 0.25], [0.1, 0.2]
+    timeline = simulated_timeline(per_stage, forward, backward, wire, latency)
+    assert [[a for a, _, _ in stage] for stage in timeline] == per_stage
+    for s, stage in enumerate(timeline):
+        for (a, start, end), (_, next_start, _) in zip(stage, stage[1:]):
+            assert next_start >= end - 1e-12, "a stage runs one action at a time, in its order"
+        for a, start, end in stage:
+            assert end - start == pytest.approx((forward if a.op.name == "FORWARD" else backward)[s])
+    assert max(end for stage in timeline for _, _, end in stage) == pytest.approx(
+        simulate(per_stage, forward, backward, wire, latency))
+
+
+@pytest.mark.timeout(240)
+def test_up_writes_a_chrome_trace_of_every_scheduled_action_on_one_clock(tmp_path):
+    cluster = yaml.safe_load((REPO / "cluster_examples" / "tiny_test.yaml").read_text())
+    cluster["train"].update(steps=6, checkpoint_every=0, num_microbatches=4)
+    cluster["observe"] = {"trace_every": 2}
+    for node, layers in zip(cluster["nodes"], ([0, 1], [1, 3], [3, 4])):  # three stages on three agents
+        node["layers"] = layers
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cluster))
+    run_dir = tmp_path / "run"
+    result = run_hetlaunch("up", str(tmp_path / "c.yaml"), "--run-dir", str(run_dir), timeout=220, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr + result.stdout
+
+    trace = json.loads((run_dir / "trace.json").read_text())
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert all(e["dur"] >= 0 and isinstance(e["ts"], float | int) for e in spans)
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "thread_name"}
+    assert names[(0, 1)] == "stage 1: n1 (default)" and names[(1000, 2)] == "stage 2: n2 (default)"
+    assert trace["otherData"]["sampled_steps"] == [0, 2, 4]
+
+    expected = sorted([f"F{m}" for m in range(4)] + [f"B{m}" for m in range(4)])
+    for step in (0, 2, 4):
+        for pid in (0, 1000):  # measured, and the planner's prediction of the same step
+            for stage in range(3):
+                got = sorted(e["name"] for e in spans if (e["pid"], e["tid"], e["args"]["step"]) == (pid, stage, step)
+                             and e["name"][0] in "FB")
+                assert got == expected, (step, pid, stage, got)
+        # On one clock: a stage cannot finish a forward before the previous stage has finished
+        # (and sent) it, nor a backward before the next stage has.
+        at = {(e["tid"], e["name"]): e for e in spans if e["pid"] == 0 and e["args"]["step"] == step}
+        for m in range(4):
+            for j in range(2):
+                down, up = at[(j, f"F{m}")], at[(j + 1, f"F{m}")]
+                assert up["ts"] + up["dur"] >= down["ts"] + down["dur"] - CLOCK_TOLERANCE_S * 1e6
+                back, front = at[(j + 1, f"B{m}")], at[(j, f"B{m}")]
+                assert front["ts"] + front["dur"] >= back["ts"] + back["dur"] - CLOCK_TOLERANCE_S * 1e6
+        assert {e["name"] for e in at.values()} >= {"optimizer", "drain sends", "recv"}
+    clocks = trace["otherData"]["clocks"]  # each agent's offset, measured from its heartbeats
+    assert set(clocks) == {"n0", "n1", "n2"}
+    assert all(c["round_trip_ms"] is not None and 0 < c["round_trip_ms"] < 100 for c in clocks.values()), clocks
+    assert all(abs(c["offset_ms"]) < CLOCK_TOLERANCE_S * 1e3 for c in clocks.values()), clocks
+
+
+@pytest.mark.timeout(120)
+def test_trace_every_zero_writes_no_trace(tmp_path):
+    cluster = yaml.safe_load((REPO / "cluster_examples" / "tiny_test.yaml").read_text())
+    cluster["train"].update(steps=2, checkpoint_every=0)
+    cluster["observe"] = {"trace_every": 0}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cluster))
+    result = run_hetlaunch("up", str(tmp_path / "c.yaml"), "--run-dir", str(tmp_path / "run"), timeout=100,
+                           cwd=tmp_path)
+    assert result.returncode == 0, result.stderr + result.stdout
+    assert not (tmp_path / "run" / "trace.json").exists()
