@@ -1,0 +1,104 @@
+"""The train, checkpoint and observe sections of the cluster YAML (launcher/cluster_config.py holds the rest)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, Field, model_validator
+
+from hetlaunch.launcher.config_errors import FieldError, show
+from hetlaunch.launcher.config_types import Strict, YamlFloat
+from hetlaunch.runtime.registry import DEFAULT_SCHEDULE, SCHEDULE_NAMES
+
+
+def _auto_or_positive(value: Any) -> Any:
+    if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        return value
+    raise ValueError(f"must be auto or an integer >= 1 (got {show(value)})")
+
+
+class TrainConfig(Strict):
+    steps: int = Field(300, ge=1)  # optimizer steps
+    micro_batch_size: int = Field(8, ge=1)  # samples per micro-batch
+    num_microbatches: int = Field(4, ge=1)  # micro-batches per step (global batch = the product)
+    # Samples per step. Set, the planner chooses the micro-batch size (micro_batch_size is then the
+    # largest it tries and the size profiled) and the count; a num_microbatches given too fixes the count.
+    global_batch: int | None = Field(None, ge=1, le=1 << 24)
+    schedule: Literal[SCHEDULE_NAMES] = DEFAULT_SCHEDULE  # pipeline schedule (runtime/registry.py)
+    # bf16/fp16: autocast over fp32 master weights and optimizer state; activations cross links in
+    # the compute dtype; fp16 adds a loss scale kept the same on every stage.
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    optimizer: Literal["adamw", "sgd"] = "adamw"
+    lr: YamlFloat = Field(3.0e-3, gt=0)  # peak learning rate
+    momentum: YamlFloat = Field(0.9, ge=0, lt=1)  # sgd only
+    weight_decay: YamlFloat = Field(0.0, ge=0)  # decoupled (AdamW) or L2 (SGD); only on weights of >= 2 dimensions
+    lr_schedule: Literal["constant", "cosine", "linear"] = "constant"  # after warm-up, down to lr * min_lr_ratio by the end of the run
+    warmup_steps: int = Field(0, ge=0)  # linear warm-up from lr / warmup_steps
+    min_lr_ratio: YamlFloat = Field(0.1, ge=0, le=1)
+    grad_clip: YamlFloat = Field(0.0, ge=0)  # max norm of the whole model's gradient (all stages, all pipelines); 0: off
+    eval_every: int = Field(0, ge=0)  # held-out loss every this many steps and after the last; 0: never
+    eval_microbatches: int = Field(4, ge=1)  # micro-batches (of micro_batch_size) per evaluation
+    seed: int = 0  # parameter-init seed
+    # Save parameters and AdamW state every this many steps (and after the last) under
+    # <run dir>/checkpoints/ (or checkpoint.dir): what a restart after a lost node resumes from.
+    # 0: never (a lost node then restarts the job from step 0, unless a replica stands in).
+    checkpoint_every: int = Field(50, ge=0)
+    max_restarts: int = Field(3, ge=0)  # generations restarted after lost nodes before the job gives up
+    # Data-parallel pipelines the planner may use (each its own chain of nodes and cut): auto = as many as pay off
+    max_pipelines: Annotated[int | Literal["auto"], BeforeValidator(_auto_or_positive)] = "auto"
+    # With pinned layers over several pipelines: each pipeline's micro-batches per step (default: as planned)
+    pipeline_microbatches: list[int] | None = Field(None, min_length=1)
+
+    @model_validator(mode="after")
+    def _shares(self) -> TrainConfig:
+        given = self.model_fields_set
+        if self.global_batch is not None and "num_microbatches" in given:
+            if self.global_batch % self.num_microbatches:
+                raise FieldError(("num_microbatches",), f"{self.num_microbatches} micro-batches do not divide "
+                                                        f"global_batch ({self.global_batch})")
+            if "micro_batch_size" in given and self.micro_batch_size * self.num_microbatches != self.global_batch:
+                raise FieldError(("global_batch",), f"{self.global_batch} is not micro_batch_size x num_microbatches "
+                                                    f"({self.micro_batch_size} x {self.num_microbatches}); give two")
+        if self.pipeline_microbatches is not None:
+            if self.global_batch is not None and "num_microbatches" not in given:
+                raise FieldError(("pipeline_microbatches",), "with global_batch, give num_microbatches too")
+            if min(self.pipeline_microbatches) < 1 or sum(self.pipeline_microbatches) != self.num_microbatches:
+                raise FieldError(("pipeline_microbatches",), f"{self.pipeline_microbatches} must be >= 1 each and "
+                                                             f"sum to num_microbatches ({self.num_microbatches})")
+        return self
+
+    @property
+    def fixed_microbatches(self) -> int | None:
+        """The micro-batch count the planner must use; None when it chooses (global_batch alone)."""
+        if self.global_batch is not None and "num_microbatches" not in self.model_fields_set:
+            return None
+        return self.num_microbatches
+
+    @property
+    def profile_size(self) -> int:
+        """The micro-batch size nodes are profiled at: the largest the planner tries."""
+        if self.global_batch is not None and "num_microbatches" in self.model_fields_set:
+            return self.global_batch // self.num_microbatches
+        return self.micro_batch_size
+
+    def batch_shape(self) -> tuple[int, int]:
+        """(micro-batch size, micro-batches per step) of a plan not chosen by the planner: the
+        given ones, or with global_batch alone its largest divisor up to micro_batch_size."""
+        if self.global_batch is None:
+            return self.micro_batch_size, self.num_microbatches
+        if self.fixed_microbatches is not None:
+            return self.profile_size, self.fixed_microbatches
+        size = max(b for b in range(1, min(self.global_batch, self.micro_batch_size) + 1) if self.global_batch % b == 0)
+        return size, self.global_batch // size
+
+
+class ObserveConfig(Strict):
+    # Record a timeline (runs/<id>/trace.json, launcher/timeline.py) of every this many steps; 0: never.
+    trace_every: int = Field(25, ge=0)
+
+
+class CheckpointConfig(Strict):
+    # Where checkpoints go; null = <run dir>/checkpoints. A path every node can write (a shared
+    # file system) when some agents are remote: each stage writes its part there itself.
+    dir: str | None = Field(None, min_length=1)
+    keep: int = Field(2, ge=1)  # committed checkpoints kept; older ones are deleted
