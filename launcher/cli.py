@@ -69,6 +69,7 @@ def _main(version: bool = typer.Option(False, "--version", callback=_show_versio
 def validate(cluster_yaml: Path = typer.Argument(..., help="cluster YAML file")) -> None:
     """Check a cluster YAML file without starting anything."""
     cluster = _load(cluster_yaml)
+    _check_extras(cluster)
     print(f"{cluster_yaml}: ok ({len(cluster.nodes)} nodes, {len(cluster.local_nodes)} local, "
           f"{len(cluster.remote_nodes)} remote, {len(cluster.ssh_nodes)} over ssh)", flush=True)
     if cluster.discover is not None:
@@ -86,6 +87,7 @@ def up(
 ) -> None:
     """Start a coordinator and the local agents, wait for remote ones, profile, plan, train, write runs/<run-id>/."""
     cluster = _load(cluster_yaml)
+    _check_extras(cluster)
     token = _token(cluster, token_file)
     if resume is not None and run_dir is not None and resume.resolve() != run_dir.resolve():
         _fail("--resume continues in its own run directory; leave --run-dir out", 2)
@@ -222,6 +224,33 @@ def _load(cluster_yaml: Path):
         return load_cluster(cluster_yaml)
     except ConfigError as err:
         _fail(str(err), EXIT_BAD_INPUT)
+
+
+def _check_extras(cluster) -> None:
+    """TensorBoard or Prometheus asked for and not installed: one line, before anything starts."""
+    from hetlaunch.launcher.observers import MissingExtra, check_extras
+
+    try:
+        check_extras(cluster)
+    except MissingExtra as err:
+        _fail(str(err), EXIT_BAD_INPUT)
+
+
+@app.command()
+def report(
+    run_dir: Path = typer.Argument(..., help="a run directory (runs/<run-id>)"),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="where the PNGs go (default: RUN_DIR/report)"),
+) -> None:
+    """Draw a run: loss and tokens/s with its events, the plan, and each stage's predicted vs measured
+    compute and communication, as PNGs (needs matplotlib: the plots extra)."""
+    from hetlaunch.launcher.report import ReportError, make_report
+
+    try:
+        written = make_report(run_dir, output)
+    except ReportError as err:
+        _fail(str(err), EXIT_BAD_INPUT)
+    for path in written:
+        print(path, flush=True)
 
 
 def _new_token() -> str:

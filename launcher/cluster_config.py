@@ -44,6 +44,8 @@ class TlsConfig(Strict):
 class CoordinatorConfig(Strict):
     host: str = Field("127.0.0.1", min_length=1)  # address the gRPC coordinator (and data-plane rendezvous store) binds
     port: int = Field(0, ge=0, le=65535)  # 0 = any free port (fine when every agent is local)
+    # Prometheus metrics on host:metrics_port (launcher/observers.py; the prometheus extra); null: off, 0: any port
+    metrics_port: int | None = Field(None, ge=0, le=65535)
     join_timeout_s: YamlFloat = Field(60.0, gt=0)  # how long `up` waits for every node to register
     # Agents send a heartbeat every interval; one silent for the timeout is declared lost and the
     # job goes on without it. Shorter detects a stopped or cut-off node sooner; too short for the

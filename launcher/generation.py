@@ -14,11 +14,11 @@ from typing import Callable
 
 from hetlaunch.launcher.checkpoint_book import CheckpointBook
 from hetlaunch.launcher.events import EventLog
+from hetlaunch.launcher.observers import Observers
 from hetlaunch.launcher.planning.plan import Plan
 from hetlaunch.launcher.progress import TrainingProgress
 from hetlaunch.launcher.run_record import RunRecord, StepAggregator
 from hetlaunch.launcher.session import ClusterSession, JobError, is_peer_error
-from hetlaunch.launcher.timeline import Timeline
 
 
 @dataclass
@@ -34,7 +34,7 @@ class Outcome:
 
 def follow(session: ClusterSession, plan: Plan, record: RunRecord, book: CheckpointBook, events: EventLog,
            progress: TrainingProgress, consider_join: Callable[[str], Plan | None],
-           timeline: Timeline | None = None) -> Outcome:
+           observers: Observers | None = None) -> Outcome:
     state = session.state
     steps = session.cluster.train.steps
     aggregator = StepAggregator(plan)
@@ -58,8 +58,8 @@ def follow(session: ClusterSession, plan: Plan, record: RunRecord, book: Checkpo
     while True:
         received = state.next_step(timeout=0.2)
         if received is not None:
-            if timeline is not None and received[1].trace:
-                timeline.add(*received, plan, state.clock_offsets())
+            if observers is not None and received[1].trace:
+                observers.trace(*received, plan)
             step_record = aggregator.add(*received)
             if step_record is not None:
                 if first:  # when the generation is really running again (recovery time ends here)
@@ -67,6 +67,8 @@ def follow(session: ClusterSession, plan: Plan, record: RunRecord, book: Checkpo
                     first = False
                 record.add(step_record)
                 progress.update(step_record)
+                if observers is not None:
+                    observers.step(step_record, state.generation)
         committed = None
         for node, part in state.checkpoints():
             committed = book.add(node, part) or committed

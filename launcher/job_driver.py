@@ -35,7 +35,7 @@ from hetlaunch.launcher.progress import TrainingProgress, print_plan, print_summ
 from hetlaunch.launcher.run_record import RunRecord, read_metrics
 from hetlaunch.launcher.session import ClusterSession, JobError
 from hetlaunch.launcher.stage_launch import launch
-from hetlaunch.launcher.timeline import Timeline
+from hetlaunch.launcher.observers import Observers
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.runtime.checkpoint import CheckpointError, read_manifest
 from hetlaunch.runtime.files import UnreadableFile, read_json
@@ -167,7 +167,9 @@ def _run(session: ClusterSession, spec, options: UpOptions, events: EventLog, co
         console.print(f"resuming at step {restore.step} from {restore.directory}" if restore.directory else
                       "no committed checkpoint to resume from: starting at step 0")
     record = RunRecord(session.run_dir, resume_at=restore.step if options.resume is not None else None)
-    timeline = Timeline(session.run_dir)
+    observers = Observers(session.cluster, session.run_dir, session.state)
+    if observers.metrics_address:
+        console.print(f"metrics at http://{observers.metrics_address}/metrics")
     restarts = 0
     start = time.monotonic()
     try:
@@ -180,7 +182,7 @@ def _run(session: ClusterSession, spec, options: UpOptions, events: EventLog, co
                 if restore.directory is not None:
                     events.write("restore", step=restore.step, source=restore.source, directory=str(restore.directory))
                 outcome = follow(session, plan, record, book, events, progress,
-                                 lambda node: _better_with_joined(session, profile, plan), timeline)
+                                 lambda node: _better_with_joined(session, profile, plan), observers)
                 if outcome.finished:
                     break
                 if outcome.down:
@@ -202,6 +204,7 @@ def _run(session: ClusterSession, spec, options: UpOptions, events: EventLog, co
                 if restarts >= train.max_restarts:
                     raise JobError(f"{outcome.message} (no restart left: train.max_restarts is {train.max_restarts})")
                 restarts += 1
+                observers.restarted(restarts)
                 progress.recovering(outcome.message, record.records[-1].step + 1 if record.records else 0)
                 restore = _abort_and_restore(session, plan, book, events, outcome.failed)
                 lost_steps = record.rewind(restore.step)
@@ -214,6 +217,7 @@ def _run(session: ClusterSession, spec, options: UpOptions, events: EventLog, co
                              restore_source=restore.source, lost_steps=lost_steps)
     finally:
         record.close()
+        observers.close()
     summary = {"run_id": session.run_dir.name, "plan": plan.to_dict(), **record.summarize(),
                "wall_s": time.monotonic() - start, "restarts": restarts,
                "checkpoints_committed": book.committed, "events": dict(events.counts)}

@@ -17,10 +17,12 @@ stays small on long runs; it is rewritten whole after every sampled step.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from hetlaunch.launcher.planning.plan import Plan
 from hetlaunch.launcher.run_record import write_run_file
+from hetlaunch.launcher.session import JobError
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.runtime.schedules import Op, schedule_for, simulated_timeline
 
@@ -35,7 +37,8 @@ class Timeline:
         self._steps: dict[int, dict[str, list[pb.TraceEvent]]] = {}  # step -> node -> its events, our clock
         self._plan: Plan | None = None
         self._origin: float | None = None  # the first event's time: the trace's zero
-        self.offsets: dict[str, tuple[float, float | None]] = {}  # node -> (clock offset, its round trip)
+        self.offsets: dict[str, tuple[float, float | None]] = {}
+        self.error: str | None = None  # why trace.json could not be written; then it no longer is  # node -> (clock offset, its round trip)
 
     def add(self, node: str, metrics: pb.StepMetrics, plan: Plan, clocks: dict[str, tuple[float, float]]) -> None:
         """One stage's timeline of one sampled step; written out once every stage of the plan sent it."""
@@ -54,7 +57,15 @@ class Timeline:
             self.write()
 
     def write(self) -> None:
-        write_run_file(self.path, json.dumps(self.chrome_trace()) + "\n")
+        """Rewrite trace.json whole. A trace is for looking, not for resuming: when it cannot be
+        written (a full disk) the run goes on, says so once, and writes no more of it."""
+        if self.error is not None:
+            return
+        try:
+            write_run_file(self.path, json.dumps(self.chrome_trace()) + "\n")
+        except JobError as err:
+            self.error = str(err)
+            print(f"warning: {err}; trace.json is no longer updated", file=sys.stderr, flush=True)
 
     def chrome_trace(self) -> dict:
         plan, origin = self._plan, self._origin or 0.0

@@ -95,6 +95,8 @@ class TrainConfig(Strict):
 class ObserveConfig(Strict):
     # Record a timeline (runs/<id>/trace.json, launcher/timeline.py) of every this many steps; 0: never.
     trace_every: int = Field(25, ge=0)
+    # Scalars for TensorBoard in runs/<id>/tensorboard/ (launcher/observers.py; the tensorboard extra).
+    tensorboard: bool = False
 
 
 class CheckpointConfig(Strict):

@@ -1,0 +1,177 @@
+"""Where a run's metrics go besides metrics.jsonl: TensorBoard and a Prometheus endpoint (optional extras).
+
+* `observe.tensorboard: true` writes scalars to runs/<id>/tensorboard/ with
+  torch.utils.tensorboard (the `tensorboard` extra): loss, eval loss, tokens/s, step time,
+  learning rate, gradient norm, generation and restarts, and per stage the fractions of its
+  step spent computing, waiting on the data plane, in gradient sync and otherwise idle,
+  and the bytes it put on the wire.
+* runs/<id>/trace.json, the sampled steps' timelines (launcher/timeline.py), always.
+* `coordinator.metrics_port` serves Prometheus metrics on the coordinator's host
+  (prometheus-client, the `prometheus` extra): the last step, loss, tokens/s and generation,
+  restarts, per node its step time, the age of its last heartbeat and the bytes it sent per
+  direction, raw and on the wire.
+
+A missing package is one line naming the extra to install, before anything starts
+(check_extras, also run by `hetlaunch validate`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from pathlib import Path
+
+from hetlaunch.launcher.planning.plan import Plan
+from hetlaunch.launcher.run_record import StepRecord
+from hetlaunch.launcher.session import JobError
+from hetlaunch.launcher.timeline import Timeline
+from hetlaunch.protos import control_pb2 as pb
+
+EXTRAS = {"tensorboard": ("tensorboard", "observe.tensorboard"),
+          "prometheus_client": ("prometheus", "coordinator.metrics_port")}
+
+
+class MissingExtra(Exception):
+    """One line: which setting needs which extra."""
+
+
+def check_extras(cluster) -> None:
+    """MissingExtra if the YAML asks for TensorBoard or Prometheus and its package is not installed."""
+    wanted = []
+    if cluster.observe.tensorboard:
+        wanted.append("tensorboard")
+    if cluster.coordinator.metrics_port is not None:
+        wanted.append("prometheus_client")
+    for module in wanted:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            extra, setting = EXTRAS[module]
+            raise MissingExtra(f"{setting} needs the {module} package: pip install 'hetlaunch[{extra}]'") from None
+
+
+class Observers:
+    """The sinks a run writes to, fed by the job driver."""
+
+    def __init__(self, cluster, run_dir: Path, state):
+        check_extras(cluster)
+        self.state = state
+        self.timeline = Timeline(run_dir)
+        silent_for = state.silent_for
+        self.tensorboard = _TensorBoard(run_dir / "tensorboard") if cluster.observe.tensorboard else None
+        self.prometheus = (_Prometheus(cluster.coordinator.host, cluster.coordinator.metrics_port, silent_for)
+                           if cluster.coordinator.metrics_port is not None else None)
+
+    @property
+    def metrics_address(self) -> str | None:
+        return None if self.prometheus is None else self.prometheus.address
+
+    def trace(self, node: str, metrics: pb.StepMetrics, plan: Plan) -> None:
+        """A stage's timeline of a sampled step, on the coordinator's clock."""
+        self.timeline.add(node, metrics, plan, self.state.clock_offsets())
+
+    def step(self, record: StepRecord, generation: int) -> None:
+        for sink in (self.tensorboard, self.prometheus):
+            if sink is not None:
+                sink.step(record, generation)
+
+    def restarted(self, restarts: int) -> None:
+        for sink in (self.tensorboard, self.prometheus):
+            if sink is not None:
+                sink.restarted(restarts)
+
+    def close(self) -> None:
+        for sink in (self.tensorboard, self.prometheus):
+            if sink is not None:
+                sink.close()
+
+
+def _fractions(stage: dict) -> dict[str, float]:
+    """A stage's step split into compute, waiting on the data plane, gradient sync and the rest."""
+    total = stage["step_s"] or 1.0
+    parts = {"compute": stage["compute_s"], "wait": stage["comm_s"], "sync": stage["sync_s"]}
+    parts["idle"] = max(0.0, total - sum(parts.values()))
+    return {k: v / total for k, v in parts.items()}
+
+
+class _TensorBoard:
+    def __init__(self, directory: Path):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(str(directory))
+        self.last_step = 0
+
+    def step(self, record: StepRecord, generation: int) -> None:
+        w, s = self.writer, record.step
+        self.last_step = s
+        for tag, value in (("loss/train", record.loss), ("loss/eval", record.eval_loss),
+                           ("throughput/tokens_per_s", record.tokens_per_s), ("throughput/step_s", record.step_s),
+                           ("optimizer/lr", record.lr), ("optimizer/grad_norm", record.grad_norm),
+                           ("run/generation", generation)):
+            if value is not None and value == value:  # NaN (a diverged loss) is left out
+                w.add_scalar(tag, value, s)
+        for stage in record.stages:
+            name = f"p{stage['pipeline']}s{stage['stage']}_{stage['node']}"
+            for part, fraction in _fractions(stage).items():
+                w.add_scalar(f"stage_{part}_fraction/{name}", fraction, s)
+            for direction, (raw, wire) in stage["sent_bytes"].items():
+                if raw:
+                    w.add_scalar(f"wire_bytes_{direction}/{name}", wire, s)
+
+    def restarted(self, restarts: int) -> None:
+        self.writer.add_scalar("run/restarts", restarts, self.last_step)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class _Prometheus:
+    def __init__(self, host: str, port: int, silent_for):
+        from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+        from prometheus_client.core import GaugeMetricFamily
+
+        self.registry = registry = CollectorRegistry()
+        self.step_gauge = Gauge("hetlaunch_step", "last step every stage reported", registry=registry)
+        self.loss = Gauge("hetlaunch_loss", "training loss of the last step", registry=registry)
+        self.tokens = Gauge("hetlaunch_tokens_per_second", "tokens/s of the last step", registry=registry)
+        self.generation = Gauge("hetlaunch_generation", "plan generation (restarts and re-plans start one)",
+                                registry=registry)
+        self.restarts = Gauge("hetlaunch_restarts", "generations restarted after lost nodes", registry=registry)
+        self.step_s = Gauge("hetlaunch_node_step_seconds", "a node's stage's last step time", ["node"],
+                            registry=registry)
+        self.sent = Counter("hetlaunch_node_sent_bytes", "bytes a node's stage sent", ["node", "direction", "form"],
+                            registry=registry)
+
+        class Heartbeats:
+            def collect(self):
+                family = GaugeMetricFamily("hetlaunch_heartbeat_age_seconds", "seconds since a node was last heard from",
+                                           labels=["node"])
+                for node, (silent, _, _) in sorted(silent_for(time.monotonic()).items()):
+                    family.add_metric([node], silent)
+                yield family
+
+        registry.register(Heartbeats())
+        try:
+            self.server, self.thread = start_http_server(port, addr=host, registry=registry)
+        except OSError as err:
+            raise JobError(f"coordinator.metrics_port {port}: cannot listen on {host}: {err.strerror or err}") from None
+        self.address = f"{host}:{self.server.server_port}"
+
+    def step(self, record: StepRecord, generation: int) -> None:
+        self.step_gauge.set(record.step)
+        if record.loss == record.loss:
+            self.loss.set(record.loss)
+        self.tokens.set(record.tokens_per_s)
+        self.generation.set(generation)
+        for stage in record.stages:
+            self.step_s.labels(stage["node"]).set(stage["step_s"])
+            for direction, (raw, wire) in stage["sent_bytes"].items():
+                self.sent.labels(stage["node"], direction, "raw").inc(raw)
+                self.sent.labels(stage["node"], direction, "wire").inc(wire)
+
+    def restarted(self, restarts: int) -> None:
+        self.restarts.set(restarts)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -1,0 +1,207 @@
+"""`hetlaunch report runs/<id>`: pictures of a run (matplotlib, the `plots` extra).
+
+Three PNGs in runs/<id>/report/ (or -o DIR), made from the files the run wrote:
+
+* training.png — loss (and eval loss) and tokens/s over the steps, with the run's events
+  (restarts, lost and joined nodes, re-plans) marked where they happened;
+* plan.png — the last generation's plan: one row per stage, grouped by pipeline and
+  coloured by region, each a bar over the layers it holds, with the codec and the
+  predicted transfer time on every boundary;
+* stages.png — per stage, the planner's predicted compute and transfer per micro-batch
+  beside what training measured (the median over the steps after the first of its compute
+  and of its time blocked on the data plane, each divided by its pipeline's micro-batches).
+
+Nothing is read from the run but JSON; a file that is missing, too large or not ours is one
+line naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+MAX_FILE_BYTES = 256 << 20
+_MARKED = {"restart": "restart", "lost": "lost", "join": "join", "generation": "new plan", "resume": "resume"}
+
+
+class ReportError(Exception):
+    """One line: why no report was made."""
+
+
+def _lines(path: Path) -> list[dict]:
+    text = _read(path)
+    out = []
+    for number, line in enumerate(text.splitlines(), 1):
+        try:
+            value = json.loads(line)
+        except ValueError:
+            if number == len(text.splitlines()):
+                break  # a line cut off by a crash
+            raise ReportError(f"{path}: line {number} is not JSON") from None
+        if not isinstance(value, dict):
+            raise ReportError(f"{path}: line {number} is not a JSON object")
+        out.append(value)
+    return out
+
+
+def _read(path: Path) -> str:
+    try:
+        if path.stat().st_size > MAX_FILE_BYTES:
+            raise ReportError(f"{path}: larger than {MAX_FILE_BYTES:,} bytes")
+        return path.read_text(errors="replace")
+    except FileNotFoundError:
+        raise ReportError(f"{path}: no such file (is {path.parent} a run directory?)") from None
+    except OSError as err:
+        raise ReportError(f"cannot read {path}: {err.strerror or err}") from None
+
+
+def make_report(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
+    """Write the PNGs; return their paths. ReportError on a run directory it cannot read."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise ReportError("hetlaunch report needs matplotlib: pip install 'hetlaunch[plots]'") from None
+    matplotlib.use("Agg")  # files only, no display
+    if not run_dir.is_dir():
+        raise ReportError(f"{run_dir}: no such run directory")
+    metrics = _lines(run_dir / "metrics.jsonl")
+    if not metrics:
+        raise ReportError(f"{run_dir / 'metrics.jsonl'}: no steps recorded yet")
+    try:
+        steps = [(int(r["step"]), r.get("loss"), r.get("eval_loss"), float(r["tokens_per_s"]), r["stages"],
+                  float(r.get("time", 0.0))) for r in metrics]
+    except (KeyError, TypeError, ValueError):
+        raise ReportError(f"{run_dir / 'metrics.jsonl'}: not a hetlaunch metrics file") from None
+    events = _lines(run_dir / "events.jsonl") if (run_dir / "events.jsonl").exists() else []
+    summary_path = run_dir / "summary.json"
+    plan = None
+    if summary_path.exists():
+        try:
+            plan = json.loads(_read(summary_path)).get("plan")
+        except (ValueError, AttributeError):
+            raise ReportError(f"{summary_path}: not JSON") from None
+    if plan is None:  # a run still going (or killed): its last generation's plan from the events
+        plan = next((e.get("plan") for e in reversed(events) if e.get("event") == "generation"), None)
+    out_dir = out_dir or run_dir / "report"
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ReportError(f"cannot write {out_dir}: {err.strerror or err}") from None
+    written = [_training(out_dir / "training.png", steps, events)]
+    if plan:
+        try:
+            written.append(_plan(out_dir / "plan.png", plan))
+            written.append(_stages(out_dir / "stages.png", plan, steps))
+        except (KeyError, TypeError, ValueError):
+            raise ReportError(f"{summary_path}: its plan is not one hetlaunch wrote") from None
+    return written
+
+
+def _save(fig, path: Path) -> Path:
+    tmp = path.with_suffix(".png.tmp")
+    fig.savefig(tmp, dpi=110, bbox_inches="tight", format="png")
+    tmp.replace(path)  # whole or not at all
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path
+
+
+def _training(path: Path, steps, events) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    xs = [s for s, *_ in steps]
+    top.plot(xs, [loss if isinstance(loss, (int, float)) else float("nan") for _, loss, *_ in steps], label="loss")
+    evals = [(s, e) for s, _, e, *_ in steps if isinstance(e, (int, float))]
+    if evals:
+        top.plot(*zip(*evals), "o-", label="eval loss")
+    top.set_ylabel("loss")
+    top.legend(loc="upper right")
+    bottom.plot(xs, [t for _, _, _, t, _, _ in steps], color="tab:green")
+    bottom.set_ylabel("tokens/s")
+    bottom.set_xlabel("step")
+    for event, step in _step_of_events(events, steps):
+        for ax in (top, bottom):
+            ax.axvline(step, color="tab:red" if event in ("restart", "lost") else "tab:gray", alpha=0.5, lw=1)
+        top.annotate(_MARKED[event], (step, 1.0), xycoords=("data", "axes fraction"), rotation=90, fontsize=7,
+                     va="top", ha="right")
+    fig.suptitle("training", y=1.0)
+    return _save(fig, path)
+
+
+def _step_of_events(events, steps) -> list[tuple[str, int]]:
+    """Events worth marking, at the step they happened: their own step field, else the first step
+    recorded after their time."""
+    times = sorted((when, s) for s, *_, when in steps)
+    marked = []
+    for e in events:
+        kind = e.get("event")
+        if kind not in _MARKED or (kind == "generation" and e.get("start_step", 0) == 0):
+            continue
+        step = e.get("step", e.get("start_step"))
+        if not isinstance(step, int):
+            when = e.get("time", 0)
+            step = next((s for t, s in times if t >= when), steps[-1][0])
+        marked.append((kind, step))
+    return marked
+
+
+def _plan(path: Path, plan: dict) -> Path:
+    import matplotlib.pyplot as plt
+
+    stages = plan["stages"]
+    regions = sorted({s["region"] for s in stages})
+    colours = {r: plt.cm.tab10(i % 10) for i, r in enumerate(regions)}
+    fig, ax = plt.subplots(figsize=(9, 0.5 * len(stages) + 1.5))
+    for row, s in enumerate(stages):
+        y = len(stages) - 1 - row
+        ax.barh(y, s["layer_end"] - s["layer_start"], left=s["layer_start"], color=colours[s["region"]],
+                edgecolor="black")
+        compute = f", {s['compute_s'] * 1e3:.1f} ms/mb" if s.get("compute_s") is not None else ""
+        ax.text(s["layer_start"] + 0.1, y, f"{s['node']}{compute}", va="center", fontsize=8)
+        nxt = stages[row + 1] if row + 1 < len(stages) and stages[row + 1]["pipeline"] == s["pipeline"] else None
+        if nxt is not None:
+            link = f" {s['link_s'] * 1e3:.1f} ms" if s.get("link_s") is not None else ""
+            ax.annotate(f"{s['forward_codec']}{link}", (s["layer_end"], y - 0.5), fontsize=7, ha="center",
+                        va="center", color="tab:blue")
+    ax.set_yticks(range(len(stages)))
+    ax.set_yticklabels([f"p{s['pipeline']} stage {j}" for j, s in reversed(list(enumerate(stages)))], fontsize=8)
+    ax.set_xlabel("layers")
+    ax.set_xlim(0, plan["num_layers"])
+    for r in regions:
+        ax.barh(0, 0, color=colours[r], label=r)
+    ax.legend(title="region", loc="lower right", fontsize=7)
+    predicted = plan.get("predicted_tokens_per_s")
+    ax.set_title(f"plan ({plan['source']}, {plan['schedule']}, {plan['num_microbatches']} micro-batches of "
+                 f"{plan['micro_batch_size']})" + (f": predicted {predicted:,.0f} tokens/s" if predicted else ""))
+    return _save(fig, path)
+
+
+def _stages(path: Path, plan: dict, steps) -> Path:
+    """Predicted vs measured compute and communication per micro-batch, per stage."""
+    import matplotlib.pyplot as plt
+
+    shares = plan.get("pipeline_microbatches") or [plan["num_microbatches"]]
+    later = [stages for _, _, _, _, stages, _ in steps[1:]] or [steps[0][4]]
+    labels, predicted, measured = [], [], []
+    for p_stage in plan["stages"]:
+        node, share = p_stage["node"], shares[p_stage["pipeline"]]
+        mine = [st for stages in later for st in stages if st.get("node") == node]
+        labels.append(f"{node}")
+        predicted.append(((p_stage.get("compute_s") or 0.0) * 1e3, (p_stage.get("link_s") or 0.0) * 1e3))
+        measured.append((statistics.median(st["compute_s"] for st in mine) / share * 1e3 if mine else 0.0,
+                         statistics.median(st["comm_s"] for st in mine) / share * 1e3 if mine else 0.0))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 0.4 * len(labels) + 2), sharey=True)
+    ys = range(len(labels))
+    for ax, k, title in ((left, 0, "compute per micro-batch (ms)"), (right, 1, "communication per micro-batch (ms)")):
+        ax.barh([y + 0.2 for y in ys], [p[k] for p in predicted], height=0.4, label="predicted")
+        ax.barh([y - 0.2 for y in ys], [m[k] for m in measured], height=0.4, label="measured")
+        ax.set_title(title, fontsize=9)
+    left.set_yticks(list(ys))
+    left.set_yticklabels(labels, fontsize=8)
+    left.invert_yaxis()
+    left.legend(fontsize=7)
+    fig.suptitle("per stage: the plan's prediction and what training measured", y=1.04)
+    return _save(fig, path)

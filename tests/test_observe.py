@@ -1,0 +1,138 @@
+"""Metrics where users look: TensorBoard scalars, a Prometheus endpoint on the coordinator, and
+`hetlaunch report` pictures — each an optional extra with a one-line error when it is missing."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+import urllib.request
+
+import pytest
+import yaml
+
+from conftest import REPO, hetlaunch_cmd, hetlaunch_env, run_hetlaunch
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _cluster(tmp_path, **extra) -> str:
+    cluster = yaml.safe_load((REPO / "cluster_examples" / "tiny_test.yaml").read_text())
+    cluster["train"].update(steps=60, checkpoint_every=0)
+    for key, value in extra.items():
+        section, field = key.split("__")
+        cluster.setdefault(section, {})[field] = value
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cluster))
+    return str(path)
+
+
+def _scrape(port: int) -> dict[str, float]:
+    """name{labels} -> value of every sample the endpoint serves."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            samples[name] = float(value)
+    return samples
+
+
+@pytest.mark.timeout(300)
+def test_up_serves_prometheus_writes_tensorboard_and_report_draws_the_run(tmp_path):
+    port = _free_port()
+    path = _cluster(tmp_path, coordinator__metrics_port=port, observe__tensorboard=True)
+    run_dir = tmp_path / "run"
+    up = subprocess.Popen(hetlaunch_cmd("up", path, "--run-dir", str(run_dir)), stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, env=hetlaunch_env(), cwd=tmp_path)
+    try:
+        samples, deadline = {}, time.monotonic() + 200
+        while samples.get("hetlaunch_step", -1) < 5:
+            assert up.poll() is None, up.communicate()
+            assert time.monotonic() < deadline, "no step reached the metrics endpoint"
+            try:
+                samples = _scrape(port)
+            except OSError:
+                pass
+            time.sleep(0.3)
+        assert samples["hetlaunch_tokens_per_second"] > 0 and 0 < samples["hetlaunch_loss"] < 10
+        assert samples["hetlaunch_generation"] >= 1 and samples["hetlaunch_restarts"] == 0
+        ages = {k: v for k, v in samples.items() if k.startswith("hetlaunch_heartbeat_age_seconds")}
+        assert {k.split('"')[1] for k in ages} == {"n0", "n1", "n2"} and all(0 <= v < 5 for v in ages.values()), ages
+        assert any(k.startswith("hetlaunch_node_step_seconds") for k in samples)
+        out, err = up.communicate(timeout=200)
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.communicate()
+    assert up.returncode == 0, err + out
+    assert f"metrics at http://127.0.0.1:{port}/metrics" in out
+    with socket.socket() as s:  # the endpoint went away with the run
+        assert s.connect_ex(("127.0.0.1", port)) != 0
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    board = EventAccumulator(str(run_dir / "tensorboard"))
+    board.Reload()
+    tags = board.Tags()["scalars"]
+    losses = board.Scalars("loss/train")
+    assert [e.step for e in losses] == list(range(60))
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [e.value for e in losses] == pytest.approx([r["loss"] for r in records], rel=1e-6)
+    assert {"throughput/tokens_per_s", "run/generation"} <= set(tags)
+    assert any(t.startswith("stage_compute_fraction/") for t in tags)
+
+    drawn = run_hetlaunch("report", str(run_dir), timeout=120)
+    assert drawn.returncode == 0, drawn.stderr
+    for name in ("training.png", "plan.png", "stages.png"):
+        png = (run_dir / "report" / name).read_bytes()
+        assert png.startswith(PNG_SIGNATURE) and len(png) > 5000, name
+        assert name in drawn.stdout
+
+
+def test_a_missing_extra_is_one_line_before_anything_starts(tmp_path):
+    stubs = tmp_path / "stubs"
+    for package in ("tensorboard", "prometheus_client", "matplotlib"):
+        (stubs / package).mkdir(parents=True)
+        (stubs / package / "__init__.py").write_text("raise ImportError('not installed (test stub)')\n")
+    env = {**hetlaunch_env(), "PYTHONPATH": os.pathsep.join([str(stubs), hetlaunch_env().get("PYTHONPATH", "")])}
+    for extra, setting, words in ((dict(observe__tensorboard=True), "observe.tensorboard", "hetlaunch[tensorboard]"),
+                                  (dict(coordinator__metrics_port=9), "coordinator.metrics_port",
+                                   "hetlaunch[prometheus]")):
+        path = _cluster(tmp_path, **extra)
+        for command in ("validate", "up"):
+            result = subprocess.run(hetlaunch_cmd(command, path), capture_output=True, text=True, env=env,
+                                    timeout=60, cwd=tmp_path)
+            assert result.returncode == 2, (command, result.stdout, result.stderr)
+            assert setting in result.stderr and words in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.jsonl").write_text('{"step": 0}\n')
+    drawn = subprocess.run(hetlaunch_cmd("report", str(tmp_path / "run")), capture_output=True, text=True, env=env,
+                           timeout=60)
+    assert drawn.returncode == 2 and "hetlaunch[plots]" in drawn.stderr
+
+
+def test_report_refuses_what_is_not_a_run(tmp_path):
+    assert run_hetlaunch("report", str(tmp_path / "nowhere"), timeout=60).stderr.count("\n") == 1
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    missing = run_hetlaunch("report", str(run_dir), timeout=60)
+    assert missing.returncode == 2 and "metrics.jsonl: no such file" in missing.stderr
+    (run_dir / "metrics.jsonl").write_text('{"step": 0, "loss": 1}\nnot json\n{"step": 2}\n')
+    broken = run_hetlaunch("report", str(run_dir), timeout=60)
+    assert broken.returncode == 2 and "line 2 is not JSON" in broken.stderr
+    (run_dir / "metrics.jsonl").write_text('[1, 2]\n{"step": 1}\n')
+    alien = run_hetlaunch("report", str(run_dir), timeout=60)
+    assert alien.returncode == 2 and "line 1 is not a JSON object" in alien.stderr
+    (run_dir / "metrics.jsonl").write_text('{"step": 0, "loss": 1}\n')
+    partial = run_hetlaunch("report", str(run_dir), timeout=60)
+    assert partial.returncode == 2 and "not a hetlaunch metrics file" in partial.stderr
