@@ -2,8 +2,9 @@
 
 Three PNGs in runs/<id>/report/ (or -o DIR), made from the files the run wrote:
 
-* training.png — loss (and eval loss) and tokens/s over the steps, with the run's events
-  (restarts, lost and joined nodes, re-plans) marked where they happened;
+* training.png — loss (and eval loss) and tokens/s over the steps (beside the last plan's
+  predicted tokens/s), with the run's events (restarts, lost and joined nodes, re-plans)
+  marked where they happened;
 * plan.png — the last generation's plan: one row per stage, grouped by pipeline and
   coloured by region, each a bar over the layers it holds, with the codec and the
   predicted transfer time on every boundary;
@@ -88,7 +89,7 @@ def make_report(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise ReportError(f"cannot write {out_dir}: {err.strerror or err}") from None
-    written = [_training(out_dir / "training.png", steps, events)]
+    written = [_training(out_dir / "training.png", steps, events, (plan or {}).get("predicted_tokens_per_s"))]
     if plan:
         try:
             written.append(_plan(out_dir / "plan.png", plan))
@@ -108,7 +109,7 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def _training(path: Path, steps, events) -> Path:
+def _training(path: Path, steps, events, predicted: float | None) -> Path:
     import matplotlib.pyplot as plt
 
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
@@ -119,7 +120,10 @@ def _training(path: Path, steps, events) -> Path:
         top.plot(*zip(*evals), "o-", label="eval loss")
     top.set_ylabel("loss")
     top.legend(loc="upper right")
-    bottom.plot(xs, [t for _, _, _, t, _, _ in steps], color="tab:green")
+    bottom.plot(xs, [t for _, _, _, t, _, _ in steps], color="tab:green", label="measured")
+    if isinstance(predicted, (int, float)):
+        bottom.axhline(predicted, color="tab:green", ls="--", alpha=0.7, label="predicted (last plan)")
+    bottom.legend(loc="lower right", fontsize=7)
     bottom.set_ylabel("tokens/s")
     bottom.set_xlabel("step")
     for event, step in _step_of_events(events, steps):
