@@ -31,7 +31,7 @@ from hetlaunch.launcher.planning.planner import plan as plan_pipelines
 from hetlaunch.launcher.planning.batch_sizes import at_size
 from hetlaunch.launcher.planning.planner import PlannerResult, plan_fixed_cut, plan_global_batch, price_pipelines
 from hetlaunch.launcher.planning.profile_file import Profile, save_profile
-from hetlaunch.launcher.progress import TrainingProgress, print_plan, print_summary
+from hetlaunch.launcher.progress import TrainingProgress, print_calibration, print_plan, print_summary
 from hetlaunch.launcher.run_record import RunRecord, read_metrics
 from hetlaunch.launcher.session import ClusterSession, JobError
 from hetlaunch.launcher.stage_launch import launch
@@ -181,6 +181,7 @@ def _run(session: ClusterSession, spec, options: UpOptions, events: EventLog, co
                              restore_source=restore.source, plan=plan.to_dict())
                 if restore.directory is not None:
                     events.write("restore", step=restore.step, source=restore.source, directory=str(restore.directory))
+                observers.new_plan(plan, profile, session.cluster.compression)
                 outcome = follow(session, plan, record, book, events, progress,
                                  lambda node: _better_with_joined(session, profile, plan), observers)
                 if outcome.finished:
@@ -221,6 +222,10 @@ def _run(session: ClusterSession, spec, options: UpOptions, events: EventLog, co
     summary = {"run_id": session.run_dir.name, "plan": plan.to_dict(), **record.summarize(),
                "wall_s": time.monotonic() - start, "restarts": restarts,
                "checkpoints_committed": book.committed, "events": dict(events.counts)}
+    calibration = observers.calibration.finish(record.records)
+    if calibration is not None:
+        summary["calibration"] = calibration
+        print_calibration(console, calibration)
     record.write_summary(summary)
     events.write("done", steps=len(record.records))
     print_summary(console, summary, session.run_dir)

@@ -35,9 +35,25 @@ class LinkConfig(Strict):
         return value
 
 
+class SpeedChange(Strict):
+    at_step: int = Field(ge=0)
+    speed: YamlFloat = Field(gt=0, le=1)
+
+
 class NodeEmulation(Strict):
     speed: YamlFloat = Field(1.0, gt=0, le=1)  # fraction of real compute speed; < 1 stretches every layer's time
     memory_gb: YamlFloat | None = Field(None, gt=0)  # caps the memory the agent reports and may use
+    # Training only, never profiled (a straggler, or a node profiled faster than it trains): from
+    # each at_step on the node computes at that speed instead.
+    speed_changes: list[SpeedChange] = Field(default_factory=list)
+
+    @field_validator("speed_changes")
+    @classmethod
+    def _in_order(cls, value: list[SpeedChange]) -> list[SpeedChange]:
+        steps = [c.at_step for c in value]
+        if steps != sorted(set(steps)):
+            raise ValueError(f"at_step must increase from one change to the next (got {steps})")
+        return value
 
 
 class DataPlaneConfig(Strict):

@@ -5,7 +5,8 @@
   learning rate, gradient norm, generation and restarts, and per stage the fractions of its
   step spent computing, waiting on the data plane, in gradient sync and otherwise idle,
   and the bytes it put on the wire.
-* runs/<id>/trace.json, the sampled steps' timelines (launcher/timeline.py), always.
+* runs/<id>/trace.json, the sampled steps' timelines (launcher/timeline.py), and
+  runs/<id>/calibration.json, the plan checked against the first steps (launcher/calibration.py), always.
 * `coordinator.metrics_port` serves Prometheus metrics on the coordinator's host
   (prometheus-client, the `prometheus` extra): the last step, loss, tokens/s and generation,
   restarts, per node its step time, the age of its last heartbeat and the bytes it sent per
@@ -21,6 +22,7 @@ import importlib
 import time
 from pathlib import Path
 
+from hetlaunch.launcher.calibration import Calibration
 from hetlaunch.launcher.planning.plan import Plan
 from hetlaunch.launcher.run_record import StepRecord
 from hetlaunch.launcher.session import JobError
@@ -57,6 +59,7 @@ class Observers:
         check_extras(cluster)
         self.state = state
         self.timeline = Timeline(run_dir)
+        self.calibration = Calibration(run_dir)
         silent_for = state.silent_for
         self.tensorboard = _TensorBoard(run_dir / "tensorboard") if cluster.observe.tensorboard else None
         self.prometheus = (_Prometheus(cluster.coordinator.host, cluster.coordinator.metrics_port, silent_for)
@@ -66,11 +69,16 @@ class Observers:
     def metrics_address(self) -> str | None:
         return None if self.prometheus is None else self.prometheus.address
 
+    def new_plan(self, plan: Plan, profile, compression) -> None:
+        """A generation starts: calibration compares its steps with this plan."""
+        self.calibration.new_plan(plan, profile, compression)
+
     def trace(self, node: str, metrics: pb.StepMetrics, plan: Plan) -> None:
         """A stage's timeline of a sampled step, on the coordinator's clock."""
         self.timeline.add(node, metrics, plan, self.state.clock_offsets())
 
     def step(self, record: StepRecord, generation: int) -> None:
+        self.calibration.add(record)
         for sink in (self.tensorboard, self.prometheus):
             if sink is not None:
                 sink.step(record, generation)

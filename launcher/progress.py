@@ -157,6 +157,24 @@ def print_summary(console: Console, summary: dict, run_dir: Path) -> None:
                       f"{sync['mean_blocked_s'] * 1e3:.1f} ms/step blocked")
 
 
+def print_calibration(console: Console, calibration: dict) -> None:
+    """One line per finding of launcher/calibration.py."""
+    if "error" in calibration:
+        _say(console, f"calibration: {calibration['error']}")
+        return
+    factors = ", ".join(f"{n} {f:.2f}x" for n, f in calibration["node_speed_factors"].items())
+    first, last = calibration["steps"]
+    _say(console, f"calibration (steps {first}–{last}): measured compute ÷ predicted per node: {factors}")
+    line = (f"  predicted {_ms(calibration['predicted_step_s'])} ms/step, calibrated "
+            f"{_ms(calibration['calibrated_step_s'])} + {_ms(calibration['unexplained_step_s'])} ms unexplained, "
+            f"measured {_ms(calibration['measured_step_s'])} ms")
+    after = calibration.get("after_window")
+    if after:
+        line += (f"; on the {after['steps']} later steps the prediction was off by {after['error_before']:+.0%} "
+                 f"before calibration and {after['error_calibrated']:+.1%} after")
+    _say(console, line)
+
+
 def planner_result_dict(result) -> dict:
     return {
         "step_s": result.step_s, "tokens_per_s": result.tokens_per_s, "method": result.method,

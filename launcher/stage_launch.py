@@ -48,6 +48,8 @@ def launch(session: ClusterSession, plan: Plan, spec, restore: Restore, checkpoi
                                     layer_end=stage.layer_end, device=session.device_of(stage.node),
                                     threads=session.threads_of(stage.node),
                                     emulate=pb.Emulation(speed=node.emulate.speed,
+                                                         speed_changes=[pb.SpeedChange(at_step=c.at_step, speed=c.speed)
+                                                                        for c in node.emulate.speed_changes],
                                                          memory_gb=node.emulate.memory_gb or 0.0),
                                     memory_fraction=node.memory_fraction or 0.0, window=stage.window)
             if j > 0:

@@ -330,12 +330,22 @@ class RestoreSpec(_message.Message):
     def __init__(self, checkpoint_dir: _Optional[str] = ...) -> None: ...
 
 class Emulation(_message.Message):
-    __slots__ = ("speed", "memory_gb")
+    __slots__ = ("speed", "memory_gb", "speed_changes")
     SPEED_FIELD_NUMBER: _ClassVar[int]
     MEMORY_GB_FIELD_NUMBER: _ClassVar[int]
+    SPEED_CHANGES_FIELD_NUMBER: _ClassVar[int]
     speed: float
     memory_gb: float
-    def __init__(self, speed: _Optional[float] = ..., memory_gb: _Optional[float] = ...) -> None: ...
+    speed_changes: _containers.RepeatedCompositeFieldContainer[SpeedChange]
+    def __init__(self, speed: _Optional[float] = ..., memory_gb: _Optional[float] = ..., speed_changes: _Optional[_Iterable[_Union[SpeedChange, _Mapping]]] = ...) -> None: ...
+
+class SpeedChange(_message.Message):
+    __slots__ = ("at_step", "speed")
+    AT_STEP_FIELD_NUMBER: _ClassVar[int]
+    SPEED_FIELD_NUMBER: _ClassVar[int]
+    at_step: int
+    speed: float
+    def __init__(self, at_step: _Optional[int] = ..., speed: _Optional[float] = ...) -> None: ...
 
 class LinkSpec(_message.Message):
     __slots__ = ("peer_rank", "forward_codec", "backward_codec", "emulate_bandwidth_mbps", "emulate_latency_ms", "max_message_bytes")

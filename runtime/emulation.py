@@ -15,6 +15,16 @@ from dataclasses import dataclass
 import torch
 
 
+def emulated_speed(emulate, step: int) -> "ComputeEmulation":
+    """A stage's compute emulation at a training step: its `speed`, or the last of its
+    `speed_changes` (protos Emulation) whose at_step has come."""
+    speed = emulate.speed or 1.0
+    for change in emulate.speed_changes:
+        if step >= change.at_step:
+            speed = change.speed
+    return ComputeEmulation(speed)
+
+
 @dataclass(frozen=True)
 class ComputeEmulation:
     speed: float = 1.0  # fraction of this device's real speed, in (0, 1]

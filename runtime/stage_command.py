@@ -20,7 +20,7 @@ from hetlaunch.runtime.codecs import codec_by_id
 from hetlaunch.runtime.data_plane import init_data_plane, wire_device
 from hetlaunch.runtime.devices import resolve_device
 from hetlaunch.runtime.data import TokenBatches, open_data
-from hetlaunch.runtime.emulation import ComputeEmulation, WireEmulation
+from hetlaunch.runtime.emulation import WireEmulation, emulated_speed
 from hetlaunch.runtime.executor import StageExecutor
 from hetlaunch.runtime.grad_sync import GradientSync, SyncGroupPlan, make_groups
 from hetlaunch.runtime.link import Link
@@ -240,7 +240,7 @@ def run_stage(cmd: pb.RunStage, reports: StageReports, store: wpb.StoreAccess) -
                                  sum_over_model=_sum_over_model(dp, device, cmd.rendezvous.backend),
                                  precision=train.precision or "fp32",
                                  any_over_model=_any_over_model(device, cmd.rendezvous.backend),
-                                 emulation=ComputeEmulation(stage.emulate.speed or 1.0), grad_sync=grad_sync,
+                                 emulation=emulated_speed(stage.emulate, train.start_step), grad_sync=grad_sync,
                                  before_optimizer_step=_pipeline_barrier(dp, cmd.rendezvous.rank, device,
                                                                          cmd.rendezvous.backend),
                                  memory=memory)
@@ -282,6 +282,7 @@ def _train(cmd: pb.RunStage, executor: StageExecutor, batches: TokenBatches | No
     tokens = train.micro_batch_size * train.num_microbatches * spec.seq_len
     for step in range(train.start_step, train.steps):
         torch.manual_seed(step_rng_seed(train.seed, step))
+        executor.emulation = emulated_speed(stage.emulate, step)
         microbatches = None
         if batches is not None:  # the step's global batch, of which this pipeline takes its share
             microbatches = batches.micro_batches(step, train.micro_batch_size, global_microbatches)

@@ -1,0 +1,113 @@
+"""Calibration: the plan checked against what training measures, and the profile corrected.
+
+A plan is made from a profile that timed each node alone, one layer at a time. Training then
+runs every stage at once (agents sharing a host share its cores, as GPUs on one host share
+its CPU and PCIe), through the whole stack (autograd across layers, the loss, data, sends).
+After the first step of a generation (warm-up) the next CALIBRATION_STEPS steps are compared
+with the plan:
+
+* per node, a speed correction: its stage's measured compute per micro-batch (the median
+  over those steps of the compute it reported, divided by its pipeline's micro-batches) ÷
+  the compute per micro-batch the plan predicted. The calibrated profile has each node's
+  layer and optimizer times multiplied by it;
+* the running plan priced again on the calibrated profile (the same cut, micro-batches and
+  codecs; launcher/planning/planner.py price_pipelines), and what is still unexplained: the
+  median measured step minus that prediction, the time a step spends outside what the cost
+  model counts (the stage's Python around its kernels, data, the control plane). It is
+  reported, and added to the calibrated prediction, which then predicts the steps after
+  the calibration window.
+
+Links are not corrected: stages report the time they were blocked on the data plane, which
+mixes a link's transfer time with waiting for the neighbour's compute, so there is no
+per-link transfer time to fit yet.
+
+Written to runs/<id>/calibration.json and runs/<id>/profile-calibrated.json (which `hetlaunch
+plan --profile` reads), and summarised in summary.json under "calibration".
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+from hetlaunch.launcher.planning.plan import Plan
+from hetlaunch.launcher.planning.planner import PlanningError, price_pipelines
+from hetlaunch.launcher.planning.profile_file import Profile, ProfileError, save_profile
+from hetlaunch.launcher.run_record import StepRecord, write_run_file
+
+CALIBRATION_STEPS = 5  # steps compared with the plan, after a generation's first
+
+
+class Calibration:
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+        self.result: dict | None = None
+        self._plan: Plan | None = None
+        self._profile: Profile | None = None
+        self._records: list[StepRecord] = []
+        self._settings: tuple = ()
+
+    def new_plan(self, plan: Plan, profile: Profile | None, compression) -> None:
+        """A generation starts with this plan; its first step is warm-up. A plan not priced from
+        a profile (pinned, nothing measured) is not calibrated."""
+        self._plan, self._profile, self._records = plan, profile, []
+        self._settings = (plan.schedule, compression)
+
+    def add(self, record: StepRecord) -> dict | None:
+        """Count a step; the calibration, once, when CALIBRATION_STEPS steps after the warm-up are in."""
+        if self.result is not None or self._profile is None or self._plan.predicted_step_s is None:
+            return None
+        self._records.append(record)
+        if len(self._records) < 1 + CALIBRATION_STEPS:
+            return None
+        try:
+            self.result = self._calibrate(self._records[1:])
+        except (PlanningError, ProfileError) as err:  # e.g. a calibrated stage no longer fits its memory
+            self.result = {"error": str(err)}
+        write_run_file(self.run_dir / "calibration.json", json.dumps(self.result, indent=2) + "\n")
+        return self.result
+
+    def _calibrate(self, records: list[StepRecord]) -> dict:
+        plan, profile = self._plan, self._profile
+        schedule, compression = self._settings
+        shares = plan.pipeline_microbatches
+        factors = {}
+        for stage in plan.stages:
+            measured = statistics.median(s["compute_s"] for r in records for s in r.stages if s["node"] == stage.node)
+            factors[stage.node] = measured / shares[stage.pipeline] / stage.compute_s
+        nodes = [n.model_copy(update={
+            "layer_seconds": [t * factors.get(n.name, 1.0) for t in n.layer_seconds],
+            "optimizer_seconds": None if n.optimizer_seconds is None else
+            [t * factors.get(n.name, 1.0) for t in n.optimizer_seconds]}) for n in profile.nodes]
+        calibrated = profile.model_copy(update={"nodes": nodes})
+        repriced = price_pipelines(calibrated, [([s.node for s in stages], [(s.layer_start, s.layer_end) for s in stages],
+                                                 share) for stages, share in zip(plan.pipelines(), shares)],
+                                   schedule, compression)
+        measured_step = statistics.median(r.step_s for r in records)
+        save_profile(calibrated, self.run_dir / "profile-calibrated.json")
+        return {
+            "steps": [records[0].step, records[-1].step],
+            "node_speed_factors": {n: round(f, 4) for n, f in factors.items()},  # measured ÷ predicted compute
+            "predicted_step_s": plan.predicted_step_s,
+            "calibrated_step_s": repriced.step_s,  # the same plan on the calibrated profile
+            "unexplained_step_s": measured_step - repriced.step_s,  # outside the cost model
+            "measured_step_s": measured_step,
+        }
+
+    def finish(self, records: list[StepRecord]) -> dict | None:
+        """At the end of the run: both predictions against the steps after the calibration window
+        (the median step), written to calibration.json; the result for the summary."""
+        if self.result is None or "error" in self.result:
+            return self.result
+        later = [r.step_s for r in records if r.step > self.result["steps"][1]]
+        if later:
+            measured = statistics.median(later)
+            after = self.result["calibrated_step_s"] + self.result["unexplained_step_s"]
+            self.result["after_window"] = {
+                "steps": len(later), "measured_step_s": measured,
+                "error_before": (self.result["predicted_step_s"] - measured) / measured,
+                "error_calibrated_compute": (self.result["calibrated_step_s"] - measured) / measured,
+                "error_calibrated": (after - measured) / measured}
+            write_run_file(self.run_dir / "calibration.json", json.dumps(self.result, indent=2) + "\n")
+        return self.result

@@ -1,0 +1,95 @@
+"""Calibration: the plan checked against the first steps, per-node speed corrections, the plan
+priced again on the corrected profile; and the straggler knob it is tested with (speed_changes)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import yaml
+
+from conftest import run_hetlaunch
+from hetlaunch.launcher.calibration import CALIBRATION_STEPS, Calibration
+from hetlaunch.launcher.config_types import ConfigError
+from hetlaunch.launcher.cluster_yaml import parse_cluster
+from hetlaunch.launcher.planning.compression import NONE
+from hetlaunch.launcher.planning.plan import Plan, StagePlan
+from hetlaunch.launcher.planning.planner import price_pipelines
+from hetlaunch.launcher.planning.profile_file import load_profile
+from hetlaunch.launcher.run_record import StepRecord
+from hetlaunch.protos import control_pb2 as pb
+from hetlaunch.runtime.emulation import emulated_speed
+from test_planner import random_profile
+
+
+def test_speed_changes_take_effect_at_their_step_and_are_checked():
+    emulate = pb.Emulation(speed=0.5, speed_changes=[pb.SpeedChange(at_step=3, speed=0.25),
+                                                     pb.SpeedChange(at_step=7, speed=1.0)])
+    assert [emulated_speed(emulate, s).speed for s in (0, 2, 3, 6, 7, 100)] == [0.5, 0.5, 0.25, 0.25, 1.0, 1.0]
+    assert emulated_speed(pb.Emulation(), 5).speed == 1.0
+
+    def node(**emulate):
+        return yaml.safe_dump({"nodes": [{"name": "a", "device": "cpu", "emulate": emulate}]})
+
+    assert parse_cluster(node(speed_changes=[{"at_step": 0, "speed": 0.5}])).nodes[0].emulate.speed_changes[0].speed == 0.5
+    for bad, words in (([{"at_step": 5, "speed": 0.5}, {"at_step": 2, "speed": 1}], "must increase"),
+                       ([{"at_step": 1, "speed": 0}], "speed"), ([{"at_step": -1, "speed": 0.5}], "at_step")):
+        with pytest.raises(ConfigError, match=words):
+            parse_cluster(node(speed_changes=bad))
+
+
+def test_calibration_fits_each_nodes_compute_and_prices_the_plan_again(tmp_path):
+    profile = random_profile(random.Random(5), 2, 1, 4)
+    priced = price_pipelines(profile, [(["n0", "n1"], [(0, 2), (2, 4)], 4)], "1f1b", NONE)
+    cost = priced.pipelines[0].cost
+    stages = tuple(StagePlan(node=s.node, region="r0", layer_start=s.layer_start, layer_end=s.layer_end,
+                             compute_s=s.compute_s, link_s=s.link_s, latency_s=s.latency_s) for s in cost.stages)
+    plan = Plan(stages=stages, num_layers=4, micro_batch_size=4, num_microbatches=4, schedule="1f1b", source="planned",
+                predicted_step_s=priced.step_s, predicted_tokens_per_s=priced.tokens_per_s)
+    slower = {"n0": 1.5, "n1": 3.0}  # each node computes this much slower than profiled
+    calibration = Calibration(tmp_path)
+    calibration.new_plan(plan, profile, NONE)
+    for step in range(1 + CALIBRATION_STEPS + 4):
+        stage_reports = [{"node": s.node, "pipeline": 0, "stage": j, "compute_s": 4 * s.compute_s * slower[s.node],
+                          "step_s": 1.0, "comm_s": 0.0, "sync_s": 0.0} for j, s in enumerate(stages)]
+        calibration.add(StepRecord(step=step, loss=1.0, tokens_per_s=1.0, step_s=0.5 if step else 9.0,
+                                   stages=stage_reports))
+    result = json.loads((tmp_path / "calibration.json").read_text())
+    assert result["steps"] == [1, CALIBRATION_STEPS]  # the first step is warm-up
+    assert result["node_speed_factors"] == pytest.approx(slower, rel=1e-4)
+    scaled = load_profile(tmp_path / "profile-calibrated.json")
+    for node in profile.nodes:
+        assert scaled.node(node.name).layer_seconds == pytest.approx([t * slower[node.name] for t in node.layer_seconds])
+    again = price_pipelines(scaled, [(["n0", "n1"], [(0, 2), (2, 4)], 4)], "1f1b", NONE)
+    assert result["calibrated_step_s"] == pytest.approx(again.step_s) and again.step_s > priced.step_s
+    assert result["unexplained_step_s"] == pytest.approx(0.5 - again.step_s)
+    done = calibration.finish([StepRecord(step=s, loss=1.0, tokens_per_s=1.0, step_s=0.6, stages=[])
+                               for s in range(CALIBRATION_STEPS + 1, CALIBRATION_STEPS + 5)])
+    assert done["after_window"]["steps"] == 4
+    assert done["after_window"]["error_calibrated"] == pytest.approx((0.5 - 0.6) / 0.6)
+
+
+@pytest.mark.timeout(240)
+def test_a_node_profiled_faster_than_it_trains_is_found_and_the_prediction_corrected(tmp_path):
+    """Node b is profiled at the speed a has, and trains at half of it (speed_changes from step 0):
+    the plan, made from the profile, is too optimistic; calibration finds b slower than a and
+    its corrected prediction is close to what the later steps measure."""
+    cluster = {"name": "cal", "model": {"preset": "tiny", "n_layers": 2, "seq_len": 32, "d_model": 32},
+               "train": {"steps": 40, "micro_batch_size": 4, "num_microbatches": 4, "checkpoint_every": 0},
+               "nodes": [{"name": "a", "device": "cpu", "threads": 1, "layers": [0, 2], "emulate": {"speed": 0.25}},
+                         {"name": "b", "device": "cpu", "threads": 1, "layers": [2, 4],
+                          "emulate": {"speed": 0.25, "speed_changes": [{"at_step": 0, "speed": 0.125}]}}]}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cluster))
+    run_dir = tmp_path / "run"
+    result = run_hetlaunch("up", str(tmp_path / "c.yaml"), "--run-dir", str(run_dir), timeout=220, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr + result.stdout
+    calibration = json.loads((run_dir / "summary.json").read_text())["calibration"]
+    assert calibration == json.loads((run_dir / "calibration.json").read_text())
+    factors = calibration["node_speed_factors"]
+    assert factors["b"] > 1.3 * factors["a"], factors  # b trains at half the speed it was profiled at
+    after = calibration["after_window"]
+    assert after["error_before"] < -0.3, after  # the profile's plan was far too optimistic
+    assert abs(after["error_calibrated"]) < 0.15 and abs(after["error_calibrated"]) < abs(after["error_before"]) / 3
+    assert "calibration (steps 1–5)" in result.stdout
+    load_profile(run_dir / "profile-calibrated.json")  # `hetlaunch plan --profile` can read it
