@@ -68,4 +68,5 @@ def up(cluster_yaml: str, steps: int, warmup: int, cache_dir: Path) -> dict:
             "stages": [[s["pipeline"], s["node"], s["layer_start"], s["layer_end"]] for s in summary["plan"]["stages"]],
             "pipeline_microbatches": summary["plan"].get("pipeline_microbatches"),
             "sync": summary["plan"].get("sync"), "gradient_sync": summary.get("gradient_sync"),
-            "excluded": summary["plan"].get("excluded"), "final_loss": summary.get("final_loss")}
+            "excluded": summary["plan"].get("excluded"), "final_loss": summary.get("final_loss"),
+            "calibration": summary.get("calibration")}

@@ -5,7 +5,8 @@ predicted step time (launcher/planning/cost_model.py) is compared with the media
 time after warm-up. Clusters: a speed mix; a memory limit that forces the cut; a slow
 inter-region link; the 6-node, two-region cluster of dp_scaling, where the planner runs
 several pipelines and prices their gradient sync. Figure: mean absolute relative error.
-Target ≤ 10%.
+Target ≤ 10%. Beside it, "calibrated": the same after calibration (launcher/calibration.py) —
+the corrected prediction against the steps after the calibration window — target ≤ 5%.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dp_scaling import dp_cluster
 from _harness import NullReporter, Reporter
 
 TARGET = 0.10
+CALIBRATED_TARGET = 0.05  # after calibration (issue 13; Sailor reports 4.5-6% for its simulator)
 
 
 def clusters(steps: int) -> dict[str, str]:
@@ -51,13 +53,23 @@ def run(quick: bool, reporter: Reporter | None = None) -> dict:
             runs.append(up(yaml, steps, warmup, cache))
         measured = statistics.median(r["measured_step_s"] for r in runs)
         predicted = runs[0]["predicted_step_s"]
+        # After calibration: the corrected prediction against the steps after its window
+        # (launcher/calibration.py), the median over the runs.
+        calibrated = [r["calibration"]["after_window"]["error_calibrated"] for r in runs
+                      if (r.get("calibration") or {}).get("after_window")]
         results[name] = {"predicted_step_s": predicted, "measured_step_s": measured,
                          "error": abs(predicted - measured) / measured, "signed_error": (predicted - measured) / measured,
+                         "calibrated_error": abs(statistics.median(calibrated)) if calibrated else None,
+                         "calibrated_signed_error": statistics.median(calibrated) if calibrated else None,
                          "stages": runs[0]["stages"], "excluded": runs[0]["excluded"],
                          "pipeline_microbatches": runs[0]["pipeline_microbatches"], "runs": runs}
     reporter.advance("done")
     mean_error = statistics.mean(r["error"] for r in results.values())
+    calibrated = [r["calibrated_error"] for r in results.values() if r["calibrated_error"] is not None]
     return {
+        "calibrated": {"mean_error": statistics.mean(calibrated) if len(calibrated) == len(results) else None,
+                       "target": f"<= {CALIBRATED_TARGET}",
+                       "met": len(calibrated) == len(results) and statistics.mean(calibrated) <= CALIBRATED_TARGET},
         "description": "predicted (cost model) vs measured median step time of the planned cut on emulated clusters; "
                        "mean absolute relative error",
         "config": {"steps": steps, "warmup": warmup, "reps": reps, "base_speed_factor": BASE_SPEED},
