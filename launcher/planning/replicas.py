@@ -292,8 +292,7 @@ class Replicas:
 
     def _polish(self, current: PipelineSet) -> PipelineSet:
         """Each pipeline was cut for its own step; the sync groups follow the cuts, so move single
-        stage boundaries (to any layer between their neighbours) while that lowers the plan step
-        (small sets only)."""
+        stage boundaries by one layer while that lowers the plan step (small sets only)."""
         if sum(len(p.stages) for p in current.pipelines) > POLISH_MAX_STAGES:
             return current
         chains = [self._nodes(p) for p in current.pipelines]
@@ -301,17 +300,15 @@ class Replicas:
         while improved:
             improved = False
             for i, (chain, pipeline) in enumerate(zip(chains, current.pipelines)):
-                for j in range(len(chain) - 1):
+                for j, delta in itertools.product(range(len(chain) - 1), (-1, 1)):
                     cuts = [[s.layer_start, s.layer_end] for s in current.pipelines[i].stages]
-                    for boundary in range(cuts[j][0] + 1, cuts[j + 1][1]):
-                        if boundary == cuts[j][1]:
-                            continue
-                        moved = [list(c) for c in cuts]
-                        moved[j][1] = moved[j + 1][0] = boundary
-                        better = self._with_cut(current, i, chain, moved)
-                        if better is not None:
-                            current, improved = better, True
-                            break
+                    cuts[j][1] += delta
+                    cuts[j + 1][0] += delta
+                    if cuts[j][1] <= cuts[j][0] or cuts[j + 1][1] <= cuts[j + 1][0]:
+                        continue
+                    better = self._with_cut(current, i, chain, cuts)
+                    if better is not None:
+                        current, improved = better, True
         return current
 
     def _with_cut(self, current: PipelineSet, i: int, chain: list[NodeProfile],
