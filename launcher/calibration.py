@@ -43,6 +43,7 @@ class Calibration:
     def __init__(self, run_dir: Path):
         self.run_dir = run_dir
         self.result: dict | None = None
+        self.profile: Profile | None = None  # the corrected profile, once calibrated
         self._plan: Plan | None = None
         self._profile: Profile | None = None
         self._records: list[StepRecord] = []
@@ -86,6 +87,7 @@ class Calibration:
                                    schedule, compression)
         measured_step = statistics.median(r.step_s for r in records)
         save_profile(calibrated, self.run_dir / "profile-calibrated.json")
+        self.profile = calibrated
         return {
             "steps": [records[0].step, records[-1].step],
             "node_speed_factors": {n: round(f, 4) for n, f in factors.items()},  # measured ÷ predicted compute

@@ -67,8 +67,9 @@ def follow(session: ClusterSession, plan: Plan, record: RunRecord, book: Checkpo
                     first = False
                 record.add(step_record)
                 progress.update(step_record)
-                if observers is not None:
-                    observers.step(step_record, state.generation)
+                found = observers.step(step_record, state.generation) if observers is not None else None
+                if found is not None:
+                    events.write("straggler", **found)
         committed = None
         for node, part in state.checkpoints():
             committed = book.add(node, part) or committed
@@ -101,6 +102,13 @@ def follow(session: ClusterSession, plan: Plan, record: RunRecord, book: Checkpo
             session.rejoined(node)
             events.write("join", node=node, step=len(record.records))
             joined.append(node)
+        watch = observers.stragglers if observers is not None else None
+        if watch is not None and watch.pending is not None and committed is not None and committed < steps:
+            better, slow = watch.take(), watch.found[-1]
+            events.write("rebalance", step=committed, node=slow["node"], predicted_tokens_per_s=better.predicted_tokens_per_s)
+            return Outcome(grow=better, message=f"node {slow['node']} runs at {slow['speed_vs_calibrated']:.2f}x its "
+                                                f"calibrated speed; switching to a plan predicted at "
+                                                f"{better.predicted_tokens_per_s:,.0f} tokens/s")
         if joined and committed is not None and committed < steps:
             better = consider_join(joined[-1])
             joined.clear()

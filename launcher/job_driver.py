@@ -30,12 +30,13 @@ from hetlaunch.launcher.planning.planner import PlanningError
 from hetlaunch.launcher.planning.planner import plan as plan_pipelines
 from hetlaunch.launcher.planning.batch_sizes import at_size
 from hetlaunch.launcher.planning.planner import PlannerResult, plan_fixed_cut, plan_global_batch, price_pipelines
-from hetlaunch.launcher.planning.profile_file import Profile, save_profile
+from hetlaunch.launcher.planning.profile_file import Profile, ProfileError, save_profile
 from hetlaunch.launcher.progress import TrainingProgress, print_calibration, print_plan, print_summary
 from hetlaunch.launcher.run_record import RunRecord, read_metrics
 from hetlaunch.launcher.session import ClusterSession, JobError
 from hetlaunch.launcher.stage_launch import launch
 from hetlaunch.launcher.observers import Observers
+from hetlaunch.launcher.straggler import StragglerWatch
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.runtime.checkpoint import CheckpointError, read_manifest
 from hetlaunch.runtime.files import UnreadableFile, read_json
@@ -168,6 +169,8 @@ def _run(session: ClusterSession, spec, options: UpOptions, events: EventLog, co
                       "no committed checkpoint to resume from: starting at step 0")
     record = RunRecord(session.run_dir, resume_at=restore.step if options.resume is not None else None)
     observers = Observers(session.cluster, session.run_dir, session.state)
+    observers.stragglers = StragglerWatch(train.steps, lambda p: _replan_quietly(session, p),
+                                          lambda p, current: _step_on(p, current, session.cluster.compression))
     if observers.metrics_address:
         console.print(f"metrics at http://{observers.metrics_address}/metrics")
     restarts = 0
@@ -175,13 +178,13 @@ def _run(session: ClusterSession, spec, options: UpOptions, events: EventLog, co
     try:
         with TrainingProgress(console, train.steps, completed=restore.step) as progress:
             while restore.step < train.steps:
+                observers.new_plan(plan, profile, session.cluster.compression)
                 book.expect(launch(session, plan, spec, restore, book.root,
                                    [layer.output_bytes for layer in profile.layers] if profile is not None else None))
                 events.write("generation", generation=session.state.generation, start_step=restore.step,
                              restore_source=restore.source, plan=plan.to_dict())
                 if restore.directory is not None:
                     events.write("restore", step=restore.step, source=restore.source, directory=str(restore.directory))
-                observers.new_plan(plan, profile, session.cluster.compression)
                 outcome = follow(session, plan, record, book, events, progress,
                                  lambda node: _better_with_joined(session, profile, plan), observers)
                 if outcome.finished:
@@ -191,8 +194,8 @@ def _run(session: ClusterSession, spec, options: UpOptions, events: EventLog, co
                     events.write("down", why=session.state.down_requested, step=book.latest[0] if book.latest else 0)
                     console.print(f"{outcome.message}; `hetlaunch up --resume {session.run_dir}` continues")
                     break
-                if outcome.grow is not None:  # at a checkpoint: switch to the bigger plan
-                    _abort(session, plan, "a node joined", snapshot_root=None)
+                if outcome.grow is not None:  # at a checkpoint: switch to the better plan
+                    _abort(session, plan, outcome.message, snapshot_root=None)
                     restore, plan = book.restore_point("file"), outcome.grow
                     events.write("restart", cause=outcome.message, resume_step=restore.step,
                                  lost_steps=record.rewind(restore.step))
@@ -311,6 +314,24 @@ def _replan(session: ClusterSession, spec, profile: Profile | None, console: Con
         profile = measure_for_train(session, spec, False, console, names=names)
     with console.status(f"re-planning on {len(names)} node(s)"):
         return _plan_on(session, profile, names), profile
+
+
+def _replan_quietly(session: ClusterSession, profile: Profile) -> Plan | None:
+    """The planner's plan for the live nodes on this profile, or None if none fits."""
+    try:
+        return _plan_on(session, profile, _live_nodes(session))
+    except JobError:
+        return None
+
+
+def _step_on(profile: Profile, plan: Plan, compression) -> float | None:
+    """The step `plan` (its cut, shares and codecs) is predicted to take on `profile`."""
+    try:
+        return price_pipelines(profile, [([s.node for s in stages], [(s.layer_start, s.layer_end) for s in stages], share)
+                                         for stages, share in zip(plan.pipelines(), plan.pipeline_microbatches)],
+                               plan.schedule, compression).step_s
+    except (PlanningError, ProfileError):
+        return None
 
 
 def _better_with_joined(session: ClusterSession, profile: Profile | None, current: Plan) -> Plan | None:

@@ -26,6 +26,7 @@ from hetlaunch.launcher.calibration import Calibration
 from hetlaunch.launcher.planning.plan import Plan
 from hetlaunch.launcher.run_record import StepRecord
 from hetlaunch.launcher.session import JobError
+from hetlaunch.launcher.straggler import StragglerWatch
 from hetlaunch.launcher.timeline import Timeline
 from hetlaunch.protos import control_pb2 as pb
 
@@ -60,6 +61,7 @@ class Observers:
         self.state = state
         self.timeline = Timeline(run_dir)
         self.calibration = Calibration(run_dir)
+        self.stragglers: StragglerWatch | None = None  # set by the job driver, which can plan
         silent_for = state.silent_for
         self.tensorboard = _TensorBoard(run_dir / "tensorboard") if cluster.observe.tensorboard else None
         self.prometheus = (_Prometheus(cluster.coordinator.host, cluster.coordinator.metrics_port, silent_for)
@@ -72,16 +74,27 @@ class Observers:
     def new_plan(self, plan: Plan, profile, compression) -> None:
         """A generation starts: calibration compares its steps with this plan."""
         self.calibration.new_plan(plan, profile, compression)
+        self._plan = plan
+        if self.stragglers is not None:
+            self.stragglers.new_plan(plan)
 
     def trace(self, node: str, metrics: pb.StepMetrics, plan: Plan) -> None:
         """A stage's timeline of a sampled step, on the coordinator's clock."""
         self.timeline.add(node, metrics, plan, self.state.clock_offsets())
 
-    def step(self, record: StepRecord, generation: int) -> None:
-        self.calibration.add(record)
+    def step(self, record: StepRecord, generation: int) -> dict | None:
+        """Feed a step to calibration, the straggler watch and the sinks; a straggler found, else None."""
+        calibrated = self.calibration.add(record)
+        found = None
+        if self.stragglers is not None:
+            if calibrated is not None and "error" not in calibrated:
+                self.stragglers.calibrated(self._plan, self.calibration.profile, calibrated["node_speed_factors"])
+            else:
+                found = self.stragglers.add(record)
         for sink in (self.tensorboard, self.prometheus):
             if sink is not None:
                 sink.step(record, generation)
+        return found
 
     def restarted(self, restarts: int) -> None:
         for sink in (self.tensorboard, self.prometheus):

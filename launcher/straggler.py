@@ -1,0 +1,109 @@
+"""Stragglers: a node that stays slower (or faster) than its calibrated speed, and a plan that fits
+the speeds the cluster has now.
+
+Calibration (launcher/calibration.py) gives each node's measured ÷ predicted compute. From
+then on every step's measured compute per micro-batch is compared with that calibrated
+expectation; when one node's stays off by more than THRESHOLD (either way) for K steps in a
+row, its new speed is the median of those K steps, an event `straggler` is written, and the
+planner plans again on the calibrated profile with that speed. If the new plan is predicted to
+save more time over the remaining steps than a switch costs (what this generation took from
+its launch to its first step, plus two steps redone), the job switches to it at the
+next committed checkpoint, like a plan grown by a joining node (events `rebalance`, then
+`restart`), and the steps after that checkpoint run again.
+
+Not yet live: the switch restarts the workers and restores the checkpoint, where the design
+moves layers between running stages over the data plane.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+from hetlaunch.launcher.planning.plan import Plan
+from hetlaunch.launcher.planning.profile_file import Profile
+from hetlaunch.launcher.run_record import StepRecord
+
+THRESHOLD = 1.5  # a node is off its calibrated speed when slower or faster than this factor
+K = 5  # ... for this many steps in a row
+
+
+class StragglerWatch:
+    def __init__(self, total_steps: int, replan: Callable[[Profile], Plan | None],
+                 price: Callable[[Profile, Plan], float | None]):
+        """`replan(profile)`: the planner's plan for it (None if none); `price(profile, plan)`: the
+        step time of `plan` on `profile` (None if it cannot run there)."""
+        self.total_steps, self.replan, self.price = total_steps, replan, price
+        self.pending: Plan | None = None  # a better plan to switch to at the next checkpoint
+        self.found: list[dict] = []  # every straggler seen, for events and the summary
+        self._plan: Plan | None = None
+        self._profile: Profile | None = None
+        self._factors: dict[str, float] = {}
+        self._off: dict[str, list[float]] = {}
+        self._switched_to: Plan | None = None
+        self._launched = time.time()  # when this generation was launched
+        self._startup_s: float | None = None  # from its launch to its first step reported
+
+    def calibrated(self, plan: Plan, profile: Profile, factors: dict[str, float]) -> None:
+        """The plan now running, its calibrated profile, and the factors calibration measured."""
+        self._plan, self._profile, self._factors, self._off = plan, profile, dict(factors), {}
+
+    def new_plan(self, plan: Plan) -> None:
+        """A generation is launched. The plan switched to was made from the corrected profile, so it
+        is watched against its own predictions; another one (after a lost node) is not watched."""
+        self._launched, self._startup_s = time.time(), None
+        if plan is self._switched_to:
+            self._plan, self._factors, self._off = plan, {s.node: 1.0 for s in plan.stages}, {}
+        elif plan is not self._plan:
+            self._plan, self._off = None, {}
+        self.pending = self._switched_to = None
+
+    def take(self) -> Plan:
+        """The pending plan, now being switched to."""
+        self._switched_to, self.pending = self.pending, None
+        return self._switched_to
+
+    def add(self, record: StepRecord) -> dict | None:
+        """Count a step; a straggler found (and whether to switch) the step it is found, else None."""
+        if self._startup_s is None:
+            self._startup_s = max(0.0, record.time - self._launched)
+        if self._plan is None or self.pending is not None:
+            return None
+        shares = self._plan.pipeline_microbatches
+        for stage in self._plan.stages:
+            reported = next((s for s in record.stages if s["node"] == stage.node), None)
+            if reported is None or not stage.compute_s:
+                continue
+            ratio = reported["compute_s"] / shares[stage.pipeline] / (stage.compute_s * self._factors[stage.node])
+            off = self._off.setdefault(stage.node, [])
+            if ratio > THRESHOLD or ratio < 1 / THRESHOLD:
+                off.append(ratio)
+            else:
+                off.clear()
+            if len(off) >= K:
+                return self._found(stage.node, statistics.median(off), record.step)
+        return None
+
+    def _found(self, node: str, ratio: float, step: int) -> dict:
+        self._off = {}
+        self._factors[node] *= ratio
+        profile = self._profile.model_copy(update={"nodes": [
+            n.model_copy(update={"layer_seconds": [t * ratio for t in n.layer_seconds],
+                                 "optimizer_seconds": None if n.optimizer_seconds is None else
+                                 [t * ratio for t in n.optimizer_seconds]}) if n.name == node else n
+            for n in self._profile.nodes]})
+        self._profile = profile
+        now = self.price(profile, self._plan)
+        candidate = self.replan(profile)
+        later = None if candidate is None else candidate.predicted_step_s
+        left = self.total_steps - step - 1
+        gain_s = left * (now - later) if now is not None and later is not None else 0.0
+        cost_s = (self._startup_s or 0.0) + 2 * (now or 0.0)  # a new generation's start, two steps redone
+        found = {"node": node, "step": step, "speed_vs_calibrated": round(1 / ratio, 4),
+                 "step_s_now": now, "step_s_replanned": later, "predicted_gain_s": gain_s,
+                 "switch_cost_s": cost_s, "switch": gain_s > cost_s}
+        self.found.append(found)
+        if found["switch"]:
+            self.pending = candidate
+        return found

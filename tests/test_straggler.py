@@ -1,0 +1,57 @@
+"""A node that slows down mid-run is found, and the job moves its layers to a plan for the speeds it
+has now (at a checkpoint, restarting the stages) without changing the math."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from conftest import run_hetlaunch
+
+SLOW_AT = 10
+STEPS = 60
+
+
+def _cluster(straggler: bool) -> dict:
+    slow = {"speed_changes": [{"at_step": SLOW_AT, "speed": 0.075}]} if straggler else {}
+    return {"name": "str", "model": {"preset": "tiny", "n_layers": 4, "seq_len": 32, "d_model": 32},
+            "train": {"steps": STEPS, "micro_batch_size": 4, "num_microbatches": 8, "max_pipelines": 1,
+                      "checkpoint_every": 5},
+            "nodes": [{"name": "a", "device": "cpu", "threads": 1, "emulate": {"speed": 0.25}},
+                      {"name": "b", "device": "cpu", "threads": 1, "emulate": {"speed": 0.25, **slow}},
+                      {"name": "c", "device": "cpu", "threads": 1, "emulate": {"speed": 0.125}}]}
+
+
+def _up(tmp_path, name: str, cluster: dict) -> tuple[list[dict], list[dict], dict]:
+    (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(cluster))
+    run_dir = tmp_path / name
+    result = run_hetlaunch("up", str(tmp_path / f"{name}.yaml"), "--run-dir", str(run_dir), timeout=250, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr + result.stdout
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    return metrics, events, json.loads((run_dir / "summary.json").read_text())
+
+
+def _layers_of(plan: dict, node: str) -> int:
+    return sum(s["layer_end"] - s["layer_start"] for s in plan["stages"] if s["node"] == node)
+
+
+@pytest.mark.timeout(300)
+def test_a_node_slowing_mid_run_gets_fewer_layers_and_the_losses_do_not_change(tmp_path):
+    metrics, events, summary = _up(tmp_path, "slow", _cluster(straggler=True))
+    found = [e for e in events if e["event"] == "straggler"]
+    assert found and found[0]["node"] == "b" and found[0]["step"] >= SLOW_AT, found
+    assert found[0]["speed_vs_calibrated"] < 1 / 1.5 and found[0]["switch"], found[0]
+    rebalance = next(e for e in events if e["event"] == "rebalance")
+    restart = next(e for e in events if e["event"] == "restart")
+    assert rebalance["step"] % 5 == 0 and restart["resume_step"] == rebalance["step"] and restart["lost_steps"] == 0
+    plans = [e["plan"] for e in events if e["event"] == "generation"]
+    assert len(plans) == 2 and _layers_of(plans[1], "b") < _layers_of(plans[0], "b"), plans
+    assert summary["plan"] == plans[1]
+
+    steady, _, _ = _up(tmp_path, "steady", _cluster(straggler=False))
+    assert [m["step"] for m in metrics] == list(range(STEPS)) == [m["step"] for m in steady]
+    for moved, still in zip(metrics, steady):  # the move changes who computes what, not the math
+        assert moved["loss"] == pytest.approx(still["loss"], rel=1e-5), (moved["step"], moved["loss"], still["loss"])
