@@ -170,7 +170,8 @@ def _run(session: ClusterSession, spec, options: UpOptions, events: EventLog, co
     record = RunRecord(session.run_dir, resume_at=restore.step if options.resume is not None else None)
     observers = Observers(session.cluster, session.run_dir, session.state)
     observers.stragglers = StragglerWatch(train.steps, lambda p: _replan_quietly(session, p),
-                                          lambda p, current: _step_on(p, current, session.cluster.compression))
+                                          lambda p, current: _step_on(p, current, session.cluster.compression),
+                                          switch=train.rebalance)
     if observers.metrics_address:
         console.print(f"metrics at http://{observers.metrics_address}/metrics")
     restarts = 0

@@ -31,10 +31,11 @@ K = 5  # ... for this many steps in a row
 
 class StragglerWatch:
     def __init__(self, total_steps: int, replan: Callable[[Profile], Plan | None],
-                 price: Callable[[Profile, Plan], float | None]):
+                 price: Callable[[Profile, Plan], float | None], switch: bool = True):
         """`replan(profile)`: the planner's plan for it (None if none); `price(profile, plan)`: the
-        step time of `plan` on `profile` (None if it cannot run there)."""
-        self.total_steps, self.replan, self.price = total_steps, replan, price
+        step time of `plan` on `profile` (None if it cannot run there); `switch`: False only
+        reports stragglers (train.rebalance: false)."""
+        self.total_steps, self.replan, self.price, self.switch = total_steps, replan, price, switch
         self.pending: Plan | None = None  # a better plan to switch to at the next checkpoint
         self.found: list[dict] = []  # every straggler seen, for events and the summary
         self._plan: Plan | None = None
@@ -102,7 +103,7 @@ class StragglerWatch:
         cost_s = (self._startup_s or 0.0) + 2 * (now or 0.0)  # a new generation's start, two steps redone
         found = {"node": node, "step": step, "speed_vs_calibrated": round(1 / ratio, 4),
                  "step_s_now": now, "step_s_replanned": later, "predicted_gain_s": gain_s,
-                 "switch_cost_s": cost_s, "switch": gain_s > cost_s}
+                 "switch_cost_s": cost_s, "switch": self.switch and gain_s > cost_s}
         self.found.append(found)
         if found["switch"]:
             self.pending = candidate

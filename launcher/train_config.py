@@ -43,6 +43,9 @@ class TrainConfig(Strict):
     # <run dir>/checkpoints/ (or checkpoint.dir): what a restart after a lost node resumes from.
     # 0: never (a lost node then restarts the job from step 0, unless a replica stands in).
     checkpoint_every: int = Field(50, ge=0)
+    # Move to a plan for a node's new speed when it stays off its calibrated speed and a new plan
+    # pays for the switch (launcher/straggler.py); false: only report it (events.jsonl `straggler`).
+    rebalance: bool = True
     max_restarts: int = Field(3, ge=0)  # generations restarted after lost nodes before the job gives up
     # Data-parallel pipelines the planner may use (each its own chain of nodes and cut): auto = as many as pay off
     max_pipelines: Annotated[int | Literal["auto"], BeforeValidator(_auto_or_positive)] = "auto"
