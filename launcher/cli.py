@@ -228,7 +228,7 @@ def _load(cluster_yaml: Path):
 
 def _check_extras(cluster) -> None:
     """TensorBoard or Prometheus asked for and not installed: one line, before anything starts."""
-    from hetlaunch.launcher.observers import MissingExtra, check_extras
+    from hetlaunch.launcher.extras import MissingExtra, check_extras
 
     try:
         check_extras(cluster)

@@ -13,45 +13,22 @@
   direction, raw and on the wire.
 
 A missing package is one line naming the extra to install, before anything starts
-(check_extras, also run by `hetlaunch validate`).
+(launcher/extras.py, also run by `hetlaunch validate`).
 """
 
 from __future__ import annotations
 
-import importlib
 import time
 from pathlib import Path
 
 from hetlaunch.launcher.calibration import Calibration
+from hetlaunch.launcher.extras import check_extras
 from hetlaunch.launcher.planning.plan import Plan
 from hetlaunch.launcher.run_record import StepRecord
 from hetlaunch.launcher.session import JobError
 from hetlaunch.launcher.straggler import StragglerWatch
 from hetlaunch.launcher.timeline import Timeline
 from hetlaunch.protos import control_pb2 as pb
-
-EXTRAS = {"tensorboard": ("tensorboard", "observe.tensorboard"),
-          "prometheus_client": ("prometheus", "coordinator.metrics_port")}
-
-
-class MissingExtra(Exception):
-    """One line: which setting needs which extra."""
-
-
-def check_extras(cluster) -> None:
-    """MissingExtra if the YAML asks for TensorBoard or Prometheus and its package is not installed."""
-    wanted = []
-    if cluster.observe.tensorboard:
-        wanted.append("tensorboard")
-    if cluster.coordinator.metrics_port is not None:
-        wanted.append("prometheus_client")
-    for module in wanted:
-        try:
-            importlib.import_module(module)
-        except ImportError:
-            extra, setting = EXTRAS[module]
-            raise MissingExtra(f"{setting} needs the {module} package: pip install 'hetlaunch[{extra}]'") from None
-
 
 class Observers:
     """The sinks a run writes to, fed by the job driver."""

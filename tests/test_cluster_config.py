@@ -185,7 +185,7 @@ def test_unknown_key_names_the_path() -> None:
 
 def test_unknown_key_lists_valid_keys_when_nothing_is_close() -> None:
     assert error_of("nodes: [{name: a, emulate: {zzz: 1}}]").endswith(
-        "nodes[0].emulate.zzz: unknown key (valid: speed, memory_gb)")
+        "nodes[0].emulate.zzz: unknown key (valid: speed, memory_gb, speed_changes)")
     assert "cluster.yaml: trian: unknown key (did you mean 'train'?)" == error_of("trian: {}\nnodes: [{name: a}]")
 
 
