@@ -36,7 +36,7 @@ from hetlaunch.launcher.planning.planner import PlanningError, price_pipelines
 from hetlaunch.launcher.planning.profile_file import Profile, ProfileError, save_profile
 from hetlaunch.launcher.run_record import StepRecord, write_run_file
 
-CALIBRATION_STEPS = 5  # steps compared with the plan, after a generation's first
+CALIBRATION_STEPS = 8  # steps compared with the plan, after a generation's first (their median: noise)
 
 
 class Calibration:

@@ -52,6 +52,9 @@ def run_profile(cmd: pb.Profile, store: wpb.StoreAccess) -> pb.ReportProfileRequ
                     latency, bandwidth = measured
                     report.links.append(pb.LinkProbe(peer_node=probe.peer_node, latency_s=latency,
                                                      bandwidth_bytes_per_s=min(bandwidth, MAX_REPORTED_BANDWIDTH)))
+            # An agent with no probe (or done first) must not leave while the others still connect
+            # their mesh or probe: its closed sockets fail them ("Connection closed by peer").
+            dist.barrier()
         finally:
             dist.destroy_process_group()
     return report
