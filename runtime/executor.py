@@ -31,6 +31,7 @@ from hetlaunch.runtime.schedules import Action, Op
 from hetlaunch.runtime.tied import TiedParameters
 
 Batch = tuple[torch.Tensor, torch.Tensor]
+_NO_SPAN = contextlib.nullcontext()
 
 
 @dataclass
@@ -254,12 +255,13 @@ class StageExecutor:
         self._comm_s += time.perf_counter() - start
         return tensor
 
-    @contextlib.contextmanager
     def _span(self, name: str, microbatch: int = -1):
-        """Time a piece of the step for the timeline, when this step is traced."""
-        if self._trace is None:
-            yield
-            return
+        """Time a piece of the step for the timeline, when this step is traced; on the other
+        steps (most of them) a shared no-op, so the step loop builds no generator per action."""
+        return _NO_SPAN if self._trace is None else self._traced(name, microbatch)
+
+    @contextlib.contextmanager
+    def _traced(self, name: str, microbatch: int):
         start = time.time()
         try:
             yield
