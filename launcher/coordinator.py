@@ -76,6 +76,7 @@ class CoordinatorState:
         self._results: queue.Queue[tuple[str, pb.ReportResultRequest]] = queue.Queue()
         self._profiles: queue.Queue[tuple[str, pb.ReportProfileRequest]] = queue.Queue()
         self._checkpoints: queue.Queue[tuple[str, pb.CheckpointPart]] = queue.Queue()
+        self._moves: queue.Queue[tuple[str, pb.MoveReport]] = queue.Queue()  # launcher/live_move.py
         self.joins: queue.Queue[str] = queue.Queue()  # every registration, in order (the first ones and rejoins)
         self.checkpoint_root: Path | None = None  # where uploaded parts go; None: no uploads accepted
         self.down_requested = ""  # why `hetlaunch down` asked the job to end; empty: it did not
@@ -137,6 +138,9 @@ class CoordinatorState:
     def report_checkpoint(self, node: str, generation: int, part: pb.CheckpointPart) -> None:
         self._keep_if_current(self._checkpoints, generation, (node, part))
 
+    def report_move(self, node: str, generation: int, report: pb.MoveReport) -> None:
+        self._keep_if_current(self._moves, generation, (node, report))
+
     def _keep_if_current(self, reports: queue.Queue, generation: int, report: tuple) -> None:
         # Checked and queued under the lock that begin_generation drains under: no stale report
         # can slip in between a check and the drain.
@@ -157,7 +161,7 @@ class CoordinatorState:
         """Start the next generation: reports of earlier ones are dropped from now on."""
         with self._lock:
             self._generation += 1
-            for reports in (self._steps, self._results, self._profiles, self._checkpoints):
+            for reports in (self._steps, self._results, self._profiles, self._checkpoints, self._moves):
                 while not reports.empty():
                     reports.get_nowait()
                     self.stale_reports += 1
@@ -243,20 +247,25 @@ class CoordinatorState:
 
     def results(self) -> list[tuple[str, pb.ReportResultRequest]]:
         """Every stage result reported since the last call."""
-        out = []
-        while not self._results.empty():
-            out.append(self._results.get_nowait())
-        return out
+        return _drain(self._results)
 
     def checkpoints(self) -> list[tuple[str, pb.CheckpointPart]]:
         """Every checkpoint part reported since the last call."""
-        out = []
-        while not self._checkpoints.empty():
-            out.append(self._checkpoints.get_nowait())
-        return out
+        return _drain(self._checkpoints)
+
+    def moves(self) -> list[tuple[str, pb.MoveReport]]:
+        """Every live-move report since the last call."""
+        return _drain(self._moves)
 
     def steps_pending(self) -> bool:
         return not self._steps.empty()
+
+
+def _drain(reports: queue.Queue) -> list:
+    out = []
+    while not reports.empty():
+        out.append(reports.get_nowait())
+    return out
 
 
 class TokenInterceptor(grpc.ServerInterceptor):
@@ -336,6 +345,11 @@ class CoordinatorServicer(control_pb2_grpc.CoordinatorServicer):
         record = self._record(request.agent_id, context)
         self.state.report_profile(record.node_name, request.generation, request)
         return pb.ReportProfileResponse()
+
+    def ReportMove(self, request, context):
+        record = self._record(request.agent_id, context)
+        self.state.report_move(record.node_name, request.generation, request.report)
+        return pb.ReportMoveResponse()
 
     def UploadPart(self, request_iterator, context):
         first = next(request_iterator, None)

@@ -3,7 +3,9 @@
 It ends in one of three ways: every stage finished every step; a node was lost (its agent
 or worker died, its heartbeats stopped, or its stage failed for a reason of its own — the
 neighbours' "connection closed" errors are consequences, not causes); or a node (re)joined
-and the planner predicts the cluster with it to be enough faster, at a committed checkpoint.
+or a straggler was found and a new plan is predicted to be enough faster, at a committed
+checkpoint. A straggler may instead be answered within the generation by a live move of
+layers (launcher/live_move.py): the plan changes, the workers and the generation do not.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Callable
 
 from hetlaunch.launcher.checkpoint_book import CheckpointBook
 from hetlaunch.launcher.events import EventLog
+from hetlaunch.launcher.live_move import LiveMove
 from hetlaunch.launcher.observers import Observers
 from hetlaunch.launcher.planning.plan import Plan
 from hetlaunch.launcher.progress import TrainingProgress
@@ -30,11 +33,29 @@ class Outcome:
     down: bool = False  # `hetlaunch down`: stop here, at a committed checkpoint where checkpoints are on
     failed: set[str] = field(default_factory=set)  # nodes whose stage reported a failure
     aggregator: StepAggregator | None = None  # holds the steps some stage never reported
+    plan: Plan | None = None  # the plan running at the end (live moves change it within a generation)
 
 
 def follow(session: ClusterSession, plan: Plan, record: RunRecord, book: CheckpointBook, events: EventLog,
            progress: TrainingProgress, consider_join: Callable[[str], Plan | None],
-           observers: Observers | None = None) -> Outcome:
+           observers: Observers | None = None, boundary_bytes: list[int] | None = None) -> Outcome:
+    running = _Running(plan)
+    outcome = _follow(session, running, record, book, events, progress, consider_join, observers, boundary_bytes)
+    outcome.plan = running.plan
+    return outcome
+
+
+@dataclass
+class _Running:
+    plan: Plan
+    move: LiveMove | None = None
+    moves: int = 0
+
+
+def _follow(session: ClusterSession, running: _Running, record: RunRecord, book: CheckpointBook, events: EventLog,
+            progress: TrainingProgress, consider_join: Callable[[str], Plan | None],
+            observers: Observers | None, boundary_bytes: list[int] | None) -> Outcome:
+    plan = running.plan
     state = session.state
     steps = session.cluster.train.steps
     aggregator = StepAggregator(plan)
@@ -59,7 +80,7 @@ def follow(session: ClusterSession, plan: Plan, record: RunRecord, book: Checkpo
         received = state.next_step(timeout=0.2)
         if received is not None:
             if observers is not None and received[1].trace:
-                observers.trace(*received, plan)
+                observers.trace(*received, running.plan)
             step_record = aggregator.add(*received)
             if step_record is not None:
                 if first:  # when the generation is really running again (recovery time ends here)
@@ -103,6 +124,9 @@ def follow(session: ClusterSession, plan: Plan, record: RunRecord, book: Checkpo
             events.write("join", node=node, step=len(record.records))
             joined.append(node)
         watch = observers.stragglers if observers is not None else None
+        stuck = _live_move(session, running, watch, observers, events, steps, boundary_bytes)
+        if stuck is not None:
+            return Outcome(message=stuck, aggregator=aggregator)
         if watch is not None and watch.pending is not None and committed is not None and committed < steps:
             better, slow = watch.take(), watch.found[-1]
             events.write("rebalance", step=committed, node=slow["node"], predicted_tokens_per_s=better.predicted_tokens_per_s)
@@ -121,3 +145,30 @@ def follow(session: ClusterSession, plan: Plan, record: RunRecord, book: Checkpo
             if not state.steps_pending():
                 raise JobError(f"stages finished but only {len(record.records)} of {steps} steps reported")
         time.sleep(0)
+
+
+def _live_move(session: ClusterSession, running: _Running, watch, observers: Observers | None, events: EventLog,
+               steps: int, boundary_bytes: list[int] | None) -> str | None:
+    """Start a live move the straggler watch asked for, or follow the one under way; a message if it is stuck."""
+    if running.move is None:
+        if watch is None or watch.pending_live is None:
+            return None
+        target, slow = watch.take_live(), watch.found[-1]
+        running.moves += 1
+        running.move = LiveMove(session, running.plan, target, running.moves, steps, boundary_bytes)
+        events.write("rebalance", mode="live", step=slow["step"], node=slow["node"],
+                     predicted_tokens_per_s=target.predicted_tokens_per_s)
+        return None
+    status = running.move.poll(session.state.moves())
+    if status is None:
+        return None
+    move, running.move = running.move, None
+    if status == "moved":
+        running.plan = move.target
+        observers.moved(move.target)
+        events.write("move", **move.summary())
+    elif status == "cancelled":
+        events.write("move_cancelled", id=move.id, why=move.why_cancelled)
+    else:
+        return f"the live move before step {move.at_step} did not finish in time"
+    return None

@@ -14,7 +14,7 @@ import os
 import secrets
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import psutil
@@ -25,11 +25,13 @@ from hetlaunch.launcher.checkpoint_book import CheckpointBook, Restore
 from hetlaunch.launcher.cluster_measurement import measure_for_train
 from hetlaunch.launcher.events import EventLog
 from hetlaunch.launcher.generation import follow
+from hetlaunch.launcher.live_move import move_seconds, same_places
 from hetlaunch.launcher.planning.plan import Plan, pinned_num_layers, planned, static_plan
 from hetlaunch.launcher.planning.planner import PlanningError
 from hetlaunch.launcher.planning.planner import plan as plan_pipelines
 from hetlaunch.launcher.planning.batch_sizes import at_size
-from hetlaunch.launcher.planning.planner import PlannerResult, plan_fixed_cut, plan_global_batch, price_pipelines
+from hetlaunch.launcher.planning.planner import (PlannerResult, plan_fixed_cut, plan_global_batch, price_pipelines,
+                                                 recut)
 from hetlaunch.launcher.planning.profile_file import Profile, ProfileError, save_profile
 from hetlaunch.launcher.progress import TrainingProgress, print_calibration, print_plan, print_summary
 from hetlaunch.launcher.run_record import RunRecord, read_metrics
@@ -171,7 +173,9 @@ def _run(session: ClusterSession, spec, options: UpOptions, events: EventLog, co
     observers = Observers(session.cluster, session.run_dir, session.state)
     observers.stragglers = StragglerWatch(train.steps, lambda p: _replan_quietly(session, p),
                                           lambda p, current: _step_on(p, current, session.cluster.compression),
-                                          switch=train.rebalance)
+                                          switch=train.rebalance,
+                                          recut=lambda p, current: _recut_on(session, p, current),
+                                          move_cost=move_seconds, checkpoint_every=train.checkpoint_every)
     if observers.metrics_address:
         console.print(f"metrics at http://{observers.metrics_address}/metrics")
     restarts = 0
@@ -187,7 +191,9 @@ def _run(session: ClusterSession, spec, options: UpOptions, events: EventLog, co
                 if restore.directory is not None:
                     events.write("restore", step=restore.step, source=restore.source, directory=str(restore.directory))
                 outcome = follow(session, plan, record, book, events, progress,
-                                 lambda node: _better_with_joined(session, profile, plan), observers)
+                                 lambda node: _better_with_joined(session, profile, plan), observers,
+                                 [layer.output_bytes for layer in profile.layers] if profile is not None else None)
+                plan = outcome.plan or plan  # a live move changes the plan within the generation
                 if outcome.finished:
                     break
                 if outcome.down:
@@ -323,6 +329,25 @@ def _replan_quietly(session: ClusterSession, profile: Profile) -> Plan | None:
         return _plan_on(session, profile, _live_nodes(session))
     except JobError:
         return None
+
+
+def _recut_on(session: ClusterSession, profile: Profile, current: Plan) -> Plan | None:
+    """The best cuts of `current`'s own pipelines on `profile` (what a live move can reach), with
+    `current`'s windows: a move keeps each stage's schedule. None if it changes nothing or fits nowhere."""
+    try:
+        if profile.micro_batch_size != current.micro_batch_size:  # planned at a global batch's size
+            profile = at_size(profile, current.micro_batch_size)
+        result = recut(profile, [([s.node for s in stages], share)
+                                 for stages, share in zip(current.pipelines(), current.pipeline_microbatches)],
+                       current.schedule, session.cluster.compression)
+    except (PlanningError, ProfileError):
+        return None
+    target = planned(session.cluster, result, source="live move")
+    target = replace(target, stages=tuple(replace(s, window=c.window) for s, c in zip(target.stages, current.stages)))
+    if not same_places(current, target) or [(s.layer_start, s.layer_end) for s in target.stages] == \
+            [(s.layer_start, s.layer_end) for s in current.stages]:
+        return None
+    return target
 
 
 def _step_on(profile: Profile, plan: Plan, compression) -> float | None:

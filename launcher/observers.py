@@ -55,6 +55,12 @@ class Observers:
         if self.stragglers is not None:
             self.stragglers.new_plan(plan)
 
+    def moved(self, plan: Plan) -> None:
+        """A live move changed the plan within the generation (calibration keeps its result)."""
+        self._plan = plan
+        if self.stragglers is not None:
+            self.stragglers.moved(plan)
+
     def trace(self, node: str, metrics: pb.StepMetrics, plan: Plan) -> None:
         """A stage's timeline of a sampled step, on the coordinator's clock."""
         self.timeline.add(node, metrics, plan, self.state.clock_offsets())

@@ -25,12 +25,11 @@ def launch(session: ClusterSession, plan: Plan, spec, restore: Restore, checkpoi
     model = model_spec_to_proto(spec)
     pipelines = plan.pipelines()
     world = len(plan.stages)
-    data_parallel = _data_parallel(cluster, plan) if len(pipelines) > 1 else None
+    shared = data_parallel(cluster, plan) if len(pipelines) > 1 else None
     generation = session.begin_generation()
     # With several pipelines a failing stage snapshots its layers: another pipeline may hold the lost ones.
     snapshot_root = checkpoint_root / f"replica-g{generation}" if len(pipelines) > 1 else None
-    layout = [pb.StagePlace(rank=r, pipeline=p, layer_start=s.layer_start, layer_end=s.layer_end)
-              for r, (p, s) in enumerate((p, s) for p, stages in enumerate(pipelines) for s in stages)]
+    layout = layout_of(plan)
     offset = rank = 0  # ranks follow plan.stages: pipeline after pipeline
     for p, (stages, share) in enumerate(zip(pipelines, plan.pipeline_microbatches)):
         train = pb.TrainSpec(steps=t.steps, micro_batch_size=plan.micro_batch_size, num_microbatches=share,
@@ -41,21 +40,9 @@ def launch(session: ClusterSession, plan: Plan, spec, restore: Restore, checkpoi
                              lr_schedule=t.lr_schedule, warmup_steps=t.warmup_steps, min_lr_ratio=t.min_lr_ratio,
                              grad_clip=t.grad_clip, eval_every=t.eval_every, eval_microbatches=t.eval_microbatches,
                              precision=t.precision, trace_every=cluster.observe.trace_every)
-        n = len(stages)
         for j, stage in enumerate(stages):
             node = cluster.node(stage.node)
-            spec_msg = pb.StageSpec(stage_index=j, num_stages=n, layer_start=stage.layer_start,
-                                    layer_end=stage.layer_end, device=session.device_of(stage.node),
-                                    threads=session.threads_of(stage.node),
-                                    emulate=pb.Emulation(speed=node.emulate.speed,
-                                                         speed_changes=[pb.SpeedChange(at_step=c.at_step, speed=c.speed)
-                                                                        for c in node.emulate.speed_changes],
-                                                         memory_gb=node.emulate.memory_gb or 0.0),
-                                    memory_fraction=node.memory_fraction or 0.0, window=stage.window)
-            if j > 0:
-                spec_msg.prev.CopyFrom(_link_spec(cluster, stages[j - 1], stage, rank - 1, boundary_bytes))
-            if j < n - 1:
-                spec_msg.next.CopyFrom(_link_spec(cluster, stage, stages[j + 1], rank + 1, boundary_bytes))
+            spec_msg = stage_spec(session, stages, j, rank, boundary_bytes)
             command = pb.RunStage(model=model, data=data, train=train, stage=spec_msg,
                                   rendezvous=session.rendezvous(rank, world, backend, stage.node), layout=layout)
             # A remote stage's parts must outlive its host: without a shared dir its agent uploads them.
@@ -64,8 +51,8 @@ def launch(session: ClusterSession, plan: Plan, spec, restore: Restore, checkpoi
                 command.train.snapshot_dir = str(snapshot_root / stage.node)
             if restore.directory is not None:
                 command.restore.checkpoint_dir = str(restore.directory)
-            if data_parallel is not None:
-                command.data_parallel.CopyFrom(data_parallel)
+            if shared is not None:
+                command.data_parallel.CopyFrom(shared)
                 command.data_parallel.pipeline_index = p
                 command.data_parallel.microbatch_offset = offset
             session.state.send(stage.node, pb.Command(run_stage=command))
@@ -74,7 +61,32 @@ def launch(session: ClusterSession, plan: Plan, spec, restore: Restore, checkpoi
     return {s.node: (s.layer_start, s.layer_end) for s in pipelines[0]}
 
 
-def _data_parallel(cluster, plan: Plan) -> pb.DataParallel:
+def layout_of(plan: Plan) -> list[pb.StagePlace]:
+    """Every rank's pipeline and layer range (ranks follow plan.stages)."""
+    return [pb.StagePlace(rank=r, pipeline=s.pipeline, layer_start=s.layer_start, layer_end=s.layer_end)
+            for r, s in enumerate(plan.stages)]
+
+
+def stage_spec(session: ClusterSession, stages, j: int, rank: int, boundary_bytes: list[int] | None) -> pb.StageSpec:
+    """Stage `j` of a pipeline (whose stages are `stages`) at data-plane rank `rank`."""
+    cluster, stage = session.cluster, stages[j]
+    node = cluster.node(stage.node)
+    spec = pb.StageSpec(stage_index=j, num_stages=len(stages), layer_start=stage.layer_start,
+                        layer_end=stage.layer_end, device=session.device_of(stage.node),
+                        threads=session.threads_of(stage.node),
+                        emulate=pb.Emulation(speed=node.emulate.speed,
+                                             speed_changes=[pb.SpeedChange(at_step=c.at_step, speed=c.speed)
+                                                            for c in node.emulate.speed_changes],
+                                             memory_gb=node.emulate.memory_gb or 0.0),
+                        memory_fraction=node.memory_fraction or 0.0, window=stage.window)
+    if j > 0:
+        spec.prev.CopyFrom(_link_spec(cluster, stages[j - 1], stage, rank - 1, boundary_bytes))
+    if j < len(stages) - 1:
+        spec.next.CopyFrom(_link_spec(cluster, stage, stages[j + 1], rank + 1, boundary_bytes))
+    return spec
+
+
+def data_parallel(cluster, plan: Plan) -> pb.DataParallel:
     """What every stage of a several-pipeline plan shares: the global batch and all sync groups."""
     rank = {stage.node: i for i, stage in enumerate(plan.stages)}
     message = pb.DataParallel(global_microbatches=plan.num_microbatches,

@@ -4,15 +4,18 @@ the speeds the cluster has now.
 Calibration (launcher/calibration.py) gives each node's measured ÷ predicted compute. From
 then on every step's measured compute per micro-batch is compared with that calibrated
 expectation; when one node's stays off by more than THRESHOLD (either way) for K steps in a
-row, its new speed is the median of those K steps, an event `straggler` is written, and the
-planner plans again on the calibrated profile with that speed. If the new plan is predicted to
-save more time over the remaining steps than a switch costs (what this generation took from
-its launch to its first step, plus two steps redone), the job switches to it at the
-next committed checkpoint, like a plan grown by a joining node (events `rebalance`, then
-`restart`), and the steps after that checkpoint run again.
+row, its new speed is the median of those K steps, an event `straggler` is written, and two
+plans are priced on the calibrated profile with that speed:
 
-Not yet live: the switch restarts the workers and restores the checkpoint, where the design
-moves layers between running stages over the data plane.
+* a live move (launcher/live_move.py): the same nodes at the same places, new cuts; it costs
+  the predicted transfer of the moved layers plus one step held at the boundary, and happens
+  within a step or two, in the running workers;
+* a new plan from the planner: it may reorder or drop nodes, but switching to it restarts the
+  stages at the next committed checkpoint (the cost: the slow steps until that checkpoint, this
+  generation's start-up and two steps redone; events `rebalance`, then `restart`).
+
+The one predicted to save more over the remaining steps, net of its cost, is taken, if it saves
+anything at all.
 """
 
 from __future__ import annotations
@@ -31,12 +34,18 @@ K = 5  # ... for this many steps in a row
 
 class StragglerWatch:
     def __init__(self, total_steps: int, replan: Callable[[Profile], Plan | None],
-                 price: Callable[[Profile, Plan], float | None], switch: bool = True):
+                 price: Callable[[Profile, Plan], float | None], switch: bool = True,
+                 recut: Callable[[Profile, Plan], Plan | None] | None = None,
+                 move_cost: Callable[[Profile, Plan, Plan], float] | None = None, checkpoint_every: int = 0):
         """`replan(profile)`: the planner's plan for it (None if none); `price(profile, plan)`: the
         step time of `plan` on `profile` (None if it cannot run there); `switch`: False only
-        reports stragglers (train.rebalance: false)."""
+        reports stragglers (train.rebalance: false); `recut(profile, plan)`: the best cuts of the
+        plan's own pipelines (None: no live moves) and `move_cost(profile, plan, target)` the
+        seconds its transfers take."""
         self.total_steps, self.replan, self.price, self.switch = total_steps, replan, price, switch
+        self.recut, self.move_cost, self.checkpoint_every = recut, move_cost, checkpoint_every
         self.pending: Plan | None = None  # a better plan to switch to at the next checkpoint
+        self.pending_live: Plan | None = None  # ... or to move to now, in the running stages
         self.found: list[dict] = []  # every straggler seen, for events and the summary
         self._plan: Plan | None = None
         self._profile: Profile | None = None
@@ -58,7 +67,16 @@ class StragglerWatch:
             self._plan, self._factors, self._off = plan, {s.node: 1.0 for s in plan.stages}, {}
         elif plan is not self._plan:
             self._plan, self._off = None, {}
-        self.pending = self._switched_to = None
+        self.pending = self.pending_live = self._switched_to = None
+
+    def take_live(self) -> Plan:
+        """The pending live move's plan, now being moved to."""
+        target, self.pending_live = self.pending_live, None
+        return target
+
+    def moved(self, plan: Plan) -> None:
+        """The live move is done: `plan` runs now, priced on the corrected profile (its own predictions hold)."""
+        self._plan, self._factors, self._off = plan, {s.node: 1.0 for s in plan.stages}, {}
 
     def take(self) -> Plan:
         """The pending plan, now being switched to."""
@@ -69,7 +87,7 @@ class StragglerWatch:
         """Count a step; a straggler found (and whether to switch) the step it is found, else None."""
         if self._startup_s is None:
             self._startup_s = max(0.0, record.time - self._launched)
-        if self._plan is None or self.pending is not None:
+        if self._plan is None or self.pending is not None or self.pending_live is not None:
             return None
         shares = self._plan.pipeline_microbatches
         for stage in self._plan.stages:
@@ -96,15 +114,36 @@ class StragglerWatch:
             for n in self._profile.nodes]})
         self._profile = profile
         now = self.price(profile, self._plan)
+        left = self.total_steps - step - 1
         candidate = self.replan(profile)
         later = None if candidate is None else candidate.predicted_step_s
-        left = self.total_steps - step - 1
         gain_s = left * (now - later) if now is not None and later is not None else 0.0
-        cost_s = (self._startup_s or 0.0) + 2 * (now or 0.0)  # a new generation's start, two steps redone
+        # A restart waits for the next checkpoint at today's speed, starts a generation, redoes two steps.
+        # Without checkpoints there is nothing to restart from before the end: only a live move.
+        if self.checkpoint_every:
+            to_checkpoint = (self.checkpoint_every - (step + 1) % self.checkpoint_every) % self.checkpoint_every
+            cost_s = ((self._startup_s or 0.0) + 2 * (now or 0.0)
+                      + to_checkpoint * max(0.0, (now or 0.0) - (later or 0.0)))
+        else:
+            cost_s = float("inf")
+        live = self.recut(profile, self._plan) if self.recut is not None and now is not None else None
+        live_gain_s = live_cost_s = 0.0
+        if live is not None:
+            live_gain_s = left * (now - live.predicted_step_s)
+            live_cost_s = self.move_cost(profile, self._plan, live) + now  # the transfers, a step held
+        mode = None
+        if live is not None and live_gain_s - live_cost_s > max(0.0, gain_s - cost_s):
+            mode = "live"
+        elif gain_s > cost_s:
+            mode = "restart"
         found = {"node": node, "step": step, "speed_vs_calibrated": round(1 / ratio, 4),
                  "step_s_now": now, "step_s_replanned": later, "predicted_gain_s": gain_s,
-                 "switch_cost_s": cost_s, "switch": self.switch and gain_s > cost_s}
+                 "switch_cost_s": cost_s if cost_s != float("inf") else None, "step_s_moved": None if live is None else live.predicted_step_s,
+                 "move_gain_s": live_gain_s, "move_cost_s": live_cost_s,
+                 "switch": self.switch and mode is not None, "mode": mode if self.switch else None}
         self.found.append(found)
-        if found["switch"]:
+        if found["mode"] == "live":
+            self.pending_live = live
+        elif found["mode"] == "restart":
             self.pending = candidate
         return found

@@ -21,6 +21,13 @@ class AgentState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     AGENT_STATE_TRAINING: _ClassVar[AgentState]
     AGENT_STATE_PROFILING: _ClassVar[AgentState]
 
+class MovePhase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    MOVE_PHASE_UNSPECIFIED: _ClassVar[MovePhase]
+    MOVE_PHASE_HOLD: _ClassVar[MovePhase]
+    MOVE_PHASE_GO: _ClassVar[MovePhase]
+    MOVE_PHASE_CANCEL: _ClassVar[MovePhase]
+
 class Schedule(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     SCHEDULE_UNSPECIFIED: _ClassVar[Schedule]
@@ -43,6 +50,10 @@ AGENT_STATE_UNSPECIFIED: AgentState
 AGENT_STATE_IDLE: AgentState
 AGENT_STATE_TRAINING: AgentState
 AGENT_STATE_PROFILING: AgentState
+MOVE_PHASE_UNSPECIFIED: MovePhase
+MOVE_PHASE_HOLD: MovePhase
+MOVE_PHASE_GO: MovePhase
+MOVE_PHASE_CANCEL: MovePhase
 SCHEDULE_UNSPECIFIED: Schedule
 SCHEDULE_1F1B: Schedule
 SCHEDULE_GPIPE: Schedule
@@ -198,18 +209,20 @@ class WatchCommandsRequest(_message.Message):
     def __init__(self, agent_id: _Optional[str] = ...) -> None: ...
 
 class Command(_message.Message):
-    __slots__ = ("run_stage", "shutdown", "profile", "abort", "generation")
+    __slots__ = ("run_stage", "shutdown", "profile", "abort", "move", "generation")
     RUN_STAGE_FIELD_NUMBER: _ClassVar[int]
     SHUTDOWN_FIELD_NUMBER: _ClassVar[int]
     PROFILE_FIELD_NUMBER: _ClassVar[int]
     ABORT_FIELD_NUMBER: _ClassVar[int]
+    MOVE_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     run_stage: RunStage
     shutdown: Shutdown
     profile: Profile
     abort: Abort
+    move: Move
     generation: int
-    def __init__(self, run_stage: _Optional[_Union[RunStage, _Mapping]] = ..., shutdown: _Optional[_Union[Shutdown, _Mapping]] = ..., profile: _Optional[_Union[Profile, _Mapping]] = ..., abort: _Optional[_Union[Abort, _Mapping]] = ..., generation: _Optional[int] = ...) -> None: ...
+    def __init__(self, run_stage: _Optional[_Union[RunStage, _Mapping]] = ..., shutdown: _Optional[_Union[Shutdown, _Mapping]] = ..., profile: _Optional[_Union[Profile, _Mapping]] = ..., abort: _Optional[_Union[Abort, _Mapping]] = ..., move: _Optional[_Union[Move, _Mapping]] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class Shutdown(_message.Message):
     __slots__ = ("reason",)
@@ -224,6 +237,60 @@ class Abort(_message.Message):
     reason: str
     snapshot_dir: str
     def __init__(self, reason: _Optional[str] = ..., snapshot_dir: _Optional[str] = ...) -> None: ...
+
+class Move(_message.Message):
+    __slots__ = ("id", "phase", "at_step", "stage", "layout", "data_parallel")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    AT_STEP_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    DATA_PARALLEL_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    phase: MovePhase
+    at_step: int
+    stage: StageSpec
+    layout: _containers.RepeatedCompositeFieldContainer[StagePlace]
+    data_parallel: DataParallel
+    def __init__(self, id: _Optional[int] = ..., phase: _Optional[_Union[MovePhase, str]] = ..., at_step: _Optional[int] = ..., stage: _Optional[_Union[StageSpec, _Mapping]] = ..., layout: _Optional[_Iterable[_Union[StagePlace, _Mapping]]] = ..., data_parallel: _Optional[_Union[DataParallel, _Mapping]] = ...) -> None: ...
+
+class MoveReport(_message.Message):
+    __slots__ = ("id", "phase", "step", "ok", "error", "bytes_sent", "bytes_received", "seconds", "layer_start", "layer_end")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    OK_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
+    BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    LAYER_START_FIELD_NUMBER: _ClassVar[int]
+    LAYER_END_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    phase: MovePhase
+    step: int
+    ok: bool
+    error: str
+    bytes_sent: int
+    bytes_received: int
+    seconds: float
+    layer_start: int
+    layer_end: int
+    def __init__(self, id: _Optional[int] = ..., phase: _Optional[_Union[MovePhase, str]] = ..., step: _Optional[int] = ..., ok: _Optional[bool] = ..., error: _Optional[str] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., seconds: _Optional[float] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ...) -> None: ...
+
+class ReportMoveRequest(_message.Message):
+    __slots__ = ("agent_id", "generation", "report")
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    REPORT_FIELD_NUMBER: _ClassVar[int]
+    agent_id: str
+    generation: int
+    report: MoveReport
+    def __init__(self, agent_id: _Optional[str] = ..., generation: _Optional[int] = ..., report: _Optional[_Union[MoveReport, _Mapping]] = ...) -> None: ...
+
+class ReportMoveResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class GptModel(_message.Message):
     __slots__ = ("vocab_size", "seq_len", "d_model", "n_layers", "n_heads", "d_ff")

@@ -94,6 +94,11 @@ class CoordinatorStub:
                 request_serializer=hetlaunch_dot_protos_dot_control__pb2.StoreRequest.SerializeToString,
                 response_deserializer=hetlaunch_dot_protos_dot_control__pb2.StoreResponse.FromString,
                 _registered_method=True)
+        self.ReportMove = channel.unary_unary(
+                '/hetlaunch.v1.Coordinator/ReportMove',
+                request_serializer=hetlaunch_dot_protos_dot_control__pb2.ReportMoveRequest.SerializeToString,
+                response_deserializer=hetlaunch_dot_protos_dot_control__pb2.ReportMoveResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -185,6 +190,13 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportMove(self, request, context):
+        """How a stage took part in a live move of layers (runtime/live_move.py): held, then moved.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -247,6 +259,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.StoreOp,
                     request_deserializer=hetlaunch_dot_protos_dot_control__pb2.StoreRequest.FromString,
                     response_serializer=hetlaunch_dot_protos_dot_control__pb2.StoreResponse.SerializeToString,
+            ),
+            'ReportMove': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportMove,
+                    request_deserializer=hetlaunch_dot_protos_dot_control__pb2.ReportMoveRequest.FromString,
+                    response_serializer=hetlaunch_dot_protos_dot_control__pb2.ReportMoveResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -573,6 +590,33 @@ class Coordinator:
             '/hetlaunch.v1.Coordinator/StoreOp',
             hetlaunch_dot_protos_dot_control__pb2.StoreRequest.SerializeToString,
             hetlaunch_dot_protos_dot_control__pb2.StoreResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportMove(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hetlaunch.v1.Coordinator/ReportMove',
+            hetlaunch_dot_protos_dot_control__pb2.ReportMoveRequest.SerializeToString,
+            hetlaunch_dot_protos_dot_control__pb2.ReportMoveResponse.FromString,
             options,
             channel_credentials,
             insecure,

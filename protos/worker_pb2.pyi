@@ -31,24 +31,28 @@ class StoreAccess(_message.Message):
     def __init__(self, address: _Optional[str] = ..., token: _Optional[str] = ..., ca_pem: _Optional[bytes] = ..., cert_pem: _Optional[bytes] = ..., key_pem: _Optional[bytes] = ...) -> None: ...
 
 class WorkerControl(_message.Message):
-    __slots__ = ("snapshot_dir", "task")
+    __slots__ = ("snapshot_dir", "task", "move")
     SNAPSHOT_DIR_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
+    MOVE_FIELD_NUMBER: _ClassVar[int]
     snapshot_dir: str
     task: WorkerTask
-    def __init__(self, snapshot_dir: _Optional[str] = ..., task: _Optional[_Union[WorkerTask, _Mapping]] = ...) -> None: ...
+    move: _control_pb2.Move
+    def __init__(self, snapshot_dir: _Optional[str] = ..., task: _Optional[_Union[WorkerTask, _Mapping]] = ..., move: _Optional[_Union[_control_pb2.Move, _Mapping]] = ...) -> None: ...
 
 class WorkerEvent(_message.Message):
-    __slots__ = ("step", "checkpoint", "profile", "done")
+    __slots__ = ("step", "checkpoint", "profile", "done", "move")
     STEP_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     PROFILE_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
+    MOVE_FIELD_NUMBER: _ClassVar[int]
     step: _control_pb2.StepMetrics
     checkpoint: _control_pb2.CheckpointPart
     profile: _control_pb2.ReportProfileRequest
     done: WorkerDone
-    def __init__(self, step: _Optional[_Union[_control_pb2.StepMetrics, _Mapping]] = ..., checkpoint: _Optional[_Union[_control_pb2.CheckpointPart, _Mapping]] = ..., profile: _Optional[_Union[_control_pb2.ReportProfileRequest, _Mapping]] = ..., done: _Optional[_Union[WorkerDone, _Mapping]] = ...) -> None: ...
+    move: _control_pb2.MoveReport
+    def __init__(self, step: _Optional[_Union[_control_pb2.StepMetrics, _Mapping]] = ..., checkpoint: _Optional[_Union[_control_pb2.CheckpointPart, _Mapping]] = ..., profile: _Optional[_Union[_control_pb2.ReportProfileRequest, _Mapping]] = ..., done: _Optional[_Union[WorkerDone, _Mapping]] = ..., move: _Optional[_Union[_control_pb2.MoveReport, _Mapping]] = ...) -> None: ...
 
 class WorkerDone(_message.Message):
     __slots__ = ("ok", "error")

@@ -231,6 +231,10 @@ class Agent:
                         self._uploader().submit(event.checkpoint, generation)
                     else:
                         self._report_part(event.checkpoint, generation)
+                elif kind == "move":
+                    self.step_reports.flush()  # the steps before the move are reported before it
+                    self._call("ReportMove", pb.ReportMoveRequest(agent_id=self.agent_id, report=event.move,
+                                                                  generation=generation))
                 elif kind == "profile":
                     profile = event.profile
                 elif kind == "done":
@@ -298,6 +302,13 @@ class Agent:
         else:
             worker.kill()
 
+    def _pass_move(self, move: pb.Move, generation: int) -> None:
+        with self._worker_lock:
+            worker = self.worker if self.generation == generation else None
+        if worker is None or not worker.move(move):
+            self._call("ReportMove", pb.ReportMoveRequest(agent_id=self.agent_id, generation=generation, report=pb.MoveReport(
+                id=move.id, phase=move.phase, ok=False, error="no stage of this generation is running")))
+
     def _command_reader(self) -> None:
         request = pb.WatchCommandsRequest(agent_id=self.agent_id)
         try:
@@ -307,6 +318,9 @@ class Agent:
                     _log(self.node, f"aborting the running task: {command.abort.reason}")
                     threading.Thread(target=self._stop_worker,
                                      args=(command.abort.snapshot_dir, command.generation), daemon=True).start()
+                    continue
+                if command.HasField("move"):  # for the running stage, which the command loop is relaying
+                    self._pass_move(command.move, command.generation)
                     continue
                 if command.HasField("shutdown") and self.training.is_set():
                     _log(self.node, f"stopping mid-task: {command.shutdown.reason}")

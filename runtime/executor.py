@@ -97,13 +97,19 @@ class StageExecutor:
     def __post_init__(self):
         if self.is_first != (self.prev_link is None) or self.is_last != (self.next_link is None):
             raise ValueError("a stage has a previous link unless it is first and a next link unless it is last")
+        self.rebuild(self.layers)
+        self._dtype = compute_dtype(self.precision)
+        self.scaler = LossScaler() if self.precision == "fp16" else None
+
+    def rebuild(self, layers: list[nn.Module]) -> None:
+        """Hold these layers from now on, with a fresh optimizer (a live move loads their state
+        next; runtime/live_move.py). The loss scale and the step count are the stage's and stay."""
+        self.layers = layers
         self.module = nn.Sequential(*self.layers).to(self.device)
         if self.memory is not None:
             self.memory.attach(self.module)
         # A stage with no parameters (e.g. a pure reshape) still runs; it has nothing to step.
         self.optimizer = make_optimizer(self.module, self.recipe)
-        self._dtype = compute_dtype(self.precision)
-        self.scaler = LossScaler() if self.precision == "fp16" else None
 
     def train_step(self, actions: list[Action], microbatches: list[Batch] | None, loss_divisor: int,
                    trace: list[tuple[str, float, float, int]] | None = None) -> StepResult:

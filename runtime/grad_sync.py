@@ -28,9 +28,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hetlaunch.runtime.codecs import Codec
+from hetlaunch.protos import control_pb2 as pb
+from hetlaunch.runtime.codecs import Codec, codec_by_id
 from hetlaunch.runtime.emulation import WireEmulation
 from hetlaunch.runtime.registry import SYNC_BUCKET_BYTES
+from hetlaunch.runtime.wire import sync_emulation_latency_ms
 
 BUCKET_BYTES = SYNC_BUCKET_BYTES  # small buckets start sooner; the planner prices the same cap
 
@@ -64,6 +66,16 @@ class _Bucket:
     flat: torch.Tensor | None = None
     gathered: list[list[torch.Tensor]] | None = None
     started_at: torch.Tensor | None = None  # emulated links only: the last holder's launch time
+
+
+def sync_group_plans(dp: pb.DataParallel) -> list[SyncGroupPlan]:
+    plans = []
+    for group in dp.sync_groups:
+        codec = codec_by_id(group.codec)
+        latency_ms = sync_emulation_latency_ms(group.emulate_latency_ms, codec.name, len(group.ranks))
+        plans.append(SyncGroupPlan(group.layer_start, group.layer_end, tuple(group.ranks), codec,
+                                   WireEmulation.from_spec(group.emulate_bandwidth_mbps, latency_ms)))
+    return plans
 
 
 def make_groups(plans: list[SyncGroupPlan]) -> list[object | None]:

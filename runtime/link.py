@@ -128,6 +128,12 @@ class Link:
         self.max_message_bytes = max_message_bytes or HARD_MAX_MESSAGE_BYTES
         self._pending: list[tuple[dist.Work, list[torch.Tensor]]] = []
 
+    def retarget(self, send_codec: Codec, max_message_bytes: int) -> None:
+        """A live move changed the layer at this boundary: its codec and size bound follow it.
+        Messages in flight were drained at the step boundary; the peer decodes by header."""
+        self.send_codec = send_codec
+        self.max_message_bytes = max_message_bytes or HARD_MAX_MESSAGE_BYTES
+
     def send(self, message: Message) -> None:
         """Start sending a tensor or a tuple of tensors; returns without waiting for the bytes to leave."""
         if isinstance(message, torch.Tensor):

@@ -22,14 +22,15 @@ from hetlaunch.runtime.devices import resolve_device
 from hetlaunch.runtime.data import TokenBatches, open_data
 from hetlaunch.runtime.emulation import WireEmulation, emulated_speed
 from hetlaunch.runtime.executor import StageExecutor
-from hetlaunch.runtime.grad_sync import GradientSync, SyncGroupPlan, make_groups
+from hetlaunch.runtime.grad_sync import GradientSync, make_groups, sync_group_plans
+from hetlaunch.runtime.live_move import MoveGate, RunningStage, move_stage
 from hetlaunch.runtime.link import Link
 from hetlaunch.runtime.memory_limit import StageMemory
 from hetlaunch.runtime.model import build_model_range
 from hetlaunch.runtime.optim import Recipe
 from hetlaunch.runtime.schedules import schedule_for
 from hetlaunch.runtime.tied import TiedParameters
-from hetlaunch.runtime.wire import model_spec_from_proto, schedule_name, sync_emulation_latency_ms
+from hetlaunch.runtime.wire import model_spec_from_proto, schedule_name
 
 
 def _links(stage: pb.StageSpec, device: torch.device, backend: str) -> tuple[Link | None, Link | None]:
@@ -46,22 +47,14 @@ def _links(stage: pb.StageSpec, device: torch.device, backend: str) -> tuple[Lin
     return prev, next_
 
 
-def sync_group_plans(dp: pb.DataParallel) -> list[SyncGroupPlan]:
-    plans = []
-    for group in dp.sync_groups:
-        codec = codec_by_id(group.codec)
-        latency_ms = sync_emulation_latency_ms(group.emulate_latency_ms, codec.name, len(group.ranks))
-        plans.append(SyncGroupPlan(group.layer_start, group.layer_end, tuple(group.ranks), codec,
-                                   WireEmulation.from_spec(group.emulate_bandwidth_mbps, latency_ms)))
-    return plans
-
-
 class StageReports(Protocol):
     """Where a stage's reports go (runtime/worker.py: to the agent, over a pipe)."""
 
     def step(self, metrics: pb.StepMetrics) -> None: ...
     def checkpoint(self, part: pb.CheckpointPart) -> None: ...
     def on_snapshot(self, handler: Callable[[str], pb.CheckpointPart] | None) -> None: ...
+    def move(self, report: pb.MoveReport) -> None: ...
+    def on_move(self, handler: Callable[[pb.Move], None] | None) -> None: ...
 
 
 def step_rng_seed(seed: int, step: int) -> int:
@@ -256,8 +249,19 @@ def run_stage(cmd: pb.RunStage, reports: StageReports, store: wpb.StoreAccess) -
         reports.on_snapshot(snapshot)
         writer = (CheckpointWriter(executor, stage.layer_start, stage.layer_end, train.checkpoint_dir, reports)
                   if train.checkpoint_dir and train.save_part else None)
+
+        def on_range(start: int, end: int) -> None:  # after a live move
+            nonlocal snapshot
+            snapshot = _snapshot_handler(executor, start, end)
+            reports.on_snapshot(snapshot)
+            if writer is not None:
+                writer.layer_start, writer.layer_end = start, end
+        running = RunningStage(executor, spec, train.seed, cmd.rendezvous.rank, list(cmd.layout), stage.layer_start,
+                               stage.layer_end, wire_device(device, cmd.rendezvous.backend), bundle.tied, on_range)
+        gate = MoveGate(reports.move, train.start_step)
+        reports.on_move(gate.control)
         try:
-            _train(cmd, executor, batches, eval_batches, writer, reports)
+            _train(cmd, executor, batches, eval_batches, writer, reports, gate, running)
         except Exception:
             if train.snapshot_dir:  # before reporting the failure: a replica may stand in for a lost node
                 try:
@@ -266,12 +270,15 @@ def run_stage(cmd: pb.RunStage, reports: StageReports, store: wpb.StoreAccess) -
                     print(f"snapshot after the failure not written: {err}", file=sys.stderr, flush=True)
             raise
     finally:
+        reports.on_move(None)
         dist.destroy_process_group()
 
 
 def _train(cmd: pb.RunStage, executor: StageExecutor, batches: TokenBatches | None,
-           eval_batches: TokenBatches | None, writer: CheckpointWriter | None, reports: StageReports) -> None:
-    """The steps, from train.start_step on: data, one schedule pass, a report, a checkpoint when due."""
+           eval_batches: TokenBatches | None, writer: CheckpointWriter | None, reports: StageReports,
+           gate: MoveGate, running: RunningStage) -> None:
+    """The steps, from train.start_step on: a live move when one is due, data, one schedule pass,
+    a report, a checkpoint when due."""
     stage, train = cmd.stage, cmd.train
     spec = model_spec_from_proto(cmd.model)
     dp = cmd.data_parallel if cmd.HasField("data_parallel") else None
@@ -281,6 +288,11 @@ def _train(cmd: pb.RunStage, executor: StageExecutor, batches: TokenBatches | No
                            stage.window)
     tokens = train.micro_batch_size * train.num_microbatches * spec.seq_len
     for step in range(train.start_step, train.steps):
+        move = gate.before_step(step)
+        if move is not None:
+            if writer is not None:
+                writer.wait()  # the part being written holds the old range
+            reports.move(move_stage(running, move))
         torch.manual_seed(step_rng_seed(train.seed, step))
         executor.emulation = emulated_speed(stage.emulate, step)
         microbatches = None
@@ -317,5 +329,6 @@ def _train(cmd: pb.RunStage, executor: StageExecutor, batches: TokenBatches | No
         if writer is not None and (done == train.steps or
                                    (train.checkpoint_every and done % train.checkpoint_every == 0)):
             writer.save(done)
+    gate.finished(train.steps)
     if writer is not None:
         writer.wait()  # the last checkpoint is reported before the stage reports success

@@ -85,6 +85,14 @@ class WorkerProcess:
             time.sleep(0.02)
         self.kill()
 
+    def move(self, move) -> bool:
+        """Pass a live-move message to the running stage; False if the worker is gone."""
+        try:
+            self._control.write(wpb.WorkerControl(move=move))
+            return True
+        except PipeClosed:
+            return False
+
     def kill(self) -> None:
         """SIGKILL: a worker blocked on a dead peer's data-plane call cannot be unwound politely."""
         self.aborted = True

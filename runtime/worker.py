@@ -41,12 +41,29 @@ class WorkerReports:
         self._writer = writer
         self._snapshot: Callable[[str], pb.CheckpointPart] | None = None
         self._snapshot_lock = threading.Lock()
+        self._move: Callable[[pb.Move], None] | None = None
 
     def step(self, metrics: pb.StepMetrics) -> None:
         self._writer.write(wpb.WorkerEvent(step=metrics))
 
     def checkpoint(self, part: pb.CheckpointPart) -> None:
         self._writer.write(wpb.WorkerEvent(checkpoint=part))
+
+    def move(self, report: pb.MoveReport) -> None:
+        self._writer.write(wpb.WorkerEvent(move=report))
+
+    def on_move(self, handler: Callable[[pb.Move], None] | None) -> None:
+        with self._snapshot_lock:
+            self._move = handler
+
+    def move_control(self, move: pb.Move) -> None:
+        """A live-move message; without a running stage (it finished) it is answered as failed."""
+        with self._snapshot_lock:
+            handler = self._move
+        if handler is None:
+            self.move(pb.MoveReport(id=move.id, phase=move.phase, ok=False, error="no stage is running"))
+        else:
+            handler(move)
 
     def on_snapshot(self, handler: Callable[[str], pb.CheckpointPart] | None) -> None:
         with self._snapshot_lock:
@@ -74,6 +91,8 @@ def _watch_controls(reports: WorkerReports, tasks: queue.Queue) -> None:
             os._exit(EXIT_AGENT_GONE)
         if control.snapshot_dir:
             reports.snapshot(control.snapshot_dir)
+        elif control.HasField("move"):
+            reports.move_control(control.move)
         elif control.HasField("task"):
             tasks.put(control.task)
 

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from hetlaunch.launcher.planning.batch_sizes import BatchChoice, at_size, candidate_sizes, measured_sizes, per_token_error
-from hetlaunch.launcher.planning.chain_cuts import least_lossy_codecs, most_compressed_codecs
+from hetlaunch.launcher.planning.chain_cuts import cut_chain, least_lossy_codecs, most_compressed_codecs
 from hetlaunch.launcher.planning.chain_search import EXHAUSTIVE_MAX_NODES
 from hetlaunch.launcher.planning.compression import CODEC_SLACK, NONE, CompressionConfig
 from hetlaunch.launcher.planning.cost_model import CostModel, PipelineCost, in_flight
@@ -138,6 +138,20 @@ def price_pipelines(profile: Profile, pipelines: list[tuple[list[str], list[tupl
     costs = [_pinned_cost(profile, chain, cuts, m, schedule, compression) for chain, cuts, m in pipelines]
     return _result(profile, costs, sync_costs(profile, costs, compression), "pinned cut", started, schedule,
                    compression)
+
+
+def recut(profile: Profile, pipelines: list[tuple[list[str], int]], schedule: str = "1f1b",
+          compression: CompressionConfig = NONE) -> PlannerResult:
+    """The best cut of each pipeline's own node chain — (chain, micro-batches) each — priced with
+    their gradient sync: what a live move can reach, since it keeps every node at its place in
+    its pipeline and only moves layers (launcher/live_move.py)."""
+    cut = []
+    for chain, num_microbatches in pipelines:
+        cost = cut_chain(CostModel(profile, num_microbatches, schedule, compression), [profile.node(n) for n in chain])
+        if cost is None:
+            raise PlanningError(f"no cut of the chain {' -> '.join(chain)} fits its nodes' memory")
+        cut.append((chain, [(s.layer_start, s.layer_end) for s in cost.stages], num_microbatches))
+    return price_pipelines(profile, cut, schedule, compression)
 
 
 def _pinned_cost(profile: Profile, chain: list[str], cuts: list[tuple[int, int]], num_microbatches: int,

@@ -1,0 +1,143 @@
+"""Layers' state (parameters, buffers, optimizer state) sent between running stages over the data plane.
+
+A live move (runtime/live_move.py) changes which rank holds which layers. Every layer a rank
+gains comes from the rank of its own pipeline that held it (each pipeline holds every layer),
+so the transfers are known to every rank from the old and new layouts alone, and every rank
+walks them in one global order with blocking sends and receives: the earliest unfinished
+transfer always has both ends ready for it, so the walk cannot deadlock.
+
+One layer on the wire: an int64 length, a JSON header (keys, dtypes, shapes) as bytes, then each
+tensor's bytes. The receiver parses JSON only, accepts only keys of that layer and dtypes it
+knows, and bounds the sizes: what comes from another host never runs code here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from hetlaunch.protos import control_pb2 as pb
+
+MAX_HEADER_BYTES = 4 * 2**20
+MAX_TENSORS_PER_LAYER = 4096
+MAX_LAYER_BYTES = 64 * 2**30
+_DTYPES = {str(d).removeprefix("torch."): d for d in (
+    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
+    torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128)}
+
+
+class TransferError(ValueError):
+    """A layer message that is not what the move expected."""
+
+
+@dataclass(frozen=True)
+class Transfer:
+    layer: int
+    src: int  # rank that held it
+    dst: int  # rank that holds it after the move
+
+
+def holder(layout: list[pb.StagePlace], pipeline: int, layer: int) -> int:
+    return next(p.rank for p in layout if p.pipeline == pipeline and p.layer_start <= layer < p.layer_end)
+
+
+def transfers(old: list[pb.StagePlace], new: list[pb.StagePlace]) -> list[Transfer]:
+    """Every layer some rank holds after the move but not before, with the rank of its pipeline
+    that sends it; in layer order, then by receiving rank (the order every rank walks)."""
+    before = {p.rank: p for p in old}
+    if set(before) != {p.rank for p in new} or any(before[p.rank].pipeline != p.pipeline for p in new):
+        raise TransferError("a live move keeps every rank in its pipeline")
+    moves = []
+    for place in new:
+        was = before[place.rank]
+        for layer in range(place.layer_start, place.layer_end):
+            if not was.layer_start <= layer < was.layer_end:
+                moves.append(Transfer(layer, holder(old, place.pipeline, layer), place.rank))
+    return sorted(moves, key=lambda t: (t.layer, t.dst))
+
+
+def _layer_of_key(key: str) -> int | None:
+    kind, _, rest = key.partition(".")
+    index, dot, _ = rest.partition(".")
+    return int(index) if kind in ("layers", "optim") and dot and index.isascii() and index.isdigit() else None
+
+
+def send_layer(state: dict[str, Tensor], layer: int, dst: int, wire: torch.device) -> int:
+    """Send one layer's entries of `state` (global keys, runtime/checkpoint.py) to rank `dst`; returns bytes sent."""
+    items = sorted((k, v) for k, v in state.items() if _layer_of_key(k) == layer)
+    header = json.dumps([[k, str(v.dtype).removeprefix("torch."), list(v.shape)] for k, v in items]).encode()
+    dist.send(torch.tensor([len(header)], dtype=torch.int64, device=wire), dst=dst)
+    dist.send(torch.frombuffer(bytearray(header), dtype=torch.uint8).to(wire), dst=dst)
+    sent = 0
+    for _, tensor in items:
+        data = tensor.detach().contiguous().reshape(-1).view(torch.uint8).to(wire)
+        if data.numel():
+            dist.send(data, dst=dst)
+        sent += data.numel()
+    return sent + len(header) + 8
+
+
+def recv_layer(layer: int, src: int, wire: torch.device) -> tuple[dict[str, Tensor], int]:
+    """Receive one layer's state from rank `src` (CPU tensors under global keys) and the bytes received."""
+    length = torch.zeros(1, dtype=torch.int64, device=wire)
+    dist.recv(length, src=src)
+    size = int(length.item())
+    if not 0 < size <= MAX_HEADER_BYTES:
+        raise TransferError(f"layer {layer} from rank {src}: a header of {size} bytes")
+    raw = torch.empty(size, dtype=torch.uint8, device=wire)
+    dist.recv(raw, src=src)
+    entries = _parse_header(bytes(raw.cpu().numpy()), layer, src)
+    state, received = {}, 0
+    for key, dtype, shape in entries:
+        nbytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
+        data = torch.empty(nbytes, dtype=torch.uint8, device=wire)
+        if nbytes:
+            dist.recv(data, src=src)
+        state[key] = data.cpu().view(dtype).reshape(shape)
+        received += nbytes
+    return state, received + size + 8
+
+
+def _parse_header(raw: bytes, layer: int, src: int) -> list[tuple[str, torch.dtype, list[int]]]:
+    where = f"layer {layer} from rank {src}"
+    try:
+        entries = json.loads(raw)
+    except ValueError:
+        raise TransferError(f"{where}: the header is not JSON") from None
+    if not isinstance(entries, list) or len(entries) > MAX_TENSORS_PER_LAYER:
+        raise TransferError(f"{where}: the header is not a list of at most {MAX_TENSORS_PER_LAYER} tensors")
+    parsed, total = [], 0
+    for entry in entries:
+        if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str)
+                and entry[1] in _DTYPES and isinstance(entry[2], list)
+                and all(type(n) is int and 0 <= n < 2**40 for n in entry[2]) and len(entry[2]) <= 8):
+            raise TransferError(f"{where}: a malformed entry {str(entry):.120}")
+        if _layer_of_key(entry[0]) != layer:
+            raise TransferError(f"{where}: key {entry[0]!r:.80} is not of layer {layer}")
+        dtype = _DTYPES[entry[1]]
+        total += math.prod(entry[2]) * torch.empty(0, dtype=dtype).element_size()
+        if total > MAX_LAYER_BYTES:
+            raise TransferError(f"{where}: more than {MAX_LAYER_BYTES:,} bytes")
+        parsed.append((entry[0], dtype, entry[2]))
+    return parsed
+
+
+def exchange(moves: list[Transfer], rank: int, state: dict[str, Tensor],
+             wire: torch.device) -> tuple[dict[str, Tensor], int, int]:
+    """Walk the transfers: send what this rank gives away from `state`, receive what it gains.
+    Returns the received state and the bytes sent and received."""
+    received: dict[str, Tensor] = {}
+    sent = got = 0
+    for move in moves:
+        if move.src == rank:
+            sent += send_layer(state, move.layer, move.dst, wire)
+        elif move.dst == rank:
+            layer_state, nbytes = recv_layer(move.layer, move.src, wire)
+            received.update(layer_state)
+            got += nbytes
+    return received, sent, got
