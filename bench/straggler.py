@@ -5,8 +5,9 @@ The speed mix of cost_model_error (speeds 1, 1, 0.5, 0.25, 12 layers, one pipeli
 (`emulate.speed_changes`, which the profile never sees). Three runs, defaults on:
 
 * (a) no rebalancing (`train.rebalance: false`): the plan made for the old speeds runs on;
-* (b) rebalancing (the default): calibration, the straggler found, a new plan switched to at a
-  checkpoint (launcher/straggler.py);
+* (b) rebalancing (the default): calibration, the straggler found, and either a live move of
+  layers in the running stages or a new plan switched to at a checkpoint, whichever the watch
+  predicts to gain more net of its cost (launcher/straggler.py);
 * (c) a plan made for the new speeds from the start (b profiled at 0.3x).
 
 Figure: (b) ÷ (c) (target ≥ 0.9), beside (b) ÷ (a) (target ≥ 1.3) and the steps from the
@@ -49,10 +50,12 @@ def _window(run_dir: Path) -> dict:
     if first is None or last is None:
         raise BenchError(f"{run_dir}: steps {SLOW_AT - 1} and {SLOW_AT + WINDOW - 1} not both recorded")
     tokens = sum(metrics[s]["tokens_per_s"] * metrics[s]["step_s"] for s in range(SLOW_AT, SLOW_AT + WINDOW))
-    switched = [e for e in events if e["event"] == "first_step" and e.get("step", 0) > 0]
+    switched = [e["step"] for e in events if (e["event"] == "first_step" and e.get("step", 0) > 0)
+                or e["event"] == "move"]
     return {"tokens_per_s": tokens / (last["time"] - first["time"]),
             "stragglers": [e for e in events if e["event"] == "straggler"],
-            "rebalanced_at_step": switched[0]["step"] if switched else None,
+            "moves": [e for e in events if e["event"] == "move"],
+            "rebalanced_at_step": switched[0] if switched else None,
             "plans": [[(s["node"], s["layer_start"], s["layer_end"]) for s in e["plan"]["stages"]]
                       for e in events if e["event"] == "generation"]}
 
@@ -60,7 +63,7 @@ def _window(run_dir: Path) -> dict:
 def run(quick: bool, reporter: Reporter | None = None) -> dict:
     reporter = reporter or NullReporter()
     cache = Path(tempfile.mkdtemp(prefix="hetlaunch-bench-cache-"))
-    cases = {"none": "(a) no rebalancing", "rebalance": "(b) rebalancing at a checkpoint", "fresh": "(c) planned for the new speeds"}
+    cases = {"none": "(a) no rebalancing", "rebalance": "(b) rebalancing (live or at a checkpoint)", "fresh": "(c) planned for the new speeds"}
     reporter.total(len(cases))
     runs = {}
     for case, label in cases.items():

@@ -173,9 +173,12 @@ def _run(session: ClusterSession, spec, options: UpOptions, events: EventLog, co
     observers = Observers(session.cluster, session.run_dir, session.state)
     observers.stragglers = StragglerWatch(train.steps, lambda p: _replan_quietly(session, p),
                                           lambda p, current: _step_on(p, current, session.cluster.compression),
-                                          switch=train.rebalance,
-                                          recut=lambda p, current: _recut_on(session, p, current),
-                                          move_cost=move_seconds, checkpoint_every=train.checkpoint_every)
+                                          switch=train.rebalance != "off",
+                                          recut=(lambda p, current: _recut_on(session, p, current))
+                                          if train.rebalance in ("auto", "live") else None,
+                                          move_cost=move_seconds,
+                                          checkpoint_every=train.checkpoint_every
+                                          if train.rebalance in ("auto", "restart") else 0)
     if observers.metrics_address:
         console.print(f"metrics at http://{observers.metrics_address}/metrics")
     restarts = 0

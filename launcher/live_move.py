@@ -4,7 +4,7 @@ A live move keeps every node at its place in its pipeline (same ranks, same neig
 micro-batch shares) and changes only where the cuts fall (planner.recut). It runs as three
 messages to every stage of the generation (runtime/live_move.py has the stage's side):
 
-1. HOLD: each stage answers the step it runs, r, and begins nothing after r + 1;
+1. HOLD: each stage answers the step it runs (or runs next), r, and begins no step after it;
 2. GO: move before S = max(r) + 1 — every stage reaches S, none has passed it. With S at the
    end of the run there is nothing left to move for: CANCEL instead;
 3. each stage reports the move done: its new range, the bytes it sent and received.

@@ -39,9 +39,9 @@ class StragglerWatch:
                  move_cost: Callable[[Profile, Plan, Plan], float] | None = None, checkpoint_every: int = 0):
         """`replan(profile)`: the planner's plan for it (None if none); `price(profile, plan)`: the
         step time of `plan` on `profile` (None if it cannot run there); `switch`: False only
-        reports stragglers (train.rebalance: false); `recut(profile, plan)`: the best cuts of the
+        reports stragglers (train.rebalance: off); `recut(profile, plan)`: the best cuts of the
         plan's own pipelines (None: no live moves) and `move_cost(profile, plan, target)` the
-        seconds its transfers take."""
+        seconds its transfers take; `checkpoint_every` 0: no restarts (nothing to restart from)."""
         self.total_steps, self.replan, self.price, self.switch = total_steps, replan, price, switch
         self.recut, self.move_cost, self.checkpoint_every = recut, move_cost, checkpoint_every
         self.pending: Plan | None = None  # a better plan to switch to at the next checkpoint

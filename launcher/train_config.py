@@ -17,6 +17,12 @@ def _auto_or_positive(value: Any) -> Any:
     raise ValueError(f"must be auto or an integer >= 1 (got {show(value)})")
 
 
+def _rebalance(value: Any) -> Any:
+    if isinstance(value, bool):  # the older spelling
+        return "auto" if value else "off"
+    return value
+
+
 class TrainConfig(Strict):
     steps: int = Field(300, ge=1)  # optimizer steps
     micro_batch_size: int = Field(8, ge=1)  # samples per micro-batch
@@ -43,9 +49,10 @@ class TrainConfig(Strict):
     # <run dir>/checkpoints/ (or checkpoint.dir): what a restart after a lost node resumes from.
     # 0: never (a lost node then restarts the job from step 0, unless a replica stands in).
     checkpoint_every: int = Field(50, ge=0)
-    # Move to a plan for a node's new speed when it stays off its calibrated speed and a new plan
-    # pays for the switch (launcher/straggler.py); false: only report it (events.jsonl `straggler`).
-    rebalance: bool = True
+    # When a node stays off its calibrated speed (launcher/straggler.py): auto (true) moves layers
+    # live in the running stages or restarts on a new plan at the next checkpoint, whichever pays
+    # more; live / restart: only that way; off (false): only report it (events.jsonl `straggler`).
+    rebalance: Annotated[Literal["auto", "live", "restart", "off"], BeforeValidator(_rebalance)] = "auto"
     max_restarts: int = Field(3, ge=0)  # generations restarted after lost nodes before the job gives up
     # Data-parallel pipelines the planner may use (each its own chain of nodes and cut): auto = as many as pay off
     max_pipelines: Annotated[int | Literal["auto"], BeforeValidator(_auto_or_positive)] = "auto"

@@ -1,8 +1,8 @@
 """A live move: layers change stages at a step boundary, over the data plane, in the running workers.
 
 The coordinator (launcher/live_move.py) sends every stage of the generation three messages with
-one id. HOLD: the stage answers the step it runs (or runs next), `r`, and begins no step after
-`r + 1` until told more. GO: move before step `S`, where the coordinator took `S` one past the
+one id. HOLD: the stage answers the step it runs (or runs next), `r`, finishes it and begins no
+other until told more. GO: move before step `S`, where the coordinator took `S` one past the
 largest `r` — a step no stage can have begun, since none passes its hold. CANCEL: carry on as
 before. A stage held before `S` is released by GO and runs on to `S`; the holds cannot deadlock
 the pipeline because GO comes from the coordinator, not from the other stages. Messages arrive on

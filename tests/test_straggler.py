@@ -1,5 +1,5 @@
-"""A node that slows down mid-run is found, and the job moves its layers to a plan for the speeds it
-has now (at a checkpoint, restarting the stages) without changing the math."""
+"""A node that slows down mid-run is found, and with `rebalance: restart` the job switches to a plan
+for the speeds it has now at a checkpoint, restarting the stages, without changing the math."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def _cluster(straggler: bool) -> dict:
     slow = {"speed_changes": [{"at_step": SLOW_AT, "speed": 0.075}]} if straggler else {}
     return {"name": "str", "model": {"preset": "tiny", "n_layers": 4, "seq_len": 32, "d_model": 32},
             "train": {"steps": STEPS, "micro_batch_size": 4, "num_microbatches": 8, "max_pipelines": 1,
-                      "checkpoint_every": 5},
+                      "checkpoint_every": 5, "rebalance": "restart"},  # live moves: test_live_move.py
             "nodes": [{"name": "a", "device": "cpu", "threads": 1, "emulate": {"speed": 0.25}},
                       {"name": "b", "device": "cpu", "threads": 1, "emulate": {"speed": 0.25, **slow}},
                       {"name": "c", "device": "cpu", "threads": 1, "emulate": {"speed": 0.125}}]}

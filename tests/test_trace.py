@@ -12,6 +12,9 @@ from hetlaunch.runtime.clock_offset import ClockOffset
 from hetlaunch.runtime.schedules import one_f_one_b, simulate, simulated_timeline
 
 CLOCK_TOLERANCE_S = 0.005  # "within a few ms on one machine"
+# A span ends when its isend returns; on 2 busy cores the sender can be descheduled right after
+# its peer received, so causal order is checked more loosely than the offsets themselves.
+ORDER_TOLERANCE_S = 0.02
 
 
 def test_clock_offset_keeps_the_tightest_round_trip():
@@ -74,9 +77,9 @@ def test_up_writes_a_chrome_trace_of_every_scheduled_action_on_one_clock(tmp_pat
         for m in range(4):
             for j in range(2):
                 down, up = at[(j, f"F{m}")], at[(j + 1, f"F{m}")]
-                assert up["ts"] + up["dur"] >= down["ts"] + down["dur"] - CLOCK_TOLERANCE_S * 1e6
+                assert up["ts"] + up["dur"] >= down["ts"] + down["dur"] - ORDER_TOLERANCE_S * 1e6
                 back, front = at[(j + 1, f"B{m}")], at[(j, f"B{m}")]
-                assert front["ts"] + front["dur"] >= back["ts"] + back["dur"] - CLOCK_TOLERANCE_S * 1e6
+                assert front["ts"] + front["dur"] >= back["ts"] + back["dur"] - ORDER_TOLERANCE_S * 1e6
         assert {e["name"] for e in at.values()} >= {"optimizer", "drain sends", "recv"}
     clocks = trace["otherData"]["clocks"]  # each agent's offset, measured from its heartbeats
     assert set(clocks) == {"n0", "n1", "n2"}
