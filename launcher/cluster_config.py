@@ -307,6 +307,14 @@ class ClusterConfig(Strict):
             return 0.0, 0.0
         return link.emulate.bandwidth_mbps or 0.0, link.emulate.latency_ms or 0.0
 
+    def emulated_bandwidth_changes(self, a: str, b: str) -> list[tuple[int, float]]:
+        """(at_step, Mbps) the link between `a` and `b` changes to during training (where it is emulated)."""
+        node_a, node_b = self.node(a), self.node(b)
+        if node_a.region == node_b.region or node_a.launch != "local" or node_b.launch != "local":
+            return []
+        link = self.link_between(node_a.region, node_b.region)
+        return [] if link is None else [(c.at_step, c.bandwidth_mbps) for c in link.emulate.bandwidth_changes]
+
     def threads_for(self, node: NodeConfig, cpu_count: int) -> int:
         """torch intra-op threads for a local agent: its own setting, else cores / local agents (>= 1)."""
         if node.threads is not None:

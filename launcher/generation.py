@@ -129,9 +129,8 @@ def _follow(session: ClusterSession, running: _Running, record: RunRecord, book:
             return Outcome(message=stuck, aggregator=aggregator)
         if watch is not None and watch.pending is not None and committed is not None and committed < steps:
             better, slow = watch.take(), watch.found[-1]
-            events.write("rebalance", step=committed, node=slow["node"], predicted_tokens_per_s=better.predicted_tokens_per_s)
-            return Outcome(grow=better, message=f"node {slow['node']} runs at {slow['speed_vs_calibrated']:.2f}x its "
-                                                f"calibrated speed; switching to a plan predicted at "
+            events.write("rebalance", step=committed, why=slow["what"], predicted_tokens_per_s=better.predicted_tokens_per_s)
+            return Outcome(grow=better, message=f"{slow['what']}; switching to a plan predicted at "
                                                 f"{better.predicted_tokens_per_s:,.0f} tokens/s")
         if joined and committed is not None and committed < steps:
             better = consider_join(joined[-1])
@@ -156,7 +155,7 @@ def _live_move(session: ClusterSession, running: _Running, watch, observers: Obs
         target, slow = watch.take_live(), watch.found[-1]
         running.moves += 1
         running.move = LiveMove(session, running.plan, target, running.moves, steps, boundary_bytes)
-        events.write("rebalance", mode="live", step=slow["step"], node=slow["node"],
+        events.write("rebalance", mode="live", step=slow["step"], why=slow["what"],
                      predicted_tokens_per_s=target.predicted_tokens_per_s)
         return None
     status = running.move.poll(session.state.moves())

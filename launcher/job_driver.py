@@ -178,7 +178,8 @@ def _run(session: ClusterSession, spec, options: UpOptions, events: EventLog, co
                                           if train.rebalance in ("auto", "live") else None,
                                           move_cost=move_seconds,
                                           checkpoint_every=train.checkpoint_every
-                                          if train.rebalance in ("auto", "restart") else 0)
+                                          if train.rebalance in ("auto", "restart") else 0,
+                                          offsets=session.state.clock_offsets)
     if observers.metrics_address:
         console.print(f"metrics at http://{observers.metrics_address}/metrics")
     restarts = 0
@@ -347,8 +348,9 @@ def _recut_on(session: ClusterSession, profile: Profile, current: Plan) -> Plan 
         return None
     target = planned(session.cluster, result, source="live move")
     target = replace(target, stages=tuple(replace(s, window=c.window) for s, c in zip(target.stages, current.stages)))
-    if not same_places(current, target) or [(s.layer_start, s.layer_end) for s in target.stages] == \
-            [(s.layer_start, s.layer_end) for s in current.stages]:
+    def cut(plan: Plan) -> list[tuple]:
+        return [(s.layer_start, s.layer_end, s.forward_codec, s.backward_codec) for s in plan.stages]
+    if not same_places(current, target) or cut(target) == cut(current):
         return None
     return target
 

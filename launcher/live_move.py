@@ -95,7 +95,8 @@ class LiveMove:
         moved = self.moved.values()
         return {"id": self.id, "step": self.at_step,
                 "ranges_before": [[s.node, s.layer_start, s.layer_end] for s in self.current.stages],
-                "ranges_after": [[node, r.layer_start, r.layer_end] for node, r in self.moved.items()],
+                "ranges_after": [[node, self.moved[node].layer_start, self.moved[node].layer_end]
+                                 for node in self.nodes if node in self.moved],
                 "bytes_moved": sum(r.bytes_sent for r in moved),
                 "seconds": max((r.seconds for r in moved), default=0.0),
                 "predicted_tokens_per_s": self.target.predicted_tokens_per_s}

@@ -18,9 +18,25 @@ class RegionConfig(Strict):
     name: Name  # a region, e.g. us-east
 
 
+class BandwidthChange(Strict):
+    at_step: int = Field(ge=0)
+    bandwidth_mbps: YamlFloat = Field(gt=0)
+
+
 class LinkEmulation(Strict):
     bandwidth_mbps: YamlFloat | None = Field(None, gt=0)  # megabits/s the link carries (after compression)
     latency_ms: YamlFloat | None = Field(None, ge=0)  # one-way latency added to every message
+    # Training only, never profiled (a congested link): from each at_step on the stage boundaries
+    # over this link carry that many megabits/s instead.
+    bandwidth_changes: list[BandwidthChange] = Field(default_factory=list)
+
+    @field_validator("bandwidth_changes")
+    @classmethod
+    def _in_order(cls, value: list[BandwidthChange]) -> list[BandwidthChange]:
+        steps = [c.at_step for c in value]
+        if steps != sorted(set(steps)):
+            raise ValueError(f"at_step must increase from one change to the next (got {steps})")
+        return value
 
 
 class LinkConfig(Strict):

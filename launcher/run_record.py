@@ -128,7 +128,10 @@ class StepAggregator:
                    "compute_s": round(m.compute_s, 6), "comm_s": round(m.comm_s, 6), "sync_s": round(m.sync_s, 6),
                    "sent_bytes": {"forward": [m.forward_raw_bytes, m.forward_wire_bytes],
                                   "backward": [m.backward_raw_bytes, m.backward_wire_bytes],
-                                  "sync": [m.sync_raw_bytes, m.sync_wire_bytes]}}
+                                  "sync": [m.sync_raw_bytes, m.sync_wire_bytes]},
+                   # the least transit of a message received from each neighbour, on its host's clock
+                   "transit": {d: [round(t.seconds, 6), t.wire_bytes] for d, t in
+                               (("from_prev", m.from_prev), ("from_next", m.from_next)) if m.HasField(d)}}
                   for (p, j), node, m in ordered]
         evals = [m.eval_loss for _, _, m in ordered if m.has_eval_loss]  # one per pipeline, same weights
         return StepRecord(step=step, loss=loss, tokens_per_s=tokens / step_s if step_s > 0 else 0.0,

@@ -116,4 +116,6 @@ def _link_spec(cluster, up, down, peer_rank: int, boundary_bytes: list[int] | No
         limit = 2 * boundary_bytes[up.layer_end - 1] + 2**20
     return pb.LinkSpec(peer_rank=peer_rank, forward_codec=codec_wire_id(up.forward_codec),
                        backward_codec=codec_wire_id(up.backward_codec),
-                       emulate_bandwidth_mbps=bw, emulate_latency_ms=lat, max_message_bytes=limit)
+                       emulate_bandwidth_mbps=bw, emulate_latency_ms=lat, max_message_bytes=limit,
+                       bandwidth_changes=[pb.BandwidthChange(at_step=s, bandwidth_mbps=mbps)
+                                          for s, mbps in cluster.emulated_bandwidth_changes(up.node, down.node)])

@@ -25,25 +25,32 @@ import time
 from typing import Callable
 
 from hetlaunch.launcher.planning.plan import Plan
-from hetlaunch.launcher.planning.profile_file import Profile
+from hetlaunch.launcher.planning.profile_file import LinkProfile, Profile, ProfileError
 from hetlaunch.launcher.run_record import StepRecord
 
 THRESHOLD = 1.5  # a node is off its calibrated speed when slower or faster than this factor
 K = 5  # ... for this many steps in a row
+# A link is off when its least transit of a step is THRESHOLD times the profile's and this much
+# more: on fast links transits are fractions of a millisecond, where the ratio is only noise.
+LINK_MARGIN_S = 0.002
 
 
 class StragglerWatch:
     def __init__(self, total_steps: int, replan: Callable[[Profile], Plan | None],
                  price: Callable[[Profile, Plan], float | None], switch: bool = True,
                  recut: Callable[[Profile, Plan], Plan | None] | None = None,
-                 move_cost: Callable[[Profile, Plan, Plan], float] | None = None, checkpoint_every: int = 0):
+                 move_cost: Callable[[Profile, Plan, Plan], float] | None = None, checkpoint_every: int = 0,
+                 offsets: Callable[[], dict[str, tuple[float, float]]] | None = None):
         """`replan(profile)`: the planner's plan for it (None if none); `price(profile, plan)`: the
         step time of `plan` on `profile` (None if it cannot run there); `switch`: False only
         reports stragglers (train.rebalance: off); `recut(profile, plan)`: the best cuts of the
         plan's own pipelines (None: no live moves) and `move_cost(profile, plan, target)` the
-        seconds its transfers take; `checkpoint_every` 0: no restarts (nothing to restart from)."""
+        seconds its transfers take; `checkpoint_every` 0: no restarts (nothing to restart from);
+        `offsets()` each node's clock offset to the coordinator's (a transit spans two hosts)."""
         self.total_steps, self.replan, self.price, self.switch = total_steps, replan, price, switch
         self.recut, self.move_cost, self.checkpoint_every = recut, move_cost, checkpoint_every
+        self.offsets = offsets
+        self._slow_links: dict[tuple[str, str], list[tuple[float, int]]] = {}
         self.pending: Plan | None = None  # a better plan to switch to at the next checkpoint
         self.pending_live: Plan | None = None  # ... or to move to now, in the running stages
         self.found: list[dict] = []  # every straggler seen, for events and the summary
@@ -102,7 +109,45 @@ class StragglerWatch:
                 off.clear()
             if len(off) >= K:
                 return self._found(stage.node, statistics.median(off), record.step)
+        return self._watch_links(record)
+
+    def _watch_links(self, record: StepRecord) -> dict | None:
+        """Each boundary's forward link: the least transit of an activation this step, on one clock,
+        against the profile's latency + bytes / bandwidth."""
+        offsets = self.offsets() if self.offsets is not None else {}
+        by_node = {s["node"]: s for s in record.stages}
+        for stages in self._plan.pipelines():
+            for up, down in zip(stages, stages[1:]):
+                transit = by_node.get(down.node, {}).get("transit", {}).get("from_prev")
+                if transit is None:
+                    continue
+                seconds = transit[0] + offsets.get(down.node, (0.0,))[0] - offsets.get(up.node, (0.0,))[0]
+                try:
+                    link = self._profile.link(self._profile.node(up.node), self._profile.node(down.node))
+                except (StopIteration, ProfileError):
+                    continue  # no measured link between them: nothing to compare with
+                expected = link.latency_s + transit[1] / link.bandwidth_bytes_per_s
+                slow = self._slow_links.setdefault((up.node, down.node), [])
+                if seconds > THRESHOLD * expected and seconds - expected > LINK_MARGIN_S:
+                    slow.append((seconds, transit[1]))
+                else:
+                    slow.clear()
+                if len(slow) >= K:
+                    return self._found_link(up.node, down.node, link, slow, record.step)
         return None
+
+    def _found_link(self, a: str, b: str, link, samples: list[tuple[float, int]], step: int) -> dict:
+        """The link between a and b carries what its K slow transits say; plan again with that."""
+        self._slow_links = {}
+        seconds = statistics.median(s for s, _ in samples)
+        wire_bytes = statistics.median(n for _, n in samples)
+        bandwidth = wire_bytes / max(seconds - link.latency_s, 1e-6)
+        others = [l for l in self._profile.links if not (l.nodes is not None and set(l.nodes) == {a, b})]
+        self._profile = self._profile.model_copy(update={"links": [
+            LinkProfile(nodes=(a, b), bandwidth_bytes_per_s=bandwidth, latency_s=link.latency_s)] + others})
+        mbps, profiled = bandwidth * 8 / 1e6, link.bandwidth_bytes_per_s * 8 / 1e6
+        return self._decide(step, {"link": [a, b], "bandwidth_mbps": round(mbps, 3), "profiled_mbps": round(profiled, 3),
+                                   "what": f"link {a} -> {b} carries {mbps:,.1f} Mbit/s (profiled {profiled:,.1f})"})
 
     def _found(self, node: str, ratio: float, step: int) -> dict:
         self._off = {}
@@ -113,6 +158,13 @@ class StragglerWatch:
                                  [t * ratio for t in n.optimizer_seconds]}) if n.name == node else n
             for n in self._profile.nodes]})
         self._profile = profile
+        return self._decide(step, {"node": node, "speed_vs_calibrated": round(1 / ratio, 4),
+                                   "what": f"node {node} runs at {1 / ratio:.2f}x its calibrated speed"})
+
+    def _decide(self, step: int, found: dict) -> dict:
+        """Price the running plan, a live re-cut and a new plan on the corrected profile; take the
+        way that gains the most net of its cost, if any."""
+        profile = self._profile
         now = self.price(profile, self._plan)
         left = self.total_steps - step - 1
         candidate = self.replan(profile)
@@ -136,8 +188,7 @@ class StragglerWatch:
             mode = "live"
         elif gain_s > cost_s:
             mode = "restart"
-        found = {"node": node, "step": step, "speed_vs_calibrated": round(1 / ratio, 4),
-                 "step_s_now": now, "step_s_replanned": later, "predicted_gain_s": gain_s,
+        found = {**found, "step": step, "step_s_now": now, "step_s_replanned": later, "predicted_gain_s": gain_s,
                  "switch_cost_s": cost_s if cost_s != float("inf") else None, "step_s_moved": None if live is None else live.predicted_step_s,
                  "move_gain_s": live_gain_s, "move_cost_s": live_cost_s,
                  "switch": self.switch and mode is not None, "mode": mode if self.switch else None}

@@ -415,20 +415,30 @@ class SpeedChange(_message.Message):
     def __init__(self, at_step: _Optional[int] = ..., speed: _Optional[float] = ...) -> None: ...
 
 class LinkSpec(_message.Message):
-    __slots__ = ("peer_rank", "forward_codec", "backward_codec", "emulate_bandwidth_mbps", "emulate_latency_ms", "max_message_bytes")
+    __slots__ = ("peer_rank", "forward_codec", "backward_codec", "emulate_bandwidth_mbps", "emulate_latency_ms", "max_message_bytes", "bandwidth_changes")
     PEER_RANK_FIELD_NUMBER: _ClassVar[int]
     FORWARD_CODEC_FIELD_NUMBER: _ClassVar[int]
     BACKWARD_CODEC_FIELD_NUMBER: _ClassVar[int]
     EMULATE_BANDWIDTH_MBPS_FIELD_NUMBER: _ClassVar[int]
     EMULATE_LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
     MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BANDWIDTH_CHANGES_FIELD_NUMBER: _ClassVar[int]
     peer_rank: int
     forward_codec: Codec
     backward_codec: Codec
     emulate_bandwidth_mbps: float
     emulate_latency_ms: float
     max_message_bytes: int
-    def __init__(self, peer_rank: _Optional[int] = ..., forward_codec: _Optional[_Union[Codec, str]] = ..., backward_codec: _Optional[_Union[Codec, str]] = ..., emulate_bandwidth_mbps: _Optional[float] = ..., emulate_latency_ms: _Optional[float] = ..., max_message_bytes: _Optional[int] = ...) -> None: ...
+    bandwidth_changes: _containers.RepeatedCompositeFieldContainer[BandwidthChange]
+    def __init__(self, peer_rank: _Optional[int] = ..., forward_codec: _Optional[_Union[Codec, str]] = ..., backward_codec: _Optional[_Union[Codec, str]] = ..., emulate_bandwidth_mbps: _Optional[float] = ..., emulate_latency_ms: _Optional[float] = ..., max_message_bytes: _Optional[int] = ..., bandwidth_changes: _Optional[_Iterable[_Union[BandwidthChange, _Mapping]]] = ...) -> None: ...
+
+class BandwidthChange(_message.Message):
+    __slots__ = ("at_step", "bandwidth_mbps")
+    AT_STEP_FIELD_NUMBER: _ClassVar[int]
+    BANDWIDTH_MBPS_FIELD_NUMBER: _ClassVar[int]
+    at_step: int
+    bandwidth_mbps: float
+    def __init__(self, at_step: _Optional[int] = ..., bandwidth_mbps: _Optional[float] = ...) -> None: ...
 
 class StageSpec(_message.Message):
     __slots__ = ("stage_index", "num_stages", "layer_start", "layer_end", "prev", "next", "device", "threads", "emulate", "memory_fraction", "window")
@@ -539,7 +549,7 @@ class StagePlace(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., pipeline: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ...) -> None: ...
 
 class StepMetrics(_message.Message):
-    __slots__ = ("step", "stage_index", "has_loss", "loss", "step_s", "compute_s", "comm_s", "tokens", "forward_raw_bytes", "forward_wire_bytes", "backward_raw_bytes", "backward_wire_bytes", "pipeline_index", "sync_s", "sync_raw_bytes", "sync_wire_bytes", "lr", "grad_norm", "has_eval_loss", "eval_loss", "trace")
+    __slots__ = ("step", "stage_index", "has_loss", "loss", "step_s", "compute_s", "comm_s", "tokens", "forward_raw_bytes", "forward_wire_bytes", "backward_raw_bytes", "backward_wire_bytes", "pipeline_index", "sync_s", "sync_raw_bytes", "sync_wire_bytes", "lr", "grad_norm", "has_eval_loss", "eval_loss", "trace", "from_prev", "from_next")
     STEP_FIELD_NUMBER: _ClassVar[int]
     STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
     HAS_LOSS_FIELD_NUMBER: _ClassVar[int]
@@ -561,6 +571,8 @@ class StepMetrics(_message.Message):
     HAS_EVAL_LOSS_FIELD_NUMBER: _ClassVar[int]
     EVAL_LOSS_FIELD_NUMBER: _ClassVar[int]
     TRACE_FIELD_NUMBER: _ClassVar[int]
+    FROM_PREV_FIELD_NUMBER: _ClassVar[int]
+    FROM_NEXT_FIELD_NUMBER: _ClassVar[int]
     step: int
     stage_index: int
     has_loss: bool
@@ -582,7 +594,17 @@ class StepMetrics(_message.Message):
     has_eval_loss: bool
     eval_loss: float
     trace: _containers.RepeatedCompositeFieldContainer[TraceEvent]
-    def __init__(self, step: _Optional[int] = ..., stage_index: _Optional[int] = ..., has_loss: _Optional[bool] = ..., loss: _Optional[float] = ..., step_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., comm_s: _Optional[float] = ..., tokens: _Optional[int] = ..., forward_raw_bytes: _Optional[int] = ..., forward_wire_bytes: _Optional[int] = ..., backward_raw_bytes: _Optional[int] = ..., backward_wire_bytes: _Optional[int] = ..., pipeline_index: _Optional[int] = ..., sync_s: _Optional[float] = ..., sync_raw_bytes: _Optional[int] = ..., sync_wire_bytes: _Optional[int] = ..., lr: _Optional[float] = ..., grad_norm: _Optional[float] = ..., has_eval_loss: _Optional[bool] = ..., eval_loss: _Optional[float] = ..., trace: _Optional[_Iterable[_Union[TraceEvent, _Mapping]]] = ...) -> None: ...
+    from_prev: LinkTransit
+    from_next: LinkTransit
+    def __init__(self, step: _Optional[int] = ..., stage_index: _Optional[int] = ..., has_loss: _Optional[bool] = ..., loss: _Optional[float] = ..., step_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., comm_s: _Optional[float] = ..., tokens: _Optional[int] = ..., forward_raw_bytes: _Optional[int] = ..., forward_wire_bytes: _Optional[int] = ..., backward_raw_bytes: _Optional[int] = ..., backward_wire_bytes: _Optional[int] = ..., pipeline_index: _Optional[int] = ..., sync_s: _Optional[float] = ..., sync_raw_bytes: _Optional[int] = ..., sync_wire_bytes: _Optional[int] = ..., lr: _Optional[float] = ..., grad_norm: _Optional[float] = ..., has_eval_loss: _Optional[bool] = ..., eval_loss: _Optional[float] = ..., trace: _Optional[_Iterable[_Union[TraceEvent, _Mapping]]] = ..., from_prev: _Optional[_Union[LinkTransit, _Mapping]] = ..., from_next: _Optional[_Union[LinkTransit, _Mapping]] = ...) -> None: ...
+
+class LinkTransit(_message.Message):
+    __slots__ = ("seconds", "wire_bytes")
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    WIRE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    seconds: float
+    wire_bytes: int
+    def __init__(self, seconds: _Optional[float] = ..., wire_bytes: _Optional[int] = ...) -> None: ...
 
 class TraceEvent(_message.Message):
     __slots__ = ("name", "start", "end", "microbatch")

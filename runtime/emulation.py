@@ -95,11 +95,20 @@ class WireEmulation:
     _wire_free_at: float = 0.0
 
     @classmethod
-    def from_spec(cls, bandwidth_mbps: float, latency_ms: float) -> "WireEmulation | None":
-        if bandwidth_mbps <= 0 and latency_ms <= 0:
+    def from_spec(cls, bandwidth_mbps: float, latency_ms: float, changes: bool = False) -> "WireEmulation | None":
+        """None where nothing is emulated (and no bandwidth change is coming)."""
+        if bandwidth_mbps <= 0 and latency_ms <= 0 and not changes:
             return None
         return cls(bandwidth_bytes_per_s=bandwidth_mbps * 1e6 / 8 if bandwidth_mbps > 0 else 0.0,
                    latency_s=latency_ms / 1000)
+
+    def at_step(self, link, step: int) -> None:
+        """The bandwidth of LinkSpec `link` at a training step: its own, or its last change that has come."""
+        mbps = link.emulate_bandwidth_mbps
+        for change in link.bandwidth_changes:
+            if step >= change.at_step:
+                mbps = change.bandwidth_mbps
+        self.bandwidth_bytes_per_s = mbps * 1e6 / 8 if mbps > 0 else 0.0
 
     def deliver(self, sent_at: float, wire_bytes: int) -> float:
         """Sleep until a message sent at `sent_at` would have arrived; return the seconds slept."""

@@ -127,6 +127,10 @@ class Link:
         self.stats = LinkStats()
         self.max_message_bytes = max_message_bytes or HARD_MAX_MESSAGE_BYTES
         self._pending: list[tuple[dist.Work, list[torch.Tensor]]] = []
+        # The least transit (seconds, wire bytes) of a message received since the last reset: a
+        # message the receiver waited for arrives when the link delivers it, so the least one is
+        # the link's own time, without the receiver's lateness or the queue behind earlier messages.
+        self.least_transit: tuple[float, int] | None = None
 
     def retarget(self, send_codec: Codec, max_message_bytes: int) -> None:
         """A live move changed the layer at this boundary: its codec and size bound follow it.
@@ -188,8 +192,12 @@ class Link:
         works = [dist.irecv(p, src=self.peer_rank, group=self.group) for p in payloads]
         for work in works:
             work.wait()
+        wire_bytes = head.codec.wire_bytes(head.shape, head.dtype)
         if self.emulation is not None:
-            self.emulation.deliver(head.sent_at, head.codec.wire_bytes(head.shape, head.dtype))
+            self.emulation.deliver(head.sent_at, wire_bytes)
+        transit = time.time() - head.sent_at
+        if self.least_transit is None or transit < self.least_transit[0]:
+            self.least_transit = (transit, wire_bytes)
         tensor = head.codec.decode([p.to(self.device) for p in payloads], head.shape, head.dtype)
         return head, torch.view_as_complex(tensor.contiguous()) if head.complex_ else tensor
 

@@ -38,11 +38,13 @@ def _links(stage: pb.StageSpec, device: torch.device, backend: str) -> tuple[Lin
     prev = next_ = None
     if stage.HasField("prev"):  # we send gradients back to the previous stage
         prev = Link(stage.prev.peer_rank, codec_by_id(stage.prev.backward_codec), device, wire,
-                    emulation=WireEmulation.from_spec(stage.prev.emulate_bandwidth_mbps, stage.prev.emulate_latency_ms),
+                    emulation=WireEmulation.from_spec(stage.prev.emulate_bandwidth_mbps, stage.prev.emulate_latency_ms,
+                                                      bool(stage.prev.bandwidth_changes)),
                     max_message_bytes=stage.prev.max_message_bytes)
     if stage.HasField("next"):  # we send activations on to the next stage
         next_ = Link(stage.next.peer_rank, codec_by_id(stage.next.forward_codec), device, wire,
-                     emulation=WireEmulation.from_spec(stage.next.emulate_bandwidth_mbps, stage.next.emulate_latency_ms),
+                     emulation=WireEmulation.from_spec(stage.next.emulate_bandwidth_mbps, stage.next.emulate_latency_ms,
+                                                       bool(stage.next.bandwidth_changes)),
                      max_message_bytes=stage.next.max_message_bytes)
     return prev, next_
 
@@ -274,6 +276,14 @@ def run_stage(cmd: pb.RunStage, reports: StageReports, store: wpb.StoreAccess) -
         dist.destroy_process_group()
 
 
+def _least_transit(link: Link | None) -> pb.LinkTransit | None:
+    """The step's least transit over `link` (then forgotten: each step reports its own)."""
+    if link is None or link.least_transit is None:
+        return None
+    (seconds, wire_bytes), link.least_transit = link.least_transit, None
+    return pb.LinkTransit(seconds=seconds, wire_bytes=wire_bytes)
+
+
 def _train(cmd: pb.RunStage, executor: StageExecutor, batches: TokenBatches | None,
            eval_batches: TokenBatches | None, writer: CheckpointWriter | None, reports: StageReports,
            gate: MoveGate, running: RunningStage) -> None:
@@ -295,6 +305,9 @@ def _train(cmd: pb.RunStage, executor: StageExecutor, batches: TokenBatches | No
             reports.move(move_stage(running, move))
         torch.manual_seed(step_rng_seed(train.seed, step))
         executor.emulation = emulated_speed(stage.emulate, step)
+        for link, spec in ((executor.prev_link, stage.prev), (executor.next_link, stage.next)):
+            if link is not None and link.emulation is not None:
+                link.emulation.at_step(spec, step)
         microbatches = None
         if batches is not None:  # the step's global batch, of which this pipeline takes its share
             microbatches = batches.micro_batches(step, train.micro_batch_size, global_microbatches)
@@ -323,7 +336,8 @@ def _train(cmd: pb.RunStage, executor: StageExecutor, batches: TokenBatches | No
                                     pipeline_index=dp.pipeline_index if dp else 0, sync_s=result.sync_s,
                                     sync_raw_bytes=result.sync_bytes[0], sync_wire_bytes=result.sync_bytes[1],
                                     lr=result.lr, grad_norm=result.grad_norm, has_eval_loss=eval_loss is not None,
-                                    eval_loss=eval_loss or 0.0,
+                                    eval_loss=eval_loss or 0.0, from_prev=_least_transit(executor.prev_link),
+                                    from_next=_least_transit(executor.next_link),
                                     trace=[pb.TraceEvent(name=name, start=start, end=end, microbatch=mb)
                                            for name, start, end, mb in trace or ()]))
         if writer is not None and (done == train.steps or

@@ -1,0 +1,61 @@
+"""A link that slows mid-run (`bandwidth_changes`, never profiled) is found from the transits the
+stages report, its bandwidth is estimated, and the job plans again with it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from conftest import run_hetlaunch
+from hetlaunch.launcher.cluster_yaml import ConfigError, parse_cluster
+from hetlaunch.protos import control_pb2 as pb
+from hetlaunch.runtime.emulation import WireEmulation
+
+SLOW_AT, STEPS, MBPS = 25, 60, 4.0
+
+
+def _cluster() -> dict:
+    return {"name": "slowlink", "model": {"preset": "tiny", "n_layers": 4, "seq_len": 32, "d_model": 32},
+            "train": {"steps": STEPS, "micro_batch_size": 4, "num_microbatches": 8, "max_pipelines": 1,
+                      "checkpoint_every": 0},
+            "compression": {"intra_region": "none", "cross_region": "none"},
+            "links": [{"between": ["r0", "r1"], "emulate": {"bandwidth_mbps": 200, "latency_ms": 1,
+                       "bandwidth_changes": [{"at_step": SLOW_AT, "bandwidth_mbps": MBPS}]}}],
+            "nodes": [{"name": "a", "region": "r0", "device": "cpu", "threads": 1, "emulate": {"speed": 0.25}},
+                      {"name": "b", "region": "r1", "device": "cpu", "threads": 1, "emulate": {"speed": 0.25}}]}
+
+
+def test_bandwidth_changes_must_increase_and_apply_from_their_step():
+    cluster = _cluster()
+    cluster["links"][0]["emulate"]["bandwidth_changes"] = [{"at_step": 5, "bandwidth_mbps": 1},
+                                                          {"at_step": 5, "bandwidth_mbps": 2}]
+    with pytest.raises(ConfigError, match="at_step must increase"):
+        parse_cluster(yaml.safe_dump(cluster), "c.yaml")
+    spec = pb.LinkSpec(emulate_bandwidth_mbps=200, bandwidth_changes=[pb.BandwidthChange(at_step=5, bandwidth_mbps=8)])
+    wire = WireEmulation.from_spec(0, 0, changes=True)
+    wire.at_step(spec, 4)
+    assert wire.bandwidth_bytes_per_s == 200e6 / 8
+    wire.at_step(spec, 5)
+    assert wire.bandwidth_bytes_per_s == 1e6
+
+
+@pytest.mark.timeout(300)
+def test_a_link_slowing_mid_run_is_found_and_its_bandwidth_estimated(tmp_path):
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(_cluster()))
+    run_dir = tmp_path / "run"
+    result = run_hetlaunch("up", str(tmp_path / "c.yaml"), "--run-dir", str(run_dir), timeout=280, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr + result.stdout
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == list(range(STEPS))
+    links = [e for e in events if e["event"] == "straggler" and "link" in e]
+    assert links and set(links[0]["link"]) == {"a", "b"} and links[0]["step"] >= SLOW_AT, links
+    assert MBPS / 2 <= links[0]["bandwidth_mbps"] <= MBPS * 2 and links[0]["profiled_mbps"] > 50, links[0]
+    assert "carries" in links[0]["what"] and not [e for e in events if e["event"] == "straggler" and "node" in e
+                                                   and e["step"] < SLOW_AT]
+    # The transits the stages reported show the change.
+    second = next(s["node"] for s in metrics[0]["stages"] if s["stage"] == 1)
+    transit = [next(s for s in m["stages"] if s["node"] == second)["transit"]["from_prev"][0] for m in metrics]
+    assert min(transit[SLOW_AT + 1:SLOW_AT + 5]) > 5 * max(transit[5:SLOW_AT - 1]), transit
