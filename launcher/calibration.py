@@ -17,9 +17,13 @@ with the plan:
   reported, and added to the calibrated prediction, which then predicts the steps after
   the calibration window.
 
-Links are not corrected: stages report the time they were blocked on the data plane, which
-mixes a link's transfer time with waiting for the neighbour's compute, so there is no
-per-link transfer time to fit yet.
+* per stage boundary, a link correction: every stage reports the least transit of an activation
+  it received in a step (its arrival on the receiver's clock minus its sending on the sender's,
+  shifted onto the coordinator's clock with both hosts' offsets): a message the receiver was
+  waiting for arrives when the link delivers it, so the least one is the link's own time. Its
+  median ÷ the profile's latency + bytes / bandwidth is reported per link; where they differ by
+  more than LINK_TOLERANCE and LINK_MARGIN_S, the calibrated profile gets that link's bandwidth
+  as measured (a node-pair link entry).
 
 Written to runs/<id>/calibration.json and runs/<id>/profile-calibrated.json (which `hetlaunch
 plan --profile` reads), and summarised in summary.json under "calibration".
@@ -33,15 +37,45 @@ from pathlib import Path
 
 from hetlaunch.launcher.planning.plan import Plan
 from hetlaunch.launcher.planning.planner import PlanningError, price_pipelines
-from hetlaunch.launcher.planning.profile_file import Profile, ProfileError, save_profile
+from hetlaunch.launcher.planning.profile_file import LinkProfile, Profile, ProfileError, save_profile
 from hetlaunch.launcher.run_record import StepRecord, write_run_file
 
 CALIBRATION_STEPS = 8  # steps compared with the plan, after a generation's first (their median: noise)
+LINK_TOLERANCE = 1.2  # a link's measured transit is corrected when off by more than this factor...
+LINK_MARGIN_S = 0.002  # ... and this much: fast links' transits are fractions of a millisecond, mostly noise
+
+
+def boundary_transit(stages: dict[str, dict], up: str, down: str,
+                     offsets: dict[str, tuple[float, float | None]]) -> tuple[float, int] | None:
+    """The step's least transit of an activation from `up` to `down` (seconds on one clock, wire bytes)."""
+    transit = stages.get(down, {}).get("transit", {}).get("from_prev")
+    if transit is None:
+        return None
+    return transit[0] + offsets.get(down, (0.0,))[0] - offsets.get(up, (0.0,))[0], transit[1]
+
+
+def expected_transit(profile: Profile, up: str, down: str, wire_bytes: float) -> tuple[float, LinkProfile] | None:
+    """What the profile predicts for that message, and the link it used; None where it has no link."""
+    try:
+        link = profile.link(profile.node(up), profile.node(down))
+    except (StopIteration, ProfileError):
+        return None
+    return link.latency_s + wire_bytes / link.bandwidth_bytes_per_s, link
+
+
+def with_link(profile: Profile, up: str, down: str, link: LinkProfile, seconds: float, wire_bytes: float) -> Profile:
+    """`profile` with the link between up and down carrying `wire_bytes` in `seconds` past its latency."""
+    bandwidth = wire_bytes / max(seconds - link.latency_s, 1e-6)
+    others = [l for l in profile.links if not (l.nodes is not None and set(l.nodes) == {up, down})]
+    return profile.model_copy(update={"links": [
+        LinkProfile(nodes=(up, down), bandwidth_bytes_per_s=bandwidth, latency_s=link.latency_s)] + others})
 
 
 class Calibration:
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, offsets=None):
+        """`offsets()`: each node's clock offset to the coordinator's (None: all on one clock)."""
         self.run_dir = run_dir
+        self.offsets = offsets
         self.result: dict | None = None
         self.profile: Profile | None = None  # the corrected profile, once calibrated
         self._plan: Plan | None = None
@@ -82,6 +116,7 @@ class Calibration:
             "optimizer_seconds": None if n.optimizer_seconds is None else
             [t * factors.get(n.name, 1.0) for t in n.optimizer_seconds]}) for n in profile.nodes]
         calibrated = profile.model_copy(update={"nodes": nodes})
+        calibrated, link_factors, corrected = self._links(calibrated, plan, records)
         repriced = price_pipelines(calibrated, [([s.node for s in stages], [(s.layer_start, s.layer_end) for s in stages],
                                                  share) for stages, share in zip(plan.pipelines(), shares)],
                                    schedule, compression)
@@ -91,11 +126,34 @@ class Calibration:
         return {
             "steps": [records[0].step, records[-1].step],
             "node_speed_factors": {n: round(f, 4) for n, f in factors.items()},  # measured ÷ predicted compute
+            "link_transit_factors": link_factors,  # measured ÷ predicted least transit per boundary
+            "links_corrected": corrected,  # Mbit/s now in the calibrated profile
             "predicted_step_s": plan.predicted_step_s,
             "calibrated_step_s": repriced.step_s,  # the same plan on the calibrated profile
             "unexplained_step_s": measured_step - repriced.step_s,  # outside the cost model
             "measured_step_s": measured_step,
         }
+
+    def _links(self, profile: Profile, plan: Plan, records: list[StepRecord]) -> tuple[Profile, dict, dict]:
+        offsets = self.offsets() if self.offsets is not None else {}
+        factors, corrected = {}, {}
+        for stages in plan.pipelines():
+            for up, down in zip(stages, stages[1:]):
+                samples = [t for r in records if (t := boundary_transit({s["node"]: s for s in r.stages},
+                                                                         up.node, down.node, offsets))]
+                if not samples:
+                    continue
+                seconds = statistics.median(s for s, _ in samples)
+                wire_bytes = statistics.median(n for _, n in samples)
+                expected = expected_transit(profile, up.node, down.node, wire_bytes)
+                if expected is None:
+                    continue
+                factors[f"{up.node}->{down.node}"] = round(seconds / expected[0], 4)
+                if (abs(seconds - expected[0]) > LINK_MARGIN_S
+                        and not 1 / LINK_TOLERANCE <= seconds / expected[0] <= LINK_TOLERANCE):
+                    profile = with_link(profile, up.node, down.node, expected[1], seconds, wire_bytes)
+                    corrected[f"{up.node}->{down.node}"] = round(profile.links[0].bandwidth_bytes_per_s * 8 / 1e6, 3)
+        return profile, factors, corrected
 
     def finish(self, records: list[StepRecord]) -> dict | None:
         """At the end of the run: both predictions against the steps after the calibration window

@@ -37,7 +37,7 @@ class Observers:
         check_extras(cluster)
         self.state = state
         self.timeline = Timeline(run_dir)
-        self.calibration = Calibration(run_dir)
+        self.calibration = Calibration(run_dir, state.clock_offsets)
         self.stragglers: StragglerWatch | None = None  # set by the job driver, which can plan
         silent_for = state.silent_for
         self.tensorboard = _TensorBoard(run_dir / "tensorboard") if cluster.observe.tensorboard else None

@@ -165,6 +165,12 @@ def print_calibration(console: Console, calibration: dict) -> None:
     factors = ", ".join(f"{n} {f:.2f}x" for n, f in calibration["node_speed_factors"].items())
     first, last = calibration["steps"]
     _say(console, f"calibration (steps {first}–{last}): measured compute ÷ predicted per node: {factors}")
+    links = calibration.get("link_transit_factors") or {}
+    if links:
+        corrected = calibration.get("links_corrected") or {}
+        _say(console, "  measured transit ÷ predicted per link: " + ", ".join(
+            f"{link} {f:.2f}x" + (f" (now {corrected[link]:,.1f} Mbit/s)" if link in corrected else "")
+            for link, f in links.items()))
     line = (f"  predicted {_ms(calibration['predicted_step_s'])} ms/step, calibrated "
             f"{_ms(calibration['calibrated_step_s'])} + {_ms(calibration['unexplained_step_s'])} ms unexplained, "
             f"measured {_ms(calibration['measured_step_s'])} ms")

@@ -25,14 +25,12 @@ import time
 from typing import Callable
 
 from hetlaunch.launcher.planning.plan import Plan
-from hetlaunch.launcher.planning.profile_file import LinkProfile, Profile, ProfileError
+from hetlaunch.launcher.calibration import LINK_MARGIN_S, boundary_transit, expected_transit, with_link
+from hetlaunch.launcher.planning.profile_file import LinkProfile, Profile
 from hetlaunch.launcher.run_record import StepRecord
 
 THRESHOLD = 1.5  # a node is off its calibrated speed when slower or faster than this factor
 K = 5  # ... for this many steps in a row
-# A link is off when its least transit of a step is THRESHOLD times the profile's and this much
-# more: on fast links transits are fractions of a millisecond, where the ratio is only noise.
-LINK_MARGIN_S = 0.002
 
 
 class StragglerWatch:
@@ -113,39 +111,30 @@ class StragglerWatch:
 
     def _watch_links(self, record: StepRecord) -> dict | None:
         """Each boundary's forward link: the least transit of an activation this step, on one clock,
-        against the profile's latency + bytes / bandwidth."""
+        against the calibrated profile's latency + bytes / bandwidth (launcher/calibration.py)."""
         offsets = self.offsets() if self.offsets is not None else {}
         by_node = {s["node"]: s for s in record.stages}
         for stages in self._plan.pipelines():
             for up, down in zip(stages, stages[1:]):
-                transit = by_node.get(down.node, {}).get("transit", {}).get("from_prev")
-                if transit is None:
+                transit = boundary_transit(by_node, up.node, down.node, offsets)
+                expected = None if transit is None else expected_transit(self._profile, up.node, down.node, transit[1])
+                if expected is None:
                     continue
-                seconds = transit[0] + offsets.get(down.node, (0.0,))[0] - offsets.get(up.node, (0.0,))[0]
-                try:
-                    link = self._profile.link(self._profile.node(up.node), self._profile.node(down.node))
-                except (StopIteration, ProfileError):
-                    continue  # no measured link between them: nothing to compare with
-                expected = link.latency_s + transit[1] / link.bandwidth_bytes_per_s
                 slow = self._slow_links.setdefault((up.node, down.node), [])
-                if seconds > THRESHOLD * expected and seconds - expected > LINK_MARGIN_S:
-                    slow.append((seconds, transit[1]))
+                if transit[0] > THRESHOLD * expected[0] and transit[0] - expected[0] > LINK_MARGIN_S:
+                    slow.append(transit)
                 else:
                     slow.clear()
                 if len(slow) >= K:
-                    return self._found_link(up.node, down.node, link, slow, record.step)
+                    return self._found_link(up.node, down.node, expected[1], slow, record.step)
         return None
 
-    def _found_link(self, a: str, b: str, link, samples: list[tuple[float, int]], step: int) -> dict:
+    def _found_link(self, a: str, b: str, link: LinkProfile, samples: list[tuple[float, int]], step: int) -> dict:
         """The link between a and b carries what its K slow transits say; plan again with that."""
         self._slow_links = {}
-        seconds = statistics.median(s for s, _ in samples)
-        wire_bytes = statistics.median(n for _, n in samples)
-        bandwidth = wire_bytes / max(seconds - link.latency_s, 1e-6)
-        others = [l for l in self._profile.links if not (l.nodes is not None and set(l.nodes) == {a, b})]
-        self._profile = self._profile.model_copy(update={"links": [
-            LinkProfile(nodes=(a, b), bandwidth_bytes_per_s=bandwidth, latency_s=link.latency_s)] + others})
-        mbps, profiled = bandwidth * 8 / 1e6, link.bandwidth_bytes_per_s * 8 / 1e6
+        self._profile = with_link(self._profile, a, b, link, statistics.median(s for s, _ in samples),
+                                  statistics.median(n for _, n in samples))
+        mbps, profiled = self._profile.links[0].bandwidth_bytes_per_s * 8 / 1e6, link.bandwidth_bytes_per_s * 8 / 1e6
         return self._decide(step, {"link": [a, b], "bandwidth_mbps": round(mbps, 3), "profiled_mbps": round(profiled, 3),
                                    "what": f"link {a} -> {b} carries {mbps:,.1f} Mbit/s (profiled {profiled:,.1f})"})
 

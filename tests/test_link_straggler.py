@@ -16,13 +16,13 @@ from hetlaunch.runtime.emulation import WireEmulation
 SLOW_AT, STEPS, MBPS = 25, 60, 4.0
 
 
-def _cluster() -> dict:
+def _cluster(slow_at: int = SLOW_AT) -> dict:
     return {"name": "slowlink", "model": {"preset": "tiny", "n_layers": 4, "seq_len": 32, "d_model": 32},
             "train": {"steps": STEPS, "micro_batch_size": 4, "num_microbatches": 8, "max_pipelines": 1,
                       "checkpoint_every": 0},
             "compression": {"intra_region": "none", "cross_region": "none"},
             "links": [{"between": ["r0", "r1"], "emulate": {"bandwidth_mbps": 200, "latency_ms": 1,
-                       "bandwidth_changes": [{"at_step": SLOW_AT, "bandwidth_mbps": MBPS}]}}],
+                       "bandwidth_changes": [{"at_step": slow_at, "bandwidth_mbps": MBPS}]}}],
             "nodes": [{"name": "a", "region": "r0", "device": "cpu", "threads": 1, "emulate": {"speed": 0.25}},
                       {"name": "b", "region": "r1", "device": "cpu", "threads": 1, "emulate": {"speed": 0.25}}]}
 
@@ -55,7 +55,25 @@ def test_a_link_slowing_mid_run_is_found_and_its_bandwidth_estimated(tmp_path):
     assert MBPS / 2 <= links[0]["bandwidth_mbps"] <= MBPS * 2 and links[0]["profiled_mbps"] > 50, links[0]
     assert "carries" in links[0]["what"] and not [e for e in events if e["event"] == "straggler" and "node" in e
                                                    and e["step"] < SLOW_AT]
+    factors = json.loads((run_dir / "calibration.json").read_text())["link_transit_factors"]
+    assert len(factors) == 1 and 0.5 < next(iter(factors.values())) < 3, factors  # steps 1-8: as profiled
     # The transits the stages reported show the change.
     second = next(s["node"] for s in metrics[0]["stages"] if s["stage"] == 1)
     transit = [next(s for s in m["stages"] if s["node"] == second)["transit"]["from_prev"][0] for m in metrics]
     assert min(transit[SLOW_AT + 1:SLOW_AT + 5]) > 5 * max(transit[5:SLOW_AT - 1]), transit
+
+
+@pytest.mark.timeout(300)
+def test_calibration_corrects_a_link_profiled_faster_than_it_trains(tmp_path):
+    cluster = _cluster(slow_at=0)
+    cluster["train"]["steps"] = 30
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cluster))
+    run_dir = tmp_path / "run"
+    result = run_hetlaunch("up", str(tmp_path / "c.yaml"), "--run-dir", str(run_dir), timeout=280, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr + result.stdout
+    calibration = json.loads((run_dir / "calibration.json").read_text())
+    (link, factor), = calibration["link_transit_factors"].items()
+    assert factor > 5 and MBPS / 2 <= calibration["links_corrected"][link] <= MBPS * 2, calibration
+    after = calibration["after_window"]
+    assert abs(after["error_before"]) > 0.3 and abs(after["error_calibrated"]) < 0.2, after
+    assert "measured transit ÷ predicted per link" in result.stdout
