@@ -174,6 +174,7 @@ def _assemble(session: ClusterSession, spec: ModelSpec, model: str, micro_batch_
             entry = {"layer_seconds": [l.seconds for l in report.layers],
                      "optimizer_seconds": [l.optimizer_seconds for l in report.layers],
                      "codec_seconds_per_byte": dict(report.codec_seconds_per_byte),
+                     "cpu_per_wall": report.cpu_per_wall or None,
                      "layers": [{"param_bytes": l.param_bytes, "activation_bytes": l.activation_bytes,
                                  "output_bytes": l.output_bytes} for l in report.layers]}
             store_node(keys[node.name], entry, session.console)
@@ -185,10 +186,13 @@ def _assemble(session: ClusterSession, spec: ModelSpec, model: str, micro_batch_
                            ", ".join(f"{n} {c}" for n, c in counts.items()) +
                            " (is the same model code installed on every node? --reprofile re-measures)")
         layer_infos = layer_infos or [LayerInfo(**layer) for layer in entry["layers"]]
+        info = session.state.agent_info(node.name)
         nodes.append(NodeProfile(name=node.name, region=node.region, device=report.device_name,
                                  memory_bytes=report.memory_bytes, layer_seconds=entry["layer_seconds"],
                                  optimizer_seconds=entry["optimizer_seconds"],
-                                 codec_seconds_per_byte=entry.get("codec_seconds_per_byte")))
+                                 codec_seconds_per_byte=entry.get("codec_seconds_per_byte"),
+                                 host=info.hostname[:255] or None, host_cores=info.cpu_count or None,
+                                 cpu_per_wall=entry.get("cpu_per_wall")))
     links, by_regions = [], {}
     for name, report in link_reports.items():
         for probe in report.links:

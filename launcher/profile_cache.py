@@ -40,6 +40,7 @@ class CacheEntry(BaseModel):
     optimizer_seconds: list[MaybeZeroSeconds]
     codec_seconds_per_byte: dict[str, MaybeZeroSeconds]
     layers: list[LayerInfo]
+    cpu_per_wall: float | None = Field(None, ge=0)  # absent in entries written before it was measured
 
     @model_validator(mode="after")
     def _consistent(self) -> "CacheEntry":

@@ -93,6 +93,8 @@ def print_plan(console: Console, plan: Plan) -> None:
                       f"{plan.predicted_tokens_per_s:,.0f} tokens/s; bottleneck: {plan.bottleneck}")
     if plan.batch_note:
         _say(console, plan.batch_note)
+    if plan.contention_note:
+        _say(console, plan.contention_note)
     _excluded(console, plan.excluded or {})
 
 

@@ -140,7 +140,7 @@ class Device(_message.Message):
     def __init__(self, kind: _Optional[_Union[DeviceKind, str]] = ..., name: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., index: _Optional[int] = ...) -> None: ...
 
 class AgentInfo(_message.Message):
-    __slots__ = ("node_name", "hostname", "devices", "agent_version", "torch_version", "pid", "region", "labels")
+    __slots__ = ("node_name", "hostname", "devices", "agent_version", "torch_version", "pid", "region", "labels", "cpu_count")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -156,6 +156,7 @@ class AgentInfo(_message.Message):
     PID_FIELD_NUMBER: _ClassVar[int]
     REGION_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
+    CPU_COUNT_FIELD_NUMBER: _ClassVar[int]
     node_name: str
     hostname: str
     devices: _containers.RepeatedCompositeFieldContainer[Device]
@@ -164,7 +165,8 @@ class AgentInfo(_message.Message):
     pid: int
     region: str
     labels: _containers.ScalarMap[str, str]
-    def __init__(self, node_name: _Optional[str] = ..., hostname: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., agent_version: _Optional[str] = ..., torch_version: _Optional[str] = ..., pid: _Optional[int] = ..., region: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    cpu_count: int
+    def __init__(self, node_name: _Optional[str] = ..., hostname: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., agent_version: _Optional[str] = ..., torch_version: _Optional[str] = ..., pid: _Optional[int] = ..., region: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., cpu_count: _Optional[int] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
     __slots__ = ("agent",)
@@ -791,7 +793,7 @@ class LinkProbe(_message.Message):
     def __init__(self, peer_node: _Optional[str] = ..., latency_s: _Optional[float] = ..., bandwidth_bytes_per_s: _Optional[float] = ...) -> None: ...
 
 class ReportProfileRequest(_message.Message):
-    __slots__ = ("agent_id", "ok", "error", "device_name", "memory_bytes", "layers", "links", "codec_seconds_per_byte", "generation")
+    __slots__ = ("agent_id", "ok", "error", "device_name", "memory_bytes", "layers", "links", "codec_seconds_per_byte", "generation", "cpu_per_wall")
     class CodecSecondsPerByteEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -808,6 +810,7 @@ class ReportProfileRequest(_message.Message):
     LINKS_FIELD_NUMBER: _ClassVar[int]
     CODEC_SECONDS_PER_BYTE_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
+    CPU_PER_WALL_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     ok: bool
     error: str
@@ -817,7 +820,8 @@ class ReportProfileRequest(_message.Message):
     links: _containers.RepeatedCompositeFieldContainer[LinkProbe]
     codec_seconds_per_byte: _containers.ScalarMap[str, float]
     generation: int
-    def __init__(self, agent_id: _Optional[str] = ..., ok: _Optional[bool] = ..., error: _Optional[str] = ..., device_name: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., layers: _Optional[_Iterable[_Union[LayerProfile, _Mapping]]] = ..., links: _Optional[_Iterable[_Union[LinkProbe, _Mapping]]] = ..., codec_seconds_per_byte: _Optional[_Mapping[str, float]] = ..., generation: _Optional[int] = ...) -> None: ...
+    cpu_per_wall: float
+    def __init__(self, agent_id: _Optional[str] = ..., ok: _Optional[bool] = ..., error: _Optional[str] = ..., device_name: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., layers: _Optional[_Iterable[_Union[LayerProfile, _Mapping]]] = ..., links: _Optional[_Iterable[_Union[LinkProbe, _Mapping]]] = ..., codec_seconds_per_byte: _Optional[_Mapping[str, float]] = ..., generation: _Optional[int] = ..., cpu_per_wall: _Optional[float] = ...) -> None: ...
 
 class ReportProfileResponse(_message.Message):
     __slots__ = ()

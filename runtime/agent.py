@@ -119,6 +119,7 @@ class Agent:
             _log(self.node, f"could not reach the coordinator at {self.coordinator} within {connect_timeout_s:.0f}s{hint}")
             return EXIT_LOST_COORDINATOR
         info = pb.AgentInfo(node_name=self.node, hostname=socket.gethostname(), devices=describe_devices(),
+                            cpu_count=len(os.sched_getaffinity(0)),
                             agent_version=hetlaunch_version(), torch_version=torch_version(), pid=os.getpid(),
                             region=self.region, labels=self.labels)
         try:

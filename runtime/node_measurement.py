@@ -50,14 +50,32 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _timed(fn, device: torch.device, emulation: ComputeEmulation) -> float:
+@dataclass
+class CpuMeter:
+    """CPU seconds (every thread of this process) and wall seconds of the timed compute: their
+    ratio is how many cores a stage of this node keeps busy while it computes (an emulated slow
+    node sleeps part of it; a GPU stage mostly waits on its kernels)."""
+
+    cpu_s: float = 0.0
+    wall_s: float = 0.0
+
+    @property
+    def cpu_per_wall(self) -> float:
+        return self.cpu_s / self.wall_s if self.wall_s > 0 else 0.0
+
+
+def _timed(fn, device: torch.device, emulation: ComputeEmulation, meter: CpuMeter | None = None) -> float:
     _sync(device)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     mark = emulation.start()
     fn()
     emulation.stretch(mark, device)
     _sync(device)
-    return time.perf_counter() - start
+    elapsed = time.perf_counter() - start
+    if meter is not None:
+        meter.cpu_s += time.process_time() - cpu
+        meter.wall_s += elapsed
+    return elapsed
 
 
 def _saved_bytes(layer: nn.Module, inputs: Message) -> tuple[Message, int]:
@@ -77,7 +95,7 @@ def _saved_bytes(layer: nn.Module, inputs: Message) -> tuple[Message, int]:
 
 def profile_layers(spec: ModelSpec, micro_batch_size: int, device: torch.device, seed: int = 0,
                    emulation: ComputeEmulation = ComputeEmulation(), warmup: int = 2,
-                   repeats: int = 5, precision: str = "fp32") -> list[LayerMeasurement]:
+                   repeats: int = 5, precision: str = "fp32", meter: CpuMeter | None = None) -> list[LayerMeasurement]:
     """Time and size every layer of the model, one layer on the device at a time.
 
     A layer of the same kind as one already measured, fed an input of the same shape, that gives
@@ -103,7 +121,7 @@ def profile_layers(spec: ModelSpec, micro_batch_size: int, device: torch.device,
             continue
         measurement, out = _measure_layer(build_layer(model, index, seed).to(device), x,
                                           model.loss_fn if is_last else None, targets, device, emulation,
-                                          warmup, repeats, compute_dtype(precision))
+                                          warmup, repeats, compute_dtype(precision), meter)
         results.append(measurement)
         if kind is not None and signature(out) == signature(x):
             measured[key] = measurement  # the next layer of this kind may reuse it: its input is alike
@@ -113,7 +131,7 @@ def profile_layers(spec: ModelSpec, micro_batch_size: int, device: torch.device,
 
 def _measure_layer(layer: nn.Module, x: Message, loss_fn, targets: torch.Tensor, device: torch.device,
                    emulation: ComputeEmulation, warmup: int, repeats: int,
-                   dtype: torch.dtype | None) -> tuple[LayerMeasurement, Message]:
+                   dtype: torch.dtype | None, meter: CpuMeter | None = None) -> tuple[LayerMeasurement, Message]:
     params = [p for p in layer.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-9) if params else None
     inputs = map_tensors(lambda t: t.detach().requires_grad_() if t.is_floating_point() or t.is_complex() else t, x)
@@ -132,7 +150,7 @@ def _measure_layer(layer: nn.Module, x: Message, loss_fn, targets: torch.Tensor,
 
     for _ in range(warmup):
         fwd_bwd()
-    seconds = statistics.median(_timed(fwd_bwd, device, emulation) for _ in range(repeats))
+    seconds = statistics.median(_timed(fwd_bwd, device, emulation, meter) for _ in range(repeats))
     opt_seconds = 0.0
     if optimizer is not None:
         optimizer.step()  # the first step allocates state; time the later ones

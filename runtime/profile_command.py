@@ -12,7 +12,8 @@ from hetlaunch.runtime.data_plane import init_data_plane, wire_device
 from hetlaunch.runtime.devices import device_name, resolve_device
 from hetlaunch.runtime.emulation import ComputeEmulation, WireEmulation
 from hetlaunch.runtime.link import Link
-from hetlaunch.runtime.node_measurement import codec_seconds_per_byte, probe_link, profile_layers, usable_memory_bytes
+from hetlaunch.runtime.node_measurement import (CpuMeter, codec_seconds_per_byte, probe_link, profile_layers,
+                                                usable_memory_bytes)
 from hetlaunch.runtime.wire import model_spec_from_proto
 
 MAX_REPORTED_BANDWIDTH = 1e12  # a fit on a very fast link can come out unbounded; keep JSON finite
@@ -29,9 +30,11 @@ def run_profile(cmd: pb.Profile, store: wpb.StoreAccess) -> pb.ReportProfileRequ
                                                                                      cmd.memory_fraction))
     if cmd.measure_layers:
         spec = model_spec_from_proto(cmd.model)
+        meter = CpuMeter()
         measured = profile_layers(spec, cmd.micro_batch_size, device, seed=cmd.seed,
                                   emulation=ComputeEmulation(cmd.emulate.speed or 1.0),
-                                  precision=cmd.precision or "fp32")
+                                  precision=cmd.precision or "fp32", meter=meter)
+        report.cpu_per_wall = meter.cpu_per_wall
         for m in measured:
             report.layers.append(pb.LayerProfile(seconds=m.seconds, optimizer_seconds=m.optimizer_seconds,
                                                   param_bytes=m.param_bytes, activation_bytes=m.activation_bytes,

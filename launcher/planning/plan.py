@@ -66,6 +66,7 @@ class Plan:
     pipeline_microbatches: tuple[int, ...] = ()  # each pipeline's share; () means one pipeline takes all
     sync: tuple[SyncPlan, ...] = ()
     batch_note: str = ""  # with a global batch: how the planner chose the micro-batches
+    contention_note: str = ""  # nodes that share a host's cores, and what that costs them (priced)
 
     def __post_init__(self):
         if not self.pipeline_microbatches:
@@ -236,4 +237,7 @@ def planned(cluster, result, source: str = "planned") -> Plan:
                 predicted_step_s=result.step_s, predicted_tokens_per_s=result.tokens_per_s,
                 bottleneck=bottleneck, excluded=dict(result.excluded),
                 pipeline_microbatches=tuple(p.cost.num_microbatches for p in result.pipelines), sync=sync,
-                batch_note=describe(result.batch) if result.batch else "")
+                batch_note=describe(result.batch) if result.batch else "",
+                contention_note="; ".join(f"nodes on host {host} ask for {factor:.2f}x its cores while they compute: "
+                                          f"priced {factor:.2f}x slower than profiled"
+                                          for host, factor in sorted(result.contention.items())))

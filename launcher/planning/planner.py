@@ -33,6 +33,7 @@ from hetlaunch.launcher.planning.batch_sizes import BatchChoice, at_size, candid
 from hetlaunch.launcher.planning.chain_cuts import cut_chain, least_lossy_codecs, most_compressed_codecs
 from hetlaunch.launcher.planning.chain_search import EXHAUSTIVE_MAX_NODES
 from hetlaunch.launcher.planning.compression import CODEC_SLACK, NONE, CompressionConfig
+from hetlaunch.launcher.planning.contention import host_factors, stretched
 from hetlaunch.launcher.planning.cost_model import CostModel, PipelineCost, in_flight
 from hetlaunch.launcher.planning.profile_file import NodeProfile, Profile
 from hetlaunch.launcher.planning.replicas import PipelineSet, Replicas, replica_counts
@@ -61,6 +62,7 @@ class PlannerResult:
     sync: list[SyncCost] = field(default_factory=list)  # one per sync group; [] for one pipeline
     micro_batch_size: int = 0  # the profile's (or, with a global batch, the one chosen)
     batch: BatchChoice | None = None  # how the micro-batches were chosen for a global batch
+    contention: dict[str, float] = field(default_factory=dict)  # host -> compute stretch priced (contention.py)
 
 
 def plan(profile: Profile, num_microbatches: int, schedule: str = "1f1b", max_pipelines: int = 1,
@@ -165,7 +167,23 @@ def _result(profile: Profile, costs: list[PipelineCost], sync: list[SyncCost], m
             schedule: str, compression: CompressionConfig, excluded: dict[str, str] | None = None) -> PlannerResult:
     """The plan as priced by simulation: every pipeline's step from CostModel.exact, with 1F1B
     windows deepened where memory allows and it pays (CostModel.deepen), and the gradient sync
-    priced again against those steps."""
+    priced again against those steps; then, where nodes share a host's cores, priced again with
+    their compute stretched by that contention (launcher/planning/contention.py)."""
+    result = _priced(profile, costs, sync, method, started, schedule, compression, excluded)
+    factors = host_factors(profile, [p.cost for p in result.pipelines], result.step_s)
+    if not factors:
+        return result
+    shared = stretched(profile, factors)
+    costs = [CostModel(shared, p.cost.num_microbatches, schedule, compression).evaluate(
+        [shared.node(s.node) for s in p.cost.stages], [(s.layer_start, s.layer_end) for s in p.cost.stages],
+        [s.codec for s in p.cost.stages]) for p in result.pipelines]
+    sync = sync_costs(shared, costs, compression) if len(costs) > 1 else []
+    contended = _priced(shared, costs, sync, method, started, schedule, compression, excluded)
+    return replace(contended, contention=factors)
+
+
+def _priced(profile: Profile, costs: list[PipelineCost], sync: list[SyncCost], method: str, started: float,
+            schedule: str, compression: CompressionConfig, excluded: dict[str, str] | None) -> PlannerResult:
     exact = [_finished(CostModel(profile, c.num_microbatches, schedule, compression),
                        [profile.node(s.node) for s in c.stages], c) for c in costs]
     if exact != costs and len(costs) > 1:

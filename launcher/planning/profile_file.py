@@ -86,6 +86,10 @@ class NodeProfile(_Strict):
     # layer_seconds measured at other micro-batch sizes (a global batch lets the planner choose the
     # size; launcher/planning/batch_sizes.py interpolates between these and reports its error)
     layer_seconds_by_size: dict[int, list[Seconds]] | None = None
+    # Where it runs: nodes with one host share its cores (launcher/planning/contention.py).
+    host: str | None = Field(None, max_length=255)
+    host_cores: int | None = Field(None, ge=1, le=1_000_000)
+    cpu_per_wall: float | None = Field(None, ge=0, le=1_000_000)  # cores busy while it computes, measured alone
 
     def optimizer(self, index: int) -> float:
         return self.optimizer_seconds[index] if self.optimizer_seconds else 0.0

@@ -1,0 +1,47 @@
+"""Nodes that share a host share its cores: the planner prices that contention from the profile
+(each node's host, its cores, the cores its stage keeps busy), and nowhere else."""
+
+from __future__ import annotations
+
+import pytest
+
+from hetlaunch.launcher.planning.contention import host_factors
+from hetlaunch.launcher.planning.planner import plan, price_pipelines
+from test_planner import uniform_profile
+
+
+def _on_hosts(profile, hosts: list[str | None], cores: int, cpu_per_wall: list[float]):
+    return profile.model_copy(update={"nodes": [
+        n.model_copy(update={"host": h, "host_cores": cores if h else None, "cpu_per_wall": c})
+        for n, h, c in zip(profile.nodes, hosts, cpu_per_wall)]})
+
+
+def test_two_busy_nodes_on_one_core_are_priced_about_twice_as_slow():
+    alone = uniform_profile([1.0, 1.0], ["r", "r"])
+    base = plan(alone, 8)
+    shared = plan(_on_hosts(alone, ["h", "h"], 1, [1.0, 1.0]), 8)
+    (host, factor), = shared.contention.items()
+    # each stage computes for most of the step (the bubble is the rest): D = sum of the busy shares
+    busy = sum(s.compute_s * p.cost.num_microbatches / base.step_s for p in base.pipelines for s in p.cost.stages)
+    assert host == "h" and factor == pytest.approx(busy, rel=1e-3) and 1.4 < factor <= 2.0
+    assert shared.step_s == pytest.approx(base.step_s * factor, rel=0.05)
+    assert [(s.layer_start, s.layer_end) for p in shared.pipelines for s in p.cost.stages] == \
+        [(s.layer_start, s.layer_end) for p in base.pipelines for s in p.cost.stages]
+
+
+def test_enough_cores_a_node_alone_or_one_that_mostly_waits_costs_nothing():
+    alone = uniform_profile([1.0, 1.0], ["r", "r"])
+    base = plan(alone, 8).step_s
+    for hosts, cores, cpu in ((["h", "h"], 2, [1.0, 1.0]), (["h", "g"], 1, [1.0, 1.0]), (["h", "h"], 1, [0.3, 0.3]),
+                              ([None, None], 1, [1.0, 1.0])):
+        result = plan(_on_hosts(alone, hosts, cores, cpu), 8)
+        assert result.contention == {} and result.step_s == pytest.approx(base, rel=1e-9), (hosts, cores, cpu)
+
+
+def test_repricing_a_contended_plan_gives_the_same_step():
+    profile = _on_hosts(uniform_profile([1.0, 0.5, 1.0], ["r", "r", "r"]), ["h", "h", "h"], 2, [1.0, 0.5, 1.0])
+    planned = plan(profile, 8)
+    cuts = [(s.node, s.layer_start, s.layer_end) for s in planned.pipelines[0].cost.stages]
+    again = price_pipelines(profile, [([n for n, _, _ in cuts], [(a, b) for _, a, b in cuts], 8)])
+    assert again.contention == planned.contention and again.step_s == pytest.approx(planned.step_s, rel=1e-6)
+    assert host_factors(profile, [], 1.0) == {}
