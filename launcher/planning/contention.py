@@ -5,13 +5,16 @@ computes at once, and the stages of nodes on one host — several local agents, 
 on one real host — share its cores. The profile records each node's host, the cores it may run
 on, and how many of them its stage keeps busy while computing (`cpu_per_wall`, measured alone:
 about 1 for a one-thread CPU stage, less for one that waits on a GPU or sleeps as an emulated
-slower device). Priced as processor sharing: over a step, a host's stages ask on average for
+slower device). Priced as processor sharing over the steady part of a step, where every stage of
+a pipeline computes at once: a host's stages ask for
 
-    D = sum over its stages of cpu_per_wall x (the stage's compute in a step / the step)
+    D = sum over its stages of cpu_per_wall x (the stage's compute in a step / the busiest stage's)
 
-cores; where D exceeds the host's cores, each of their compute takes D / cores as long. The plan
-is priced again with those nodes' layer and optimizer times stretched by that factor. One pass:
-stretching the compute of a compute-bound step stretches the step alike, so D barely moves.
+cores (a stage as busy as the plan's bottleneck counts whole, a lightly loaded one in part);
+where D exceeds the host's cores, each of their compute takes D / cores as long. The plan is
+priced again with those nodes' layer and optimizer times stretched by that factor. (Averaging
+over the whole step instead, bubbles included, priced four one-thread agents on two cores 1.08x
+where their compute measured 1.5-1.9x.)
 What this leaves out (a scheduler's preference for threads that slept, memory bandwidth, PCIe)
 is what calibration (launcher/calibration.py) measures.
 """
@@ -24,18 +27,19 @@ from hetlaunch.launcher.planning.cost_model import PipelineCost
 from hetlaunch.launcher.planning.profile_file import Profile
 
 
-def host_factors(profile: Profile, pipelines: Sequence[PipelineCost], step_s: float) -> dict[str, float]:
+def host_factors(profile: Profile, pipelines: Sequence[PipelineCost]) -> dict[str, float]:
     """host -> how much longer its stages' compute takes than profiled (only hosts where it is > 1)."""
     asked: dict[str, float] = {}
     cores: dict[str, int] = {}
     sharing: dict[str, int] = {}
+    busiest = max((s.compute_s * c.num_microbatches for c in pipelines for s in c.stages), default=0.0)
     for cost in pipelines:
         for stage in cost.stages:
             node = profile.node(stage.node)
-            if node.host is None or node.host_cores is None or step_s <= 0:
+            if node.host is None or node.host_cores is None or busiest <= 0:
                 continue
-            busy = stage.compute_s * cost.num_microbatches / step_s
-            asked[node.host] = asked.get(node.host, 0.0) + (node.cpu_per_wall or 1.0) * min(busy, 1.0)
+            busy = stage.compute_s * cost.num_microbatches / busiest
+            asked[node.host] = asked.get(node.host, 0.0) + (node.cpu_per_wall or 1.0) * busy
             cores[node.host] = node.host_cores
             sharing[node.host] = sharing.get(node.host, 0) + 1
     return {host: round(asked[host] / cores[host], 4) for host in asked

@@ -170,7 +170,7 @@ def _result(profile: Profile, costs: list[PipelineCost], sync: list[SyncCost], m
     priced again against those steps; then, where nodes share a host's cores, priced again with
     their compute stretched by that contention (launcher/planning/contention.py)."""
     result = _priced(profile, costs, sync, method, started, schedule, compression, excluded)
-    factors = host_factors(profile, [p.cost for p in result.pipelines], result.step_s)
+    factors = host_factors(profile, [p.cost for p in result.pipelines])
     if not factors:
         return result
     shared = stretched(profile, factors)
