@@ -187,6 +187,7 @@ def planner_result_dict(result) -> dict:
     return {
         "step_s": result.step_s, "tokens_per_s": result.tokens_per_s, "method": result.method,
         "planning_s": result.planning_s, "excluded": result.excluded, "micro_batch_size": result.micro_batch_size,
+        "contention": result.contention,  # host -> compute stretch priced (launcher/planning/contention.py)
         "batch": None if result.batch is None else {
             "global_batch": result.batch.micro_batch_size * result.batch.num_microbatches,
             "num_microbatches": result.batch.num_microbatches, "tried_sizes": list(result.batch.tried_sizes),
