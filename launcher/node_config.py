@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from hetlaunch.launcher.config_errors import FieldError
 from hetlaunch.launcher.config_types import Name, Pair, Strict, YamlFloat
@@ -16,6 +16,14 @@ from hetlaunch.runtime.labels import LABEL_KEY
 
 class RegionConfig(Strict):
     name: Name  # a region, e.g. us-east
+
+
+def _steps_increase(changes: list) -> list:
+    """Emulated changes (speed, bandwidth) apply in the order of their at_step, one per step."""
+    steps = [c.at_step for c in changes]
+    if steps != sorted(set(steps)):
+        raise ValueError(f"at_step must increase from one change to the next (got {steps})")
+    return changes
 
 
 class BandwidthChange(Strict):
@@ -28,15 +36,7 @@ class LinkEmulation(Strict):
     latency_ms: YamlFloat | None = Field(None, ge=0)  # one-way latency added to every message
     # Training only, never profiled (a congested link): from each at_step on the stage boundaries
     # over this link carry that many megabits/s instead.
-    bandwidth_changes: list[BandwidthChange] = Field(default_factory=list)
-
-    @field_validator("bandwidth_changes")
-    @classmethod
-    def _in_order(cls, value: list[BandwidthChange]) -> list[BandwidthChange]:
-        steps = [c.at_step for c in value]
-        if steps != sorted(set(steps)):
-            raise ValueError(f"at_step must increase from one change to the next (got {steps})")
-        return value
+    bandwidth_changes: Annotated[list[BandwidthChange], AfterValidator(_steps_increase)] = Field(default_factory=list)
 
 
 class LinkConfig(Strict):
@@ -61,15 +61,7 @@ class NodeEmulation(Strict):
     memory_gb: YamlFloat | None = Field(None, gt=0)  # caps the memory the agent reports and may use
     # Training only, never profiled (a straggler, or a node profiled faster than it trains): from
     # each at_step on the node computes at that speed instead.
-    speed_changes: list[SpeedChange] = Field(default_factory=list)
-
-    @field_validator("speed_changes")
-    @classmethod
-    def _in_order(cls, value: list[SpeedChange]) -> list[SpeedChange]:
-        steps = [c.at_step for c in value]
-        if steps != sorted(set(steps)):
-            raise ValueError(f"at_step must increase from one change to the next (got {steps})")
-        return value
+    speed_changes: Annotated[list[SpeedChange], AfterValidator(_steps_increase)] = Field(default_factory=list)
 
 
 class DataPlaneConfig(Strict):

@@ -79,7 +79,7 @@ def check_entry(data: object, num_layers: int | None = None) -> dict:
         raise BadCacheEntry(f"{where}: {first['msg']}{more}") from None
     if num_layers is not None and len(entry.layer_seconds) != num_layers:
         raise BadCacheEntry(f"layer_seconds has {len(entry.layer_seconds)} entries for a model of {num_layers} layers")
-    return entry.model_dump()
+    return entry.model_dump(exclude_none=True)  # cpu_per_wall: absent from entries written before it
 
 
 def cached_node(key: str, num_layers: int | None = None, console=None) -> dict | None:
