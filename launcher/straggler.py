@@ -3,9 +3,12 @@ the speeds the cluster has now.
 
 Calibration (launcher/calibration.py) gives each node's measured ÷ predicted compute. From
 then on every step's measured compute per micro-batch is compared with that calibrated
-expectation; when one node's stays off by more than THRESHOLD (either way) for K steps in a
-row, its new speed is the median of those K steps, an event `straggler` is written, and two
-plans are priced on the calibrated profile with that speed:
+expectation, relative to the nodes' typical ratio (their lower median): a machine that slows every
+node alike is no straggler (on a noisy 2-core VM such a slowdown once triggered a switch to a
+plan that crowded three agents on the two cores). When one node's stays off by more than
+THRESHOLD (either way) for K steps in a row, its new relative speed is the median of those K
+steps, an event `straggler` is written, and two plans are priced on the calibrated profile
+with that speed:
 
 * a live move (launcher/live_move.py): the same nodes at the same places, new cuts; it costs
   the predicted transfer of the moved layers plus one step held at the boundary, and happens
@@ -95,18 +98,25 @@ class StragglerWatch:
         if self._plan is None or self.pending is not None or self.pending_live is not None:
             return None
         shares = self._plan.pipeline_microbatches
-        for stage in self._plan.stages:
-            reported = next((s for s in record.stages if s["node"] == stage.node), None)
-            if reported is None or not stage.compute_s:
+        by_node = {s["node"]: s for s in record.stages}
+        ratios = {stage.node: by_node[stage.node]["compute_s"] / shares[stage.pipeline]
+                  / (stage.compute_s * self._factors[stage.node])
+                  for stage in self._plan.stages if stage.node in by_node and stage.compute_s}
+        # Against the nodes' typical ratio (the lower median: with two nodes, the less changed
+        # one): a host (or a VM) that slows every node alike changes no node's share, and no plan
+        # would fix it; a node that changed against the rest does.
+        typical = statistics.median_low(ratios.values()) if len(ratios) > 1 else None
+        for node, ratio in ratios.items():
+            if typical is None:
                 continue
-            ratio = reported["compute_s"] / shares[stage.pipeline] / (stage.compute_s * self._factors[stage.node])
-            off = self._off.setdefault(stage.node, [])
-            if ratio > THRESHOLD or ratio < 1 / THRESHOLD:
-                off.append(ratio)
+            relative = ratio / typical
+            off = self._off.setdefault(node, [])
+            if relative > THRESHOLD or relative < 1 / THRESHOLD:
+                off.append(relative)
             else:
                 off.clear()
             if len(off) >= K:
-                return self._found(stage.node, statistics.median(off), record.step)
+                return self._found(node, statistics.median(off), record.step)
         return self._watch_links(record)
 
     def _watch_links(self, record: StepRecord) -> dict | None:

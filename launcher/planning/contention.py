@@ -42,8 +42,8 @@ def host_factors(profile: Profile, pipelines: Sequence[PipelineCost]) -> dict[st
             asked[node.host] = asked.get(node.host, 0.0) + (node.cpu_per_wall or 1.0) * busy
             cores[node.host] = node.host_cores
             sharing[node.host] = sharing.get(node.host, 0) + 1
-    return {host: round(asked[host] / cores[host], 4) for host in asked
-            if sharing[host] > 1 and asked[host] > cores[host]}
+    return {host: round(asked[host] / cores[host], 4) for host in asked  # within 1% of the cores: none
+            if sharing[host] > 1 and asked[host] > 1.01 * cores[host]}
 
 
 def stretched(profile: Profile, factors: dict[str, float]) -> Profile:
