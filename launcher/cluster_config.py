@@ -299,20 +299,21 @@ class ClusterConfig(Strict):
         """(Mbps, ms) the agents emulate between nodes `a` and `b`; (0, 0) for none. Only local
         agents share a clock to emulate with, and only links between regions are emulated.
         The YAML's knobs for the agents to make true: the planner never sees them."""
-        node_a, node_b = self.node(a), self.node(b)
-        if node_a.region == node_b.region or node_a.launch != "local" or node_b.launch != "local":
-            return 0.0, 0.0
-        link = self.link_between(node_a.region, node_b.region)
+        link = self._emulated_link(a, b)
         if link is None:
             return 0.0, 0.0
         return link.emulate.bandwidth_mbps or 0.0, link.emulate.latency_ms or 0.0
 
-    def emulated_bandwidth_changes(self, a: str, b: str) -> list[tuple[int, float]]:
-        """(at_step, Mbps) the link between `a` and `b` changes to during training (where it is emulated)."""
+    def _emulated_link(self, a: str, b: str):
+        """The YAML link the agents of `a` and `b` emulate, if any (local nodes of two regions)."""
         node_a, node_b = self.node(a), self.node(b)
         if node_a.region == node_b.region or node_a.launch != "local" or node_b.launch != "local":
-            return []
-        link = self.link_between(node_a.region, node_b.region)
+            return None
+        return self.link_between(node_a.region, node_b.region)
+
+    def emulated_bandwidth_changes(self, a: str, b: str) -> list[tuple[int, float]]:
+        """(at_step, Mbps) the link between `a` and `b` changes to during training (where it is emulated)."""
+        link = self._emulated_link(a, b)
         return [] if link is None else [(c.at_step, c.bandwidth_mbps) for c in link.emulate.bandwidth_changes]
 
     def threads_for(self, node: NodeConfig, cpu_count: int) -> int:

@@ -23,6 +23,7 @@ from hetlaunch.launcher.planning.plan import Plan
 from hetlaunch.launcher.planning.profile_file import Profile
 from hetlaunch.launcher.stage_launch import data_parallel, layout_of, stage_spec
 from hetlaunch.protos import control_pb2 as pb
+from hetlaunch.runtime.layer_transfer import transfers
 
 HOLD_TIMEOUT_S = 30.0
 MOVE_TIMEOUT_S = 600.0  # moving every layer of a large model over a WAN link; a dead peer fails the stage sooner
@@ -38,17 +39,11 @@ def same_places(current: Plan, target: Plan) -> bool:
 def move_seconds(profile: Profile, current: Plan, target: Plan) -> float:
     """The predicted time of the transfers: each moved layer's parameters and optimizer state over
     the measured link between its old and new holder, one after another (they are walked in order)."""
-    old, new = layout_of(current), layout_of(target)
     nodes = [s.node for s in current.stages]
     total = 0.0
-    for place in new:
-        was = old[place.rank]
-        for layer in range(place.layer_start, place.layer_end):
-            if was.layer_start <= layer < was.layer_end:
-                continue
-            src = next(p.rank for p in old if p.pipeline == place.pipeline and p.layer_start <= layer < p.layer_end)
-            link = profile.link(profile.node(nodes[src]), profile.node(nodes[place.rank]))
-            total += OPTIMIZER_COPIES * profile.layers[layer].param_bytes / link.bandwidth_bytes_per_s + link.latency_s
+    for move in transfers(layout_of(current), layout_of(target)):
+        link = profile.link(profile.node(nodes[move.src]), profile.node(nodes[move.dst]))
+        total += OPTIMIZER_COPIES * profile.layers[move.layer].param_bytes / link.bandwidth_bytes_per_s + link.latency_s
     return total
 
 

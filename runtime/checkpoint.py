@@ -151,7 +151,7 @@ def stage_state(module: nn.Module, optimizer: torch.optim.Optimizer | None,
     return state
 
 
-def _layer_of(key: str) -> int | None:
+def layer_of(key: str) -> int | None:
     """The global layer index of a `layers.<i>.` or `optim.<i>.` key; None for anything else."""
     kind, _, rest = key.partition(".")
     index, dot, _ = rest.partition(".")
@@ -162,7 +162,7 @@ def _layer_of(key: str) -> int | None:
 def write_part(directory: Path, state: dict[str, Tensor], layer_start: int, layer_end: int) -> PartInfo:
     """Write one stage's state whole; the returned size and hash go into the manifest."""
     for key in state:
-        layer = _layer_of(key)
+        layer = layer_of(key)
         if layer is None or not layer_start <= layer < layer_end:
             raise CheckpointError(f"key {key!r} does not belong to layers [{layer_start}, {layer_end})")
     name = f"layers-{layer_start}-{layer_end}.safetensors"
@@ -267,7 +267,7 @@ def load_layers(directory: Path, manifest: Manifest, layer_start: int, layer_end
                     raise CheckpointError(f"{path}: its metadata does not say layers "
                                           f"[{part.layer_start}, {part.layer_end}) of {CHECKPOINT_FORMAT}")
                 for key in f.keys():
-                    if _layer_of(key) in layers:
+                    if layer_of(key) in layers:
                         state[key] = f.get_tensor(key)
         except (OSError, SafetensorError) as err:
             raise CheckpointError(f"{path}: not a readable safetensors file ({err})") from None
@@ -283,7 +283,7 @@ def apply_state(module: nn.Module, optimizer: torch.optim.Optimizer | None, stat
     weights: dict[str, Tensor] = {}
     moments: dict[str, dict[str, Tensor]] = {}
     for key, tensor in state.items():
-        layer = _layer_of(key)
+        layer = layer_of(key)
         if layer is None:
             raise CheckpointError(f"checkpoint key {key!r} names no layer")
         local = f"{layer - layer_start}.{key.split('.', 2)[2]}"  # the module's own key: "<k>.<name>"

@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from hetlaunch.protos import control_pb2 as pb
+from hetlaunch.runtime.checkpoint import layer_of
 
 MAX_HEADER_BYTES = 4 * 2**20
 MAX_TENSORS_PER_LAYER = 4096
@@ -61,15 +62,9 @@ def transfers(old: list[pb.StagePlace], new: list[pb.StagePlace]) -> list[Transf
     return sorted(moves, key=lambda t: (t.layer, t.dst))
 
 
-def _layer_of_key(key: str) -> int | None:
-    kind, _, rest = key.partition(".")
-    index, dot, _ = rest.partition(".")
-    return int(index) if kind in ("layers", "optim") and dot and index.isascii() and index.isdigit() else None
-
-
 def send_layer(state: dict[str, Tensor], layer: int, dst: int, wire: torch.device) -> int:
     """Send one layer's entries of `state` (global keys, runtime/checkpoint.py) to rank `dst`; returns bytes sent."""
-    items = sorted((k, v) for k, v in state.items() if _layer_of_key(k) == layer)
+    items = sorted((k, v) for k, v in state.items() if layer_of(k) == layer)
     header = json.dumps([[k, str(v.dtype).removeprefix("torch."), list(v.shape)] for k, v in items]).encode()
     dist.send(torch.tensor([len(header)], dtype=torch.int64, device=wire), dst=dst)
     dist.send(torch.frombuffer(bytearray(header), dtype=torch.uint8).to(wire), dst=dst)
@@ -117,7 +112,7 @@ def _parse_header(raw: bytes, layer: int, src: int) -> list[tuple[str, torch.dty
                 and entry[1] in _DTYPES and isinstance(entry[2], list)
                 and all(type(n) is int and 0 <= n < 2**40 for n in entry[2]) and len(entry[2]) <= 8):
             raise TransferError(f"{where}: a malformed entry {str(entry):.120}")
-        if _layer_of_key(entry[0]) != layer:
+        if layer_of(entry[0]) != layer:
             raise TransferError(f"{where}: key {entry[0]!r:.80} is not of layer {layer}")
         dtype = _DTYPES[entry[1]]
         total += math.prod(entry[2]) * torch.empty(0, dtype=dtype).element_size()

@@ -27,7 +27,7 @@ from typing import Callable
 import torch
 
 from hetlaunch.protos import control_pb2 as pb
-from hetlaunch.runtime.checkpoint import apply_state, stage_state
+from hetlaunch.runtime.checkpoint import apply_state, layer_of, stage_state
 from hetlaunch.runtime.codecs import codec_by_id
 from hetlaunch.runtime.executor import StageExecutor
 from hetlaunch.runtime.grad_sync import GradientSync, make_groups, sync_group_plans
@@ -111,7 +111,7 @@ def move_stage(stage: RunningStage, move: pb.Move) -> pb.MoveReport:
     with executor.state_lock:
         state = stage_state(executor.module, executor.optimizer, stage.layer_start)
     received, sent, got = exchange(transfers(stage.layout, new_layout), stage.rank, state, stage.wire)
-    keep = {k: v for k, v in state.items() if mine.layer_start <= int(k.split(".")[1]) < mine.layer_end}
+    keep = {k: v for k, v in state.items() if mine.layer_start <= layer_of(k) < mine.layer_end}
     # Every rank builds fresh layers, even with an unchanged range: the old ones carry the old
     # gradient-sync hooks, and the sync groups change with any pipeline's cut.
     model = describe_model(stage.spec, stage.seed)
