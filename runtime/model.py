@@ -12,7 +12,8 @@ Two sources of models: the built-in GPT (runtime/gpt.py) and a user entrypoint
   so it must not read tensor values while building;
 * ``(layers, loss_fn)``, an ordered list/tuple/``nn.ModuleList``/``nn.Sequential`` of
   ``nn.Module`` (the old form, fine for small models): the whole model is built under one fixed
-  seed and a stage keeps its slice.
+  seed and a stage keeps its slice. A Parameter shared by several layers (Hugging Face's tied
+  ``lm_head.weight``) is tied across stages as ``LayeredModel.tied`` declares it.
 
 Either way: layer 0 receives the input batch, a LongTensor ``[B, T]`` of token ids; every layer
 returns exactly one tensor, the only input of the next layer (what crosses a stage link);
@@ -34,6 +35,7 @@ from torch import Tensor, nn
 
 from hetlaunch.runtime.gpt import gpt_layer_kind, lm_loss, make_gpt_layer
 from hetlaunch.runtime.model_spec import GPTConfig, ModelSpec
+from hetlaunch.runtime.shared_params import shared_groups, untie
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
 
@@ -147,15 +149,19 @@ def _is_meta(layers: list[nn.Module]) -> bool:
 def _old_form(entrypoint: str, kwargs: dict, seed: int, described: list[nn.Module], loss_fn: LossFn,
               vocab_size: int | None) -> LayeredModel:
     """``(layers, loss_fn)`` as a LayeredModel. ``described`` may live on the meta device; the
-    first layer asked for builds the real model once (under its fixed seed) and keeps it."""
+    first layer asked for builds the real model once (under its fixed seed) and keeps it.
+    Parameters shared between layers become tied groups (runtime/shared_params.py)."""
     real: list[nn.Module] = []
+    tied = shared_groups(described)
 
     def make_layer(index: int) -> nn.Module:
         if not real:
-            real.extend(load_entrypoint_layers(entrypoint, kwargs, seed)[0] if _is_meta(described) else described)
+            whole = load_entrypoint_layers(entrypoint, kwargs, seed)[0] if _is_meta(described) else described
+            real.extend(untie(whole, tied))
         return real[index]
     kinds = [_structure(layer) for layer in described]
-    return LayeredModel(len(described), make_layer, loss_fn, vocab_size=vocab_size, layer_kind=kinds.__getitem__)
+    return LayeredModel(len(described), make_layer, loss_fn, vocab_size=vocab_size, layer_kind=kinds.__getitem__,
+                        tied=tied)
 
 
 def gpt_model(cfg: GPTConfig) -> LayeredModel:

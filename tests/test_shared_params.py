@@ -1,0 +1,90 @@
+"""Parameters shared between layers in the `(layers, loss_fn)` form are tied across stages:
+Hugging Face GPT-2 as a user brings it (`lm_head.weight` is `wte.weight`, one Parameter), cut
+so the embedding and the head sit on the first and last of three stages, trains as the tied
+model in one process, step by step (issue 23: it used to train two silent copies)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from conftest import final_parameters, run_hetlaunch
+from hetlaunch.runtime.data import TokenBatches, stdlib_text_bytes
+from hetlaunch.runtime.model import build_layer, describe_model, load_entrypoint_layers
+from hetlaunch.runtime.model_spec import ModelSpec
+
+pytest.importorskip("transformers")
+
+EP = "hf_pair_model:gpt2_layers"
+KW = {"seq_len": 16, "n_layer": 2, "n_embd": 32, "n_head": 4, "vocab_size": 256}
+SEED, DATA_SEED, STEPS, LR, WD, CLIP = 5, 2, 20, 3e-3, 0.01, 0.5
+MICRO, NUM_MICRO = 2, 4
+TIE = ("0.wte.weight", "3.lm_head.weight")
+
+CLUSTER = f"""name: hf-pair
+model: {{entrypoint: {EP}, kwargs: {json.dumps(KW)}}}
+data: {{seed: {DATA_SEED}}}
+train: {{steps: {STEPS}, micro_batch_size: {MICRO}, num_microbatches: {NUM_MICRO}, lr: {LR}, weight_decay: {WD},
+         grad_clip: {CLIP}, seed: {SEED}}}
+compression: {{intra_region: none, cross_region: none}}
+nodes:
+  - {{name: head, device: cpu, threads: 1, layers: [0, 1]}}
+  - {{name: body, device: cpu, threads: 1, layers: [1, 3]}}
+  - {{name: tail, device: cpu, threads: 1, layers: [3, 4]}}
+"""
+
+
+def test_sharing_is_found_when_the_model_is_described_and_each_layer_gets_its_own_copy():
+    model = describe_model(ModelSpec(entrypoint=EP, kwargs=KW), seed=SEED)  # on the meta device
+    assert model.num_layers == 4 and model.tied == (TIE,)
+    embedding, head = build_layer(model, 0, SEED), build_layer(model, 3, SEED)
+    assert embedding.wte.weight is not head.lm_head.weight  # a stage holds its own copy ...
+    assert torch.equal(embedding.wte.weight, head.lm_head.weight)  # ... of the one value
+
+
+def reference():
+    """One process, the tie as Hugging Face makes it: one Parameter, counted once everywhere."""
+    torch.set_num_threads(1)
+    net = nn.Sequential(*load_entrypoint_layers(EP, KW, SEED)[0])
+    assert net[0].wte.weight is net[3].lm_head.weight
+    params = list(net.parameters())  # the tied weight once
+    optimizer = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": WD},
+                                   {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}], lr=LR)
+    batches = TokenBatches(stdlib_text_bytes(), KW["seq_len"], seed=DATA_SEED)
+    losses, norms = [], []
+    for step in range(STEPS):
+        step_losses = []
+        for x, y in batches.micro_batches(step, MICRO, NUM_MICRO):
+            loss = nn.functional.cross_entropy(net(x).flatten(0, 1), y.flatten())
+            (loss / NUM_MICRO).backward()
+            step_losses.append(loss.item())
+        norms.append(float(nn.utils.clip_grad_norm_(params, CLIP)))
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(sum(step_losses) / NUM_MICRO)
+    return losses, norms, net
+
+
+@pytest.mark.timeout(300)
+def test_hf_gpt2_tied_through_the_layers_form_over_three_stages_equals_one_process(tmp_path):
+    (tmp_path / "cluster.yaml").write_text(CLUSTER)
+    run_dir = tmp_path / "run"
+    result = run_hetlaunch("up", str(tmp_path / "cluster.yaml"), "--run-dir", str(run_dir), timeout=260)
+    assert result.returncode == 0, result.stderr + result.stdout
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines] == list(range(STEPS))
+    want, norms, net = reference()
+    assert all(n > CLIP for n in norms)  # the clip acts: a tie counted twice in the norm would show
+    for got, ref in zip(lines, want):
+        assert abs(got["loss"] - ref) / ref <= 1e-5, ([r["loss"] for r in lines], want)
+    for got, ref in zip(lines, norms):
+        assert abs(got["grad_norm"] - ref) / ref <= 1e-5, ([r["grad_norm"] for r in lines], norms)
+    params = final_parameters(run_dir)
+    # The two copies took the same updates: still one weight, and the one the single process has.
+    assert torch.equal(params["layers.0.wte.weight"], params["layers.3.lm_head.weight"])
+    torch.testing.assert_close(params["layers.0.wte.weight"], net[0].wte.weight.detach(), rtol=1e-5, atol=1e-6)
+    start = load_entrypoint_layers(EP, KW, SEED)[0][0].wte.weight
+    assert not torch.allclose(start, params["layers.0.wte.weight"])  # it trained: "equal" means something
