@@ -17,8 +17,8 @@ from pathlib import Path
 
 from hetlaunch.launcher.session import JobError
 from hetlaunch.protos import control_pb2 as pb
-from hetlaunch.runtime.checkpoint import (CheckpointError, PartInfo, checkpoint_dir, latest_checkpoint,
-                                          prune_checkpoints, write_manifest)
+from hetlaunch.runtime.checkpoint_manifest import (CheckpointError, PartInfo, checkpoint_dir, latest_checkpoint,
+                                                   prune_checkpoints, write_manifest)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from pathlib import Path
 from google.protobuf import json_format
 
 from hetlaunch.protos import control_pb2 as pb
-from hetlaunch.runtime.checkpoint import CheckpointError, latest_checkpoint, load_layers, read_manifest
+from hetlaunch.runtime.checkpoint_manifest import CheckpointError, latest_checkpoint, read_manifest
 from hetlaunch.runtime.wire import model_spec_from_proto
 
 
@@ -46,9 +46,11 @@ def _checkpoint(path: Path):
 
 
 def export(path: Path, output: Path) -> Exported:
+    # torch only here, never at the top: the rest of the launcher (the coordinator above all) runs without it.
     import torch
     from safetensors.torch import save_file
 
+    from hetlaunch.runtime.checkpoint import load_layers
     from hetlaunch.runtime.model import describe_model
 
     try:

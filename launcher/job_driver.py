@@ -40,7 +40,7 @@ from hetlaunch.launcher.stage_launch import launch
 from hetlaunch.launcher.observers import Observers
 from hetlaunch.launcher.straggler import StragglerWatch
 from hetlaunch.protos import control_pb2 as pb
-from hetlaunch.runtime.checkpoint import CheckpointError, read_manifest
+from hetlaunch.runtime.checkpoint_manifest import CheckpointError, read_manifest
 from hetlaunch.runtime.files import UnreadableFile, read_json
 from hetlaunch.runtime.wire import model_spec_to_proto
 

@@ -23,7 +23,7 @@ from hetlaunch.launcher.planning.plan import Plan
 from hetlaunch.launcher.planning.profile_file import Profile
 from hetlaunch.launcher.stage_launch import data_parallel, layout_of, stage_spec
 from hetlaunch.protos import control_pb2 as pb
-from hetlaunch.runtime.layer_transfer import transfers
+from hetlaunch.runtime.transfer_plan import transfers
 
 HOLD_TIMEOUT_S = 30.0
 MOVE_TIMEOUT_S = 600.0  # moving every layer of a large model over a WAN link; a dead peer fails the stage sooner

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from hetlaunch.protos import control_pb2 as pb
-from hetlaunch.runtime.checkpoint import checkpoint_dir
+from hetlaunch.runtime.checkpoint_manifest import checkpoint_dir
 
 CHUNK_BYTES = 1 << 20
 _PLAIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,200}$")

@@ -1,10 +1,9 @@
 """Layers' state (parameters, buffers, optimizer state) sent between running stages over the data plane.
 
-A live move (runtime/live_move.py) changes which rank holds which layers. Every layer a rank
-gains comes from the rank of its own pipeline that held it (each pipeline holds every layer),
-so the transfers are known to every rank from the old and new layouts alone, and every rank
-walks them in one global order with blocking sends and receives: the earliest unfinished
-transfer always has both ends ready for it, so the walk cannot deadlock.
+A live move (runtime/live_move.py) changes which rank holds which layers. Every rank knows the
+transfers from the old and new layouts alone (runtime/transfer_plan.py) and walks them in that
+one global order with blocking sends and receives: the earliest unfinished transfer always has
+both ends ready for it, so the walk cannot deadlock.
 
 One layer on the wire: an int64 length, a JSON header (keys, dtypes, shapes) as bytes, then each
 tensor's bytes. The receiver parses JSON only, accepts only keys of that layer and dtypes it
@@ -15,14 +14,13 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from hetlaunch.protos import control_pb2 as pb
-from hetlaunch.runtime.checkpoint import layer_of
+from hetlaunch.runtime.checkpoint_manifest import layer_of
+from hetlaunch.runtime.transfer_plan import Transfer, TransferError
 
 MAX_HEADER_BYTES = 4 * 2**20
 MAX_TENSORS_PER_LAYER = 4096
@@ -30,36 +28,6 @@ MAX_LAYER_BYTES = 64 * 2**30
 _DTYPES = {str(d).removeprefix("torch."): d for d in (
     torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
     torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128)}
-
-
-class TransferError(ValueError):
-    """A layer message that is not what the move expected."""
-
-
-@dataclass(frozen=True)
-class Transfer:
-    layer: int
-    src: int  # rank that held it
-    dst: int  # rank that holds it after the move
-
-
-def holder(layout: list[pb.StagePlace], pipeline: int, layer: int) -> int:
-    return next(p.rank for p in layout if p.pipeline == pipeline and p.layer_start <= layer < p.layer_end)
-
-
-def transfers(old: list[pb.StagePlace], new: list[pb.StagePlace]) -> list[Transfer]:
-    """Every layer some rank holds after the move but not before, with the rank of its pipeline
-    that sends it; in layer order, then by receiving rank (the order every rank walks)."""
-    before = {p.rank: p for p in old}
-    if set(before) != {p.rank for p in new} or any(before[p.rank].pipeline != p.pipeline for p in new):
-        raise TransferError("a live move keeps every rank in its pipeline")
-    moves = []
-    for place in new:
-        was = before[place.rank]
-        for layer in range(place.layer_start, place.layer_end):
-            if not was.layer_start <= layer < was.layer_end:
-                moves.append(Transfer(layer, holder(old, place.pipeline, layer), place.rank))
-    return sorted(moves, key=lambda t: (t.layer, t.dst))
 
 
 def send_layer(state: dict[str, Tensor], layer: int, dst: int, wire: torch.device) -> int:

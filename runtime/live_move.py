@@ -27,14 +27,16 @@ from typing import Callable
 import torch
 
 from hetlaunch.protos import control_pb2 as pb
-from hetlaunch.runtime.checkpoint import apply_state, layer_of, stage_state
+from hetlaunch.runtime.checkpoint import apply_state, stage_state
+from hetlaunch.runtime.checkpoint_manifest import layer_of
 from hetlaunch.runtime.codecs import codec_by_id
 from hetlaunch.runtime.executor import StageExecutor
 from hetlaunch.runtime.grad_sync import GradientSync, make_groups, sync_group_plans
-from hetlaunch.runtime.layer_transfer import exchange, transfers
+from hetlaunch.runtime.layer_transfer import exchange
 from hetlaunch.runtime.model import build_layer, describe_model
 from hetlaunch.runtime.model_spec import ModelSpec
 from hetlaunch.runtime.tied import TiedParameters
+from hetlaunch.runtime.transfer_plan import transfers
 
 HOLD_TIMEOUT_S = 300.0  # a coordinator that never says go or cancel: the stage fails instead of hanging
 

@@ -18,7 +18,7 @@ from typing import Callable
 import grpc
 
 from hetlaunch.protos import control_pb2 as pb
-from hetlaunch.runtime.checkpoint import MANIFEST_NAME, read_manifest
+from hetlaunch.runtime.checkpoint_manifest import MANIFEST_NAME, read_manifest
 
 CHUNK_BYTES = 1 << 20
 TRANSFER_TIMEOUT_S = 3600.0  # a multi-GB part over a WAN link takes a while; a dead peer still ends it

@@ -14,8 +14,8 @@ import torch.distributed as dist
 
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.protos import worker_pb2 as wpb
-from hetlaunch.runtime.checkpoint import (apply_state, checkpoint_dir, load_layers, read_manifest, stage_state,
-                                          write_part)
+from hetlaunch.runtime.checkpoint import apply_state, load_layers, stage_state, write_part
+from hetlaunch.runtime.checkpoint_manifest import checkpoint_dir, read_manifest
 from hetlaunch.runtime.codecs import codec_by_id
 from hetlaunch.runtime.data_plane import init_data_plane, wire_device
 from hetlaunch.runtime.devices import resolve_device

@@ -195,7 +195,8 @@ def run_gloo_ranks(target, world_size: int, out_dir: Path, timeout_s: float = 60
 
 def final_parameters(run_dir: Path) -> dict:
     """The parameters (keyed `layers.<i>.<name>`) of a run's newest committed checkpoint."""
-    from hetlaunch.runtime.checkpoint import latest_checkpoint, load_layers
+    from hetlaunch.runtime.checkpoint import load_layers
+    from hetlaunch.runtime.checkpoint_manifest import latest_checkpoint
 
     found = latest_checkpoint(run_dir / "checkpoints")
     assert found is not None, f"no committed checkpoint under {run_dir / 'checkpoints'}"

@@ -16,10 +16,10 @@ import pytest
 import torch
 from torch import nn
 
-from hetlaunch.runtime.checkpoint import (CHECKPOINT_FORMAT, MANIFEST_NAME, CheckpointError, Manifest, PartInfo,
-                                          apply_state, checkpoint_dir, latest_checkpoint, load_layers,
-                                          prune_checkpoints, read_manifest, stage_state, write_manifest,
-                                          write_part)
+from hetlaunch.runtime.checkpoint import apply_state, load_layers, stage_state, write_part
+from hetlaunch.runtime.checkpoint_manifest import (CHECKPOINT_FORMAT, MANIFEST_NAME, CheckpointError, Manifest,
+                                                   PartInfo, checkpoint_dir, latest_checkpoint, prune_checkpoints,
+                                                   read_manifest, write_manifest)
 from hetlaunch.runtime.model import build_model_range, lm_loss
 from hetlaunch.runtime.model_spec import GPTConfig, ModelSpec
 

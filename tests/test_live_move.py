@@ -15,7 +15,8 @@ import yaml
 
 from conftest import hetlaunch_cmd, hetlaunch_env, run_gloo_ranks
 from hetlaunch.protos import control_pb2 as pb
-from hetlaunch.runtime.layer_transfer import TransferError, exchange, transfers
+from hetlaunch.runtime.layer_transfer import exchange
+from hetlaunch.runtime.transfer_plan import TransferError, transfers
 
 SLOW_AT = 40
 STEPS = 120

@@ -13,7 +13,8 @@ import pytest
 from hetlaunch.launcher.live_move import LiveMove, same_places
 from hetlaunch.launcher.planning.plan import Plan, StagePlan
 from hetlaunch.protos import control_pb2 as pb
-from hetlaunch.runtime.layer_transfer import TransferError, _parse_header
+from hetlaunch.runtime.layer_transfer import _parse_header
+from hetlaunch.runtime.transfer_plan import TransferError
 from hetlaunch.runtime.live_move import MoveGate
 
 HOLD, GO, CANCEL = pb.MOVE_PHASE_HOLD, pb.MOVE_PHASE_GO, pb.MOVE_PHASE_CANCEL

@@ -13,7 +13,8 @@ import torch
 from torch import nn
 
 from conftest import final_parameters, run_hetlaunch
-from hetlaunch.runtime.checkpoint import CheckpointError, apply_state, stage_state
+from hetlaunch.runtime.checkpoint import apply_state, stage_state
+from hetlaunch.runtime.checkpoint_manifest import CheckpointError
 from hetlaunch.runtime.data import open_data
 from hetlaunch.runtime.model import build_model_range
 from hetlaunch.runtime.model_spec import GPTConfig, ModelSpec

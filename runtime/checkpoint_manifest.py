@@ -1,0 +1,217 @@
+"""The torch-free half of a checkpoint: its directory names, its manifest, its layer keys.
+
+A checkpoint is `<root>/step-<8 digits>/`: one safetensors part per writing stage plus
+`manifest.json`, which the coordinator writes only after every part is reported written; that
+rename is the commit. A directory without a manifest is an interrupted save: never loaded,
+pruned once a newer checkpoint is committed. Tensors are keyed by GLOBAL layer index
+(`layers.<i>.<name>`, `optim.<i>.<name>.<field>`), never by stage.
+
+Kept apart from runtime/checkpoint.py (the tensors a stage saves and loads) so that the
+coordinator, which commits, finds, prunes and resumes checkpoints, never loads torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from hetlaunch.runtime.files import UnreadableFile, read_json, write_whole
+
+CHECKPOINT_FORMAT = "hetlaunch-checkpoint/1"
+MANIFEST_NAME = "manifest.json"
+MAX_MANIFEST_BYTES = 16 * 1024 * 1024
+_STEP_DIR = re.compile(r"step-(\d{8,})")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+class CheckpointError(ValueError):
+    """One-line reason a checkpoint cannot be written or used, naming the file."""
+
+
+def _int(d: dict, key: str, minimum: int, where: str) -> int:
+    value = d.get(key)
+    if type(value) is not int or value < minimum:  # bool is an int subclass: excluded on purpose
+        raise CheckpointError(f"{where}: {key} must be an integer >= {minimum}, got {value!r:.80}")
+    return value
+
+
+def _exact_keys(d: object, keys: set[str], where: str) -> dict:
+    if not isinstance(d, dict) or set(d) != keys:
+        got = sorted(d) if isinstance(d, dict) else type(d).__name__
+        raise CheckpointError(f"{where}: expected an object with keys {sorted(keys)}, got {str(got):.200}")
+    return d
+
+
+@dataclass(frozen=True)
+class PartInfo:
+    file: str  # a plain name inside the checkpoint directory
+    layer_start: int
+    layer_end: int
+    bytes: int
+    sha256: str
+
+    def to_dict(self) -> dict:
+        return {"file": self.file, "layer_start": self.layer_start, "layer_end": self.layer_end,
+                "bytes": self.bytes, "sha256": self.sha256}
+
+    @staticmethod
+    def from_dict(d: object, where: str = "part") -> PartInfo:
+        d = _exact_keys(d, {"file", "layer_start", "layer_end", "bytes", "sha256"}, where)
+        name = d["file"]
+        # A manifest names files only inside its own directory: no path, no hidden/temp files.
+        if (not isinstance(name, str) or not name or len(name) > 255 or name.startswith(".")
+                or any(c in name for c in "/\\\0") or name == MANIFEST_NAME):
+            raise CheckpointError(f"{where}: file must be a plain file name, got {name!r:.80}")
+        start, end = _int(d, "layer_start", 0, where), _int(d, "layer_end", 1, where)
+        if start >= end:
+            raise CheckpointError(f"{where}: empty layer range [{start}, {end})")
+        if not isinstance(d["sha256"], str) or not _SHA256.fullmatch(d["sha256"]):
+            raise CheckpointError(f"{where}: sha256 must be 64 lowercase hex digits")
+        return PartInfo(name, start, end, _int(d, "bytes", 0, where), d["sha256"])
+
+
+@dataclass(frozen=True)
+class Manifest:
+    step: int  # optimizer steps completed = the next step to run
+    num_layers: int
+    parts: list[PartInfo]
+    extra: dict  # free JSON: model description, data seed, plan, source...
+
+    def to_dict(self) -> dict:
+        return {"format": CHECKPOINT_FORMAT, "step": self.step, "num_layers": self.num_layers,
+                "parts": [p.to_dict() for p in self.parts], "extra": self.extra}
+
+    @staticmethod
+    def from_dict(d: object, where: str = "manifest") -> Manifest:
+        d = _exact_keys(d, {"format", "step", "num_layers", "parts", "extra"}, where)
+        if d["format"] != CHECKPOINT_FORMAT:
+            raise CheckpointError(f"{where}: format is {d['format']!r:.80}, expected {CHECKPOINT_FORMAT!r}")
+        if not isinstance(d["parts"], list) or not isinstance(d["extra"], dict):
+            raise CheckpointError(f"{where}: parts must be a list and extra an object")
+        parts = [PartInfo.from_dict(p, f"{where}: parts[{i}]") for i, p in enumerate(d["parts"])]
+        manifest = Manifest(_int(d, "step", 0, where), _int(d, "num_layers", 1, where), parts, d["extra"])
+        _check_parts(manifest.parts, manifest.num_layers, where)
+        return manifest
+
+
+def _check_parts(parts: list[PartInfo], num_layers: int, where: str) -> None:
+    """Parts must name distinct files and together cover [0, num_layers); overlap is fine (replicas).
+    Works on the ranges, never per layer: a hostile num_layers of 10**100 costs nothing."""
+    if len({p.file for p in parts}) != len(parts):
+        raise CheckpointError(f"{where}: a part file is listed twice")
+    reached = 0
+    for part in sorted(parts, key=lambda p: p.layer_start):
+        if part.layer_end > num_layers:
+            raise CheckpointError(f"{where}: {part.file} ends at layer {part.layer_end} > num_layers {num_layers}")
+        if part.layer_start > reached:
+            break
+        reached = max(reached, part.layer_end)
+    if reached < num_layers:
+        raise CheckpointError(f"{where}: no part holds layer {reached} (the model has {num_layers} layers)")
+
+
+def checkpoint_dir(root: Path, step: int) -> Path:
+    return Path(root) / f"step-{step:08d}"
+
+
+def layer_of(key: str) -> int | None:
+    """The global layer index of a `layers.<i>.` or `optim.<i>.` key; None for anything else."""
+    kind, _, rest = key.partition(".")
+    index, dot, _ = rest.partition(".")
+    ok = kind in ("layers", "optim") and dot and index.isascii() and index.isdigit()
+    return int(index) if ok else None
+
+
+def write_manifest(directory: Path, step: int, num_layers: int, parts: list[PartInfo], extra: dict) -> Path:
+    """Commit the checkpoint: after this rename it exists; before it, it does not."""
+    directory = Path(directory)
+    manifest = Manifest(step, num_layers, list(parts), extra)
+    try:  # the same checks a reader makes, so we never commit what read_manifest would refuse
+        text = json.dumps(manifest.to_dict(), indent=1, allow_nan=False)
+        Manifest.from_dict(manifest.to_dict(), str(directory / MANIFEST_NAME))
+    except (TypeError, ValueError) as err:
+        raise CheckpointError(f"{directory / MANIFEST_NAME}: {err}") from None
+    for part in parts:
+        check_part_file(directory / part.file, part, sha256=False)
+    path = directory / MANIFEST_NAME
+    write_whole(path, text)
+    return path
+
+
+def check_part_file(path: Path, part: PartInfo, sha256: bool) -> None:
+    """Is this the file the manifest names: its size, and with `sha256` its content."""
+    digest = hashlib.sha256()
+    try:
+        size = path.stat().st_size
+        if sha256 and size == part.bytes:
+            with open(path, "rb") as f:
+                while chunk := f.read(1 << 22):
+                    digest.update(chunk)
+    except OSError as err:
+        raise CheckpointError(f"{path}: cannot read ({err.strerror or err})") from None
+    if size != part.bytes:
+        raise CheckpointError(f"{path}: {size} bytes, the manifest says {part.bytes}")
+    if sha256 and digest.hexdigest() != part.sha256:
+        raise CheckpointError(f"{path}: sha256 does not match the manifest (changed after it was written)")
+
+
+def read_manifest(directory: Path) -> Manifest:
+    path = Path(directory) / MANIFEST_NAME
+    try:
+        raw = read_json(path, MAX_MANIFEST_BYTES)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: no manifest (the checkpoint was never committed)") from None
+    except UnreadableFile as err:
+        raise CheckpointError(f"{path}: {err}") from None
+    return Manifest.from_dict(raw, str(path))
+
+
+def _step_dirs(root: Path) -> list[tuple[int, Path]]:
+    """Every step directory under root as (step, path), newest first."""
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return []
+    found = [(int(m.group(1)), Path(root) / n) for n in names if (m := _STEP_DIR.fullmatch(n))]
+    # Only the canonical spelling: "step-000000002" must not shadow (or be pruned as) step 2.
+    return sorted(((s, d) for s, d in found if d == checkpoint_dir(root, s) and d.is_dir()), reverse=True)
+
+
+def _manifest_of(step: int, directory: Path) -> Manifest | None:
+    try:
+        manifest = read_manifest(directory)
+    except CheckpointError:
+        return None  # uncommitted, or broken by someone else: never worth crashing a job over
+    # A manifest copied under another step's name would resume at the wrong step.
+    return manifest if manifest.step == step else None
+
+
+def latest_checkpoint(root: Path) -> tuple[Path, Manifest] | None:
+    return next(((d, m) for s, d in _step_dirs(root) if (m := _manifest_of(s, d)) is not None), None)
+
+
+def prune_checkpoints(root: Path, keep: int) -> None:
+    """Keep the newest `keep` committed checkpoints; remove older ones and the leftovers of
+    interrupted saves older than the newest commit. Directories newer than that may be a save
+    in progress and are never touched."""
+    if keep < 1:
+        raise ValueError(f"keep must be >= 1 (the newest checkpoint is never removed), got {keep}")
+    kept = 0
+    for step, directory in _step_dirs(root):
+        if kept < keep and _manifest_of(step, directory) is not None:
+            kept += 1
+            continue
+        if kept == 0:
+            continue  # newer than every committed checkpoint: possibly being written right now
+        if directory.is_symlink():
+            directory.unlink()
+            continue
+        # Un-commit first, so a crash halfway through the removal never leaves a manifest
+        # that names parts already deleted.
+        (directory / MANIFEST_NAME).unlink(missing_ok=True)
+        shutil.rmtree(directory, ignore_errors=True)
