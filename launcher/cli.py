@@ -326,9 +326,10 @@ def prepare_data(
 @app.command()
 def export(
     run: Path = typer.Argument(..., help="a run directory, a checkpoint root, or one step-<k> checkpoint"),
-    output: Path = typer.Option(..., "-o", "--output", help="the .safetensors file to write"),
+    output: Path = typer.Option(..., "-o", "--output", help="a .safetensors file, or a directory: model.safetensors "
+                                                            "+ config.json (HF models) for from_pretrained"),
 ) -> None:
-    """Merge a run's newest checkpoint into one state dict (Hugging Face names for HF models)."""
+    """Merge a run's newest checkpoint into one state dict (Hugging Face names, and config.json, for HF models)."""
     from hetlaunch.launcher.export import ExportError, export as export_run
 
     try:
@@ -339,7 +340,8 @@ def export(
         _fail(str(err), EXIT_BAD_INPUT)
     except OSError as err:
         _fail(f"{err.filename or output}: {err.strerror or err}", EXIT_BAD_INPUT)
-    print(f"{output}: {done.tensors} tensors of the checkpoint at step {done.step} ({done.directory})", flush=True)
+    written = f"{done.weights}" + (f" and {done.config.name}" if done.config else "")
+    print(f"{written}: {done.tensors} tensors of the checkpoint at step {done.step} ({done.directory})", flush=True)
 
 
 @app.command()

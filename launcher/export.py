@@ -1,11 +1,15 @@
-"""`hetlaunch export RUN -o model.safetensors`: the stages' checkpoint parts of a run, merged
-into one state dict of the whole model — under the model's own names where it has them (a
-Hugging Face model's, so `transformers` loads the file), else `layers.<i>.<name>`.
+"""`hetlaunch export RUN -o model.safetensors` (one file) or `-o DIR` (a directory
+`from_pretrained` loads): the stages' checkpoint parts of a run, merged into one state dict of
+the whole model — under the model's own names where it has them (a Hugging Face model's), else
+`layers.<i>.<name>`. Into a directory go `model.safetensors` and, for a model that has one
+(`LayeredModel.export_config`: the Hugging Face entrypoints), the `config.json` of the sizes and
+tying the run trained, so `AutoModelForCausalLM.from_pretrained(DIR)` needs nothing else.
 
 RUN is a run directory, a checkpoint root (its `checkpoints/` or `checkpoint.dir`) or one
 committed `step-<k>` directory; the newest committed checkpoint is used. The model is named in
-the checkpoint's manifest, so its entrypoint is imported here (as on an agent). The output is
-written whole (temp, fsync, rename) or not at all.
+the checkpoint's manifest, so its entrypoint is imported here (as on an agent). Each file is
+written whole (temp, fsync, rename) or not at all; into a directory the weights go first and
+config.json last, so a directory with a config.json from this export has its weights.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from google.protobuf import json_format
 
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.runtime.checkpoint_manifest import CheckpointError, latest_checkpoint, read_manifest
+from hetlaunch.runtime.files import write_whole
 from hetlaunch.runtime.wire import model_spec_from_proto
 
 
@@ -30,7 +35,9 @@ class ExportError(Exception):
 class Exported:
     step: int
     tensors: int
-    directory: Path
+    directory: Path  # the checkpoint read
+    weights: Path  # the .safetensors file written
+    config: Path | None = None  # the config.json written beside it, if any
 
 
 def _checkpoint(path: Path):
@@ -73,16 +80,30 @@ def export(path: Path, output: Path) -> Exported:
             continue  # optimizer state stays in the checkpoint
         name = model.export_name(int(index), local) if model.export_name else key
         merged[name] = tensor.contiguous()
-    output.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=output.parent, prefix=f".{output.name}.", suffix=".tmp")
+    weights, config = _targets(output, model.export_config is not None)
+    weights.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=weights.parent, prefix=f".{weights.name}.", suffix=".tmp")
     os.close(fd)
     try:
         save_file(merged, tmp, metadata={"format": "pt", "hetlaunch_step": str(manifest.step),
                                          "hetlaunch_model": spec.describe()})
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
-        os.replace(tmp, output)
+        os.replace(tmp, weights)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return Exported(step=manifest.step, tensors=len(merged), directory=directory)
+    if config is not None:
+        write_whole(config, model.export_config)
+    return Exported(step=manifest.step, tensors=len(merged), directory=directory, weights=weights, config=config)
+
+
+def _targets(output: Path, has_config: bool) -> tuple[Path, Path | None]:
+    """(weights file, config.json or None): a path ending in .safetensors is the one file asked
+    for; anything else is a directory that takes both."""
+    if output.suffix == ".safetensors":
+        return output, None
+    if output.exists() and not output.is_dir():
+        raise ExportError(f"{output}: exists and is not a directory (name a .safetensors file, or a directory "
+                          "for from_pretrained)")
+    return output / "model.safetensors", (output / "config.json" if has_config else None)

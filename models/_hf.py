@@ -35,13 +35,22 @@ def read_config(config_class, pretrained: str | None, sizes: dict):
         raise ValueError(f"pretrained: cannot read {path}: {err}") from None
 
 
-def layered_model(num_layers: int, vocab_size: int, make: Callable[[int], nn.Module], pretrained: str | None,
-                  hf_name: Callable[[int, str], str], canonical: Callable[[str], str], tied_embedding: str | None,
-                  init: Callable[[nn.Module], None]) -> LayeredModel:
+def export_config(config, architecture: str) -> str:
+    """config.json for `from_pretrained`: the config this run built its layers from (its sizes,
+    n_positions / max_position_embeddings as trained, its tying), naming the class to load."""
+    values = config.to_dict()
+    values["architectures"] = [architecture]
+    return json.dumps(values, indent=2, sort_keys=True) + "\n"
+
+
+def layered_model(num_layers: int, config, architecture: str, make: Callable[[int], nn.Module],
+                  pretrained: str | None, hf_name: Callable[[int, str], str], canonical: Callable[[str], str],
+                  tied_embedding: str | None, init: Callable[[nn.Module], None]) -> LayeredModel:
     """A Hugging Face decoder as a LayeredModel: layer 0 the embeddings, the last the head (its
     `lm_head`), the rest blocks (`make(i)` builds layer i). Each built layer is loaded from
     `pretrained` (only its tensors) or initialised by `init`. `tied_embedding`: layer 0's weight
-    that `lm_head.weight` is tied to, if any."""
+    that `lm_head.weight` is tied to, if any. `architecture`: the transformers class that
+    `hetlaunch export`'s config.json names (e.g. GPT2LMHeadModel)."""
     head = num_layers - 1
     tied = (hf_name(head, "lm_head.weight"), hf_name(0, tied_embedding)) if tied_embedding else None
 
@@ -56,10 +65,10 @@ def layered_model(num_layers: int, vocab_size: int, make: Callable[[int], nn.Mod
             init(layer)
         return layer
 
-    return LayeredModel(num_layers, make_layer, lm_loss, vocab_size=vocab_size,
+    return LayeredModel(num_layers, make_layer, lm_loss, vocab_size=config.vocab_size,
                         layer_kind=lambda i: "embeddings" if i == 0 else "head" if i == head else "block",
                         tied=((f"0.{tied_embedding}", f"{head}.lm_head.weight"),) if tied_embedding else (),
-                        export_name=hf_name)
+                        export_name=hf_name, export_config=export_config(config, architecture))
 
 
 def load_own(pretrained: str, names: dict[str, str], canonical: Callable[[str], str],

@@ -8,7 +8,8 @@ holders sum their gradients every step, so training equals one process with the 
 Random init from a config (GPT-2's scheme, per layer from hetlaunch's seeded RNG), or
 `pretrained: <local dir>` (a `save_pretrained` directory: config.json + *.safetensors), where
 each stage reads only its own layers' tensors. `hetlaunch export` writes the trained weights
-back under Hugging Face's names, loadable by `GPT2LMHeadModel`. Needs `transformers`
+back under Hugging Face's names, with a config.json of the run's sizes (n_positions = the
+seq_len trained, unless `pretrained` said more), so `from_pretrained` loads them. Needs `transformers`
 (`pip install 'hetlaunch[hf]'`).
 """
 
@@ -93,7 +94,7 @@ def build(seq_len: int, n_layer: int = 2, n_embd: int = 64, n_head: int = 4, voc
         return Head(config) if index == num_layers - 1 else Block(config, index - 1)
 
     # Old GPT-2 files name the body without the "transformer." prefix.
-    return layered_model(num_layers, config.vocab_size, make, pretrained, partial(hf_name, num_layers),
+    return layered_model(num_layers, config, "GPT2LMHeadModel", make, pretrained, partial(hf_name, num_layers),
                          lambda key: key if key.startswith(("transformer.", "lm_head.")) else f"transformer.{key}",
                          "wte.weight",
                          # GPT-2's scheme, as GPT2PreTrainedModel._init_weights

@@ -8,7 +8,8 @@ the config says so (`tie_word_embeddings`, as Llama 3.2 1B/3B do).
 
 Random init from sizes (per layer, from hetlaunch's seeded RNG, as LlamaPreTrainedModel would),
 or `pretrained: <local dir>` (config.json + *.safetensors), each stage reading only its own
-tensors. `hetlaunch export` writes Hugging Face's names, loadable by `LlamaForCausalLM`.
+tensors. `hetlaunch export` writes Hugging Face's names and a config.json of the run's sizes and tying
+(`tie_word_embeddings` as trained), so `LlamaForCausalLM.from_pretrained` loads them.
 """
 
 from __future__ import annotations
@@ -92,6 +93,7 @@ def build(seq_len: int, num_hidden_layers: int = 2, hidden_size: int = 64, inter
             return Embeddings(config)
         return Head(config) if index == num_layers - 1 else Block(config, index - 1)
 
-    return layered_model(num_layers, config.vocab_size, make, pretrained, partial(hf_name, num_layers), lambda key: key,
+    return layered_model(num_layers, config, "LlamaForCausalLM", make, pretrained, partial(hf_name, num_layers),
+                         lambda key: key,
                          "embed_tokens.weight" if config.tie_word_embeddings else None,
                          lambda layer: init_layer(layer, config.initializer_range))

@@ -56,6 +56,9 @@ class LayeredModel:
     tied: tuple[tuple[str, ...], ...] = ()
     # `hetlaunch export`'s name for a layer's parameter (e.g. Hugging Face's); None: "layers.<i>.<name>".
     export_name: Callable[[int, str], str] | None = None
+    # The config.json text `hetlaunch export -o DIR` writes beside the weights, so that
+    # `from_pretrained(DIR)` builds the model the run trained (its real sizes and tying); None: none.
+    export_config: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.num_layers, int) or self.num_layers < 1:

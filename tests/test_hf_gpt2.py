@@ -1,6 +1,7 @@
 """Hugging Face GPT-2 in and out: the `hetlaunch.models.hf_gpt2` entrypoint trains as one
 process with its embedding tied to the output projection across the first and last stage,
-`hetlaunch export` writes a file `transformers.GPT2LMHeadModel` loads with the same logits,
+`hetlaunch export` writes a file `transformers.GPT2LMHeadModel` loads with the same logits (and
+a directory `AutoModelForCausalLM.from_pretrained` loads alone),
 and `pretrained:` loads a `save_pretrained` directory, each stage only its own tensors."""
 
 from __future__ import annotations
@@ -93,6 +94,17 @@ def test_tied_gpt2_across_first_and_last_stage_equals_one_process_and_exports(tm
     with torch.no_grad():
         logits = nn.Sequential(*ours)(x)
         torch.testing.assert_close(hf(x).logits, logits, rtol=1e-5, atol=1e-5)
+
+    # Into a directory: config.json with the run's sizes (n_positions 16, not GPT-2's 1024) and its
+    # tie, so from_pretrained alone builds the model the run trained.
+    exported = run_hetlaunch("export", str(run_dir), "-o", str(tmp_path / "gpt2-out"), timeout=120)
+    assert exported.returncode == 0, exported.stderr
+    assert sorted(p.name for p in (tmp_path / "gpt2-out").iterdir()) == ["config.json", "model.safetensors"]
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "gpt2-out").eval()
+    assert isinstance(loaded, transformers.GPT2LMHeadModel) and loaded.config.n_positions == KW["seq_len"]
+    assert loaded.lm_head.weight is loaded.transformer.wte.weight  # tied as trained
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x).logits, logits, rtol=1e-5, atol=1e-5)
 
 
 def test_pretrained_loads_each_stage_from_the_saved_shards(tmp_path):

@@ -1,7 +1,7 @@
 """Hugging Face Llama: `hetlaunch.models.hf_llama` stages chain to the logits of
 `transformers.LlamaForCausalLM` with the same weights (per-layer rotary tables, causal without a
 mask), `pretrained:` reads each stage's tensors from the shards, and a 3-stage run exports a file
-LlamaForCausalLM loads."""
+LlamaForCausalLM loads and a directory `from_pretrained` loads alone."""
 
 from __future__ import annotations
 
@@ -70,4 +70,12 @@ nodes:
         layer.load_state_dict(own, strict=False)
     x = torch.randint(0, 300, (2, 16), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
-        torch.testing.assert_close(nn.Sequential(*layers)(x), hf(x).logits, rtol=1e-5, atol=1e-5)
+        logits = nn.Sequential(*layers)(x)
+        torch.testing.assert_close(logits, hf(x).logits, rtol=1e-5, atol=1e-5)
+    # Into a directory, from_pretrained alone: the run's sizes and its tie (LlamaConfig's default is untied).
+    assert run_hetlaunch("export", str(tmp_path / "run"), "-o", str(tmp_path / "out"), timeout=120).returncode == 0
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    assert isinstance(loaded, transformers.LlamaForCausalLM) and loaded.config.tie_word_embeddings
+    assert loaded.lm_head.weight is loaded.model.embed_tokens.weight
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x).logits, logits, rtol=1e-5, atol=1e-5)
