@@ -1,7 +1,7 @@
 """Where a run's metrics go besides metrics.jsonl: TensorBoard and a Prometheus endpoint (optional extras).
 
-* `observe.tensorboard: true` writes scalars to runs/<id>/tensorboard/ with
-  torch.utils.tensorboard (the `tensorboard` extra): loss, eval loss, tokens/s, step time,
+* `observe.tensorboard: true` writes scalars to runs/<id>/tensorboard/ with tensorboard's
+  event file writer (the `tensorboard` extra): loss, eval loss, tokens/s, step time,
   learning rate, gradient norm, generation and restarts, and per stage the fractions of its
   step spent computing, waiting on the data plane, in gradient sync and otherwise idle,
   and the bytes it put on the wire.
@@ -100,30 +100,40 @@ def _fractions(stage: dict) -> dict[str, float]:
 
 class _TensorBoard:
     def __init__(self, directory: Path):
-        from torch.utils.tensorboard import SummaryWriter
+        # tensorboard's own writer, the one torch.utils.tensorboard writes through (the same event
+        # files): torch's SummaryWriter would load torch into the coordinator.
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.summary_pb2 import Summary
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-        self.writer = SummaryWriter(str(directory))
+        self.writer = EventFileWriter(str(directory))
+        self.event, self.summary = Event, Summary
         self.last_step = 0
 
+    def add_scalar(self, tag: str, value: float, step: int) -> None:
+        """One scalar as torch.utils.tensorboard's add_scalar writes it (a `simple_value`)."""
+        summary = self.summary(value=[self.summary.Value(tag=tag, simple_value=float(value))])
+        self.writer.add_event(self.event(wall_time=time.time(), step=step, summary=summary))
+
     def step(self, record: StepRecord, generation: int) -> None:
-        w, s = self.writer, record.step
+        s = record.step
         self.last_step = s
         for tag, value in (("loss/train", record.loss), ("loss/eval", record.eval_loss),
                            ("throughput/tokens_per_s", record.tokens_per_s), ("throughput/step_s", record.step_s),
                            ("optimizer/lr", record.lr), ("optimizer/grad_norm", record.grad_norm),
                            ("run/generation", generation)):
             if value is not None and value == value:  # NaN (a diverged loss) is left out
-                w.add_scalar(tag, value, s)
+                self.add_scalar(tag, value, s)
         for stage in record.stages:
             name = f"p{stage['pipeline']}s{stage['stage']}_{stage['node']}"
             for part, fraction in _fractions(stage).items():
-                w.add_scalar(f"stage_{part}_fraction/{name}", fraction, s)
+                self.add_scalar(f"stage_{part}_fraction/{name}", fraction, s)
             for direction, (raw, wire) in stage["sent_bytes"].items():
                 if raw:
-                    w.add_scalar(f"wire_bytes_{direction}/{name}", wire, s)
+                    self.add_scalar(f"wire_bytes_{direction}/{name}", wire, s)
 
     def restarted(self, restarts: int) -> None:
-        self.writer.add_scalar("run/restarts", restarts, self.last_step)
+        self.add_scalar("run/restarts", restarts, self.last_step)
 
     def close(self) -> None:
         self.writer.close()
