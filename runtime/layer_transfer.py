@@ -31,7 +31,7 @@ _DTYPES = {str(d).removeprefix("torch."): d for d in (
 
 
 def send_layer(state: dict[str, Tensor], layer: int, dst: int, wire: torch.device) -> int:
-    """Send one layer's entries of `state` (global keys, runtime/checkpoint.py) to rank `dst`; returns bytes sent."""
+    """Send one layer's entries of `state` (global keys, runtime/checkpoint_manifest.py) to rank `dst`; returns bytes sent."""
     items = sorted((k, v) for k, v in state.items() if layer_of(k) == layer)
     header = json.dumps([[k, str(v.dtype).removeprefix("torch."), list(v.shape)] for k, v in items]).encode()
     dist.send(torch.tensor([len(header)], dtype=torch.int64, device=wire), dst=dst)

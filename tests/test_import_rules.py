@@ -104,3 +104,97 @@ def test_commands_that_need_no_cluster_load_neither_torch_nor_grpc(tmp_path, arg
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50)
     assert result.returncode == 0, result.stderr
     assert result.stderr.strip().splitlines()[-1] == "[]", result.stderr
+
+
+# --- The coordinator never loads torch ---------------------------------------------------------
+# `hetlaunch up` is the coordinator: it plans, commits checkpoints and prices live moves, none of
+# which needs a tensor; torch there would cost seconds and hundreds of MB on every start. A torch
+# import that `up` reaches, directly or through runtime/, models/ or protos/, is caught here;
+# tests/test_coordinator_torch_free.py checks the same on a real `up` process.
+
+PACKAGE_DIRS = {"hetlaunch.launcher": "launcher", "hetlaunch.runtime": "runtime", "hetlaunch.protos": "protos",
+                "hetlaunch.models": "models"}  # pyproject's package-dir
+LOADS_TORCH = ("torch", "safetensors.torch", "transformers")
+# Launcher functions that may load torch: they belong to commands that are not the coordinator.
+MAY_LOAD_TORCH = {("launcher/cli.py", "agent"), ("launcher/export.py", "export")}
+
+
+def source_of(module: str) -> Path | None:
+    for package, folder in PACKAGE_DIRS.items():
+        if module == package or module.startswith(package + "."):
+            base = REPO / folder / module[len(package) + 1:].replace(".", "/")
+            for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+                if candidate.is_file():
+                    return candidate
+    return None
+
+
+def executed_imports(path: Path) -> list[tuple[int, str, str | None]]:
+    """(line, module, the top-level function it is inside or None) for every import that can run:
+    `from a import b` also yields `a.b` (b may be a submodule); `if TYPE_CHECKING:` never runs."""
+    found = []
+
+    def visit(node: ast.AST, function: str | None) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                for other in child.orelse:
+                    visit(ast.Module(body=[other], type_ignores=[]), function)
+                continue
+            inside = function
+            if function is None and isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                inside = child.name
+            if isinstance(child, ast.Import):
+                found.extend((child.lineno, alias.name, inside) for alias in child.names)
+            elif isinstance(child, ast.ImportFrom) and child.module:
+                found.append((child.lineno, child.module, inside))
+                found.extend((child.lineno, f"{child.module}.{alias.name}", inside) for alias in child.names)
+            visit(child, inside)
+
+    visit(ast.parse(path.read_text(), filename=str(path)), None)
+    return found
+
+
+def torch_chains(start: Path, name: str | None = None) -> list[str]:
+    """Each way that importing `start`, or calling a launcher function, reaches torch: every import
+    of a launcher file (inside functions too), and what the modules it imports run when imported.
+    Inside a runtime function is left to the real `up` of test_coordinator_torch_free.py
+    (runtime/version.py's torch_version imports torch only where torch has no package metadata).
+    `name`: where `start` stands in the repository, for a file written elsewhere."""
+    names = {start: name or str(start.relative_to(REPO))}
+    seen, todo, chains = {start}, [(start, names[start])], []
+    while todo:
+        path, chain = todo.pop()
+        rel = names.get(path) or str(path.relative_to(REPO))
+        for line, module, function in executed_imports(path):
+            if (rel, function) in MAY_LOAD_TORCH or (function is not None and not rel.startswith("launcher/")):
+                continue
+            if any(module == t or module.startswith(t + ".") for t in LOADS_TORCH):
+                chains.append(f"{chain}:{line} imports {module}")
+                continue
+            parts = module.split(".")
+            for depth in range(2, len(parts) + 1):  # a module's packages run their __init__ first
+                found = source_of(".".join(parts[:depth]))
+                if found is not None and found not in seen:
+                    seen.add(found)
+                    todo.append((found, f"{chain}:{line} -> {found.relative_to(REPO)}"))
+    return chains
+
+
+def test_no_launcher_module_loads_torch_when_imported():
+    problems = [c for f in sorted((REPO / "launcher").rglob("*.py")) for c in torch_chains(f)]
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("line", ["import torch", "from safetensors.torch import save_file",
+                                  "from hetlaunch.runtime.checkpoint import load_layers",
+                                  "from hetlaunch.runtime import layer_transfer"])
+def test_a_torch_import_of_the_launcher_is_caught_through_runtime_and_inside_functions(tmp_path, line):
+    source = tmp_path / "added.py"
+    source.write_text(f"def later():\n    {line}\n")
+    assert torch_chains(source, "launcher/added.py"), f"{line!r} in launcher/ was not caught"
+
+
+def test_a_command_that_is_not_the_coordinator_may_load_torch_inside_its_function(tmp_path):
+    source = tmp_path / "export.py"
+    source.write_text("def export():\n    import torch\n\ndef other():\n    import torch\n")
+    assert torch_chains(source, "launcher/export.py") == ["launcher/export.py:5 imports torch"]
