@@ -115,8 +115,10 @@ def test_commands_that_need_no_cluster_load_neither_torch_nor_grpc(tmp_path, arg
 PACKAGE_DIRS = {"hetlaunch.launcher": "launcher", "hetlaunch.runtime": "runtime", "hetlaunch.protos": "protos",
                 "hetlaunch.models": "models"}  # pyproject's package-dir
 LOADS_TORCH = ("torch", "safetensors.torch", "transformers")
-# Launcher functions that may load torch: they belong to commands that are not the coordinator.
-MAY_LOAD_TORCH = {("launcher/cli.py", "agent"), ("launcher/export.py", "export")}
+# Launcher functions that may load torch: they belong to commands that are not the coordinator
+# (`validate` asks an entrypoint model its vocabulary; `up` calls model_vocabulary without asking).
+MAY_LOAD_TORCH = {("launcher/cli.py", "agent"), ("launcher/export.py", "export"),
+                  ("launcher/token_check.py", "model_vocabulary")}
 
 
 def source_of(module: str) -> Path | None:
