@@ -1,7 +1,8 @@
 """The `hetlaunch` command: up, status, logs, down, profile, plan, validate, prepare-data, export, certs, agent.
 
 Only typer is imported up front: each command imports what it needs, so `--help`,
-`--version` and `validate` never load torch or grpc. Every message is printed as plain
+`--version` and `validate` never load torch or grpc (but for `validate` asking an entrypoint
+model its vocabulary, to check a token file's ids). Every message is printed as plain
 text (never parsed as rich markup: a node's error may contain `[...]`), errors as one
 line `error: ...` on stderr with the exit code below.
 """
@@ -70,8 +71,11 @@ def validate(cluster_yaml: Path = typer.Argument(..., help="cluster YAML file"))
     """Check a cluster YAML file without starting anything."""
     cluster = _load(cluster_yaml)
     _check_extras(cluster)
+    tokens = _check_tokens(cluster, cluster_yaml, ask_entrypoint=True)
     print(f"{cluster_yaml}: ok ({len(cluster.nodes)} nodes, {len(cluster.local_nodes)} local, "
           f"{len(cluster.remote_nodes)} remote, {len(cluster.ssh_nodes)} over ssh)", flush=True)
+    if tokens:
+        print(f"  {tokens}", flush=True)
     if cluster.discover is not None:
         print(f"  up will take {cluster.discover.describe()}", flush=True)
 
@@ -88,6 +92,7 @@ def up(
     """Start a coordinator and the local agents, wait for remote ones, profile, plan, train, write runs/<run-id>/."""
     cluster = _load(cluster_yaml)
     _check_extras(cluster)
+    _check_tokens(cluster, cluster_yaml, ask_entrypoint=False)  # an entrypoint's vocabulary: the stages check
     token = _token(cluster, token_file)
     if resume is not None and run_dir is not None and resume.resolve() != run_dir.resolve():
         _fail("--resume continues in its own run directory; leave --run-dir out", 2)
@@ -233,6 +238,16 @@ def _check_extras(cluster) -> None:
     try:
         check_extras(cluster)
     except MissingExtra as err:
+        _fail(str(err), EXIT_BAD_INPUT)
+
+
+def _check_tokens(cluster, cluster_yaml: Path, ask_entrypoint: bool) -> str | None:
+    """Every id of a token file below the model's vocabulary (launcher/token_check.py), or one line."""
+    from hetlaunch.launcher.token_check import BadTokens, check_tokens
+
+    try:
+        return check_tokens(cluster, str(cluster_yaml), ask_entrypoint)
+    except BadTokens as err:
         _fail(str(err), EXIT_BAD_INPUT)
 
 

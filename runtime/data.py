@@ -2,7 +2,8 @@
 
 A token file is nanoGPT's format: a flat array of uint16 or uint32 token ids, no header,
 memory-mapped so a corpus larger than memory costs only the windows drawn from it
-(`hetlaunch prepare-data` writes one from text). Every stage that needs data (the first stage for inputs, the last for targets)
+(`hetlaunch prepare-data` writes one from text; runtime/token_file.py opens it and checks every
+id against the vocabulary once, when it is opened). Every stage that needs data (the first stage for inputs, the last for targets)
 builds its own ``TokenBatches`` from the same bytes and seed; because a batch
 depends only on ``(seed, step)``, the two processes agree on every batch without
 sending tokens to each other, whatever order they ask for steps in.
@@ -22,6 +23,8 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import Tensor
+
+from hetlaunch.runtime.token_file import check_token_ids, token_file
 
 # Directory names whose contents are not representative source (or not stdlib at all).
 _SKIP_DIRS = frozenset({"test", "tests", "site-packages", "dist-packages", "__pycache__"})
@@ -78,25 +81,6 @@ def batch_seed(seed: int, step: int) -> int:
     # Hash so that (seed, step) pairs never collide and any int seed is accepted.
     digest = hashlib.blake2b(f"hetlaunch-data:{seed}:{step}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1
-
-
-TOKEN_DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
-
-
-def token_file(path: str, dtype: str) -> np.ndarray:
-    """A token file, memory-mapped read-only; refuses one that is missing, empty or cut mid-token."""
-    if dtype not in TOKEN_DTYPES:
-        raise ValueError(f"token dtype {dtype!r} is not one of {', '.join(TOKEN_DTYPES)}")
-    p = Path(path)
-    if not p.exists():
-        raise FileNotFoundError(f"data file {path!r} does not exist")
-    if not p.is_file():
-        raise ValueError(f"data file {path!r} is not a regular file")
-    size, itemsize = p.stat().st_size, np.dtype(TOKEN_DTYPES[dtype]).itemsize
-    if size == 0 or size % itemsize:
-        raise ValueError(f"data file {path!r} has {size} bytes, not a whole number of {dtype} tokens "
-                         f"({itemsize} bytes each)")
-    return np.memmap(p, dtype=TOKEN_DTYPES[dtype], mode="r")
 
 
 class TokenBatches:
@@ -169,6 +153,8 @@ def open_data(path: str, data_format: str, dtype: str, seq_len: int, seed: int, 
     (the last `eval_fraction` of it, never trained on)."""
     if data_format == "tokens":
         data, source = token_file(path, dtype), f"data file {path!r}"
+        if vocab_size is not None:  # every id, before training: a bad one deep in the file must not wait for its draw
+            check_token_ids(data, vocab_size, source)
     elif data_format in ("", "text"):
         data = file_text_bytes(path) if path else stdlib_text_bytes()
         source = f"data file {path!r}" if path else "the standard library's text"

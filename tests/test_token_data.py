@@ -1,6 +1,7 @@
-"""Token files (nanoGPT's format): deterministic batches equal to nanoGPT's sampling, clear errors
-for ids outside the vocabulary and for files that are not whole tokens, `hetlaunch
-prepare-data` with a real tokenizer, and a run that trains on its output."""
+"""Token files (nanoGPT's format): deterministic batches equal to nanoGPT's sampling, every id
+checked against the vocabulary before training (`validate`, `up`, the stages) with one-line
+errors naming it, clear errors for files that are not whole tokens, `hetlaunch prepare-data`
+with a real tokenizer, and a run that trains on its output."""
 
 from __future__ import annotations
 
@@ -48,11 +49,54 @@ def test_batches_are_nanogpt_sampling_under_the_step_seed(tmp_path, dtype):
 
 def test_an_id_outside_the_vocabulary_names_the_file(tmp_path):
     path = write_tokens(tmp_path / "train.bin", [1, 2, 3, 4] * 20 + [300] * 40)
-    train, _ = open_data(str(path), "tokens", "uint16", seq_len=8, seed=0, vocab_size=256)
+    # Found when the file is opened, not when a window happens to draw it.
     with pytest.raises(ValueError, match=r"data file '.*train\.bin' holds token id 300, outside the model's "
-                                         r"vocabulary of 256"):
+                                         r"vocabulary of 256 \(ids 0..255\), at position 80 of 120$"):
+        open_data(str(path), "tokens", "uint16", seq_len=8, seed=0, vocab_size=256)
+    batches = TokenBatches(token_file(str(path), "uint16"), seq_len=8, seed=0, vocab_size=256)
+    with pytest.raises(ValueError, match="holds token id 300"):  # a window still refuses it, drawn directly
         for step in range(50):
-            train.batch(step, 4)
+            batches.batch(step, 4)
+
+
+@pytest.mark.parametrize("dtype", ["uint16", "uint32"])
+def test_every_id_is_checked_in_chunks_and_the_first_bad_one_is_named(monkeypatch, dtype):
+    import hetlaunch.runtime.token_file as tf
+
+    monkeypatch.setattr(tf, "CHUNK_TOKENS", 7)  # many chunks, bad ids on and across their edges
+    ids = np.random.default_rng(1).integers(0, 1000, 100).astype(dtype)
+    assert tf.first_id_outside(ids, 1000) is None
+    for position in (0, 6, 7, 50, 99):
+        bad = ids.copy()
+        bad[position], bad[-1] = 1000 + position, 5000
+        assert tf.first_id_outside(bad, 1000) == ((position, 1000 + position) if position < 99 else (99, 5000))
+    with pytest.raises(ValueError, match=r"^f holds token id 5000, outside the model's vocabulary of 1000 "
+                                         r"\(ids 0..999\), at position 99 of 100$"):
+        tf.check_token_ids(bad, 1000, "f")
+
+
+def _validate_fails_on_the_last_id(tmp_path, model: str, vocab: int):
+    path = write_tokens(tmp_path / "train.bin", [7] * 69_999 + [vocab])  # one bad id, at the very end
+    (tmp_path / "c.yaml").write_text(f"name: t\nmodel: {model}\ndata: {{format: tokens, path: {path}}}\n"
+                                     "nodes: [{name: a}]\n")
+    result = run_hetlaunch("validate", str(tmp_path / "c.yaml"), timeout=90)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr == (f"error: {tmp_path / 'c.yaml'}: data.path: {path} holds token id {vocab}, outside the "
+                             f"model's vocabulary of {vocab} (ids 0..{vocab - 1}), at position 69999 of 70000\n")
+    write_tokens(path, [7] * 70_000)
+    result = run_hetlaunch("validate", str(tmp_path / "c.yaml"), timeout=90)
+    assert result.returncode == 0, result.stderr
+    assert f"token ids: all 70,000 of {path} below the vocabulary of {vocab:,}" in result.stdout
+
+
+def test_validate_checks_every_token_id_against_the_built_in_models_vocabulary(tmp_path):
+    _validate_fails_on_the_last_id(tmp_path, "{preset: tiny, vocab_size: 300}", 300)
+
+
+def test_validate_asks_an_entrypoint_model_its_vocabulary(tmp_path):
+    _validate_fails_on_the_last_id(tmp_path, "{entrypoint: user_model:make_layered_mlp_lm, kwargs: "
+                                             "{seq_len: 16, vocab_size: 260}}", 260)
 
 
 def test_files_that_are_not_whole_tokens_are_refused(tmp_path):
@@ -160,8 +204,7 @@ def test_prepare_data_errors_are_one_line(tmp_path, tokenizer_json):
     assert result.returncode == 2 and "pip install 'hetlaunch[data]'" in result.stderr and "Traceback" not in result.stderr
 
 
-@pytest.mark.timeout(180)
-def test_up_on_a_token_file_with_an_id_past_the_vocabulary_is_one_line(tmp_path):
+def test_up_on_a_token_file_with_an_id_past_the_vocabulary_refuses_before_starting(tmp_path):
     path = write_tokens(tmp_path / "train.bin", [5] * 2000 + [9000] * 10, "uint16")
     (tmp_path / "c.yaml").write_text(f"""name: bad-ids
 model: {{preset: tiny, n_layers: 1, d_model: 16, seq_len: 16}}
@@ -170,8 +213,30 @@ train: {{steps: 400, micro_batch_size: 4, num_microbatches: 1, checkpoint_every:
 nodes:
   - {{name: a, device: cpu, threads: 1}}
 """)
+    result = run_hetlaunch("up", str(tmp_path / "c.yaml"), "--run-dir", str(tmp_path / "run"), timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [f"error: {tmp_path / 'c.yaml'}: data.path: {path} holds token id 9000, "
+                                          "outside the model's vocabulary of 256 (ids 0..255), at position 2000 of 2010"]
+    assert not (tmp_path / "run").exists()  # nothing started
+
+
+@pytest.mark.timeout(180)
+def test_the_stages_check_an_entrypoint_models_vocabulary_before_the_first_step(tmp_path):
+    # `up` never imports the entrypoint (the coordinator runs without torch): the stage that opens
+    # the file checks every id before training, so the bad one at the very end is found at once.
+    path = write_tokens(tmp_path / "train.bin", [5] * 3000 + [9000], "uint16")
+    (tmp_path / "c.yaml").write_text(f"""name: bad-ids
+model: {{entrypoint: user_model:make_mlp_lm, kwargs: {{seq_len: 16, vocab_size: 256, d: 16, n_hidden: 1}}}}
+data: {{format: tokens, path: {path}}}
+train: {{steps: 400, micro_batch_size: 4, num_microbatches: 1, checkpoint_every: 0}}
+nodes:
+  - {{name: a, device: cpu, threads: 1}}
+""")
     result = run_hetlaunch("up", str(tmp_path / "c.yaml"), "--run-dir", str(tmp_path / "run"), timeout=150)
     assert result.returncode == 1, result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "train.bin' holds token id 9000, outside the model's vocabulary of 256" in errors[0]
+    assert len(errors) == 1 and "train.bin' holds token id 9000, outside the model's vocabulary of 256 (ids 0..255), " \
+                                "at position 3000 of 3001" in errors[0], result.stderr
     assert "Traceback" not in result.stderr
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    assert not metrics.exists() or not metrics.read_text().strip()  # not one step trained
