@@ -88,3 +88,37 @@ def test_hf_gpt2_tied_through_the_layers_form_over_three_stages_equals_one_proce
     torch.testing.assert_close(params["layers.0.wte.weight"], net[0].wte.weight.detach(), rtol=1e-5, atol=1e-6)
     start = load_entrypoint_layers(EP, KW, SEED)[0][0].wte.weight
     assert not torch.allclose(start, params["layers.0.wte.weight"])  # it trained: "equal" means something
+
+
+def test_a_shared_submodule_and_three_holders_are_one_group_each_layer_its_own_copy():
+    from hetlaunch.runtime.shared_params import shared_groups, untie
+
+    emb = nn.Embedding(10, 4)
+    frozen = nn.Parameter(torch.ones(3), requires_grad=False)
+    layers = [nn.ModuleDict({"emb": emb}), nn.ModuleDict({"same": emb, "also": emb}), nn.Linear(4, 10)]
+    layers[2].weight = emb.weight  # a third holder of the one weight
+    layers[0].register_parameter("frozen", frozen)
+    layers[2].register_parameter("frozen", frozen)  # frozen: equal in every copy without a tie
+    groups = shared_groups(layers)
+    assert groups == (("0.emb.weight", "1.same.weight", "2.weight"),)
+    own = untie(layers, groups)
+    assert own[0] is layers[0] and own[0].emb.weight is emb.weight
+    assert own[1].same is own[1].also and own[1].same.weight is not emb.weight  # sharing inside a layer kept
+    assert own[2].weight is not emb.weight and torch.equal(own[2].weight, emb.weight)
+
+
+def test_a_layer_that_cannot_be_copied_is_refused_in_one_line_naming_the_shared_parameters():
+    import threading
+
+    from hetlaunch.runtime.shared_params import shared_groups, untie
+
+    class Locked(nn.Module):
+        def __init__(self, weight: nn.Parameter) -> None:
+            super().__init__()
+            self.weight, self.lock = weight, threading.Lock()  # a lock cannot be deep-copied
+
+    emb = nn.Embedding(10, 4)
+    layers = [emb, Locked(emb.weight)]
+    with pytest.raises(ValueError, match=r"^layers share parameters \(0\.weight, 1\.weight\) and layer 1 cannot be "
+                                         r"copied .* declare LayeredModel\(tied=\.\.\.\) instead$"):
+        untie(layers, shared_groups(layers))
