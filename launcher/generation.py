@@ -167,6 +167,8 @@ def _live_move(session: ClusterSession, running: _Running, watch, observers: Obs
         observers.moved(move.target)
         events.write("move", **move.summary())
     elif status == "cancelled":
+        if watch is not None:
+            watch.move_cancelled()
         events.write("move_cancelled", id=move.id, why=move.why_cancelled)
     else:
         return f"the live move before step {move.at_step} did not finish in time"

@@ -60,6 +60,7 @@ class StragglerWatch:
         self._factors: dict[str, float] = {}
         self._off: dict[str, list[float]] = {}
         self._switched_to: Plan | None = None
+        self._moving = False  # a live move is under way: the plan it leaves is no longer the one to judge
         self._launched = time.time()  # when this generation was launched
         self._startup_s: float | None = None  # from its launch to its first step reported
 
@@ -76,15 +77,21 @@ class StragglerWatch:
         elif plan is not self._plan:
             self._plan, self._off = None, {}
         self.pending = self.pending_live = self._switched_to = None
+        self._moving = False
 
     def take_live(self) -> Plan:
         """The pending live move's plan, now being moved to."""
-        target, self.pending_live = self.pending_live, None
+        target, self.pending_live, self._moving = self.pending_live, None, True
         return target
 
     def moved(self, plan: Plan) -> None:
         """The live move is done: `plan` runs now, priced on the corrected profile (its own predictions hold)."""
-        self._plan, self._factors, self._off = plan, {s.node: 1.0 for s in plan.stages}, {}
+        self._plan, self._factors, self._off, self._moving = plan, {s.node: 1.0 for s in plan.stages}, {}, False
+        self._slow_links = {}
+
+    def move_cancelled(self) -> None:
+        """The live move did not happen: the plan it would have left runs on and is watched again."""
+        self._off, self._slow_links, self._moving = {}, {}, False
 
     def take(self) -> Plan:
         """The pending plan, now being switched to."""
@@ -95,7 +102,9 @@ class StragglerWatch:
         """Count a step; a straggler found (and whether to switch) the step it is found, else None."""
         if self._startup_s is None:
             self._startup_s = max(0.0, record.time - self._launched)
-        if self._plan is None or self.pending is not None or self.pending_live is not None:
+        # Steps that run while a live move is asked for or under way still show the plan it
+        # leaves: judged against it, they would ask again for the move already being made.
+        if self._plan is None or self.pending is not None or self.pending_live is not None or self._moving:
             return None
         shares = self._plan.pipeline_microbatches
         by_node = {s["node"]: s for s in record.stages}
