@@ -41,15 +41,19 @@ def _layers_of(plan: dict, node: str) -> int:
 @pytest.mark.timeout(300)
 def test_a_node_slowing_mid_run_gets_fewer_layers_and_the_losses_do_not_change(tmp_path):
     metrics, events, summary = _up(tmp_path, "slow", _cluster(straggler=True))
+    # b's straggler and the switch that answers it, at whichever step they land (under load the
+    # watch may also see a passing slowdown of another node; the losses below hold whatever switched when).
     found = [e for e in events if e["event"] == "straggler"]
-    assert found and found[0]["node"] == "b" and found[0]["step"] >= SLOW_AT, found
-    assert found[0]["speed_vs_calibrated"] < 1 / 1.5 and found[0]["switch"], found[0]
-    rebalance = next(e for e in events if e["event"] == "rebalance")
-    restart = next(e for e in events if e["event"] == "restart")
-    assert rebalance["step"] % 5 == 0 and restart["resume_step"] == rebalance["step"] and restart["lost_steps"] == 0
-    plans = [e["plan"] for e in events if e["event"] == "generation"]
-    assert len(plans) == 2 and _layers_of(plans[1], "b") < _layers_of(plans[0], "b"), plans
-    assert summary["plan"] == plans[1]
+    slow = next((e for e in found if e.get("node") == "b" and e["step"] >= SLOW_AT and e["switch"]), None)
+    assert slow is not None and slow["speed_vs_calibrated"] < 1 / 1.5, found
+    rebalance = next(e for e in events if e["event"] == "rebalance" and e["why"] == slow["what"])
+    restart = next(e for e in events if e["event"] == "restart" and e["resume_step"] == rebalance["step"])
+    assert rebalance["step"] % 5 == 0 and restart["lost_steps"] == 0, (rebalance, restart)
+    generations = [e for e in events if e["event"] == "generation"]
+    before = [e["plan"] for e in generations if e["start_step"] <= slow["step"]][-1]
+    after = next(e["plan"] for e in generations if e["start_step"] == rebalance["step"])
+    assert _layers_of(after, "b") < _layers_of(before, "b"), generations
+    assert summary["plan"] == generations[-1]["plan"]
 
     steady, _, _ = _up(tmp_path, "steady", _cluster(straggler=False))
     assert [m["step"] for m in metrics] == list(range(STEPS)) == [m["step"] for m in steady]

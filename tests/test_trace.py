@@ -12,9 +12,6 @@ from hetlaunch.runtime.clock_offset import ClockOffset
 from hetlaunch.runtime.schedules import one_f_one_b, simulate, simulated_timeline
 
 CLOCK_TOLERANCE_S = 0.005  # "within a few ms on one machine"
-# A span ends when its isend returns; on 2 busy cores the sender can be descheduled right after
-# its peer received, so causal order is checked more loosely than the offsets themselves.
-ORDER_TOLERANCE_S = 0.02
 
 
 def test_clock_offset_keeps_the_tightest_round_trip():
@@ -71,15 +68,17 @@ def test_up_writes_a_chrome_trace_of_every_scheduled_action_on_one_clock(tmp_pat
                 got = sorted(e["name"] for e in spans if (e["pid"], e["tid"], e["args"]["step"]) == (pid, stage, step)
                              and e["name"][0] in "FB")
                 assert got == expected, (step, pid, stage, got)
-        # On one clock: a stage cannot finish a forward before the previous stage has finished
-        # (and sent) it, nor a backward before the next stage has.
+        # On one clock: a stage cannot finish a forward before the previous stage has begun it,
+        # nor a backward before the next stage has. (Not "finished": a span ends when its isend
+        # returns, and a sender descheduled right after its peer received ends its span later
+        # than the peer's by however long the machine keeps it waiting, 20 ms or more under load.)
         at = {(e["tid"], e["name"]): e for e in spans if e["pid"] == 0 and e["args"]["step"] == step}
         for m in range(4):
             for j in range(2):
                 down, up = at[(j, f"F{m}")], at[(j + 1, f"F{m}")]
-                assert up["ts"] + up["dur"] >= down["ts"] + down["dur"] - ORDER_TOLERANCE_S * 1e6
+                assert up["ts"] + up["dur"] >= down["ts"] - CLOCK_TOLERANCE_S * 1e6, (step, m, j, down, up)
                 back, front = at[(j + 1, f"B{m}")], at[(j, f"B{m}")]
-                assert front["ts"] + front["dur"] >= back["ts"] + back["dur"] - ORDER_TOLERANCE_S * 1e6
+                assert front["ts"] + front["dur"] >= back["ts"] - CLOCK_TOLERANCE_S * 1e6, (step, m, j, back, front)
         assert {e["name"] for e in at.values()} >= {"optimizer", "drain sends", "recv"}
     clocks = trace["otherData"]["clocks"]  # each agent's offset, measured from its heartbeats
     assert set(clocks) == {"n0", "n1", "n2"}
