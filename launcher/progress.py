@@ -186,8 +186,10 @@ def print_calibration(console: Console, calibration: dict) -> None:
 def planner_result_dict(result) -> dict:
     return {
         "step_s": result.step_s, "tokens_per_s": result.tokens_per_s, "method": result.method,
+        "schedule": result.schedule,
         "planning_s": result.planning_s, "excluded": result.excluded, "micro_batch_size": result.micro_batch_size,
         "contention": result.contention,  # host -> compute stretch priced (launcher/planning/contention.py)
+        "sync_pricing": result.sync_pricing,
         "batch": None if result.batch is None else {
             "global_batch": result.batch.micro_batch_size * result.batch.num_microbatches,
             "num_microbatches": result.batch.num_microbatches, "tried_sizes": list(result.batch.tried_sizes),
@@ -197,11 +199,13 @@ def planner_result_dict(result) -> dict:
             "stages": [{"node": s.node, "region": region, "layers": [s.layer_start, s.layer_end],
                         "compute_s": s.compute_s, "codec": s.codec, "link_s": s.link_s,
                         "link_uncompressed_s": s.link_uncompressed_s, "latency_s": s.latency_s, "window": s.window,
+                        # what the step's simulation charges this stage, so anyone can simulate it again
+                        "forward_s": s.forward_s, "backward_s": s.backward_s, "optimizer_s": s.optimizer_s,
                         "memory_bytes": s.memory_bytes, "capacity_bytes": s.capacity_bytes}
                        for s, region in zip(p.cost.stages, p.regions)]}
             for p in result.pipelines],
         "sync": [{"layers": [g.layer_start, g.layer_end], "nodes": list(g.nodes), "bytes": g.bytes, "codec": g.codec,
-                  "allreduce_s": g.allreduce_s, "exposed_s": g.exposed_s} for g in result.sync],
+                  "allreduce_s": g.allreduce_s, "end_s": g.end_s, "exposed_s": g.exposed_s} for g in result.sync],
     }
 
 
@@ -228,6 +232,8 @@ def print_planner_result(console: Console, profile, result, as_json: bool = Fals
                       f"({g.codec}, {_ms(g.allreduce_s)} ms, {_ms(g.exposed_s)} ms not hidden by backward)")
     _say(console, f"predicted: {result.step_s * 1e3:.1f} ms/step, {result.tokens_per_s:,.0f} tokens/s "
                   f"({result.method} search, planned in {result.planning_s:.2f}s)")
+    if result.sync_pricing:
+        _say(console, f"priced: {result.sync_pricing}")
     if result.batch is not None:
         _say(console, describe(result.batch))
     _excluded(console, result.excluded)

@@ -17,11 +17,12 @@ import itertools
 import math
 
 from hetlaunch.launcher.planning.compression import CODEC_SLACK, LOSSINESS
-from hetlaunch.launcher.planning.cost_model import CostModel, PipelineCost, in_flight
+from hetlaunch.launcher.planning.cost_model import CostModel, PipelineCost, in_flight, simulation_floor
 from hetlaunch.launcher.planning.profile_file import NodeProfile
 
 EXACT_MAX_WORK = 20_000  # stages x layers^2 up to which a chain's cut is found by the exact DP
 ENUMERATE_MAX_CUTS = 300  # cuts x codec choices up to which a finalist's cut is found by simulating each
+THOROUGH_EVERY_CUT = 0  # stages x micro-batches up to which every cut gets the full window search
 BISECTIONS = 20  # long chains: the bottleneck to a millionth of its starting interval (then priced exactly)
 
 
@@ -223,13 +224,15 @@ def simulated_best_cut(cm: CostModel, chain: list[NodeProfile], found: PipelineC
                        most: int = ENUMERATE_MAX_CUTS) -> PipelineCost:
     """The cut and codecs of this chain that the event simulation prices best, when there are at
     most `most` to try (else `found`, priced exactly): the closed form the DP minimises is
-    off by up to ~40%, so its best cut need not be the simulation's. Each cut with its 1F1B
-    windows as deep as memory allows, where that pays (CostModel.deepen)."""
+    off by up to ~40%, so its best cut need not be the simulation's. Each cut with the 1F1B
+    windows its simulation prices best (CostModel.deepen: shaped families per cut, the full
+    window search for the one that wins)."""
     S, L = len(chain), cm.num_layers
     options = [cm.codec_options(j, a, b) for j, (a, b) in enumerate(zip(chain, chain[1:]))]
     best = cm.deepen(chain, found)
     if math.comb(L - 1, S - 1) * math.prod(len(o) for o in options) > most:
         return best
+    tried = {_shape(found)}
     for bounds in itertools.combinations(range(1, L), S - 1):
         edges = (0, *bounds, L)
         cuts = list(zip(edges, edges[1:]))
@@ -237,20 +240,17 @@ def simulated_best_cut(cm: CostModel, chain: list[NodeProfile], found: PipelineC
             continue
         for codecs in itertools.product(*options):
             cost = cm.evaluate(chain, cuts, list(codecs))
-            if _simulation_floor(cm.M, cost) >= best.step_s:
+            if _shape(cost) in tried or simulation_floor(cm.M, cost) >= best.step_s:
                 continue
-            cost = cm.deepen(chain, cost)
+            # Windows by their families only where there are many cuts of long schedules to try.
+            cost = cm.deepen(chain, cost, thorough=S * cm.M <= THOROUGH_EVERY_CUT)
             if cost.step_s < best.step_s * (1 - 1e-12):
                 best = cost
+    if _shape(best) not in tried:
+        best = min(best, cm.deepen(chain, best), key=lambda c: c.step_s)  # the winner's windows searched again
     return best
 
 
-def _simulation_floor(num_microbatches: int, cost: PipelineCost) -> float:
-    """A step no simulation of this cut can beat: stage j computes all M micro-batches (M t_j,
-    its optimizer included) and cannot start before the first activation has crossed every
-    link before it; a link carries M messages each way."""
-    floor, crossing = 0.0, 0.0
-    for stage in cost.stages:
-        floor = max(floor, num_microbatches * stage.compute_s + crossing, num_microbatches * stage.link_s)
-        crossing += stage.link_s + stage.latency_s
-    return floor
+def _shape(cost: PipelineCost) -> tuple:
+    """A cut and its codecs, windows aside."""
+    return tuple((s.layer_start, s.layer_end, s.codec) for s in cost.stages)

@@ -149,8 +149,9 @@ class ChainSearch:
                           (n.region, n.memory_bytes, tuple(n.layer_seconds), tuple(n.optimizer_seconds or ()),
                            tuple(sorted((n.codec_seconds_per_byte or {}).items())))
                           for n in profile.nodes}
-        self.memo: dict[tuple, tuple[list[tuple[int, int]], list[str], float] | None] = {}
-        self._work: dict[frozenset, float] = {}
+        # key -> (cuts, codecs, windows, step, exact): everything the chain's priced plan carries
+        self.memo: dict[tuple, tuple[list[tuple[int, int]], list[str], tuple[int, ...], float, bool] | None] = {}
+        self._work: dict[frozenset, tuple[float, float]] = {}
         self._hops: dict[tuple, tuple[float, float]] = {}  # per boundary: (least link time, its fill/drain share)
         self._smallest_output = min((layer.output_bytes for layer in profile.layers[:-1]), default=0)
 
@@ -166,8 +167,12 @@ class ChainSearch:
             known = self.memo[key]
             if known is None:
                 return None
-            cost = self.cm.evaluate(chain, *known[:2])
-            return replace(cost, step_s=known[2], exact=True) if known[3] else cost
+            cuts, codecs, windows, step_s, exact = known
+            cost = self.cm.evaluate(chain, cuts, codecs)
+            if any(windows):
+                cost = self.cm.with_windows(cost, windows)
+            # An equal key is an equal simulation: the remembered step is this chain's, windows and all.
+            return replace(cost, step_s=step_s, exact=exact)
         if self.lower_bound(chain) >= bound:
             return None  # cannot beat the best so far; not remembered, a later bound may be looser
         cost = cut_chain(self.cm, chain)
@@ -180,29 +185,31 @@ class ChainSearch:
 
     def remember(self, chain: list[NodeProfile], cost: PipelineCost | None) -> None:
         self.memo[self.key(chain)] = None if cost is None else (
-            [(s.layer_start, s.layer_end) for s in cost.stages], [s.codec for s in cost.stages[:-1]], cost.step_s,
-            cost.exact)
+            [(s.layer_start, s.layer_end) for s in cost.stages], [s.codec for s in cost.stages[:-1]],
+            tuple(s.window for s in cost.stages), cost.step_s, cost.exact)
 
     def step(self, chain: list[NodeProfile], bound: float) -> float | None:
         """price(chain, bound).step_s without building the cost when it is remembered."""
         known = self.memo.get(self.key(chain), ())
         if known != ():
-            return None if known is None else known[2]
+            return None if known is None else known[3]
         cost = self.price(chain, bound)
         return None if cost is None else cost.step_s
 
     def lower_bound(self, chain: list[NodeProfile]) -> float:
         """Every layer at its fastest node in the chain, perfectly balanced; every boundary carries
-        the smallest activation with its most compressing codec and pays its latency."""
+        the smallest activation with its most compressing codec and pays its latency. A bound on
+        what `price` returns: on the simulation for chains it simulates, else on the closed form."""
         cm = self.cm
         distinct = {self.signature[n.name]: n for n in chain}
         types = frozenset(distinct)
         if types not in self._work:
-            self._work[types] = sum(min(cm.compute_s(n, i, i + 1) for n in distinct.values())
-                                    for i in range(cm.num_layers))
-        work = self._work[types]
-        link_max = link_sum = 0.0
-        pinned = cm.compression.boundaries  # codecs pinned by position make a hop depend on it
+            self._work[types] = (sum(min(cm.compute_s(n, i, i + 1) for n in distinct.values())
+                                     for i in range(cm.num_layers)),
+                                 sum(min(n.layer_seconds[i] for n in distinct.values()) for i in range(cm.num_layers)))
+        work, layers_only = self._work[types]  # per micro-batch: with the optimizer's share, and without it
+        link_max = link_sum = arrivals = 0.0
+        S, pinned = len(chain), cm.compression.boundaries  # codecs pinned by position make a hop depend on it
         for j, (a, b) in enumerate(zip(chain, chain[1:])):
             key = (self.signature[a.name], self.signature[b.name], j if pinned else None)
             hop = self._hops.get(key)
@@ -212,6 +219,15 @@ class ChainSearch:
                 hop = self._hops[key] = (c, 2 * (c + cm.link(a, b)[1]))
             link_max = max(link_max, hop[0])
             link_sum += hop[1]
+            arrivals += (S - 1 - j) * hop[1] / 2  # every stage after hop j waits for it before it starts
+        if S * cm.M <= SIMULATE_EVERY_CHAIN and cm.schedule != "gpipe":  # GPipe's closed form is its simulation
+            # Priced by simulation, which can be below the closed form's fill and drain. Stage j
+            # starts no sooner than the first activation has crossed the hops before it, computes
+            # its M micro-batches, and the step ends no sooner than its last gradient has crossed
+            # them back (or its optimizer has run): S steps hold every stage's waits and every
+            # micro-batch's work (each layer at its fastest node); a link carries every message.
+            return max((cm.M * work + arrivals) / S, (cm.M * layers_only + 2 * arrivals) / S,
+                       cm.M * link_max) * (1 - 1e-12)
         return cm.step_s(work / len(chain), link_max, work + link_sum) * (1 - 1e-12)  # rounding stays below
 
     def best(self, nodes: list[NodeProfile], stages: int | None) -> PipelineCost | None:
@@ -237,7 +253,7 @@ class ChainSearch:
                 break
             if simulated and not cost.exact and len(chain) * self.cm.M > LARGE_SIMULATION:
                 break  # long pipelines of many micro-batches: the closed form's best alone is simulated here
-            simulated.append((cost if cost.exact else self.cm.deepen(chain, cost), chain))
+            simulated.append((cost if cost.exact else self.cm.deepen(chain, cost, thorough=False), chain))
             spent += 0 if cost.exact else 2 * len(chain) * self.cm.M
         best = None
         for cost, chain in sorted(simulated, key=lambda pair: pair[0].step_s)[:EXACT_FINALISTS]:

@@ -39,11 +39,10 @@ from dataclasses import dataclass, replace
 
 from hetlaunch.launcher.planning.compression import LOSSINESS, NONE, CompressionConfig, wire_ratio
 from hetlaunch.launcher.planning.profile_file import NodeProfile, Profile
+from hetlaunch.launcher.planning.windows import THOROUGH_MAX_ACTIONS, best_windows
 from hetlaunch.runtime.registry import STATIC_BYTES_PER_PARAM_BYTE
 from hetlaunch.runtime.schedules import compiled, own_window, schedule_for, simulate_compiled
 
-
-WINDOW_GAIN = 0.01  # deeper windows cost memory: taken only when they buy at least this much step time
 
 
 def in_flight(schedule: str, stage_index: int, num_stages: int, num_microbatches: int) -> int:
@@ -65,6 +64,11 @@ class StageCost:
     codec: str = "none"              # codec of the outgoing link's activations
     link_uncompressed_s: float = 0.0  # c_j had the outgoing link sent raw bytes
     window: int = 0                  # 1F1B: micro-batches in flight when deeper than the schedule's own; 0: its own
+    # What the event simulation charges per micro-batch (CostModel.exact): a third of the layers'
+    # time forward, two thirds backward, half the boundary's codec work each way; the optimizer once.
+    forward_s: float = 0.0
+    backward_s: float = 0.0
+    optimizer_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -122,26 +126,15 @@ class CostModel:
         return acc[end] - acc[start]
 
     def exact(self, chain: list[NodeProfile], cost: PipelineCost) -> PipelineCost:
-        """The same cut and codecs, its step priced by an event simulation of the schedule the
-        executor runs (runtime/schedules.py `simulate`) instead of the closed form above.
-
-        Per micro-batch a stage's layers take a third of their time forward and two thirds
-        backward (profiles hold forward + backward), plus half its boundary's codec work each
-        way (encoding what it sends, decoding what comes back); its optimizer runs once after
-        its last backward. The closed form stays for the search, where it is called thousands
-        of times; plans are priced with this."""
-        S = len(cost.stages)
-        forward, backward, optimizer = [], [], []
-        for j, (node, stage) in enumerate(zip(chain, cost.stages)):
-            opt = self.optimizer_s(node, stage.layer_start, stage.layer_end)
-            codec = self.codec_s(node, stage.layer_end - 1, stage.codec) if j < S - 1 else 0.0
-            layers = stage.compute_s - opt / self.M - codec
-            forward.append(layers / 3 + codec / 2)
-            backward.append(2 * layers / 3 + codec / 2)
-            optimizer.append(opt)
-        actions = tuple(self._actions(j, S, stage.window) for j, stage in enumerate(cost.stages))
-        step = simulate_compiled(actions, forward, backward, [s.link_s for s in cost.stages[:-1]],
-                                 [s.latency_s for s in cost.stages[:-1]], optimizer)
+        """The same stages, codecs and windows, the step priced by an event simulation of the
+        schedule the executor runs (runtime/schedules.py `simulate`) instead of the closed form
+        above: each stage's forward_s, backward_s and optimizer_s (see evaluate) and its
+        outgoing link. The closed form stays for the search, where it is called thousands of
+        times; plans are priced with this, and only this sets `exact`."""
+        actions = tuple(self._actions(j, len(cost.stages), stage.window) for j, stage in enumerate(cost.stages))
+        step = simulate_compiled(actions, [s.forward_s for s in cost.stages], [s.backward_s for s in cost.stages],
+                                 [s.link_s for s in cost.stages[:-1]], [s.latency_s for s in cost.stages[:-1]],
+                                 [s.optimizer_s for s in cost.stages])
         return replace(cost, step_s=step, exact=True)
 
     def _actions(self, stage_index: int, num_stages: int, window: int) -> tuple:
@@ -150,47 +143,60 @@ class CostModel:
             self._schedules[key] = compiled([schedule_for(self.schedule, stage_index, num_stages, self.M, window)])[0]
         return self._schedules[key]
 
-    def deepen(self, chain: list[NodeProfile], cost: PipelineCost) -> PipelineCost:
-        """1F1B with each stage's window as deep as its memory allows (never growing down the
-        pipeline, which would deadlock): more micro-batches in flight over a slow or distant
-        link. The deeper plan when the simulation prices it faster, else `cost` (exact)."""
-        plain = cost if cost.exact else self.exact(chain, cost)
-        if self.schedule != "1f1b" or not self._window_bound(cost):
+    def with_windows(self, cost: PipelineCost, windows: tuple[int, ...]) -> PipelineCost:
+        """The same stages holding `windows` micro-batches in flight (0 where a stage keeps its own),
+        their memory with them; not priced (exact is cleared)."""
+        S = len(cost.stages)
+        stages = tuple(replace(stage, window=w if w > in_flight(self.schedule, j, S, self.M) else 0,
+                               memory_bytes=self.memory_bytes(stage.layer_start, stage.layer_end, j, S, w))
+                       for j, (stage, w) in enumerate(zip(cost.stages, windows)))
+        return replace(cost, stages=stages, exact=False)
+
+    def deepen(self, chain: list[NodeProfile], cost: PipelineCost, thorough: bool | None = None) -> PipelineCost:
+        """1F1B with the windows the simulation prices fastest among those memory allows and the
+        executor can run (launcher/planning/windows.py), priced exactly; the stages' own windows
+        when nothing deeper pays. Whatever windows `cost` had are searched again. `thorough`
+        (default: for schedules of up to THOROUGH_MAX_ACTIONS stages x micro-batches) searches
+        every vector or descends from the shaped ones; else only the shaped ones are priced."""
+        S = len(cost.stages)
+        thorough = S * self.M <= THOROUGH_MAX_ACTIONS if thorough is None else thorough
+        own = [in_flight(self.schedule, j, S, self.M) for j in range(S)]
+        plain = self.exact(chain, self.with_windows(cost, tuple(own)) if any(s.window for s in cost.stages) else cost)
+        if self.schedule != "1f1b" or S == 1:
             return plain
-        S, windows, deeper = len(cost.stages), [], False
+        caps = []
         for j, (node, stage) in enumerate(zip(chain, cost.stages)):
             a, b = stage.layer_start, stage.layer_end
             static, per_mb = self._static[b] - self._static[a], self._activation[b] - self._activation[a]
             fits = int((node.memory_bytes - static) // per_mb) if per_mb > 0 else self.M
-            own = in_flight(self.schedule, j, S, self.M)
-            # The last stage turns each forward straight into its backward: deeper only waits longer.
-            deepest = own if j == S - 1 else min(self.M, fits, windows[-1] if windows else self.M)
-            window = max(own, deepest)
-            windows.append(window)
-            deeper |= window > own
-        if not deeper:
+            caps.append(own[j] if j == S - 1 else max(own[j], min(self.M, fits)))
+        if caps == own:
             return plain
-        stages = tuple(replace(stage, window=w if w > in_flight(self.schedule, j, S, self.M) else 0,
-                               memory_bytes=self.memory_bytes(stage.layer_start, stage.layer_end, j, S, w))
-                       for j, (stage, w) in enumerate(zip(cost.stages, windows)))
-        trial = self.exact(chain, replace(cost, stages=stages))
-        if trial.step_s >= plain.step_s * (1 - WINDOW_GAIN):
-            return plain
-        return replace(trial, bottleneck=f"{plain.bottleneck}; deeper 1F1B windows {windows} keep more "
-                                         f"micro-batches in flight")
-
-    def _window_bound(self, cost: PipelineCost) -> bool:
-        """Whether some stage's round trip to the end and back outlasts what its own 1F1B window
-        keeps busy (the closed form's window term above its compute and link terms): only then
-        can a deeper window buy anything, and only then is it worth a second simulation."""
-        S, busiest = len(cost.stages), max(max(s.compute_s, s.link_s) for s in cost.stages)
-        round_trip = 0.0
+        round_trip, total = [0.0] * S, 0.0
         for j in range(S - 1, -1, -1):
             stage = cost.stages[j]
-            round_trip += stage.compute_s + 2 * (stage.latency_s + stage.link_s)
-            if round_trip / in_flight(self.schedule, j, S, self.M) > busiest * (1 + WINDOW_GAIN):
-                return True
-        return False
+            total += stage.compute_s + 2 * (stage.latency_s + stage.link_s)
+            round_trip[j] = total
+        if plain.step_s <= simulation_floor(self.M, cost) * (1 + 1e-12):
+            return plain  # every micro-batch already streams through the busiest resource: nothing to hide
+        busiest = max(max(s.compute_s, s.link_s) for s in cost.stages)
+        # The vectors are priced from plain lists (the same arithmetic as exact()); only the one
+        # kept becomes a PipelineCost, priced again by exact() itself.
+        forward, backward = [s.forward_s for s in cost.stages], [s.backward_s for s in cost.stages]
+        link, latency = [s.link_s for s in cost.stages[:-1]], [s.latency_s for s in cost.stages[:-1]]
+        optimizer = [s.optimizer_s for s in cost.stages]
+
+        def price(windows: tuple[int, ...]) -> float:
+            if windows == tuple(own):
+                return plain.step_s
+            actions = tuple(self._actions(j, S, w if w > own[j] else 0) for j, w in enumerate(windows))
+            return simulate_compiled(actions, forward, backward, link, latency, optimizer)
+
+        windows, _ = best_windows(own, caps, round_trip, busiest, price, thorough)
+        if windows == tuple(own):
+            return plain
+        return replace(self.exact(chain, self.with_windows(cost, windows)),
+                       bottleneck=f"{plain.bottleneck}; 1F1B windows {list(windows)} keep more micro-batches in flight")
 
     def memory_prefix(self, stage_index: int, num_stages: int) -> list[float]:
         """prefix[i] = memory of layers [0, i) for a stage at this position (its in-flight window)."""
@@ -283,8 +289,13 @@ class CostModel:
             if c > link_max:
                 link_max, slowest_link = c, f"link {node.name} -> {chain[j + 1].name}"
             sum_term += t + 2 * (lat + c)
+            optimizer = self.optimizer_s(node, start, end)
+            layers = self.compute_s(node, start, end) - optimizer / self.M
+            codec_work = t - self.compute_s(node, start, end)
             stages.append(StageCost(node.name, start, end, t, c, lat, self.memory_bytes(start, end, j, S),
-                                    node.memory_bytes, codecs[j] if j < S - 1 else "none", raw_c))
+                                    node.memory_bytes, codecs[j] if j < S - 1 else "none", raw_c,
+                                    forward_s=layers / 3 + codec_work / 2, backward_s=2 * layers / 3 + codec_work / 2,
+                                    optimizer_s=optimizer))
         # 1F1B's in-flight window: the round trip from each stage to the end and back.
         window_max, window_stage, round_trip = 0.0, "", 0.0
         for j in range(S - 1, -1, -1):
@@ -297,6 +308,17 @@ class CostModel:
             bottleneck = f"1F1B window on {window_stage} (too few micro-batches in flight for the round trip)"
         return PipelineCost(tuple(stages), self.M, self.step_s(compute_max, link_max, sum_term, window_max),
                             bottleneck)
+
+
+def simulation_floor(num_microbatches: int, cost: PipelineCost) -> float:
+    """A step no simulation of this cut can beat, whatever its windows: stage j computes all M
+    micro-batches (M t_j, its optimizer included) and cannot start before the first activation
+    has crossed every link before it; a link carries M messages each way."""
+    floor, crossing = 0.0, 0.0
+    for stage in cost.stages:
+        floor = max(floor, num_microbatches * stage.compute_s + crossing, num_microbatches * stage.link_s)
+        crossing += stage.link_s + stage.latency_s
+    return floor
 
 
 def _prefix(values: list[float]) -> list[float]:

@@ -39,6 +39,7 @@ from hetlaunch.launcher.planning.profile_file import NodeProfile, Profile
 from hetlaunch.launcher.planning.replicas import PipelineSet, Replicas, replica_counts
 from hetlaunch.launcher.planning.sync_cost import SyncCost, plan_step_s, sync_costs
 from hetlaunch.runtime.registry import STATIC_BYTES_PER_PARAM_BYTE
+from hetlaunch.runtime.schedules import schedule_for, simulate
 
 
 class PlanningError(Exception):
@@ -63,6 +64,19 @@ class PlannerResult:
     micro_batch_size: int = 0  # the profile's (or, with a global batch, the one chosen)
     batch: BatchChoice | None = None  # how the micro-batches were chosen for a global batch
     contention: dict[str, float] = field(default_factory=dict)  # host -> compute stretch priced (contention.py)
+    sync_pricing: str = ""  # how the step's gradient-sync term was priced ("" for one pipeline)
+    schedule: str = ""  # the schedule every pipeline was simulated under
+
+
+# What a multi-pipeline plan's step is made of, said wherever the plan is shown: the pipelines'
+# steps are simulated; the sync after them is priced by launcher/planning/sync_cost.py's formula.
+SYNC_PRICING = ("each pipeline's step by event simulation of its stages and windows; the gradient sync by the "
+                "closed form of launcher/planning/sync_cost.py (ring or all-gather time per group, overlapped with "
+                "the last backward, links shared in ready order); the plan's step is the later of the two")
+
+
+class PlanInvariantError(RuntimeError):
+    """A plan whose reported step is not the simulation of what it returns: a planner bug."""
 
 
 def plan(profile: Profile, num_microbatches: int, schedule: str = "1f1b", max_pipelines: int = 1,
@@ -189,23 +203,40 @@ def _priced(profile: Profile, costs: list[PipelineCost], sync: list[SyncCost], m
     if exact != costs and len(costs) > 1:
         sync = sync_costs(profile, exact, compression)
     costs = exact
+    for cost in costs:
+        check_priced(schedule, cost)
     step_s = plan_step_s(costs, sync)
     tokens = sum(p.num_microbatches for p in costs) * profile.micro_batch_size * profile.seq_len
     index = {n.name: n for n in profile.nodes}
     return PlannerResult(pipelines=[PlannedPipeline(p, tuple(index[s.node].region for s in p.stages)) for p in costs],
                          step_s=step_s, tokens_per_s=tokens / step_s, excluded=excluded or {}, method=method,
-                         planning_s=time.perf_counter() - started, sync=sync, micro_batch_size=profile.micro_batch_size)
+                         planning_s=time.perf_counter() - started, sync=sync, micro_batch_size=profile.micro_batch_size,
+                         sync_pricing=SYNC_PRICING if len(costs) > 1 else "", schedule=schedule)
+
+
+def check_priced(schedule: str, cost: PipelineCost) -> None:
+    """PlanInvariantError unless the pipeline's step is the event simulation of exactly its stages,
+    windows, codecs and micro-batches, with action lists built afresh from the schedule (what
+    the executor walks): a figure the plan cannot reproduce is a bug, caught where plans are made."""
+    S, M = len(cost.stages), cost.num_microbatches
+    want = simulate([schedule_for(schedule, j, S, M, s.window) for j, s in enumerate(cost.stages)],
+                    [s.forward_s for s in cost.stages], [s.backward_s for s in cost.stages],
+                    [s.link_s for s in cost.stages[:-1]], [s.latency_s for s in cost.stages[:-1]],
+                    [s.optimizer_s for s in cost.stages])
+    if not cost.exact or abs(want - cost.step_s) > 1e-9 * max(want, 1e-12):
+        raise PlanInvariantError(f"planner bug: a pipeline over {', '.join(s.node for s in cost.stages)} reports "
+                                 f"{cost.step_s:.6g} s per step but its stages simulate to {want:.6g} s")
 
 
 def _finished(cm: CostModel, chain: list[NodeProfile], cost: PipelineCost) -> PipelineCost:
     """A kept pipeline with its least lossy good-enough codecs and its deepened windows, priced
     exactly; its most effective codecs instead if relaxing them costs more than CODEC_SLACK once
     simulated (the relaxation is judged by the closed form)."""
-    effective = cm.deepen(chain, cost)
+    effective = cm.deepen(chain, cost, thorough=True)
     relaxed = least_lossy_codecs(cm, chain, cost)
     if [s.codec for s in relaxed.stages] == [s.codec for s in cost.stages]:
         return effective
-    relaxed = cm.deepen(chain, relaxed)
+    relaxed = cm.deepen(chain, relaxed, thorough=True)
     return relaxed if relaxed.step_s <= effective.step_s * (1 + CODEC_SLACK) else effective
 
 
