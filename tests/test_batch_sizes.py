@@ -16,7 +16,7 @@ from hetlaunch.launcher.cluster_yaml import parse_cluster
 from hetlaunch.launcher.planning.batch_sizes import at_size, candidate_sizes, per_token_error
 from hetlaunch.launcher.planning.planner import PlanningError, plan, plan_global_batch
 from hetlaunch.launcher.planning.profile_file import Profile, save_profile
-from test_planner import random_profile
+from plan_reference import random_profile
 
 GiB = 2**30
 

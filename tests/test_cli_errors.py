@@ -137,7 +137,7 @@ nodes:
 def test_plan_compression_flag_pins_every_boundary_or_is_one_line(tmp_path):
     import random
 
-    from test_planner import random_profile
+    from plan_reference import random_profile
 
     from hetlaunch.launcher.planning.profile_file import save_profile
 

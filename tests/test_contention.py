@@ -7,7 +7,7 @@ import pytest
 
 from hetlaunch.launcher.planning.contention import host_factors
 from hetlaunch.launcher.planning.planner import plan, price_pipelines
-from test_planner import uniform_profile
+from plan_reference import uniform_profile
 
 
 def _on_hosts(profile, hosts: list[str | None], cores: int, cpu_per_wall: list[float]):

@@ -141,7 +141,7 @@ def test_profile_output_that_cannot_be_written_is_refused_before_measuring(tmp_p
 
 def test_save_profile_is_whole_or_a_one_line_error(tmp_path):
     from hetlaunch.launcher.planning.profile_file import ProfileError, load_profile, save_profile
-    from test_planner import uniform_profile  # a small profile built in code
+    from plan_reference import uniform_profile  # a small profile built in code
 
     profile = uniform_profile([1.0, 0.5], ["east", "west"])
     save_profile(profile, tmp_path / "p.json")
@@ -169,7 +169,7 @@ def _profile_text(tmp_path, edit=None) -> str:
     import json
 
     from hetlaunch.launcher.planning.profile_file import save_profile
-    from test_planner import uniform_profile
+    from plan_reference import uniform_profile
 
     save_profile(uniform_profile([1.0, 0.5], ["east", "west"]), tmp_path / "good.json")
     data = json.loads((tmp_path / "good.json").read_text())

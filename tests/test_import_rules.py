@@ -89,7 +89,7 @@ def test_a_forbidden_import_is_caught_even_inside_a_function(tmp_path, folder, c
 @pytest.mark.parametrize("args", [["--help"], ["--version"], ["validate", "{yaml}"], ["plan", "--profile", "{profile}"]])
 def test_commands_that_need_no_cluster_load_neither_torch_nor_grpc(tmp_path, args):
     from hetlaunch.launcher.planning.profile_file import save_profile
-    from test_planner import uniform_profile
+    from plan_reference import uniform_profile
 
     save_profile(uniform_profile([1.0, 0.5], ["east", "west"]), tmp_path / "profile.json")
     (tmp_path / "cluster.yaml").write_text("nodes: [{name: a}]\n")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from rich.console import Console
-from test_planner import GiB, uniform_profile
+from plan_reference import GiB, uniform_profile
 
 from hetlaunch.launcher.planning.plan import Plan, StagePlan
 from hetlaunch.launcher.planning.planner import format_bytes, plan

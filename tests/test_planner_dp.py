@@ -12,7 +12,7 @@ import math
 import random
 
 import pytest
-from test_planner import random_profile
+from plan_reference import random_profile
 
 from hetlaunch.launcher.planning.compression import CODEC_SLACK, LOSSINESS, NONE, CompressionConfig, wire_ratio
 from hetlaunch.launcher.planning.cost_model import CostModel

@@ -1,0 +1,157 @@
+"""References for the planner, written apart from it: an event simulation of a plan's pipelines
+by another algorithm than runtime/schedules.py's, small random profiles, and a brute force
+over every chain, cut and 1F1B window vector a small cluster admits.
+
+The simulation walks each action's dependencies recursively (longest path through the step's
+graph) instead of sweeping stages: an action starts when its stage is free and its input has
+arrived; a message leaves when its action ends and the one sent before it on the same wire has
+left (a wire carries one message at a time per direction), and arrives one latency later.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+import sys
+
+from hetlaunch.launcher.planning.profile_file import LayerInfo, LinkProfile, ModelIdentity, NodeProfile, Profile
+from hetlaunch.runtime.registry import STATIC_BYTES_PER_PARAM_BYTE
+from hetlaunch.runtime.schedules import compiled, schedule_for, simulate_compiled
+
+GiB, MiB = 2**30, 2**20
+
+
+def reference_step(schedule: str, stages: list[dict], num_microbatches: int) -> float:
+    """The step of one pipeline from its JSON stages (`hetlaunch plan --json`): forward_s,
+    backward_s, optimizer_s, link_s, latency_s and window each."""
+    S, M = len(stages), num_microbatches
+    lists = [[(a.op.value, a.microbatch) for a in schedule_for(schedule, j, S, M, s["window"])]
+             for j, s in enumerate(stages)]
+    position = [{action: i for i, action in enumerate(actions)} for actions in lists]
+    ends: dict[tuple[int, int], float] = {}
+    leaves: dict[tuple[int, str, int], float] = {}  # (stage, op, micro-batch) -> when its message left the stage
+    visiting: set = set()
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 20 * S * M + 1000))
+
+    def cost(j: int, op: str) -> float:
+        return stages[j]["forward_s"] if op == "F" else stages[j]["backward_s"]
+
+    def end(j: int, i: int) -> float:
+        if (j, i) in ends:
+            return ends[(j, i)]
+        if (j, i) in visiting:
+            raise ValueError(f"deadlock at stage {j} action {lists[j][i]}")
+        visiting.add((j, i))
+        op, m = lists[j][i]
+        start = end(j, i - 1) if i else 0.0
+        if op == "F" and j > 0:
+            start = max(start, arrival(j - 1, "F", m, j - 1))
+        if op == "B":
+            start = max(start, end(j, position[j][("F", m)]))
+            if j < S - 1:
+                start = max(start, arrival(j + 1, "B", m, j))
+        visiting.discard((j, i))
+        ends[(j, i)] = start + cost(j, op)
+        return ends[(j, i)]
+
+    def left(j: int, op: str, m: int, wire: int) -> float:
+        """When the message of stage j's action (op, m) finished crossing wire `wire`."""
+        key = (j, op, m)
+        if key not in leaves:
+            i = position[j][(op, m)]
+            previous = [k for k in range(i) if lists[j][k][0] == op]
+            queue = left(j, op, lists[j][previous[-1]][1], wire) if previous else 0.0
+            leaves[key] = max(end(j, i), queue) + stages[wire]["link_s"]
+        return leaves[key]
+
+    def arrival(j: int, op: str, m: int, wire: int) -> float:
+        return left(j, op, m, wire) + stages[wire]["latency_s"]
+
+    return max(end(j, len(lists[j]) - 1) + stages[j]["optimizer_s"] for j in range(S))
+
+
+def random_profile(rng: random.Random, num_nodes: int, num_regions: int, num_layers: int,
+                   memory_gb: tuple[float, float] = (1.0, 4.0), slow_links: bool = True) -> Profile:
+    """Nodes of a few speeds in a few regions; fast links inside a region, slower and distant ones
+    between regions (or fast ones everywhere with slow_links False)."""
+    regions = [f"r{i}" for i in range(num_regions)]
+    layers = [LayerInfo(param_bytes=rng.randint(1, 50) * MiB, activation_bytes=rng.randint(1, 40) * MiB,
+                        output_bytes=rng.randint(1, 8) * MiB) for _ in range(num_layers)]
+    base = [rng.uniform(0.002, 0.02) for _ in range(num_layers)]
+    nodes = []
+    for i in range(num_nodes):
+        speed = rng.choice([1.0, 1.0, 0.5, 0.25, 2.0])
+        nodes.append(NodeProfile(name=f"n{i}", region=regions[i % num_regions] if i < num_regions else rng.choice(regions),
+                                 device="dev", memory_bytes=rng.uniform(*memory_gb) * GiB,
+                                 layer_seconds=[b / speed for b in base],
+                                 optimizer_seconds=[rng.uniform(0, 0.002) for _ in base]))
+    links = []
+    for a, b in itertools.combinations_with_replacement(regions, 2):
+        fast = a == b or not slow_links
+        links.append(LinkProfile(regions=(a, b),
+                                 bandwidth_bytes_per_s=rng.uniform(5e9, 2e10) if fast else rng.uniform(5e7, 1e9),
+                                 latency_s=rng.uniform(1e-5, 1e-4) if fast else rng.uniform(0.005, 0.05)))
+    return Profile(model=ModelIdentity(description="synthetic", num_layers=num_layers), micro_batch_size=4,
+                   seq_len=128, layers=layers, nodes=nodes, links=links)
+
+
+def uniform_profile(speeds: list[float], regions: list[str], num_layers: int = 8, memory_gb: float = 8.0,
+                    cross_bandwidth: float = 1e7, cross_latency: float = 0.02, param_bytes: int = 2**20) -> Profile:
+    layers = [LayerInfo(param_bytes=param_bytes, activation_bytes=2**20, output_bytes=2**20) for _ in range(num_layers)]
+    nodes = [NodeProfile(name=f"n{i}", region=r, device="dev", memory_bytes=memory_gb * GiB,
+                         layer_seconds=[0.01 / s] * num_layers) for i, (s, r) in enumerate(zip(speeds, regions))]
+    links = [LinkProfile(regions=(r, r), bandwidth_bytes_per_s=1e10, latency_s=1e-5) for r in sorted(set(regions))]
+    for a, b in itertools.combinations(sorted(set(regions)), 2):
+        links.append(LinkProfile(regions=(a, b), bandwidth_bytes_per_s=cross_bandwidth, latency_s=cross_latency))
+    return Profile(model=ModelIdentity(description="uniform", num_layers=num_layers), micro_batch_size=4,
+                   seq_len=64, layers=layers, nodes=nodes, links=links)
+
+
+def _link(profile: Profile, a: NodeProfile, b: NodeProfile) -> tuple[float, float]:
+    for link in profile.links:
+        if link.nodes is None and sorted(link.regions) == sorted((a.region, b.region)):
+            return link.bandwidth_bytes_per_s, link.latency_s
+    raise AssertionError(f"no link {a.region} - {b.region}")
+
+
+def _window_vectors(S: int, M: int, caps: list[int]):
+    """Every vector the executor runs without deadlock: own_j <= w_j <= caps_j, never growing down
+    the pipeline, the last stage at its own."""
+    own = [min(S - j, M) for j in range(S)]
+    ranges = [range(own[j], max(own[j], caps[j]) + 1) if j < S - 1 else range(own[j], own[j] + 1) for j in range(S)]
+    for vector in itertools.product(*ranges):
+        if all(a >= b for a, b in zip(vector, vector[1:])):
+            yield vector, own
+
+
+def brute_force(profile: Profile, M: int, schedule: str = "1f1b") -> float:
+    """The fastest pipeline (codecs none) over every ordered subset of nodes, every cut and, under
+    1F1B, every admissible window vector that fits memory, each priced by simulation."""
+    L, layers = profile.model.num_layers, profile.layers
+    best = math.inf
+    for k in range(1, min(len(profile.nodes), L) + 1):
+        for chain in itertools.permutations(profile.nodes, k):
+            links = [_link(profile, a, b) for a, b in zip(chain, chain[1:])]
+            for bounds in itertools.combinations(range(1, L), k - 1):
+                edges = (0, *bounds, L)
+                cuts = list(zip(edges, edges[1:]))
+                compute = [sum(n.layer_seconds[a:b]) for n, (a, b) in zip(chain, cuts)]
+                optimizer = [sum(n.optimizer_seconds[a:b]) for n, (a, b) in zip(chain, cuts)]
+                if max(M * t + o / 1 for t, o in zip(compute, optimizer)) >= best:
+                    continue  # no schedule beats one stage computing every micro-batch
+                static = [STATIC_BYTES_PER_PARAM_BYTE * sum(x.param_bytes for x in layers[a:b]) for a, b in cuts]
+                per_mb = [sum(x.activation_bytes for x in layers[a:b]) for a, b in cuts]
+                caps = [min(M, int((n.memory_bytes - s) // p)) for n, s, p in zip(chain, static, per_mb)]
+                wire = [layers[b - 1].output_bytes / bw for (_, b), (bw, _) in zip(cuts, links)]
+                latency = [lat for _, lat in links]
+                if schedule == "gpipe":  # every stage holds every micro-batch; no window to choose
+                    caps = [M if c >= M else 0 for c in caps]
+                for windows, own in _window_vectors(k, M, caps) if schedule == "1f1b" else [((M,) * k, [M] * k)]:
+                    if any(w > c for w, c in zip(windows, caps)):
+                        continue  # even the stage's own window does not fit
+                    plan = compiled([schedule_for(schedule, j, k, M, w if w > own[j] else 0)
+                                     for j, w in enumerate(windows)])
+                    best = min(best, simulate_compiled(plan, [t / 3 for t in compute], [2 * t / 3 for t in compute],
+                                                       wire, latency, optimizer))
+    return best
