@@ -15,7 +15,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from hetlaunch.launcher.session import JobError
+from hetlaunch.launcher.job_errors import JobError
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.runtime.checkpoint_manifest import (CheckpointError, PartInfo, checkpoint_dir, latest_checkpoint,
                                                    prune_checkpoints, write_manifest)

@@ -18,7 +18,8 @@ from rich.console import Console
 from hetlaunch.launcher.planning.batch_sizes import candidate_sizes
 from hetlaunch.launcher.planning.profile_file import LayerInfo, LinkProfile, ModelIdentity, NodeProfile, Profile
 from hetlaunch.launcher.profile_cache import cached_node, node_cache_key, store_node
-from hetlaunch.launcher.session import ClusterSession, JobError
+from hetlaunch.launcher.job_errors import JobError
+from hetlaunch.launcher.session import ClusterSession
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.runtime.model_spec import ModelSpec
 from hetlaunch.runtime.wire import model_spec_to_proto

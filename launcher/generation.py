@@ -21,7 +21,8 @@ from hetlaunch.launcher.observers import Observers
 from hetlaunch.launcher.planning.plan import Plan
 from hetlaunch.launcher.progress import TrainingProgress
 from hetlaunch.launcher.run_record import RunRecord, StepAggregator
-from hetlaunch.launcher.session import ClusterSession, JobError, is_peer_error
+from hetlaunch.launcher.job_errors import JobError
+from hetlaunch.launcher.session import ClusterSession, is_peer_error
 
 
 @dataclass

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hetlaunch.launcher.session import JobError
+from hetlaunch.launcher.job_errors import JobError
 from hetlaunch.runtime.files import write_whole
 from hetlaunch.protos import control_pb2 as pb
 

@@ -18,7 +18,9 @@ from rich.console import Console
 from hetlaunch.launcher.config_types import ConfigError
 from hetlaunch.launcher.coordinator import CoordinatorServer, host_port
 from hetlaunch.launcher.discovery import Discovery, discovered_node
+from hetlaunch.launcher.job_errors import JobError
 from hetlaunch.launcher.local_agents import LocalAgents
+from hetlaunch.launcher.run_record import make_run_dir, write_run_file
 from hetlaunch.protos import control_pb2 as pb
 
 RENDEZVOUS_TIMEOUT_S = 120.0
@@ -26,10 +28,6 @@ BLAME_GRACE_S = 3.0  # how long a failure waits for its cause (a lost node) to s
 # What a stage reports when the other end of a data-plane link went away (gloo, NCCL, c10d store).
 PEER_ERRORS = ("connection closed by peer", "connection reset", "broken pipe", "timed out", "timeout",
                "remote process exited", "socket", "nccl communicator was aborted", "connection refused")
-
-
-class JobError(Exception):
-    """A one-line reason the job could not run or finish."""
 
 
 class ClusterSession:
@@ -45,8 +43,6 @@ class ClusterSession:
 
     def __enter__(self) -> "ClusterSession":
         coord = self.cluster.coordinator
-        from hetlaunch.launcher.run_record import make_run_dir  # run_record imports JobError from here
-
         make_run_dir(self.run_dir)  # a one-line JobError naming the path and the reason, before anything starts
         try:
             try:
@@ -273,8 +269,6 @@ class ClusterSession:
 
     def _write_contact(self) -> None:
         """Where remote agents (and tests) find the coordinator; the token file only when someone needs it."""
-        from hetlaunch.launcher.run_record import write_run_file  # whole or not at all; JobError naming the file
-
         address = self.server.address
         contact = {"address": address, "pid": os.getpid()}
         tls = self.cluster.coordinator.tls
@@ -282,7 +276,7 @@ class ClusterSession:
             contact["tls"] = {"ca": str(Path(tls.ca or tls.cert).resolve()),
                               **({"cert": str(Path(tls.agent_cert).resolve()), "key": str(Path(tls.agent_key).resolve())}
                                  if tls.agent_cert else {})}
-        write_run_file(self.run_dir / "coordinator.json", json.dumps(contact) + "\n")
+        write_run_file(self.run_dir / "coordinator.json", json.dumps(contact) + "\n")  # whole or a JobError
         self.console.print(f"coordinator listening on {address} (run dir {self.run_dir})")
         token_path = self.run_dir / "token"  # for remote agents, `hetlaunch status` and `down`
         write_run_file(token_path, self.token + "\n", mode=0o600)  # never readable by others, not even briefly

@@ -24,7 +24,7 @@ from conftest import hetlaunch_env, run_hetlaunch
 from hetlaunch.launcher.profile_cache import (MAX_ENTRY_BYTES, BadCacheEntry, cached_node, check_entry, node_cache_key,
                                               read_entry, store_node)
 from hetlaunch.launcher.run_record import RunRecord, StepRecord, write_run_file
-from hetlaunch.launcher.session import JobError
+from hetlaunch.launcher.job_errors import JobError
 from hetlaunch.runtime.registry import CODEC_NAMES
 
 NUM_LAYERS = 4  # n_layers 2: embedding, 2 blocks, head
