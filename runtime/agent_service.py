@@ -4,7 +4,7 @@ whichever coordinator runs next (deploy/hetlaunch-agent.service runs it under sy
 It dials the coordinator; when there is none yet, or a job ends, or the coordinator goes away,
 it dials again — at once after a job that ended well, else after a backoff that doubles up to a
 minute, with jitter so a fleet of agents does not knock in step. Each job is a fresh Agent
-(runtime/agent.py) under the same name, whose workers end with the job. SIGTERM or SIGINT stops
+(runtime/agent_job.py) under the same name, whose workers end with the job. SIGTERM or SIGINT stops
 the running worker and ends the service with exit 0.
 """
 
@@ -16,7 +16,8 @@ import sys
 import threading
 from pathlib import Path
 
-from hetlaunch.runtime.agent import Agent, AgentPolicy
+from hetlaunch.runtime.agent_job import Agent
+from hetlaunch.runtime.policy import AgentPolicy
 from hetlaunch.runtime.tls import ClientTls
 
 MAX_BACKOFF_S = 60.0

@@ -200,3 +200,76 @@ def test_a_command_that_is_not_the_coordinator_may_load_torch_inside_its_functio
     source = tmp_path / "export.py"
     source.write_text("def export():\n    import torch\n\ndef other():\n    import torch\n")
     assert torch_chains(source, "launcher/export.py") == ["launcher/export.py:5 imports torch"]
+
+
+# --- No import cycles ----------------------------------------------------------------------------
+# A cycle is a design knot (two modules that each need the other), usually hidden by moving one
+# import into a function. Every import counts, top level or inside a function; `if TYPE_CHECKING:`
+# never runs and does not.
+
+def module_of(path: Path) -> str:
+    """The import name of a source file (`launcher/planning/plan.py` -> hetlaunch.launcher.planning.plan)."""
+    for package, folder in PACKAGE_DIRS.items():
+        root = REPO / folder
+        if path.is_relative_to(root):
+            parts = [p for p in path.relative_to(root).with_suffix("").parts if p != "__init__"]
+            return ".".join([package, *parts])
+    raise ValueError(path)
+
+
+def import_graph(files) -> dict[str, set[str]]:
+    """module -> the package's modules it imports (inside functions too)."""
+    graph = {}
+    for path in files:
+        me = module_of(path)
+        found = {source_of(module) for _, module, _ in executed_imports(path)}
+        graph[me] = {module_of(f) for f in found if f is not None} - {me}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of the graph as [a, b, ..., a], or None (depth-first, iterative)."""
+    done, on_path = set(), []
+    for root in sorted(graph):
+        if root in done:
+            continue
+        stack = [(root, iter(sorted(graph.get(root, ()))))]
+        on_path.append(root)
+        while stack:
+            node, children = stack[-1]
+            child = next(children, None)
+            if child is None:
+                stack.pop()
+                on_path.pop()
+                done.add(node)
+            elif child in on_path:
+                return on_path[on_path.index(child):] + [child]
+            elif child not in done:
+                stack.append((child, iter(sorted(graph.get(child, ())))))
+                on_path.append(child)
+    return None
+
+
+def package_files() -> list[Path]:
+    return sorted(f for folder in PACKAGE_DIRS.values() for f in (REPO / folder).rglob("*.py"))
+
+
+def test_no_import_cycles_among_the_package_modules():
+    graph = import_graph(package_files())
+    assert len(graph) > 100, sorted(graph)  # every package's modules were read
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_a_cycle_is_found_and_printed_and_an_import_inside_a_function_is_an_edge(tmp_path):
+    assert find_cycle({"a": {"b"}, "b": {"c", "d"}, "c": set(), "d": {"b"}}) == ["b", "d", "b"]
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+    # run_record imports session inside a function, as the cycle over JobError once did
+    source = tmp_path / "run_record.py"
+    source.write_text((REPO / "launcher" / "run_record.py").read_text()
+                      + "\n\ndef later():\n    from hetlaunch.launcher.session import ClusterSession\n")
+    graph = import_graph(package_files())
+    graph["hetlaunch.launcher.run_record"] = {module_of(f) for _, m, _ in executed_imports(source)
+                                              if (f := source_of(m)) is not None}
+    cycle = find_cycle(graph)
+    assert cycle is not None and {"hetlaunch.launcher.run_record", "hetlaunch.launcher.session"} <= set(cycle), cycle

@@ -1,0 +1,247 @@
+"""An agent's part in one job: join the coordinator, stay alive, follow its command stream.
+
+The agent registers with its devices and versions, sends a heartbeat every interval (which
+also measures its clock against the coordinator's), and runs what the command stream asks —
+a profiling run or a stage — as a task in a worker (runtime/task_relay.py), so a failure in one
+generation (a dead peer, a crashed stage) ends only that worker and the agent waits for the
+next generation's command. It never outlives its coordinator: if heartbeats keep failing, the
+coordinator declares it lost, or the process that started it is gone, it stops its worker and
+exits. A service (runtime/agent_service.py) makes one Agent per job instead, and ending the job
+then ends only the Agent.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+import grpc
+
+from hetlaunch.protos import control_pb2 as pb
+from hetlaunch.protos import control_pb2_grpc
+from hetlaunch.protos import worker_pb2 as wpb
+from hetlaunch.runtime.auth import TOKEN_METADATA_KEY
+from hetlaunch.runtime.clock_offset import ClockOffset
+from hetlaunch.runtime.devices import describe_devices
+from hetlaunch.runtime.policy import AgentPolicy, PolicyRefusal
+from hetlaunch.runtime.step_reporter import StepReporter
+from hetlaunch.runtime.task_relay import TaskRelay
+from hetlaunch.runtime.tls import ClientTls
+from hetlaunch.runtime.version import hetlaunch_version, torch_version
+
+EXIT_REFUSED = 1
+EXIT_LOST_COORDINATOR = 3
+EXIT_DECLARED_LOST = 5  # the coordinator gave our place up (we were silent too long); restart to rejoin
+
+
+def _log(node: str, message: str) -> None:
+    print(f"[agent {node}] {message}", file=sys.stderr, flush=True)
+
+
+def default_work_dir(node_name: str) -> Path:
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "hetlaunch" / "agent" / node_name
+
+
+class Agent:
+    def __init__(self, coordinator: str, token: str, node_name: str, parent_pid: int | None = None,
+                 work_dir: Path | None = None, credentials: ClientTls | None = None,
+                 policy: AgentPolicy | None = None, region: str = "", labels: dict[str, str] | None = None):
+        self.node = node_name
+        self.region, self.labels = region, dict(labels or {})  # what discovery matches (launcher/node_config.py)
+        # Checkpoint parts on their way to the coordinator, and copies to restore from.
+        self.work_dir = work_dir or default_work_dir(node_name)
+        self.policy = policy or AgentPolicy.of((), (), (), self.work_dir)
+        self.parent_pid = parent_pid
+        self.tls = credentials is not None
+        self.channel = (grpc.secure_channel(coordinator, credentials.credentials()) if credentials is not None
+                        else grpc.insecure_channel(coordinator))
+        self.coordinator = coordinator
+        self.stub = control_pb2_grpc.CoordinatorStub(self.channel)
+        self.metadata = ((TOKEN_METADATA_KEY, token),)
+        # What a worker needs to reach the rendezvous store on the coordinator (runtime/grpc_store.py).
+        tls = credentials or ClientTls(b"")
+        store_access = wpb.StoreAccess(address=coordinator, token=token, ca_pem=tls.ca_pem,
+                                       cert_pem=tls.cert_pem, key_pem=tls.key_pem)
+        self.agent_id = ""
+        self.clock = ClockOffset()  # to the coordinator's clock, from the heartbeats' round trips
+        self.commands: queue.Queue = queue.Queue()
+        # A service (runtime/agent_service.py) outlives this job: ending it must not end the process.
+        self.in_service = False
+        self.finished = threading.Event()
+        self.exit_code: int | None = None
+        # Step metrics go out from a thread of their own, so a slow RPC never holds up the relay.
+        self.step_reports = StepReporter(lambda request: self._call("ReportStep", request))
+        self.tasks = TaskRelay(node_name, self._call, self.step_reports, store_access, self.stub, self.metadata,
+                               self.work_dir)
+
+    def run(self, connect_timeout_s: float) -> int:
+        try:
+            return self._run(connect_timeout_s)
+        finally:
+            self.finished.set()
+            self.step_reports.close()
+            if self.in_service:  # nothing of this job may outlive it: its workers, its channel
+                self.tasks.close()
+                self.channel.close()
+
+    def end(self, code: int, why: str) -> None:
+        """End this job from another thread (a signal, a lost coordinator): stop the worker and
+        let the command loop return `code`."""
+        _log(self.node, why)
+        self.exit_code = code
+        self.finished.set()
+        self.tasks.stop()
+        self.commands.put(None)
+
+    def _run(self, connect_timeout_s: float) -> int:
+        try:
+            grpc.channel_ready_future(self.channel).result(timeout=connect_timeout_s)
+        except grpc.FutureTimeoutError:
+            hint = (" over TLS (is --ca the CA that signed the coordinator's certificate, does that certificate name "
+                    "this address, and does the coordinator accept --cert?)" if self.tls else "")
+            _log(self.node, f"could not reach the coordinator at {self.coordinator} within {connect_timeout_s:.0f}s{hint}")
+            return EXIT_LOST_COORDINATOR
+        info = pb.AgentInfo(node_name=self.node, hostname=socket.gethostname(), devices=describe_devices(),
+                            cpu_count=len(os.sched_getaffinity(0)),
+                            agent_version=hetlaunch_version(), torch_version=torch_version(), pid=os.getpid(),
+                            region=self.region, labels=self.labels)
+        try:
+            reply = self.stub.Register(pb.RegisterRequest(agent=info), metadata=self.metadata, timeout=30)
+        except grpc.RpcError as err:
+            _log(self.node, f"registration refused ({err.code().name}): {err.details()}")
+            return EXIT_REFUSED
+        self.agent_id = self.tasks.agent_id = reply.agent_id
+        self.tasks.warm_up()  # loads torch while the cluster is still joining
+        interval = max(reply.heartbeat_interval_ms, 100) / 1000
+        threading.Thread(target=self._heartbeat_loop, args=(interval,), daemon=True).start()
+        threading.Thread(target=self._command_reader, daemon=True).start()
+        _log(self.node, f"registered with {self.coordinator} as {self.agent_id}")
+        return self._command_loop()
+
+    def _command_loop(self) -> int:
+        while True:
+            command = self.commands.get()
+            if command is None:
+                if self.exit_code is not None:
+                    return self.exit_code
+                _log(self.node, "the coordinator closed the command stream")
+                return EXIT_LOST_COORDINATOR
+            if command.HasField("shutdown"):
+                _log(self.node, f"shutting down: {command.shutdown.reason or 'job finished'}")
+                return 0
+            refusal = self._refusal(command)
+            if refusal is not None:
+                _log(self.node, refusal)
+                self._report_failure(command, refusal)
+                continue
+            if command.HasField("profile"):
+                self.tasks.run(wpb.WorkerTask(profile=command.profile), command.generation, pb.AGENT_STATE_PROFILING)
+            elif command.HasField("run_stage") and self._prepare_stage(command):
+                self.tasks.run(wpb.WorkerTask(run_stage=command.run_stage), command.generation,
+                               pb.AGENT_STATE_TRAINING)
+
+    def _refusal(self, command: pb.Command) -> str | None:
+        """Why this agent's policy refuses the command (runtime/policy.py), or None."""
+        try:
+            if command.HasField("profile") and command.profile.measure_layers:
+                self.policy.check_model(command.profile.model)
+            elif command.HasField("run_stage"):
+                self.policy.check_run_stage(command.run_stage)
+        except PolicyRefusal as err:
+            return str(err)
+        return None
+
+    def _prepare_stage(self, command: pb.Command) -> bool:
+        """Local checkpoint paths and the copy to restore from, then the policy's path check;
+        False (and the failure reported) if the stage cannot start."""
+        try:
+            self.tasks.local_checkpoints(command.run_stage, command.generation)
+            self.policy.check_paths(command.run_stage)
+        except PolicyRefusal as err:
+            _log(self.node, str(err))
+            self._report_failure(command, str(err))
+            return False
+        except (grpc.RpcError, OSError, ValueError) as err:
+            detail = err.details() if isinstance(err, grpc.RpcError) else str(err)
+            self._report_failure(command, f"cannot fetch the checkpoint to restore from: {detail}")
+            return False
+        return True
+
+    def _report_failure(self, command: pb.Command, error: str) -> None:
+        """A profiling run or a stage that never started, reported as failed."""
+        if command.HasField("profile"):
+            self._call("ReportProfile", pb.ReportProfileRequest(agent_id=self.agent_id, ok=False, error=error,
+                                                                generation=command.generation))
+        elif command.HasField("run_stage"):
+            self._call("ReportResult", pb.ReportResultRequest(agent_id=self.agent_id, ok=False, error=error,
+                                                              generation=command.generation))
+
+    def _call(self, method: str, request) -> None:
+        try:
+            getattr(self.stub, method)(request, metadata=self.metadata, timeout=30)
+        except grpc.RpcError as err:
+            _log(self.node, f"{method} failed ({err.code().name}): {err.details()}")
+
+    def _command_reader(self) -> None:
+        request = pb.WatchCommandsRequest(agent_id=self.agent_id)
+        try:
+            for command in self.stub.WatchCommands(request, metadata=self.metadata):
+                if command.HasField("abort"):
+                    # Here, not in the command loop: that loop is busy relaying the worker being aborted.
+                    _log(self.node, f"aborting the running task: {command.abort.reason}")
+                    threading.Thread(target=self.tasks.stop,
+                                     args=(command.abort.snapshot_dir, command.generation), daemon=True).start()
+                    continue
+                if command.HasField("move"):  # for the running stage, which the command loop is relaying
+                    self.tasks.pass_move(command.move, command.generation)
+                    continue
+                if command.HasField("shutdown") and self.tasks.training.is_set():
+                    _log(self.node, f"stopping mid-task: {command.shutdown.reason}")
+                    self.tasks.stop()
+                self.commands.put(command)
+        except grpc.RpcError as err:
+            if self.tasks.training.is_set():
+                _log(self.node, f"lost the coordinator mid-task: {err.details()}")
+                self.tasks.stop()
+        self.commands.put(None)
+
+    def _heartbeat_loop(self, interval: float) -> None:
+        last_ok = time.monotonic()
+        lost_after = max(10 * interval, 10.0)
+        while not self.finished.wait(interval):
+            if self.parent_pid is not None and os.getppid() != self.parent_pid:
+                self.exit(EXIT_LOST_COORDINATOR, "the process that started this agent is gone; exiting")
+                return
+            state = self.tasks.state()
+            clock = self.clock
+            try:
+                sent = time.time()
+                reply = self.stub.Heartbeat(pb.HeartbeatRequest(
+                    agent_id=self.agent_id, state=state, step=self.tasks.step, has_clock=clock.known,
+                    clock_offset_s=clock.offset_s, clock_rtt_s=clock.rtt_s if clock.known else 0.0),
+                    metadata=self.metadata, timeout=max(interval * 3, 2.0))
+                clock.sample(sent, reply.coordinator_time, time.time())
+                last_ok = time.monotonic()
+            except grpc.RpcError as err:
+                if err.code() == grpc.StatusCode.FAILED_PRECONDITION:  # declared lost while we were silent
+                    self.exit(EXIT_DECLARED_LOST, f"{err.details()}; restart the agent to rejoin")
+                    return
+                if time.monotonic() - last_ok > lost_after:
+                    self.exit(EXIT_LOST_COORDINATOR,
+                              f"no heartbeat accepted for {lost_after:.0f}s ({err.code().name}); exiting")
+                    return
+
+    def exit(self, code: int, why: str) -> None:
+        """Leave the job for good: in a service, end it; else stop the worker and end the process."""
+        if self.in_service:
+            self.end(code, why)
+            return
+        _log(self.node, why)
+        self.tasks.stop()
+        os._exit(code)
