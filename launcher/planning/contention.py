@@ -16,7 +16,7 @@ priced again with those nodes' layer and optimizer times stretched by that facto
 over the whole step instead, bubbles included, priced four one-thread agents on two cores 1.08x
 where their compute measured 1.5-1.9x.)
 What this leaves out (a scheduler's preference for threads that slept, memory bandwidth, PCIe)
-is what calibration (launcher/calibration.py) measures.
+is what calibration (launcher/adapt/calibration.py) measures.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from hetlaunch.launcher.planning.cost_model import PipelineCost
+from hetlaunch.launcher.planning.profile_edits import scaled
 from hetlaunch.launcher.planning.profile_file import Profile
 
 
@@ -49,13 +50,5 @@ def host_factors(profile: Profile, pipelines: Sequence[PipelineCost]) -> dict[st
 def stretched(profile: Profile, factors: dict[str, float]) -> Profile:
     """The profile with every node of a contended host computing `factor` times as long; its
     nodes forget their host, so pricing the result again does not stretch it twice."""
-    nodes = []
-    for node in profile.nodes:
-        factor = factors.get(node.host, 1.0) if node.host is not None else 1.0
-        update = {"host": None}
-        if factor != 1.0:
-            update.update(layer_seconds=[t * factor for t in node.layer_seconds],
-                          optimizer_seconds=None if node.optimizer_seconds is None else
-                          [t * factor for t in node.optimizer_seconds])
-        nodes.append(node.model_copy(update=update))
-    return profile.model_copy(update={"nodes": nodes})
+    by_node = {n.name: factors[n.host] for n in profile.nodes if n.host is not None and n.host in factors}
+    return scaled(profile, by_node, forget_hosts=True)

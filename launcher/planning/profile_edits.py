@@ -1,0 +1,32 @@
+"""Edits to a profile that the job makes as it learns more than profiling measured.
+
+Calibration (a node computes slower in training than alone), the straggler watch (a node
+changed speed mid-run) and contention (nodes on one host share its cores) all say the same
+thing of a node: its layers and its optimizer step take `factor` times as long as profiled.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from hetlaunch.launcher.planning.profile_file import NodeProfile, Profile
+
+
+def scaled(profile: Profile, factors: Mapping[str, float], forget_hosts: bool = False) -> Profile:
+    """`profile` with each node named in `factors` computing that many times as long. With
+    `forget_hosts`, every node forgets its host: times that already carry their host's
+    contention must not be stretched for it again when the result is priced."""
+    nodes = []
+    for node in profile.nodes:
+        update: dict = {"host": None} if forget_hosts else {}
+        factor = factors.get(node.name, 1.0)
+        if factor != 1.0:
+            update.update(_times(node, factor))
+        nodes.append(node.model_copy(update=update) if update else node)
+    return profile.model_copy(update={"nodes": nodes})
+
+
+def _times(node: NodeProfile, factor: float) -> dict:
+    return {"layer_seconds": [t * factor for t in node.layer_seconds],
+            "optimizer_seconds": None if node.optimizer_seconds is None else
+            [t * factor for t in node.optimizer_seconds]}
