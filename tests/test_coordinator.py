@@ -92,7 +92,8 @@ def test_command_stream_without_the_right_token_is_unauthenticated(kind, server,
         next(iter(stream))
     assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
     # The queued command is still there for the rightful agent.
-    assert server.state.pending_commands("a") == 1
+    rightful = stub.WatchCommands(pb.WatchCommandsRequest(agent_id=agent_id), metadata=auth(), timeout=RPC_TIMEOUT)
+    assert next(iter(rightful)).shutdown.reason == "must not be delivered"
 
 
 @pytest.mark.timeout(30)
