@@ -1,6 +1,6 @@
 """Layers' state (parameters, buffers, optimizer state) sent between running stages over the data plane.
 
-A live move (runtime/live_move.py) changes which rank holds which layers. Every rank knows the
+A live move (runtime/stage_move.py) changes which rank holds which layers. Every rank knows the
 transfers from the old and new layouts alone (runtime/transfer_plan.py) and walks them in that
 one global order with blocking sends and receives: the earliest unfinished transfer always has
 both ends ready for it, so the walk cannot deadlock.

@@ -23,7 +23,7 @@ from hetlaunch.runtime.data import TokenBatches, open_data
 from hetlaunch.runtime.emulation import WireEmulation, emulated_speed
 from hetlaunch.runtime.executor import StageExecutor
 from hetlaunch.runtime.grad_sync import GradientSync, make_groups, sync_group_plans
-from hetlaunch.runtime.live_move import MoveGate, RunningStage, move_stage
+from hetlaunch.runtime.stage_move import MoveGate, RunningStage, move_stage
 from hetlaunch.runtime.link import Link
 from hetlaunch.runtime.memory_limit import StageMemory
 from hetlaunch.runtime.model import build_model_range

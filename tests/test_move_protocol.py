@@ -15,7 +15,7 @@ from hetlaunch.launcher.planning.plan import Plan, StagePlan
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.runtime.layer_transfer import _parse_header
 from hetlaunch.runtime.transfer_plan import TransferError
-from hetlaunch.runtime.live_move import MoveGate
+from hetlaunch.runtime.stage_move import MoveGate
 
 HOLD, GO, CANCEL = pb.MOVE_PHASE_HOLD, pb.MOVE_PHASE_GO, pb.MOVE_PHASE_CANCEL
 
