@@ -157,9 +157,9 @@ def plan(
 ) -> None:
     """Print the plan the planner would run (a table, or --json); train nothing."""
     from hetlaunch.launcher.planning.compression import CompressionConfig
-    from hetlaunch.launcher.planning.planner import PlanningError, plan_global_batch
-    from hetlaunch.launcher.planning.planner import plan as plan_pipelines
+    from hetlaunch.launcher.planning.planner import PlanningError
     from hetlaunch.launcher.planning.profile_file import ProfileError, load_profile
+    from hetlaunch.launcher.planning.request import PlanRequest, plan_for
     from hetlaunch.launcher.progress import print_planner_result
 
     if cluster_yaml is None and profile_file is None:
@@ -181,9 +181,8 @@ def plan(
             _fail(str(err), EXIT_BAD_INPUT)
     else:
         measured = _measure_live(cluster, token_file, reprofile)
-    if max_pipelines is None:
-        configured = cluster.train.max_pipelines if cluster else "auto"
-        max_pipelines = len(measured.nodes) if configured == "auto" else configured
+    if max_pipelines is None and cluster is not None and cluster.train.max_pipelines != "auto":
+        max_pipelines = cluster.train.max_pipelines
     policy = cluster.compression if cluster else CompressionConfig()  # offline: auto
     if compression is not None:
         from hetlaunch.runtime.registry import CODEC_NAMES
@@ -191,13 +190,10 @@ def plan(
         if compression not in ("auto", *CODEC_NAMES):
             _fail(f"--compression must be auto or one of {', '.join(CODEC_NAMES)} (got {compression!r})", EXIT_BAD_INPUT)
         policy = CompressionConfig(intra_region=compression, cross_region=compression, sync=compression)
+    request = PlanRequest(num_microbatches=num_mb, schedule=sched, compression=policy, max_pipelines=max_pipelines,
+                          global_batch=global_batch, fixed_microbatches=fixed, stages=stages)
     try:
-        if global_batch is not None:
-            result = plan_global_batch(measured, global_batch, sched, max_pipelines=max_pipelines, stages=stages,
-                                       compression=policy, num_microbatches=fixed)
-        else:
-            result = plan_pipelines(measured, num_mb, sched, max_pipelines=max_pipelines, stages=stages,
-                                    compression=policy)
+        result = plan_for(measured, request)  # the function `up` plans with
     except (PlanningError, ProfileError) as err:
         _fail(str(err), EXIT_JOB_FAILED)
     print_planner_result(_console(), measured, result, as_json=as_json)

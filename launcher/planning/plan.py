@@ -9,9 +9,10 @@ that list is its data-plane rank.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 
 from hetlaunch.launcher.planning.batch_sizes import describe
+from hetlaunch.launcher.planning.compression import NONE, CompressionConfig
 from hetlaunch.launcher.planning.sync_groups import sync_groups
 from hetlaunch.runtime.schedules import own_window
 
@@ -67,6 +68,8 @@ class Plan:
     sync: tuple[SyncPlan, ...] = ()
     batch_note: str = ""  # with a global batch: how the planner chose the micro-batches
     contention_note: str = ""  # nodes that share a host's cores, and what that costs them (priced)
+    # The codecs its boundaries and syncs were allowed: what pricing or re-cutting it again allows.
+    compression: CompressionConfig = field(default_factory=lambda: NONE, hash=False)
 
     def __post_init__(self):
         if not self.pipeline_microbatches:
@@ -106,7 +109,7 @@ class Plan:
                      for g in sync_groups([[(s.layer_start, s.layer_end) for s in stages] for stages in pipelines]))
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "compression": self.compression.model_dump()}
 
 
 class TilingError(ValueError):
@@ -207,15 +210,16 @@ def static_plan(cluster, num_layers: int) -> Plan:
     sync_codec = policy.sync if policy.sync != "auto" else "none"
     plan = Plan(stages=tuple(stages), num_layers=num_layers, micro_batch_size=size,
                 num_microbatches=count, schedule=train.schedule, source=source,
-                pipeline_microbatches=shares)
+                pipeline_microbatches=shares, compression=policy)
     for pipeline, share in zip(plan.pipelines(), shares):
         check_windows(list(pipeline), share)
     return replace(plan, sync=tuple(replace(g, codec=sync_codec) for g in plan.sync_plans()))
 
 
 def planned(cluster, result, source: str = "planned") -> Plan:
-    """The plan `up` runs from the planner's result: its pipelines, shares and sync groups."""
-    policy = cluster.compression
+    """The plan `up` runs from the planner's result: its pipelines, shares, sync groups and the
+    codecs it was allowed."""
+    policy = result.compression
     stages = tuple(StagePlan(node=s.node, region=cluster.node(s.node).region, layer_start=s.layer_start,
                              layer_end=s.layer_end, forward_codec=s.codec, backward_codec=policy.gradient_codec(s.codec),
                              compute_s=s.compute_s, link_s=s.link_s, link_uncompressed_s=s.link_uncompressed_s,
@@ -240,4 +244,5 @@ def planned(cluster, result, source: str = "planned") -> Plan:
                 batch_note=describe(result.batch) if result.batch else "",
                 contention_note="; ".join(f"nodes on host {host} ask for {factor:.2f}x its cores while they compute: "
                                           f"priced {factor:.2f}x slower than profiled"
-                                          for host, factor in sorted(result.contention.items())))
+                                          for host, factor in sorted(result.contention.items())),
+                compression=policy)

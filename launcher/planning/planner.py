@@ -66,6 +66,7 @@ class PlannerResult:
     contention: dict[str, float] = field(default_factory=dict)  # host -> compute stretch priced (contention.py)
     sync_pricing: str = ""  # how the step's gradient-sync term was priced ("" for one pipeline)
     schedule: str = ""  # the schedule every pipeline was simulated under
+    compression: CompressionConfig = field(default_factory=lambda: NONE)  # the codecs it was allowed (and pricing again is)
 
 
 # What a multi-pipeline plan's step is made of, said wherever the plan is shown: the pipelines'
@@ -160,7 +161,7 @@ def recut(profile: Profile, pipelines: list[tuple[list[str], int]], schedule: st
           compression: CompressionConfig = NONE) -> PlannerResult:
     """The best cut of each pipeline's own node chain — (chain, micro-batches) each — priced with
     their gradient sync: what a live move can reach, since it keeps every node at its place in
-    its pipeline and only moves layers (launcher/live_move.py)."""
+    its pipeline and only moves layers (launcher/adapt/live_moves.py)."""
     cut = []
     for chain, num_microbatches in pipelines:
         cost = cut_chain(CostModel(profile, num_microbatches, schedule, compression), [profile.node(n) for n in chain])
@@ -211,7 +212,8 @@ def _priced(profile: Profile, costs: list[PipelineCost], sync: list[SyncCost], m
     return PlannerResult(pipelines=[PlannedPipeline(p, tuple(index[s.node].region for s in p.stages)) for p in costs],
                          step_s=step_s, tokens_per_s=tokens / step_s, excluded=excluded or {}, method=method,
                          planning_s=time.perf_counter() - started, sync=sync, micro_batch_size=profile.micro_batch_size,
-                         sync_pricing=SYNC_PRICING if len(costs) > 1 else "", schedule=schedule)
+                         sync_pricing=SYNC_PRICING if len(costs) > 1 else "", schedule=schedule,
+                         compression=compression)
 
 
 def check_priced(schedule: str, cost: PipelineCost) -> None:

@@ -1,0 +1,44 @@
+"""What a job asks the planner for, and the one function that plans it: `hetlaunch plan` and
+`hetlaunch up` (its first plan and every re-plan) both go through `plan_for`.
+
+The batch is either a micro-batch count at the profile's micro-batch size, or a global batch
+of samples whose micro-batch size (and count, unless fixed) the planner chooses
+(launcher/planning/batch_sizes.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hetlaunch.launcher.planning.compression import CompressionConfig
+from hetlaunch.launcher.planning.planner import PlannerResult, plan, plan_global_batch
+from hetlaunch.launcher.planning.profile_file import Profile
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    num_microbatches: int  # per step, without a global batch
+    schedule: str
+    compression: CompressionConfig
+    max_pipelines: int | None = None  # None: as many as pay off
+    global_batch: int | None = None  # samples per step: the planner chooses the micro-batches
+    fixed_microbatches: int | None = None  # with a global batch: the count it must use
+    stages: int | None = None  # stages per pipeline; None: the planner decides
+
+    @classmethod
+    def for_train(cls, train, compression: CompressionConfig) -> PlanRequest:
+        """The request of a YAML's `train:` section (launcher/train_config.py) and `compression:`."""
+        return cls(num_microbatches=train.num_microbatches, schedule=train.schedule, compression=compression,
+                   max_pipelines=None if train.max_pipelines == "auto" else train.max_pipelines,
+                   global_batch=train.global_batch, fixed_microbatches=train.fixed_microbatches)
+
+
+def plan_for(profile: Profile, request: PlanRequest) -> PlannerResult:
+    """The planner's best plan for `request` on `profile`; PlanningError if none fits."""
+    pipelines = len(profile.nodes) if request.max_pipelines is None else request.max_pipelines
+    if request.global_batch is None:
+        return plan(profile, request.num_microbatches, request.schedule, max_pipelines=pipelines,
+                    stages=request.stages, compression=request.compression)
+    return plan_global_batch(profile, request.global_batch, request.schedule, max_pipelines=pipelines,
+                             stages=request.stages, compression=request.compression,
+                             num_microbatches=request.fixed_microbatches)
