@@ -39,7 +39,7 @@ class CodecInfo:
 
 
 # Least lossy first: `auto` walks this order and stops at the first codec that is fast enough.
-CODECS: tuple[CodecInfo, ...] = (
+CODEC_INFOS: tuple[CodecInfo, ...] = (
     CodecInfo("none", None),
     CodecInfo("fp16", 16),
     CodecInfo("bf16", 16),  # fp16's size with less precision
@@ -47,8 +47,8 @@ CODECS: tuple[CodecInfo, ...] = (
     CodecInfo("int4_rotated", 4, scaled=True),
     CodecInfo("int4", 4, scaled=True),  # int4_rotated's size, more error on heavy-tailed activations
 )
-CODEC_NAMES: tuple[str, ...] = tuple(c.name for c in CODECS)  # also the lossiness order
-CODECS_BY_NAME: dict[str, CodecInfo] = {c.name: c for c in CODECS}
+CODEC_NAMES: tuple[str, ...] = tuple(c.name for c in CODEC_INFOS)  # also the lossiness order
+CODEC_INFOS_BY_NAME: dict[str, CodecInfo] = {c.name: c for c in CODEC_INFOS}
 
 SCHEDULE_NAMES: tuple[str, ...] = ("1f1b", "gpipe")  # the first is the default
 DEFAULT_SCHEDULE = SCHEDULE_NAMES[0]
@@ -71,6 +71,6 @@ def sync_hops(codec: str, holders: int) -> int:
 
 def codec_info(name: str) -> CodecInfo:
     try:
-        return CODECS_BY_NAME[name]
+        return CODEC_INFOS_BY_NAME[name]
     except KeyError:
         raise ValueError(f"unknown codec {name!r} (known: {', '.join(CODEC_NAMES)})") from None
