@@ -203,3 +203,10 @@ def final_parameters(run_dir: Path) -> dict:
     directory, manifest = found
     state = load_layers(directory, manifest, 0, manifest.num_layers)
     return {k: v for k, v in state.items() if k.startswith("layers.")}
+
+
+def pytest_collection_modifyitems(config, items):
+    """The quick tier (`-m quick`): tests/quick_tier.py lists it."""
+    from quick_tier import mark_quick
+
+    mark_quick(config, items)

@@ -1,0 +1,79 @@
+"""The quick tier: `python -m pytest -m quick`, for development (about 2 minutes on 2 busy cores).
+
+It covers every area once (the planner, schedules, codecs and links, config, the control-plane
+protocol, checkpoints, gradient sync, live moves, one small end-to-end run) with the tests that
+are quick; what it leaves out (most multi-process runs, hostile inputs at length, precision,
+TLS, recovery) the full suite runs, as CI does. Kept in one place, so that a reader sees the
+whole tier and files that others edit need not change to be in it; conftest.py marks the
+tests, and a name here that no longer names a test fails the quick run instead of shrinking it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+# Whole modules: their tests take under a few seconds together.
+MODULES = {
+    "test_planner", "test_exact_pricing", "test_plan_output", "test_planner_dp", "test_batch_sizes",
+    "test_contention",  # the planner
+    "test_schedules",  # schedules
+    "test_codecs", "test_registry", "test_link", "test_grad_sync",  # codecs, links, gradient sync
+    "test_cluster_config", "test_hostile_yaml", "test_cli_errors", "test_memory_limit",  # config
+    "test_protos", "test_coordinator", "test_move_protocol", "test_rendezvous_store",
+    "test_step_reporter",  # the control-plane protocol
+    "test_model", "test_data", "test_checkpoint", "test_recipe",  # the model, data, checkpoints, optimizers
+    "test_import_rules",
+}
+
+# Single tests of slower modules (module::test function).
+TESTS = {
+    "test_end_to_end::test_tiny_example_trains_and_writes_the_run_dir",  # one small end-to-end run
+    "test_live_move::test_transfers_come_from_the_old_holder_in_the_same_pipeline_in_one_order",
+    "test_live_move::test_the_straggler_watch_judges_no_step_while_a_live_move_it_asked_for_is_under_way",
+    "test_calibration::test_speed_changes_take_effect_at_their_step_and_are_checked",
+    "test_calibration::test_calibration_fits_each_nodes_compute_and_prices_the_plan_again",
+    "test_coordinator_torch_free::test_importing_every_launcher_module_loads_no_torch",
+}
+
+# Tests of the modules above that are not quick: a whole `up`, a large brute force, a process
+# per case or seconds of emulated waiting each (8-18 s apiece with a busy loop beside them).
+SLOW = {
+    "test_planner_dp::test_two_pipelines_near_brute_force_with_sync",
+    "test_batch_sizes::test_up_with_a_global_batch_profiles_two_sizes_and_trains_at_the_chosen_one",
+    "test_batch_sizes::test_global_batch_plan_is_the_best_of_its_candidate_sizes",
+    "test_cli_errors::test_node_that_never_joins",
+    "test_cli_errors::test_agent_with_wrong_token_is_refused",
+    "test_memory_limit::test_up_with_a_stage_over_its_nodes_memory_fails_in_one_line",
+    "test_recipe::test_sgd_run_with_evaluation_reports_the_held_out_loss_of_its_weights",
+    "test_rendezvous_store::test_up_listens_on_one_port_only_while_a_job_trains",
+    "test_checkpoint::test_a_crash_mid_write_leaves_the_last_checkpoint",
+    "test_batch_sizes::test_plan_command_global_batch_offline",
+    "test_grad_sync::test_emulated_sync_starts_when_the_last_holder_joins",
+    # a CLI process per case; one-line CLI errors stay in the tier with test_hostile_yaml's others
+    "test_cli_errors::test_bad_config_is_one_line_and_exit_2",
+    "test_hostile_yaml::test_cli_bad_names",
+    "test_hostile_yaml::test_cli_deep_nesting_is_one_line",
+    # 15 brute forces of two pipelines (65 s under load); test_planner's brute force stays
+    "test_planner_dp::test_two_pipelines_equal_brute_force_when_sync_is_free",
+    # a fresh interpreter per launcher module (15 s); test_coordinator_torch_free's one import stays
+    "test_import_rules::test_no_launcher_module_loads_torch_when_imported",
+}
+
+
+def mark_quick(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the quick tier's tests; with `-m quick` over whole folders, fail on a stale name."""
+    seen_modules, seen_tests = set(), set()
+    for item in items:
+        module = Path(str(item.fspath)).stem
+        test = f"{module}::{getattr(item, 'originalname', item.name)}"
+        seen_modules.add(module)
+        seen_tests.add(test)
+        if (module in MODULES and test not in SLOW) or test in TESTS:
+            item.add_marker(pytest.mark.quick)
+    whole = all(Path(arg.split("::")[0]).is_dir() for arg in config.args)
+    if "quick" in (config.option.markexpr or "") and whole:
+        stale = sorted((MODULES - seen_modules) | ((TESTS | SLOW) - seen_tests))
+        if stale:
+            raise pytest.UsageError(f"tests/quick_tier.py names tests that were not collected: {', '.join(stale)}")
