@@ -276,12 +276,6 @@ class ClusterConfig(Strict):
         data["nodes"] = [n.model_dump(exclude_unset=True) for n in self.nodes + found]
         return ClusterConfig.model_validate(_plain(data), strict=False)
 
-    @property
-    def region_names(self) -> list[str]:
-        """Listed regions first, then the ones only nodes name, in order of appearance."""
-        names = [r.name for r in self.regions] + [n.region for n in self.nodes]
-        return list(dict.fromkeys(names))
-
     def node(self, name: str) -> NodeConfig:
         for n in self.nodes:
             if n.name == name:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Callable
 
 import torch
 from torch import nn
@@ -81,6 +80,3 @@ class LossScaler:
         if self._clean_steps >= self.growth_interval and math.isfinite(self.scale * 2):
             self.scale *= 2.0
             self._clean_steps = 0
-
-
-AnyOverModel = Callable[[bool], bool]
