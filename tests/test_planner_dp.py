@@ -18,7 +18,7 @@ from hetlaunch.launcher.planning.compression import CODEC_SLACK, LOSSINESS, NONE
 from hetlaunch.launcher.planning.cost_model import CostModel
 from hetlaunch.launcher.planning.planner import plan, price_pipelines
 from hetlaunch.launcher.planning.profile_file import LayerInfo, LinkProfile, ModelIdentity, NodeProfile, Profile
-from hetlaunch.launcher.planning.sync_cost import SYNC_BUCKET_BYTES, allreduce_s, group_cost, plan_step_s, sync_costs
+from hetlaunch.launcher.planning.sync_cost import SYNC_BUCKET_BYTES, allreduce_s, plan_step_s, sync_costs
 from hetlaunch.launcher.planning.sync_groups import sync_groups
 
 GiB, MiB = 2**30, 2**20
@@ -169,6 +169,16 @@ def mixed_pinned(profile: Profile):
     return [(["a0", "b0"], [(0, 4), (4, 8)], 4), (["a1", "b1"], [(0, 2), (2, 8)], 4)]
 
 
+class CrossRegionAt:
+    """A compression policy whose cross-region sync groups take one codec; in-region ones none."""
+
+    def __init__(self, codec: str):
+        self.codec = codec
+
+    def sync_candidates(self, cross_region: bool) -> tuple[str, ...]:
+        return (self.codec,) if cross_region else ("none",)
+
+
 def test_auto_compresses_only_cross_region_sync_on_the_critical_path():
     profile = regions_profile(param_bytes=64 * MiB, output_bytes=MiB, cross_bandwidth=1.25e8, cross_latency=0.02,
                               codec_seconds_per_byte={"fp16": 1e-11, "int8": 2e-11})
@@ -178,10 +188,11 @@ def test_auto_compresses_only_cross_region_sync_on_the_critical_path():
     assert codecs[(2, 4)] != "none", codecs
     uncompressed = price_pipelines(profile, mixed_pinned(profile), compression=CompressionConfig(sync="none"))
     assert result.step_s < uncompressed.step_s
-    # The chosen codec is the least lossy one within CODEC_SLACK of the best choice.
+    # The chosen codec is the least lossy one within CODEC_SLACK of the best choice: the group's
+    # end as sync_costs prices it with each codec pinned on it alone (in-region groups as under auto).
     pipelines = [p.cost for p in result.pipelines]
-    group = sync_groups([[(s.layer_start, s.layer_end) for s in p.stages] for p in pipelines])[1]
-    ends = {c: group_cost(profile, pipelines, group, c).end_s for c in ("none", "fp16", "int8")}
+    ends = {c: next(g.end_s for g in sync_costs(profile, pipelines, CrossRegionAt(c)) if g.layer_start == 2)
+            for c in ("none", "fp16", "int8")}
     best = max(max(p.step_s for p in pipelines), min(ends.values()))
     assert codecs[(2, 4)] == next(c for c in LOSSINESS if c in ends and ends[c] <= best * (1 + CODEC_SLACK))
     # A pinned codec applies to every group, in a region too.

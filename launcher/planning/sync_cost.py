@@ -110,12 +110,6 @@ def sync_costs(profile: Profile, pipelines: Sequence[PipelineCost],
     return SyncModel(profile).costs(pipelines, compression)
 
 
-def group_cost(profile: Profile, pipelines: Sequence[PipelineCost], group: SyncGroup, codec: str) -> SyncCost:
-    """One group's cost with a given codec (no choice made)."""
-    model = SyncModel(profile)
-    return model.priced(model.describe(pipelines, _drains(pipelines), group), codec, max(p.step_s for p in pipelines))
-
-
 def plan_step_s(pipelines: Sequence[PipelineCost], sync: Sequence[SyncCost]) -> float:
     """The step of the whole plan: the slowest pipeline, or the last group's sync if later."""
     return max([p.step_s for p in pipelines] + [g.end_s for g in sync])
