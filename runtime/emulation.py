@@ -45,14 +45,14 @@ class ComputeEmulation:
         scheduler treats a sleeping node, see below), on CPU (one thread or several) and CUDA
         alike, and the sleep burns no CPU, which matters with several agents on a few cores.
 
-        The emulation used to stretch a one-thread CPU stage only up to its CPU time / speed,
-        so that agents slowing each other down on a shared machine would not have that
-        contention multiplied by 1/speed. But once load made the wall time exceed CPU time /
-        speed nothing was added at all: a speed-0.5 node was no slower than a speed-1 node. The
-        price of keeping the promise is that contention during a piece of compute (a steady
-        load, a passing burst, other agents computing at the same moment) is stretched with it:
-        a slow node loses 1/speed times what it costs, where a speed-1 node loses it once, so
-        agents that share too few cores come out slower (and noisier) than profiled.
+        Why not stretch only up to CPU time / speed, so that agents slowing each other down on
+        a shared machine do not have that contention multiplied by 1/speed: once load makes the
+        wall time exceed CPU time / speed, nothing is added at all, and a speed-0.5 node is no
+        slower than a speed-1 node. The price of keeping the promise is that contention during a
+        piece of compute (a steady load, a passing burst, other agents computing at the same
+        moment) is stretched with it: a slow node loses 1/speed times what it costs, where a
+        speed-1 node loses it once, so agents that share too few cores come out slower (and
+        noisier) than profiled.
 
         Not exact on an oversubscribed machine (more busy threads than cores), because the
         scheduler does not treat a node that sleeps between pieces like one that computes
@@ -62,10 +62,10 @@ class ComputeEmulation:
         on 2 cores came out 1.2-1.8x as slow at speed 0.5 (25 ms pieces: 1.85-2.15x). Across
         sessions (Linux autogroups; agents start their own), the balancer can give a busy node a
         core to itself while a sleeping one shares: profiled pairs beside two busy loops came out
-        2.2-3.7x. Two alternatives were rejected: spinning until this thread's CPU time reaches
+        2.2-3.7x. Two other ways do worse: spinning until this thread's CPU time reaches
         CPU time / speed would make the node as busy as a speed-1 one, but burns the cores the
         other agents need (several agents on two cores at speed 1/8 would spin 7/8 of the time);
-        weighting CPU time by runnable threads / cores (/proc/loadavg) overshot, since on two
+        weighting CPU time by runnable threads / cores (/proc/loadavg) overshoots, since on two
         cores every thread that is runnable for an instant counts as half a core of contention
         (beside one busy loop, profiled pairs came out up to 4.5x).
         """

@@ -1,11 +1,11 @@
 """Step metrics to the coordinator off the step's path.
 
-A worker writes each step's metrics to its agent's pipe and goes on; the agent used to send
-each one as a ReportStep RPC on the thread that reads that pipe, so a slow coordinator or WAN
-link held up everything else the worker reports (checkpoints, its end) and, once the pipe
-filled, the worker itself. Here one background thread sends them in order from a bounded
-queue: a full queue blocks the relay (backpressure, nothing dropped), and `flush` lets the
-agent send a task's result only after its last step.
+A worker writes each step's metrics to its agent's pipe and goes on. Were each one sent as a
+ReportStep RPC on the thread that reads that pipe, a slow coordinator or WAN link would hold up
+everything else the worker reports (checkpoints, its end) and, once the pipe filled, the worker
+itself. So one background thread sends them in order from a bounded queue: a full queue blocks
+the relay (backpressure, nothing dropped), and `flush` lets the agent send a task's result only
+after its last step.
 """
 
 from __future__ import annotations
