@@ -66,6 +66,13 @@ def step_rng_seed(seed: int, step: int) -> int:
     return int.from_bytes(digest, "little") >> 1
 
 
+def checkpoint_due(train: pb.TrainSpec, done: int) -> bool:
+    """Whether a checkpoint is written after `done` steps: every checkpoint_every steps and after
+    the last; checkpoint_every 0 is never, not even after the last (as the README and the YAML's
+    train.checkpoint_every say)."""
+    return train.checkpoint_every > 0 and (done % train.checkpoint_every == 0 or done == train.steps)
+
+
 class CheckpointWriter:
     """Saves this stage's layers at step boundaries: the state is copied to CPU memory while
     training waits (the only stall), then written and reported by a background thread. One
@@ -250,7 +257,7 @@ def run_stage(cmd: pb.RunStage, reports: StageReports, store: wpb.StoreAccess) -
         snapshot = _snapshot_handler(executor, stage.layer_start, stage.layer_end)
         reports.on_snapshot(snapshot)
         writer = (CheckpointWriter(executor, stage.layer_start, stage.layer_end, train.checkpoint_dir, reports)
-                  if train.checkpoint_dir and train.save_part else None)
+                  if train.checkpoint_dir and train.checkpoint_every and train.save_part else None)
 
         def on_range(start: int, end: int) -> None:  # after a live move
             nonlocal snapshot
@@ -340,8 +347,7 @@ def _train(cmd: pb.RunStage, executor: StageExecutor, batches: TokenBatches | No
                                     from_next=_least_transit(executor.next_link),
                                     trace=[pb.TraceEvent(name=name, start=start, end=end, microbatch=mb)
                                            for name, start, end, mb in trace or ()]))
-        if writer is not None and (done == train.steps or
-                                   (train.checkpoint_every and done % train.checkpoint_every == 0)):
+        if writer is not None and checkpoint_due(train, done):
             writer.save(done)
     gate.finished(train.steps)
     if writer is not None:

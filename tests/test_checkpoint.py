@@ -16,12 +16,14 @@ import pytest
 import torch
 from torch import nn
 
+from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.runtime.checkpoint import apply_state, load_layers, stage_state, write_part
 from hetlaunch.runtime.checkpoint_manifest import (CHECKPOINT_FORMAT, MANIFEST_NAME, CheckpointError, Manifest,
                                                    PartInfo, checkpoint_dir, latest_checkpoint, prune_checkpoints,
                                                    read_manifest, write_manifest)
 from hetlaunch.runtime.model import build_model_range, lm_loss
 from hetlaunch.runtime.model_spec import GPTConfig, ModelSpec
+from hetlaunch.runtime.stage_command import checkpoint_due
 
 torch.set_num_threads(1)
 
@@ -308,3 +310,9 @@ def test_a_crash_mid_write_leaves_the_last_checkpoint(tmp_path):
     save(cut, tmp_path, 6)  # the resumed run commits a newer checkpoint: now the leftover is garbage
     prune_checkpoints(tmp_path, keep=2)
     assert sorted(os.listdir(tmp_path)) == ["step-00000002", "step-00000006"]
+
+
+@pytest.mark.parametrize("every,steps,due", [(5, 12, [5, 10, 12]), (50, 12, [12]), (4, 12, [4, 8, 12]), (0, 12, [])])
+def test_a_stage_checkpoints_every_k_steps_and_after_the_last_and_never_at_0(every, steps, due):
+    train = pb.TrainSpec(steps=steps, checkpoint_every=every, checkpoint_dir="/somewhere")
+    assert [done for done in range(1, steps + 1) if checkpoint_due(train, done)] == due
