@@ -191,7 +191,7 @@ class CoordinatorServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ReportMove(self, request, context):
-        """How a stage took part in a live move of layers (runtime/live_move.py): held, then moved.
+        """How a stage took part in a live move of layers (runtime/stage_move.py): held, then moved.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
