@@ -24,11 +24,14 @@ from hetlaunch.launcher.planning.plan import Plan
 from hetlaunch.launcher.run_record import write_run_file
 from hetlaunch.launcher.session import JobError
 from hetlaunch.protos import control_pb2 as pb
-from hetlaunch.runtime.schedules import Op, schedule_for, simulated_timeline
+from hetlaunch.runtime.schedules import B, F, I, W, schedule_for, simulated_timeline
 
 MAX_STEPS = 8
 PREDICTED_PID = 1000  # predicted pipeline p is process PREDICTED_PID + p
-_COMPUTE = {"forward", "backward", "optimizer"}
+# What each kind of action is called in the trace (the executor's span names), and its one-letter label.
+_KIND_NAMES = {F: "forward", B: "backward", I: "input gradient", W: "weight gradient"}
+_LABELS = {name: kind.value for kind, name in _KIND_NAMES.items()}
+_COMPUTE = {*_KIND_NAMES.values(), "optimizer"}
 
 
 class Timeline:
@@ -103,7 +106,7 @@ class Timeline:
 
 
 def _span(name: str, start: float, end: float, pid: int, tid: int, step: int, microbatch: int) -> dict:
-    label = f"{name[0].upper()}{microbatch}" if name in ("forward", "backward") else name
+    label = f"{_LABELS[name]}{microbatch}" if name in _LABELS else name
     args = {"step": step, **({"microbatch": microbatch} if microbatch >= 0 else {})}
     return {"name": label, "cat": "compute" if name in _COMPUTE else "communication", "ph": "X",
             "ts": round(start * 1e6, 3), "dur": round(max(end - start, 0.0) * 1e6, 3),
@@ -119,6 +122,5 @@ def _predicted(plan: Plan, stages, microbatches: int, p: int, step: int, start: 
     per_stage = [schedule_for(plan.schedule, j, S, microbatches, s.window) for j, s in enumerate(stages)]
     timeline = simulated_timeline(per_stage, [s.compute_s / 3 for s in stages], [2 * s.compute_s / 3 for s in stages],
                                   [s.link_s or 0.0 for s in stages[:-1]], [s.latency_s or 0.0 for s in stages[:-1]])
-    name = {Op.FORWARD: "forward", Op.BACKWARD: "backward"}
-    return [_span(name[a.op], start + t0, start + t1, PREDICTED_PID + p, j, step, a.microbatch)
+    return [_span(_KIND_NAMES[a.kind], start + t0, start + t1, PREDICTED_PID + p, j, step, a.microbatch)
             for j, actions in enumerate(timeline) for a, t0, t1 in actions]

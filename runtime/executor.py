@@ -1,8 +1,8 @@
 """Runs one pipeline stage: its layer range, its links, its optimizer, one schedule per step.
 
-The training step reads top to bottom in `train_step`: walk the schedule's actions
-(forward or backward of one micro-batch), receive inputs or gradients from the
-neighbouring stages when an action needs them, send results on asynchronously, then
+The training step reads top to bottom in `train_step`: walk the schedule's typed actions
+(runtime/actions.py: forward or full backward of one micro-batch), receive inputs or
+gradients from the neighbouring stages when an action needs them, send results on asynchronously, then
 drain the sends and step the optimizer. Gradients accumulate over micro-batches; the
 last stage computes the loss, scaled by 1/M so a step equals one big-batch step (with
 several pipelines M is the global count, and `grad_sync` sums the pipelines' gradients
@@ -27,7 +27,7 @@ from hetlaunch.runtime.link import Link
 from hetlaunch.runtime.memory_limit import StageMemory
 from hetlaunch.runtime.optim import Recipe, clip_gradients, make_optimizer, set_lr
 from hetlaunch.runtime.precision import LossScaler, autocast, compute_dtype, from_wire, to_wire
-from hetlaunch.runtime.schedules import Action, Op
+from hetlaunch.runtime.actions import B, F, Action
 from hetlaunch.runtime.tied import TiedParameters
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -122,6 +122,7 @@ class StageExecutor:
         in wall-clock seconds — every forward and backward, the waits for a message inside
         them, the drain of the sends, the gradient sync and the optimizer step.
         """
+        _check_runnable(actions)
         self._trace = trace
         step_start = time.perf_counter()
         sent_before = {id(link): (link.stats.raw_bytes, link.stats.wire_bytes)
@@ -130,13 +131,13 @@ class StageExecutor:
         self._comm_s = 0.0
         in_flight: dict[int, _InFlight] = {}
         losses: list[float] = []
-        last_backward = max(i for i, a in enumerate(actions) if a.op is Op.BACKWARD) if self.grad_sync else -1
+        last_backward = max(i for i, a in enumerate(actions) if a.kind is B) if self.grad_sync else -1
         for i, action in enumerate(actions):
-            if action.op is Op.FORWARD:
+            if action.kind is F:
                 with self.memory.forward(action.microbatch) if self.memory else contextlib.nullcontext(), \
                         self._span("forward", action.microbatch):
                     in_flight[action.microbatch] = self._forward(action.microbatch, microbatches, loss_divisor, losses)
-            else:
+            else:  # B: _check_runnable let nothing else through
                 if i == last_backward:
                     self.grad_sync.arm()  # gradients become final during this backward
                 with self._span("backward", action.microbatch):
@@ -282,3 +283,13 @@ class StageExecutor:
         self.emulation.stretch(mark, self.device)
         self._compute_s += time.perf_counter() - start
         return result
+
+
+def _check_runnable(actions: list[Action]) -> None:
+    """Refuse a schedule with split backwards before the step starts, so no step runs half.
+    An I then a W would need the input's gradient alone and the weights' later from a kept
+    graph; until the executor does that, a B is the only backward it runs."""
+    split = next((a for a in actions if a.kind is not F and a.kind is not B), None)
+    if split is not None:
+        raise ValueError(f"the executor runs forward (F) and full backward (B) actions only; the schedule gives it "
+                         f"{split} (input-gradient I and weight-gradient W backwards are not executable yet)")

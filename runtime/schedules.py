@@ -1,35 +1,32 @@
-"""Pipeline schedules as data.
+"""Pipeline schedules as data: one object per schedule, a registry keyed by name.
 
-A schedule is, for each stage, the ordered list of actions that stage runs in
-one training step: ``F m`` (forward micro-batch ``m``) or ``B m`` (backward).
-The executor walks its stage's list; everything else here (the dependency
-simulator, the in-flight count) checks a schedule without running a model, in
-the style of ``torch/distributed/pipelining/schedules.py``.
+A schedule gives each stage the ordered list of typed actions (runtime/actions.py) it runs in
+one training step; the executor walks its stage's list, and everything else (the dependency
+simulation in runtime/simulation.py, the in-flight counts) checks a schedule without running a
+model, in the style of ``torch/distributed/pipelining/schedules.py``.
 
-Dependencies between stages (what P2P send/recv enforces at run time):
-``F(s, m)`` needs ``F(s-1, m)``; ``B(s, m)`` needs ``F(s, m)`` and ``B(s+1, m)``
-(the last stage's backward needs only its own forward, which computed the loss).
+The object also owns what follows from its order, so that no caller tests a schedule's name:
+
+* ``in_flight``: how many micro-batches' activations a stage holds at most (its memory);
+* ``closed_step`` / ``window_term``: its closed form, the step time the planner's search uses
+  where simulating every candidate would be too slow (launcher/planning/cost_model.py). In
+  terms of one stage's compute t_j per micro-batch (forward + backward), the time c_j one
+  activation occupies its outgoing link and that link's latency lat_j, with T = max t_j,
+  C = max c_j and the fill and drain sum_j t_j + sum_{j<S-1} 2 (lat_j + c_j) of one
+  micro-batch down and back up the chain.
+
+The planner imports nothing else of the runtime than this module and runtime/registry.py, so
+the simulation is re-exported here for it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from enum import Enum
-from typing import Callable
+from hetlaunch.runtime.actions import B, F, I, W, Action, Kind, max_in_flight, parse_actions, validate_actions
+from hetlaunch.runtime.simulation import compiled, simulate, simulate_compiled, simulated_timeline
 
-
-class Op(str, Enum):
-    FORWARD = "F"
-    BACKWARD = "B"
-
-
-@dataclass(frozen=True)
-class Action:
-    op: Op
-    microbatch: int
-
-    def __str__(self) -> str:
-        return f"{self.op.value}{self.microbatch}"
+__all__ = ["B", "F", "I", "W", "Action", "Kind", "max_in_flight", "parse_actions", "validate_actions", "compiled",
+           "simulate", "simulate_compiled", "simulated_timeline", "Schedule", "OneFOneB", "GPipe", "SCHEDULES",
+           "schedule_named", "schedule_for", "own_window", "one_f_one_b", "gpipe"]
 
 
 def _check_args(stage: int, num_stages: int, num_microbatches: int) -> None:
@@ -41,12 +38,43 @@ def _check_args(stage: int, num_stages: int, num_microbatches: int) -> None:
         raise ValueError(f"num_microbatches must be >= 1, got {num_microbatches}")
 
 
-def _f(m: int) -> Action:
-    return Action(Op.FORWARD, m)
+class Schedule:
+    """A schedule: its action lists, its in-flight counts and, where it has one, its closed form."""
 
+    name = ""
+    title = ""  # how messages spell it
+    deepens = False  # takes per-stage windows deeper than its own (more micro-batches in flight)
 
-def _b(m: int) -> Action:
-    return Action(Op.BACKWARD, m)
+    def stage_actions(self, stage: int, num_stages: int, num_microbatches: int, window: int = 0) -> list[Action]:
+        """Stage `stage`'s actions; `window` (0: the schedule's own) where the schedule deepens."""
+        _check_args(stage, num_stages, num_microbatches)
+        if window and not self.deepens:
+            windowed = ", ".join(s.name for s in SCHEDULES.values() if s.deepens)
+            raise ValueError(f"a window is for {windowed} only, not {self.name}")
+        return self._actions(stage, num_stages, num_microbatches, window)
+
+    def actions(self, num_stages: int, num_microbatches: int,
+                windows: list[int] | tuple[int, ...] | None = None) -> list[list[Action]]:
+        """Every stage's actions, stage j with windows[j] (0 or absent: its own)."""
+        windows = windows or [0] * num_stages
+        return [self.stage_actions(j, num_stages, num_microbatches, w) for j, w in enumerate(windows)]
+
+    def in_flight(self, stage: int, num_stages: int, num_microbatches: int, window: int = 0) -> int:
+        """Most micro-batches stage `stage` holds in flight (max_in_flight of its actions)."""
+        raise NotImplementedError
+
+    def closed_step(self, num_microbatches: int, compute_max: float, link_max: float, sum_term: float,
+                    window_max: float) -> float:
+        """The step in closed form from T, C, the fill and drain and the largest window_term."""
+        raise NotImplementedError(f"{self.name} has no closed form; price it by simulation")
+
+    def window_term(self, round_trip: float, stage: int, num_stages: int, num_microbatches: int) -> float:
+        """What a stage's in-flight window costs per micro-batch given its round trip to the end of
+        the pipeline and back; 0 for schedules no window limits."""
+        return 0.0
+
+    def _actions(self, stage: int, num_stages: int, num_microbatches: int, window: int) -> list[Action]:
+        raise NotImplementedError
 
 
 def own_window(stage: int, num_stages: int, num_microbatches: int) -> int:
@@ -54,7 +82,7 @@ def own_window(stage: int, num_stages: int, num_microbatches: int) -> int:
     return min(num_stages - stage, num_microbatches)
 
 
-def one_f_one_b(stage: int, num_stages: int, num_microbatches: int, window: int = 0) -> list[Action]:
+class OneFOneB(Schedule):
     """PipeDream-flush 1F1B: warm-up forwards, then one forward / one backward, then drain.
 
     Stage ``s`` keeps at most ``min(num_stages - s, M)`` micro-batches' activations alive,
@@ -63,214 +91,92 @@ def one_f_one_b(stage: int, num_stages: int, num_microbatches: int, window: int 
     over a slow link while the first gradient comes back, paid for in activation memory.
     Windows must not grow down the pipeline (stage s's >= stage s+1's); the planner and the
     YAML check (launcher/planning/plan.py check_windows).
+
+    Closed form: forwards and backwards interleave, so activations and gradients use the two
+    directions of a link at once and the steady state runs at the slowest resource,
+
+        step = (M - 1) * max(T, C, max_j RT_j / w_j) + fill and drain,
+
+    where stage j keeps w_j = min(S - j, M) micro-batches in flight and each must make the
+    round trip to the end of the pipeline and back, RT_j = sum_{k>=j} t_k
+    + sum_{k>=j, k<S-1} 2 (lat_k + c_k). Over a high-latency link that window, not compute or
+    bandwidth, is what limits 1F1B.
     """
-    _check_args(stage, num_stages, num_microbatches)
-    m_total = num_microbatches
-    warmup = min(num_stages - stage - 1, m_total)
-    if window:
-        own = own_window(stage, num_stages, m_total)
-        if window < own:
-            raise ValueError(f"stage {stage}'s window {window} is below 1F1B's {own}")
-        warmup = min(window - 1, m_total)
-    actions = [_f(m) for m in range(warmup)]
-    for i in range(m_total - warmup):
-        actions += [_f(warmup + i), _b(i)]
-    actions += [_b(m) for m in range(m_total - warmup, m_total)]
-    return actions
+
+    name, title, deepens = "1f1b", "1F1B", True
+
+    def _actions(self, stage: int, num_stages: int, num_microbatches: int, window: int) -> list[Action]:
+        m_total = num_microbatches
+        warmup = min(num_stages - stage - 1, m_total)
+        if window:
+            own = own_window(stage, num_stages, m_total)
+            if window < own:
+                raise ValueError(f"stage {stage}'s window {window} is below 1F1B's {own}")
+            warmup = min(window - 1, m_total)
+        actions = [Action(stage, F, m) for m in range(warmup)]
+        for i in range(m_total - warmup):
+            actions += [Action(stage, F, warmup + i), Action(stage, B, i)]
+        actions += [Action(stage, B, m) for m in range(m_total - warmup, m_total)]
+        return actions
+
+    def in_flight(self, stage: int, num_stages: int, num_microbatches: int, window: int = 0) -> int:
+        return min(window, num_microbatches) if window else own_window(stage, num_stages, num_microbatches)
+
+    def closed_step(self, num_microbatches: int, compute_max: float, link_max: float, sum_term: float,
+                    window_max: float) -> float:
+        return (num_microbatches - 1) * max(compute_max, link_max, window_max) + sum_term
+
+    def window_term(self, round_trip: float, stage: int, num_stages: int, num_microbatches: int) -> float:
+        # Stage j starts one micro-batch per round_trip / w_j: its window's worth per round trip.
+        return round_trip / own_window(stage, num_stages, num_microbatches)
 
 
-def gpipe(stage: int, num_stages: int, num_microbatches: int) -> list[Action]:
+class GPipe(Schedule):
     """GPipe: all forwards, then all backwards, both in micro-batch order 0..M-1.
 
-    Every stage uses the same backward order, so the backward wave flows down the
-    pipeline like the forward one (``simulate`` proves it deadlock-free).
+    Every stage uses the same backward order, so the backward wave flows down the pipeline
+    like the forward one (``simulate`` proves it deadlock-free). Every stage holds all M
+    micro-batches in flight.
+
+    Closed form: each phase streams M micro-batches over a link in one direction, so a
+    link-bound GPipe step takes twice a link-bound 1F1B step (backward taken as twice forward:
+    profiles hold f + b),
+
+        step = (M - 1) * (max(T/3, C) + max(2T/3, C)) + fill and drain.
+
+    Without links it is 1F1B's (M - 1) T + fill and drain: the bubbles are equal, the memory is
+    not. No window limits it.
     """
-    _check_args(stage, num_stages, num_microbatches)
-    return [_f(m) for m in range(num_microbatches)] + [_b(m) for m in range(num_microbatches)]
+
+    name, title = "gpipe", "GPipe"
+
+    def _actions(self, stage: int, num_stages: int, num_microbatches: int, window: int) -> list[Action]:
+        return [Action(stage, F, m) for m in range(num_microbatches)] + \
+            [Action(stage, B, m) for m in range(num_microbatches)]
+
+    def in_flight(self, stage: int, num_stages: int, num_microbatches: int, window: int = 0) -> int:
+        return num_microbatches
+
+    def closed_step(self, num_microbatches: int, compute_max: float, link_max: float, sum_term: float,
+                    window_max: float) -> float:
+        return (num_microbatches - 1) * (max(compute_max / 3, link_max) + max(2 * compute_max / 3, link_max)) + sum_term
 
 
-SCHEDULES: dict[str, Callable[[int, int, int], list[Action]]] = {"1f1b": one_f_one_b, "gpipe": gpipe}
+# Keyed by the names runtime/registry.py SCHEDULE_NAMES spells (tests/test_registry.py ties them).
+SCHEDULES: dict[str, Schedule] = {s.name: s for s in (OneFOneB(), GPipe())}
+
+
+def schedule_named(name: str) -> Schedule:
+    try:
+        return SCHEDULES[name]
+    except KeyError:
+        raise ValueError(f"unknown schedule {name!r}; valid schedules: {', '.join(SCHEDULES)}") from None
 
 
 def schedule_for(name: str, stage: int, num_stages: int, num_microbatches: int, window: int = 0) -> list[Action]:
     """The stage's actions; `window` (1F1B only; 0: the default) deepens its warm-up."""
-    if name not in SCHEDULES:
-        raise ValueError(f"unknown schedule {name!r}; valid schedules: {', '.join(SCHEDULES)}")
-    if window and name != "1f1b":
-        raise ValueError(f"a window is for 1f1b only, not {name}")
-    return one_f_one_b(stage, num_stages, num_microbatches, window) if window else \
-        SCHEDULES[name](stage, num_stages, num_microbatches)
+    return schedule_named(name).stage_actions(stage, num_stages, num_microbatches, window)
 
 
-def validate_actions(actions: list[Action], num_microbatches: int) -> None:
-    """Raise ValueError unless each micro-batch is forwarded once and backwarded once, after its forward."""
-    seen: set[Action] = set()
-    for pos, a in enumerate(actions):
-        if not 0 <= a.microbatch < num_microbatches:
-            raise ValueError(f"action {a} at position {pos}: micro-batch outside [0, {num_microbatches})")
-        if a in seen:
-            raise ValueError(f"action {a} at position {pos} appears twice")
-        if a.op is Op.BACKWARD and _f(a.microbatch) not in seen:
-            raise ValueError(f"action {a} at position {pos} comes before its forward")
-        seen.add(a)
-    missing = [str(a) for m in range(num_microbatches) for a in (_f(m), _b(m)) if a not in seen]
-    if missing:
-        raise ValueError(f"schedule is missing actions: {' '.join(missing)}")
-
-
-def max_in_flight(actions: list[Action]) -> int:
-    """Most micro-batches forwarded but not yet backwarded at any point (activation memory)."""
-    live = peak = 0
-    for a in actions:
-        live += 1 if a.op is Op.FORWARD else -1
-        peak = max(peak, live)
-    return peak
-
-
-def _deps(stage: int, num_stages: int, a: Action) -> list[tuple[int, Action]]:
-    """(stage, action) pairs that must finish before ``a`` may start on ``stage``."""
-    if a.op is Op.FORWARD:
-        return [(stage - 1, a)] if stage > 0 else []
-    deps = [(stage, _f(a.microbatch))]
-    if stage < num_stages - 1:
-        deps.append((stage + 1, a))
-    return deps
-
-
-def _costs(costs: list[float] | None, default: float, num_stages: int, what: str) -> list[float]:
-    if costs is None:
-        return [default] * num_stages
-    if len(costs) != num_stages or any(c < 0 for c in costs):
-        raise ValueError(f"{what} needs {num_stages} non-negative per-stage costs, got {costs}")
-    return list(costs)
-
-
-def simulate(
-    per_stage: list[list[Action]],
-    forward_cost: list[float] | None = None,
-    backward_cost: list[float] | None = None,
-    link_cost: list[float] | None = None,
-    latency: list[float] | None = None,
-    optimizer_cost: list[float] | None = None,
-) -> float:
-    """Run the per-stage action lists under the pipeline dependencies, each stage strictly in
-    its own order; return the step's makespan. The step time the planner prices.
-
-    Communication is what the executor does (runtime/executor.py, runtime/link.py): a stage
-    sends its result asynchronously the moment an action ends and goes on; boundary ``j``
-    (between stages j and j+1) carries each message for ``link_cost[j]`` seconds, one message
-    after another in each direction (activations down, gradients up: a full-duplex link), and
-    the message arrives ``latency[j]`` after it left the wire; a stage blocks only when the
-    action it is at needs a message that has not arrived. After its last action a stage steps
-    its optimizer (``optimizer_cost``). Default: free links, no optimizer.
-
-    Raises ``ValueError("schedule deadlocks at ...")`` when no stage can progress.
-    """
-    num_stages = len(per_stage)
-    if num_stages == 0:
-        raise ValueError("simulate needs at least one stage")
-    f_cost = _costs(forward_cost, 1.0, num_stages, "forward_cost")
-    b_cost = _costs(backward_cost, 2.0, num_stages, "backward_cost")
-    wire = _costs(link_cost, 0.0, num_stages - 1, "link_cost")
-    lat = _costs(latency, 0.0, num_stages - 1, "latency")
-    opt = _costs(optimizer_cost, 0.0, num_stages, "optimizer_cost")
-    for s, actions in enumerate(per_stage):
-        if len(set(actions)) != len(actions):
-            raise ValueError(f"stage {s} repeats an action: {' '.join(map(str, actions))}")
-    num_mb = 1 + max((a.microbatch for actions in per_stage for a in actions), default=0)
-    return _simulate(compiled(per_stage), f_cost, b_cost, wire, lat, opt, per_stage, num_mb)
-
-
-def compiled(per_stage: list[list[Action]]) -> tuple[tuple[tuple[bool, int], ...], ...]:
-    """The action lists as (is forward, micro-batch) pairs: what `simulate` walks. The planner
-    keeps these per stage shape and simulates thousands of candidates with `simulate_compiled`."""
-    return tuple(tuple((a.op is Op.FORWARD, a.microbatch) for a in actions) for actions in per_stage)
-
-
-def simulate_compiled(plan, forward_cost: list[float], backward_cost: list[float], link_cost: list[float],
-                      latency: list[float], optimizer_cost: list[float]) -> float:
-    """`simulate` on `compiled` action lists, costs given in full (no defaults, no checks)."""
-    # Well formed (schedule_for's): each stage runs the forward and the backward of every micro-batch.
-    return _simulate(plan, forward_cost, backward_cost, link_cost, latency, optimizer_cost, None, len(plan[0]) // 2)
-
-
-def simulated_timeline(per_stage: list[list[Action]], forward_cost: list[float], backward_cost: list[float],
-                       link_cost: list[float], latency: list[float]) -> list[list[tuple[Action, float, float]]]:
-    """`simulate`'s schedule as (action, start, end) per stage, from the step's start: the
-    predicted timeline a trace shows beside the measured one."""
-    ends: dict = {}
-    _simulate(compiled(per_stage), forward_cost, backward_cost, link_cost, latency, [0.0] * len(per_stage),
-              per_stage, 1 + max(a.microbatch for actions in per_stage for a in actions), ends)
-    costs = {Op.FORWARD: forward_cost, Op.BACKWARD: backward_cost}
-    done = {Op.FORWARD: ends["forward"], Op.BACKWARD: ends["backward"]}
-    return [[(a, done[a.op][s][a.microbatch] - costs[a.op][s], done[a.op][s][a.microbatch]) for a in actions]
-            for s, actions in enumerate(per_stage)]
-
-
-def _simulate(plan, f_cost, b_cost, wire, lat, opt, per_stage, num_mb: int, ends: dict | None = None) -> float:
-    num_stages = len(plan)
-    # Plain lists indexed [stage][micro-batch]: the planner simulates thousands of candidates.
-    f_done = [[None] * num_mb for _ in range(num_stages)]
-    b_done = [[None] * num_mb for _ in range(num_stages)]
-    f_in = [[None] * num_mb for _ in range(num_stages)]  # when an activation has arrived at stage s
-    b_in = [[None] * num_mb for _ in range(num_stages)]  # when a gradient has arrived at stage s
-    down_free = [0.0] * max(num_stages - 1, 0)  # each boundary's wire, activations going down
-    up_free = [0.0] * max(num_stages - 1, 0)  # and gradients going up
-    last = num_stages - 1
-    next_idx = [0] * num_stages
-    free_at = [0.0] * num_stages
-    remaining = sum(len(a) for a in plan)
-    while remaining:
-        progressed = False
-        for s in range(num_stages):
-            # Run as far as this stage can go; a start time depends only on finished
-            # actions, so the sweep order does not change the result.
-            actions, i = plan[s], next_idx[s]
-            while i < len(actions):
-                forward, m = actions[i]
-                if forward:
-                    ready = 0.0 if s == 0 else f_in[s][m]
-                    if ready is None:
-                        break
-                    end = (ready if ready > free_at[s] else free_at[s]) + f_cost[s]
-                    f_done[s][m] = end
-                    if s < last:  # the activation leaves now, behind what is still on the wire
-                        leaves = end if end > down_free[s] else down_free[s]
-                        down_free[s] = leaves + wire[s]
-                        f_in[s + 1][m] = leaves + wire[s] + lat[s]
-                else:
-                    ready = f_done[s][m]
-                    if ready is None:
-                        break
-                    if s < last:
-                        grad = b_in[s][m]
-                        if grad is None:
-                            break
-                        ready = grad if grad > ready else ready
-                    end = (ready if ready > free_at[s] else free_at[s]) + b_cost[s]
-                    b_done[s][m] = end
-                    if s > 0:
-                        leaves = end if end > up_free[s - 1] else up_free[s - 1]
-                        up_free[s - 1] = leaves + wire[s - 1]
-                        b_in[s - 1][m] = leaves + wire[s - 1] + lat[s - 1]
-                free_at[s] = end
-                i += 1
-                remaining -= 1
-                progressed = True
-            next_idx[s] = i
-        if not progressed:
-            if per_stage is None:
-                raise ValueError("schedule deadlocks")
-            finished = {(s, Action(Op.FORWARD if f else Op.BACKWARD, m))
-                        for s in range(num_stages) for f, done in ((True, f_done[s]), (False, b_done[s]))
-                        for m in range(num_mb) if done[m] is not None}
-            stuck = "; ".join(
-                f"stage {s} {per_stage[s][i]} waits for "
-                + ", ".join(f"stage {ds} {da}" for ds, da in _deps(s, num_stages, per_stage[s][i]) if (ds, da) not in finished)
-                for s, i in enumerate(next_idx)
-                if i < len(per_stage[s])
-            )
-            raise ValueError(f"schedule deadlocks at {stuck}")
-    if ends is not None:
-        ends.update(forward=f_done, backward=b_done)
-    return max(t + o for t, o in zip(free_at, opt))
+one_f_one_b = SCHEDULES["1f1b"].stage_actions
+gpipe = SCHEDULES["gpipe"].stage_actions

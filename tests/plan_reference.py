@@ -26,7 +26,7 @@ def reference_step(schedule: str, stages: list[dict], num_microbatches: int) -> 
     """The step of one pipeline from its JSON stages (`hetlaunch plan --json`): forward_s,
     backward_s, optimizer_s, link_s, latency_s and window each."""
     S, M = len(stages), num_microbatches
-    lists = [[(a.op.value, a.microbatch) for a in schedule_for(schedule, j, S, M, s["window"])]
+    lists = [[(a.kind.value, a.microbatch) for a in schedule_for(schedule, j, S, M, s["window"])]
              for j, s in enumerate(stages)]
     position = [{action: i for i, action in enumerate(actions)} for actions in lists]
     ends: dict[tuple[int, int], float] = {}

@@ -7,10 +7,11 @@ import pytest
 from hetlaunch.runtime.schedules import (
     SCHEDULES,
     Action,
-    Op,
+    Kind,
     gpipe,
     max_in_flight,
     one_f_one_b,
+    parse_actions,
     schedule_for,
     simulate,
     validate_actions,
@@ -23,12 +24,16 @@ def plan(name, num_stages, num_microbatches):
     return [schedule_for(name, s, num_stages, num_microbatches) for s in range(num_stages)]
 
 
-def parse(text):
-    return [Action(Op(tok[0]), int(tok[1:])) for tok in text.split()]
+def parse(text, stage=0):
+    return parse_actions(text, stage)
+
+
+def short(actions):
+    return " ".join(a.label for a in actions)
 
 
 def test_action_str_and_registry():
-    assert str(Action(Op.FORWARD, 3)) == "F3" and str(Action(Op.BACKWARD, 0)) == "B0"
+    assert str(Action(1, Kind.FORWARD, 3)) == "1F3" and Action(0, Kind.BACKWARD, 0).label == "B0"
     assert set(SCHEDULES) == {"1f1b", "gpipe"}
     with pytest.raises(ValueError, match="1f1b.*gpipe"):
         schedule_for("interleaved", 0, 2, 2)
@@ -36,11 +41,12 @@ def test_action_str_and_registry():
 
 def test_known_1f1b_orders():
     # 4 stages, 6 micro-batches: stage 0 warms up 3 forwards, the last stage none.
-    assert " ".join(map(str, one_f_one_b(0, 4, 6))) == "F0 F1 F2 F3 B0 F4 B1 F5 B2 B3 B4 B5"
-    assert " ".join(map(str, one_f_one_b(3, 4, 6))) == "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5"
+    assert short(one_f_one_b(0, 4, 6)) == "F0 F1 F2 F3 B0 F4 B1 F5 B2 B3 B4 B5"
+    assert short(one_f_one_b(3, 4, 6)) == "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5"
+    assert {a.stage_index for a in one_f_one_b(3, 4, 6)} == {3}
     # Fewer micro-batches than stages: warm-up is capped at M.
-    assert " ".join(map(str, one_f_one_b(0, 4, 2))) == "F0 F1 B0 B1"
-    assert " ".join(map(str, gpipe(1, 3, 3))) == "F0 F1 F2 B0 B1 B2"
+    assert short(one_f_one_b(0, 4, 2)) == "F0 F1 B0 B1"
+    assert short(gpipe(1, 3, 3)) == "F0 F1 F2 B0 B1 B2"
 
 
 @pytest.mark.parametrize("name", sorted(SCHEDULES))
@@ -48,9 +54,10 @@ def test_every_microbatch_forward_then_backward_once(name):
     for num_stages, m in GRID:
         for actions in plan(name, num_stages, m):
             validate_actions(actions, m)  # raises on a missing, repeated or early action
-            assert sorted(str(a) for a in actions) == sorted([f"F{i}" for i in range(m)] + [f"B{i}" for i in range(m)])
+            assert sorted(a.label for a in actions) == sorted([f"F{i}" for i in range(m)] + [f"B{i}" for i in range(m)])
             for i in range(m):
-                assert actions.index(Action(Op.FORWARD, i)) < actions.index(Action(Op.BACKWARD, i))
+                s = actions[0].stage_index
+                assert actions.index(Action(s, Kind.FORWARD, i)) < actions.index(Action(s, Kind.BACKWARD, i))
 
 
 @pytest.mark.parametrize("name", sorted(SCHEDULES))
@@ -91,13 +98,13 @@ def test_single_stage_is_serial():
 def test_broken_schedules_deadlock():
     # Stage 1 backwards micro-batch 0 before it has forwarded it.
     with pytest.raises(ValueError, match="schedule deadlocks at .*stage 1 B0"):
-        simulate([parse("F0 B0"), parse("B0 F0")])
+        simulate([parse("F0 B0"), parse("B0 F0", 1)])
     # Stage 0 waits for B1 before doing the forward stage 1 needs first.
     with pytest.raises(ValueError, match="schedule deadlocks"):
-        simulate([parse("F0 B1 F1 B0"), parse("F1 B1 F0 B0")])
+        simulate([parse("F0 B1 F1 B0"), parse("F1 B1 F0 B0", 1)])
     # An action whose dependency is never scheduled can never run.
     with pytest.raises(ValueError, match="schedule deadlocks at stage 1 F1 waits for stage 0 F1"):
-        simulate([parse("F0 B0"), parse("F0 B0 F1 B1")])
+        simulate([parse("F0 B0"), parse("F0 B0 F1 B1", 1)])
 
 
 def test_validation_errors():

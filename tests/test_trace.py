@@ -37,7 +37,7 @@ def test_simulated_timeline_is_the_simulation_action_by_action():
         for (a, start, end), (_, next_start, _) in zip(stage, stage[1:]):
             assert next_start >= end - 1e-12, "a stage runs one action at a time, in its order"
         for a, start, end in stage:
-            assert end - start == pytest.approx((forward if a.op.name == "FORWARD" else backward)[s])
+            assert end - start == pytest.approx((forward if a.kind.name == "FORWARD" else backward)[s])
     assert max(end for stage in timeline for _, _, end in stage) == pytest.approx(
         simulate(per_stage, forward, backward, wire, latency))
 
