@@ -9,28 +9,17 @@ For a chain of S stages, stage j holding layers [a_j, b_j) on node n_j, M micro-
             time on the other direction of a full-duplex link)
     lat_j = latency(n_j, n_j+1)
 
-    1F1B:  step = (M - 1) * max(max_j t_j, max_j c_j)    steady state: the slowest resource
-                + sum_j t_j + sum_{j<S-1} 2 * (lat_j + c_j)  fill and drain: one micro-batch's
-                                                             forward down and backward up the chain
-    GPipe: step = (M - 1) * (max(T/3, C) + max(2T/3, C)) + the same fill and drain,
-           T = max_j t_j, C = max_j c_j
+    step  = the schedule's closed form (runtime/schedules.py closed_step) from
+            T = max_j t_j, C = max_j c_j, the fill and drain sum_j t_j + sum_{j<S-1} 2 (lat_j + c_j)
+            (one micro-batch's forward down and backward up the chain) and, where a window
+            limits the schedule, max_j window_term(RT_j), RT_j = sum_{k>=j} t_k
+            + sum_{k>=j, k<S-1} 2 (lat_k + c_k) the round trip from stage j to the end and back
 
-Under 1F1B forwards and backwards interleave, so activations and gradients use the two
-directions of a link at once. GPipe runs all forwards, then all backwards: each phase
-streams M micro-batches over the link in one direction, so a link-bound GPipe step takes
-twice a link-bound 1F1B step. (Backward is taken as twice forward: profiles hold f + b.)
-Without links both reduce to the same (M - 1) * T + fill/drain; the bubbles are equal.
-The schedules differ in memory.
-Stage j holds parameters, gradients and AdamW state (4 x param_bytes) plus activations for
-the micro-batches in flight: min(S - j, M) under 1F1B, M under GPipe. Sends are
+The schedule object owns its closed form and its in-flight counts; nothing here tests a
+schedule's name. Stage j holds parameters, gradients and AdamW state (4 x param_bytes) plus
+activations for the micro-batches the schedule keeps in flight there. Sends are
 asynchronous, so a link is a resource of its own that overlaps with compute rather than
 adding to it.
-
-1F1B also has a window: stage j keeps at most w_j = min(S - j, M) micro-batches in
-flight, and each must make the round trip to the end of the pipeline and back,
-RT_j = sum_{k>=j} t_k + sum_{k>=j, k<S-1} 2 (lat_k + c_k), so the steady-state term is
-max(max t, max c, max_j RT_j / w_j). Over a high-latency link that window, not compute or
-bandwidth, is what limits 1F1B (GPipe has no such window).
 """
 
 from __future__ import annotations
@@ -41,14 +30,12 @@ from hetlaunch.launcher.planning.compression import LOSSINESS, NONE, Compression
 from hetlaunch.launcher.planning.profile_file import NodeProfile, Profile
 from hetlaunch.launcher.planning.windows import THOROUGH_MAX_ACTIONS, best_windows
 from hetlaunch.runtime.registry import STATIC_BYTES_PER_PARAM_BYTE
-from hetlaunch.runtime.schedules import compiled, own_window, schedule_for, simulate_compiled
-
+from hetlaunch.runtime.schedules import compiled, schedule_named, simulate_compiled
 
 
 def in_flight(schedule: str, stage_index: int, num_stages: int, num_microbatches: int) -> int:
-    if schedule == "gpipe":
-        return num_microbatches
-    return own_window(stage_index, num_stages, num_microbatches)
+    """Micro-batches the schedule itself keeps in flight at this stage (its memory)."""
+    return schedule_named(schedule).in_flight(stage_index, num_stages, num_microbatches)
 
 
 @dataclass(frozen=True)
@@ -88,6 +75,8 @@ class CostModel:
         self.profile = profile
         self.M = num_microbatches
         self.schedule = schedule
+        # The schedule object (runtime/schedules.py): its action lists, in-flight counts and closed form.
+        self.rules = schedule_named(schedule)
         self.compression = compression
         self._ratio = {name: wire_ratio(name) for name in LOSSINESS}  # wire bytes per raw byte
         self.num_layers = profile.model.num_layers
@@ -140,29 +129,30 @@ class CostModel:
     def _actions(self, stage_index: int, num_stages: int, window: int) -> tuple:
         key = (stage_index, num_stages, window)
         if key not in self._schedules:
-            self._schedules[key] = compiled([schedule_for(self.schedule, stage_index, num_stages, self.M, window)])[0]
+            self._schedules[key] = compiled([self.rules.stage_actions(stage_index, num_stages, self.M, window)])[0]
         return self._schedules[key]
 
     def with_windows(self, cost: PipelineCost, windows: tuple[int, ...]) -> PipelineCost:
         """The same stages holding `windows` micro-batches in flight (0 where a stage keeps its own),
         their memory with them; not priced (exact is cleared)."""
         S = len(cost.stages)
-        stages = tuple(replace(stage, window=w if w > in_flight(self.schedule, j, S, self.M) else 0,
+        stages = tuple(replace(stage, window=w if w > self.rules.in_flight(j, S, self.M) else 0,
                                memory_bytes=self.memory_bytes(stage.layer_start, stage.layer_end, j, S, w))
                        for j, (stage, w) in enumerate(zip(cost.stages, windows)))
         return replace(cost, stages=stages, exact=False)
 
     def deepen(self, chain: list[NodeProfile], cost: PipelineCost, thorough: bool | None = None) -> PipelineCost:
-        """1F1B with the windows the simulation prices fastest among those memory allows and the
-        executor can run (launcher/planning/windows.py), priced exactly; the stages' own windows
-        when nothing deeper pays. Whatever windows `cost` had are searched again. `thorough`
-        (default: for schedules of up to THOROUGH_MAX_ACTIONS stages x micro-batches) searches
-        every vector or descends from the shaped ones; else only the shaped ones are priced."""
+        """A deepening schedule (1F1B) with the windows the simulation prices fastest among those
+        memory allows and the executor can run (launcher/planning/windows.py), priced exactly; the
+        stages' own windows when nothing deeper pays. Whatever windows `cost` had are searched
+        again. `thorough` (default: for schedules of up to THOROUGH_MAX_ACTIONS stages x
+        micro-batches) searches every vector or descends from the shaped ones; else only the
+        shaped ones are priced."""
         S = len(cost.stages)
         thorough = S * self.M <= THOROUGH_MAX_ACTIONS if thorough is None else thorough
-        own = [in_flight(self.schedule, j, S, self.M) for j in range(S)]
+        own = [self.rules.in_flight(j, S, self.M) for j in range(S)]
         plain = self.exact(chain, self.with_windows(cost, tuple(own)) if any(s.window for s in cost.stages) else cost)
-        if self.schedule != "1f1b" or S == 1:
+        if not self.rules.deepens or S == 1:
             return plain
         caps = []
         for j, (node, stage) in enumerate(zip(chain, cost.stages)):
@@ -196,18 +186,19 @@ class CostModel:
         if windows == tuple(own):
             return plain
         return replace(self.exact(chain, self.with_windows(cost, windows)),
-                       bottleneck=f"{plain.bottleneck}; 1F1B windows {list(windows)} keep more micro-batches in flight")
+                       bottleneck=f"{plain.bottleneck}; {self.rules.title} windows {list(windows)} keep more "
+                                  "micro-batches in flight")
 
     def memory_prefix(self, stage_index: int, num_stages: int) -> list[float]:
         """prefix[i] = memory of layers [0, i) for a stage at this position (its in-flight window)."""
-        window = in_flight(self.schedule, stage_index, num_stages, self.M)
+        window = self.rules.in_flight(stage_index, num_stages, self.M)
         if window not in self._memory_prefix:
             self._memory_prefix[window] = [s + window * a for s, a in zip(self._static, self._activation)]
         return self._memory_prefix[window]
 
     def memory_bytes(self, start: int, end: int, stage_index: int, num_stages: int, window: int = 0) -> float:
         """Layers [start, end) at this position, with its schedule's in-flight window (or `window`)."""
-        window = window or in_flight(self.schedule, stage_index, num_stages, self.M)
+        window = window or self.rules.in_flight(stage_index, num_stages, self.M)
         return (self._static[end] - self._static[start]) + window * (self._activation[end] - self._activation[start])
 
     def link(self, a: NodeProfile, b: NodeProfile) -> tuple[float, float]:
@@ -248,9 +239,8 @@ class CostModel:
         return raw * (sender.codec_cost(codec) + sender.codec_cost(self.compression.gradient_codec(codec)))
 
     def step_s(self, compute_max: float, link_max: float, sum_term: float, window_max: float = 0.0) -> float:
-        if self.schedule == "gpipe":
-            return (self.M - 1) * (max(compute_max / 3, link_max) + max(2 * compute_max / 3, link_max)) + sum_term
-        return (self.M - 1) * max(compute_max, link_max, window_max) + sum_term
+        """The schedule's closed form (see the module docstring)."""
+        return self.rules.closed_step(self.M, compute_max, link_max, sum_term, window_max)
 
     def closed_step(self, compute: list[float], link: list[float], latency: list[float]) -> float:
         """The closed form's step from per-stage compute t_j, outgoing link time c_j and latency
@@ -264,11 +254,9 @@ class CostModel:
         return self.step_s(max(compute), max(link), sum_term, window_max)
 
     def window_term(self, round_trip: float, stage_index: int, num_stages: int) -> float:
-        """1F1B: stage j keeps at most min(S - j, M) micro-batches in flight, and each needs the
-        round trip to the end of the pipeline and back, so it starts one per round_trip / window."""
-        if self.schedule == "gpipe":
-            return 0.0
-        return round_trip / in_flight(self.schedule, stage_index, num_stages, self.M)
+        """What the stage's in-flight window costs per micro-batch, given its round trip to the end
+        of the pipeline and back (1F1B: round_trip / its window; 0 where no window limits)."""
+        return self.rules.window_term(round_trip, stage_index, num_stages, self.M)
 
     def evaluate(self, chain: list[NodeProfile], cuts: list[tuple[int, int]],
                  codecs: list[str] | None = None) -> PipelineCost:
@@ -296,7 +284,7 @@ class CostModel:
                                     node.memory_bytes, codecs[j] if j < S - 1 else "none", raw_c,
                                     forward_s=layers / 3 + codec_work / 2, backward_s=2 * layers / 3 + codec_work / 2,
                                     optimizer_s=optimizer))
-        # 1F1B's in-flight window: the round trip from each stage to the end and back.
+        # The schedule's in-flight window (1F1B's): the round trip from each stage to the end and back.
         window_max, window_stage, round_trip = 0.0, "", 0.0
         for j in range(S - 1, -1, -1):
             round_trip += stages[j].compute_s + 2 * (stages[j].latency_s + stages[j].link_s)
@@ -304,8 +292,9 @@ class CostModel:
             if w > window_max:
                 window_max, window_stage = w, stages[j].node
         bottleneck = slowest_link if link_max > compute_max else slowest_stage
-        if self.schedule != "gpipe" and window_max > max(compute_max, link_max):
-            bottleneck = f"1F1B window on {window_stage} (too few micro-batches in flight for the round trip)"
+        if window_max > max(compute_max, link_max):  # never where no window limits: its term is 0
+            bottleneck = (f"{self.rules.title} window on {window_stage} "
+                          "(too few micro-batches in flight for the round trip)")
         return PipelineCost(tuple(stages), self.M, self.step_s(compute_max, link_max, sum_term, window_max),
                             bottleneck)
 
