@@ -44,6 +44,8 @@ class Schedule:
     name = ""
     title = ""  # how messages spell it
     deepens = False  # takes per-stage windows deeper than its own (more micro-batches in flight)
+    one_bottleneck = False  # closed form depends on max(compute, link, window) only, not on each apart
+    closed_form_exact = False  # closed form equals the simulation (so it bounds what a simulation prices)
 
     def stage_actions(self, stage: int, num_stages: int, num_microbatches: int, window: int = 0) -> list[Action]:
         """Stage `stage`'s actions; `window` (0: the schedule's own) where the schedule deepens."""
@@ -103,7 +105,7 @@ class OneFOneB(Schedule):
     bandwidth, is what limits 1F1B.
     """
 
-    name, title, deepens = "1f1b", "1F1B", True
+    name, title, deepens, one_bottleneck = "1f1b", "1F1B", True, True
 
     def _actions(self, stage: int, num_stages: int, num_microbatches: int, window: int) -> list[Action]:
         m_total = num_microbatches
@@ -149,6 +151,7 @@ class GPipe(Schedule):
     """
 
     name, title = "gpipe", "GPipe"
+    closed_form_exact = True  # each phase streams at its slowest resource; tests/test_exact_pricing.py checks it
 
     def _actions(self, stage: int, num_stages: int, num_microbatches: int, window: int) -> list[Action]:
         return [Action(stage, F, m) for m in range(num_microbatches)] + \

@@ -65,7 +65,7 @@ def _front(cm: CostModel, chain: list[NodeProfile], j: int, S: int, keys: list[t
     if i in fronts:
         return fronts[i]
     L, node = cm.num_layers, chain[j]
-    one_max = cm.schedule != "gpipe"  # 1F1B's step depends on max(compute, link, window) only
+    one_max = cm.rules.one_bottleneck  # 1F1B's step depends on max(compute, link, window) only
     if j == S - 1:
         front = []
         if cm.memory_bytes(i, L, S - 1, S) <= node.memory_bytes:

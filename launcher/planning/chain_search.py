@@ -220,7 +220,7 @@ class ChainSearch:
             link_max = max(link_max, hop[0])
             link_sum += hop[1]
             arrivals += (S - 1 - j) * hop[1] / 2  # every stage after hop j waits for it before it starts
-        if S * cm.M <= SIMULATE_EVERY_CHAIN and cm.schedule != "gpipe":  # GPipe's closed form is its simulation
+        if S * cm.M <= SIMULATE_EVERY_CHAIN and not cm.rules.closed_form_exact:
             # Priced by simulation, which can be below the closed form's fill and drain. Stage j
             # starts no sooner than the first activation has crossed the hops before it, computes
             # its M micro-batches, and the step ends no sooner than its last gradient has crossed

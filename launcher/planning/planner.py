@@ -247,7 +247,6 @@ def _finished(cm: CostModel, chain: list[NodeProfile], cost: PipelineCost) -> Pi
 WORSE_MARGIN = 1.05
 # ... and higher latency counts only when it is also this much higher in absolute terms.
 LATENCY_MARGIN_S = 1e-3
-_SCHEDULE_NAMES = {"1f1b": "1F1B", "gpipe": "GPipe"}
 
 
 def _sig3(value: float) -> str:
@@ -346,7 +345,7 @@ class _PlanFacts:
         if node.memory_bytes < self.smallest_stage:
             return (f"left out, too little memory: it has {format_bytes(node.memory_bytes)} and the smallest stage "
                     f"(layer {self.smallest_layer} alone, {self.window} micro-batch{'es' if self.window > 1 else ''} "
-                    f"in flight under {_SCHEDULE_NAMES.get(cm.schedule, cm.schedule)}) needs "
+                    f"in flight under {cm.rules.title}) needs "
                     f"{format_bytes(self.smallest_stage)}")
 
         mine, theirs = self.per_layer_s(node), self.per_layer_s(self.slowest)
