@@ -205,18 +205,10 @@ def run_stage(cmd: pb.RunStage, reports: StageReports, store: wpb.StoreAccess) -
     if device.type == "cuda":
         torch.cuda.set_device(device)
     spec = model_spec_from_proto(cmd.model)
-    memory = None
-    if stage.emulate.memory_gb > 0:  # before building: on CUDA the allocator's cap must be in place first
-        memory = StageMemory(int(stage.emulate.memory_gb * 2**30), device,
-                             f"this node's emulate.memory_gb ({stage.emulate.memory_gb:g} GiB)")
-    elif stage.memory_fraction > 0 and device.type == "cuda":
-        total = torch.cuda.get_device_properties(device).total_memory
-        memory = StageMemory(int(stage.memory_fraction * total), device,
-                             f"this node's memory_fraction ({stage.memory_fraction:g} of {total / 2**30:.1f} GiB)")
+    memory = _stage_memory(stage, device)  # before building: on CUDA the allocator's cap must be in place first
     bundle = build_model_range(spec, stage.layer_start, stage.layer_end, seed=train.seed)
-    is_first = stage.stage_index == 0
-    is_last = stage.stage_index == stage.num_stages - 1
-    if is_last and stage.layer_end != bundle.num_layers:  # the loss belongs after the model's last layer
+    if stage.stage_index == stage.num_stages - 1 and stage.layer_end != bundle.num_layers:
+        # the loss belongs after the model's last layer
         raise ValueError(f"the last stage ends at layer {stage.layer_end}, but the model has {bundle.num_layers} "
                          f"layers: the pinned layers must cover [0, {bundle.num_layers})")
     restored = None
@@ -224,36 +216,13 @@ def run_stage(cmd: pb.RunStage, reports: StageReports, store: wpb.StoreAccess) -
         directory = Path(cmd.restore.checkpoint_dir)
         restored = load_layers(directory, read_manifest(directory), stage.layer_start, stage.layer_end)
     batches = eval_batches = None
-    if is_first or is_last:  # middle stages never touch the data
+    if stage.stage_index in (0, stage.num_stages - 1):  # middle stages never touch the data
         d = cmd.data
         batches, eval_batches = open_data(d.path, d.format, d.dtype, spec.seq_len, d.seed, bundle.vocab_size,
                                           d.eval_fraction if train.eval_every else 0.0)
-    dp = cmd.data_parallel if cmd.HasField("data_parallel") else None
     init_data_plane(cmd.rendezvous, store)
     try:
-        prev_link, next_link = _links(stage, device, cmd.rendezvous.backend)
-        grad_sync = None
-        if dp is not None and dp.sync_groups:
-            plans = sync_group_plans(dp)
-            grad_sync = GradientSync(bundle.layers, stage.layer_start, plans, make_groups(plans),
-                                     wire_device(device, cmd.rendezvous.backend))
-        executor = StageExecutor(bundle.layers, bundle.loss_fn, is_first=is_first, is_last=is_last, device=device,
-                                 prev_link=prev_link, next_link=next_link, recipe=recipe_of(train),
-                                 sum_over_model=_sum_over_model(dp, device, cmd.rendezvous.backend),
-                                 precision=train.precision or "fp32",
-                                 any_over_model=_any_over_model(device, cmd.rendezvous.backend),
-                                 emulation=emulated_speed(stage.emulate, train.start_step), grad_sync=grad_sync,
-                                 before_optimizer_step=_pipeline_barrier(dp, cmd.rendezvous.rank, device,
-                                                                         cmd.rendezvous.backend),
-                                 memory=memory)
-        executor.steps_done = train.start_step
-        if bundle.tied:  # after every other group, in the same order on every rank
-            executor.tied = TiedParameters(bundle.tied, list(cmd.layout), cmd.rendezvous.rank, executor.module,
-                                           stage.layer_start, wire_device(device, cmd.rendezvous.backend))
-            if restored is None:
-                executor.tied.share_initial_values()
-        if restored is not None:
-            apply_state(executor.module, executor.optimizer, restored, stage.layer_start)
+        executor = _executor(cmd, bundle, device, memory, restored)
         snapshot = _snapshot_handler(executor, stage.layer_start, stage.layer_end)
         reports.on_snapshot(snapshot)
         writer = (CheckpointWriter(executor, stage.layer_start, stage.layer_end, train.checkpoint_dir, reports)
@@ -281,6 +250,50 @@ def run_stage(cmd: pb.RunStage, reports: StageReports, store: wpb.StoreAccess) -
     finally:
         reports.on_move(None)
         dist.destroy_process_group()
+
+
+def _stage_memory(stage: pb.StageSpec, device: torch.device) -> StageMemory | None:
+    """The stage's memory cap: its emulated memory_gb, else its memory_fraction of a CUDA device, else none."""
+    if stage.emulate.memory_gb > 0:
+        return StageMemory(int(stage.emulate.memory_gb * 2**30), device,
+                           f"this node's emulate.memory_gb ({stage.emulate.memory_gb:g} GiB)")
+    if stage.memory_fraction > 0 and device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        return StageMemory(int(stage.memory_fraction * total), device,
+                           f"this node's memory_fraction ({stage.memory_fraction:g} of {total / 2**30:.1f} GiB)")
+    return None
+
+
+def _executor(cmd: pb.RunStage, bundle, device: torch.device, memory: StageMemory | None,
+              restored) -> StageExecutor:
+    """The stage's executor on the data plane just joined: its links, gradient sync, pipeline barrier
+    and tied parameters (these groups made in the same order on every rank), state restored if given."""
+    stage, train, backend = cmd.stage, cmd.train, cmd.rendezvous.backend
+    dp = cmd.data_parallel if cmd.HasField("data_parallel") else None
+    prev_link, next_link = _links(stage, device, backend)
+    grad_sync = None
+    if dp is not None and dp.sync_groups:
+        plans = sync_group_plans(dp)
+        grad_sync = GradientSync(bundle.layers, stage.layer_start, plans, make_groups(plans),
+                                 wire_device(device, backend))
+    executor = StageExecutor(bundle.layers, bundle.loss_fn, is_first=stage.stage_index == 0,
+                             is_last=stage.stage_index == stage.num_stages - 1, device=device,
+                             prev_link=prev_link, next_link=next_link, recipe=recipe_of(train),
+                             sum_over_model=_sum_over_model(dp, device, backend),
+                             precision=train.precision or "fp32",
+                             any_over_model=_any_over_model(device, backend),
+                             emulation=emulated_speed(stage.emulate, train.start_step), grad_sync=grad_sync,
+                             before_optimizer_step=_pipeline_barrier(dp, cmd.rendezvous.rank, device, backend),
+                             memory=memory)
+    executor.steps_done = train.start_step
+    if bundle.tied:  # after every other group, in the same order on every rank
+        executor.tied = TiedParameters(bundle.tied, list(cmd.layout), cmd.rendezvous.rank, executor.module,
+                                       stage.layer_start, wire_device(device, backend))
+        if restored is None:
+            executor.tied.share_initial_values()
+    if restored is not None:
+        apply_state(executor.module, executor.optimizer, restored, stage.layer_start)
+    return executor
 
 
 def _least_transit(link: Link | None) -> pb.LinkTransit | None:
@@ -311,10 +324,7 @@ def _train(cmd: pb.RunStage, executor: StageExecutor, batches: TokenBatches | No
                 writer.wait()  # the part being written holds the old range
             reports.move(move_stage(running, move))
         torch.manual_seed(step_rng_seed(train.seed, step))
-        executor.emulation = emulated_speed(stage.emulate, step)
-        for link, spec in ((executor.prev_link, stage.prev), (executor.next_link, stage.next)):
-            if link is not None and link.emulation is not None:
-                link.emulation.at_step(spec, step)
+        _emulate_at(executor, stage, step)
         microbatches = None
         if batches is not None:  # the step's global batch, of which this pipeline takes its share
             microbatches = batches.micro_batches(step, train.micro_batch_size, global_microbatches)
@@ -327,28 +337,46 @@ def _train(cmd: pb.RunStage, executor: StageExecutor, batches: TokenBatches | No
                 raise
             raise executor.memory.out_of_memory(err, f"at step {step}") from None
         done = step + 1
-        eval_loss = None
-        if train.eval_every and (done % train.eval_every == 0 or done == train.steps):  # every stage takes part
-            held_out = None
-            if eval_batches is not None:  # the same held-out windows every time, so the curve compares
-                held_out = eval_batches.micro_batches(0, train.micro_batch_size, train.eval_microbatches)
-            eval_loss = executor.evaluate(held_out, train.eval_microbatches)
-        reports.step(pb.StepMetrics(step=step, stage_index=stage.stage_index, has_loss=result.loss is not None,
-                                    loss=result.loss or 0.0, step_s=result.step_s, compute_s=result.compute_s,
-                                    comm_s=result.comm_s, tokens=tokens,
-                                    forward_raw_bytes=result.forward_bytes[0],
-                                    forward_wire_bytes=result.forward_bytes[1],
-                                    backward_raw_bytes=result.backward_bytes[0],
-                                    backward_wire_bytes=result.backward_bytes[1],
-                                    pipeline_index=dp.pipeline_index if dp else 0, sync_s=result.sync_s,
-                                    sync_raw_bytes=result.sync_bytes[0], sync_wire_bytes=result.sync_bytes[1],
-                                    lr=result.lr, grad_norm=result.grad_norm, has_eval_loss=eval_loss is not None,
-                                    eval_loss=eval_loss or 0.0, from_prev=_least_transit(executor.prev_link),
-                                    from_next=_least_transit(executor.next_link),
-                                    trace=[pb.TraceEvent(name=name, start=start, end=end, microbatch=mb)
-                                           for name, start, end, mb in trace or ()]))
+        eval_loss = _eval_loss(train, executor, eval_batches, done)
+        reports.step(_step_metrics(step, stage, result, tokens, dp.pipeline_index if dp else 0, eval_loss, executor,
+                                   trace))
         if writer is not None and checkpoint_due(train, done):
             writer.save(done)
     gate.finished(train.steps)
     if writer is not None:
         writer.wait()  # the last checkpoint is reported before the stage reports success
+
+
+def _emulate_at(executor: StageExecutor, stage: pb.StageSpec, step: int) -> None:
+    """The stage's emulated speed and its links' emulated bandwidth as of this step (YAML changes at a step)."""
+    executor.emulation = emulated_speed(stage.emulate, step)
+    for link, spec in ((executor.prev_link, stage.prev), (executor.next_link, stage.next)):
+        if link is not None and link.emulation is not None:
+            link.emulation.at_step(spec, step)
+
+
+def _eval_loss(train: pb.TrainSpec, executor: StageExecutor, eval_batches: TokenBatches | None,
+               done: int) -> float | None:
+    """The held-out loss every eval_every steps and after the last (every stage takes part), else None."""
+    if not train.eval_every or (done % train.eval_every != 0 and done != train.steps):
+        return None
+    held_out = None
+    if eval_batches is not None:  # the same held-out windows every time, so the curve compares
+        held_out = eval_batches.micro_batches(0, train.micro_batch_size, train.eval_microbatches)
+    return executor.evaluate(held_out, train.eval_microbatches)
+
+
+def _step_metrics(step: int, stage: pb.StageSpec, result, tokens: int, pipeline_index: int,
+                  eval_loss: float | None, executor: StageExecutor, trace: list | None) -> pb.StepMetrics:
+    return pb.StepMetrics(step=step, stage_index=stage.stage_index, has_loss=result.loss is not None,
+                          loss=result.loss or 0.0, step_s=result.step_s, compute_s=result.compute_s,
+                          comm_s=result.comm_s, tokens=tokens,
+                          forward_raw_bytes=result.forward_bytes[0], forward_wire_bytes=result.forward_bytes[1],
+                          backward_raw_bytes=result.backward_bytes[0], backward_wire_bytes=result.backward_bytes[1],
+                          pipeline_index=pipeline_index, sync_s=result.sync_s,
+                          sync_raw_bytes=result.sync_bytes[0], sync_wire_bytes=result.sync_bytes[1],
+                          lr=result.lr, grad_norm=result.grad_norm, has_eval_loss=eval_loss is not None,
+                          eval_loss=eval_loss or 0.0, from_prev=_least_transit(executor.prev_link),
+                          from_next=_least_transit(executor.next_link),
+                          trace=[pb.TraceEvent(name=name, start=start, end=end, microbatch=mb)
+                                 for name, start, end, mb in trace or ()])
