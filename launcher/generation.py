@@ -5,18 +5,22 @@ or worker died, its heartbeats stopped, or its stage failed for a reason of its 
 neighbours' "connection closed" errors are consequences, not causes); or a node (re)joined
 or a straggler was found and a new plan is predicted to be enough faster, at a committed
 checkpoint. A straggler may instead be answered within the generation by a live move of
-layers (launcher/live_move.py): the plan changes, the workers and the generation do not.
+layers (launcher/adapt/live_moves.py): the plan changes, the workers and the generation do not.
+Either change is checked on the steps after it, and undone the same way when it did not pay
+(launcher/adapt/payoff.py).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable
 
 from hetlaunch.launcher.checkpoint_book import CheckpointBook
 from hetlaunch.launcher.events import EventLog
-from hetlaunch.launcher.live_move import LiveMove
+from hetlaunch.launcher.adapt.current_plan import CurrentPlan
+from hetlaunch.launcher.adapt.live_moves import LiveMove
+from hetlaunch.launcher.adapt.payoff import Change
+from hetlaunch.launcher.adapt.replanner import Replanner
 from hetlaunch.launcher.observers import Observers
 from hetlaunch.launcher.planning.plan import Plan
 from hetlaunch.launcher.progress import TrainingProgress
@@ -34,29 +38,29 @@ class Outcome:
     down: bool = False  # `hetlaunch down`: stop here, at a committed checkpoint where checkpoints are on
     failed: set[str] = field(default_factory=set)  # nodes whose stage reported a failure
     aggregator: StepAggregator | None = None  # holds the steps some stage never reported
-    plan: Plan | None = None  # the plan running at the end (live moves change it within a generation)
 
 
-def follow(session: ClusterSession, plan: Plan, record: RunRecord, book: CheckpointBook, events: EventLog,
-           progress: TrainingProgress, consider_join: Callable[[str], Plan | None],
+def follow(session: ClusterSession, current: CurrentPlan, replanner: Replanner | None, record: RunRecord,
+           book: CheckpointBook, events: EventLog, progress: TrainingProgress,
            observers: Observers | None = None, boundary_bytes: list[int] | None = None) -> Outcome:
-    running = _Running(plan)
-    outcome = _follow(session, running, record, book, events, progress, consider_join, observers, boundary_bytes)
-    outcome.plan = running.plan
-    return outcome
+    """Follow the generation of `current.plan` (which a live move changes) to its end;
+    `replanner` (None: joins are not acted on) prices a plan with joined nodes."""
+    running = _Running(current, replanner, progress)
+    return _follow(session, running, record, book, events, progress, observers, boundary_bytes)
 
 
 @dataclass
 class _Running:
-    plan: Plan
+    current: CurrentPlan
+    replanner: Replanner | None
+    progress: TrainingProgress
     move: LiveMove | None = None
     moves: int = 0
 
 
 def _follow(session: ClusterSession, running: _Running, record: RunRecord, book: CheckpointBook, events: EventLog,
-            progress: TrainingProgress, consider_join: Callable[[str], Plan | None],
-            observers: Observers | None, boundary_bytes: list[int] | None) -> Outcome:
-    plan = running.plan
+            progress: TrainingProgress, observers: Observers | None, boundary_bytes: list[int] | None) -> Outcome:
+    plan = running.current.plan
     state = session.state
     steps = session.cluster.train.steps
     aggregator = StepAggregator(plan)
@@ -81,7 +85,7 @@ def _follow(session: ClusterSession, running: _Running, record: RunRecord, book:
         received = state.next_step(timeout=0.2)
         if received is not None:
             if observers is not None and received[1].trace:
-                observers.trace(*received, running.plan)
+                observers.trace(*received)
             step_record = aggregator.add(*received)
             if step_record is not None:
                 if first:  # when the generation is really running again (recovery time ends here)
@@ -89,9 +93,9 @@ def _follow(session: ClusterSession, running: _Running, record: RunRecord, book:
                     first = False
                 record.add(step_record)
                 progress.update(step_record)
-                found = observers.step(step_record, state.generation) if observers is not None else None
-                if found is not None:
-                    events.write("straggler", **found)
+                event = observers.step(step_record, state.generation) if observers is not None else None
+                if event is not None:
+                    events.write(event[0], **event[1])
         committed = None
         for node, part in state.checkpoints():
             committed = book.add(node, part) or committed
@@ -128,17 +132,10 @@ def _follow(session: ClusterSession, running: _Running, record: RunRecord, book:
         stuck = _live_move(session, running, watch, observers, events, steps, boundary_bytes)
         if stuck is not None:
             return Outcome(message=stuck, aggregator=aggregator)
-        if watch is not None and watch.pending is not None and committed is not None and committed < steps:
-            better, slow = watch.take(), watch.found[-1]
-            events.write("rebalance", step=committed, why=slow["what"], predicted_tokens_per_s=better.predicted_tokens_per_s)
-            return Outcome(grow=better, message=f"{slow['what']}; switching to a plan predicted at "
-                                                f"{better.predicted_tokens_per_s:,.0f} tokens/s")
-        if joined and committed is not None and committed < steps:
-            better = consider_join(joined[-1])
-            joined.clear()
-            if better is not None:
-                return Outcome(grow=better, message=f"node(s) joined; switching to a plan predicted at "
-                                                    f"{better.predicted_tokens_per_s:,.0f} tokens/s")
+        if committed is not None and committed < steps:
+            switch = _switch(running, watch, joined, committed, events)
+            if switch is not None:
+                return switch
         if len(finished) == len(plan.stages):
             if len(record.records) >= steps:
                 return Outcome(finished=True)
@@ -147,25 +144,58 @@ def _follow(session: ClusterSession, running: _Running, record: RunRecord, book:
         time.sleep(0)
 
 
+def _switch(running: _Running, watch, joined: list[str], committed: int, events: EventLog) -> Outcome | None:
+    """At a committed checkpoint: the switch to the plan a rebalance asked for, or to one with
+    the nodes that joined when it is predicted enough faster; None to train on."""
+    if watch is not None and watch.pending is not None and watch.pending.mode == "restart":
+        change = watch.take()
+        events.write("rebalance", step=committed, why=change.why,
+                     predicted_tokens_per_s=change.target.predicted_tokens_per_s, **_undo(change))
+        return Outcome(grow=change.target, message=_switching(change))
+    if not joined or running.replanner is None:
+        return None
+    better = running.replanner.join(running.current.plan)
+    joined.clear()
+    if better is None:
+        return None
+    if watch is not None:
+        watch.joining(better, "node(s) joined", committed)
+    return Outcome(grow=better, message=f"node(s) joined; switching to a plan predicted at "
+                                        f"{better.predicted_tokens_per_s:,.0f} tokens/s")
+
+
+def _switching(change: Change) -> str:
+    if change.undo:
+        return f"{change.why}; switching back to the plan it replaced"
+    return f"{change.why}; switching to a plan predicted at {change.target.predicted_tokens_per_s:,.0f} tokens/s"
+
+
+def _undo(change: Change) -> dict:
+    return {"undo": True} if change.undo else {}
+
+
 def _live_move(session: ClusterSession, running: _Running, watch, observers: Observers | None, events: EventLog,
                steps: int, boundary_bytes: list[int] | None) -> str | None:
     """Start a live move the straggler watch asked for, or follow the one under way; a message if it is stuck."""
     if running.move is None:
-        if watch is None or watch.pending_live is None:
+        if watch is None or watch.pending is None or watch.pending.mode != "live":
             return None
-        target, slow = watch.take_live(), watch.found[-1]
+        change = watch.take()
         running.moves += 1
-        running.move = LiveMove(session, running.plan, target, running.moves, steps, boundary_bytes)
-        events.write("rebalance", mode="live", step=slow["step"], why=slow["what"],
-                     predicted_tokens_per_s=target.predicted_tokens_per_s)
+        running.move = LiveMove(session, running.current.plan, change.target, running.moves, steps, boundary_bytes)
+        events.write("rebalance", mode="live", step=change.step, why=change.why,
+                     predicted_tokens_per_s=change.target.predicted_tokens_per_s, **_undo(change))
+        running.progress.rebalancing(f"{change.why}; moving the layers back" if change.undo else
+                                     f"{change.why}; moving layers live to a cut predicted at "
+                                     f"{change.target.predicted_tokens_per_s:,.0f} tokens/s")
         return None
     status = running.move.poll(session.state.moves())
     if status is None:
         return None
     move, running.move = running.move, None
     if status == "moved":
-        running.plan = move.target
-        observers.moved(move.target)
+        running.current.moved(move.target)
+        observers.moved(move.at_step)
         events.write("move", **move.summary())
     elif status == "cancelled":
         if watch is not None:

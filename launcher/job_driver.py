@@ -14,31 +14,27 @@ import os
 import secrets
 import shutil
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 from google.protobuf import json_format
 from rich.console import Console
 
+from hetlaunch.launcher.adapt.current_plan import CurrentPlan
+from hetlaunch.launcher.adapt.replanner import Replanner
+from hetlaunch.launcher.adapt.straggler import StragglerWatch
 from hetlaunch.launcher.checkpoint_book import CheckpointBook, Restore
 from hetlaunch.launcher.cluster_measurement import measure_for_train
 from hetlaunch.launcher.events import EventLog
 from hetlaunch.launcher.generation import follow
-from hetlaunch.launcher.live_move import move_seconds, same_places
-from hetlaunch.launcher.planning.plan import Plan, pinned_num_layers, planned, static_plan
-from hetlaunch.launcher.planning.planner import PlanningError
-from hetlaunch.launcher.planning.planner import plan as plan_pipelines
-from hetlaunch.launcher.planning.batch_sizes import at_size
-from hetlaunch.launcher.planning.planner import (PlannerResult, plan_fixed_cut, plan_global_batch, price_pipelines,
-                                                 recut)
-from hetlaunch.launcher.planning.profile_file import Profile, ProfileError, save_profile
+from hetlaunch.launcher.planning.plan import Plan, pinned_num_layers, static_plan
+from hetlaunch.launcher.planning.profile_file import save_profile
 from hetlaunch.launcher.progress import TrainingProgress, print_calibration, print_plan, print_summary
 from hetlaunch.launcher.run_record import RunRecord, read_metrics
 from hetlaunch.launcher.session import ClusterSession, JobError
 from hetlaunch.launcher.stage_launch import launch
 from hetlaunch.launcher.observers import Observers
-from hetlaunch.launcher.straggler import StragglerWatch
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.runtime.checkpoint_manifest import CheckpointError, read_manifest
 from hetlaunch.runtime.files import UnreadableFile, read_json
@@ -46,7 +42,6 @@ from hetlaunch.runtime.wire import model_spec_to_proto
 
 __all__ = ["JobError", "UpOptions", "run_up", "make_plan", "new_run_dir"]
 
-JOIN_GAIN = 0.10  # a (re)joined node is taken in when the planner predicts at least this much more tokens/s
 SNAPSHOT_WAIT_S = 20.0  # how long survivors get to write their layers after a loss
 
 
@@ -63,44 +58,25 @@ def new_run_dir(cluster, options: UpOptions) -> Path:
     return options.resume or options.run_dir or options.run_root / f"{cluster.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
 
-def make_plan(session: ClusterSession, spec, reprofile: bool, console: Console) -> tuple[Plan, Profile | None]:
+def make_plan(session: ClusterSession, spec, reprofile: bool, console: Console) -> tuple[Plan, Replanner]:
     """Measure the cluster and plan from the profile. Pinned `layers:` are used as they are, with
     no measuring at all when every codec is pinned too (else the codecs are planned). Returns the
-    plan and the profile it came from (None when nothing was measured)."""
+    plan and the replanner that holds the profile it came from (None when nothing was measured)."""
     cluster = session.cluster
     train = cluster.train
     pinned = None
     if cluster.pinned:
         pinned = static_plan(cluster, pinned_num_layers(cluster))
         if not _codec_choice_left(cluster, pinned):
-            return pinned, None
-    profile = measure_for_train(session, spec, reprofile, console)
-    if pinned is None:
-        max_pipelines = len(cluster.nodes) if train.max_pipelines == "auto" else train.max_pipelines
-        with console.status(f"planning up to {max_pipelines} pipelines over {len(profile.nodes)} nodes"):
-            result = plan_for(train, profile, max_pipelines, cluster.compression)
-        console.print(f"planned in {result.planning_s:.1f}s ({result.method} search)")
-        return planned(cluster, result), profile
-    chains = [([s.node for s in stages], [(s.layer_start, s.layer_end) for s in stages])
-              for stages in pinned.pipelines()]
-    at = at_size(profile, pinned.micro_batch_size)
-    if len(chains) == 1:
-        result = plan_fixed_cut(at, *chains[0], pinned.num_microbatches, train.schedule, cluster.compression)
-    else:
-        result = price_pipelines(at, [(nodes, cuts, share) for (nodes, cuts), share
-                                      in zip(chains, pinned.pipeline_microbatches)],
-                                 train.schedule, cluster.compression)
-    return planned(cluster, result, source="pinned"), profile
-
-
-def plan_for(train, profile: Profile, max_pipelines: int, compression) -> PlannerResult:
-    """The planner on the train section's batch: its micro-batch count, or with a global batch
-    the size and count the planner chooses."""
-    if train.global_batch is None:
-        return plan_pipelines(profile, train.num_microbatches, train.schedule, max_pipelines=max_pipelines,
-                              compression=compression)
-    return plan_global_batch(profile, train.global_batch, train.schedule, max_pipelines=max_pipelines,
-                             compression=compression, num_microbatches=train.fixed_microbatches)
+            return pinned, Replanner(cluster, None, lambda: _live_nodes(session))
+    replanner = Replanner(cluster, measure_for_train(session, spec, reprofile, console), lambda: _live_nodes(session))
+    if pinned is not None:
+        return replanner.priced_pins(pinned), replanner
+    max_pipelines = len(cluster.nodes) if train.max_pipelines == "auto" else train.max_pipelines
+    with console.status(f"planning up to {max_pipelines} pipelines over {len(replanner.measured.nodes)} nodes"):
+        plan, result = replanner.first()
+    console.print(f"planned in {result.planning_s:.1f}s ({result.method} search)")
+    return plan, replanner
 
 
 def _codec_choice_left(cluster, plan: Plan) -> bool:
@@ -154,9 +130,9 @@ def _check_resumable(run_dir: Path) -> None:
 
 def _run(session: ClusterSession, spec, options: UpOptions, events: EventLog, console: Console) -> None:
     cluster, train = session.cluster, session.cluster.train
-    plan, profile = make_plan(session, spec, options.reprofile, console)
-    if profile is not None:  # what the plan was made from: `hetlaunch plan --profile` can replay it
-        save_profile(profile, session.run_dir / "profile.json")
+    plan, replanner = make_plan(session, spec, options.reprofile, console)
+    if replanner.measured is not None:  # what the plan was made from: `hetlaunch plan --profile` can replay it
+        save_profile(replanner.measured, session.run_dir / "profile.json")
     print_plan(console, plan)
     book = CheckpointBook(session.checkpoint_root, cluster.checkpoint.keep, plan.num_layers,
                           {"model": spec.describe(), "model_spec": json_format.MessageToDict(model_spec_to_proto(spec)),
@@ -170,16 +146,9 @@ def _run(session: ClusterSession, spec, options: UpOptions, events: EventLog, co
         console.print(f"resuming at step {restore.step} from {restore.directory}" if restore.directory else
                       "no committed checkpoint to resume from: starting at step 0")
     record = RunRecord(session.run_dir, resume_at=restore.step if options.resume is not None else None)
-    observers = Observers(session.cluster, session.run_dir, session.state)
-    observers.stragglers = StragglerWatch(train.steps, lambda p: _replan_quietly(session, p),
-                                          lambda p, current: _step_on(p, current, session.cluster.compression),
-                                          switch=train.rebalance != "off",
-                                          recut=(lambda p, current: _recut_on(session, p, current))
-                                          if train.rebalance in ("auto", "live") else None,
-                                          move_cost=move_seconds,
-                                          checkpoint_every=train.checkpoint_every
-                                          if train.rebalance in ("auto", "restart") else 0,
-                                          offsets=session.state.clock_offsets)
+    current = CurrentPlan()
+    observers = Observers(session.cluster, session.run_dir, session.state, current)
+    observers.stragglers = StragglerWatch(train, replanner, current, offsets=session.state.clock_offsets)
     if observers.metrics_address:
         console.print(f"metrics at http://{observers.metrics_address}/metrics")
     restarts = 0
@@ -187,17 +156,16 @@ def _run(session: ClusterSession, spec, options: UpOptions, events: EventLog, co
     try:
         with TrainingProgress(console, train.steps, completed=restore.step) as progress:
             while restore.step < train.steps:
-                observers.new_plan(plan, profile, session.cluster.compression)
-                book.expect(launch(session, plan, spec, restore, book.root,
-                                   [layer.output_bytes for layer in profile.layers] if profile is not None else None))
+                # `plan` is the plan to launch; from here on the generation's plan is current.plan
+                observers.new_generation(current.launch(plan), replanner.measured, restore.step)
+                boundary_bytes = _boundary_bytes(replanner)
+                book.expect(launch(session, plan, spec, restore, book.root, boundary_bytes))
                 events.write("generation", generation=session.state.generation, start_step=restore.step,
                              restore_source=restore.source, plan=plan.to_dict())
                 if restore.directory is not None:
                     events.write("restore", step=restore.step, source=restore.source, directory=str(restore.directory))
-                outcome = follow(session, plan, record, book, events, progress,
-                                 lambda node: _better_with_joined(session, profile, plan), observers,
-                                 [layer.output_bytes for layer in profile.layers] if profile is not None else None)
-                plan = outcome.plan or plan  # a live move changes the plan within the generation
+                outcome = follow(session, current, replanner, record, book, events, progress, observers, boundary_bytes)
+                plan = current.plan  # a live move changes the plan within the generation
                 if outcome.finished:
                     break
                 if outcome.down:
@@ -210,7 +178,7 @@ def _run(session: ClusterSession, spec, options: UpOptions, events: EventLog, co
                     restore, plan = book.restore_point("file"), outcome.grow
                     events.write("restart", cause=outcome.message, resume_step=restore.step,
                                  lost_steps=record.rewind(restore.step))
-                    progress.recovering(outcome.message, restore.step)
+                    progress.rebalancing(outcome.message, restore.step)
                     print_plan(console, plan)
                     continue
                 for node, why in outcome.lost.items():
@@ -226,14 +194,14 @@ def _run(session: ClusterSession, spec, options: UpOptions, events: EventLog, co
                 for late in outcome.aggregator.incomplete(before=restore.step):  # taken, but not all reported
                     if late.step == len(record.records):
                         record.add(late)
-                plan, profile = _replan(session, spec, profile, console)
+                plan = _replan(session, spec, replanner, console)
                 print_plan(console, plan)
                 events.write("restart", restart=restarts, cause=outcome.message, resume_step=restore.step,
                              restore_source=restore.source, lost_steps=lost_steps)
     finally:
         record.close()
         observers.close()
-    summary = {"run_id": session.run_dir.name, "plan": plan.to_dict(), **record.summarize(),
+    summary = {"run_id": session.run_dir.name, "plan": current.plan.to_dict(), **record.summarize(),
                "wall_s": time.monotonic() - start, "restarts": restarts,
                "checkpoints_committed": book.committed, "events": dict(events.counts)}
     calibration = observers.calibration.finish(record.records)
@@ -243,6 +211,11 @@ def _run(session: ClusterSession, spec, options: UpOptions, events: EventLog, co
     record.write_summary(summary)
     events.write("done", steps=len(record.records))
     print_summary(console, summary, session.run_dir)
+
+
+def _boundary_bytes(replanner: Replanner) -> list[int] | None:
+    """Each layer's output bytes, as profiled (None: nothing was measured)."""
+    return None if replanner.measured is None else [layer.output_bytes for layer in replanner.measured.layers]
 
 
 def _resume_point(book: CheckpointBook, spec, plan: Plan) -> Restore:
@@ -302,77 +275,11 @@ def _live_nodes(session: ClusterSession) -> list[str]:
     return [n.name for n in session.cluster.nodes if n.name in joined and n.name not in session.lost]
 
 
-def _plan_on(session: ClusterSession, profile: Profile, names: list[str]) -> Plan:
-    cluster, train = session.cluster, session.cluster.train
-    subset = profile.model_copy(update={
-        "nodes": [n for n in profile.nodes if n.name in names],
-        "links": [link for link in profile.links if link.nodes is None or set(link.nodes) <= set(names)]})
-    cap = len(names) if train.max_pipelines == "auto" else min(train.max_pipelines, len(names))
-    try:
-        result = plan_for(train, subset, cap, cluster.compression)
-    except PlanningError as err:
-        raise JobError(f"the nodes left ({', '.join(names)}) cannot train the model: {err}") from None
-    return planned(cluster, result, source="replanned")
-
-
-def _replan(session: ClusterSession, spec, profile: Profile | None, console: Console) -> tuple[Plan, Profile]:
-    """A plan for the nodes still in the job, from the profile already measured (pinned layers
-    cannot survive a lost node: the planner cuts the model anew)."""
+def _replan(session: ClusterSession, spec, replanner: Replanner, console: Console) -> Plan:
+    """A plan for the nodes still in the job, from the profile already measured (the first plan
+    was pinned without measuring: the survivors are measured now)."""
     names = _live_nodes(session)
-    if not names:
-        raise JobError("no node is left to train on")
-    if profile is None:  # the first plan was pinned without measuring: measure the survivors now
-        profile = measure_for_train(session, spec, False, console, names=names)
+    if names and replanner.measured is None:
+        replanner.measured = measure_for_train(session, spec, False, console, names=names)
     with console.status(f"re-planning on {len(names)} node(s)"):
-        return _plan_on(session, profile, names), profile
-
-
-def _replan_quietly(session: ClusterSession, profile: Profile) -> Plan | None:
-    """The planner's plan for the live nodes on this profile, or None if none fits."""
-    try:
-        return _plan_on(session, profile, _live_nodes(session))
-    except JobError:
-        return None
-
-
-def _recut_on(session: ClusterSession, profile: Profile, current: Plan) -> Plan | None:
-    """The best cuts of `current`'s own pipelines on `profile` (what a live move can reach), with
-    `current`'s windows: a move keeps each stage's schedule. None if it changes nothing or fits nowhere."""
-    try:
-        if profile.micro_batch_size != current.micro_batch_size:  # planned at a global batch's size
-            profile = at_size(profile, current.micro_batch_size)
-        result = recut(profile, [([s.node for s in stages], share)
-                                 for stages, share in zip(current.pipelines(), current.pipeline_microbatches)],
-                       current.schedule, session.cluster.compression)
-    except (PlanningError, ProfileError):
-        return None
-    target = planned(session.cluster, result, source="live move")
-    target = replace(target, stages=tuple(replace(s, window=c.window) for s, c in zip(target.stages, current.stages)))
-    def cut(plan: Plan) -> list[tuple]:
-        return [(s.layer_start, s.layer_end, s.forward_codec, s.backward_codec) for s in plan.stages]
-    if not same_places(current, target) or cut(target) == cut(current):
-        return None
-    return target
-
-
-def _step_on(profile: Profile, plan: Plan, compression) -> float | None:
-    """The step `plan` (its cut, shares and codecs) is predicted to take on `profile`."""
-    try:
-        return price_pipelines(profile, [([s.node for s in stages], [(s.layer_start, s.layer_end) for s in stages], share)
-                                         for stages, share in zip(plan.pipelines(), plan.pipeline_microbatches)],
-                               plan.schedule, compression).step_s
-    except (PlanningError, ProfileError):
-        return None
-
-
-def _better_with_joined(session: ClusterSession, profile: Profile | None, current: Plan) -> Plan | None:
-    """The plan with the (re)joined nodes, if the planner predicts it JOIN_GAIN faster than `current`."""
-    if profile is None or current.predicted_tokens_per_s is None:
-        return None  # nothing measured to predict with (a pinned plan)
-    names = [n for n in _live_nodes(session) if any(p.name == n for p in profile.nodes)]
-    try:
-        candidate = _plan_on(session, profile, names)
-    except JobError:
-        return None
-    gain = (candidate.predicted_tokens_per_s or 0) / current.predicted_tokens_per_s - 1
-    return candidate if gain >= JOIN_GAIN else None
+        return replanner.replan()

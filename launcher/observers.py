@@ -6,7 +6,7 @@
   step spent computing, waiting on the data plane, in gradient sync and otherwise idle,
   and the bytes it put on the wire.
 * runs/<id>/trace.json, the sampled steps' timelines (launcher/timeline.py), and
-  runs/<id>/calibration.json, the plan checked against the first steps (launcher/calibration.py), always.
+  runs/<id>/calibration.json, the plan checked against the first steps (launcher/adapt/calibration.py), always.
 * `coordinator.metrics_port` serves Prometheus metrics on the coordinator's host
   (prometheus-client, the `prometheus` extra): the last step, loss, tokens/s and generation,
   restarts, per node its step time, the age of its last heartbeat and the bytes it sent per
@@ -21,23 +21,26 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from hetlaunch.launcher.calibration import Calibration
+from hetlaunch.launcher.adapt.calibration import Calibration
+from hetlaunch.launcher.adapt.current_plan import CurrentPlan
+from hetlaunch.launcher.adapt.straggler import StragglerWatch
 from hetlaunch.launcher.extras import check_extras
 from hetlaunch.launcher.planning.plan import Plan
+from hetlaunch.launcher.planning.profile_file import Profile
 from hetlaunch.launcher.run_record import StepRecord
 from hetlaunch.launcher.session import JobError
-from hetlaunch.launcher.straggler import StragglerWatch
 from hetlaunch.launcher.timeline import Timeline
 from hetlaunch.protos import control_pb2 as pb
 
 class Observers:
     """The sinks a run writes to, fed by the job driver."""
 
-    def __init__(self, cluster, run_dir: Path, state):
+    def __init__(self, cluster, run_dir: Path, state, current: CurrentPlan):
         check_extras(cluster)
         self.state = state
+        self.current = current  # the plan running, which the job driver and live moves set
         self.timeline = Timeline(run_dir)
-        self.calibration = Calibration(run_dir, state.clock_offsets)
+        self.calibration = Calibration(run_dir, current, state.clock_offsets)
         self.stragglers: StragglerWatch | None = None  # set by the job driver, which can plan
         silent_for = state.silent_for
         self.tensorboard = _TensorBoard(run_dir / "tensorboard") if cluster.observe.tensorboard else None
@@ -48,36 +51,36 @@ class Observers:
     def metrics_address(self) -> str | None:
         return None if self.prometheus is None else self.prometheus.address
 
-    def new_plan(self, plan: Plan, profile, compression) -> None:
-        """A generation starts: calibration compares its steps with this plan."""
-        self.calibration.new_plan(plan, profile, compression)
-        self._plan = plan
+    def new_generation(self, previous: Plan | None, profile: Profile | None, first_step: int) -> None:
+        """A generation starts at `first_step` with the current plan, made from `profile` (after
+        `previous`): calibration compares its steps with it."""
+        self.calibration.new_generation(profile)
         if self.stragglers is not None:
-            self.stragglers.new_plan(plan)
+            self.stragglers.new_generation(previous, first_step)
 
-    def moved(self, plan: Plan) -> None:
-        """A live move changed the plan within the generation (calibration keeps its result)."""
-        self._plan = plan
+    def moved(self, at_step: int) -> None:
+        """A live move changed the current plan before `at_step` (calibration keeps its result)."""
         if self.stragglers is not None:
-            self.stragglers.moved(plan)
+            self.stragglers.moved(at_step)
 
-    def trace(self, node: str, metrics: pb.StepMetrics, plan: Plan) -> None:
+    def trace(self, node: str, metrics: pb.StepMetrics) -> None:
         """A stage's timeline of a sampled step, on the coordinator's clock."""
-        self.timeline.add(node, metrics, plan, self.state.clock_offsets())
+        self.timeline.add(node, metrics, self.current.plan, self.state.clock_offsets())
 
-    def step(self, record: StepRecord, generation: int) -> dict | None:
-        """Feed a step to calibration, the straggler watch and the sinks; a straggler found, else None."""
+    def step(self, record: StepRecord, generation: int) -> tuple[str, dict] | None:
+        """Feed a step to calibration, the straggler watch and the sinks; an event to write
+        (a straggler, a change checked), else None."""
         calibrated = self.calibration.add(record)
-        found = None
+        event = None
         if self.stragglers is not None:
             if calibrated is not None and "error" not in calibrated:
-                self.stragglers.calibrated(self._plan, self.calibration.profile, calibrated["node_speed_factors"])
+                self.stragglers.calibrated(self.calibration.profile, calibrated["node_speed_factors"])
             else:
-                found = self.stragglers.add(record)
+                event = self.stragglers.add(record)
         for sink in (self.tensorboard, self.prometheus):
             if sink is not None:
                 sink.step(record, generation)
-        return found
+        return event
 
     def restarted(self, restarts: int) -> None:
         for sink in (self.tensorboard, self.prometheus):

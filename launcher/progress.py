@@ -123,6 +123,13 @@ class TrainingProgress:
         self.console.print(Text(f"recovering: {why}"))
         self.progress.update(self.task, completed=completed, status="recovering")
 
+    def rebalancing(self, why: str, completed: int | None = None) -> None:
+        """Say that the job changes its plan to train faster (and why): a change, not a failure;
+        `completed`: the step it resumes at, when it restarts."""
+        self.console.print(Text(f"rebalancing: {why}"))
+        if completed is not None:
+            self.progress.update(self.task, completed=completed, status="rebalancing")
+
     def __enter__(self) -> "TrainingProgress":
         if self.live:
             self.progress.start()
@@ -160,7 +167,7 @@ def print_summary(console: Console, summary: dict, run_dir: Path) -> None:
 
 
 def print_calibration(console: Console, calibration: dict) -> None:
-    """One line per finding of launcher/calibration.py."""
+    """One line per finding of launcher/adapt/calibration.py."""
     if "error" in calibration:
         _say(console, f"calibration: {calibration['error']}")
         return

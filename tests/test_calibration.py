@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from conftest import hetlaunch_env, run_hetlaunch
-from hetlaunch.launcher.calibration import CALIBRATION_STEPS, Calibration
+from hetlaunch.launcher.adapt.calibration import CALIBRATION_STEPS, Calibration
+from hetlaunch.launcher.adapt.current_plan import CurrentPlan
 from hetlaunch.launcher.config_types import ConfigError
 from hetlaunch.launcher.cluster_yaml import parse_cluster
 from hetlaunch.launcher.planning.compression import NONE
@@ -47,10 +48,12 @@ def test_calibration_fits_each_nodes_compute_and_prices_the_plan_again(tmp_path)
     stages = tuple(StagePlan(node=s.node, region="r0", layer_start=s.layer_start, layer_end=s.layer_end,
                              compute_s=s.compute_s, link_s=s.link_s, latency_s=s.latency_s) for s in cost.stages)
     plan = Plan(stages=stages, num_layers=4, micro_batch_size=4, num_microbatches=4, schedule="1f1b", source="planned",
-                predicted_step_s=priced.step_s, predicted_tokens_per_s=priced.tokens_per_s)
+                predicted_step_s=priced.step_s, predicted_tokens_per_s=priced.tokens_per_s, compression=NONE)
     slower = {"n0": 1.5, "n1": 3.0}  # each node computes this much slower than profiled
-    calibration = Calibration(tmp_path)
-    calibration.new_plan(plan, profile, NONE)
+    current = CurrentPlan()
+    current.launch(plan)
+    calibration = Calibration(tmp_path, current)
+    calibration.new_generation(profile)
     for step in range(1 + CALIBRATION_STEPS + 4):
         stage_reports = [{"node": s.node, "pipeline": 0, "stage": j, "compute_s": 4 * s.compute_s * slower[s.node],
                           "step_s": 1.0, "comm_s": 0.0, "sync_s": 0.0} for j, s in enumerate(stages)]

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import subprocess
 import threading
-from dataclasses import replace
 
 import psutil
 import pytest
@@ -15,10 +14,9 @@ import torch
 import yaml
 
 from conftest import hetlaunch_cmd, hetlaunch_env, run_gloo_ranks, run_hetlaunch
-from hetlaunch.launcher.planning.plan import Plan, StagePlan
-from hetlaunch.launcher.planning.profile_file import LayerInfo, ModelIdentity, NodeProfile, Profile
-from hetlaunch.launcher.run_record import StepRecord
-from hetlaunch.launcher.straggler import K, StragglerWatch
+from rebalance_fixtures import step, watched
+from hetlaunch.launcher.adapt.payoff import CHECK_STEPS
+from hetlaunch.launcher.adapt.straggler import K
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.runtime.layer_transfer import exchange
 from hetlaunch.runtime.transfer_plan import TransferError, transfers
@@ -71,48 +69,32 @@ def test_layers_move_between_three_real_gloo_ranks_bit_for_bit(tmp_path):
     run_gloo_ranks(_exchange_rank, 3, tmp_path)
 
 
-def _watched_plan(cut: int) -> Plan:
-    """Two stages a | b of a four-layer model, cut before layer `cut`, 10 ms a layer and micro-batch."""
-    stages = tuple(StagePlan(node=node, region="r", layer_start=start, layer_end=end, compute_s=0.01 * (end - start))
-                   for node, start, end in (("a", 0, cut), ("b", cut, 4)))
-    return Plan(stages=stages, num_layers=4, micro_batch_size=4, num_microbatches=4, schedule="1f1b",
-                source="planned", predicted_step_s=0.2, pipeline_microbatches=(4,))
-
-
 def test_the_straggler_watch_judges_no_step_while_a_live_move_it_asked_for_is_under_way():
     """A move lands a few steps after it is asked for (every stage must hold first); the steps
     between still run the old cut. Judged against it they find the same straggler again and ask
     for a second move, planned from the cut being left (a run under load moved twice, the second
-    time nothing); judged against the new cut once it runs, they may find another."""
-    profile = Profile(model=ModelIdentity(description="synthetic", num_layers=4), micro_batch_size=4, seq_len=32,
-                      layers=[LayerInfo(param_bytes=1, activation_bytes=1, output_bytes=1)] * 4,
-                      nodes=[NodeProfile(name=n, device="cpu", memory_bytes=2**30, layer_seconds=[0.01] * 4)
-                             for n in ("a", "b")])
-    before, after = _watched_plan(2), _watched_plan(3)
-    recuts = []
-    watch = StragglerWatch(100, replan=lambda p: None, price=lambda p, plan: plan.predicted_step_s,
-                           recut=lambda p, plan: recuts.append(plan) or replace(after, predicted_step_s=0.1),
-                           move_cost=lambda *_: 0.0)
-    watch.calibrated(before, profile, {"a": 1.0, "b": 1.0})
-
-    def step(n: int, b_per_layer: float, plan: Plan) -> dict | None:
-        compute = {s.node: 4 * (s.layer_end - s.layer_start) * (0.01 if s.node == "a" else b_per_layer)
-                   for s in plan.stages}
-        return watch.add(StepRecord(step=n, loss=1.0, tokens_per_s=1.0, step_s=0.2, time=0.0,
-                                    stages=[{"node": node, "compute_s": c} for node, c in compute.items()]))
-
-    found = [f for n in range(K) if (f := step(n, 0.03, before)) is not None]  # b three times slower
-    assert [(f["node"], f["mode"]) for f in found] == [("b", "live")] and recuts == [before]
-    assert watch.take_live().stages[1].layer_start == 3
-    assert [step(n, 0.06, before) for n in range(K, 3 * K)] == [None] * 2 * K  # the move is under way
-    watch.moved(after)
-    assert [step(n, 0.01, after) for n in range(3 * K, 4 * K)] == [None] * K  # b is as fast as a again...
-    assert step(4 * K, 0.04, after) is None and [step(4 * K + n, 0.04, after) for n in range(1, K)][-1]["node"] == "b"
-    assert recuts == [before, after]  # ... until it slows again: judged against the cut it runs now
-    watch.take_live()
-    assert [step(5 * K + n, 0.08, after) for n in range(K)] == [None] * K
+    time nothing); judged against the new cut once it runs (and its check is over), they may find another."""
+    watch, current, before = watched({"a": 0.01, "b": 0.01})
+    slow = {"a": 0.01, "b": 0.02}  # b twice as slow
+    found = [e for n in range(K) if (e := watch.add(step(n, before, slow))) is not None]
+    assert [(name, e["node"], e["mode"]) for name, e in found] == [("straggler", "b", "live")]
+    change = watch.take()
+    after = change.target
+    assert after.stages[1].num_layers < before.stages[1].num_layers and change.previous is before
+    assert [watch.add(step(n, before, {"a": 0.01, "b": 0.04})) for n in range(K, 3 * K)] == [None] * 2 * K  # under way
+    current.moved(after)
+    watch.moved(3 * K)
+    checked = [e for n in range(3 * K, 3 * K + CHECK_STEPS + 1) if (e := watch.add(step(n, after, slow, 2.0)))]
+    assert [name for name, _ in checked] == ["rebalance_kept"]  # twice the tokens/s: it paid
+    m = 3 * K + CHECK_STEPS + 1
+    assert [watch.add(step(m + n, after, slow, 2.0)) for n in range(K)] == [None] * K  # b as expected now...
+    slower = {"a": 0.01, "b": 0.04}
+    got = [watch.add(step(m + K + n, after, slower, 2.0)) for n in range(K)]
+    assert got[:-1] == [None] * (K - 1) and got[-1][1]["node"] == "b" and got[-1][1]["mode"] == "live", got
+    assert watch.take().previous is after  # ... until it slows again: judged against the cut it runs now
+    assert [watch.add(step(m + 2 * K + n, after, {"a": 0.01, "b": 0.08}, 2.0)) for n in range(K)] == [None] * K
     watch.move_cancelled()  # the move did not happen: the cut it would have left is watched again
-    assert [step(6 * K + n, 0.08, after) for n in range(K)][-1]["node"] == "b"
+    assert [watch.add(step(m + 3 * K + n, after, {"a": 0.01, "b": 0.08}, 2.0)) for n in range(K)][-1][1]["node"] == "b"
 
 
 def _cluster(nodes: list[dict]) -> dict:

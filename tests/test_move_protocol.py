@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from hetlaunch.launcher.live_move import LiveMove, same_places
+from hetlaunch.launcher.adapt.live_moves import LiveMove, same_places
 from hetlaunch.launcher.planning.plan import Plan, StagePlan
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.runtime.layer_transfer import _parse_header

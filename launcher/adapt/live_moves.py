@@ -12,7 +12,9 @@ messages to every stage of the generation (runtime/live_move.py has the stage's 
 No checkpoint is read and no worker restarts. A stage that cannot take part (it finished, or
 its worker is gone) answers the hold with an error, or not at all within HOLD_TIMEOUT_S: the
 move is cancelled and the job trains on with its cut. A stage that fails during the move fails
-the generation like any stage failure (the job restores the last checkpoint).
+the generation like any stage failure (the job restores the last checkpoint). Whether a move
+paid is checked on the steps after it (launcher/adapt/payoff.py); one that did not is moved
+back the same way.
 """
 
 from __future__ import annotations

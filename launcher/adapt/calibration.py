@@ -11,7 +11,7 @@ with the plan:
   the compute per micro-batch the plan predicted. The calibrated profile has each node's
   layer and optimizer times multiplied by it;
 * the running plan priced again on the calibrated profile (the same cut, micro-batches and
-  codecs; launcher/planning/planner.py price_pipelines), and what is still unexplained: the
+  codecs allowed; launcher/planning/planner.py price_pipelines), and what is still unexplained: the
   median measured step minus that prediction, the time a step spends outside what the cost
   model counts (the stage's Python around its kernels, data, the control plane). It is
   reported, and added to the calibrated prediction, which then predicts the steps after
@@ -35,8 +35,10 @@ import json
 import statistics
 from pathlib import Path
 
+from hetlaunch.launcher.adapt.current_plan import CurrentPlan
 from hetlaunch.launcher.planning.plan import Plan
 from hetlaunch.launcher.planning.planner import PlanningError, price_pipelines
+from hetlaunch.launcher.planning.profile_edits import scaled
 from hetlaunch.launcher.planning.profile_file import LinkProfile, Profile, ProfileError, save_profile
 from hetlaunch.launcher.run_record import StepRecord, write_run_file
 
@@ -72,26 +74,25 @@ def with_link(profile: Profile, up: str, down: str, link: LinkProfile, seconds: 
 
 
 class Calibration:
-    def __init__(self, run_dir: Path, offsets=None):
-        """`offsets()`: each node's clock offset to the coordinator's (None: all on one clock)."""
+    def __init__(self, run_dir: Path, current: CurrentPlan, offsets=None):
+        """`current`: the plan running; `offsets()`: each node's clock offset to the coordinator's
+        (None: all on one clock)."""
         self.run_dir = run_dir
+        self.current = current
         self.offsets = offsets
         self.result: dict | None = None
         self.profile: Profile | None = None  # the corrected profile, once calibrated
-        self._plan: Plan | None = None
         self._profile: Profile | None = None
         self._records: list[StepRecord] = []
-        self._settings: tuple = ()
 
-    def new_plan(self, plan: Plan, profile: Profile | None, compression) -> None:
-        """A generation starts with this plan; its first step is warm-up. A plan not priced from
-        a profile (pinned, nothing measured) is not calibrated."""
-        self._plan, self._profile, self._records = plan, profile, []
-        self._settings = (plan.schedule, compression)
+    def new_generation(self, profile: Profile | None) -> None:
+        """A generation starts with the current plan, made from `profile`; its first step is
+        warm-up. A plan not priced from a profile (pinned, nothing measured) is not calibrated."""
+        self._profile, self._records = profile, []
 
     def add(self, record: StepRecord) -> dict | None:
         """Count a step; the calibration, once, when CALIBRATION_STEPS steps after the warm-up are in."""
-        if self.result is not None or self._profile is None or self._plan.predicted_step_s is None:
+        if self.result is not None or self._profile is None or self.current.plan.predicted_step_s is None:
             return None
         self._records.append(record)
         if len(self._records) < 1 + CALIBRATION_STEPS:
@@ -104,22 +105,16 @@ class Calibration:
         return self.result
 
     def _calibrate(self, records: list[StepRecord]) -> dict:
-        plan, profile = self._plan, self._profile
-        schedule, compression = self._settings
+        plan, profile = self.current.plan, self._profile
         shares = plan.pipeline_microbatches
         factors = {}
         for stage in plan.stages:
             measured = statistics.median(s["compute_s"] for r in records for s in r.stages if s["node"] == stage.node)
             factors[stage.node] = measured / shares[stage.pipeline] / stage.compute_s
-        nodes = [n.model_copy(update={
-            "layer_seconds": [t * factors.get(n.name, 1.0) for t in n.layer_seconds],
-            "optimizer_seconds": None if n.optimizer_seconds is None else
-            [t * factors.get(n.name, 1.0) for t in n.optimizer_seconds]}) for n in profile.nodes]
-        calibrated = profile.model_copy(update={"nodes": nodes})
-        calibrated, link_factors, corrected = self._links(calibrated, plan, records)
+        calibrated, link_factors, corrected = self._links(scaled(profile, factors), plan, records)
         repriced = price_pipelines(calibrated, [([s.node for s in stages], [(s.layer_start, s.layer_end) for s in stages],
                                                  share) for stages, share in zip(plan.pipelines(), shares)],
-                                   schedule, compression)
+                                   plan.schedule, plan.compression)
         measured_step = statistics.median(r.step_s for r in records)
         save_profile(calibrated, self.run_dir / "profile-calibrated.json")
         self.profile = calibrated

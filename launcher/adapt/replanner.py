@@ -1,0 +1,169 @@
+"""The job's planner while it runs: one object every change of plan asks.
+
+It owns what plans are made from: the profile as measured, the same profile corrected by what
+training has measured since (calibration's factors, stragglers, slow links), the codecs the
+YAML allows, and which nodes are live. It answers:
+
+* plan: the planner's plan for some nodes (the first plan; a re-plan after a lost node), or a
+  pinned cut priced;
+* price: the step a plan (its cuts, shares and codecs) takes on the corrected profile;
+* re-cut: the best cuts of a running plan's own pipelines (what a live move can reach);
+* re-plan: the planner's plan for the live nodes on the corrected profile (a rebalance);
+* join: the plan with (re)joined nodes, when it is predicted enough faster.
+
+Re-plans after a lost node and joins plan from the measured profile, rebalancing from the
+corrected one (stragglers are found and priced against it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable
+
+from hetlaunch.launcher.adapt.live_moves import move_seconds, same_places
+from hetlaunch.launcher.adapt.calibration import with_link
+from hetlaunch.launcher.job_errors import JobError
+from hetlaunch.launcher.planning.batch_sizes import at_size
+from hetlaunch.launcher.planning.plan import Plan, planned
+from hetlaunch.launcher.planning.planner import PlannerResult, PlanningError, plan_fixed_cut, price_pipelines, recut
+from hetlaunch.launcher.planning.profile_edits import scaled
+from hetlaunch.launcher.planning.profile_file import LinkProfile, Profile, ProfileError
+from hetlaunch.launcher.planning.request import PlanRequest, plan_for
+
+JOIN_GAIN = 0.10  # a (re)joined node is taken in when the planner predicts at least this much more tokens/s
+
+
+class Replanner:
+    def __init__(self, cluster, measured: Profile | None, live_nodes: Callable[[], list[str]]):
+        """`measured`: the profile the job measured (None: a pinned plan with nothing measured);
+        `live_nodes()`: the YAML's nodes that are joined and not lost, in YAML order."""
+        self.cluster = cluster
+        self.request = PlanRequest.for_train(cluster.train, cluster.compression)
+        self.measured = measured
+        self.corrected: Profile | None = None  # once calibrated: what rebalancing prices with
+        self._live_nodes = live_nodes
+
+    @property
+    def compression(self):
+        return self.request.compression
+
+    def live_nodes(self) -> list[str]:
+        return self._live_nodes()
+
+    # --- plans from the measured profile ------------------------------------------------------
+
+    def first(self) -> tuple[Plan, PlannerResult]:
+        """The job's first plan, over every measured node (PlanningError as the planner words it),
+        and the planner's result it came from."""
+        result = plan_for(self.measured, self.request)
+        return planned(self.cluster, result), result
+
+    def plan(self, names: list[str], source: str = "replanned") -> Plan:
+        """The planner's plan for `names` on the measured profile; JobError if none fits."""
+        try:
+            return planned(self.cluster, plan_for(_subset(self.measured, names), self.request), source=source)
+        except PlanningError as err:
+            raise JobError(f"the nodes left ({', '.join(names)}) cannot train the model: {err}") from None
+
+    def replan(self) -> Plan:
+        """A plan for the nodes still in the job (pinned layers cannot survive a lost node)."""
+        names = self.live_nodes()
+        if not names:
+            raise JobError("no node is left to train on")
+        return self.plan(names)
+
+    def priced_pins(self, pinned: Plan) -> Plan:
+        """A pinned cut priced on the measured profile, its codecs chosen where left to `auto`."""
+        chains = [([s.node for s in stages], [(s.layer_start, s.layer_end) for s in stages])
+                  for stages in pinned.pipelines()]
+        at = at_size(self.measured, pinned.micro_batch_size)
+        schedule = self.cluster.train.schedule
+        if len(chains) == 1:
+            result = plan_fixed_cut(at, *chains[0], pinned.num_microbatches, schedule, self.compression)
+        else:
+            result = price_pipelines(at, [(nodes, cuts, share) for (nodes, cuts), share
+                                          in zip(chains, pinned.pipeline_microbatches)], schedule, self.compression)
+        return planned(self.cluster, result, source="pinned")
+
+    def join(self, current: Plan) -> Plan | None:
+        """The plan with the (re)joined nodes, if the planner predicts it JOIN_GAIN faster than `current`."""
+        if self.measured is None or current.predicted_tokens_per_s is None:
+            return None  # nothing measured to predict with (a pinned plan)
+        names = [n for n in self.live_nodes() if any(p.name == n for p in self.measured.nodes)]
+        try:
+            candidate = self.plan(names)
+        except JobError:
+            return None
+        gain = (candidate.predicted_tokens_per_s or 0) / current.predicted_tokens_per_s - 1
+        return candidate if gain >= JOIN_GAIN else None
+
+    # --- what training measured -------------------------------------------------------------
+
+    def calibrated(self, profile: Profile) -> None:
+        """Calibration's corrected profile: rebalancing prices with it from now on."""
+        self.corrected = profile
+
+    def node_slower(self, node: str, factor: float) -> None:
+        """`node` computes `factor` times as long as the corrected profile says."""
+        self.corrected = scaled(self.corrected, {node: factor})
+
+    def link_carries(self, up: str, down: str, link: LinkProfile, seconds: float, wire_bytes: float) -> float:
+        """The link between up and down carries `wire_bytes` in `seconds` past its latency; the
+        bandwidth that gives (bytes/s), now in the corrected profile."""
+        self.corrected = with_link(self.corrected, up, down, link, seconds, wire_bytes)
+        return self.corrected.links[0].bandwidth_bytes_per_s
+
+    # --- rebalancing, on the corrected profile ------------------------------------------------
+
+    def price(self, plan: Plan) -> float | None:
+        """The step `plan` (its cuts, shares and codecs) is predicted to take; None if it cannot run."""
+        try:
+            return price_pipelines(self.corrected, _chains(plan), plan.schedule, plan.compression).step_s
+        except (PlanningError, ProfileError):
+            return None
+
+    def rebalanced(self) -> Plan | None:
+        """The planner's plan for the live nodes, or None if none fits."""
+        names = self.live_nodes()
+        try:
+            return planned(self.cluster, plan_for(_subset(self.corrected, names), self.request), source="replanned")
+        except PlanningError:
+            return None
+
+    def recut(self, current: Plan) -> Plan | None:
+        """The best cuts of `current`'s own pipelines (what a live move can reach), with
+        `current`'s windows: a move keeps each stage's schedule. None if it changes nothing or fits nowhere."""
+        profile = self.corrected
+        try:
+            if profile.micro_batch_size != current.micro_batch_size:  # planned at a global batch's size
+                profile = at_size(profile, current.micro_batch_size)
+            result = recut(profile, [([s.node for s in stages], share)
+                                     for stages, share in zip(current.pipelines(), current.pipeline_microbatches)],
+                           current.schedule, current.compression)
+        except (PlanningError, ProfileError):
+            return None
+        target = planned(self.cluster, result, source="live move")
+        target = replace(target, stages=tuple(replace(s, window=c.window) for s, c in zip(target.stages, current.stages)))
+        if not same_places(current, target) or _cut(target) == _cut(current):
+            return None
+        return target
+
+    def move_seconds(self, current: Plan, target: Plan) -> float:
+        """The predicted time of a live move's transfers from `current` to `target`."""
+        return move_seconds(self.corrected, current, target)
+
+
+def _subset(profile: Profile, names: list[str]) -> Profile:
+    """The profile of `names` only: their nodes and the links among them."""
+    return profile.model_copy(update={
+        "nodes": [n for n in profile.nodes if n.name in names],
+        "links": [link for link in profile.links if link.nodes is None or set(link.nodes) <= set(names)]})
+
+
+def _chains(plan: Plan) -> list[tuple[list[str], list[tuple[int, int]], int]]:
+    return [([s.node for s in stages], [(s.layer_start, s.layer_end) for s in stages], share)
+            for stages, share in zip(plan.pipelines(), plan.pipeline_microbatches)]
+
+
+def _cut(plan: Plan) -> list[tuple]:
+    return [(s.layer_start, s.layer_end, s.forward_codec, s.backward_codec) for s in plan.stages]
