@@ -5,7 +5,7 @@ predicted step time (launcher/planning/cost_model.py) is compared with the media
 time after warm-up. Clusters: a speed mix; a memory limit that forces the cut; a slow
 inter-region link; the 6-node, two-region cluster of dp_scaling, where the planner runs
 several pipelines and prices their gradient sync. Figure: mean absolute relative error.
-Target ≤ 10%. Beside it, "calibrated": the same after calibration (launcher/calibration.py) —
+Target ≤ 10%. Beside it, "calibrated": the same after calibration (launcher/adapt/calibration.py) —
 the corrected prediction against the steps after the calibration window — target ≤ 5%.
 """
 
@@ -54,7 +54,7 @@ def run(quick: bool, reporter: Reporter | None = None) -> dict:
         measured = statistics.median(r["measured_step_s"] for r in runs)
         predicted = runs[0]["predicted_step_s"]
         # After calibration: the corrected prediction against the steps after its window
-        # (launcher/calibration.py), the median over the runs.
+        # (launcher/adapt/calibration.py), the median over the runs.
         calibrated = [r["calibration"]["after_window"]["error_calibrated"] for r in runs
                       if (r.get("calibration") or {}).get("after_window")]
         results[name] = {"predicted_step_s": predicted, "measured_step_s": measured,

@@ -2,7 +2,7 @@
 (four local agents on this machine, two regions, one half-speed node, defaults on), three
 times. Per run: measured ÷ predicted tokens/s before calibration (the plan's prediction
 against the median step after the first) and after it (the calibrated prediction against the
-steps after the calibration window, launcher/calibration.py). Targets: 0.85–1.15 before,
+steps after the calibration window, launcher/adapt/calibration.py). Targets: 0.85–1.15 before,
 0.95–1.05 after, in every run. The four agents share this machine's cores, which the planner
 prices from the profile (launcher/planning/contention.py).
 """

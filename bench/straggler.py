@@ -7,7 +7,7 @@ The speed mix of cost_model_error (speeds 1, 1, 0.5, 0.25, 12 layers, one pipeli
 * (a) no rebalancing (`train.rebalance: false`): the plan made for the old speeds runs on;
 * (b) rebalancing (the default): calibration, the straggler found, and either a live move of
   layers in the running stages or a new plan switched to at a checkpoint, whichever the watch
-  predicts to gain more net of its cost (launcher/straggler.py);
+  predicts to gain more net of its cost (launcher/adapt/straggler.py);
 * (c) a plan made for the new speeds from the start (b profiled at 0.3x).
 
 Figure: (b) ÷ (c) (target ≥ 0.9), beside (b) ÷ (a) (target ≥ 1.3) and the steps from the

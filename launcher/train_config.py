@@ -49,7 +49,7 @@ class TrainConfig(Strict):
     # <run dir>/checkpoints/ (or checkpoint.dir): what a restart after a lost node resumes from.
     # 0: never (a lost node then restarts the job from step 0, unless a replica stands in).
     checkpoint_every: int = Field(50, ge=0)
-    # When a node stays off its calibrated speed (launcher/straggler.py): auto (true) moves layers
+    # When a node stays off its calibrated speed (launcher/adapt/straggler.py): auto (true) moves layers
     # live in the running stages or restarts on a new plan at the next checkpoint, whichever pays
     # more; live / restart: only that way; off (false): only report it (events.jsonl `straggler`).
     rebalance: Annotated[Literal["auto", "live", "restart", "off"], BeforeValidator(_rebalance)] = "auto"
