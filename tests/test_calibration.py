@@ -22,7 +22,7 @@ from hetlaunch.launcher.planning.profile_file import load_profile
 from hetlaunch.launcher.run_record import StepRecord
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.runtime.emulation import emulated_speed
-from test_planner import random_profile
+from plan_reference import random_profile
 
 
 def test_speed_changes_take_effect_at_their_step_and_are_checked():

@@ -4,7 +4,7 @@ Real processes end to end: `hetlaunch up` starts a coordinator and five agents; 
 runs on three of them (layers 0–1 | 2–4 | 5–7), pipeline 1 on two (0–3 | 4–7). The step's
 4 micro-batches are split 3:1, every layer's gradients are summed over its two holders by
 c10d groups (one per distinct holder pair), and both replicas step. The single-process
-reference from test_pipeline_equivalence trains the whole model on the same 4 micro-batches.
+reference from tests/single_process_reference.py trains the whole model on the same 4 micro-batches.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from conftest import final_parameters, run_hetlaunch
-from test_pipeline_equivalence import CFG, CLIP, DATA_SEED, LR, MICRO_BATCH, NUM_MICRO, RECIPE, SEED, STEPS, WEIGHT_DECAY
+from single_process_reference import CFG, CLIP, DATA_SEED, LR, MICRO_BATCH, NUM_MICRO, RECIPE, SEED, STEPS, WEIGHT_DECAY
 
 CLUSTER = f"""
 name: data-parallel
@@ -83,6 +83,6 @@ def test_compressed_sync_stays_near_the_exact_run(reference, tmp_path):
 
 @pytest.fixture(scope="module")
 def reference():
-    from test_pipeline_equivalence import reference_training
+    from single_process_reference import reference_training
 
     return reference_training()
