@@ -5,7 +5,7 @@ Cases (issue 14's targets), each with `compression: auto` (the default) and `non
   inter-region links, a 48-layer model, up to 64 data-parallel pipelines: M = 64 (target
   ≤ 1 s) and M = 256 (≤ 2 s);
 * 1024 nodes, otherwise alike, M = 64 (≤ 2 s);
-* 6-node clusters (3 regions, 12 layers, random speeds, memory and links; tests/test_planner.py's
+* 6-node clusters (3 regions, 12 layers, random speeds, memory and links; tests/planning/test_planner.py's
   generator), M = 8 and 64, every pipeline count: the exhaustive search (≤ 1 s each).
 Figure: the slowest case's median over its repetitions ÷ its target (≤ 1 means every target met).
 """

@@ -154,7 +154,7 @@ class BlockwiseIntCodec(_FloatOnlyCodec):
         return qz.dequantize(q, scales, _numel(shape), dtype, self.bits, self.block, self.rotation).view(shape)
 
 
-# One implementation per name in runtime/registry.py (tests/test_registry.py checks both ways).
+# One implementation per name in runtime/registry.py (tests/stage/test_registry.py checks both ways).
 CODECS_BY_NAME: dict[str, Codec] = {
     codec.name: codec
     for codec in (

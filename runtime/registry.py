@@ -4,7 +4,7 @@ The planner (launcher/planning) imports this module and nothing else of the runt
 plan can be made where torch is not installed. Everything that spells a codec or schedule
 name — the YAML schema, the CLI choices, the proto mapping (runtime/wire.py), the codec
 implementations (runtime/codecs.py), the planner's lossiness order — is derived from here,
-and tests/test_registry.py ties the implementations to these tables.
+and tests/stage/test_registry.py ties the implementations to these tables.
 """
 
 from __future__ import annotations

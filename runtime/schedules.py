@@ -151,7 +151,7 @@ class GPipe(Schedule):
     """
 
     name, title = "gpipe", "GPipe"
-    closed_form_exact = True  # each phase streams at its slowest resource; tests/test_exact_pricing.py checks it
+    closed_form_exact = True  # each phase streams at its slowest resource; tests/planning/test_exact_pricing.py checks it
 
     def _actions(self, stage: int, num_stages: int, num_microbatches: int, window: int) -> list[Action]:
         return [Action(stage, F, m) for m in range(num_microbatches)] + \
@@ -165,7 +165,7 @@ class GPipe(Schedule):
         return (num_microbatches - 1) * (max(compute_max / 3, link_max) + max(2 * compute_max / 3, link_max)) + sum_term
 
 
-# Keyed by the names runtime/registry.py SCHEDULE_NAMES spells (tests/test_registry.py ties them).
+# Keyed by the names runtime/registry.py SCHEDULE_NAMES spells (tests/stage/test_registry.py ties them).
 SCHEDULES: dict[str, Schedule] = {s.name: s for s in (OneFOneB(), GPipe())}
 
 

@@ -2,7 +2,7 @@
 
 The launcher writes commands with these functions and the agent reads them with the same
 ones, so a codec, schedule or model is spelled on the wire in exactly one place. Names come
-from runtime/registry.py; tests/test_registry.py checks that every proto enum value has a
+from runtime/registry.py; tests/stage/test_registry.py checks that every proto enum value has a
 name here and every name a value.
 """
 

@@ -1,6 +1,6 @@
 """Peak memory of building layers [START, END) of a model (START < 0: of profiling it), in a
 fresh process: the kernel's high-water mark (VmHWM, reset first), less what the process held
-before. Used by tests/test_stage_memory.py and bench/stage_memory.py.
+before. Used by tests/stage/test_stage_memory.py and bench/stage_memory.py.
 
     python tests/peak_memory.py ENTRYPOINT KWARGS_JSON START END   ->   {"peak_bytes": ..., "param_bytes": ...}
 """

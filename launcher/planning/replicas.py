@@ -20,7 +20,7 @@ the plan step drops, since the sync groups follow the cuts.
 
 Exactness: without sync cost (no parameters) the pair search is exact for c = 2 and up to
 SPLIT_ALL_MAX_MICROBATCHES micro-batches. With sync, a plan whose best cut of a chain is not
-that chain's best cut for its own step can be missed (tests/test_planner_dp.py measures it).
+that chain's best cut for its own step can be missed (tests/planning/test_planner_dp.py measures it).
 """
 
 from __future__ import annotations

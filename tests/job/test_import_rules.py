@@ -110,7 +110,7 @@ def test_commands_that_need_no_cluster_load_neither_torch_nor_grpc(tmp_path, arg
 # `hetlaunch up` is the coordinator: it plans, commits checkpoints and prices live moves, none of
 # which needs a tensor; torch there would cost seconds and hundreds of MB on every start. A torch
 # import that `up` reaches, directly or through runtime/, models/ or protos/, is caught here;
-# tests/test_coordinator_torch_free.py checks the same on a real `up` process.
+# tests/job/test_coordinator_torch_free.py checks the same on a real `up` process.
 
 PACKAGE_DIRS = {"hetlaunch.launcher": "launcher", "hetlaunch.runtime": "runtime", "hetlaunch.protos": "protos",
                 "hetlaunch.models": "models"}  # pyproject's package-dir
@@ -273,3 +273,23 @@ def test_a_cycle_is_found_and_printed_and_an_import_inside_a_function_is_an_edge
                                               if (f := source_of(m)) is not None}
     cycle = find_cycle(graph)
     assert cycle is not None and {"hetlaunch.launcher.run_record", "hetlaunch.launcher.session"} <= set(cycle), cycle
+
+
+TESTS = REPO / "tests"
+
+
+def test_tests_live_in_folders_by_area_and_no_test_file_imports_another():
+    """Shared helpers live in helper modules at tests/ (on the path through conftest.py); a test file
+    importing another would run that file's tests' set-up twice and tie two areas together."""
+    loose = sorted(p.name for p in TESTS.glob("test_*.py"))
+    assert not loose, f"test files outside an area folder: {loose}"
+    areas = sorted(p.parent.name for p in TESTS.glob("*/test_*.py"))
+    assert len(set(areas)) >= 5, areas
+    test_modules = {p.stem for p in TESTS.rglob("test_*.py")}
+    crossing = []
+    for path in sorted(TESTS.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            crossing += [f"{path.relative_to(REPO)} imports {n}" for n in names if n.split(".")[-1] in test_modules]
+    assert not crossing, crossing

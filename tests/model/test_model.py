@@ -1,7 +1,6 @@
 """Built-in GPT and user entrypoints: any contiguous layer range reproduces the full model."""
 
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,9 +17,10 @@ from hetlaunch.runtime.model import (
 )
 from hetlaunch.runtime.model_spec import PRESETS, GPTConfig, ModelSpec, preset
 
+from conftest import TESTS_DIR
+
 torch.set_num_threads(1)
 
-TESTS_DIR = Path(__file__).parent
 CFG = GPTConfig(vocab_size=256, seq_len=16, d_model=32, n_layers=3, n_heads=4)
 USER_EP = "user_model:make_mlp_lm"
 

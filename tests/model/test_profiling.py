@@ -62,7 +62,7 @@ def speed_ratios(profile: dict, pairs=(("fast", "slow"),)) -> list[float]:
 @pytest.mark.timeout(300)
 def test_profile_recovers_emulated_speed_memory_and_link(measured):
     tmp, env, profile = measured
-    # The emulation keeps the ratio under a steady load (tests/test_emulation_load.py), but the two nodes
+    # The emulation keeps the ratio under a steady load (tests/stage/test_emulation_load.py), but the two nodes
     # of a pair are timed one after the other, and on this shared 2-core VM other work comes and goes in
     # bursts that can catch one of them and not the other (three one-pair profiles in a row measured
     # 2.1, 4.3 and 0.8). So the check is the median over seven pairs: this profile's, and three from

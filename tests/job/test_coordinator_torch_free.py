@@ -2,7 +2,7 @@
 stage processes hold tensors. Checked on the modules (every launcher module imported in a fresh
 interpreter) and on a real `up` run in one process that watches every import it makes (an audit
 hook, so the first import of torch is reported with the stack that made it).
-tests/test_import_rules.py checks the same statically, import by import."""
+tests/job/test_import_rules.py checks the same statically, import by import."""
 
 from __future__ import annotations
 

@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from conftest import error_of
+from conftest import REPO, error_of
 from hetlaunch.launcher.cluster_config import ClusterConfig
 from hetlaunch.launcher.config_types import ConfigError
 from hetlaunch.launcher.cluster_yaml import cluster_from_dict, load_cluster, parse_cluster
 from hetlaunch.launcher.planning.plan import TilingError, check_layer_tiling
 from hetlaunch.runtime.model_spec import PRESETS, ModelSpec
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "cluster_examples"
+EXAMPLES = REPO / "cluster_examples"
 
 
 # ------------------------------------------------------------------ examples

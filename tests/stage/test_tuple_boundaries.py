@@ -5,18 +5,16 @@ model whose boundaries carry (hidden, mask) trains across three stages as one pr
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
-from conftest import final_parameters, run_gloo_ranks, run_hetlaunch
+from conftest import TESTS_DIR, final_parameters, run_gloo_ranks, run_hetlaunch
 from hetlaunch.runtime.data import TokenBatches, stdlib_text_bytes
 from hetlaunch.runtime.model import build_model_range
 from hetlaunch.runtime.model_spec import ModelSpec
 
-TESTS_DIR = Path(__file__).parent
 
 
 def _message():

@@ -7,7 +7,6 @@ model's parameters need (which a whole-model build cannot go below)."""
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,7 +14,8 @@ import torch
 from hetlaunch.runtime.model import build_layer, build_model_range, count_layers, describe_model
 from hetlaunch.runtime.model_spec import GPTConfig, ModelSpec
 
-TESTS_DIR = Path(__file__).parent
+from conftest import TESTS_DIR
+
 # 24 layers, ~1 GB of fp32 weights: 22 residual MLP blocks of ~42 MB between a small embedding and head.
 BIG = {"vocab_size": 256, "d": 1152, "n_hidden": 22, "seq_len": 16, "hidden_mult": 4}
 
