@@ -241,6 +241,10 @@ class CoordinatorState:
         """Every live-move report since the last call."""
         return _drain(self._moves)
 
+    def steps(self) -> list[tuple[str, pb.StepMetrics]]:
+        """Every step report of this generation not yet taken by next_step."""
+        return _drain(self._steps)
+
     def steps_pending(self) -> bool:
         return not self._steps.empty()
 

@@ -31,7 +31,7 @@ from hetlaunch.launcher.generation import follow
 from hetlaunch.launcher.planning.plan import Plan, pinned_num_layers, static_plan
 from hetlaunch.launcher.planning.profile_file import save_profile
 from hetlaunch.launcher.progress import TrainingProgress, print_calibration, print_plan, print_summary
-from hetlaunch.launcher.run_record import RunRecord, read_metrics
+from hetlaunch.launcher.run_record import RunRecord, StepAggregator, StepRecord, read_metrics
 from hetlaunch.launcher.session import ClusterSession, JobError
 from hetlaunch.launcher.stage_launch import launch
 from hetlaunch.launcher.observers import Observers
@@ -191,7 +191,7 @@ def _run(session: ClusterSession, spec, options: UpOptions, events: EventLog, co
                 progress.recovering(outcome.message, record.records[-1].step + 1 if record.records else 0)
                 restore = _abort_and_restore(session, plan, book, events, outcome.failed)
                 lost_steps = record.rewind(restore.step)
-                for late in outcome.aggregator.incomplete(before=restore.step):  # taken, but not all reported
+                for late in _late_steps(session, outcome.aggregator, before=restore.step):
                     if late.step == len(record.records):
                         record.add(late)
                 plan = _replan(session, spec, replanner, console)
@@ -211,6 +211,15 @@ def _run(session: ClusterSession, spec, options: UpOptions, events: EventLog, co
     record.write_summary(summary)
     events.write("done", steps=len(record.records))
     print_summary(console, summary, session.run_dir)
+
+
+def _late_steps(session: ClusterSession, aggregator: StepAggregator, before: int) -> list[StepRecord]:
+    """The steps before `before` that the ended generation took but `follow` did not record: those
+    whose reports came in after it returned (the survivors' last ones, while they were stopped), and
+    those some stage never reported (its node died after the step was taken, before its report)."""
+    complete = [r for node, metrics in session.state.steps() if (r := aggregator.add(node, metrics)) is not None]
+    late = [r for r in complete if r.step < before] + aggregator.incomplete(before=before)
+    return sorted(late, key=lambda r: r.step)
 
 
 def _boundary_bytes(replanner: Replanner) -> list[int] | None:
