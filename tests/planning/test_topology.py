@@ -8,10 +8,12 @@ import pytest
 import yaml
 from plan_reference import uniform_profile
 
+from hetlaunch.launcher.checkpoint_book import CheckpointBook
 from hetlaunch.launcher.cluster_yaml import parse_cluster
 from hetlaunch.launcher.planning.plan import Plan, StagePlan, planned, static_plan
 from hetlaunch.launcher.planning.planner import plan as plan_from_profile
 from hetlaunch.launcher.planning.topology import Placement, SeveralStagesError, Topology
+from hetlaunch.launcher.stage_launch import layout_of
 
 
 def _cluster(nodes: list[dict], n_layers: int = 6, **train):
@@ -112,6 +114,9 @@ def test_a_node_may_hold_two_stages():
     assert topology.holder("a", 1).rank == 0 and topology.holder("a", 6).rank == 3
     # two writers on a: their parts together with b's make the whole model
     assert list(topology.checkpoint_writers()) == [("a", 0), ("b", 1), ("b", 2), ("a", 3)]
+    # what is keyed by rank takes it as it is
+    assert [(s.rank, s.pipeline, s.layer_start, s.layer_end) for s in layout_of(plan)] == \
+           [(q.rank, q.pipeline, q.layer_start, q.layer_end) for q in topology.placements]
 
 
 def test_features_keyed_by_node_refuse_a_node_with_two_stages_by_name():
@@ -121,6 +126,9 @@ def test_features_keyed_by_node_refuse_a_node_with_two_stages_by_name():
     with pytest.raises(SeveralStagesError, match="node b holds 2 stages; calibration supports one stage per node"):
         topology.only_stage("b", "calibration")
     assert topology.only_stage("c", "calibration").rank == 4  # a node with one stage is answered
+    book = CheckpointBook.__new__(CheckpointBook)
+    with pytest.raises(SeveralStagesError, match="node a holds 2 stages; committing checkpoints"):
+        book.expect(topology.checkpoint_writers())
 
 
 def test_a_topology_refuses_placements_that_are_not_a_plan():
