@@ -13,6 +13,7 @@ from hetlaunch.launcher.cluster_yaml import parse_cluster
 from hetlaunch.launcher.planning.plan import Plan, StagePlan, planned, static_plan
 from hetlaunch.launcher.planning.planner import plan as plan_from_profile
 from hetlaunch.launcher.planning.topology import Placement, SeveralStagesError, Topology
+from hetlaunch.launcher.run_record import StepAggregator
 from hetlaunch.launcher.stage_launch import layout_of
 
 
@@ -126,6 +127,8 @@ def test_features_keyed_by_node_refuse_a_node_with_two_stages_by_name():
     with pytest.raises(SeveralStagesError, match="node b holds 2 stages; calibration supports one stage per node"):
         topology.only_stage("b", "calibration")
     assert topology.only_stage("c", "calibration").rank == 4  # a node with one stage is answered
+    with pytest.raises(SeveralStagesError, match="node a holds 2 stages; joining step reports"):
+        StepAggregator(_v_plan())
     book = CheckpointBook.__new__(CheckpointBook)
     with pytest.raises(SeveralStagesError, match="node a holds 2 stages; committing checkpoints"):
         book.expect(topology.checkpoint_writers())
