@@ -6,6 +6,10 @@ manifest is written (temp, fsync, rename), so a crash mid-save leaves the previo
 the latest one. After a lost node, surviving stages of a several-pipeline plan snapshot their
 layers; where those cover the whole model at a newer step than the last checkpoint, the
 snapshots are committed as a checkpoint of their own (source "replica") and no step is lost.
+
+Writers are keyed as Topology.checkpoint_writers keys them, (node, stage index), but a part on the
+wire names only its node (and its layers, which a live move changes within a generation): the
+book takes one writer per node and refuses a node with two (planning/topology.py).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hetlaunch.launcher.job_errors import JobError
+from hetlaunch.launcher.planning.topology import Placement, one_per_node
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.runtime.checkpoint_manifest import (CheckpointError, PartInfo, checkpoint_dir, latest_checkpoint,
                                                    prune_checkpoints, write_manifest)
@@ -34,8 +39,9 @@ class CheckpointBook:
         self.keep = keep
         self.num_layers = num_layers
         self.extra = extra
-        self._writers: dict[str, tuple[int, int]] = {}
-        self._parts: dict[int, dict[str, pb.CheckpointPart]] = {}  # step -> writer node -> its part
+        self._writers: dict[tuple[str, int], Placement] = {}  # (node, stage index) -> the stage
+        self._writer_of: dict[str, tuple[str, int]] = {}  # node -> its writer's key
+        self._parts: dict[int, dict[tuple[str, int], pb.CheckpointPart]] = {}  # step -> writer -> its part
         self.snapshots: dict[str, pb.CheckpointPart] = {}  # node -> the snapshot it wrote this generation
         self.committed = 0
         self.write_s: list[float] = []
@@ -43,9 +49,12 @@ class CheckpointBook:
         found = latest_checkpoint(root) if root.exists() else None
         self.latest: tuple[int, Path] | None = (found[1].step, found[0]) if found else None
 
-    def expect(self, writers: dict[str, tuple[int, int]]) -> None:
-        """A new generation: these nodes write these layer ranges; parts of earlier ones are dropped."""
+    def expect(self, writers: dict[tuple[str, int], Placement]) -> None:
+        """A new generation: these stages (Topology.checkpoint_writers) write its checkpoints;
+        parts of earlier ones are dropped."""
+        nodes = one_per_node(writers.values(), "committing checkpoints (a part names its node, not its stage)")
         self._writers = dict(writers)
+        self._writer_of = {node: (q.node, q.stage) for node, q in nodes.items()}
         self._parts.clear()
         self.snapshots.clear()
 
@@ -57,12 +66,13 @@ class CheckpointBook:
         if part.snapshot:
             self.snapshots[node] = part
             return None
-        if node not in self._writers:
+        writer = self._writer_of.get(node)
+        if writer is None:
             return None
         self.write_s.append(part.write_s)
         self.stall_s.append(part.stall_s)
         parts = self._parts.setdefault(part.step, {})
-        parts[node] = part
+        parts[writer] = part
         if set(parts) != set(self._writers):
             return None
         del self._parts[part.step]

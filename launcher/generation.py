@@ -23,6 +23,7 @@ from hetlaunch.launcher.adapt.payoff import Change
 from hetlaunch.launcher.adapt.replanner import Replanner
 from hetlaunch.launcher.observers import Observers
 from hetlaunch.launcher.planning.plan import Plan
+from hetlaunch.launcher.planning.topology import Topology
 from hetlaunch.launcher.progress import TrainingProgress
 from hetlaunch.launcher.run_record import RunRecord, StepAggregator
 from hetlaunch.launcher.job_errors import JobError
@@ -64,7 +65,8 @@ def _follow(session: ClusterSession, running: _Running, record: RunRecord, book:
     state = session.state
     steps = session.cluster.train.steps
     aggregator = StepAggregator(plan)
-    in_plan = {s.node for s in plan.stages}
+    # Results arrive per node: a finished generation is one result from each of the plan's nodes.
+    in_plan = Topology.of(plan).by_node("following a generation (a stage's result names its node)")
     finished: set[str] = set()
     joined: list[str] = []
     first = True
@@ -136,7 +138,7 @@ def _follow(session: ClusterSession, running: _Running, record: RunRecord, book:
             switch = _switch(running, watch, joined, committed, events)
             if switch is not None:
                 return switch
-        if len(finished) == len(plan.stages):
+        if len(finished) == len(in_plan):
             if len(record.records) >= steps:
                 return Outcome(finished=True)
             if not state.steps_pending():

@@ -30,6 +30,7 @@ from hetlaunch.launcher.events import EventLog
 from hetlaunch.launcher.generation import follow
 from hetlaunch.launcher.planning.plan import Plan, pinned_num_layers, static_plan
 from hetlaunch.launcher.planning.profile_file import save_profile
+from hetlaunch.launcher.planning.topology import Topology
 from hetlaunch.launcher.progress import TrainingProgress, print_calibration, print_plan, print_summary
 from hetlaunch.launcher.run_record import RunRecord, StepAggregator, StepRecord, read_metrics
 from hetlaunch.launcher.session import ClusterSession, JobError
@@ -244,7 +245,7 @@ def _resume_point(book: CheckpointBook, spec, plan: Plan) -> Restore:
 
 def _abort(session: ClusterSession, plan: Plan, reason: str, snapshot_root: Path | None) -> list[str]:
     """Stop every live stage's worker (after a snapshot of its layers, into snapshot_root/<node>)."""
-    live = [s.node for s in plan.stages if s.node not in session.lost]
+    live = [node for node in Topology.of(plan).nodes if node not in session.lost]  # an abort goes to a node
     for node in live:
         snapshot_dir = str(snapshot_root / node) if snapshot_root is not None else ""
         session.state.send(node, pb.Command(abort=pb.Abort(reason=reason, snapshot_dir=snapshot_dir)))

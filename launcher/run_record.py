@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hetlaunch.launcher.job_errors import JobError
+from hetlaunch.launcher.planning.topology import Topology
 from hetlaunch.runtime.files import write_whole
 from hetlaunch.protos import control_pb2 as pb
 
@@ -88,10 +89,9 @@ class StepAggregator:
     """
 
     def __init__(self, plan):
-        self.position = {}  # node -> (pipeline, stage index)
-        for p, stages in enumerate(plan.pipelines()):
-            for j, stage in enumerate(stages):
-                self.position[stage.node] = (p, j)
+        # node -> (pipeline, stage index): a step report names its node
+        self.position = {node: (q.pipeline, q.stage) for node, q in
+                         Topology.of(plan).by_node("joining step reports (a report names its node)").items()}
         self.shares = plan.pipeline_microbatches
         self.pending: dict[int, dict[tuple[int, int], tuple[str, pb.StepMetrics]]] = {}
 

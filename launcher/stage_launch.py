@@ -6,32 +6,36 @@ from pathlib import Path
 
 from hetlaunch.launcher.checkpoint_book import Restore
 from hetlaunch.launcher.planning.plan import Plan
+from hetlaunch.launcher.planning.topology import Placement, Topology
 from hetlaunch.launcher.session import ClusterSession
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.runtime.wire import codec_wire_id, model_spec_to_proto, schedule_wire_id
 
 
 def launch(session: ClusterSession, plan: Plan, spec, restore: Restore, checkpoint_root: Path,
-           boundary_bytes: list[int] | None = None) -> dict[str, tuple[int, int]]:
+           boundary_bytes: list[int] | None = None) -> dict[tuple[str, int], Placement]:
     """Push every stage its RunStage on a fresh data-plane generation, starting from `restore`.
     `boundary_bytes[i]` (the profile's output of layer i) bounds what a link after layer i accepts.
-    Returns the checkpoint writers: node -> the layers it saves (the first pipeline's stages)."""
+    Returns the checkpoint writers (Topology.checkpoint_writers: the first pipeline's stages)."""
     cluster = session.cluster
-    backend = session.backend_for([s.node for s in plan.stages])
+    topology = Topology.of(plan)
+    # A RunStage goes to a node, whose agent runs one stage worker: refuse a node with two here.
+    topology.by_node("launching a generation (an agent runs one stage worker)")
+    backend = session.backend_for(list(topology.nodes))
     t = cluster.train
     d = cluster.data
     data = pb.DataSpec(path=str(Path(d.path).resolve()) if d.path else "", seed=d.seed, format=d.format, dtype=d.dtype,
                        eval_fraction=d.eval_fraction)
     model = model_spec_to_proto(spec)
-    pipelines = plan.pipelines()
-    world = len(plan.stages)
-    shared = data_parallel(cluster, plan) if len(pipelines) > 1 else None
+    world = len(topology.placements)
+    several = len(topology.pipelines) > 1
+    shared = data_parallel(cluster, plan) if several else None
     generation = session.begin_generation()
     # With several pipelines a failing stage snapshots its layers: another pipeline may hold the lost ones.
-    snapshot_root = checkpoint_root / f"replica-g{generation}" if len(pipelines) > 1 else None
+    snapshot_root = checkpoint_root / f"replica-g{generation}" if several else None
     layout = layout_of(plan)
-    offset = rank = 0  # ranks follow plan.stages: pipeline after pipeline
-    for p, (stages, share) in enumerate(zip(pipelines, plan.pipeline_microbatches)):
+    offset = 0
+    for p, (stages, share) in enumerate(zip(topology.pipelines, plan.pipeline_microbatches)):
         train = pb.TrainSpec(steps=t.steps, micro_batch_size=plan.micro_batch_size, num_microbatches=share,
                              schedule=schedule_wire_id(t.schedule), lr=t.lr, weight_decay=t.weight_decay, seed=t.seed,
                              checkpoint_dir=str(checkpoint_root) if t.checkpoint_every else "",
@@ -40,36 +44,39 @@ def launch(session: ClusterSession, plan: Plan, spec, restore: Restore, checkpoi
                              lr_schedule=t.lr_schedule, warmup_steps=t.warmup_steps, min_lr_ratio=t.min_lr_ratio,
                              grad_clip=t.grad_clip, eval_every=t.eval_every, eval_microbatches=t.eval_microbatches,
                              precision=t.precision, trace_every=cluster.observe.trace_every)
-        for j, stage in enumerate(stages):
-            node = cluster.node(stage.node)
-            spec_msg = stage_spec(session, stages, j, rank, boundary_bytes)
+        for placement in stages:
+            node = cluster.node(placement.node)
+            spec_msg = stage_spec(session, topology, placement, boundary_bytes)
             command = pb.RunStage(model=model, data=data, train=train, stage=spec_msg,
-                                  rendezvous=session.rendezvous(rank, world, backend, stage.node), layout=layout)
+                                  rendezvous=session.rendezvous(placement.rank, world, backend, placement.node),
+                                  layout=layout)
             # A remote stage's parts must outlive its host: without a shared dir its agent uploads them.
             command.train.upload_parts = node.launch != "local" and not cluster.checkpoint.dir
             if snapshot_root is not None:
-                command.train.snapshot_dir = str(snapshot_root / stage.node)
+                command.train.snapshot_dir = str(snapshot_root / placement.node)
             if restore.directory is not None:
                 command.restore.checkpoint_dir = str(restore.directory)
             if shared is not None:
                 command.data_parallel.CopyFrom(shared)
                 command.data_parallel.pipeline_index = p
                 command.data_parallel.microbatch_offset = offset
-            session.state.send(stage.node, pb.Command(run_stage=command))
-            rank += 1
+            session.state.send(placement.node, pb.Command(run_stage=command))
         offset += share
-    return {s.node: (s.layer_start, s.layer_end) for s in pipelines[0]}
+    return topology.checkpoint_writers()
 
 
 def layout_of(plan: Plan) -> list[pb.StagePlace]:
-    """Every rank's pipeline and layer range (ranks follow plan.stages)."""
-    return [pb.StagePlace(rank=r, pipeline=s.pipeline, layer_start=s.layer_start, layer_end=s.layer_end)
-            for r, s in enumerate(plan.stages)]
+    """Every rank's pipeline and layer range."""
+    return [pb.StagePlace(rank=q.rank, pipeline=q.pipeline, layer_start=q.layer_start, layer_end=q.layer_end)
+            for q in Topology.of(plan).placements]
 
 
-def stage_spec(session: ClusterSession, stages, j: int, rank: int, boundary_bytes: list[int] | None) -> pb.StageSpec:
-    """Stage `j` of a pipeline (whose stages are `stages`) at data-plane rank `rank`."""
-    cluster, stage = session.cluster, stages[j]
+def stage_spec(session: ClusterSession, topology: Topology, placement: Placement,
+               boundary_bytes: list[int] | None) -> pb.StageSpec:
+    """The StageSpec of one placement: its layers, device, emulation and the links to its
+    neighbours in its pipeline (at their ranks)."""
+    cluster, stage, j = session.cluster, placement.source, placement.stage
+    stages = topology.pipelines[placement.pipeline]
     node = cluster.node(stage.node)
     spec = pb.StageSpec(stage_index=j, num_stages=len(stages), layer_start=stage.layer_start,
                         layer_end=stage.layer_end, device=session.device_of(stage.node),
@@ -80,21 +87,25 @@ def stage_spec(session: ClusterSession, stages, j: int, rank: int, boundary_byte
                                              memory_gb=node.emulate.memory_gb or 0.0),
                         memory_fraction=node.memory_fraction or 0.0, window=stage.window)
     if j > 0:
-        spec.prev.CopyFrom(_link_spec(cluster, stages[j - 1], stage, rank - 1, boundary_bytes))
+        prev = stages[j - 1]
+        spec.prev.CopyFrom(_link_spec(cluster, prev.source, stage, prev.rank, boundary_bytes))
     if j < len(stages) - 1:
-        spec.next.CopyFrom(_link_spec(cluster, stage, stages[j + 1], rank + 1, boundary_bytes))
+        after = stages[j + 1]
+        spec.next.CopyFrom(_link_spec(cluster, stage, after.source, after.rank, boundary_bytes))
     return spec
 
 
 def data_parallel(cluster, plan: Plan) -> pb.DataParallel:
     """What every stage of a several-pipeline plan shares: the global batch and all sync groups."""
-    rank = {stage.node: i for i, stage in enumerate(plan.stages)}
+    topology = Topology.of(plan)
     message = pb.DataParallel(global_microbatches=plan.num_microbatches,
-                              pipeline_sizes=[len(stages) for stages in plan.pipelines()])
+                              pipeline_sizes=[len(stages) for stages in topology.pipelines])
     for group in plan.sync_plans():
         bw, lat = _slowest_emulated_link(cluster, group.nodes)
         message.sync_groups.add(layer_start=group.layer_start, layer_end=group.layer_end,
-                                ranks=[rank[name] for name in group.nodes], codec=codec_wire_id(group.codec),
+                                # a group names nodes: each one's rank is its stage holding these layers
+                                ranks=[topology.holder(name, group.layer_start).rank for name in group.nodes],
+                                codec=codec_wire_id(group.codec),
                                 emulate_bandwidth_mbps=bw, emulate_latency_ms=lat)
     return message
 

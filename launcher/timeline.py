@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from hetlaunch.launcher.planning.plan import Plan
+from hetlaunch.launcher.planning.topology import Topology
 from hetlaunch.launcher.run_record import write_run_file
 from hetlaunch.launcher.session import JobError
 from hetlaunch.protos import control_pb2 as pb
@@ -39,6 +40,7 @@ class Timeline:
         self.path = run_dir / "trace.json"
         self._steps: dict[int, dict[str, list[pb.TraceEvent]]] = {}  # step -> node -> its events, our clock
         self._plan: Plan | None = None
+        self._where: dict[str, tuple[int, int]] = {}  # node -> (pipeline, stage index): its track
         self._origin: float | None = None  # the first event's time: the trace's zero
         self.offsets: dict[str, tuple[float, float | None]] = {}
         self.error: str | None = None  # why trace.json could not be written; then it no longer is  # node -> (clock offset, its round trip)
@@ -46,7 +48,7 @@ class Timeline:
     def add(self, node: str, metrics: pb.StepMetrics, plan: Plan, clocks: dict[str, tuple[float, float]]) -> None:
         """One stage's timeline of one sampled step; written out once every stage of the plan sent it."""
         if self._plan is not plan:  # a new generation's plan: its stages are other tracks
-            self._plan, self._steps = plan, {}
+            self._plan, self._steps, self._where = plan, {}, _tracks(plan)
         offset, round_trip = clocks.get(node, (0.0, None))  # not measured yet (no heartbeat answered): 0
         self.offsets[node] = (offset, round_trip)
         events = [pb.TraceEvent(name=e.name, start=e.start + offset, end=e.end + offset, microbatch=e.microbatch)
@@ -56,7 +58,7 @@ class Timeline:
         self._steps.setdefault(metrics.step, {})[node] = events
         for old in sorted(self._steps)[:-MAX_STEPS]:
             del self._steps[old]
-        if len(self._steps[metrics.step]) == len(plan.stages):
+        if len(self._steps[metrics.step]) == len(self._where):
             self.write()
 
     def write(self) -> None:
@@ -84,7 +86,7 @@ class Timeline:
                 for j, s in enumerate(stages):
                     events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": j,
                                    "args": {"name": f"stage {j}: {s.node} ({s.region})"}})
-        where = {s.node: (p, j) for p, stages in enumerate(pipelines) for j, s in enumerate(stages)}
+        where = self._where
         for step, by_node in sorted(self._steps.items()):
             for node, spans in by_node.items():
                 if node not in where:
@@ -103,6 +105,12 @@ class Timeline:
                 "otherData": {"clocks": {n: {"offset_ms": o * 1e3, "round_trip_ms": None if rtt is None else rtt * 1e3}
                                          for n, (o, rtt) in sorted(self.offsets.items())},
                               "sampled_steps": sorted(self._steps)}}
+
+
+def _tracks(plan: Plan) -> dict[str, tuple[int, int]]:
+    """node -> (pipeline, stage index): a stage's trace events name its node."""
+    return {node: (q.pipeline, q.stage)
+            for node, q in Topology.of(plan).by_node("trace.json (a stage's events name its node)").items()}
 
 
 def _span(name: str, start: float, end: float, pid: int, tid: int, step: int, microbatch: int) -> dict:

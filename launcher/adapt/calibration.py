@@ -40,6 +40,7 @@ from hetlaunch.launcher.planning.plan import Plan
 from hetlaunch.launcher.planning.planner import PlanningError, price_pipelines
 from hetlaunch.launcher.planning.profile_edits import scaled
 from hetlaunch.launcher.planning.profile_file import LinkProfile, Profile, ProfileError, save_profile
+from hetlaunch.launcher.planning.topology import Topology
 from hetlaunch.launcher.run_record import StepRecord, write_run_file
 
 CALIBRATION_STEPS = 8  # steps compared with the plan, after a generation's first (their median: noise)
@@ -108,9 +109,10 @@ class Calibration:
         plan, profile = self.current.plan, self._profile
         shares = plan.pipeline_microbatches
         factors = {}
-        for stage in plan.stages:
-            measured = statistics.median(s["compute_s"] for r in records for s in r.stages if s["node"] == stage.node)
-            factors[stage.node] = measured / shares[stage.pipeline] / stage.compute_s
+        # A node's speed factor is its stage's measured ÷ predicted compute: the records name nodes.
+        for node, q in Topology.of(plan).by_node("calibration (a stage's compute is reported by node)").items():
+            measured = statistics.median(s["compute_s"] for r in records for s in r.stages if s["node"] == node)
+            factors[node] = measured / shares[q.pipeline] / q.source.compute_s
         calibrated, link_factors, corrected = self._links(scaled(profile, factors), plan, records)
         repriced = price_pipelines(calibrated, [([s.node for s in stages], [(s.layer_start, s.layer_end) for s in stages],
                                                  share) for stages, share in zip(plan.pipelines(), shares)],

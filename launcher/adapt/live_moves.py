@@ -23,6 +23,7 @@ import time
 
 from hetlaunch.launcher.planning.plan import Plan
 from hetlaunch.launcher.planning.profile_file import Profile
+from hetlaunch.launcher.planning.topology import Topology
 from hetlaunch.launcher.stage_launch import data_parallel, layout_of, stage_spec
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.runtime.transfer_plan import transfers
@@ -41,10 +42,10 @@ def same_places(current: Plan, target: Plan) -> bool:
 def move_seconds(profile: Profile, current: Plan, target: Plan) -> float:
     """The predicted time of the transfers: each moved layer's parameters and optimizer state over
     the measured link between its old and new holder, one after another (they are walked in order)."""
-    nodes = [s.node for s in current.stages]
+    at = Topology.of(current).placements  # a transfer names ranks: where they run
     total = 0.0
     for move in transfers(layout_of(current), layout_of(target)):
-        link = profile.link(profile.node(nodes[move.src]), profile.node(nodes[move.dst]))
+        link = profile.link(profile.node(at[move.src].node), profile.node(at[move.dst].node))
         total += OPTIMIZER_COPIES * profile.layers[move.layer].param_bytes / link.bandwidth_bytes_per_s + link.latency_s
     return total
 
@@ -56,7 +57,8 @@ class LiveMove:
                  boundary_bytes: list[int] | None):
         self.session, self.current, self.target, self.id, self.steps = session, current, target, move_id, steps
         self.boundary_bytes = boundary_bytes
-        self.nodes = [s.node for s in current.stages]
+        # Hold and go answers name a node: one stage each.
+        self.nodes = list(Topology.of(current).by_node("a live move (its answers name a node)"))
         self.held: dict[str, int] = {}
         self.moved: dict[str, pb.MoveReport] = {}
         self.at_step: int | None = None
@@ -103,18 +105,15 @@ class LiveMove:
         if at_step >= self.steps:
             return self._cancel(f"no step left to move before (the run ends at step {self.steps})")
         self.at_step, self._since = at_step, time.monotonic()
-        pipelines = self.target.pipelines()
+        topology = Topology.of(self.target)
         layout = layout_of(self.target)
-        shared = data_parallel(self.session.cluster, self.target) if len(pipelines) > 1 else None
-        rank = 0
-        for stages in pipelines:
-            for j, stage in enumerate(stages):
-                move = pb.Move(id=self.id, phase=pb.MOVE_PHASE_GO, at_step=at_step, layout=layout,
-                               stage=stage_spec(self.session, stages, j, rank, self.boundary_bytes))
-                if shared is not None:
-                    move.data_parallel.CopyFrom(shared)
-                self.session.state.send(stage.node, pb.Command(move=move))
-                rank += 1
+        shared = data_parallel(self.session.cluster, self.target) if len(topology.pipelines) > 1 else None
+        for placement in topology.placements:
+            move = pb.Move(id=self.id, phase=pb.MOVE_PHASE_GO, at_step=at_step, layout=layout,
+                           stage=stage_spec(self.session, topology, placement, self.boundary_bytes))
+            if shared is not None:
+                move.data_parallel.CopyFrom(shared)
+            self.session.state.send(placement.node, pb.Command(move=move))
         return None
 
     def _cancel(self, why: str) -> str:

@@ -34,6 +34,7 @@ from hetlaunch.launcher.adapt.payoff import Change, Review, Verdict
 from hetlaunch.launcher.adapt.replanner import Replanner
 from hetlaunch.launcher.planning.plan import Plan
 from hetlaunch.launcher.planning.profile_file import LinkProfile, Profile
+from hetlaunch.launcher.planning.topology import Topology
 from hetlaunch.launcher.run_record import StepRecord
 
 THRESHOLD = 1.5  # a node is off its calibrated speed when slower or faster than this factor
@@ -114,9 +115,10 @@ class StragglerWatch:
         plan = self.current.plan
         shares = plan.pipeline_microbatches
         by_node = {s["node"]: s for s in record.stages}
-        ratios = {stage.node: by_node[stage.node]["compute_s"] / shares[stage.pipeline]
-                  / (stage.compute_s * self._factors[stage.node])
-                  for stage in plan.stages if stage.node in by_node and stage.compute_s}
+        # A step record's compute names a node: each node's one stage is what it is measured against.
+        stages = Topology.of(plan).by_node("the straggler watch (a stage's compute is reported by node)")
+        ratios = {node: by_node[node]["compute_s"] / shares[q.pipeline] / (q.source.compute_s * self._factors[node])
+                  for node, q in stages.items() if node in by_node and q.source.compute_s}
         # Against the nodes' typical ratio (the lower median: with two nodes, the less changed
         # one): a host (or a VM) that slows every node alike changes no node's share, and no plan
         # would fix it; a node that changed against the rest does.
@@ -211,8 +213,8 @@ class StragglerWatch:
         self.found.append(found)
         if found["mode"] is not None:
             target = live if mode == "live" else candidate
-            self.pending = Change(mode, plan, target, found["what"], step, {s.node: 1.0 for s in target.stages},
-                                  dict(self._factors))
+            self.pending = Change(mode, plan, target, found["what"], step,
+                                  dict.fromkeys(Topology.of(target).nodes, 1.0), dict(self._factors))
         return found
 
     def _judged(self, change: Change, verdict: Verdict, step: int) -> tuple[str, dict]:

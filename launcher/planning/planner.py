@@ -38,6 +38,7 @@ from hetlaunch.launcher.planning.cost_model import CostModel, PipelineCost, in_f
 from hetlaunch.launcher.planning.profile_file import NodeProfile, Profile
 from hetlaunch.launcher.planning.replicas import PipelineSet, Replicas, replica_counts
 from hetlaunch.launcher.planning.sync_cost import SyncCost, plan_step_s, sync_costs
+from hetlaunch.launcher.planning.topology import Topology
 from hetlaunch.runtime.registry import STATIC_BYTES_PER_PARAM_BYTE
 from hetlaunch.runtime.schedules import schedule_for, simulate
 
@@ -285,7 +286,7 @@ def _times(ratio: float) -> str:
 def _exclusion_reasons(profile: Profile, pipelines: list[PipelineCost], schedule: str, stages: int | None,
                        exhaustive: bool) -> dict[str, str]:
     """node -> why the plan leaves it out, for every node no pipeline uses."""
-    used_names = {s.node for p in pipelines for s in p.stages}
+    used_names = set(Topology.of_pipelines(p.stages for p in pipelines).nodes)
     left_out = [n for n in profile.nodes if n.name not in used_names]
     if not left_out:
         return {}
@@ -303,7 +304,7 @@ class _PlanFacts:
         cm = self.cm = CostModel(profile, min(p.num_microbatches for p in pipelines), schedule)
         L = self.L = cm.num_layers
         index = {n.name: n for n in profile.nodes}
-        used_names = {s.node for p in pipelines for s in p.stages}
+        used_names = set(Topology.of_pipelines(p.stages for p in pipelines).nodes)
         self.used = [n for n in profile.nodes if n.name in used_names]
         # A one-layer stage where it keeps the fewest micro-batches in flight: the last stage under
         # 1F1B; every stage keeps all of them under GPipe.

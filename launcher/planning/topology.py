@@ -1,0 +1,171 @@
+"""A plan's topology: which data-plane rank runs which stage of which pipeline on which node, and
+which stages hold each layer.
+
+One object answers what the launcher used to rebuild by hand from `plan.stages` in each module
+(node -> rank, node -> layer range, node -> (pipeline, stage), layer -> holders, the checkpoint
+writers). Ranks follow `plan.stages`, pipeline after pipeline, as the data plane numbers them.
+
+A node may hold several stages (a V-shaped or interleaved layout gives a node two stages of one
+pipeline; a node may also serve two pipelines). The object allows it, though the planner does
+not produce it yet. What is keyed by rank or placement takes such plans as they are: the layout,
+the link peers, the sync groups' ranks, the layer holders, the checkpoint writers, the nodes a
+plan uses.
+
+What still supports one stage per node, and why: the control plane addresses a node, not a
+stage. A node's agent runs one stage worker per generation, and its commands (run, abort, move),
+results, step metrics, trace events and checkpoint parts name only the node. The launcher's
+consumers that are keyed by node therefore ask `by_node(feature)` (or `only_stage`), which
+refuses a node holding several stages with one line naming the feature: launching a generation
+(stage_launch), following it and joining its step reports (generation, run_record), trace.json's
+tracks (timeline), calibration and the straggler watch, live moves, and checkpoint commits
+(checkpoint_book). Lifting it means a stage id on those messages, not a change here.
+
+Torch-free and in `planning/`: the planner asks it which nodes a plan uses, and planning imports
+only itself (tests/test_import_rules.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
+
+if TYPE_CHECKING:
+    from hetlaunch.launcher.planning.plan import Plan
+
+
+class SeveralStagesError(ValueError):
+    """A feature keyed by node met a node that holds several stages."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    """One data-plane rank: stage `stage` of pipeline `pipeline`, on `node`, holding
+    layers [layer_start, layer_end)."""
+
+    rank: int
+    node: str
+    pipeline: int
+    stage: int  # index within its pipeline
+    layer_start: int
+    layer_end: int
+    # What it was made from (a StagePlan: codecs, window, region, predictions; or a planner's
+    # StageCost): callers that build commands need it, equality does not.
+    source: Any = field(default=None, compare=False, repr=False)
+
+    @property
+    def layers(self) -> range:
+        return range(self.layer_start, self.layer_end)
+
+    def holds(self, layer: int) -> bool:
+        return self.layer_start <= layer < self.layer_end
+
+
+def one_per_node(placements: Iterable[Placement], feature: str) -> dict[str, Placement]:
+    """node -> its only placement among `placements` (in their order); SeveralStagesError naming
+    `feature` when a node holds more than one."""
+    out: dict[str, Placement] = {}
+    counts: dict[str, int] = {}
+    for placement in placements:
+        counts[placement.node] = counts.get(placement.node, 0) + 1
+        out.setdefault(placement.node, placement)
+    for node, count in counts.items():
+        if count > 1:
+            raise SeveralStagesError(f"node {node} holds {count} stages; {feature} supports one stage per node")
+    return out
+
+
+@dataclass(frozen=True)
+class Topology:
+    placements: tuple[Placement, ...]  # in rank order
+    pipelines: tuple[tuple[Placement, ...], ...] = field(init=False, repr=False)
+    nodes: tuple[str, ...] = field(init=False, repr=False)  # each once, in rank order
+    num_layers: int = field(init=False, repr=False)
+    _by_node: dict[str, tuple[Placement, ...]] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        if not self.placements:
+            raise ValueError("a topology needs at least one stage")
+        if [q.rank for q in self.placements] != list(range(len(self.placements))):
+            raise ValueError("placements must be listed in rank order, ranks 0, 1, ...")
+        count = self.placements[-1].pipeline + 1
+        pipelines = tuple(tuple(q for q in self.placements if q.pipeline == p) for p in range(count))
+        if [q.pipeline for q in self.placements] != sorted(q.pipeline for q in self.placements) or not all(pipelines):
+            raise ValueError("placements must run pipeline after pipeline, pipelines 0, 1, ... without a gap")
+        num_layers = pipelines[0][-1].layer_end
+        for p, stages in enumerate(pipelines):
+            reached = 0
+            for j, q in enumerate(stages):
+                if q.stage != j or q.layer_start != reached or q.layer_end <= q.layer_start:
+                    raise ValueError(f"pipeline {p}: stage {j} on {q.node} holds [{q.layer_start}, {q.layer_end}); "
+                                     f"stages must tile the layers in order from 0")
+                reached = q.layer_end
+            if reached != num_layers:
+                raise ValueError(f"pipeline {p} covers [0, {reached}), pipeline 0 [0, {num_layers})")
+        by_node: dict[str, tuple[Placement, ...]] = {}
+        for q in self.placements:
+            by_node[q.node] = by_node.get(q.node, ()) + (q,)
+        object.__setattr__(self, "pipelines", pipelines)
+        object.__setattr__(self, "nodes", tuple(by_node))
+        object.__setattr__(self, "num_layers", num_layers)
+        object.__setattr__(self, "_by_node", by_node)
+
+    @classmethod
+    def of(cls, plan: Plan) -> Topology:
+        """The topology of a plan (its `stages` are listed pipeline after pipeline: rank order)."""
+        return cls.of_pipelines(plan.pipelines())
+
+    @classmethod
+    def of_pipelines(cls, pipelines: Iterable[Sequence[Any]]) -> Topology:
+        """From each pipeline's stages in order: anything with `node`, `layer_start`, `layer_end`
+        (a plan's StagePlans, a planner's StageCosts)."""
+        placements, rank = [], 0
+        for p, stages in enumerate(pipelines):
+            for j, s in enumerate(stages):
+                placements.append(Placement(rank, s.node, p, j, s.layer_start, s.layer_end, s))
+                rank += 1
+        return cls(tuple(placements))
+
+    def stages_of(self, node: str) -> tuple[Placement, ...]:
+        """The node's placements in rank order; () for a node the plan does not use."""
+        return self._by_node.get(node, ())
+
+    def placement(self, node: str, *, stage: int | None = None, pipeline: int | None = None) -> Placement:
+        """The one placement on `node` (of stage index `stage`, in `pipeline`, where given)."""
+        found = [q for q in self.stages_of(node)
+                 if (stage is None or q.stage == stage) and (pipeline is None or q.pipeline == pipeline)]
+        if len(found) != 1:
+            which = "".join(f" {k} {v}" for k, v in (("stage", stage), ("pipeline", pipeline)) if v is not None)
+            raise ValueError(f"node {node} holds {len(found)} stages matching{which or ' anything'}; "
+                             f"name the stage index or pipeline of one")
+        return found[0]
+
+    def rank_of(self, node: str, *, stage: int | None = None, pipeline: int | None = None) -> int:
+        return self.placement(node, stage=stage, pipeline=pipeline).rank
+
+    def holders(self, layer: int) -> tuple[Placement, ...]:
+        """The placements holding `layer`: one per pipeline, in pipeline order."""
+        if not 0 <= layer < self.num_layers:
+            raise ValueError(f"layer {layer} is out of range; the model has layers [0, {self.num_layers})")
+        return tuple(next(q for q in stages if q.holds(layer)) for stages in self.pipelines)
+
+    def holder(self, node: str, layer: int) -> Placement:
+        """The placement on `node` that holds `layer` (a sync group names nodes and layers)."""
+        found = [q for q in self.holders(layer) if q.node == node]
+        if len(found) != 1:
+            raise ValueError(f"node {node} holds layer {layer} in {len(found)} pipelines; expected exactly one")
+        return found[0]
+
+    def checkpoint_writers(self) -> dict[tuple[str, int], Placement]:
+        """(node, stage index) -> placement, for the stages whose parts make a checkpoint:
+        pipeline 0's, which together hold every layer once. A node with two stages writes two."""
+        return {(q.node, q.stage): q for q in self.pipelines[0]}
+
+    def by_node(self, feature: str) -> dict[str, Placement]:
+        """node -> its stage, in rank order, for a feature keyed by node; SeveralStagesError
+        ("node X holds 2 stages; <feature> supports one stage per node") otherwise."""
+        return one_per_node(self.placements, feature)
+
+    def only_stage(self, node: str, feature: str) -> Placement:
+        """The node's one stage, refused as in `by_node`; KeyError for a node the plan does not use."""
+        stages = self._by_node[node]
+        return one_per_node(stages, feature)[node]
