@@ -24,7 +24,7 @@ MODULES = {
     "test_protos", "test_coordinator", "test_move_protocol", "test_rendezvous_store",
     "test_step_reporter",  # the control-plane protocol
     "test_model", "test_data", "test_checkpoint", "test_recipe",  # the model, data, checkpoints, optimizers
-    "test_import_rules", "test_late_steps",
+    "test_import_rules", "test_late_steps", "test_topology",
 }
 
 # Single tests of slower modules (module::test function).
