@@ -18,6 +18,8 @@ from typing import Optional
 
 import typer
 
+from hetlaunch.launcher.cli_common import EXIT_BAD_INPUT, EXIT_JOB_FAILED, fail, plain_console
+from hetlaunch.launcher.cli_run_commands import certs_app, down, logs, status
 from hetlaunch.runtime.registry import SCHEDULE_NAMES
 
 # gRPC's C core logs its own copy of an error (a failed bind, say) to stderr before Python sees it;
@@ -27,29 +29,11 @@ os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Train one PyTorch model as an uneven pipeline across mixed, spread-out nodes.")
 
-EXIT_BAD_INPUT = 2
-EXIT_JOB_FAILED = 1
-
 Schedule = Enum("Schedule", {name: name for name in SCHEDULE_NAMES}, type=str)
 
 
 class Terminated(Exception):
     """SIGTERM arrived; unwinding stops every agent `up` started."""
-
-
-def _console(stderr: bool = False):
-    """Plain-text output: markup off, so no user or error text is ever altered or breaks printing.
-    A pipe or a log file gets lines wide enough for the plan table; a terminal keeps its own width."""
-    from rich.console import Console
-
-    stream = sys.stderr if stderr else sys.stdout
-    return Console(stderr=stderr, markup=False, emoji=False, highlight=False,
-                   width=None if stream.isatty() else 120)
-
-
-def _fail(message: str, code: int) -> None:
-    print(f"error: {' '.join(str(message).split())}", file=sys.stderr, flush=True)
-    raise typer.Exit(code)
 
 
 def _show_version(value: bool) -> None:
@@ -95,11 +79,11 @@ def up(
     _check_tokens(cluster, cluster_yaml, ask_entrypoint=False)  # an entrypoint's vocabulary: the stages check
     token = _token(cluster, token_file)
     if resume is not None and run_dir is not None and resume.resolve() != run_dir.resolve():
-        _fail("--resume continues in its own run directory; leave --run-dir out", 2)
+        fail("--resume continues in its own run directory; leave --run-dir out", 2)
     from hetlaunch.launcher.job_driver import UpOptions, run_up
 
     options = UpOptions(run_dir=run_dir, token=token, reprofile=reprofile, resume=resume)
-    _with_cluster(lambda: run_up(cluster, options, _console()))
+    _with_cluster(lambda: run_up(cluster, options, plain_console()))
 
 
 @app.command()
@@ -117,14 +101,14 @@ def profile(
     why = ("it is a directory" if output.is_dir() else f"no directory {directory}" if not directory.is_dir()
            else f"{directory} is not writable" if not os.access(directory, os.W_OK) else None)
     if why:  # find out now, not after minutes of measuring
-        _fail(f"cannot write {output}: {why}", EXIT_BAD_INPUT)
+        fail(f"cannot write {output}: {why}", EXIT_BAD_INPUT)
     from hetlaunch.launcher.cluster_measurement import measure_for_train
     from hetlaunch.launcher.job_driver import UpOptions, new_run_dir
     from hetlaunch.launcher.planning.profile_file import save_profile
     from hetlaunch.launcher.session import ClusterSession
 
     options = UpOptions(run_dir=run_dir, token=token)
-    console = _console()
+    console = plain_console()
 
     def measure():
         with ClusterSession(cluster, new_run_dir(cluster, options), options.token or _new_token(), console) as s:
@@ -163,7 +147,7 @@ def plan(
     from hetlaunch.launcher.progress import print_planner_result
 
     if cluster_yaml is None and profile_file is None:
-        _fail("give a cluster YAML (profiles it live), --profile PROFILE.json (offline), or both", EXIT_BAD_INPUT)
+        fail("give a cluster YAML (profiles it live), --profile PROFILE.json (offline), or both", EXIT_BAD_INPUT)
     cluster = _load(cluster_yaml) if cluster_yaml else None
     train = cluster.train if cluster else None
     global_batch = global_batch or (train.global_batch if train else None)
@@ -178,7 +162,7 @@ def plan(
                 measured.check_model(spec.describe(), spec.known_num_layers or measured.model.num_layers,
                                      cluster.train.profile_size)
         except ProfileError as err:
-            _fail(str(err), EXIT_BAD_INPUT)
+            fail(str(err), EXIT_BAD_INPUT)
     else:
         measured = _measure_live(cluster, token_file, reprofile)
     if max_pipelines is None and cluster is not None and cluster.train.max_pipelines != "auto":
@@ -188,15 +172,15 @@ def plan(
         from hetlaunch.runtime.registry import CODEC_NAMES
 
         if compression not in ("auto", *CODEC_NAMES):
-            _fail(f"--compression must be auto or one of {', '.join(CODEC_NAMES)} (got {compression!r})", EXIT_BAD_INPUT)
+            fail(f"--compression must be auto or one of {', '.join(CODEC_NAMES)} (got {compression!r})", EXIT_BAD_INPUT)
         policy = CompressionConfig(intra_region=compression, cross_region=compression, sync=compression)
     request = PlanRequest(num_microbatches=num_mb, schedule=sched, compression=policy, max_pipelines=max_pipelines,
                           global_batch=global_batch, fixed_microbatches=fixed, stages=stages)
     try:
         result = plan_for(measured, request)  # the function `up` plans with
     except (PlanningError, ProfileError) as err:
-        _fail(str(err), EXIT_JOB_FAILED)
-    print_planner_result(_console(), measured, result, as_json=as_json)
+        fail(str(err), EXIT_JOB_FAILED)
+    print_planner_result(plain_console(), measured, result, as_json=as_json)
 
 
 def _measure_live(cluster, token_file, reprofile):
@@ -209,7 +193,7 @@ def _measure_live(cluster, token_file, reprofile):
     measured = []
 
     def measure():
-        status = _console(stderr=True)  # keep stdout clean for --json
+        status = plain_console(stderr=True)  # keep stdout clean for --json
         with ClusterSession(cluster, new_run_dir(cluster, options), options.token or _new_token(), status) as s:
             measured.append(measure_for_train(s, cluster.model.to_spec(), reprofile, status))
 
@@ -224,7 +208,7 @@ def _load(cluster_yaml: Path):
     try:
         return load_cluster(cluster_yaml)
     except ConfigError as err:
-        _fail(str(err), EXIT_BAD_INPUT)
+        fail(str(err), EXIT_BAD_INPUT)
 
 
 def _check_extras(cluster) -> None:
@@ -234,7 +218,7 @@ def _check_extras(cluster) -> None:
     try:
         check_extras(cluster)
     except MissingExtra as err:
-        _fail(str(err), EXIT_BAD_INPUT)
+        fail(str(err), EXIT_BAD_INPUT)
 
 
 def _check_tokens(cluster, cluster_yaml: Path, ask_entrypoint: bool) -> str | None:
@@ -244,7 +228,7 @@ def _check_tokens(cluster, cluster_yaml: Path, ask_entrypoint: bool) -> str | No
     try:
         return check_tokens(cluster, str(cluster_yaml), ask_entrypoint)
     except BadTokens as err:
-        _fail(str(err), EXIT_BAD_INPUT)
+        fail(str(err), EXIT_BAD_INPUT)
 
 
 @app.command()
@@ -259,7 +243,7 @@ def report(
     try:
         written = make_report(run_dir, output)
     except ReportError as err:
-        _fail(str(err), EXIT_BAD_INPUT)
+        fail(str(err), EXIT_BAD_INPUT)
     for path in written:
         print(path, flush=True)
 
@@ -280,7 +264,7 @@ def _token(cluster, token_file: Optional[Path]) -> Optional[str]:
         return read_token(str(token_file) if token_file else None)
     except ValueError as err:
         if token_file is not None:
-            _fail(str(err), EXIT_BAD_INPUT)
+            fail(str(err), EXIT_BAD_INPUT)
         return None  # no token given: one is generated and written to the run directory
 
 
@@ -299,13 +283,13 @@ def _with_cluster(work) -> None:
     try:
         work()
     except (JobError, PlanningError, ProfileError) as err:
-        _fail(str(err), EXIT_JOB_FAILED)
+        fail(str(err), EXIT_JOB_FAILED)
     except (ConfigError, TilingError) as err:  # TilingError: pinned ranges of a model only agents can count
-        _fail(str(err), EXIT_BAD_INPUT)
+        fail(str(err), EXIT_BAD_INPUT)
     except KeyboardInterrupt:
-        _fail("interrupted; every local agent was stopped", 130)
+        fail("interrupted; every local agent was stopped", 130)
     except Terminated:
-        _fail("terminated; every local agent was stopped", 143)
+        fail("terminated; every local agent was stopped", 143)
 
 
 @app.command("prepare-data")
@@ -322,13 +306,13 @@ def prepare_data(
     try:
         total = text_file.stat().st_size if text_file.is_file() else None
         with Progress(TextColumn("tokenizing"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
-                      console=_console(stderr=True), transient=True, disable=not sys.stderr.isatty()) as progress:
+                      console=plain_console(stderr=True), transient=True, disable=not sys.stderr.isatty()) as progress:
             task = progress.add_task("tokenizing", total=total)
             done = prepare(text_file, tokenizer, output, advance=lambda n: progress.advance(task, n))
     except PrepareError as err:
-        _fail(str(err), EXIT_BAD_INPUT)
+        fail(str(err), EXIT_BAD_INPUT)
     except OSError as err:
-        _fail(f"{err.filename or output}: {err.strerror or err}", EXIT_BAD_INPUT)
+        fail(f"{err.filename or output}: {err.strerror or err}", EXIT_BAD_INPUT)
     print(f"{output}: {done.tokens:,} tokens as {done.dtype}, vocabulary {done.vocab_size:,}. In the cluster YAML:\n"
           f"  data: {{format: tokens, path: {output}, dtype: {done.dtype}}}\n"
           f"  model: {{vocab_size: {done.vocab_size}}}   # or your entrypoint's vocabulary", flush=True)
@@ -346,11 +330,11 @@ def export(
     try:
         done = export_run(run, output)
     except ExportError as err:
-        _fail(str(err), EXIT_BAD_INPUT)
+        fail(str(err), EXIT_BAD_INPUT)
     except (ValueError, TypeError) as err:  # the model's entrypoint refused (e.g. transformers missing)
-        _fail(str(err), EXIT_BAD_INPUT)
+        fail(str(err), EXIT_BAD_INPUT)
     except OSError as err:
-        _fail(f"{err.filename or output}: {err.strerror or err}", EXIT_BAD_INPUT)
+        fail(f"{err.filename or output}: {err.strerror or err}", EXIT_BAD_INPUT)
     written = f"{done.weights}" + (f" and {done.config.name}" if done.config else "")
     print(f"{written}: {done.tensors} tensors of the checkpoint at step {done.step} ({done.directory})", flush=True)
 
@@ -381,10 +365,10 @@ def agent(
     import re
 
     if not (math.isfinite(connect_timeout) and connect_timeout > 0):
-        _fail(f"--connect-timeout must be a positive number of seconds (got {connect_timeout})", EXIT_BAD_INPUT)
+        fail(f"--connect-timeout must be a positive number of seconds (got {connect_timeout})", EXIT_BAD_INPUT)
     match = re.fullmatch(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})", coordinator)
     if match is None or not 0 < int(match.group(2)) < 65536:
-        _fail(f"--coordinator must be HOST:PORT (e.g. 10.0.0.5:29400 or [::1]:29400), not {coordinator!r}",
+        fail(f"--coordinator must be HOST:PORT (e.g. 10.0.0.5:29400 or [::1]:29400), not {coordinator!r}",
               EXIT_BAD_INPUT)
     from hetlaunch.runtime.agent import run_agent, tls_credentials
     from hetlaunch.runtime.auth import read_token
@@ -395,9 +379,9 @@ def agent(
         credentials = tls_credentials(*(str(p) if p else None for p in (ca, cert, key)))
         labels = parse_labels(label)
     except ValueError as err:
-        _fail(str(err), EXIT_BAD_INPUT)
+        fail(str(err), EXIT_BAD_INPUT)
     if region and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", region):
-        _fail(f"--region must be 1-64 of letters, digits, '_', '.', '-', starting with a letter or digit "
+        fail(f"--region must be 1-64 of letters, digits, '_', '.', '-', starting with a letter or digit "
               f"(got {region[:80]!r})", EXIT_BAD_INPUT)
     raise typer.Exit(run_agent(coordinator, name, token, connect_timeout, work_dir=work_dir, credentials=credentials,
                                allow_entrypoints=tuple(allow_entrypoint), data_roots=tuple(map(str, data_root)),
@@ -405,91 +389,9 @@ def agent(
                                labels=labels))
 
 
-@app.command()
-def status(
-    run_dir: Path = typer.Argument(..., help="the run directory (runs/<id>)"),
-    token_file: Optional[Path] = typer.Option(None, help="the join token (default: RUN_DIR/token)"),
-) -> None:
-    """Show a running job: generation, each node's state, step and last heartbeat, the last step's figures."""
-    from hetlaunch.launcher.run_control import RunControlError, last_record
-    from hetlaunch.launcher.run_control import status as run_status
-
-    try:
-        reply = run_status(run_dir, token_file)
-    except RunControlError as err:
-        _fail(str(err), EXIT_JOB_FAILED)
-    last = last_record(run_dir)
-    print(f"{run_dir}: generation {reply.generation}"
-          + (f", stopping: {reply.down_requested}" if reply.down_requested else ""))
-    if last is not None:
-        print(f"  step {last['step']}, loss {last['loss']}, {last['tokens_per_s']:,.0f} tokens/s")
-    for node in reply.nodes:
-        print(f"  {node.node:<24} {node.state:<10} step {node.step:<8} heard {node.silent_s:.1f}s ago")
-
-
-@app.command()
-def logs(
-    run_dir: Path = typer.Argument(..., help="the run directory (runs/<id>)"),
-    node: str = typer.Argument(..., help="a node name"),
-    follow: bool = typer.Option(False, "-f", "--follow", help="keep printing until the run ends"),
-) -> None:
-    """Print a local agent's log (remote agents log on their own host)."""
-    from hetlaunch.launcher.run_control import RunControlError, contact_of, follow_log
-
-    path = run_dir / "logs" / f"{node}.log"
-    if not path.is_file():
-        _fail(f"{path}: no log for node {node!r} in this run (a remote agent logs on its own host)", EXIT_BAD_INPUT)
-    try:
-        contact = contact_of(run_dir) if follow else None
-    except RunControlError as err:
-        _fail(str(err), EXIT_BAD_INPUT)
-    try:
-        follow_log(path, contact, sys.stdout)
-    except KeyboardInterrupt:
-        raise typer.Exit(130)
-
-
-@app.command()
-def down(
-    run_dir: Path = typer.Argument(..., help="the run directory (runs/<id>)"),
-    reason: str = typer.Option("hetlaunch down", help="recorded in events.jsonl"),
-    token_file: Optional[Path] = typer.Option(None, help="the join token (default: RUN_DIR/token)"),
-) -> None:
-    """Stop a running job at its next committed checkpoint (at once when checkpoints are off); up --resume continues it."""
-    from hetlaunch.launcher.run_control import RunControlError
-    from hetlaunch.launcher.run_control import down as run_down
-
-    try:
-        run_down(run_dir, reason, token_file)
-    except RunControlError as err:
-        _fail(str(err), EXIT_JOB_FAILED)
-    print(f"{run_dir}: stopping at the next committed checkpoint", flush=True)
-
-
-certs_app = typer.Typer(add_completion=False, no_args_is_help=True,
-                        help="Certificates for TLS on the control plane (needs cryptography: the tls extra).")
+for command in (status, logs, down):
+    app.command()(command)
 app.add_typer(certs_app, name="certs")
-
-
-@certs_app.command("init")
-def certs_init(
-    directory: Path = typer.Argument(..., help="where the CA, coordinator and agent certificates go"),
-    host: list[str] = typer.Option([], "--host", help="an address agents dial the coordinator at (repeat)"),
-) -> None:
-    """Make a private CA, a coordinator certificate (localhost, 127.0.0.1, ::1 and each --host) and an agent certificate."""
-    from hetlaunch.launcher.certs import CertError, init_certs
-
-    try:
-        issued = init_certs(directory, host)
-    except CertError as err:
-        _fail(str(err), EXIT_BAD_INPUT)
-    except OSError as err:
-        _fail(f"{err.filename or directory}: {err.strerror or err}", EXIT_BAD_INPUT)
-    print(f"{directory}: {', '.join(issued.files)} (coordinator valid for {', '.join(issued.hosts)}). In the cluster YAML:\n"
-          f"  coordinator: {{tls: {{cert: {directory}/coordinator.pem, key: {directory}/coordinator.key, "
-          f"ca: {directory}/ca.pem, agent_cert: {directory}/agent.pem, agent_key: {directory}/agent.key}}}}\n"
-          f"On each remote host: hetlaunch agent ... --ca ca.pem --cert agent.pem --key agent.key "
-          f"(keep ca.key off the hosts)", flush=True)
 
 
 def main() -> None:

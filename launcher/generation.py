@@ -61,89 +61,118 @@ class _Running:
 
 def _follow(session: ClusterSession, running: _Running, record: RunRecord, book: CheckpointBook, events: EventLog,
             progress: TrainingProgress, observers: Observers | None, boundary_bytes: list[int] | None) -> Outcome:
-    plan = running.current.plan
-    state = session.state
+    """One loop over what the generation reports, in the order a decision needs it: steps, committed
+    checkpoints, `down`, losses, joins, a live move, a switch at a checkpoint, the end."""
+    gen = _Reports(session, running.current.plan, record, events)
     steps = session.cluster.train.steps
-    aggregator = StepAggregator(plan)
-    # Results arrive per node: a finished generation is one result from each of the plan's nodes.
-    in_plan = Topology.of(plan).by_node("following a generation (a stage's result names its node)")
-    finished: set[str] = set()
-    joined: list[str] = []
-    first = True
-    died: set[str] = set()  # stages whose worker died without reporting (recoverable, unlike a stage's error)
+    watch = observers.stragglers if observers is not None else None
+    while True:
+        gen.take_step(progress, observers)
+        committed = gen.take_checkpoints(book)
+        if session.state.down_requested and (committed is not None or not session.cluster.train.checkpoint_every):
+            where = f"at the checkpoint of step {committed}" if committed is not None else "(checkpoints are off)"
+            return Outcome(down=True, message=f"stopped by `hetlaunch down` {where}: {session.state.down_requested}")
+        ended = gen.losses()
+        if ended is not None:
+            return ended
+        gen.take_joins()
+        stuck = _live_move(session, running, watch, observers, events, steps, boundary_bytes)
+        if stuck is not None:
+            return Outcome(message=stuck, aggregator=gen.aggregator)
+        if committed is not None and committed < steps:
+            switch = _switch(running, watch, gen.joined, committed, events)
+            if switch is not None:
+                return switch
+        if len(gen.finished) == len(gen.in_plan):
+            if len(record.records) >= steps:
+                return Outcome(finished=True)
+            if not session.state.steps_pending():
+                raise JobError(f"stages finished but only {len(record.records)} of {steps} steps reported")
+        time.sleep(0)
 
-    def new_failures() -> list[tuple[str, str]]:
+
+class _Reports:
+    """What one generation's stages have reported so far: steps joined into records, finished and
+    failed stages, joins."""
+
+    def __init__(self, session: ClusterSession, plan: Plan, record: RunRecord, events: EventLog):
+        self.session, self.state, self.record, self.events = session, session.state, record, events
+        self.aggregator = StepAggregator(plan)
+        # Results arrive per node: a finished generation is one result from each of the plan's nodes.
+        self.in_plan = Topology.of(plan).by_node("following a generation (a stage's result names its node)")
+        self.finished: set[str] = set()
+        self.died: set[str] = set()  # stages whose worker died without reporting (recoverable, unlike an error)
+        self.joined: list[str] = []
+        self.first = True
+
+    def take_step(self, progress: TrainingProgress, observers: Observers | None) -> None:
+        """One step report (waiting briefly for it); a record once every stage reported its step."""
+        received = self.state.next_step(timeout=0.2)
+        if received is None:
+            return
+        if observers is not None and received[1].trace:
+            observers.trace(*received)
+        step_record = self.aggregator.add(*received)
+        if step_record is None:
+            return
+        if self.first:  # when the generation is really running again (recovery time ends here)
+            self.events.write("first_step", generation=self.state.generation, step=step_record.step)
+            self.first = False
+        self.record.add(step_record)
+        progress.update(step_record)
+        event = observers.step(step_record, self.state.generation) if observers is not None else None
+        if event is not None:
+            self.events.write(event[0], **event[1])
+
+    def take_checkpoints(self, book: CheckpointBook) -> int | None:
+        """The step of a checkpoint the parts reported since the last call committed, if any."""
+        committed = None
+        for node, part in self.state.checkpoints():
+            committed = book.add(node, part) or committed
+        if committed is not None:
+            self.events.write("checkpoint", step=committed, directory=str(book.latest[1]), source="file")
+        return committed
+
+    def new_failures(self) -> list[tuple[str, str]]:
         failed = []
-        for node, result in state.results():
+        for node, result in self.state.results():
             if result.ok:
-                finished.add(node)
+                self.finished.add(node)
             else:
                 failed.append((node, result.error))
                 if result.worker_died:
-                    died.add(node)
+                    self.died.add(node)
         return failed
 
-    while True:
-        received = state.next_step(timeout=0.2)
-        if received is not None:
-            if observers is not None and received[1].trace:
-                observers.trace(*received)
-            step_record = aggregator.add(*received)
-            if step_record is not None:
-                if first:  # when the generation is really running again (recovery time ends here)
-                    events.write("first_step", generation=state.generation, step=step_record.step)
-                    first = False
-                record.add(step_record)
-                progress.update(step_record)
-                event = observers.step(step_record, state.generation) if observers is not None else None
-                if event is not None:
-                    events.write(event[0], **event[1])
-        committed = None
-        for node, part in state.checkpoints():
-            committed = book.add(node, part) or committed
-        if committed is not None:
-            events.write("checkpoint", step=committed, directory=str(book.latest[1]), source="file")
-        if state.down_requested and (committed is not None or not session.cluster.train.checkpoint_every):
-            where = f"at the checkpoint of step {committed}" if committed is not None else "(checkpoints are off)"
-            return Outcome(down=True, message=f"stopped by `hetlaunch down` {where}: {state.down_requested}")
-        failures = dict(new_failures())
-        lost = session.lost_nodes(finished)
+    def losses(self) -> Outcome | None:
+        """How the generation ends if a stage failed or a node of the plan was lost; None: it goes on."""
+        failures = dict(self.new_failures())
+        lost = self.session.lost_nodes(self.finished)
         for node, why in lost.items():
-            if node not in in_plan:  # a spare the plan did not use: note it, carry on
-                session.declare_lost(node, why)
-                events.write("lost", node=node, why=why, in_plan=False)
-        lost = {n: why for n, why in lost.items() if n in in_plan}
+            if node not in self.in_plan:  # a spare the plan did not use: note it, carry on
+                self.session.declare_lost(node, why)
+                self.events.write("lost", node=node, why=why, in_plan=False)
+        lost = {n: why for n, why in lost.items() if n in self.in_plan}
         if failures:
-            lost, message = session.diagnose(failures, "stage", finished, new_failures)
-            blamed = {node for node in lost if node in failures and node not in died}
+            lost, message = self.session.diagnose(failures, "stage", self.finished, self.new_failures)
+            blamed = {node for node in lost if node in failures and node not in self.died}
             if any(not is_peer_error(failures[node]) for node in blamed):
                 # The stage reported an error of its own (a bad model, a bad range): it would happen again.
                 raise JobError(message)
             # Only connection errors and nobody gone: a network hiccup. Run again, on the same nodes.
             return Outcome(lost={n: why for n, why in lost.items() if n not in blamed}, message=message,
-                           failed=set(failures), aggregator=aggregator)
+                           failed=set(failures), aggregator=self.aggregator)
         if lost:
             node, why = next(iter(lost.items()))
-            return Outcome(lost=lost, message=f"lost node {node}: {why}", aggregator=aggregator)
-        while not state.joins.empty():
-            node = state.joins.get_nowait()
-            session.rejoined(node)
-            events.write("join", node=node, step=len(record.records))
-            joined.append(node)
-        watch = observers.stragglers if observers is not None else None
-        stuck = _live_move(session, running, watch, observers, events, steps, boundary_bytes)
-        if stuck is not None:
-            return Outcome(message=stuck, aggregator=aggregator)
-        if committed is not None and committed < steps:
-            switch = _switch(running, watch, joined, committed, events)
-            if switch is not None:
-                return switch
-        if len(finished) == len(in_plan):
-            if len(record.records) >= steps:
-                return Outcome(finished=True)
-            if not state.steps_pending():
-                raise JobError(f"stages finished but only {len(record.records)} of {steps} steps reported")
-        time.sleep(0)
+            return Outcome(lost=lost, message=f"lost node {node}: {why}", aggregator=self.aggregator)
+        return None
+
+    def take_joins(self) -> None:
+        while not self.state.joins.empty():
+            node = self.state.joins.get_nowait()
+            self.session.rejoined(node)
+            self.events.write("join", node=node, step=len(self.record.records))
+            self.joined.append(node)
 
 
 def _switch(running: _Running, watch, joined: list[str], committed: int, events: EventLog) -> Outcome | None:

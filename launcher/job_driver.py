@@ -130,22 +130,15 @@ def _check_resumable(run_dir: Path) -> None:
 
 
 def _run(session: ClusterSession, spec, options: UpOptions, events: EventLog, console: Console) -> None:
-    cluster, train = session.cluster, session.cluster.train
+    """The job as a loop over generations: launch a plan, follow it to its end, then finish, stop
+    at `down`, switch plans at a checkpoint, or recover from a lost node and launch again."""
+    train = session.cluster.train
     plan, replanner = make_plan(session, spec, options.reprofile, console)
     if replanner.measured is not None:  # what the plan was made from: `hetlaunch plan --profile` can replay it
         save_profile(replanner.measured, session.run_dir / "profile.json")
     print_plan(console, plan)
-    book = CheckpointBook(session.checkpoint_root, cluster.checkpoint.keep, plan.num_layers,
-                          {"model": spec.describe(), "model_spec": json_format.MessageToDict(model_spec_to_proto(spec)),
-                           "train_seed": train.seed, "data_seed": cluster.data.seed,
-                           "rng": "torch.manual_seed(step_rng_seed(train_seed, step)) before every step"})
-    session.state.checkpoint_root = book.root  # remote stages upload their parts here
-    restore = Restore(0, None, "init")
-    if options.resume is not None:
-        restore = _resume_point(book, spec, plan)
-        events.write("resume", step=restore.step, directory=str(restore.directory) if restore.directory else None)
-        console.print(f"resuming at step {restore.step} from {restore.directory}" if restore.directory else
-                      "no committed checkpoint to resume from: starting at step 0")
+    book = _checkpoint_book(session, spec, plan)
+    restore = _start_point(book, spec, plan, options, events, console)
     record = RunRecord(session.run_dir, resume_at=restore.step if options.resume is not None else None)
     current = CurrentPlan()
     observers = Observers(session.cluster, session.run_dir, session.state, current)
@@ -182,28 +175,70 @@ def _run(session: ClusterSession, spec, options: UpOptions, events: EventLog, co
                     progress.rebalancing(outcome.message, restore.step)
                     print_plan(console, plan)
                     continue
-                for node, why in outcome.lost.items():
-                    session.declare_lost(node, why)
-                    events.write("lost", node=node, why=why, in_plan=True)
                 if restarts >= train.max_restarts:
+                    _declare_lost(session, outcome, events)
                     raise JobError(f"{outcome.message} (no restart left: train.max_restarts is {train.max_restarts})")
                 restarts += 1
                 observers.restarted(restarts)
                 progress.recovering(outcome.message, record.records[-1].step + 1 if record.records else 0)
-                restore = _abort_and_restore(session, plan, book, events, outcome.failed)
-                lost_steps = record.rewind(restore.step)
-                for late in _late_steps(session, outcome.aggregator, before=restore.step):
-                    if late.step == len(record.records):
-                        record.add(late)
-                plan = _replan(session, spec, replanner, console)
-                print_plan(console, plan)
+                restore, plan, lost_steps = _recover(session, spec, replanner, plan, outcome, book, record, events, console)
                 events.write("restart", restart=restarts, cause=outcome.message, resume_step=restore.step,
                              restore_source=restore.source, lost_steps=lost_steps)
     finally:
         record.close()
         observers.close()
-    summary = {"run_id": session.run_dir.name, "plan": current.plan.to_dict(), **record.summarize(),
-               "wall_s": time.monotonic() - start, "restarts": restarts,
+    _finish(session, current, record, book, observers, events, console,
+            {"wall_s": time.monotonic() - start, "restarts": restarts})
+
+
+def _checkpoint_book(session: ClusterSession, spec, plan: Plan) -> CheckpointBook:
+    """The run's checkpoints, each manifest naming the model and seeds a restore must match."""
+    cluster = session.cluster
+    book = CheckpointBook(session.checkpoint_root, cluster.checkpoint.keep, plan.num_layers,
+                          {"model": spec.describe(), "model_spec": json_format.MessageToDict(model_spec_to_proto(spec)),
+                           "train_seed": cluster.train.seed, "data_seed": cluster.data.seed,
+                           "rng": "torch.manual_seed(step_rng_seed(train_seed, step)) before every step"})
+    session.state.checkpoint_root = book.root  # remote stages upload their parts here
+    return book
+
+
+def _start_point(book: CheckpointBook, spec, plan: Plan, options: UpOptions, events: EventLog,
+                 console: Console) -> Restore:
+    """Step 0, or with --resume the run's last committed checkpoint."""
+    if options.resume is None:
+        return Restore(0, None, "init")
+    restore = _resume_point(book, spec, plan)
+    events.write("resume", step=restore.step, directory=str(restore.directory) if restore.directory else None)
+    console.print(f"resuming at step {restore.step} from {restore.directory}" if restore.directory else
+                  "no committed checkpoint to resume from: starting at step 0")
+    return restore
+
+
+def _declare_lost(session: ClusterSession, outcome, events: EventLog) -> None:
+    for node, why in outcome.lost.items():
+        session.declare_lost(node, why)
+        events.write("lost", node=node, why=why, in_plan=True)
+
+
+def _recover(session: ClusterSession, spec, replanner: Replanner, plan: Plan, outcome, book: CheckpointBook,
+             record: RunRecord, events: EventLog, console: Console) -> tuple[Restore, Plan, int]:
+    """After a lost node: stop the survivors, restore from their replicas or the last checkpoint,
+    keep the steps taken before it, and plan again on the nodes left: (restore, plan, steps redone)."""
+    _declare_lost(session, outcome, events)
+    restore = _abort_and_restore(session, plan, book, events, outcome.failed)
+    lost_steps = record.rewind(restore.step)
+    for late in _late_steps(session, outcome.aggregator, before=restore.step):
+        if late.step == len(record.records):
+            record.add(late)
+    plan = _replan(session, spec, replanner, console)
+    print_plan(console, plan)
+    return restore, plan, lost_steps
+
+
+def _finish(session: ClusterSession, current: CurrentPlan, record: RunRecord, book: CheckpointBook,
+            observers: Observers, events: EventLog, console: Console, extra: dict) -> None:
+    """summary.json, the calibration, the last event and the console's summary."""
+    summary = {"run_id": session.run_dir.name, "plan": current.plan.to_dict(), **record.summarize(), **extra,
                "checkpoints_committed": book.committed, "events": dict(events.counts)}
     calibration = observers.calibration.finish(record.records)
     if calibration is not None:

@@ -1,0 +1,25 @@
+"""What every `hetlaunch` command shares: exit codes, plain-text consoles, the one-line error."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+EXIT_BAD_INPUT = 2
+EXIT_JOB_FAILED = 1
+
+
+def plain_console(stderr: bool = False):
+    """Plain-text output: markup off, so no user or error text is ever altered or breaks printing.
+    A pipe or a log file gets lines wide enough for the plan table; a terminal keeps its own width."""
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(stderr=stderr, markup=False, emoji=False, highlight=False,
+                   width=None if stream.isatty() else 120)
+
+
+def fail(message: str, code: int) -> None:
+    print(f"error: {' '.join(str(message).split())}", file=sys.stderr, flush=True)
+    raise typer.Exit(code)
