@@ -27,7 +27,7 @@ from hetlaunch.protos import control_pb2_grpc
 from hetlaunch.protos import worker_pb2 as wpb
 from hetlaunch.runtime.auth import TOKEN_METADATA_KEY
 from hetlaunch.runtime.clock_offset import ClockOffset
-from hetlaunch.runtime.devices import describe_devices
+from hetlaunch.runtime.node_devices import describe_devices
 from hetlaunch.runtime.policy import AgentPolicy, PolicyRefusal
 from hetlaunch.runtime.step_reporter import StepReporter
 from hetlaunch.runtime.task_relay import TaskRelay

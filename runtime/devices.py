@@ -1,22 +1,10 @@
-"""This node's devices: what it announces when it joins, and the device a command asks for."""
+"""The torch device a command asks for, in a worker (what an agent announces: runtime/node_devices.py)."""
 
 from __future__ import annotations
 
 import platform
 
-import psutil
 import torch
-
-from hetlaunch.protos import control_pb2 as pb
-
-
-def describe_devices() -> list[pb.Device]:
-    if torch.cuda.is_available():
-        return [pb.Device(kind=pb.DEVICE_KIND_CUDA, name=torch.cuda.get_device_name(i), index=i,
-                          memory_bytes=torch.cuda.get_device_properties(i).total_memory)
-                for i in range(torch.cuda.device_count())]
-    return [pb.Device(kind=pb.DEVICE_KIND_CPU, name=platform.processor() or platform.machine(), index=0,
-                      memory_bytes=psutil.virtual_memory().total)]
 
 
 def resolve_device(name: str) -> torch.device:
