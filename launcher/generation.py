@@ -30,6 +30,9 @@ from hetlaunch.launcher.job_errors import JobError
 from hetlaunch.launcher.session import ClusterSession, is_peer_error
 
 
+CATCH_UP_S = 30.0  # how long a generation ending at a checkpoint waits for the reports of the steps before it
+
+
 @dataclass
 class Outcome:
     finished: bool = False
@@ -71,6 +74,8 @@ def _follow(session: ClusterSession, running: _Running, record: RunRecord, book:
         committed = gen.take_checkpoints(book)
         if session.state.down_requested and (committed is not None or not session.cluster.train.checkpoint_every):
             where = f"at the checkpoint of step {committed}" if committed is not None else "(checkpoints are off)"
+            if committed is not None:
+                gen.catch_up(committed, progress, observers)
             return Outcome(down=True, message=f"stopped by `hetlaunch down` {where}: {session.state.down_requested}")
         ended = gen.losses()
         if ended is not None:
@@ -82,9 +87,10 @@ def _follow(session: ClusterSession, running: _Running, record: RunRecord, book:
         if committed is not None and committed < steps:
             switch = _switch(running, watch, gen.joined, committed, events)
             if switch is not None:
+                gen.catch_up(committed, progress, observers)
                 return switch
         if len(gen.finished) == len(gen.in_plan):
-            if len(record.records) >= steps:
+            if record.accounted() >= steps:
                 return Outcome(finished=True)
             if not session.state.steps_pending():
                 raise JobError(f"stages finished but only {len(record.records)} of {steps} steps reported")
@@ -123,6 +129,15 @@ class _Reports:
         event = observers.step(step_record, self.state.generation) if observers is not None else None
         if event is not None:
             self.events.write(event[0], **event[1])
+
+    def catch_up(self, step: int, progress: TrainingProgress, observers: Observers | None,
+                 timeout_s: float = CATCH_UP_S) -> None:
+        """Take step reports until every step before `step` is recorded (or timeout_s passed): a
+        checkpoint's parts can arrive before the reports of the steps it follows, which travel on
+        their own thread, and a generation that ends at that checkpoint must not leave them out."""
+        deadline = time.monotonic() + timeout_s
+        while self.record.next_step < step and time.monotonic() < deadline:
+            self.take_step(progress, observers)
 
     def take_checkpoints(self, book: CheckpointBook) -> int | None:
         """The step of a checkpoint the parts reported since the last call committed, if any."""

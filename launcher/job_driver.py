@@ -43,6 +43,7 @@ from hetlaunch.runtime.wire import model_spec_to_proto
 
 __all__ = ["JobError", "UpOptions", "run_up", "make_plan", "new_run_dir"]
 
+LATE_STEPS_WAIT_S = 5.0  # for the reports of steps a checkpoint or the replicas hold, after a loss
 SNAPSHOT_WAIT_S = 20.0  # how long survivors get to write their layers after a loss
 
 
@@ -140,6 +141,10 @@ def _run(session: ClusterSession, spec, options: UpOptions, events: EventLog, co
     book = _checkpoint_book(session, spec, plan)
     restore = _start_point(book, spec, plan, options, events, console)
     record = RunRecord(session.run_dir, resume_at=restore.step if options.resume is not None else None)
+    if record.unrecorded:
+        events.write("unrecorded", steps=record.unrecorded)
+        console.print(f"{len(record.unrecorded)} step(s) before the checkpoint have no line in metrics.jsonl "
+                      f"(steps {record.unrecorded[0]}–{record.unrecorded[-1]}: the run stopped before their reports came)")
     current = CurrentPlan()
     observers = Observers(session.cluster, session.run_dir, session.state, current)
     observers.stragglers = StragglerWatch(train, replanner, current, offsets=session.state.clock_offsets)
@@ -227,8 +232,8 @@ def _recover(session: ClusterSession, spec, replanner: Replanner, plan: Plan, ou
     _declare_lost(session, outcome, events)
     restore = _abort_and_restore(session, plan, book, events, outcome.failed)
     lost_steps = record.rewind(restore.step)
-    for late in _late_steps(session, outcome.aggregator, before=restore.step):
-        if late.step == len(record.records):
+    for late in _late_steps(session, outcome.aggregator, record.next_step, restore.step):
+        if late.step == record.next_step:
             record.add(late)
     plan = _replan(session, spec, replanner, console)
     print_plan(console, plan)
@@ -249,12 +254,23 @@ def _finish(session: ClusterSession, current: CurrentPlan, record: RunRecord, bo
     print_summary(console, summary, session.run_dir)
 
 
-def _late_steps(session: ClusterSession, aggregator: StepAggregator, before: int) -> list[StepRecord]:
-    """The steps before `before` that the ended generation took but `follow` did not record: those
-    whose reports came in after it returned (the survivors' last ones, while they were stopped), and
-    those some stage never reported (its node died after the step was taken, before its report)."""
-    complete = [r for node, metrics in session.state.steps() if (r := aggregator.add(node, metrics)) is not None]
-    late = [r for r in complete if r.step < before] + aggregator.incomplete(before=before)
+def _late_steps(session: ClusterSession, aggregator: StepAggregator, since: int, before: int,
+                wait_s: float = LATE_STEPS_WAIT_S) -> list[StepRecord]:
+    """The steps in [since, before) that the ended generation took but `follow` did not record:
+    those whose reports came in after it returned (the survivors' last ones, while they were
+    stopped; waiting up to wait_s for a step nobody's report has reached yet), and those some
+    stage never reported (its node died after the step was taken, before its report)."""
+    deadline = time.monotonic() + wait_s
+    complete: dict[int, StepRecord] = {}
+    while True:
+        for node, metrics in session.state.steps():
+            if (done := aggregator.add(node, metrics)) is not None:
+                complete[done.step] = done
+        seen = set(complete) | set(aggregator.pending)
+        if all(step in seen for step in range(since, before)) or time.monotonic() >= deadline:
+            break
+        time.sleep(0.05)
+    late = [r for step, r in complete.items() if step < before] + aggregator.incomplete(before=before)
     return sorted(late, key=lambda r: r.step)
 
 

@@ -253,8 +253,12 @@ class RunRecord:
         make_run_dir(self.run_dir)
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self._close_error: str | None = None
+        # Steps of an earlier run of this directory that its checkpoint holds but metrics.jsonl does not
+        # (it stopped after the checkpoint was committed, before their reports came): never reported again.
+        self.unrecorded: list[int] = []
         if self.resume_at is not None:
             self.records = read_metrics(self.metrics_path, self.resume_at)
+            self.unrecorded = sorted(set(range(self.resume_at)) - {r.step for r in self.records})
         self._lines = JsonLines(self.metrics_path, [r.to_json() for r in self.records]
                                 if self.resume_at is not None else None)
 
@@ -262,6 +266,15 @@ class RunRecord:
         """Append the step's line whole, or fail with JobError and leave the file as it was."""
         self._lines.append(record.to_json())
         self.records.append(record)
+
+    @property
+    def next_step(self) -> int:
+        """The step after the last one recorded."""
+        return self.records[-1].step + 1 if self.records else 0
+
+    def accounted(self) -> int:
+        """Steps recorded, and steps of an earlier run that cannot be (see `unrecorded`)."""
+        return len(self.records) + len(self.unrecorded)
 
     def rewind(self, step: int) -> int:
         """Forget the steps from `step` on (they run again after a restore from an older state):

@@ -1,4 +1,4 @@
-"""The steps a generation took but did not record when it ended on a lost node.
+"""The steps a generation took but did not record when it ended (on a lost node, or at a checkpoint).
 
 `follow` returns as soon as it sees the loss; the survivors' reports of their last steps may
 still arrive while they are being stopped. Those, and the steps the lost node never reported,
@@ -9,12 +9,18 @@ into a real CoordinatorState in the order that race produces.
 
 from __future__ import annotations
 
+import io
 from types import SimpleNamespace
 
+from rich.console import Console
+
 from hetlaunch.launcher.coordinator_state import CoordinatorState
+from hetlaunch.launcher.events import EventLog
+from hetlaunch.launcher.generation import _Reports
 from hetlaunch.launcher.job_driver import _late_steps
 from hetlaunch.launcher.planning.plan import Plan, StagePlan
-from hetlaunch.launcher.run_record import StepAggregator
+from hetlaunch.launcher.progress import TrainingProgress
+from hetlaunch.launcher.run_record import RunRecord, StepAggregator
 from hetlaunch.protos import control_pb2 as pb
 
 NODES = ["a", "b", "c", "d"]  # two pipelines: a -> b and c -> d
@@ -48,7 +54,7 @@ def test_reports_that_arrive_after_the_loss_and_the_lost_nodes_missing_ones_are_
     # reported it), then the whole step 7 from the survivors but d, and step 8 that a and c began.
     for node, step in [("c", 6), ("a", 7), ("b", 7), ("c", 7), ("a", 8), ("c", 8)]:
         state.report_step(node, generation, _metrics(node, step))
-    late = _late_steps(SimpleNamespace(state=state), aggregator, before=8)  # the replicas hold step 8
+    late = _late_steps(SimpleNamespace(state=state), aggregator, 6, 8, wait_s=0)  # replicas at step 8
     assert [r.step for r in late] == [6, 7]
     assert [r.missing for r in late] == [["d"], ["d"]]
     assert late[0].loss == 7.0  # pipeline 0's last stage reported it
@@ -62,6 +68,58 @@ def test_a_late_report_that_completes_a_step_records_it_whole():
     for node in ["a", "b", "c"]:
         aggregator.add(node, _metrics(node, 3))
     state.report_step("d", generation, _metrics("d", 3))
-    late = _late_steps(SimpleNamespace(state=state), aggregator, before=4)
+    late = _late_steps(SimpleNamespace(state=state), aggregator, 3, 4, wait_s=0)
     assert [r.step for r in late] == [3]
     assert not late[0].missing
+
+
+def test_a_generation_ending_at_a_checkpoint_first_records_the_steps_before_it(tmp_path):
+    """`down` or a switch at the checkpoint of step 4, whose parts came before the reports of
+    steps 2 and 3 (they travel on their own thread): those steps are taken before it ends (a
+    resumed run once ended with 386 of 400 steps)."""
+    state = CoordinatorState(NODES)
+    generation = state.begin_generation()
+    record = RunRecord(tmp_path / "run")
+    reports = _Reports(SimpleNamespace(state=state), _plan(), record, EventLog(tmp_path / "run"))
+    for step in range(6):  # steps 4 and 5 too: the stages train on while the checkpoint is committed
+        for node in NODES:
+            state.report_step(node, generation, _metrics(node, step))
+    with TrainingProgress(Console(file=io.StringIO()), 10) as progress:
+        reports.catch_up(4, progress, None, timeout_s=30)
+        assert record.next_step >= 4 and [r.step for r in record.records] == list(range(record.next_step))
+        # Nothing more to come after step 5: it waits its bound and records only what came.
+        reports.catch_up(9, progress, None, timeout_s=0.5)
+        assert [r.step for r in record.records] == list(range(6))
+
+
+def test_a_resumed_run_accounts_for_steps_its_checkpoint_holds_but_its_metrics_do_not(tmp_path):
+    first = RunRecord(tmp_path / "run")
+    aggregator = StepAggregator(_plan())
+    for step in [0, 1, 2]:  # the run stopped at the checkpoint of step 5 before steps 3 and 4 were reported
+        for node in NODES:
+            done = aggregator.add(node, _metrics(node, step))
+        first.add(done)
+    first.close()
+    resumed = RunRecord(tmp_path / "run", resume_at=5)
+    assert [r.step for r in resumed.records] == [0, 1, 2] and resumed.unrecorded == [3, 4]
+    assert resumed.accounted() == 5 and resumed.next_step == 3
+
+
+def test_reports_still_on_their_way_are_waited_for_within_the_bound():
+    import threading
+
+    state = CoordinatorState(NODES)
+    generation = state.begin_generation()
+    aggregator = StepAggregator(_plan())
+    arrived = threading.Event()
+
+    def late_reports():  # step 2's reports, sent once the caller is waiting
+        for node in NODES:
+            state.report_step(node, generation, _metrics(node, 2))
+        arrived.set()
+
+    timer = threading.Timer(0.2, late_reports)
+    timer.start()
+    late = _late_steps(SimpleNamespace(state=state), aggregator, 2, 3, wait_s=60)
+    timer.join()
+    assert arrived.is_set() and [r.step for r in late] == [2] and not late[0].missing
