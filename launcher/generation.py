@@ -93,7 +93,7 @@ def _follow(session: ClusterSession, running: _Running, record: RunRecord, book:
             if record.accounted() >= steps:
                 return Outcome(finished=True)
             if not session.state.steps_pending():
-                raise JobError(f"stages finished but only {len(record.records)} of {steps} steps reported")
+                raise JobError(f"stages finished but only {record.accounted()} of {steps} steps reported")
         time.sleep(0)
 
 

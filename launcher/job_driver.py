@@ -141,10 +141,7 @@ def _run(session: ClusterSession, spec, options: UpOptions, events: EventLog, co
     book = _checkpoint_book(session, spec, plan)
     restore = _start_point(book, spec, plan, options, events, console)
     record = RunRecord(session.run_dir, resume_at=restore.step if options.resume is not None else None)
-    if record.unrecorded:
-        events.write("unrecorded", steps=record.unrecorded)
-        console.print(f"{len(record.unrecorded)} step(s) before the checkpoint have no line in metrics.jsonl "
-                      f"(steps {record.unrecorded[0]}–{record.unrecorded[-1]}: the run stopped before their reports came)")
+    _say_unrecorded(record.unrecorded, "the checkpoint this run resumes from", events, console)
     current = CurrentPlan()
     observers = Observers(session.cluster, session.run_dir, session.state, current)
     observers.stragglers = StragglerWatch(train, replanner, current, offsets=session.state.clock_offsets)
@@ -156,6 +153,7 @@ def _run(session: ClusterSession, spec, options: UpOptions, events: EventLog, co
         with TrainingProgress(console, train.steps, completed=restore.step) as progress:
             while restore.step < train.steps:
                 # `plan` is the plan to launch; from here on the generation's plan is current.plan
+                started = restore.step
                 observers.new_generation(current.launch(plan), replanner.measured, restore.step)
                 boundary_bytes = _boundary_bytes(replanner)
                 book.expect(launch(session, plan, spec, restore, book.root, boundary_bytes))
@@ -177,6 +175,8 @@ def _run(session: ClusterSession, spec, options: UpOptions, events: EventLog, co
                     restore, plan = book.restore_point("file"), outcome.grow
                     events.write("restart", cause=outcome.message, resume_step=restore.step,
                                  lost_steps=record.rewind(restore.step))
+                    _say_unrecorded(record.give_up_before(restore.step, since=started),
+                                    "the checkpoint the new plan starts from", events, console)
                     progress.rebalancing(outcome.message, restore.step)
                     print_plan(console, plan)
                     continue
@@ -186,7 +186,8 @@ def _run(session: ClusterSession, spec, options: UpOptions, events: EventLog, co
                 restarts += 1
                 observers.restarted(restarts)
                 progress.recovering(outcome.message, record.records[-1].step + 1 if record.records else 0)
-                restore, plan, lost_steps = _recover(session, spec, replanner, plan, outcome, book, record, events, console)
+                restore, plan, lost_steps = _recover(session, spec, replanner, plan, outcome, started, book, record,
+                                                     events, console)
                 events.write("restart", restart=restarts, cause=outcome.message, resume_step=restore.step,
                              restore_source=restore.source, lost_steps=lost_steps)
     finally:
@@ -225,19 +226,28 @@ def _declare_lost(session: ClusterSession, outcome, events: EventLog) -> None:
         events.write("lost", node=node, why=why, in_plan=True)
 
 
-def _recover(session: ClusterSession, spec, replanner: Replanner, plan: Plan, outcome, book: CheckpointBook,
-             record: RunRecord, events: EventLog, console: Console) -> tuple[Restore, Plan, int]:
+def _recover(session: ClusterSession, spec, replanner: Replanner, plan: Plan, outcome, started: int,
+             book: CheckpointBook, record: RunRecord, events: EventLog, console: Console) -> tuple[Restore, Plan, int]:
     """After a lost node: stop the survivors, restore from their replicas or the last checkpoint,
-    keep the steps taken before it, and plan again on the nodes left: (restore, plan, steps redone)."""
+    keep the steps taken before it, and plan again on the nodes left: (restore, plan, steps redone).
+    `started`: the step the ended generation started at."""
     _declare_lost(session, outcome, events)
     restore = _abort_and_restore(session, plan, book, events, outcome.failed)
     lost_steps = record.rewind(restore.step)
-    for late in _late_steps(session, outcome.aggregator, record.next_step, restore.step):
-        if late.step == record.next_step:
-            record.add(late)
+    _record_late_steps(session, outcome.aggregator, record, started, restore.step)
+    _say_unrecorded(record.give_up_before(restore.step, since=started),
+                    "the state training goes on from", events, console)
     plan = _replan(session, spec, replanner, console)
     print_plan(console, plan)
     return restore, plan, lost_steps
+
+
+def _say_unrecorded(steps: list[int], held_by: str, events: EventLog, console: Console) -> None:
+    """Steps that `held_by` includes but metrics.jsonl never will: an event and one line."""
+    if steps:
+        events.write("unrecorded", steps=steps)
+        shown = ", ".join(map(str, steps[:10])) + (", ..." if len(steps) > 10 else "")
+        console.print(f"no report came of step(s) {shown}: {held_by} includes them; metrics.jsonl has no line for them")
 
 
 def _finish(session: ClusterSession, current: CurrentPlan, record: RunRecord, book: CheckpointBook,
@@ -252,6 +262,17 @@ def _finish(session: ClusterSession, current: CurrentPlan, record: RunRecord, bo
     record.write_summary(summary)
     events.write("done", steps=len(record.records))
     print_summary(console, summary, session.run_dir)
+
+
+def _record_late_steps(session: ClusterSession, aggregator: StepAggregator, record: RunRecord, started: int,
+                       before: int, wait_s: float = LATE_STEPS_WAIT_S) -> None:
+    """Record, in order, the steps of the generation that started at `started` that it took before
+    `before` but did not record (earlier gaps are already `unrecorded`)."""
+    expected = max(record.next_step, started)
+    for late in _late_steps(session, aggregator, expected, before, wait_s):
+        if late.step == expected:
+            record.add(late)
+            expected += 1
 
 
 def _late_steps(session: ClusterSession, aggregator: StepAggregator, since: int, before: int,

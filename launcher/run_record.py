@@ -258,7 +258,7 @@ class RunRecord:
         self.unrecorded: list[int] = []
         if self.resume_at is not None:
             self.records = read_metrics(self.metrics_path, self.resume_at)
-            self.unrecorded = sorted(set(range(self.resume_at)) - {r.step for r in self.records})
+            self.give_up_before(self.resume_at)
         self._lines = JsonLines(self.metrics_path, [r.to_json() for r in self.records]
                                 if self.resume_at is not None else None)
 
@@ -273,13 +273,22 @@ class RunRecord:
         return self.records[-1].step + 1 if self.records else 0
 
     def accounted(self) -> int:
-        """Steps recorded, and steps of an earlier run that cannot be (see `unrecorded`)."""
-        return len(self.records) + len(self.unrecorded)
+        """Steps recorded, and steps that cannot be (see `unrecorded`)."""
+        return len({r.step for r in self.records} | set(self.unrecorded))
+
+    def give_up_before(self, step: int, since: int = 0) -> list[int]:
+        """The steps in [since, step) with no record, now counted as `unrecorded`: the state they
+        led to is the one training goes on from, but no stage's report of them will come."""
+        have = {r.step for r in self.records} | set(self.unrecorded)
+        missing = [s for s in range(since, step) if s not in have]
+        self.unrecorded = sorted(set(self.unrecorded) | set(missing))
+        return missing
 
     def rewind(self, step: int) -> int:
         """Forget the steps from `step` on (they run again after a restore from an older state):
         the file is rewritten whole without them. Returns how many were dropped."""
         kept = [r for r in self.records if r.step < step]
+        self.unrecorded = [s for s in self.unrecorded if s < step]  # those steps run again
         dropped = len(self.records) - len(kept)
         if dropped:
             self._lines.close()

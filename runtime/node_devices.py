@@ -2,13 +2,14 @@
 
 An agent only supervises workers: torch is loaded by its workers, never by the agent itself,
 except to ask a GPU driver about its devices. Loading torch costs an agent about 2 s of CPU
-and 200 MB; on a host with no NVIDIA or AMD kernel driver (no /dev/nvidia*, /dev/kfd or
-/proc/driver/nvidia) `torch.cuda.is_available()` is False whatever torch build is installed,
-so the answer is the CPU and torch is not loaded.
+and 200 MB. On a host with no GPU driver to be seen (no device node or module of NVIDIA, AMD,
+WSL2 or Jetson, and no CUDA driver library) `torch.cuda.is_available()` is False whatever torch
+build is installed, so the answer is the CPU and torch is not loaded.
 """
 
 from __future__ import annotations
 
+import ctypes.util
 import glob
 import os
 import platform
@@ -17,11 +18,19 @@ import psutil
 
 from hetlaunch.protos import control_pb2 as pb
 
-GPU_DRIVER_PATHS = ("/dev/nvidia*", "/dev/kfd", "/proc/driver/nvidia")
+# NVIDIA (/dev/nvidia*, its module), AMD ROCm (/dev/kfd), WSL2 (/dev/dxg), Jetson (/dev/nvhost-*).
+GPU_DRIVER_PATHS = ("/dev/nvidia*", "/proc/driver/nvidia", "/sys/module/nvidia", "/dev/kfd", "/dev/dxg",
+                    "/dev/nvhost-*")
 
 
 def gpu_driver_present() -> bool:
-    return any(glob.glob(pattern) if "*" in pattern else os.path.exists(pattern) for pattern in GPU_DRIVER_PATHS)
+    """A GPU driver may be here; or the CUDA driver library is installed (a device node made only on
+    first use); or HETLAUNCH_PROBE_GPU=1 asks torch whatever the host shows."""
+    if os.environ.get("HETLAUNCH_PROBE_GPU") == "1":
+        return True
+    if any(glob.glob(pattern) if "*" in pattern else os.path.exists(pattern) for pattern in GPU_DRIVER_PATHS):
+        return True
+    return ctypes.util.find_library("cuda") is not None
 
 
 def describe_devices() -> list[pb.Device]:

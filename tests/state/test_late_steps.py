@@ -17,7 +17,7 @@ from rich.console import Console
 from hetlaunch.launcher.coordinator_state import CoordinatorState
 from hetlaunch.launcher.events import EventLog
 from hetlaunch.launcher.generation import _Reports
-from hetlaunch.launcher.job_driver import _late_steps
+from hetlaunch.launcher.job_driver import _late_steps, _record_late_steps
 from hetlaunch.launcher.planning.plan import Plan, StagePlan
 from hetlaunch.launcher.progress import TrainingProgress
 from hetlaunch.launcher.run_record import RunRecord, StepAggregator
@@ -123,3 +123,38 @@ def test_reports_still_on_their_way_are_waited_for_within_the_bound():
     late = _late_steps(SimpleNamespace(state=state), aggregator, 2, 3, wait_s=60)
     timer.join()
     assert arrived.is_set() and [r.step for r in late] == [2] and not late[0].missing
+
+
+def test_steps_given_up_on_are_accounted_once_and_run_again_after_a_rewind(tmp_path):
+    record = RunRecord(tmp_path / "run")
+    aggregator = StepAggregator(_plan())
+    for step in [0, 1, 2, 5]:  # 3 and 4 never came
+        for node in NODES:
+            done = aggregator.add(node, _metrics(node, step))
+        record.add(done)
+    assert record.give_up_before(6, since=3) == [3, 4]
+    assert record.give_up_before(6, since=3) == []  # once
+    assert record.accounted() == 6 and record.next_step == 6
+    record.rewind(4)  # a restore from step 4: step 4 on runs again, and must be reported then
+    assert record.unrecorded == [3] and record.accounted() == 4 and record.next_step == 3
+
+
+def test_a_resumed_run_with_a_gap_still_records_the_next_generations_late_steps(tmp_path):
+    """Records 0-2 of an earlier run, resumed at its checkpoint of step 5 (3, 4 unrecorded); the
+    new generation takes steps 5-7 and loses a node: its late steps are recorded after the gap."""
+    first = RunRecord(tmp_path / "run")
+    aggregator = StepAggregator(_plan())
+    for step in [0, 1, 2]:
+        for node in NODES:
+            done = aggregator.add(node, _metrics(node, step))
+        first.add(done)
+    first.close()
+    record = RunRecord(tmp_path / "run", resume_at=5)
+    state = CoordinatorState(NODES)
+    generation = state.begin_generation()
+    aggregator = StepAggregator(_plan())
+    for step in [5, 6, 7]:
+        for node in ["a", "b", "c"]:  # d lost before reporting any of them
+            state.report_step(node, generation, _metrics(node, step))
+    _record_late_steps(SimpleNamespace(state=state), aggregator, record, 5, 8, wait_s=0)
+    assert [r.step for r in record.records] == [0, 1, 2, 5, 6, 7] and record.accounted() == 8
