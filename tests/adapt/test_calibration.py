@@ -74,6 +74,7 @@ def test_calibration_fits_each_nodes_compute_and_prices_the_plan_again(tmp_path)
     assert done["after_window"]["error_calibrated"] == pytest.approx((0.5 - 0.6) / 0.6)
 
 
+@pytest.mark.solo
 @pytest.mark.timeout(300)
 def test_a_node_profiled_faster_than_it_trains_is_found_and_the_prediction_corrected(tmp_path):
     """Node b is profiled as a is (the same profile: both read one cache entry) and trains at a

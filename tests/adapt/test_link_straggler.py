@@ -42,6 +42,7 @@ def test_bandwidth_changes_must_increase_and_apply_from_their_step():
     assert wire.bandwidth_bytes_per_s == 1e6
 
 
+@pytest.mark.solo
 @pytest.mark.timeout(300)
 def test_a_link_slowing_mid_run_is_found_and_its_bandwidth_estimated(tmp_path):
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(_cluster()))
@@ -66,6 +67,7 @@ def test_a_link_slowing_mid_run_is_found_and_its_bandwidth_estimated(tmp_path):
     assert min(transit[SLOW_AT + 1:SLOW_AT + 5]) > 5 * statistics.median(transit[5:SLOW_AT - 1]), transit
 
 
+@pytest.mark.solo
 @pytest.mark.timeout(300)
 def test_calibration_corrects_a_link_profiled_faster_than_it_trains(tmp_path):
     cluster = _cluster(slow_at=0)

@@ -148,6 +148,7 @@ def _up(tmp_path, name: str, cluster: dict, watch_workers: bool = False):
     return metrics, events, json.loads((run_dir / "summary.json").read_text()), seen
 
 
+@pytest.mark.solo
 @pytest.mark.timeout(400)
 def test_a_node_slowing_to_a_third_gives_layers_away_live_and_the_losses_equal_one_process(tmp_path):
     cluster = _cluster([_node("a", 0.25), _node("b", 0.25, slow=True), _node("c", 0.25)])
@@ -237,6 +238,7 @@ def _sync_of(plan: dict) -> list[tuple]:
     return [(g["layer_start"], g["layer_end"], tuple(g["nodes"]), g["codec"]) for g in plan["sync"]]
 
 
+@pytest.mark.solo
 @pytest.mark.timeout(500)
 def test_a_live_move_across_two_pipelines_rebuilds_their_gradient_sync_and_keeps_the_math(tmp_path):
     """Every step of a run with a live move equals the same steps replayed without one: the cut

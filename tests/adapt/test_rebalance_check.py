@@ -195,6 +195,7 @@ def _median_tokens(metrics: list[dict], steps: list[int]) -> float:
     return statistics.median(metrics[s]["tokens_per_s"] for s in steps)
 
 
+@pytest.mark.solo
 @pytest.mark.timeout(400)
 def test_a_live_move_that_cannot_pay_is_moved_back_on_what_the_steps_measured(tmp_path):
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(_cluster()))

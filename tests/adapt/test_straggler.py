@@ -38,6 +38,7 @@ def _layers_of(plan: dict, node: str) -> int:
     return sum(s["layer_end"] - s["layer_start"] for s in plan["stages"] if s["node"] == node)
 
 
+@pytest.mark.solo
 @pytest.mark.timeout(300)
 def test_a_node_slowing_mid_run_gets_fewer_layers_and_the_losses_do_not_change(tmp_path):
     metrics, events, summary = _up(tmp_path, "slow", _cluster(straggler=True))

@@ -12,6 +12,7 @@ import pytest
 from conftest import REPO, hetlaunch_env, run_hetlaunch
 
 
+@pytest.mark.solo
 @pytest.mark.timeout(300)
 def test_the_embedded_defaults_plan_is_an_uneven_pipeline_across_the_regions(tmp_path):
     example = REPO / "cluster_examples" / "local.yaml"

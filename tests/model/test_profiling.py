@@ -59,6 +59,7 @@ def speed_ratios(profile: dict, pairs=(("fast", "slow"),)) -> list[float]:
     return [sum(nodes[slow]["layer_seconds"]) / sum(nodes[fast]["layer_seconds"]) for fast, slow in pairs]
 
 
+@pytest.mark.solo
 @pytest.mark.timeout(300)
 def test_profile_recovers_emulated_speed_memory_and_link(measured):
     tmp, env, profile = measured
@@ -93,6 +94,7 @@ def test_profile_recovers_emulated_speed_memory_and_link(measured):
     assert all(layer["param_bytes"] > 0 for layer in profile["layers"])
 
 
+@pytest.mark.solo
 @pytest.mark.timeout(200)
 def test_second_profile_uses_the_cache_unless_asked(measured):
     tmp, env, first = measured
@@ -109,6 +111,7 @@ def test_second_profile_uses_the_cache_unless_asked(measured):
     assert third["nodes"][0]["layer_seconds"] != first["nodes"][0]["layer_seconds"]
 
 
+@pytest.mark.solo
 @pytest.mark.timeout(60)
 def test_offline_plan_from_the_saved_profile(measured):
     tmp, env, _ = measured
@@ -122,6 +125,7 @@ def test_offline_plan_from_the_saved_profile(measured):
     assert table.returncode == 0 and "predicted" in table.stdout
 
 
+@pytest.mark.solo
 @pytest.mark.timeout(60)
 def test_profile_of_another_model_is_refused(measured, tmp_path):
     tmp, env, _ = measured
