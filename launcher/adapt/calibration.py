@@ -113,10 +113,14 @@ class Calibration:
         for node, q in Topology.of(plan).by_node("calibration (a stage's compute is reported by node)").items():
             measured = statistics.median(s["compute_s"] for r in records for s in r.stages if s["node"] == node)
             factors[node] = measured / shares[q.pipeline] / q.source.compute_s
-        calibrated, link_factors, corrected = self._links(scaled(profile, factors), plan, records)
-        repriced = price_pipelines(calibrated, [([s.node for s in stages], [(s.layer_start, s.layer_end) for s in stages],
-                                                 share) for stages, share in zip(plan.pipelines(), shares)],
-                                   plan.schedule, plan.compression)
+        pinned = [([s.node for s in stages], [(s.layer_start, s.layer_end) for s in stages], share)
+                  for stages, share in zip(plan.pipelines(), shares)]
+        compute_only = scaled(profile, factors)
+        calibrated, link_factors, corrected = self._links(compute_only, plan, records)
+        repriced = price_pipelines(calibrated, pinned, plan.schedule, plan.compression)
+        # The same with the links as profiled: what the links' correction alone explains.
+        compute_repriced = repriced if not corrected else price_pipelines(compute_only, pinned, plan.schedule,
+                                                                          plan.compression)
         measured_step = statistics.median(r.step_s for r in records)
         save_profile(calibrated, self.run_dir / "profile-calibrated.json")
         self.profile = calibrated
@@ -127,6 +131,7 @@ class Calibration:
             "links_corrected": corrected,  # Mbit/s now in the calibrated profile
             "predicted_step_s": plan.predicted_step_s,
             "calibrated_step_s": repriced.step_s,  # the same plan on the calibrated profile
+            "compute_calibrated_step_s": compute_repriced.step_s,  # ... with only the nodes' speeds calibrated
             "unexplained_step_s": measured_step - repriced.step_s,  # outside the cost model
             "measured_step_s": measured_step,
         }
