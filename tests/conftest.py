@@ -34,6 +34,28 @@ def _is_ours(proc: psutil.Process) -> bool:
         return False
 
 
+def session_processes(*words: str) -> list[psutil.Process]:
+    """Live processes this test session started (its marker in their environment) whose command
+    line has every word: a test running beside others (pytest -n) never picks another test's
+    agent of the same node name."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            cmd = proc.cmdline()
+            if (all(w in cmd for w in words) and proc.status() != psutil.STATUS_ZOMBIE
+                    and proc.environ().get(SESSION_MARKER) == os.environ[SESSION_MARKER]):
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def agent_of(node: str) -> psutil.Process | None:
+    """This session's agent process of `node`, if one is running."""
+    agents = session_processes("hetlaunch.runtime.agent", f"--name={node}")
+    return agents[0] if agents else None
+
+
 def stray_processes() -> list[psutil.Process]:
     """Live hetlaunch processes started by this test session (not by anyone else on the machine)."""
     me = os.getpid()

@@ -10,10 +10,9 @@ import os
 import signal
 import time
 
-import psutil
 import pytest
 
-from conftest import hetlaunch_env, popen_hetlaunch, run_hetlaunch, stop_process, stray_processes, wait_for
+from conftest import agent_of, hetlaunch_env, popen_hetlaunch, run_hetlaunch, stop_process, stray_processes, wait_for
 
 THREE_NODES = """
 model: {preset: tiny, n_layers: 4, seq_len: 16, d_model: 32}
@@ -26,15 +25,6 @@ nodes:
 """
 
 
-def agent_process(node: str) -> psutil.Process | None:
-    for proc in psutil.process_iter():
-        try:
-            cmd = proc.cmdline()
-        except psutil.Error:
-            continue
-        if "hetlaunch.runtime.agent" in cmd and f"--name={node}" in cmd:
-            return proc
-    return None
 
 
 def metrics_lines(run_dir) -> int:
@@ -50,7 +40,7 @@ def test_killing_the_middle_node_blames_it_not_a_survivor(tmp_path):
     up = popen_hetlaunch("up", str(tmp_path / "cluster.yaml"), "--run-dir", str(run_dir), cwd=tmp_path)
     try:
         wait_for(lambda: metrics_lines(run_dir) >= 3, 120, "three training steps", proc=up)
-        victim = agent_process("n2")
+        victim = agent_of("n2")
         assert victim is not None, "the agent of n2 is not running"
         victim.send_signal(signal.SIGKILL)
         up.wait(timeout=60)

@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import popen_hetlaunch, run_hetlaunch, stop_process, wait_for
+from conftest import agent_of, popen_hetlaunch, run_hetlaunch, session_processes, stop_process, wait_for
 
 STEPS = 60
 
@@ -48,11 +48,10 @@ def steps_done(run_dir: Path) -> int:
 
 
 def agent_process(node: str) -> psutil.Process:
-    for proc in psutil.process_iter(["cmdline"]):
-        cmdline = proc.info["cmdline"] or []
-        if "hetlaunch.runtime.agent" in cmdline and f"--name={node}" in cmdline:
-            return proc
-    raise AssertionError(f"no agent process for {node}")
+    proc = agent_of(node)
+    if proc is None:
+        raise AssertionError(f"no agent process for {node}")
+    return proc
 
 
 def worker_of(node: str) -> psutil.Process:
@@ -194,8 +193,7 @@ def test_resume_after_up_was_killed_continues_without_logging_a_step_twice(tmp_p
     finally:
         stop_process(proc)
     # The agents notice their parent is gone and exit, taking their workers with them.
-    wait_for(lambda: not any("hetlaunch.runtime" in " ".join(p.info["cmdline"] or [])
-                             for p in psutil.process_iter(["cmdline"])),
+    wait_for(lambda: not (session_processes("hetlaunch.runtime.agent") + session_processes("hetlaunch.runtime.worker")),
              15, "the killed run's agents and workers to exit")
     logged_before = steps_done(second)
     result = run_hetlaunch("up", str(tmp_path / "cluster.yaml"), "--resume", str(second), timeout=150)
