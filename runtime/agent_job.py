@@ -195,8 +195,8 @@ class Agent:
                 if command.HasField("abort"):
                     # Here, not in the command loop: that loop is busy relaying the worker being aborted.
                     _log(self.node, f"aborting the running task: {command.abort.reason}")
-                    threading.Thread(target=self.tasks.stop,
-                                     args=(command.abort.snapshot_dir, command.generation), daemon=True).start()
+                    threading.Thread(target=self.tasks.stop, args=(command.abort.snapshot_dir, command.generation),
+                                     kwargs={"stage_only": True}, daemon=True).start()
                     continue
                 if command.HasField("move"):  # for the running stage, which the command loop is relaying
                     self.tasks.pass_move(command.move, command.generation)

@@ -8,7 +8,9 @@ task ended well stays as the spare for the next task (torch already loaded); any
 and a fresh spare started at once, so it is warm when the next generation begins.
 
 Stopping (an abort, a lost coordinator, a shutdown mid-task) comes from other threads than the
-one relaying, and names a generation: a late abort never hits the next generation's worker.
+one relaying, and names a generation: a late abort never hits the next generation's worker. An
+abort is for a stage: it never hits a profiling run, which recovery starts in the same generation
+to measure the survivors while the abort sent to their stages may still be on its way.
 """
 
 from __future__ import annotations
@@ -98,8 +100,8 @@ class TaskRelay:
     def _start(self, task: wpb.WorkerTask, generation: int, state: int) -> WorkerProcess:
         task.store.CopyFrom(self.store_access)
         self.step = -1
-        self.busy_state = state
         with self._worker_lock:
+            self.busy_state = state
             self.generation = generation
             worker = self.worker = self._take_worker().start(task)
         self.training.set()
@@ -164,12 +166,16 @@ class TaskRelay:
             self.uploader = PartUploader(self.stub, self.metadata, self.agent_id, self._report_part)
         return self.uploader
 
-    def stop(self, snapshot_dir: str = "", generation: int | None = None) -> None:
+    def stop(self, snapshot_dir: str = "", generation: int | None = None, stage_only: bool = False) -> None:
         """Stop the running worker — only if it belongs to `generation` or an earlier one (when given):
-        a late abort must never hit the next generation's worker."""
+        a late abort must never hit the next generation's worker; with stage_only (an abort), only
+        a stage's worker, never a profiling run."""
         with self._worker_lock:
             worker = self.worker
             if worker is None or (generation is not None and self.generation > generation):
+                return
+            if stage_only and self.busy_state != pb.AGENT_STATE_TRAINING:
+                _log(self.node, "the abort came after its stage ended: the running profiling task goes on")
                 return
         if snapshot_dir:
             worker.snapshot(self.local_snapshot_dir or snapshot_dir)
