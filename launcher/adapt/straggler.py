@@ -28,7 +28,7 @@ from __future__ import annotations
 import statistics
 import time
 
-from hetlaunch.launcher.adapt.calibration import LINK_MARGIN_S, boundary_transit, expected_transit
+from hetlaunch.launcher.adapt.calibration import boundary_transit, expected_transit
 from hetlaunch.launcher.adapt.current_plan import CurrentPlan
 from hetlaunch.launcher.adapt.payoff import Change, Review, Verdict
 from hetlaunch.launcher.adapt.replanner import Replanner
@@ -39,6 +39,11 @@ from hetlaunch.launcher.run_record import StepRecord
 
 THRESHOLD = 1.5  # a node is off its calibrated speed when slower or faster than this factor
 K = 5  # ... for this many steps in a row
+# A link is slow mid-run only when its transits also exceed the profile's by this much. Calibration's
+# 2 ms margin is too little here: on a loaded machine a receiver is woken a few ms late step after
+# step, and a switch priced on that (as bandwidth: a fast link "carrying" a few Mbit/s) chose a lossy
+# codec for an in-region link and changed the math for nothing.
+WATCH_LINK_MARGIN_S = 0.010
 
 
 class StragglerWatch:
@@ -150,7 +155,7 @@ class StragglerWatch:
                 if expected is None:
                     continue
                 slow = self._slow_links.setdefault((up.node, down.node), [])
-                if transit[0] > THRESHOLD * expected[0] and transit[0] - expected[0] > LINK_MARGIN_S:
+                if transit[0] > THRESHOLD * expected[0] and transit[0] - expected[0] > WATCH_LINK_MARGIN_S:
                     slow.append(transit)
                 else:
                     slow.clear()

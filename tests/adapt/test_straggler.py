@@ -16,9 +16,12 @@ STEPS = 60
 
 def _cluster(straggler: bool) -> dict:
     slow = {"speed_changes": [{"at_step": SLOW_AT, "speed": 0.075}]} if straggler else {}
-    return {"name": "str", "model": {"preset": "tiny", "n_layers": 4, "seq_len": 32, "d_model": 32},
+    return {"name": "str", "model": {"preset": "tiny", "n_layers": 8, "seq_len": 32, "d_model": 32},
             "train": {"steps": STEPS, "micro_batch_size": 4, "num_microbatches": 8, "max_pipelines": 1,
                       "checkpoint_every": 5, "rebalance": "restart"},  # live moves: test_live_move.py
+            # Lossless on every link, so that a switch cannot change the math (auto may choose a
+            # lossy codec for a link the watch finds slow under load) and the losses can be compared.
+            "compression": {"intra_region": "none", "cross_region": "none"},
             "nodes": [{"name": "a", "device": "cpu", "threads": 1, "emulate": {"speed": 0.25}},
                       {"name": "b", "device": "cpu", "threads": 1, "emulate": {"speed": 0.25, **slow}},
                       {"name": "c", "device": "cpu", "threads": 1, "emulate": {"speed": 0.125}}]}
