@@ -15,6 +15,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from rich.text import Text
+
 from hetlaunch.launcher.checkpoint_book import CheckpointBook
 from hetlaunch.launcher.events import EventLog
 from hetlaunch.launcher.adapt.current_plan import CurrentPlan
@@ -129,6 +131,8 @@ class _Reports:
         event = observers.step(step_record, self.state.generation) if observers is not None else None
         if event is not None:
             self.events.write(event[0], **event[1])
+            if "planner_error" in event[1]:  # said once (the replanner keeps only the first)
+                progress.console.print(Text(event[1]["planner_error"]))
 
     def catch_up(self, step: int, progress: TrainingProgress, observers: Observers | None,
                  timeout_s: float = CATCH_UP_S) -> None:

@@ -13,10 +13,15 @@ YAML allows, and which nodes are live. It answers:
 
 Re-plans after a lost node and joins plan from the measured profile, rebalancing from the
 corrected one (stragglers are found and priced against it).
+
+Rebalancing is optional: the job trains on without it. So an error of the planner there — a bug,
+a profile it cannot price — never ends the job: the answer is "no change", and the error is kept
+(`failure`) for the watch to report once, while the running plan goes on.
 """
 
 from __future__ import annotations
 
+import traceback
 from dataclasses import replace
 from typing import Callable
 
@@ -42,6 +47,8 @@ class Replanner:
         self.measured = measured
         self.corrected: Profile | None = None  # once calibrated: what rebalancing prices with
         self._live_nodes = live_nodes
+        self.failure: str | None = None  # the first planner error while rebalancing, until reported
+        self._failed_before = False
 
     @property
     def compression(self):
@@ -94,6 +101,9 @@ class Replanner:
             candidate = self.plan(names)
         except JobError:
             return None
+        except Exception as err:
+            self._unexpected("planning with the joined nodes", err)
+            return None
         gain = (candidate.predicted_tokens_per_s or 0) / current.predicted_tokens_per_s - 1
         return candidate if gain >= JOIN_GAIN else None
 
@@ -115,11 +125,27 @@ class Replanner:
 
     # --- rebalancing, on the corrected profile ------------------------------------------------
 
+    def _unexpected(self, what: str, err: Exception) -> None:
+        """A planner error while rebalancing: kept to be reported once; the answer is no change."""
+        if not self._failed_before:
+            where = traceback.extract_tb(err.__traceback__)[-1]
+            self.failure = (f"the planner failed while {what} ({type(err).__name__}: {' '.join(str(err).split())} "
+                            f"at {where.filename.rsplit('/', 1)[-1]}:{where.lineno}); the running plan goes on")
+            self._failed_before = True
+
+    def take_failure(self) -> str | None:
+        """The planner error to report (once), if one happened since the last call."""
+        failure, self.failure = self.failure, None
+        return failure
+
     def price(self, plan: Plan) -> float | None:
         """The step `plan` (its cuts, shares and codecs) is predicted to take; None if it cannot run."""
         try:
             return price_pipelines(self.corrected, _chains(plan), plan.schedule, plan.compression).step_s
         except (PlanningError, ProfileError):
+            return None
+        except Exception as err:  # a planner bug must not end a job that trains fine without this answer
+            self._unexpected("pricing the running plan", err)
             return None
 
     def rebalanced(self) -> Plan | None:
@@ -129,10 +155,20 @@ class Replanner:
             return planned(self.cluster, plan_for(_subset(self.corrected, names), self.request), source="replanned")
         except PlanningError:
             return None
+        except Exception as err:
+            self._unexpected("re-planning on the corrected profile", err)
+            return None
 
     def recut(self, current: Plan) -> Plan | None:
         """The best cuts of `current`'s own pipelines (what a live move can reach), with
         `current`'s windows: a move keeps each stage's schedule. None if it changes nothing or fits nowhere."""
+        try:
+            return self._recut(current)
+        except Exception as err:
+            self._unexpected("re-cutting the running pipelines", err)
+            return None
+
+    def _recut(self, current: Plan) -> Plan | None:
         profile = self.corrected
         try:
             if profile.micro_batch_size != current.micro_batch_size:  # planned at a global batch's size

@@ -25,6 +25,7 @@ while a change is pending, under way or being checked.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 
@@ -129,8 +130,8 @@ class StragglerWatch:
         # would fix it; a node that changed against the rest does.
         typical = statistics.median_low(ratios.values()) if len(ratios) > 1 else None
         for node, ratio in ratios.items():
-            if typical is None:
-                continue
+            if typical is None or not (math.isfinite(ratio) and math.isfinite(typical) and ratio > 0 and typical > 0):
+                continue  # a step with no compute measured (or nonsense) says nothing of a node's speed
             relative = ratio / typical
             off = self._off.setdefault(node, [])
             if relative > THRESHOLD or relative < 1 / THRESHOLD:
@@ -215,6 +216,8 @@ class StragglerWatch:
                  "move_gain_s": live_gain_s, "move_cost_s": live_cost_s,
                  "switch": self.switch and mode is not None, "mode": mode if self.switch else None,
                  **({"refused": refused} if refused else {})}
+        if (failure := replanner.take_failure()) is not None:
+            found["planner_error"] = failure
         self.found.append(found)
         if found["mode"] is not None:
             target = live if mode == "live" else candidate

@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 
 from hetlaunch.launcher.planning.compression import LOSSINESS, NONE, CompressionConfig, wire_ratio
 from hetlaunch.launcher.planning.profile_file import NodeProfile, Profile
+from hetlaunch.launcher.planning.planning_error import PlanningError
 from hetlaunch.launcher.planning.windows import THOROUGH_MAX_ACTIONS, best_windows
 from hetlaunch.runtime.registry import STATIC_BYTES_PER_PARAM_BYTE
 from hetlaunch.runtime.schedules import compiled, schedule_named, simulate_compiled
@@ -72,6 +73,8 @@ class CostModel:
 
     def __init__(self, profile: Profile, num_microbatches: int, schedule: str = "1f1b",
                  compression: CompressionConfig = NONE):
+        if num_microbatches < 1:  # every per-micro-batch share below divides by it
+            raise PlanningError(f"a pipeline needs at least one micro-batch (got {num_microbatches})")
         self.profile = profile
         self.M = num_microbatches
         self.schedule = schedule

@@ -35,6 +35,7 @@ from hetlaunch.launcher.planning.chain_search import EXHAUSTIVE_MAX_NODES
 from hetlaunch.launcher.planning.compression import CODEC_SLACK, NONE, CompressionConfig
 from hetlaunch.launcher.planning.contention import host_factors, stretched
 from hetlaunch.launcher.planning.cost_model import CostModel, PipelineCost, in_flight
+from hetlaunch.launcher.planning.planning_error import PlanningError
 from hetlaunch.launcher.planning.profile_file import NodeProfile, Profile
 from hetlaunch.launcher.planning.replicas import PipelineSet, Replicas, replica_counts
 from hetlaunch.launcher.planning.sync_cost import SyncCost, plan_step_s, sync_costs
@@ -42,9 +43,6 @@ from hetlaunch.launcher.planning.topology import Topology
 from hetlaunch.runtime.registry import STATIC_BYTES_PER_PARAM_BYTE
 from hetlaunch.runtime.schedules import schedule_for, simulate
 
-
-class PlanningError(Exception):
-    """One-line reason no plan exists."""
 
 
 @dataclass(frozen=True)

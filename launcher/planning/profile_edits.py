@@ -7,9 +7,10 @@ thing of a node: its layers and its optimizer step take `factor` times as long a
 
 from __future__ import annotations
 
+import math
 from typing import Mapping
 
-from hetlaunch.launcher.planning.profile_file import NodeProfile, Profile
+from hetlaunch.launcher.planning.profile_file import NodeProfile, Profile, ProfileError
 
 
 def scaled(profile: Profile, factors: Mapping[str, float], forget_hosts: bool = False) -> Profile:
@@ -20,6 +21,8 @@ def scaled(profile: Profile, factors: Mapping[str, float], forget_hosts: bool = 
     for node in profile.nodes:
         update: dict = {"host": None} if forget_hosts else {}
         factor = factors.get(node.name, 1.0)
+        if not (math.isfinite(factor) and factor > 0):  # a measured ratio of nothing, or of nonsense
+            raise ProfileError(f"node {node.name}: a speed factor must be a positive number, got {factor}")
         if factor != 1.0:
             update.update(_times(node, factor))
         nodes.append(node.model_copy(update=update) if update else node)
