@@ -32,7 +32,8 @@ from hetlaunch.launcher.planning.plan import Plan, pinned_num_layers, static_pla
 from hetlaunch.launcher.planning.profile_file import save_profile
 from hetlaunch.launcher.planning.topology import Topology
 from hetlaunch.launcher.progress import TrainingProgress, print_calibration, print_plan, print_summary
-from hetlaunch.launcher.run_record import RunRecord, StepAggregator, StepRecord, read_metrics
+from hetlaunch.launcher.run_dir_lock import RunDirLock
+from hetlaunch.launcher.run_record import RunRecord, StepAggregator, StepRecord, make_run_dir, read_metrics
 from hetlaunch.launcher.session import ClusterSession, JobError
 from hetlaunch.launcher.stage_launch import launch
 from hetlaunch.launcher.observers import Observers
@@ -98,7 +99,9 @@ def run_up(cluster, options: UpOptions, console: Console) -> Path:
     if options.resume is not None:
         _check_resumable(options.resume)
     run_dir = new_run_dir(cluster, options)
-    with ClusterSession(cluster, run_dir, options.token or secrets.token_urlsafe(24), console) as session:
+    make_run_dir(run_dir)
+    with RunDirLock(run_dir), ClusterSession(cluster, run_dir, options.token or secrets.token_urlsafe(24),
+                                             console) as session:
         while not session.state.joins.empty():  # the first registrations are not joins to act on
             session.state.joins.get_nowait()
         events = EventLog(run_dir, resume=options.resume is not None)

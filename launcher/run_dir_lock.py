@@ -1,0 +1,59 @@
+"""One coordinator per run directory.
+
+Two `hetlaunch up` on one `--run-dir` (or a `--resume` of a run still going) would both write
+coordinator.json, the token, metrics.jsonl and the checkpoints: the first job's lines lost and
+its checkpoints mixed with the other's. `up` holds an exclusive lock on `<run dir>/up.lock` for
+as long as it runs; another refuses in one line naming the holder. The lock is the kernel's
+(flock): it ends with the process however that ends — a crash or SIGKILL leaves no stale lock
+for `--resume` to trip on.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+from hetlaunch.launcher.job_errors import JobError
+
+LOCK_NAME = "up.lock"
+
+
+class RunDirLock:
+    def __init__(self, run_dir: Path):
+        self.path = run_dir / LOCK_NAME
+        self._fd: int | None = None
+
+    def __enter__(self) -> "RunDirLock":
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as err:
+            raise JobError(f"cannot lock the run directory ({self.path}): {err.strerror or err}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(fd)
+            os.close(fd)
+            raise JobError(f"{self.path.parent} is in use by another hetlaunch up{holder}: "
+                           f"wait for it to end (or `hetlaunch down {self.path.parent}`), or use another --run-dir") from None
+        except OSError as err:
+            os.close(fd)
+            raise JobError(f"cannot lock the run directory ({self.path}): {err.strerror or err}") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # releases the lock; the file stays (removing it would race a new holder)
+            self._fd = None
+
+
+def _holder(fd: int) -> str:
+    """' (pid N)' as the holder wrote it, or '' if it cannot be read."""
+    try:
+        text = os.pread(fd, 32, 0).decode().strip()
+    except (OSError, UnicodeDecodeError):
+        return ""
+    return f" (pid {text})" if text.isdigit() else ""

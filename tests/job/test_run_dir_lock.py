@@ -1,0 +1,53 @@
+"""One coordinator per run directory: a second `up` on the run dir of a running job refuses in
+one line and touches nothing there; once the first is gone (even by SIGKILL) the directory can be
+resumed — the lock ends with its process, no stale lock is left."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+
+from conftest import popen_hetlaunch, run_hetlaunch, stop_process, wait_for
+
+STEPS = 40
+CLUSTER = f"""name: locked
+model: {{preset: tiny, n_layers: 2, seq_len: 16, d_model: 32}}
+train: {{steps: {STEPS}, micro_batch_size: 2, num_microbatches: 2, checkpoint_every: 2}}
+nodes: [{{name: a, device: cpu, threads: 1, layers: [0, 4]}}]
+"""
+
+
+def _steps(run_dir) -> list[int]:
+    try:
+        return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    except FileNotFoundError:
+        return []
+
+
+@pytest.mark.timeout(240)
+def test_a_second_up_on_a_running_jobs_run_dir_refuses_and_changes_nothing(tmp_path):
+    (tmp_path / "cluster.yaml").write_text(CLUSTER)
+    run_dir = tmp_path / "run"
+    first = popen_hetlaunch("up", str(tmp_path / "cluster.yaml"), "--run-dir", str(run_dir))
+    try:
+        wait_for(lambda: len(_steps(run_dir)) >= 3, 120, "3 steps", proc=first)
+        os.kill(first.pid, signal.SIGSTOP)  # it holds the directory, whatever its speed
+        files = {name: (run_dir / name).read_bytes() for name in ("token", "coordinator.json", "metrics.jsonl")}
+        for args in (("--run-dir", str(run_dir)), ("--resume", str(run_dir))):
+            second = run_hetlaunch("up", str(tmp_path / "cluster.yaml"), *args, timeout=60)
+            lines = [line for line in second.stderr.splitlines() if line.strip()]
+            assert second.returncode == 1 and len(lines) == 1, second.stderr + second.stdout
+            assert str(run_dir) in lines[0] and ("in use by another hetlaunch up" in lines[0]
+                                                 or "is still running" in lines[0]), lines[0]
+        assert {name: (run_dir / name).read_bytes() for name in files} == files
+        os.kill(first.pid, signal.SIGKILL)  # gone without a word: its lock goes with it
+        first.wait(timeout=30)
+    finally:
+        os.kill(first.pid, signal.SIGCONT) if first.poll() is None else None
+        stop_process(first)
+    resumed = run_hetlaunch("up", str(tmp_path / "cluster.yaml"), "--resume", str(run_dir), timeout=180)
+    assert resumed.returncode == 0, resumed.stderr
+    assert _steps(run_dir) == list(range(STEPS))
