@@ -20,6 +20,7 @@ from pathlib import Path
 import psutil
 from google.protobuf import json_format
 from rich.console import Console
+from rich.text import Text
 
 from hetlaunch.launcher.adapt.current_plan import CurrentPlan
 from hetlaunch.launcher.adapt.replanner import Replanner
@@ -38,7 +39,7 @@ from hetlaunch.launcher.session import ClusterSession, JobError
 from hetlaunch.launcher.stage_launch import launch
 from hetlaunch.launcher.observers import Observers
 from hetlaunch.protos import control_pb2 as pb
-from hetlaunch.runtime.checkpoint_manifest import CheckpointError, read_manifest
+from hetlaunch.runtime.checkpoint_manifest import newest_intact_checkpoint, set_aside
 from hetlaunch.runtime.files import UnreadableFile, read_json
 from hetlaunch.runtime.wire import model_spec_to_proto
 
@@ -216,7 +217,7 @@ def _start_point(book: CheckpointBook, spec, plan: Plan, options: UpOptions, eve
     """Step 0, or with --resume the run's last committed checkpoint."""
     if options.resume is None:
         return Restore(0, None, "init")
-    restore = _resume_point(book, spec, plan)
+    restore = _resume_point(book, spec, plan, events, console)
     events.write("resume", step=restore.step, directory=str(restore.directory) if restore.directory else None)
     console.print(f"resuming at step {restore.step} from {restore.directory}" if restore.directory else
                   "no committed checkpoint to resume from: starting at step 0")
@@ -303,19 +304,26 @@ def _boundary_bytes(replanner: Replanner) -> list[int] | None:
     return None if replanner.measured is None else [layer.output_bytes for layer in replanner.measured.layers]
 
 
-def _resume_point(book: CheckpointBook, spec, plan: Plan) -> Restore:
-    """The last committed checkpoint of the run being resumed (or the start, if none was committed)."""
-    if book.latest is None:
+def _resume_point(book: CheckpointBook, spec, plan: Plan, events: EventLog, console: Console) -> Restore:
+    """The newest intact checkpoint of the run being resumed (or the start, if none). Newer ones
+    that are not intact (a truncated part, a wrong checksum, a broken or misplaced manifest) are
+    set aside, each said in one line: the run goes on from the newest it can trust."""
+    found, refused = newest_intact_checkpoint(book.root) if book.root.exists() else (None, [])
+    for step, directory, why in refused:
+        aside = set_aside(directory)
+        events.write("checkpoint_refused", step=step, directory=str(directory), why=why, set_aside=str(aside))
+        fallback = f"step {found[1].step}" if found is not None else "the start (no intact checkpoint)"
+        console.print(Text(f"checkpoint of step {step} is not usable ({why}); set aside as {aside.name}, "
+                           f"resuming from {fallback}"), soft_wrap=True)
+    if found is None:
+        book.latest = None
         return Restore(0, None, "init")
-    step, directory = book.latest
-    try:
-        manifest = read_manifest(directory)
-    except CheckpointError as err:
-        raise JobError(f"cannot resume: {err}") from None
+    directory, manifest = found
+    book.latest = (manifest.step, directory)
     if manifest.extra.get("model") != spec.describe() or manifest.num_layers != plan.num_layers:
         raise JobError(f"cannot resume: {directory} holds model {manifest.extra.get('model')} "
                        f"({manifest.num_layers} layers), the YAML describes {spec.describe()} ({plan.num_layers} layers)")
-    return Restore(step, directory, "file")
+    return Restore(manifest.step, directory, "file")
 
 
 def _abort(session: ClusterSession, plan: Plan, reason: str, snapshot_root: Path | None) -> list[str]:

@@ -195,6 +195,43 @@ def latest_checkpoint(root: Path) -> tuple[Path, Manifest] | None:
     return next(((d, m) for s, d in _step_dirs(root) if (m := _manifest_of(s, d)) is not None), None)
 
 
+def verify_checkpoint(step: int, directory: Path) -> Manifest:
+    """The manifest of the checkpoint of `step` in `directory`, once everything it names is as
+    written: a directory of its own (not a link to elsewhere), the manifest of that step, every
+    part's size and sha256. CheckpointError (one line) naming what is not."""
+    if directory.is_symlink():
+        raise CheckpointError(f"{directory}: a link to {os.readlink(directory)!r:.120}, not a directory of the run")
+    manifest = read_manifest(directory)
+    if manifest.step != step:
+        raise CheckpointError(f"{directory / MANIFEST_NAME}: says step {manifest.step}, in the directory of step {step}")
+    for part in manifest.parts:
+        check_part_file(directory / part.file, part, sha256=True)
+    return manifest
+
+
+def newest_intact_checkpoint(root: Path) -> tuple[tuple[Path, Manifest] | None, list[tuple[int, Path, str]]]:
+    """The newest checkpoint that verify_checkpoint accepts, and the newer ones it refused
+    (step, directory, why), newest first."""
+    refused = []
+    for step, directory in _step_dirs(root):
+        try:
+            return (directory, verify_checkpoint(step, directory)), refused
+        except CheckpointError as err:
+            refused.append((step, directory, str(err)))
+    return None, refused
+
+
+def set_aside(directory: Path) -> Path:
+    """Rename a refused checkpoint out of the run's step directories (kept for a look, never
+    loaded or counted again: a broken newer one must not make pruning delete the good ones)."""
+    for n in range(100):
+        target = directory.with_name(f"{directory.name}.unusable" + (f".{n}" if n else ""))
+        if not target.exists() and not target.is_symlink():
+            directory.rename(target)
+            return target
+    raise CheckpointError(f"{directory}: cannot set it aside (100 earlier copies set aside)")
+
+
 def prune_checkpoints(root: Path, keep: int) -> None:
     """Keep the newest `keep` committed checkpoints; remove older ones and the leftovers of
     interrupted saves older than the newest commit. Directories newer than that may be a save

@@ -1,0 +1,92 @@
+"""`up --resume` when the last checkpoint is not what was committed: it resumes from the newest
+intact one, says which and why in one line, sets the bad one aside — and trains exactly as a
+run that never had the bad one (the same losses step by step)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from conftest import run_hetlaunch
+from hetlaunch.runtime.checkpoint_manifest import MANIFEST_NAME, checkpoint_dir
+
+CLUSTER = """name: fallback
+model: {{preset: tiny, n_layers: 2, seq_len: 16, d_model: 32}}
+train: {{steps: {steps}, micro_batch_size: 2, num_microbatches: 2, checkpoint_every: 2}}
+checkpoint: {{keep: 3}}
+nodes: [{{name: a, device: cpu, threads: 1, layers: [0, 4]}}]
+"""
+
+
+def _up(tmp_path, run_dir, steps: int, *args: str):
+    yaml = tmp_path / f"c{steps}.yaml"
+    yaml.write_text(CLUSTER.format(steps=steps))
+    result = run_hetlaunch("up", str(yaml), *args, str(run_dir), timeout=120)
+    assert result.returncode == 0, result.stderr + result.stdout
+    return result
+
+
+def _losses(run_dir) -> list[tuple[int, float]]:
+    return [(r["step"], r["loss"]) for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())]
+
+
+def _part(directory):
+    return directory / json.loads((directory / MANIFEST_NAME).read_text())["parts"][0]["file"]
+
+
+def _truncate(directory, tmp_path):
+    part = _part(directory)
+    part.write_bytes(part.read_bytes()[:-100])
+    return "bytes, the manifest says"
+
+
+def _flip_a_byte(directory, tmp_path):
+    part = _part(directory)
+    data = bytearray(part.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    part.write_bytes(bytes(data))
+    return "sha256 does not match"
+
+
+def _wrong_step(directory, tmp_path):
+    manifest = json.loads((directory / MANIFEST_NAME).read_text())
+    manifest["step"] = 2
+    (directory / MANIFEST_NAME).write_text(json.dumps(manifest))
+    return "says step 2"
+
+
+def _link_elsewhere(directory, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    shutil.move(directory, elsewhere)
+    os.symlink(elsewhere, directory)
+    return "a link to"
+
+
+def _no_manifest(directory, tmp_path):
+    (directory / MANIFEST_NAME).unlink()
+    return "no manifest"
+
+
+@pytest.mark.timeout(400)
+def test_a_bad_last_checkpoint_falls_back_to_the_newest_intact_one(tmp_path):
+    clean = tmp_path / "clean"
+    _up(tmp_path, clean, 12, "--run-dir")
+    base = tmp_path / "base"
+    _up(tmp_path, base, 10, "--run-dir")  # checkpoints at steps 6, 8, 10 kept
+    for spoil in (_truncate, _flip_a_byte, _wrong_step, _link_elsewhere, _no_manifest):
+        case = tmp_path / spoil.__name__
+        shutil.copytree(base, case, symlinks=True)
+        last = checkpoint_dir(case / "checkpoints", 10)
+        why = spoil(last, case)
+        result = _up(tmp_path, case, 12, "--resume")
+        said = [line for line in result.stdout.splitlines() if "is not usable" in line]
+        assert len(said) == 1 and "checkpoint of step 10" in said[0] and why in said[0], (spoil.__name__, result.stdout)
+        assert "resuming from step 8" in said[0], said[0]
+        assert last.with_name(last.name + ".unusable").exists()  # kept for a look
+        assert not last.is_symlink() and json.loads((last / MANIFEST_NAME).read_text())["step"] == 10  # written anew
+        assert _losses(case) == _losses(clean), spoil.__name__  # steps 8-11 redone exactly
+        events = [json.loads(line) for line in (case / "events.jsonl").read_text().splitlines()]
+        assert [e["step"] for e in events if e["event"] == "checkpoint_refused"] == [10]
