@@ -7,7 +7,6 @@ the job by reading and writing that state; the servicer never decides anything a
 
 from __future__ import annotations
 
-import hmac
 import itertools
 import math
 import queue
@@ -17,40 +16,17 @@ from concurrent import futures
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from hetlaunch.launcher.call_guard import CallGuard, pool_threads
 from hetlaunch.launcher.coordinator_state import AgentRecord, CoordinatorState, Refused
 from hetlaunch.launcher.discovery import Discovery
 from hetlaunch.launcher.part_store import PartRefused, receive, send, upload_target
 from hetlaunch.launcher.rendezvous_store import StoreRefused
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.protos import control_pb2_grpc
-from hetlaunch.runtime.auth import TOKEN_METADATA_KEY
 from hetlaunch.runtime.version import hetlaunch_version, torch_version
 
 SERVICE_NAME = "hetlaunch.v1.Coordinator"
 MAX_PART_BYTES = 1 << 40  # a sanity bound on one uploaded checkpoint part (1 TiB)
-
-
-class TokenInterceptor(grpc.ServerInterceptor):
-    """Every call to our service must carry the job's token; health checks need none."""
-
-    def __init__(self, token: str):
-        self._token = token.encode()
-
-    def intercept_service(self, continuation, handler_call_details):
-        if not handler_call_details.method.startswith(f"/{SERVICE_NAME}/"):
-            return continuation(handler_call_details)
-        sent = dict(handler_call_details.invocation_metadata or ()).get(TOKEN_METADATA_KEY, "")
-        if hmac.compare_digest(sent.encode(), self._token):
-            return continuation(handler_call_details)
-        handler = continuation(handler_call_details)
-        message = "missing join token" if not sent else "wrong join token"
-
-        def deny(request, context):
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
-
-        if handler is not None and handler.response_streaming:
-            return grpc.unary_stream_rpc_method_handler(deny)
-        return grpc.unary_unary_rpc_method_handler(deny)
 
 
 class CoordinatorServicer(control_pb2_grpc.CoordinatorServicer):
@@ -172,8 +148,8 @@ class CoordinatorServer:
                  credentials: grpc.ServerCredentials | None = None, discovery: Discovery | None = None):
         self.state = CoordinatorState(expected_nodes, discovery)
         most = len(expected_nodes) + (0 if discovery is None else discovery.limit or 64)
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=max(16, 4 * most + 8)),
-                                  interceptors=[TokenInterceptor(token)])
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=pool_threads(most)),
+                                  interceptors=[CallGuard(token, SERVICE_NAME)])
         control_pb2_grpc.add_CoordinatorServicer_to_server(
             CoordinatorServicer(self.state, heartbeat_interval_ms), self.server)
         self.health = health.HealthServicer()

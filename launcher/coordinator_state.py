@@ -69,7 +69,9 @@ class CoordinatorState:
         self.joins: queue.Queue[str] = queue.Queue()  # every registration, in order (the first ones and rejoins)
         self.checkpoint_root: Path | None = None  # where uploaded parts go; None: no uploads accepted
         self.down_requested = ""  # why `hetlaunch down` asked the job to end; empty: it did not
-        self.store = RendezvousStore()  # the data plane's rendezvous keys, served by StoreOp
+        most = len(self.expected_nodes) + (0 if discovery is None else discovery.limit or 64)
+        # The data plane's rendezvous keys, served by StoreOp; a rank blocks on one call at a time.
+        self.store = RendezvousStore(max_blocked=2 * most + 8)
 
     # --- the service's side
 

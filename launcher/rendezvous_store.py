@@ -6,8 +6,10 @@ reach it can list the keys and write into a rendezvous. Instead the coordinator 
 and serves them through its gRPC service (`StoreOp`), behind the same join token and TLS as
 every other RPC; each worker reaches it with runtime/grpc_store.py.
 
-Bounded: keys of at most 512 bytes, values of at most 1 MiB, at most 100,000 keys; a `get` or
-`wait` blocks at most until its deadline (and the RPC's).
+Bounded: keys of at most 512 bytes, values of at most 1 MiB, at most 100,000 keys and 64 MiB in
+all (c10d writes a few KiB a rank); a `get` or `wait` blocks at most until its deadline (and the
+RPC's), and at most `max_blocked` of them block at once — each holds a thread of the
+coordinator's server, and 40 blocking waits once took them all (see launcher/call_guard.py).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from hetlaunch.protos import control_pb2 as pb
 MAX_KEY_BYTES = 512
 MAX_VALUE_BYTES = 1 << 20
 MAX_KEYS = 100_000
+MAX_TOTAL_BYTES = 64 << 20
 
 
 class StoreRefused(ValueError):
@@ -28,10 +31,13 @@ class StoreRefused(ValueError):
 
 
 class RendezvousStore:
-    def __init__(self) -> None:
+    def __init__(self, max_blocked: int = 64) -> None:
         self._data: dict[str, bytes] = {}
+        self._bytes = 0
         self._changed = threading.Condition()
         self._closed = False
+        self._blocked = threading.BoundedSemaphore(max_blocked)
+        self.max_blocked = max_blocked
 
     def close(self) -> None:
         """The coordinator is stopping: every blocked get and wait returns at once (a gRPC thread
@@ -45,23 +51,36 @@ class RendezvousStore:
             raise StoreRefused(f"key of {len(key.encode())} or value of {len(value)} bytes is over the limit")
         if key not in self._data and len(self._data) >= MAX_KEYS:
             raise StoreRefused(f"the store holds {MAX_KEYS} keys already")
+        grown = self._bytes + len(value) - len(self._data.get(key, b""))
+        if grown > MAX_TOTAL_BYTES:
+            raise StoreRefused(f"the store would hold {grown} bytes, over its {MAX_TOTAL_BYTES >> 20} MiB")
+        self._bytes = grown
         self._data[key] = value
         self._changed.notify_all()
 
     def _wait_for(self, keys: list[str], timeout_s: float, wanted: Callable[[], bool]) -> bool:
-        deadline = time.monotonic() + max(0.0, timeout_s)
-        while not all(k in self._data for k in keys):
-            left = deadline - time.monotonic()
-            if left <= 0 or self._closed or not wanted():
-                return False
-            self._changed.wait(min(left, 0.5))  # wake to notice a caller that went away
-        return True
+        if all(k in self._data for k in keys):
+            return True
+        if not self._blocked.acquire(blocking=False):  # only a call that would block counts
+            raise StoreRefused(f"{self.max_blocked} store calls are waiting already")
+        try:
+            deadline = time.monotonic() + max(0.0, timeout_s)
+            while not all(k in self._data for k in keys):
+                left = deadline - time.monotonic()
+                if left <= 0 or self._closed or not wanted():
+                    return False
+                self._changed.wait(min(left, 0.5))  # wake to notice a caller that went away
+            return True
+        finally:
+            self._blocked.release()
 
     def handle(self, request: pb.StoreRequest, limit_s: float,
                wanted: Callable[[], bool] = lambda: True) -> pb.StoreResponse:
         """Do one operation; `limit_s` caps any wait (the RPC's own deadline); a wait ends early
         once `wanted()` is false (the caller cancelled) or the store is closed."""
-        timeout_s = min(request.timeout_s or limit_s, limit_s)
+        return self._handle(request, min(request.timeout_s or limit_s, limit_s), wanted)
+
+    def _handle(self, request: pb.StoreRequest, timeout_s: float, wanted: Callable[[], bool]) -> pb.StoreResponse:
         op, keys = request.op, list(request.keys)
         with self._changed:
             if op == "set":
@@ -86,7 +105,9 @@ class RendezvousStore:
             if op == "check":
                 return pb.StoreResponse(ok=all(k in self._data for k in keys))
             if op == "delete":
-                return pb.StoreResponse(ok=self._data.pop(keys[0], None) is not None)
+                removed = self._data.pop(keys[0], None)
+                self._bytes -= len(removed or b"")
+                return pb.StoreResponse(ok=removed is not None)
             if op == "num_keys":
                 return pb.StoreResponse(ok=True, number=len(self._data))
         raise StoreRefused(f"unknown store operation {op!r}")

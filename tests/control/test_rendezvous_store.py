@@ -93,3 +93,35 @@ def test_a_blocked_get_ends_when_the_store_closes_or_the_caller_leaves():
     assert not other.handle(pb.StoreRequest(op="wait", keys=["never"], timeout_s=60), 60,
                             wanted=lambda: time.monotonic() < gone).ok
     assert time.monotonic() - start < 5
+
+
+def test_the_store_holds_64_mib_at_most_and_frees_what_is_deleted():
+    store = RendezvousStore()
+    value = b"x" * MAX_VALUE_BYTES
+    for i in range(64):
+        store.handle(pb.StoreRequest(op="set", keys=[f"k{i}"], value=value), 1.0)
+    with pytest.raises(StoreRefused, match="over its 64 MiB"):
+        store.handle(pb.StoreRequest(op="set", keys=["one-more"], value=b"y"), 1.0)
+    store.handle(pb.StoreRequest(op="set", keys=["k0"], value=b"small"), 1.0)  # replacing frees the old value
+    store.handle(pb.StoreRequest(op="delete", keys=["k1"]), 1.0)
+    store.handle(pb.StoreRequest(op="set", keys=["one-more"], value=value), 1.0)
+
+
+@pytest.mark.timeout(30)
+def test_blocking_store_calls_are_capped_and_the_others_still_served():
+    store = RendezvousStore(max_blocked=3)
+    waiting = [threading.Thread(target=store.handle, args=(pb.StoreRequest(op="wait", keys=["never"], timeout_s=5),
+                                                           5.0)) for _ in range(3)]
+    for thread in waiting:
+        thread.start()
+    time.sleep(0.3)  # the three are blocked (a fourth is refused whenever it comes while they are)
+    try:
+        with pytest.raises(StoreRefused, match="3 store calls are waiting already"):
+            store.handle(pb.StoreRequest(op="get", keys=["never"], timeout_s=5), 5.0)
+        assert store.handle(pb.StoreRequest(op="set", keys=["k"], value=b"v"), 1.0).ok  # not blocking: served
+        assert store.handle(pb.StoreRequest(op="get", keys=["k"], timeout_s=0), 1.0).value == b"v"
+    finally:
+        store.close()
+        for thread in waiting:
+            thread.join(timeout=10)
+    assert store.handle(pb.StoreRequest(op="check", keys=["k"]), 1.0).ok
