@@ -70,6 +70,9 @@ class CoordinatorConfig(Strict):
         return self
 
 
+# Each local node is an agent (and a worker) on this host: a typo of 16,000 nodes must not start them.
+MAX_LOCAL_AGENTS = 64
+
 _SIZE_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "seq_len", "d_ff")
 
 
@@ -192,6 +195,9 @@ class ClusterConfig(Strict):
             if pair in seen:
                 raise FieldError(("links", i, "between"), f"duplicate link between {link.between[0]} and {link.between[1]} (also links[{seen[pair]}])")
             seen[pair] = i
+        if len(self.local_nodes) > MAX_LOCAL_AGENTS:
+            raise FieldError(("nodes",), f"{len(self.local_nodes):,} nodes with launch: local, at most {MAX_LOCAL_AGENTS} "
+                                         f"(each is an agent process on this host): use launch: ssh or discover for more")
         tls = self.coordinator.tls
         if tls is not None and tls.ca is not None and tls.agent_cert is None and self.local_nodes:
             raise FieldError(("coordinator", "tls", "agent_cert"), "required with tls.ca and local nodes: under mutual "

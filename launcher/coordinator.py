@@ -19,6 +19,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from hetlaunch.launcher.call_guard import CallGuard, pool_threads
 from hetlaunch.launcher.coordinator_state import AgentRecord, CoordinatorState, Refused
 from hetlaunch.launcher.discovery import Discovery
+from hetlaunch.launcher.plain_text import plain
 from hetlaunch.launcher.part_store import PartRefused, receive, send, upload_target
 from hetlaunch.launcher.rendezvous_store import StoreRefused
 from hetlaunch.protos import control_pb2 as pb
@@ -35,6 +36,9 @@ class CoordinatorServicer(control_pb2_grpc.CoordinatorServicer):
         self.heartbeat_interval_ms = heartbeat_interval_ms
 
     def Register(self, request, context):
+        agent = request.agent
+        for field in ("node_name", "hostname", "agent_version", "torch_version"):  # shown in refusals and status
+            setattr(agent, field, plain(getattr(agent, field), 200))
         try:
             record = self.state.register(request.agent, (hetlaunch_version(), torch_version()))
         except Refused as refused:
@@ -76,16 +80,19 @@ class CoordinatorServicer(control_pb2_grpc.CoordinatorServicer):
 
     def ReportResult(self, request, context):
         record = self._record(request.agent_id, context)
+        request.error = plain(request.error)  # printed on the user's terminal: no escape sequences
         self.state.report_result(record.node_name, request.generation, request)
         return pb.ReportResultResponse()
 
     def ReportProfile(self, request, context):
         record = self._record(request.agent_id, context)
+        request.error = plain(request.error)
         self.state.report_profile(record.node_name, request.generation, request)
         return pb.ReportProfileResponse()
 
     def ReportMove(self, request, context):
         record = self._record(request.agent_id, context)
+        request.report.error = plain(request.report.error)
         self.state.report_move(record.node_name, request.generation, request.report)
         return pb.ReportMoveResponse()
 

@@ -55,8 +55,11 @@ def running(contact: Contact) -> bool:
 def _stub(run_dir: Path, token_file: Path | None):
     contact = contact_of(run_dir)
     if not running(contact):
-        raise RunControlError(f"{run_dir}: its coordinator (pid {contact.pid}) is not running; the run has ended "
-                              f"(see {run_dir / 'summary.json'})")
+        summary = run_dir / "summary.json"
+        where = (f"see {summary}" if summary.is_file() else
+                 f"it wrote no summary.json: it was stopped before its end; see {run_dir / 'events.jsonl'}, "
+                 f"or continue it with `hetlaunch up --resume {run_dir}`")
+        raise RunControlError(f"{run_dir}: its coordinator (pid {contact.pid}) is not running; the run has ended ({where})")
     path = token_file or (run_dir / "token")
     try:
         token = read_token(str(path)) if path.exists() else read_token(None)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, model_validator
+from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
 from hetlaunch.launcher.config_errors import FieldError, show
 from hetlaunch.launcher.config_types import Strict, YamlFloat
@@ -109,8 +110,22 @@ class ObserveConfig(Strict):
     tensorboard: bool = False
 
 
+def _checkpoint_dir(value: str | None) -> str | None:
+    """A directory of checkpoints (made if missing): not a file, a device or the file system's root,
+    which would get a step directory for every checkpoint. Checked here, on the host that validates
+    (the coordinator's when `up` runs); remote stages write there too only on a shared file system."""
+    if value is None:
+        return value
+    path = Path(value).expanduser().resolve()
+    if path == Path(path.anchor):
+        raise ValueError(f"{value!r} is the file system's root: name a directory for this job's checkpoints")
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{value!r} exists and is not a directory")
+    return value
+
+
 class CheckpointConfig(Strict):
     # Where checkpoints go; null = <run dir>/checkpoints. A path every node can write (a shared
     # file system) when some agents are remote: each stage writes its part there itself.
-    dir: str | None = Field(None, min_length=1)
+    dir: Annotated[str | None, AfterValidator(_checkpoint_dir)] = Field(None, min_length=1)
     keep: int = Field(2, ge=1)  # committed checkpoints kept; older ones are deleted

@@ -56,6 +56,16 @@ nodes:
   - {{name: a, device: cpu, threads: 1, layers: [0, 1]}}
   - {{name: b, device: cpu, threads: 1, layers: [2, 4]}}
 """, "unassigned"),
+    "checkpoints_into_a_device": (f"""{TINY_MODEL}
+checkpoint: {{dir: /dev/null}}
+nodes: [{{name: a, device: cpu, threads: 1}}]
+""", "checkpoint.dir: '/dev/null' exists and is not a directory"),
+    "checkpoints_into_the_root": (f"""{TINY_MODEL}
+checkpoint: {{dir: /}}
+nodes: [{{name: a, device: cpu, threads: 1}}]
+""", "checkpoint.dir: '/' is the file system's root"),
+    "100_local_nodes": (f"{TINY_MODEL}\nnodes:\n" + "".join(f"  - {{name: n{i}, device: cpu}}\n" for i in range(100)),
+                          "100 nodes with launch: local, at most 64"),
 }
 
 

@@ -1,0 +1,18 @@
+"""Text that came from another process or host, made safe to print on a terminal.
+
+A worker's failure, an agent's hostname, a profile's error: any of them may carry ANSI or OSC
+escape sequences (a model's exception text, a hostile agent) that would recolour, retitle or
+rewrite the user's terminal. Rich markup is already printed literally (rich.text.Text); control
+characters are not, so they are shown here as escapes (\\x1b), never sent as they are."""
+
+from __future__ import annotations
+
+import re
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # C0 (but \t, \n) and C1, DEL
+
+
+def plain(text: str, limit: int = 4000) -> str:
+    """`text` with every control character but tab and newline escaped, cut to `limit` characters."""
+    cut = text if len(text) <= limit else text[:limit] + "..."
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", cut)
