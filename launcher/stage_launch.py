@@ -7,7 +7,7 @@ from pathlib import Path
 from hetlaunch.launcher.checkpoint_book import Restore
 from hetlaunch.launcher.planning.plan import Plan
 from hetlaunch.launcher.planning.topology import Placement, Topology
-from hetlaunch.launcher.session import ClusterSession
+from hetlaunch.launcher.session import RENDEZVOUS_TIMEOUT_S, ClusterSession
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.runtime.wire import codec_wire_id, model_spec_to_proto, schedule_wire_id
 
@@ -43,7 +43,8 @@ def launch(session: ClusterSession, plan: Plan, spec, restore: Restore, checkpoi
                              save_part=p == 0, start_step=restore.step, optimizer=t.optimizer, momentum=t.momentum,
                              lr_schedule=t.lr_schedule, warmup_steps=t.warmup_steps, min_lr_ratio=t.min_lr_ratio,
                              grad_clip=t.grad_clip, eval_every=t.eval_every, eval_microbatches=t.eval_microbatches,
-                             precision=t.precision, trace_every=cluster.observe.trace_every)
+                             precision=t.precision, trace_every=cluster.observe.trace_every,
+                             **watchdog_bounds(t.watchdog_s, plan.predicted_step_s))
         for placement in stages:
             node = cluster.node(placement.node)
             spec_msg = stage_spec(session, topology, placement, boundary_bytes)
@@ -63,6 +64,20 @@ def launch(session: ClusterSession, plan: Plan, spec, restore: Restore, checkpoi
             session.state.send(placement.node, pb.Command(run_stage=command))
         offset += share
     return topology.checkpoint_writers()
+
+
+WATCHDOG_STEPS = 10  # train.watchdog_s auto: this many predicted steps without one...
+WATCHDOG_MIN_S = 60.0  # ... and never less (a checkpoint write or a live move holds the step loop)
+FIRST_STEP_EXTRA_S = RENDEZVOUS_TIMEOUT_S + 60.0  # before the first step: the rendezvous and the restore
+
+
+def watchdog_bounds(setting, predicted_step_s: float | None) -> dict[str, float]:
+    """TrainSpec's watchdog_s and first_step_watchdog_s for train.watchdog_s (both 0: off)."""
+    if setting == "off":
+        return {"watchdog_s": 0.0, "first_step_watchdog_s": 0.0}
+    bound = (max(WATCHDOG_STEPS * (predicted_step_s or 0.0), WATCHDOG_MIN_S) if setting == "auto"
+             else float(setting))
+    return {"watchdog_s": bound, "first_step_watchdog_s": bound + FIRST_STEP_EXTRA_S}
 
 
 def layout_of(plan: Plan) -> list[pb.StagePlace]:

@@ -18,6 +18,12 @@ def _auto_or_positive(value: Any) -> Any:
     raise ValueError(f"must be auto or an integer >= 1 (got {show(value)})")
 
 
+def _watchdog(value: Any) -> Any:
+    if value in ("auto", "off") or (isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 5):
+        return value
+    raise ValueError(f"must be auto, off or a number of seconds >= 5 (got {show(value)})")
+
+
 def _rebalance(value: Any) -> Any:
     if isinstance(value, bool):  # the older spelling
         return "auto" if value else "off"
@@ -55,6 +61,10 @@ class TrainConfig(Strict):
     # more; live / restart: only that way; off (false): only report it (events.jsonl `straggler`).
     rebalance: Annotated[Literal["auto", "live", "restart", "off"], BeforeValidator(_rebalance)] = "auto"
     max_restarts: int = Field(3, ge=0)  # generations restarted after lost nodes before the job gives up
+    # The progress watchdog (runtime/stage_watchdog.py): a stage with no step for this many seconds
+    # is stalled (a frozen worker, a hung collective, a cut link): its agent kills the worker and the
+    # job recovers as from a lost node. auto: max(10 x the plan's step, 60 s); off: never.
+    watchdog_s: Annotated[YamlFloat | Literal["auto", "off"], BeforeValidator(_watchdog)] = "auto"
     # Data-parallel pipelines the planner may use (each its own chain of nodes and cut): auto = as many as pay off
     max_pipelines: Annotated[int | Literal["auto"], BeforeValidator(_auto_or_positive)] = "auto"
     # With pinned layers over several pipelines: each pipeline's micro-batches per step (default: as planned)

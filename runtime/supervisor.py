@@ -111,6 +111,10 @@ class WorkerProcess:
             return self.process.wait(timeout=5)
         finally:
             self._close_events()
+            # A late control message (an abort's snapshot from another thread) must not reach the
+            # next worker, whose pipe may get this descriptor's number once it is closed: it did,
+            # and the next task's worker snapshotted itself and exited (code 5).
+            self._control.detach()
             try:
                 self.process.stdin.close()  # the file object owns the descriptor
             except OSError:

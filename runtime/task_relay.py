@@ -23,6 +23,7 @@ from typing import Callable
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.protos import worker_pb2 as wpb
 from hetlaunch.runtime.part_transfer import PartUploader, download_checkpoint
+from hetlaunch.runtime.stage_watchdog import StageWatchdog
 from hetlaunch.runtime.step_reporter import StepReporter
 from hetlaunch.runtime.supervisor import WorkerProcess
 from hetlaunch.runtime.worker_pipe import FrameError
@@ -51,6 +52,7 @@ class TaskRelay:
         self.step = -1
         self.generation = 0  # of the task running now; its step reports carry it
         self.worker: WorkerProcess | None = None  # the task running now, in its own process
+        self.watchdog = StageWatchdog(0, 0.0, 0.0)  # the running stage's progress watch (off until one runs)
         self._worker_lock = threading.Lock()
 
     def warm_up(self) -> None:
@@ -79,7 +81,15 @@ class TaskRelay:
     def run(self, task: wpb.WorkerTask, generation: int, state: int) -> None:
         """Run one task in a worker, relay its events, and report how it ended (unless aborted)."""
         worker = self._start(task, generation, state)
+        train = task.run_stage.train if task.HasField("run_stage") else None
+        with self._worker_lock:
+            self.watchdog = StageWatchdog(worker.pid, train.watchdog_s if train else 0.0,
+                                          train.first_step_watchdog_s if train else 0.0)
         done, profile = self._relay(worker, generation)
+        self.watchdog.stop()
+        if self.watchdog.stalled is not None and not worker.aborted:
+            _log(self.node, self.watchdog.stalled)
+            done = wpb.WorkerDone(ok=False, error=self.watchdog.stalled)
         aborted = worker.aborted  # by the coordinator's Abort (killing it below does not count)
         if done is not None and done.ok and not aborted and worker.alive():
             self.spare = worker  # it ended well: it runs the next task too, with torch loaded
@@ -95,7 +105,8 @@ class TaskRelay:
             self.worker = None
         if aborted:
             return  # the coordinator ended this generation; it expects no result
-        self._report_end(task, worker, done, profile, generation)
+        self._report_end(task, worker, done, profile, generation, died=None if not self.watchdog.stalled
+                         else self.watchdog.frozen)
 
     def _start(self, task: wpb.WorkerTask, generation: int, state: int) -> WorkerProcess:
         task.store.CopyFrom(self.store_access)
@@ -113,6 +124,7 @@ class TaskRelay:
         try:
             for event in worker.events():
                 kind = event.WhichOneof("kind")
+                self.watchdog.progressed(event.step.step if kind == "step" else None)
                 if kind == "step":
                     self.step = event.step.step
                     self.step_reports.report(pb.ReportStepRequest(agent_id=self.agent_id, metrics=event.step,
@@ -136,9 +148,10 @@ class TaskRelay:
         return done, profile
 
     def _report_end(self, task: wpb.WorkerTask, worker: WorkerProcess, done: wpb.WorkerDone | None, profile,
-                    generation: int) -> None:
-        died = done is None
-        if died:
+                    generation: int, died: bool | None = None) -> None:
+        """`died`: whether the node is to blame as for a dead worker (default: the worker sent no done)."""
+        died = done is None if died is None else died
+        if done is None:
             done = wpb.WorkerDone(ok=False, error=worker.exit_description())
         if not done.ok:
             _log(self.node, f"task failed: {done.error}")
@@ -174,6 +187,8 @@ class TaskRelay:
             worker = self.worker
             if worker is None or (generation is not None and self.generation > generation):
                 return
+            if not (stage_only and self.busy_state != pb.AGENT_STATE_TRAINING):
+                self.watchdog.stop()  # a snapshot takes its time: no stall to find in it
             if stage_only and self.busy_state != pb.AGENT_STATE_TRAINING:
                 _log(self.node, "the abort came after its stage ended: the running profiling task goes on")
                 return

@@ -37,6 +37,8 @@ class FrameWriter:
             raise FrameError(f"a {type(message).__name__} of {len(data):,} bytes exceeds {MAX_FRAME_BYTES:,}")
         frame = memoryview(_HEADER.pack(len(data)) + data)
         with self._lock:
+            if self.fd < 0:
+                raise PipeClosed("this writer was closed")
             while frame:
                 try:
                     written = os.write(self.fd, frame)
@@ -45,10 +47,20 @@ class FrameWriter:
                 frame = frame[written:]
 
     def close(self) -> None:
-        try:
-            os.close(self.fd)
-        except OSError:
-            pass
+        with self._lock:
+            fd, self.fd = self.fd, -1
+        if fd >= 0:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def detach(self) -> None:
+        """Never write again, without closing: the descriptor belongs to someone else (a file
+        object) who closes it. Its number is then reused by the next pipe opened, so a late
+        write through this writer would land there: in another worker's control pipe."""
+        with self._lock:
+            self.fd = -1
 
 
 def _read_exact(fd: int, n: int) -> bytes:

@@ -52,3 +52,39 @@ def test_a_shutdown_mid_profiling_still_stops_it(tmp_path):
     relay, worker = _relay_running(pb.AGENT_STATE_PROFILING, 3, tmp_path)
     relay.stop()
     assert worker.stopped == [("kill", None)]
+
+
+def test_a_late_snapshot_to_an_ended_worker_never_reaches_the_next_one():
+    """The recovery race, found: an abort's snapshot, late on its own thread, was written through
+    the ended worker's control descriptor after that number had been reused by the next worker's
+    pipe; the next task's worker snapshotted itself and exited with code 5 ("profiling on node n2
+    failed: the worker exited with code 5"). Here the number is taken by a pipe of the test's own
+    (the way the next worker's pipe took it), and nothing may arrive there."""
+    import os
+
+    from hetlaunch.runtime.supervisor import WorkerProcess
+
+    ended = WorkerProcess()
+    number = ended.process.stdin.fileno()
+    ended.kill()
+    ended.wait()
+    opened = []
+    while number not in {fd for pair in opened for fd in pair} and len(opened) < 50:
+        opened.append(os.pipe())
+    reader, writer = next(pair for pair in opened if number in pair)
+    try:
+        assert writer == number or reader == number
+        if writer == number:
+            ended.snapshot("/nowhere", timeout_s=0.2)  # what the late abort's thread does
+            os.set_blocking(reader, False)
+            try:
+                leaked = os.read(reader, 1 << 16)
+            except BlockingIOError:
+                leaked = b""
+            assert leaked == b"", "the ended worker's snapshot was written into another pipe"
+        else:  # the number came back as a read end: a write there fails either way; try once more
+            ended.snapshot("/nowhere", timeout_s=0.2)
+    finally:
+        for pair in opened:
+            for fd in pair:
+                os.close(fd)

@@ -173,6 +173,39 @@ def test_sigstopped_agent_is_detected_within_the_heartbeat_timeout(tmp_path):
     assert lost[0]["time"] - stopped_at <= 2 + 1.5, lost[0]["time"] - stopped_at
 
 
+WATCHDOG_S = 5
+
+
+@pytest.mark.timeout(300)
+def test_a_frozen_worker_is_found_by_the_watchdog_and_a_replica_stands_in(tmp_path):
+    """SIGSTOP of a worker (what a hung collective or a stuck data loader looks like): its agent
+    heartbeats on, so only the progress watchdog can find it. It is named within twice the
+    watchdog's bound, the node is recovered like a lost one, and no step is lost."""
+    stopped = []
+
+    def freeze():
+        worker = worker_of("n3")
+        stopped.append(worker)
+        worker.send_signal(signal.SIGSTOP)
+
+    yaml_text = cluster_yaml(TWO_PIPELINES).replace("checkpoint_every: 5}", f"checkpoint_every: 5, watchdog_s: {WATCHDOG_S}}}")
+    try:
+        run_dir, rc, stderr, frozen_at = run_and_hurt(tmp_path, yaml_text, freeze, at_step=12)
+    finally:
+        for worker in stopped:
+            if worker.is_running():
+                worker.send_signal(signal.SIGCONT)
+    assert rc == 0, stderr
+    assert_every_step_once(run_dir)
+    log = events(run_dir)
+    lost = [e for e in log if e["event"] == "lost"]
+    assert [e["node"] for e in lost] == ["n3"] and "frozen (process state stopped)" in lost[0]["why"], lost
+    assert lost[0]["time"] - frozen_at <= 2 * WATCHDOG_S, lost[0]["time"] - frozen_at
+    assert [e["source"] for e in log if e["event"] == "restore"][-1] == "replica", log
+    assert next(e for e in log if e["event"] == "restart")["lost_steps"] == 0
+    assert not stopped[0].is_running() or stopped[0].status() == psutil.STATUS_ZOMBIE  # killed, not left frozen
+
+
 @pytest.mark.timeout(300)
 def test_resume_after_up_was_killed_continues_without_logging_a_step_twice(tmp_path):
     pinned = [("n0", 0, 2, 0), ("n1", 2, 4, 0)]
