@@ -24,6 +24,7 @@ from hetlaunch.launcher.part_store import PartRefused, receive, send, upload_tar
 from hetlaunch.launcher.rendezvous_store import StoreRefused
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.protos import control_pb2_grpc
+from hetlaunch.runtime import host_clock
 from hetlaunch.runtime.version import hetlaunch_version, torch_version
 
 SERVICE_NAME = "hetlaunch.v1.Coordinator"
@@ -58,7 +59,7 @@ class CoordinatorServicer(control_pb2_grpc.CoordinatorServicer):
         record = self._record(request.agent_id, context, request.state, request.step)
         if request.has_clock and math.isfinite(request.clock_offset_s) and math.isfinite(request.clock_rtt_s):
             record.clock = (request.clock_offset_s, request.clock_rtt_s)
-        return pb.HeartbeatResponse(coordinator_time=time.time())
+        return pb.HeartbeatResponse(coordinator_time=host_clock.now())
 
     def WatchCommands(self, request, context):
         record = self._record(request.agent_id, context)

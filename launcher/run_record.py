@@ -14,12 +14,12 @@ import errno
 import json
 import math
 import os
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from hetlaunch.launcher.job_errors import JobError
 from hetlaunch.launcher.planning.topology import Topology
+from hetlaunch.runtime import host_clock
 from hetlaunch.runtime.files import write_whole
 from hetlaunch.protos import control_pb2 as pb
 
@@ -67,7 +67,7 @@ class StepRecord:
     tokens_per_s: float
     step_s: float
     stages: list[dict]
-    time: float = field(default_factory=time.time)  # when the coordinator had every stage's report (Unix s)
+    time: float = field(default_factory=host_clock.now)  # when the coordinator had every stage's report (Unix s; runtime/host_clock.py)
     missing: list[str] | None = None  # nodes whose report never came (lost right after the step)
     lr: float | None = None  # the learning rate the step used
     grad_norm: float | None = None  # the whole model's gradient norm before clipping (when clipping)

@@ -7,14 +7,16 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class WorkerTask(_message.Message):
-    __slots__ = ("run_stage", "profile", "store")
+    __slots__ = ("run_stage", "profile", "store", "clock_anchor")
     RUN_STAGE_FIELD_NUMBER: _ClassVar[int]
     PROFILE_FIELD_NUMBER: _ClassVar[int]
     STORE_FIELD_NUMBER: _ClassVar[int]
+    CLOCK_ANCHOR_FIELD_NUMBER: _ClassVar[int]
     run_stage: _control_pb2.RunStage
     profile: _control_pb2.Profile
     store: StoreAccess
-    def __init__(self, run_stage: _Optional[_Union[_control_pb2.RunStage, _Mapping]] = ..., profile: _Optional[_Union[_control_pb2.Profile, _Mapping]] = ..., store: _Optional[_Union[StoreAccess, _Mapping]] = ...) -> None: ...
+    clock_anchor: float
+    def __init__(self, run_stage: _Optional[_Union[_control_pb2.RunStage, _Mapping]] = ..., profile: _Optional[_Union[_control_pb2.Profile, _Mapping]] = ..., store: _Optional[_Union[StoreAccess, _Mapping]] = ..., clock_anchor: _Optional[float] = ...) -> None: ...
 
 class StoreAccess(_message.Message):
     __slots__ = ("address", "token", "ca_pem", "cert_pem", "key_pem")

@@ -25,6 +25,7 @@ import grpc
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.protos import control_pb2_grpc
 from hetlaunch.protos import worker_pb2 as wpb
+from hetlaunch.runtime import host_clock
 from hetlaunch.runtime.auth import TOKEN_METADATA_KEY
 from hetlaunch.runtime.clock_offset import ClockOffset
 from hetlaunch.runtime.node_devices import describe_devices
@@ -221,12 +222,12 @@ class Agent:
             state = self.tasks.state()
             clock = self.clock
             try:
-                sent = time.time()
+                sent = host_clock.now()
                 reply = self.stub.Heartbeat(pb.HeartbeatRequest(
                     agent_id=self.agent_id, state=state, step=self.tasks.step, has_clock=clock.known,
                     clock_offset_s=clock.offset_s, clock_rtt_s=clock.rtt_s if clock.known else 0.0),
                     metadata=self.metadata, timeout=max(interval * 3, 2.0))
-                clock.sample(sent, reply.coordinator_time, time.time())
+                clock.sample(sent, reply.coordinator_time, host_clock.now())
                 last_ok = time.monotonic()
             except grpc.RpcError as err:
                 if err.code() == grpc.StatusCode.FAILED_PRECONDITION:  # declared lost while we were silent

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from hetlaunch.runtime import host_clock
+
 
 def emulated_speed(emulate, step: int) -> "ComputeEmulation":
     """A stage's compute emulation at a training step: its `speed`, or the last of its
@@ -114,7 +116,7 @@ class WireEmulation:
         """Sleep until a message sent at `sent_at` would have arrived; return the seconds slept."""
         on_wire = wire_bytes / self.bandwidth_bytes_per_s if self.bandwidth_bytes_per_s > 0 else 0.0
         self._wire_free_at = max(sent_at, self._wire_free_at) + on_wire
-        wait = self._wire_free_at + self.latency_s - time.time()
+        wait = self._wire_free_at + self.latency_s - host_clock.now()
         if wait > 0:
             time.sleep(wait)
         return max(wait, 0.0)

@@ -20,6 +20,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from hetlaunch.runtime import host_clock
 from hetlaunch.runtime.boundary import Message, differentiable, map_tensors, tensors
 from hetlaunch.runtime.emulation import ComputeEmulation
 from hetlaunch.runtime.grad_sync import GradientSync, SyncStats
@@ -269,11 +270,11 @@ class StageExecutor:
 
     @contextlib.contextmanager
     def _traced(self, name: str, microbatch: int):
-        start = time.time()
+        start = host_clock.now()
         try:
             yield
         finally:
-            self._trace.append((name, start, time.time(), microbatch))
+            self._trace.append((name, start, host_clock.now(), microbatch))
 
     def _timed(self, fn, *args):
         """Run compute, count its time, and stretch it when this node emulates a slower device."""

@@ -29,6 +29,7 @@ import torch.distributed as dist
 from torch import nn
 
 from hetlaunch.protos import control_pb2 as pb
+from hetlaunch.runtime import host_clock
 from hetlaunch.runtime.codecs import Codec, codec_by_id
 from hetlaunch.runtime.emulation import WireEmulation
 from hetlaunch.runtime.registry import SYNC_BUCKET_BYTES
@@ -143,7 +144,7 @@ class GradientSync:
         if bucket.plan.emulation is not None:
             # The transfer starts when the last holder joins: agree on that moment (MAX of launch times).
             # On the wire device: an NCCL group takes CUDA tensors only.
-            bucket.started_at = torch.tensor([time.time()], dtype=torch.float64, device=self.wire_device)
+            bucket.started_at = torch.tensor([host_clock.now()], dtype=torch.float64, device=self.wire_device)
             bucket.work.append(dist.all_reduce(bucket.started_at, op=dist.ReduceOp.MAX, group=bucket.group,
                                                async_op=True))
         codec = bucket.plan.codec

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from hetlaunch.runtime import host_clock
 from hetlaunch.runtime.codecs import Codec, codec_by_id
 from hetlaunch.runtime.emulation import WireEmulation
 
@@ -155,7 +156,7 @@ class Link:
         if complex_:
             tensor = torch.view_as_real(tensor.resolve_conj())
         payloads = self.send_codec.encode(tensor)
-        header = encode_header(self.send_codec, tuple(tensor.shape), tensor.dtype, time.time(), position, count,
+        header = encode_header(self.send_codec, tuple(tensor.shape), tensor.dtype, host_clock.now(), position, count,
                                complex_)
         to_wire = [header.to(self.wire_device)] + [p.to(self.wire_device).contiguous() for p in payloads]
         for t in to_wire:
@@ -195,7 +196,7 @@ class Link:
         wire_bytes = head.codec.wire_bytes(head.shape, head.dtype)
         if self.emulation is not None:
             self.emulation.deliver(head.sent_at, wire_bytes)
-        transit = time.time() - head.sent_at
+        transit = host_clock.now() - head.sent_at
         if self.least_transit is None or transit < self.least_transit[0]:
             self.least_transit = (transit, wire_bytes)
         tensor = head.codec.decode([p.to(self.device) for p in payloads], head.shape, head.dtype)

@@ -22,6 +22,7 @@ from typing import Callable
 
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.protos import worker_pb2 as wpb
+from hetlaunch.runtime import host_clock
 from hetlaunch.runtime.part_transfer import PartUploader, download_checkpoint
 from hetlaunch.runtime.stage_watchdog import StageWatchdog
 from hetlaunch.runtime.step_reporter import StepReporter
@@ -110,6 +111,7 @@ class TaskRelay:
 
     def _start(self, task: wpb.WorkerTask, generation: int, state: int) -> WorkerProcess:
         task.store.CopyFrom(self.store_access)
+        task.clock_anchor = host_clock.anchor()  # the worker's stamps on the clock our heartbeats measure
         self.step = -1
         with self._worker_lock:
             self.busy_state = state

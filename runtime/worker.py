@@ -24,6 +24,7 @@ from typing import Callable
 
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.protos import worker_pb2 as wpb
+from hetlaunch.runtime import host_clock
 from hetlaunch.runtime.worker_pipe import FrameError, FrameWriter, PipeClosed, read_frame
 
 EXIT_AGENT_GONE = 4
@@ -101,6 +102,7 @@ def run_task(task: wpb.WorkerTask, reports: WorkerReports, writer: FrameWriter) 
     from hetlaunch.runtime.profile_command import run_profile
     from hetlaunch.runtime.stage_command import run_stage
 
+    host_clock.use_anchor(task.clock_anchor)
     if task.HasField("profile"):
         writer.write(wpb.WorkerEvent(profile=run_profile(task.profile, task.store)))
     else:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 
 from hetlaunch.launcher.adapt.calibration import boundary_transit, expected_transit
 from hetlaunch.launcher.adapt.current_plan import CurrentPlan
@@ -37,6 +36,7 @@ from hetlaunch.launcher.planning.plan import Plan
 from hetlaunch.launcher.planning.profile_file import LinkProfile, Profile
 from hetlaunch.launcher.planning.topology import Topology
 from hetlaunch.launcher.run_record import StepRecord
+from hetlaunch.runtime import host_clock
 
 THRESHOLD = 1.5  # a node is off its calibrated speed when slower or faster than this factor
 K = 5  # ... for this many steps in a row
@@ -63,7 +63,7 @@ class StragglerWatch:
         self._off: dict[str, list[float]] = {}
         self._slow_links: dict[tuple[str, str], list[tuple[float, int]]] = {}
         self._taken: Change | None = None  # the change being made (a move under way, a switch)
-        self._launched = time.time()  # when this generation was launched
+        self._launched = host_clock.now()  # when this generation was launched (the clock of StepRecord.time)
         self._startup_s: float | None = None  # from its launch to its first step reported
 
     def calibrated(self, profile: Profile, factors: dict[str, float]) -> None:
@@ -76,7 +76,7 @@ class StragglerWatch:
         """A generation is launched at `first_step`. A change this watch made (or took back) is
         watched against what it expects of its plan and checked; a plan after a lost node, not
         priced on the corrected profile, is not watched."""
-        self._launched, self._startup_s = time.time(), None
+        self._launched, self._startup_s = host_clock.now(), None
         self.review.new_generation(first_step)
         change, self._taken, self.pending = self._taken, None, None
         if change is not None and self.current.plan is change.target:

@@ -181,3 +181,32 @@ def test_a_header_over_the_links_bound_is_refused_before_anything_is_allocated()
     negative[HEADER_LEN - MAX_DIMS] = -5
     with pytest.raises(ValueError, match="corrupt"):
         decode_header(negative)
+
+
+def _stepped_clock_rank(rank: int, out_dir: str) -> None:
+    """Rank 0 sends 10 messages; half-way its wall clock steps +0.5 s (what NTP does to a host).
+    Rank 1 measures each message's transit as the straggler watch does."""
+    import time
+
+    cpu = torch.device("cpu")
+    link = Link(1 - rank, NONE, cpu, cpu)
+    real_time = time.time
+    transits = []
+    for i in range(10):
+        if rank == 0 and i == 5:
+            time.time = lambda: real_time() + 0.5  # the system clock stepped: every reader of it sees it
+        if rank == 0:
+            link.send(torch.ones(64))
+            link.drain()
+        else:
+            link.least_transit = None
+            link.recv()
+            transits.append(link.least_transit[0])
+        dist.barrier()
+    if rank == 1:
+        assert max(map(abs, transits)) < 0.25, transits  # never the half second the clock moved
+
+
+@pytest.mark.timeout(90)
+def test_a_step_of_the_senders_wall_clock_does_not_change_a_transit(tmp_path):
+    run_gloo_ranks(_stepped_clock_rank, 2, tmp_path)
