@@ -25,6 +25,7 @@ from hetlaunch.launcher.rendezvous_store import StoreRefused
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.protos import control_pb2_grpc
 from hetlaunch.runtime import host_clock
+from hetlaunch.runtime.store_keys import generation_prefix
 from hetlaunch.runtime.version import hetlaunch_version, torch_version
 
 SERVICE_NAME = "hetlaunch.v1.Coordinator"
@@ -124,6 +125,13 @@ class CoordinatorServicer(control_pb2_grpc.CoordinatorServicer):
             context.abort(grpc.StatusCode.NOT_FOUND, str(err))
 
     def StoreOp(self, request, context):
+        # Only a registered, live agent's worker, and only in the current generation's keys: a token
+        # holder that never registered read every rank's address, and wrote garbage into the next
+        # generation's keys (a survivor then died of std::bad_alloc and was blamed).
+        self._record(request.agent_id, context)
+        prefix = generation_prefix(self.state.generation)
+        if any(not key.startswith(prefix) for key in request.keys):
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, f"store: keys must be the current generation's ({prefix}...)")
         remaining = context.time_remaining()
         try:
             return self.state.store.handle(request, min(remaining - 1.0, 600.0) if remaining is not None else 600.0,

@@ -20,6 +20,7 @@ import grpc
 from hetlaunch.launcher.discovery import Discovery
 from hetlaunch.launcher.rendezvous_store import RendezvousStore
 from hetlaunch.protos import control_pb2 as pb
+from hetlaunch.runtime.store_keys import generation_prefix
 
 
 @dataclass
@@ -152,6 +153,7 @@ class CoordinatorState:
         """Start the next generation: reports of earlier ones are dropped from now on."""
         with self._lock:
             self._generation += 1
+            self.store.keep_only(generation_prefix(self._generation))  # no one may use the older keys again
             for reports in (self._steps, self._results, self._profiles, self._checkpoints, self._moves):
                 while not reports.empty():
                     reports.get_nowait()

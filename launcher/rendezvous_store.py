@@ -39,6 +39,12 @@ class RendezvousStore:
         self._blocked = threading.BoundedSemaphore(max_blocked)
         self.max_blocked = max_blocked
 
+    def keep_only(self, prefix: str) -> None:
+        """Drop every key outside `prefix` (a new generation: the old one's keys serve no one)."""
+        with self._changed:
+            for key in [k for k in self._data if not k.startswith(prefix)]:
+                self._bytes -= len(self._data.pop(key))
+
     def close(self) -> None:
         """The coordinator is stopping: every blocked get and wait returns at once (a gRPC thread
         left waiting would keep the process from exiting)."""

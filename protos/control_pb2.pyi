@@ -66,20 +66,22 @@ CODEC_INT4: Codec
 CODEC_INT4_ROTATED: Codec
 
 class StoreRequest(_message.Message):
-    __slots__ = ("op", "keys", "value", "expected", "amount", "timeout_s")
+    __slots__ = ("op", "keys", "value", "expected", "amount", "timeout_s", "agent_id")
     OP_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_FIELD_NUMBER: _ClassVar[int]
     AMOUNT_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     op: str
     keys: _containers.RepeatedScalarFieldContainer[str]
     value: bytes
     expected: bytes
     amount: int
     timeout_s: float
-    def __init__(self, op: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., value: _Optional[bytes] = ..., expected: _Optional[bytes] = ..., amount: _Optional[int] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+    agent_id: str
+    def __init__(self, op: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., value: _Optional[bytes] = ..., expected: _Optional[bytes] = ..., amount: _Optional[int] = ..., timeout_s: _Optional[float] = ..., agent_id: _Optional[str] = ...) -> None: ...
 
 class StoreResponse(_message.Message):
     __slots__ = ("ok", "value", "number")

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from hetlaunch.protos import control_pb2 as hetlaunch_dot_protos_dot_control__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dhetlaunch/protos/worker.proto\x12\x0chetlaunch.v1\x1a\x1ehetlaunch/protos/control.proto\"\xab\x01\n\nWorkerTask\x12+\n\trun_stage\x18\x01 \x01(\x0b\x32\x16.hetlaunch.v1.RunStageH\x00\x12(\n\x07profile\x18\x02 \x01(\x0b\x32\x15.hetlaunch.v1.ProfileH\x00\x12(\n\x05store\x18\x03 \x01(\x0b\x32\x19.hetlaunch.v1.StoreAccess\x12\x14\n\x0c\x63lock_anchor\x18\x04 \x01(\x01\x42\x06\n\x04kind\"`\n\x0bStoreAccess\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\t\x12\x0e\n\x06\x63\x61_pem\x18\x03 \x01(\x0c\x12\x10\n\x08\x63\x65rt_pem\x18\x04 \x01(\x0c\x12\x0f\n\x07key_pem\x18\x05 \x01(\x0c\"o\n\rWorkerControl\x12\x14\n\x0csnapshot_dir\x18\x01 \x01(\t\x12&\n\x04task\x18\x02 \x01(\x0b\x32\x18.hetlaunch.v1.WorkerTask\x12 \n\x04move\x18\x03 \x01(\x0b\x32\x12.hetlaunch.v1.Move\"\xff\x01\n\x0bWorkerEvent\x12)\n\x04step\x18\x01 \x01(\x0b\x32\x19.hetlaunch.v1.StepMetricsH\x00\x12\x32\n\ncheckpoint\x18\x02 \x01(\x0b\x32\x1c.hetlaunch.v1.CheckpointPartH\x00\x12\x35\n\x07profile\x18\x03 \x01(\x0b\x32\".hetlaunch.v1.ReportProfileRequestH\x00\x12(\n\x04\x64one\x18\x04 \x01(\x0b\x32\x18.hetlaunch.v1.WorkerDoneH\x00\x12(\n\x04move\x18\x05 \x01(\x0b\x32\x18.hetlaunch.v1.MoveReportH\x00\x42\x06\n\x04kind\"\'\n\nWorkerDone\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\r\n\x05\x65rror\x18\x02 \x01(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dhetlaunch/protos/worker.proto\x12\x0chetlaunch.v1\x1a\x1ehetlaunch/protos/control.proto\"\xab\x01\n\nWorkerTask\x12+\n\trun_stage\x18\x01 \x01(\x0b\x32\x16.hetlaunch.v1.RunStageH\x00\x12(\n\x07profile\x18\x02 \x01(\x0b\x32\x15.hetlaunch.v1.ProfileH\x00\x12(\n\x05store\x18\x03 \x01(\x0b\x32\x19.hetlaunch.v1.StoreAccess\x12\x14\n\x0c\x63lock_anchor\x18\x04 \x01(\x01\x42\x06\n\x04kind\"r\n\x0bStoreAccess\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\t\x12\x0e\n\x06\x63\x61_pem\x18\x03 \x01(\x0c\x12\x10\n\x08\x63\x65rt_pem\x18\x04 \x01(\x0c\x12\x0f\n\x07key_pem\x18\x05 \x01(\x0c\x12\x10\n\x08\x61gent_id\x18\x06 \x01(\t\"o\n\rWorkerControl\x12\x14\n\x0csnapshot_dir\x18\x01 \x01(\t\x12&\n\x04task\x18\x02 \x01(\x0b\x32\x18.hetlaunch.v1.WorkerTask\x12 \n\x04move\x18\x03 \x01(\x0b\x32\x12.hetlaunch.v1.Move\"\xff\x01\n\x0bWorkerEvent\x12)\n\x04step\x18\x01 \x01(\x0b\x32\x19.hetlaunch.v1.StepMetricsH\x00\x12\x32\n\ncheckpoint\x18\x02 \x01(\x0b\x32\x1c.hetlaunch.v1.CheckpointPartH\x00\x12\x35\n\x07profile\x18\x03 \x01(\x0b\x32\".hetlaunch.v1.ReportProfileRequestH\x00\x12(\n\x04\x64one\x18\x04 \x01(\x0b\x32\x18.hetlaunch.v1.WorkerDoneH\x00\x12(\n\x04move\x18\x05 \x01(\x0b\x32\x18.hetlaunch.v1.MoveReportH\x00\x42\x06\n\x04kind\"\'\n\nWorkerDone\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\r\n\x05\x65rror\x18\x02 \x01(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,11 +35,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_WORKERTASK']._serialized_start=80
   _globals['_WORKERTASK']._serialized_end=251
   _globals['_STOREACCESS']._serialized_start=253
-  _globals['_STOREACCESS']._serialized_end=349
-  _globals['_WORKERCONTROL']._serialized_start=351
-  _globals['_WORKERCONTROL']._serialized_end=462
-  _globals['_WORKEREVENT']._serialized_start=465
-  _globals['_WORKEREVENT']._serialized_end=720
-  _globals['_WORKERDONE']._serialized_start=722
-  _globals['_WORKERDONE']._serialized_end=761
+  _globals['_STOREACCESS']._serialized_end=367
+  _globals['_WORKERCONTROL']._serialized_start=369
+  _globals['_WORKERCONTROL']._serialized_end=480
+  _globals['_WORKEREVENT']._serialized_start=483
+  _globals['_WORKEREVENT']._serialized_end=738
+  _globals['_WORKERDONE']._serialized_start=740
+  _globals['_WORKERDONE']._serialized_end=779
 # @@protoc_insertion_point(module_scope)

@@ -19,18 +19,20 @@ class WorkerTask(_message.Message):
     def __init__(self, run_stage: _Optional[_Union[_control_pb2.RunStage, _Mapping]] = ..., profile: _Optional[_Union[_control_pb2.Profile, _Mapping]] = ..., store: _Optional[_Union[StoreAccess, _Mapping]] = ..., clock_anchor: _Optional[float] = ...) -> None: ...
 
 class StoreAccess(_message.Message):
-    __slots__ = ("address", "token", "ca_pem", "cert_pem", "key_pem")
+    __slots__ = ("address", "token", "ca_pem", "cert_pem", "key_pem", "agent_id")
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     CA_PEM_FIELD_NUMBER: _ClassVar[int]
     CERT_PEM_FIELD_NUMBER: _ClassVar[int]
     KEY_PEM_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     address: str
     token: str
     ca_pem: bytes
     cert_pem: bytes
     key_pem: bytes
-    def __init__(self, address: _Optional[str] = ..., token: _Optional[str] = ..., ca_pem: _Optional[bytes] = ..., cert_pem: _Optional[bytes] = ..., key_pem: _Optional[bytes] = ...) -> None: ...
+    agent_id: str
+    def __init__(self, address: _Optional[str] = ..., token: _Optional[str] = ..., ca_pem: _Optional[bytes] = ..., cert_pem: _Optional[bytes] = ..., key_pem: _Optional[bytes] = ..., agent_id: _Optional[str] = ...) -> None: ...
 
 class WorkerControl(_message.Message):
     __slots__ = ("snapshot_dir", "task", "move")

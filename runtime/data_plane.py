@@ -12,6 +12,7 @@ import torch.distributed as dist
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.protos import worker_pb2 as wpb
 from hetlaunch.runtime.grpc_store import GrpcStore
+from hetlaunch.runtime.store_keys import generation_prefix
 from hetlaunch.runtime.wire import wire_device_type
 
 
@@ -54,7 +55,7 @@ def init_data_plane(rdzv: pb.Rendezvous, access: wpb.StoreAccess) -> None:
     bind_to_network(rdzv)
     timeout = datetime.timedelta(seconds=rdzv.timeout_s or 120)
     # One key prefix per plan generation, so a re-plan can rendezvous on the same store.
-    store = GrpcStore(access, timeout, prefix=f"gen{rdzv.generation}/")
+    store = GrpcStore(access, timeout, prefix=generation_prefix(rdzv.generation))
     # c10d keeps only the C++ half of a Python store: the Python object must stay alive as long
     # as the process groups built on it (new_group calls into it later), or c10d calls a pure
     # virtual function. One per generation, and a worker runs few generations.

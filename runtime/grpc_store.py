@@ -31,11 +31,13 @@ class GrpcStore(dist.Store):
             self._channel = grpc.insecure_channel(access.address)
         self._stub = control_pb2_grpc.CoordinatorStub(self._channel)
         self._metadata = ((TOKEN_METADATA_KEY, access.token),)
+        self._agent_id = access.agent_id
         self._timeout_s = timeout.total_seconds()
 
     def _call(self, request: pb.StoreRequest, wait_s: float | None = None) -> pb.StoreResponse:
         request.timeout_s = self._timeout_s if wait_s is None else wait_s
         request.keys[:] = [self._prefix + key for key in request.keys]
+        request.agent_id = self._agent_id
         try:
             return self._stub.StoreOp(request, metadata=self._metadata, timeout=request.timeout_s + 10)
         except grpc.RpcError as err:

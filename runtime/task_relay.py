@@ -111,6 +111,7 @@ class TaskRelay:
 
     def _start(self, task: wpb.WorkerTask, generation: int, state: int) -> WorkerProcess:
         task.store.CopyFrom(self.store_access)
+        task.store.agent_id = self.agent_id
         task.clock_anchor = host_clock.anchor()  # the worker's stamps on the clock our heartbeats measure
         self.step = -1
         with self._worker_lock:

@@ -15,6 +15,7 @@ from hetlaunch.launcher.coordinator import CoordinatorServer
 from hetlaunch.launcher.rendezvous_store import MAX_VALUE_BYTES, RendezvousStore, StoreRefused
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.protos import control_pb2_grpc
+from hetlaunch.runtime.version import hetlaunch_version, torch_version
 
 
 def test_the_store_does_what_c10d_asks_and_refuses_what_is_too_big():
@@ -51,9 +52,25 @@ def test_the_store_rpc_needs_the_token():
             with pytest.raises(grpc.RpcError) as wrong:
                 stub.StoreOp(pb.StoreRequest(op="num_keys"), metadata=(("x-hetlaunch-token", "nope"),), timeout=5)
             assert wrong.value.code() == grpc.StatusCode.UNAUTHENTICATED
-            ok = stub.StoreOp(pb.StoreRequest(op="set", keys=["k"], value=b"v"),
-                              metadata=(("x-hetlaunch-token", "right-token"),), timeout=5)
+            meta = (("x-hetlaunch-token", "right-token"),)
+            # The token alone is not enough: only a registered agent, only in the current generation's keys.
+            with pytest.raises(grpc.RpcError) as unregistered:
+                stub.StoreOp(pb.StoreRequest(op="get", keys=["gen0/rank_0"], timeout_s=1), metadata=meta, timeout=5)
+            assert unregistered.value.code() == grpc.StatusCode.NOT_FOUND
+            agent = pb.AgentInfo(node_name="a", hostname="h", agent_version=hetlaunch_version(),
+                                 torch_version=torch_version(), pid=1)
+            agent_id = stub.Register(pb.RegisterRequest(agent=agent), metadata=meta, timeout=5).agent_id
+            generation = server.state.begin_generation()
+            for key in ("k", f"gen{generation + 1}/next", f"gen{generation - 1}/old"):
+                with pytest.raises(grpc.RpcError) as elsewhere:
+                    stub.StoreOp(pb.StoreRequest(op="set", keys=[key], value=b"junk", agent_id=agent_id),
+                                 metadata=meta, timeout=5)
+                assert elsewhere.value.code() == grpc.StatusCode.PERMISSION_DENIED, key
+            ok = stub.StoreOp(pb.StoreRequest(op="set", keys=[f"gen{generation}/k"], value=b"v", agent_id=agent_id),
+                              metadata=meta, timeout=5)
             assert ok.ok
+            server.state.begin_generation()  # the old generation's keys go with it
+            assert server.state.store.handle(pb.StoreRequest(op="num_keys"), 1.0).number == 0
     finally:
         server.stop()
 
