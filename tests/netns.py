@@ -92,11 +92,9 @@ class GeoNamespaces:
             subprocess.run(["ip", "netns", "del", self.name(role)], capture_output=True)
 
 
-def run_in_namespaces(geo: GeoNamespaces, workdir: Path, cluster_yaml: str, env: dict,
-                      timeout_s: float = 150) -> tuple[int | None, str]:
+def start_in_namespaces(geo: GeoNamespaces, workdir: Path, cluster_yaml: str, env: dict) -> tuple[dict, dict]:
     """`hetlaunch up` in the coordinator's namespace (the YAML must bind 0.0.0.0:PORT) and a
-    remote agent named `a` and `b` in each region's; (up's exit code, the tail of every log).
-    Leaves no process behind."""
+    remote agent named `a` and `b` in each region's: (processes, their log files) by name."""
     token = workdir / "token"
     token.write_text(f"netns-{secrets.token_hex(8)}\n")
     (workdir / "c.yaml").write_text(cluster_yaml)
@@ -109,6 +107,11 @@ def run_in_namespaces(geo: GeoNamespaces, workdir: Path, cluster_yaml: str, env:
                                            "--token-file", str(token), "--connect-timeout", "30"]
     procs = {name: subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logs[name], stderr=subprocess.STDOUT, env=env)
              for name, cmd in commands.items()}
+    return procs, logs
+
+
+def finish_in_namespaces(procs: dict, logs: dict, timeout_s: float) -> tuple[int | None, str]:
+    """Wait for `up` (at most timeout_s), then end every process: (up's exit code, every log's tail)."""
     try:
         procs["up"].wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -129,3 +132,15 @@ def run_in_namespaces(geo: GeoNamespaces, workdir: Path, cluster_yaml: str, env:
         text += f"--- {name}\n{log.read()[-3000:]}"
         log.close()
     return procs["up"].returncode, text
+
+
+def run_in_namespaces(geo: GeoNamespaces, workdir: Path, cluster_yaml: str, env: dict,
+                      timeout_s: float = 150) -> tuple[int | None, str]:
+    """start_in_namespaces, then finish_in_namespaces. Leaves no process behind."""
+    procs, logs = start_in_namespaces(geo, workdir, cluster_yaml, env)
+    return finish_in_namespaces(procs, logs, timeout_s)
+
+
+def set_data_link(geo: GeoNamespaces, up: bool) -> None:
+    """Cut (or restore) the data link between the regions, at region a's end."""
+    _ip("ip", "link", "set", "dp0", "up" if up else "down", ns=geo.name("a"))

@@ -59,3 +59,51 @@ def test_without_the_interface_the_data_plane_cannot_reach_its_peer(tmp_path):
         code, text = run_in_namespaces(geo, tmp_path, _cluster(1, "ctl0"), hetlaunch_env(OMP_NUM_THREADS="1"), 100)
     assert code not in (0, None), text
     assert "connect" in text, text  # gloo's own word for it ("connect: Network is unreachable")
+
+
+def _steps(run_dir) -> list[int]:
+    try:
+        return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    except FileNotFoundError:
+        return []
+
+
+def _events(run_dir) -> list[dict]:
+    try:
+        return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    except FileNotFoundError:
+        return []
+
+
+@pytest.mark.timeout(300)
+def test_a_cut_data_link_is_found_by_the_watchdog_and_the_job_goes_on_once_it_is_back(tmp_path):
+    """`ip link set dp0 down` mid-run: neither worker is frozen, both wait, and gloo alone would
+    wait 120 s. The watchdog (5 s here) ends the generation within 1.5 bounds and the job runs it
+    again; once the link is back, every step is trained, none twice."""
+    import time
+
+    from conftest import wait_for
+    from netns import finish_in_namespaces, set_data_link, start_in_namespaces
+
+    steps, watchdog = 400, 5
+    cluster = _cluster(steps, "dp0").replace("checkpoint_every: 0}", f"checkpoint_every: 10, watchdog_s: {watchdog}}}")
+    run_dir = tmp_path / "run"
+    with GeoNamespaces(None) as geo:
+        procs, logs = start_in_namespaces(geo, tmp_path, cluster, hetlaunch_env(OMP_NUM_THREADS="1"))
+        try:
+            wait_for(lambda: len(_steps(run_dir)) >= 20, 150, "20 steps", proc=procs["up"])
+            set_data_link(geo, up=False)
+            cut_at = time.time()
+            # The agents say it first (the coordinator then restarts the generation): the link comes
+            # back at once, before the next generation meets over it.
+            wait_for(lambda: any("stalled" in (tmp_path / f"{n}.log").read_text() for n in "ab"), 3 * watchdog + 20,
+                     "an agent's watchdog to find the stall", proc=procs["up"])
+            found_at = time.time()
+            set_data_link(geo, up=True)
+        finally:
+            code, text = finish_in_namespaces(procs, logs, 200)
+    assert code == 0, text
+    assert found_at - cut_at <= 1.5 * watchdog + 5, found_at - cut_at  # not gloo's 120 s
+    restart = next(e for e in _events(run_dir) if e["event"] == "restart")
+    assert "stalled" in restart["cause"] and "timed out" in restart["cause"], restart
+    assert _steps(run_dir) == list(range(steps))
