@@ -91,18 +91,23 @@ class CheckpointBook:
         self.committed += 1
         self.latest = (step, directory)
 
-    def commit_snapshots(self) -> int | None:
+    def commit_snapshots(self, islands: list[set[str]] | None = None) -> int | None:
         """Commit the newest step at which the survivors' snapshots hold every layer, if it is newer
         than the latest checkpoint; returns that step. The chosen files move into the step's
-        directory (one rename each, same file system) before the manifest is written."""
-        by_step: dict[int, list[pb.CheckpointPart]] = {}
-        for part in self.snapshots.values():
-            by_step.setdefault(part.step, []).append(part)
+        directory (one rename each, same file system) before the manifest is written. With
+        `islands` (node sets), the parts come from one island: replicas agree only inside one."""
+        by_step: dict[int, list[tuple[str, pb.CheckpointPart]]] = {}
+        for node, part in self.snapshots.items():
+            by_step.setdefault(part.step, []).append((node, part))
         latest_step = self.latest[0] if self.latest else 0
         for step in sorted(by_step, reverse=True):
             if step <= latest_step:
                 break
-            chosen = _cover(by_step[step], self.num_layers)
+            chosen = None
+            for members in islands or [None]:
+                chosen = _cover([p for n, p in by_step[step] if members is None or n in members], self.num_layers)
+                if chosen is not None:
+                    break
             if chosen is None:
                 continue
             directory = checkpoint_dir(self.root, step)

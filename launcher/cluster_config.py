@@ -19,6 +19,7 @@ from hetlaunch.launcher.config_errors import FieldError, show
 from hetlaunch.launcher.config_types import MAX_NAME, Strict, YamlFloat, is_loopback, starts_alnum
 from hetlaunch.launcher.node_config import DataPlaneConfig, DiscoverConfig, LinkConfig, NodeConfig, RegionConfig
 from hetlaunch.launcher.planning.compression import CompressionConfig
+from hetlaunch.launcher.planning.islands import IslandError, island_groups, pipeline_islands
 from hetlaunch.launcher.planning.plan import TilingError, check_layer_tiling
 from hetlaunch.launcher.train_config import CheckpointConfig, ObserveConfig, TrainConfig
 from hetlaunch.runtime.model_spec import PRESETS, GPTConfig, ModelSpec
@@ -203,7 +204,30 @@ class ClusterConfig(Strict):
             raise FieldError(("coordinator", "tls", "agent_cert"), "required with tls.ca and local nodes: under mutual "
                                                                    "TLS the agents `up` starts present it")
         self._check_layers()
+        self._check_islands()
         return self
+
+    def _check_islands(self) -> None:
+        outer = self.train.outer
+        if outer is None or not self.nodes:
+            return
+        names = [n.name for n in self.nodes]
+        if isinstance(outer.islands, list):
+            listed = {name for island in outer.islands for name in island}
+            for i, island in enumerate(outer.islands):
+                for name in island:
+                    if name not in names:
+                        raise FieldError(("train", "outer", "islands", i), f"node {name!r} is not in nodes "
+                                                                           f"({', '.join(names)})")
+            missing = [n for n in names if n not in listed]
+            if missing and self.discover is None:
+                raise FieldError(("train", "outer", "islands"), f"node(s) {', '.join(missing)} are in no island")
+        if self.pinned:
+            groups = island_groups(outer.islands, [(n.name, n.region) for n in self.nodes])
+            try:
+                pipeline_islands([[n.name for _, n in members] for members in self.pinned_pipelines()], groups)
+            except IslandError as err:
+                raise FieldError(("train", "outer", "islands"), str(err)) from None
 
     def _check_layers(self) -> None:
         if not self.nodes:

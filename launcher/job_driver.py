@@ -355,7 +355,9 @@ def _abort_and_restore(session: ClusterSession, plan: Plan, book: CheckpointBook
     for node, part in book.snapshots.items():
         events.write("snapshot", node=node, step=part.step, layers=[part.layer_start, part.layer_end])
     source = "file"
-    if several and (step := book.commit_snapshots()) is not None:
+    islands = ([{s.node for p in members for s in plan.pipelines()[p]} for members in plan.island_members()]
+               if plan.islands else None)
+    if several and (step := book.commit_snapshots(islands)) is not None:
         events.write("checkpoint", step=step, directory=str(book.latest[1]), source="replica")
         source = "replica"
     if snapshot_root is not None:

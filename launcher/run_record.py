@@ -72,9 +72,14 @@ class StepRecord:
     lr: float | None = None  # the learning rate the step used
     grad_norm: float | None = None  # the whole model's gradient norm before clipping (when clipping)
     eval_loss: float | None = None  # the held-out loss after this step (when an evaluation was due)
+    # With islands: each island's loss, and the step's outer exchanges (fragments launched and
+    # applied, the longest wait for one, bytes all stages sent, before and after the codec).
+    islands: dict | None = None
 
     def to_json(self) -> str:
         extra = {"missing": self.missing} if self.missing else {}
+        if self.islands is not None:
+            extra["islands"] = self.islands
         recipe = {k: v for k, v in (("lr", self.lr), ("grad_norm", self.grad_norm), ("eval_loss", self.eval_loss))
                   if v is not None}
         return strict_json({"step": self.step, "loss": self.loss, **recipe, "tokens_per_s": self.tokens_per_s,
@@ -93,6 +98,7 @@ class StepAggregator:
         self.position = {node: (q.pipeline, q.stage) for node, q in
                          Topology.of(plan).by_node("joining step reports (a report names its node)").items()}
         self.shares = plan.pipeline_microbatches
+        self.islands = plan.islands
         self.pending: dict[int, dict[tuple[int, int], tuple[str, pb.StepMetrics]]] = {}
 
     def add(self, node: str, metrics: pb.StepMetrics) -> StepRecord | None:
@@ -137,7 +143,21 @@ class StepAggregator:
         return StepRecord(step=step, loss=loss, tokens_per_s=tokens / step_s if step_s > 0 else 0.0,
                           step_s=step_s, stages=stages, lr=ordered[0][2].lr or None,
                           grad_norm=max(m.grad_norm for _, _, m in ordered) or None,
-                          eval_loss=sum(evals) / len(evals) if evals else None)
+                          eval_loss=sum(evals) / len(evals) if evals else None,
+                          islands=self._islands(ordered) if self.islands else None)
+
+    def _islands(self, ordered: list) -> dict:
+        """Each island's loss (its pipelines' mean, weighted by share) and the step's outer exchanges."""
+        losses = []
+        for island in range(max(self.islands) + 1):
+            mine = [(p, m) for (p, _), _, m in ordered if m.has_loss and self.islands[p] == island]
+            shares = sum(self.shares[p] for p, _ in mine)
+            losses.append(sum(m.loss * self.shares[p] for p, m in mine) / shares if shares else None)
+        ms = [m for _, _, m in ordered]
+        return {"losses": losses,
+                "outer": {"launched": max(m.outer_launched for m in ms), "applied": max(m.outer_applied for m in ms),
+                          "blocked_s": round(max(m.outer_s for m in ms), 6),
+                          "bytes": [sum(m.outer_raw_bytes for m in ms), sum(m.outer_wire_bytes for m in ms)]}}
 
 
 class JsonLines:
@@ -221,7 +241,8 @@ def read_metrics(path: Path, before_step: int) -> list[StepRecord]:
                                 tokens_per_s=float(data["tokens_per_s"]), step_s=float(data["step_s"]),
                                 stages=list(data["stages"]), time=float(data.get("time", 0.0)),
                                 missing=data.get("missing"), lr=_optional(data.get("lr")),
-                                grad_norm=_optional(data.get("grad_norm")), eval_loss=_optional(data.get("eval_loss")))
+                                grad_norm=_optional(data.get("grad_norm")), eval_loss=_optional(data.get("eval_loss")),
+                                islands=data.get("islands"))
         except (ValueError, KeyError, TypeError):
             if number == len(lines):
                 break  # the last line, cut off by the crash that ended the earlier run

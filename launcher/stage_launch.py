@@ -61,6 +61,10 @@ def launch(session: ClusterSession, plan: Plan, spec, restore: Restore, checkpoi
                 command.data_parallel.CopyFrom(shared)
                 command.data_parallel.pipeline_index = p
                 command.data_parallel.microbatch_offset = offset
+                if plan.islands:
+                    island = plan.islands[p]
+                    command.data_parallel.island_index = island
+                    command.data_parallel.island_microbatches = plan.island_microbatches()[island]
             session.state.send(placement.node, pb.Command(run_stage=command))
         offset += share
     return topology.checkpoint_writers()
@@ -114,15 +118,26 @@ def data_parallel(cluster, plan: Plan) -> pb.DataParallel:
     """What every stage of a several-pipeline plan shares: the global batch and all sync groups."""
     topology = Topology.of(plan)
     message = pb.DataParallel(global_microbatches=plan.num_microbatches,
-                              pipeline_sizes=[len(stages) for stages in topology.pipelines])
+                              pipeline_sizes=[len(stages) for stages in topology.pipelines],
+                              pipeline_microbatches=list(plan.pipeline_microbatches))
     for group in plan.sync_plans():
-        bw, lat = _slowest_emulated_link(cluster, group.nodes)
-        message.sync_groups.add(layer_start=group.layer_start, layer_end=group.layer_end,
-                                # a group names nodes: each one's rank is its stage holding these layers
-                                ranks=[topology.holder(name, group.layer_start).rank for name in group.nodes],
-                                codec=codec_wire_id(group.codec),
-                                emulate_bandwidth_mbps=bw, emulate_latency_ms=lat)
+        message.sync_groups.append(_group_spec(cluster, topology, group))
+    if plan.outer is not None:
+        o = plan.outer
+        for members in plan.island_members():
+            message.islands.add(ranks=[q.rank for p in members for q in topology.pipelines[p]])
+        message.outer.CopyFrom(pb.OuterSpec(every=o.every, lr=o.lr, momentum=o.momentum, fragments=o.fragments,
+                                            delay=o.delay, alpha=o.alpha,
+                                            groups=[_group_spec(cluster, topology, g) for g in plan.outer_sync_plans()]))
     return message
+
+
+def _group_spec(cluster, topology: Topology, group) -> pb.SyncGroupSpec:
+    bw, lat = _slowest_emulated_link(cluster, group.nodes)
+    return pb.SyncGroupSpec(layer_start=group.layer_start, layer_end=group.layer_end,
+                            # a group names nodes: each one's rank is its stage holding these layers
+                            ranks=[topology.holder(name, group.layer_start).rank for name in group.nodes],
+                            codec=codec_wire_id(group.codec), emulate_bandwidth_mbps=bw, emulate_latency_ms=lat)
 
 
 def _slowest_emulated_link(cluster, nodes: tuple[str, ...]) -> tuple[float, float]:

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
 from hetlaunch.launcher.config_errors import FieldError, show
-from hetlaunch.launcher.config_types import Strict, YamlFloat
+from hetlaunch.launcher.config_types import Name, Strict, YamlFloat
 from hetlaunch.runtime.registry import DEFAULT_SCHEDULE, SCHEDULE_NAMES
 
 
@@ -28,6 +28,42 @@ def _rebalance(value: Any) -> Any:
     if isinstance(value, bool):  # the older spelling
         return "auto" if value else "off"
     return value
+
+
+def _every(value: Any) -> Any:
+    return _auto_or_positive(value)
+
+
+class OuterConfig(Strict):
+    """Islands with outer steps (DiLoCo, runtime/outer_sync.py). The islands train apart and meet
+    every `every` steps, so the run is not step-for-step the synchronous one (README: Islands)."""
+
+    # by_region: one island per region; or lists of node names, every node in exactly one.
+    islands: Literal["by_region"] | list[list[Name]] = "by_region"
+    # Inner steps between outer steps; auto: the smallest H whose exchange costs <= 5% of H steps
+    # (the planner's; 50 on a plan it did not price).
+    every: Annotated[int | Literal["auto"], BeforeValidator(_every)] = "auto"
+    lr: YamlFloat = Field(0.7, gt=0)         # outer Nesterov SGD, DiLoCo's defaults
+    momentum: YamlFloat = Field(0.9, ge=0, lt=1)
+    codec: Literal["none", "bf16", "int8", "int4"] = "int8"  # for the exchanged deltas, with error feedback
+    fragments: int = Field(1, ge=1, le=1024)  # streaming: layer fragments exchanged in turn, spread over H
+    delay: int = Field(0, ge=0)               # inner steps an exchange overlaps before it is applied
+    alpha: YamlFloat = Field(0.0, ge=0, lt=1)  # with a delay: the local parameters' weight when applying
+
+    @model_validator(mode="after")
+    def _consistent(self) -> OuterConfig:
+        if isinstance(self.islands, list):
+            if not self.islands or any(not island for island in self.islands):
+                raise FieldError(("islands",), "list at least one island, each with at least one node")
+            seen: set[str] = set()
+            for i, island in enumerate(self.islands):
+                for name in island:
+                    if name in seen:
+                        raise FieldError(("islands", i), f"node {name!r} is in two islands")
+                    seen.add(name)
+        if self.every != "auto" and self.delay >= self.every:
+            raise FieldError(("delay",), f"{self.delay} must be below every ({self.every})")
+        return self
 
 
 class TrainConfig(Strict):
@@ -69,6 +105,8 @@ class TrainConfig(Strict):
     max_pipelines: Annotated[int | Literal["auto"], BeforeValidator(_auto_or_positive)] = "auto"
     # With pinned layers over several pipelines: each pipeline's micro-batches per step (default: as planned)
     pipeline_microbatches: list[int] | None = Field(None, min_length=1)
+    # Islands that meet every H steps (DiLoCo) instead of syncing every step; unset: synchronous.
+    outer: OuterConfig | None = None
 
     @model_validator(mode="after")
     def _shares(self) -> TrainConfig:

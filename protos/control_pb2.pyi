@@ -511,18 +511,52 @@ class SyncGroupSpec(_message.Message):
     def __init__(self, layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., ranks: _Optional[_Iterable[int]] = ..., codec: _Optional[_Union[Codec, str]] = ..., emulate_bandwidth_mbps: _Optional[float] = ..., emulate_latency_ms: _Optional[float] = ...) -> None: ...
 
 class DataParallel(_message.Message):
-    __slots__ = ("pipeline_index", "microbatch_offset", "global_microbatches", "sync_groups", "pipeline_sizes")
+    __slots__ = ("pipeline_index", "microbatch_offset", "global_microbatches", "sync_groups", "pipeline_sizes", "island_microbatches", "islands", "island_index", "outer", "pipeline_microbatches")
     PIPELINE_INDEX_FIELD_NUMBER: _ClassVar[int]
     MICROBATCH_OFFSET_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_MICROBATCHES_FIELD_NUMBER: _ClassVar[int]
     SYNC_GROUPS_FIELD_NUMBER: _ClassVar[int]
     PIPELINE_SIZES_FIELD_NUMBER: _ClassVar[int]
+    ISLAND_MICROBATCHES_FIELD_NUMBER: _ClassVar[int]
+    ISLANDS_FIELD_NUMBER: _ClassVar[int]
+    ISLAND_INDEX_FIELD_NUMBER: _ClassVar[int]
+    OUTER_FIELD_NUMBER: _ClassVar[int]
+    PIPELINE_MICROBATCHES_FIELD_NUMBER: _ClassVar[int]
     pipeline_index: int
     microbatch_offset: int
     global_microbatches: int
     sync_groups: _containers.RepeatedCompositeFieldContainer[SyncGroupSpec]
     pipeline_sizes: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, pipeline_index: _Optional[int] = ..., microbatch_offset: _Optional[int] = ..., global_microbatches: _Optional[int] = ..., sync_groups: _Optional[_Iterable[_Union[SyncGroupSpec, _Mapping]]] = ..., pipeline_sizes: _Optional[_Iterable[int]] = ...) -> None: ...
+    island_microbatches: int
+    islands: _containers.RepeatedCompositeFieldContainer[IslandRanks]
+    island_index: int
+    outer: OuterSpec
+    pipeline_microbatches: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, pipeline_index: _Optional[int] = ..., microbatch_offset: _Optional[int] = ..., global_microbatches: _Optional[int] = ..., sync_groups: _Optional[_Iterable[_Union[SyncGroupSpec, _Mapping]]] = ..., pipeline_sizes: _Optional[_Iterable[int]] = ..., island_microbatches: _Optional[int] = ..., islands: _Optional[_Iterable[_Union[IslandRanks, _Mapping]]] = ..., island_index: _Optional[int] = ..., outer: _Optional[_Union[OuterSpec, _Mapping]] = ..., pipeline_microbatches: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class IslandRanks(_message.Message):
+    __slots__ = ("ranks",)
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    ranks: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, ranks: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class OuterSpec(_message.Message):
+    __slots__ = ("every", "lr", "momentum", "fragments", "delay", "alpha", "groups")
+    EVERY_FIELD_NUMBER: _ClassVar[int]
+    LR_FIELD_NUMBER: _ClassVar[int]
+    MOMENTUM_FIELD_NUMBER: _ClassVar[int]
+    FRAGMENTS_FIELD_NUMBER: _ClassVar[int]
+    DELAY_FIELD_NUMBER: _ClassVar[int]
+    ALPHA_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    every: int
+    lr: float
+    momentum: float
+    fragments: int
+    delay: int
+    alpha: float
+    groups: _containers.RepeatedCompositeFieldContainer[SyncGroupSpec]
+    def __init__(self, every: _Optional[int] = ..., lr: _Optional[float] = ..., momentum: _Optional[float] = ..., fragments: _Optional[int] = ..., delay: _Optional[int] = ..., alpha: _Optional[float] = ..., groups: _Optional[_Iterable[_Union[SyncGroupSpec, _Mapping]]] = ...) -> None: ...
 
 class RunStage(_message.Message):
     __slots__ = ("model", "data", "train", "stage", "rendezvous", "data_parallel", "restore", "layout")
@@ -557,7 +591,7 @@ class StagePlace(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., pipeline: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ...) -> None: ...
 
 class StepMetrics(_message.Message):
-    __slots__ = ("step", "stage_index", "has_loss", "loss", "step_s", "compute_s", "comm_s", "tokens", "forward_raw_bytes", "forward_wire_bytes", "backward_raw_bytes", "backward_wire_bytes", "pipeline_index", "sync_s", "sync_raw_bytes", "sync_wire_bytes", "lr", "grad_norm", "has_eval_loss", "eval_loss", "trace", "from_prev", "from_next")
+    __slots__ = ("step", "stage_index", "has_loss", "loss", "step_s", "compute_s", "comm_s", "tokens", "forward_raw_bytes", "forward_wire_bytes", "backward_raw_bytes", "backward_wire_bytes", "pipeline_index", "sync_s", "sync_raw_bytes", "sync_wire_bytes", "lr", "grad_norm", "has_eval_loss", "eval_loss", "trace", "from_prev", "from_next", "outer_launched", "outer_applied", "outer_s", "outer_raw_bytes", "outer_wire_bytes")
     STEP_FIELD_NUMBER: _ClassVar[int]
     STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
     HAS_LOSS_FIELD_NUMBER: _ClassVar[int]
@@ -581,6 +615,11 @@ class StepMetrics(_message.Message):
     TRACE_FIELD_NUMBER: _ClassVar[int]
     FROM_PREV_FIELD_NUMBER: _ClassVar[int]
     FROM_NEXT_FIELD_NUMBER: _ClassVar[int]
+    OUTER_LAUNCHED_FIELD_NUMBER: _ClassVar[int]
+    OUTER_APPLIED_FIELD_NUMBER: _ClassVar[int]
+    OUTER_S_FIELD_NUMBER: _ClassVar[int]
+    OUTER_RAW_BYTES_FIELD_NUMBER: _ClassVar[int]
+    OUTER_WIRE_BYTES_FIELD_NUMBER: _ClassVar[int]
     step: int
     stage_index: int
     has_loss: bool
@@ -604,7 +643,12 @@ class StepMetrics(_message.Message):
     trace: _containers.RepeatedCompositeFieldContainer[TraceEvent]
     from_prev: LinkTransit
     from_next: LinkTransit
-    def __init__(self, step: _Optional[int] = ..., stage_index: _Optional[int] = ..., has_loss: _Optional[bool] = ..., loss: _Optional[float] = ..., step_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., comm_s: _Optional[float] = ..., tokens: _Optional[int] = ..., forward_raw_bytes: _Optional[int] = ..., forward_wire_bytes: _Optional[int] = ..., backward_raw_bytes: _Optional[int] = ..., backward_wire_bytes: _Optional[int] = ..., pipeline_index: _Optional[int] = ..., sync_s: _Optional[float] = ..., sync_raw_bytes: _Optional[int] = ..., sync_wire_bytes: _Optional[int] = ..., lr: _Optional[float] = ..., grad_norm: _Optional[float] = ..., has_eval_loss: _Optional[bool] = ..., eval_loss: _Optional[float] = ..., trace: _Optional[_Iterable[_Union[TraceEvent, _Mapping]]] = ..., from_prev: _Optional[_Union[LinkTransit, _Mapping]] = ..., from_next: _Optional[_Union[LinkTransit, _Mapping]] = ...) -> None: ...
+    outer_launched: int
+    outer_applied: int
+    outer_s: float
+    outer_raw_bytes: int
+    outer_wire_bytes: int
+    def __init__(self, step: _Optional[int] = ..., stage_index: _Optional[int] = ..., has_loss: _Optional[bool] = ..., loss: _Optional[float] = ..., step_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., comm_s: _Optional[float] = ..., tokens: _Optional[int] = ..., forward_raw_bytes: _Optional[int] = ..., forward_wire_bytes: _Optional[int] = ..., backward_raw_bytes: _Optional[int] = ..., backward_wire_bytes: _Optional[int] = ..., pipeline_index: _Optional[int] = ..., sync_s: _Optional[float] = ..., sync_raw_bytes: _Optional[int] = ..., sync_wire_bytes: _Optional[int] = ..., lr: _Optional[float] = ..., grad_norm: _Optional[float] = ..., has_eval_loss: _Optional[bool] = ..., eval_loss: _Optional[float] = ..., trace: _Optional[_Iterable[_Union[TraceEvent, _Mapping]]] = ..., from_prev: _Optional[_Union[LinkTransit, _Mapping]] = ..., from_next: _Optional[_Union[LinkTransit, _Mapping]] = ..., outer_launched: _Optional[int] = ..., outer_applied: _Optional[int] = ..., outer_s: _Optional[float] = ..., outer_raw_bytes: _Optional[int] = ..., outer_wire_bytes: _Optional[int] = ...) -> None: ...
 
 class LinkTransit(_message.Message):
     __slots__ = ("seconds", "wire_bytes")

@@ -26,6 +26,7 @@ from hetlaunch.runtime.emulation import ComputeEmulation
 from hetlaunch.runtime.grad_sync import GradientSync, SyncStats
 from hetlaunch.runtime.link import Link
 from hetlaunch.runtime.memory_limit import StageMemory
+from hetlaunch.runtime.outer_sync import OuterSync
 from hetlaunch.runtime.optim import Recipe, clip_gradients, make_optimizer, set_lr
 from hetlaunch.runtime.precision import LossScaler, autocast, compute_dtype, from_wire, to_wire
 from hetlaunch.runtime.actions import B, F, Action
@@ -87,6 +88,8 @@ class StageExecutor:
     tied: TiedParameters | None = None
     # The node's memory limit: counts this stage's tensors and stops it when they go over.
     memory: StageMemory | None = None
+    # Islands: the outer steps (runtime/outer_sync.py), taken by the stage loop after a step.
+    outer: OuterSync | None = None
     module: nn.Sequential = field(init=False)
     optimizer: torch.optim.Optimizer | None = field(init=False)
     # Optimizer steps taken, counting those before a restore. It changes together with the

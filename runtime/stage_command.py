@@ -28,6 +28,7 @@ from hetlaunch.runtime.link import Link
 from hetlaunch.runtime.memory_limit import StageMemory
 from hetlaunch.runtime.model import build_model_range
 from hetlaunch.runtime.optim import Recipe
+from hetlaunch.runtime.outer_sync import OuterGroupPlan, OuterSettings, OuterStats, OuterSync
 from hetlaunch.runtime.schedules import schedule_for
 from hetlaunch.runtime.tied import TiedParameters
 from hetlaunch.runtime.wire import model_spec_from_proto, schedule_name
@@ -148,29 +149,73 @@ def recipe_of(train: pb.TrainSpec) -> Recipe:
                   grad_clip=train.grad_clip)
 
 
-def _sum_over_model(dp: pb.DataParallel | None, device: torch.device, backend: str):
-    """For clipping: every rank's sum of squared gradients, summed over the whole data plane, is
-    the model's summed once per pipeline (after the sync, every pipeline holds the same
-    gradients for every layer), so divide by the pipeline count."""
-    pipelines = len(dp.pipeline_sizes) if dp is not None and dp.pipeline_sizes else 1
+class Island:
+    """The ranks this stage trains the model with every step: the whole data plane, or with
+    islands its own island (its group; None where the island is this one rank)."""
+
+    def __init__(self, dp: pb.DataParallel | None, rank: int):
+        self.group: object | None = None
+        self.pipelines = len(dp.pipeline_sizes) if dp is not None and dp.pipeline_sizes else 1
+        self.alone = False
+        if dp is None or not dp.islands:
+            return
+        starts = [sum(dp.pipeline_sizes[:p]) for p in range(len(dp.pipeline_sizes))]
+        for island in dp.islands:  # every rank makes every island's group, in order (c10d requires it)
+            ranks = list(island.ranks)
+            group = dist.new_group(ranks) if len(ranks) > 1 else None
+            if rank in ranks:
+                self.group, self.alone = group, len(ranks) == 1
+                self.pipelines = sum(1 for s in starts if s in ranks)
+
+    def all_reduce(self, tensor: torch.Tensor, op=dist.ReduceOp.SUM) -> None:
+        if not self.alone:
+            dist.all_reduce(tensor, op=op, group=self.group)
+
+
+def _sum_over_model(island: Island, device: torch.device, backend: str):
+    """For clipping: every rank's sum of squared gradients, summed over its island (the whole
+    data plane without islands), is the model's summed once per pipeline (after the sync, every
+    pipeline of an island holds the same gradients for every layer), so divide by the pipeline count."""
     wire = wire_device(device, backend)
 
     def sum_over_model(local: torch.Tensor) -> torch.Tensor:
         total = local.detach().reshape(1).to(wire, torch.float32)
-        dist.all_reduce(total)
-        return total[0] / pipelines
+        island.all_reduce(total)
+        return total[0] / island.pipelines
     return sum_over_model
 
 
-def _any_over_model(device: torch.device, backend: str):
-    """fp16: whether any rank saw an overflow (one all-reduce over the whole data plane)."""
+def _any_over_model(island: Island, device: torch.device, backend: str):
+    """fp16: whether any rank of the island saw an overflow (one all-reduce)."""
     wire = wire_device(device, backend)
 
     def any_over_model(flag: bool) -> bool:
         total = torch.tensor([1.0 if flag else 0.0], device=wire)
-        dist.all_reduce(total, op=dist.ReduceOp.MAX)
+        island.all_reduce(total, op=dist.ReduceOp.MAX)
         return bool(total[0] > 0)
     return any_over_model
+
+
+def _outer_sync(dp: pb.DataParallel | None, layout: list[pb.StagePlace], bundle, layer_start: int,
+                wire: torch.device, state_lock) -> OuterSync | None:
+    """The stage's outer steps with islands (None without): its groups made by every rank, in order."""
+    if dp is None or not dp.HasField("outer"):
+        return None
+    spec = dp.outer
+    settings = OuterSettings(every=spec.every, lr=spec.lr, momentum=spec.momentum, fragments=spec.fragments or 1,
+                             delay=spec.delay, alpha=spec.alpha)
+    pipeline_of = {place.rank: place.pipeline for place in layout}
+    total = sum(dp.pipeline_microbatches)
+    plans, groups, me = [], [], dist.get_rank()
+    for group in spec.groups:
+        ranks = tuple(group.ranks)
+        weights = tuple(dp.pipeline_microbatches[pipeline_of[r]] / total for r in ranks)
+        plans.append(OuterGroupPlan(group.layer_start, group.layer_end, ranks, weights, codec_by_id(group.codec),
+                                    WireEmulation.from_spec(group.emulate_bandwidth_mbps, group.emulate_latency_ms)))
+        made = dist.new_group(list(ranks))
+        groups.append(made if me in ranks else None)
+    return OuterSync(bundle.layers, layer_start, bundle.num_layers, settings, plans, groups, wire, state_lock,
+                     tied=bundle.tied)
 
 
 def _pipeline_barrier(dp: pb.DataParallel | None, rank: int, device: torch.device, backend: str):
@@ -272,6 +317,7 @@ def _executor(cmd: pb.RunStage, bundle, device: torch.device, memory: StageMemor
     dp = cmd.data_parallel if cmd.HasField("data_parallel") else None
     prev_link, next_link = _links(stage, device, backend)
     grad_sync = None
+    island = Island(dp, cmd.rendezvous.rank)
     if dp is not None and dp.sync_groups:
         plans = sync_group_plans(dp)
         grad_sync = GradientSync(bundle.layers, stage.layer_start, plans, make_groups(plans),
@@ -279,9 +325,9 @@ def _executor(cmd: pb.RunStage, bundle, device: torch.device, memory: StageMemor
     executor = StageExecutor(bundle.layers, bundle.loss_fn, is_first=stage.stage_index == 0,
                              is_last=stage.stage_index == stage.num_stages - 1, device=device,
                              prev_link=prev_link, next_link=next_link, recipe=recipe_of(train),
-                             sum_over_model=_sum_over_model(dp, device, backend),
+                             sum_over_model=_sum_over_model(island, device, backend),
                              precision=train.precision or "fp32",
-                             any_over_model=_any_over_model(device, backend),
+                             any_over_model=_any_over_model(island, device, backend),
                              emulation=emulated_speed(stage.emulate, train.start_step), grad_sync=grad_sync,
                              before_optimizer_step=_pipeline_barrier(dp, cmd.rendezvous.rank, device, backend),
                              memory=memory)
@@ -293,6 +339,11 @@ def _executor(cmd: pb.RunStage, bundle, device: torch.device, memory: StageMemor
             executor.tied.share_initial_values()
     if restored is not None:
         apply_state(executor.module, executor.optimizer, restored, stage.layer_start)
+    # After the tied groups, by every rank; the anchor is the weights as they start (shared, restored).
+    executor.outer = _outer_sync(dp, list(cmd.layout), bundle, stage.layer_start, wire_device(device, backend),
+                                 executor.state_lock)
+    if executor.outer is not None:
+        executor.outer.reset_anchor()
     return executor
 
 
@@ -313,6 +364,8 @@ def _train(cmd: pb.RunStage, executor: StageExecutor, batches: TokenBatches | No
     spec = model_spec_from_proto(cmd.model)
     dp = cmd.data_parallel if cmd.HasField("data_parallel") else None
     global_microbatches = dp.global_microbatches if dp else train.num_microbatches
+    # The loss is the mean over the micro-batches that sync every step: the island's (all, without islands).
+    loss_divisor = dp.island_microbatches if dp and dp.island_microbatches else global_microbatches
     first_microbatch = dp.microbatch_offset if dp else 0
     actions = schedule_for(schedule_name(train.schedule), stage.stage_index, stage.num_stages, train.num_microbatches,
                            stage.window)
@@ -331,15 +384,18 @@ def _train(cmd: pb.RunStage, executor: StageExecutor, batches: TokenBatches | No
             microbatches = microbatches[first_microbatch:first_microbatch + train.num_microbatches]
         trace = [] if train.trace_every and step % train.trace_every == 0 else None
         try:
-            result = executor.train_step(actions, microbatches, global_microbatches, trace)
+            result = executor.train_step(actions, microbatches, loss_divisor, trace)
         except torch.OutOfMemoryError as err:
             if executor.memory is None:
                 raise
             raise executor.memory.out_of_memory(err, f"at step {step}") from None
         done = step + 1
+        outer = executor.outer.after_step(done) if executor.outer is not None else None
+        if outer is not None and done == train.steps:
+            executor.outer.finish()  # an exchange still inside its delay is applied before the end
         eval_loss = _eval_loss(train, executor, eval_batches, done)
         reports.step(_step_metrics(step, stage, result, tokens, dp.pipeline_index if dp else 0, eval_loss, executor,
-                                   trace))
+                                   trace, outer))
         if writer is not None and checkpoint_due(train, done):
             writer.save(done)
     gate.finished(train.steps)
@@ -367,8 +423,12 @@ def _eval_loss(train: pb.TrainSpec, executor: StageExecutor, eval_batches: Token
 
 
 def _step_metrics(step: int, stage: pb.StageSpec, result, tokens: int, pipeline_index: int,
-                  eval_loss: float | None, executor: StageExecutor, trace: list | None) -> pb.StepMetrics:
-    return pb.StepMetrics(step=step, stage_index=stage.stage_index, has_loss=result.loss is not None,
+                  eval_loss: float | None, executor: StageExecutor, trace: list | None,
+                  outer: OuterStats | None = None) -> pb.StepMetrics:
+    outer = outer or OuterStats()
+    return pb.StepMetrics(outer_launched=outer.launched, outer_applied=outer.applied, outer_s=outer.blocked_s,
+                          outer_raw_bytes=outer.raw_bytes, outer_wire_bytes=outer.wire_bytes,
+                          step=step, stage_index=stage.stage_index, has_loss=result.loss is not None,
                           loss=result.loss or 0.0, step_s=result.step_s, compute_s=result.compute_s,
                           comm_s=result.comm_s, tokens=tokens,
                           forward_raw_bytes=result.forward_bytes[0], forward_wire_bytes=result.forward_bytes[1],

@@ -21,6 +21,7 @@ a profile it cannot price — never ends the job: the answer is "no change", and
 
 from __future__ import annotations
 
+import time
 import traceback
 from dataclasses import replace
 from typing import Callable
@@ -29,9 +30,10 @@ from hetlaunch.launcher.adapt.live_moves import move_seconds, same_places
 from hetlaunch.launcher.adapt.calibration import with_link
 from hetlaunch.launcher.job_errors import JobError
 from hetlaunch.launcher.planning.batch_sizes import at_size
+from hetlaunch.launcher.planning.island_plans import merge, plan_islands, price_outer
 from hetlaunch.launcher.planning.plan import Plan, planned
 from hetlaunch.launcher.planning.planner import PlannerResult, PlanningError, plan_fixed_cut, price_pipelines, recut
-from hetlaunch.launcher.planning.profile_edits import scaled
+from hetlaunch.launcher.planning.profile_edits import scaled, subset
 from hetlaunch.launcher.planning.profile_file import LinkProfile, Profile, ProfileError
 from hetlaunch.launcher.planning.request import PlanRequest, plan_for
 
@@ -63,12 +65,22 @@ class Replanner:
         """The job's first plan, over every measured node (PlanningError as the planner words it),
         and the planner's result it came from."""
         result = plan_for(self.measured, self.request)
+        if self.cluster.train.outer is not None:  # the islands' plan; `result` says how long planning took
+            started = time.perf_counter()
+            plan = plan_islands(self.cluster, self.measured, self.request)
+            return plan, replace(result, planning_s=result.planning_s + time.perf_counter() - started)
         return planned(self.cluster, result), result
+
+    def _planned(self, profile: Profile, source: str) -> Plan:
+        """The planner's plan on `profile` (islands where the YAML asks for them)."""
+        if self.cluster.train.outer is not None:
+            return plan_islands(self.cluster, profile, self.request, source=source)
+        return planned(self.cluster, plan_for(profile, self.request), source=source)
 
     def plan(self, names: list[str], source: str = "replanned") -> Plan:
         """The planner's plan for `names` on the measured profile; JobError if none fits."""
         try:
-            return planned(self.cluster, plan_for(_subset(self.measured, names), self.request), source=source)
+            return self._planned(subset(self.measured, names), source)
         except PlanningError as err:
             raise JobError(f"the nodes left ({', '.join(names)}) cannot train the model: {err}") from None
 
@@ -85,6 +97,12 @@ class Replanner:
                   for stages in pinned.pipelines()]
         at = at_size(self.measured, pinned.micro_batch_size)
         schedule = self.cluster.train.schedule
+        if pinned.islands:  # each island priced alone (its sync stays inside it), then the outer exchange
+            plans = [planned(self.cluster, price_pipelines(at, [(*chains[p], pinned.pipeline_microbatches[p])
+                                                                for p in members], schedule, self.compression),
+                             source="pinned")
+                     for members in pinned.island_members()]
+            return price_outer(self.cluster, at, merge(plans, {}))
         if len(chains) == 1:
             result = plan_fixed_cut(at, *chains[0], pinned.num_microbatches, schedule, self.compression)
         else:
@@ -141,6 +159,8 @@ class Replanner:
     def price(self, plan: Plan) -> float | None:
         """The step `plan` (its cuts, shares and codecs) is predicted to take; None if it cannot run."""
         try:
+            if plan.islands:
+                return price_outer(self.cluster, self.corrected, _repriced_islands(self, plan)).predicted_step_s
             return price_pipelines(self.corrected, _chains(plan), plan.schedule, plan.compression).step_s
         except (PlanningError, ProfileError):
             return None
@@ -152,7 +172,7 @@ class Replanner:
         """The planner's plan for the live nodes, or None if none fits."""
         names = self.live_nodes()
         try:
-            return planned(self.cluster, plan_for(_subset(self.corrected, names), self.request), source="replanned")
+            return self._planned(subset(self.corrected, names), "replanned")
         except PlanningError:
             return None
         except Exception as err:
@@ -169,6 +189,8 @@ class Replanner:
             return None
 
     def _recut(self, current: Plan) -> Plan | None:
+        if current.islands:
+            return None  # live moves keep to plans without islands (a move's peers span one pipeline set)
         profile = self.corrected
         try:
             if profile.micro_batch_size != current.micro_batch_size:  # planned at a global batch's size
@@ -189,11 +211,12 @@ class Replanner:
         return move_seconds(self.corrected, current, target)
 
 
-def _subset(profile: Profile, names: list[str]) -> Profile:
-    """The profile of `names` only: their nodes and the links among them."""
-    return profile.model_copy(update={
-        "nodes": [n for n in profile.nodes if n.name in names],
-        "links": [link for link in profile.links if link.nodes is None or set(link.nodes) <= set(names)]})
+def _repriced_islands(replanner: Replanner, plan: Plan) -> Plan:
+    """`plan`'s islands, each priced alone on the corrected profile, merged (outer steps unpriced)."""
+    chains = _chains(plan)
+    return merge([planned(replanner.cluster, price_pipelines(replanner.corrected, [chains[p] for p in members],
+                                                             plan.schedule, plan.compression), source=plan.source)
+                  for members in plan.island_members()], {})
 
 
 def _chains(plan: Plan) -> list[tuple[list[str], list[tuple[int, int]], int]]:

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from hetlaunch.launcher.planning.batch_sizes import describe
 from hetlaunch.launcher.planning.compression import NONE, CompressionConfig
+from hetlaunch.launcher.planning.islands import DEFAULT_EVERY, OuterPlan, island_groups, pipeline_islands
 from hetlaunch.launcher.planning.sync_groups import sync_groups
 from hetlaunch.runtime.schedules import own_window
 
@@ -70,6 +71,9 @@ class Plan:
     contention_note: str = ""  # nodes that share a host's cores, and what that costs them (priced)
     # The codecs its boundaries and syncs were allowed: what pricing or re-cutting it again allows.
     compression: CompressionConfig = field(default_factory=lambda: NONE, hash=False)
+    # Islands (launcher/planning/islands.py): each pipeline's island; () is one island (synchronous).
+    islands: tuple[int, ...] = ()
+    outer: OuterPlan | None = None  # the outer steps between islands; set exactly when `islands` is
 
     def __post_init__(self):
         if not self.pipeline_microbatches:
@@ -91,6 +95,12 @@ class Plan:
                 expected = stage.layer_end
             if expected != self.num_layers:
                 raise ValueError(f"pipeline {p} covers [0, {expected}) of {self.num_layers} layers")
+        if (self.outer is None) != (not self.islands):
+            raise ValueError("a plan has outer steps exactly when it has islands")
+        if self.islands and (len(self.islands) != len(pipelines) or
+                             sorted(set(self.islands)) != list(range(max(self.islands) + 1)) or max(self.islands) < 1):
+            raise ValueError(f"islands {list(self.islands)} must name an island 0, 1, ... (at least two) "
+                             f"for each of the {len(pipelines)} pipelines")
 
     def pipelines(self) -> list[tuple[StagePlan, ...]]:
         """The stages of each pipeline, in order (pipeline indices are 0, 1, ... with no gap)."""
@@ -100,16 +110,39 @@ class Plan:
             raise ValueError("pipeline indices must run 0, 1, ... without a gap")
         return pipelines
 
+    def island_members(self) -> list[list[int]]:
+        """The pipeline indices of each island, in island order (one island without islands)."""
+        count = len(self.pipeline_microbatches)
+        if not self.islands:
+            return [list(range(count))]
+        return [[p for p in range(count) if self.islands[p] == i] for i in range(max(self.islands) + 1)]
+
+    def island_microbatches(self) -> list[int]:
+        """Each island's micro-batches per step."""
+        return [sum(self.pipeline_microbatches[p] for p in members) for members in self.island_members()]
+
     def sync_plans(self) -> tuple[SyncPlan, ...]:
-        """The plan's sync groups: as planned, else derived from the cuts (codec none)."""
+        """The plan's every-step sync groups (inside each island): as planned, else derived from
+        the cuts (codec none)."""
         if self.sync or len(self.pipeline_microbatches) == 1:
             return self.sync
         pipelines = self.pipelines()
-        return tuple(SyncPlan(g.layer_start, g.layer_end, tuple(pipelines[p][j].node for p, j in g.holders))
-                     for g in sync_groups([[(s.layer_start, s.layer_end) for s in stages] for stages in pipelines]))
+        return tuple(plan for members in self.island_members()
+                     for plan in _derived_sync([pipelines[p] for p in members]))
+
+    def outer_sync_plans(self) -> tuple[SyncPlan, ...]:
+        """The outer exchange's groups: per layer range, its holders in every pipeline of every island."""
+        if self.outer is None:
+            return ()
+        return tuple(replace(g, codec=self.outer.codec) for g in _derived_sync(self.pipelines()))
 
     def to_dict(self) -> dict:
         return {**asdict(self), "compression": self.compression.model_dump()}
+
+
+def _derived_sync(pipelines: list[tuple[StagePlan, ...]]) -> list[SyncPlan]:
+    return [SyncPlan(g.layer_start, g.layer_end, tuple(pipelines[p][j].node for p, j in g.holders))
+            for g in sync_groups([[(s.layer_start, s.layer_end) for s in stages] for stages in pipelines])]
 
 
 class TilingError(ValueError):
@@ -213,7 +246,29 @@ def static_plan(cluster, num_layers: int) -> Plan:
                 pipeline_microbatches=shares, compression=policy)
     for pipeline, share in zip(plan.pipelines(), shares):
         check_windows(list(pipeline), share)
+    plan = with_pinned_islands(cluster, plan)
     return replace(plan, sync=tuple(replace(g, codec=sync_codec) for g in plan.sync_plans()))
+
+
+def with_pinned_islands(cluster, plan: Plan) -> Plan:
+    """`plan` with the YAML's islands (train.outer) over its pipelines, H as pinned or the default
+    (nothing priced it); unchanged without train.outer or when every pipeline is in one island."""
+    outer = cluster.train.outer
+    if outer is None:
+        return plan
+    groups = island_groups(outer.islands, [(n.name, n.region) for n in cluster.nodes])
+    islands = pipeline_islands([[s.node for s in stages] for stages in plan.pipelines()], groups)
+    if not islands:
+        return plan
+    every, source = (DEFAULT_EVERY, "default") if outer.every == "auto" else (outer.every, "pinned")
+    return replace(plan, islands=islands, outer=outer_plan(outer, every, source))
+
+
+def outer_plan(outer, every: int, source: str, **priced) -> OuterPlan:
+    """The OuterPlan of a YAML's train.outer at `every` inner steps."""
+    return OuterPlan(every=every, lr=outer.lr, momentum=outer.momentum, codec=outer.codec,
+                     fragments=outer.fragments, delay=min(outer.delay, every - 1), alpha=outer.alpha,
+                     every_source=source, **priced)
 
 
 def planned(cluster, result, source: str = "planned") -> Plan:

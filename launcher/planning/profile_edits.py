@@ -33,3 +33,10 @@ def _times(node: NodeProfile, factor: float) -> dict:
     return {"layer_seconds": [t * factor for t in node.layer_seconds],
             "optimizer_seconds": None if node.optimizer_seconds is None else
             [t * factor for t in node.optimizer_seconds]}
+
+
+def subset(profile: Profile, names: list[str]) -> Profile:
+    """The profile of `names` only: their nodes and the links among them."""
+    return profile.model_copy(update={
+        "nodes": [n for n in profile.nodes if n.name in names],
+        "links": [link for link in profile.links if link.nodes is None or set(link.nodes) <= set(names)]})

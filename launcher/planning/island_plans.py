@@ -1,0 +1,107 @@
+"""Plan a job of islands: each island planned as today's job on its own nodes, then merged.
+
+1. Group the profile's nodes into islands (train.outer.islands: by region, or the YAML's lists).
+2. Plan each island alone at the whole step's micro-batches; its predicted tokens/s is its speed.
+   An island that cannot hold the model is left out (its nodes in `excluded`, with the reason).
+3. Share the step's micro-batches between the islands in proportion to their speeds, so islands
+   that start an outer period together end it together, and plan each island again at its share.
+4. Merge: pipelines island after island; each island's gradient sync stays inside it. Price the
+   outer exchange (launcher/planning/islands.py) on the profile's links between the holders of
+   each layer range, choose H where `every: auto`, and predict the step with the exchange's
+   exposed part spread over H steps.
+
+The merged plan's step is the slowest island's plus the exposed exchange / H; islands do not
+wait for each other between outer steps, but the shares make them take equally long.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hetlaunch.launcher.planning.batch_sizes import at_size
+from hetlaunch.launcher.planning.islands import (ExchangeGroup, OuterPlan, choose_every, exchange_seconds,
+                                                 exposed_seconds, island_groups, split_by_speed)
+from hetlaunch.launcher.planning.plan import Plan, outer_plan, planned
+from hetlaunch.launcher.planning.planning_error import PlanningError
+from hetlaunch.launcher.planning.profile_edits import subset
+from hetlaunch.launcher.planning.profile_file import Profile
+from hetlaunch.launcher.planning.request import PlanRequest, plan_for
+
+
+def plan_islands(cluster, profile: Profile, request: PlanRequest, source: str = "planned") -> Plan:
+    """The plan for `profile`'s nodes under cluster.train.outer (a plain plan when they form one island)."""
+    outer = cluster.train.outer
+    groups = island_groups(outer.islands, [(n.name, n.region) for n in profile.nodes])
+    if len(groups) < 2:
+        return planned(cluster, plan_for(profile, request), source=source)
+    if request.global_batch is not None:  # one micro-batch size for every island: the YAML's shape
+        size, count = cluster.train.batch_shape()
+        profile = at_size(profile, size)
+        request = replace(request, num_microbatches=count, global_batch=None, fixed_microbatches=None)
+    total = request.num_microbatches
+    speeds, kept, excluded = [], [], {}
+    for names in groups:
+        try:
+            result = plan_for(subset(profile, names), request)
+        except PlanningError as err:
+            excluded.update({n: f"its island ({', '.join(names)}) cannot train the model alone: {err}" for n in names})
+            continue
+        kept.append(names)
+        speeds.append(result.tokens_per_s)
+    if not kept:
+        raise PlanningError("no island can train the model alone: " + "; ".join(sorted(set(excluded.values()))))
+    if len(kept) == 1:
+        plan = planned(cluster, plan_for(subset(profile, kept[0]), request), source=source)
+        return replace(plan, excluded={**(plan.excluded or {}), **excluded})
+    shares = split_by_speed(total, speeds)
+    plans = [planned(cluster, plan_for(subset(profile, names), replace(request, num_microbatches=m)), source=source)
+             for names, m in zip(kept, shares)]
+    return price_outer(cluster, profile, merge(plans, excluded))
+
+
+def merge(plans: list[Plan], excluded: dict[str, str]) -> Plan:
+    """One plan of the islands' plans, pipelines island after island (each island's outer steps unpriced)."""
+    stages, shares, islands, sync, offset = [], [], [], [], 0
+    for island, plan in enumerate(plans):
+        stages += [replace(s, pipeline=s.pipeline + offset) for s in plan.stages]
+        shares += plan.pipeline_microbatches
+        islands += [island] * len(plan.pipeline_microbatches)
+        sync += plan.sync
+        offset += len(plan.pipeline_microbatches)
+    first = plans[0]
+    slowest = max(plans, key=lambda p: p.predicted_step_s or 0.0)
+    return replace(first, stages=tuple(stages), num_microbatches=sum(shares), pipeline_microbatches=tuple(shares),
+                   sync=tuple(sync), islands=tuple(islands), predicted_step_s=slowest.predicted_step_s,
+                   bottleneck=slowest.bottleneck,
+                   excluded={**{k: v for p in plans for k, v in (p.excluded or {}).items()}, **excluded},
+                   contention_note="; ".join(p.contention_note for p in plans if p.contention_note),
+                   outer=OuterPlan(every=1))  # a plan with islands carries one: price_outer sets the real one
+
+
+def price_outer(cluster, profile: Profile, plan: Plan) -> Plan:
+    """`plan` (with islands) with its outer steps priced on `profile`: the exchange, H where it is
+    auto, the step and tokens/s with the exposed exchange spread over H steps."""
+    outer = cluster.train.outer
+    codec = outer.codec
+    groups = []
+    for g in replace(plan, outer=replace(plan.outer, codec=codec)).outer_sync_plans():
+        nodes = [profile.node(n) for n in g.nodes]
+        links = [profile.link(a, b) for i, a in enumerate(nodes) for b in nodes[i + 1:]]
+        groups.append(ExchangeGroup(sum(profile.layers[i].param_bytes for i in range(g.layer_start, g.layer_end)),
+                                    tuple(g.nodes), min(link.bandwidth_bytes_per_s for link in links),
+                                    max(link.latency_s for link in links)))
+    exchange_s, wire_bytes = exchange_seconds(groups, codec)
+    step_s = plan.predicted_step_s or 0.0
+    if outer.every == "auto":
+        every, source = choose_every(exchange_s, step_s, outer.fragments, outer.delay), "planned"
+    else:
+        every, source = outer.every, "pinned"
+    o = outer_plan(outer, every, source, exchange_s=exchange_s, wire_bytes=wire_bytes)
+    o = replace(o, exposed_s=exposed_seconds(exchange_s, step_s, o.fragments, o.delay))
+    step = step_s + o.exposed_s / every
+    tokens = plan.num_microbatches * plan.micro_batch_size * profile.seq_len
+    bottleneck = plan.bottleneck
+    if o.exposed_s / every > 0.5 * step_s:
+        bottleneck = f"the outer exchange between islands ({exchange_s:.3g} s every {every} steps)"
+    return replace(plan, outer=o, predicted_step_s=step, predicted_tokens_per_s=tokens / step if step > 0 else None,
+                   bottleneck=bottleneck)

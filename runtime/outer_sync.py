@@ -1,0 +1,201 @@
+"""Outer steps across islands (DiLoCo): islands train apart and meet every H inner steps.
+
+An island is one or more pipelines that sync gradients every step (runtime/grad_sync.py).
+Between islands nothing is exchanged for H steps; then, per parameter, each holder's change
+since the last outer step (anchor - local, the "pseudo-gradient") is averaged over every
+holder of that parameter in every island, weighted by the micro-batches its pipeline trains
+per step (an island's weight is its share of the tokens), and an outer optimizer steps the
+anchor: Nesterov SGD as in DiLoCo (buf = m * buf + g; anchor -= lr * (g + m * buf)). Every
+holder then continues from the new anchor (mixed with its own parameters by `alpha` when the
+exchange overlapped `delay` inner steps). Inner optimizer state stays each island's own.
+
+Streaming (Streaming DiLoCo, torchft's `fragment_sync_delay`): the model's layers form
+`fragments` contiguous fragments; fragment f meets after steps (f + 1) * H / F, then every H,
+so the exchanges are spread over the H steps rather than one whole-model exchange. With
+`delay` d > 0 a fragment's exchange is launched after step t and applied after step t + d, so
+the collective runs while the next d steps compute; its local parameters then take
+alpha * local + (1 - alpha) * new anchor.
+
+Wire: each parameter is exchanged on its own (an all-gather of its encoded delta among the
+layer's holders, one per pipeline), decoded and summed in rank order, so every holder computes
+bit-identical anchors; a lossy codec carries what it lost into the next exchange (error
+feedback). Encoding per parameter keeps the two copies of a tied parameter identical (their
+holders encode the same tensor). Groups are made once per generation by every rank, in order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hetlaunch.runtime import host_clock
+from hetlaunch.runtime.codecs import Codec
+from hetlaunch.runtime.emulation import WireEmulation
+
+
+@dataclass(frozen=True)
+class OuterSettings:
+    every: int             # H: inner steps between two outer steps of a fragment
+    lr: float = 0.7        # DiLoCo's outer Nesterov defaults
+    momentum: float = 0.9
+    fragments: int = 1     # streaming: contiguous layer fragments, exchanged in turn
+    delay: int = 0         # inner steps an exchange overlaps before it is applied
+    alpha: float = 0.0     # with a delay: the weight of the local parameters when applying
+
+    def __post_init__(self):
+        if self.every < 1 or self.fragments < 1 or self.delay < 0 or self.delay >= self.every:
+            raise ValueError(f"outer step every {self.every}, {self.fragments} fragments, delay {self.delay}: "
+                             f"need every >= 1, fragments >= 1, 0 <= delay < every")
+
+
+def fragment_of(layer: int, num_layers: int, fragments: int) -> int:
+    """The fragment of a global layer index: contiguous, as even as the layer count allows."""
+    return layer * fragments // num_layers
+
+
+def fragment_due(done: int, settings: OuterSettings, fragment: int) -> bool:
+    """Whether `fragment` launches its exchange after `done` inner steps (counting from step 0)."""
+    first = (fragment + 1) * settings.every // settings.fragments
+    return done >= first and (done - first) % settings.every == 0
+
+
+@dataclass(frozen=True)
+class OuterGroupPlan:
+    layer_start: int                 # [layer_start, layer_end): layers with one holder set
+    layer_end: int
+    ranks: tuple[int, ...]           # one holder per pipeline, in pipeline order
+    weights: tuple[float, ...]       # each holder's share of the step's micro-batches (sums to 1)
+    codec: Codec
+    emulation: WireEmulation | None = None
+
+
+@dataclass(eq=False)
+class _Held:
+    param: nn.Parameter
+    layer: int                       # global layer index that sets its fragment (a tied group's first)
+    plan: OuterGroupPlan
+    group: object                    # c10d group of the plan's ranks
+    anchor: torch.Tensor             # fp32, on the wire device
+    momentum: torch.Tensor
+    error: torch.Tensor | None = None
+
+
+@dataclass(eq=False)
+class _Pending:
+    fragment: int
+    apply_after: int                 # inner steps done when it is applied
+    held: list[_Held]
+    gathered: list[list[list[torch.Tensor]]]   # per held: per payload: per holder
+    work: list
+    started_at: float
+    wire_bytes: dict[int, int] = field(default_factory=dict)  # id(plan) -> bytes each holder sent
+
+
+@dataclass
+class OuterStats:
+    """One step's outer exchanges: fragments launched and applied, seconds blocked, bytes."""
+
+    launched: int = 0
+    applied: int = 0
+    blocked_s: float = 0.0
+    raw_bytes: int = 0               # deltas before the codec, this holder's
+    wire_bytes: int = 0              # what this holder sent (to every other holder)
+
+
+class OuterSync:
+    """The outer steps of one stage's parameters."""
+
+    def __init__(self, layers: list[nn.Module], layer_start: int, num_layers: int, settings: OuterSettings,
+                 plans: list[OuterGroupPlan], groups: list[object | None], wire_device: torch.device,
+                 state_lock=None, tied: tuple[tuple[str, ...], ...] = ()):
+        self.settings, self.num_layers, self.wire = settings, num_layers, wire_device
+        # Parameters change under the executor's state lock: a snapshot from another thread sees
+        # the state before or after an outer step, never half of one. Held only while applying.
+        self.state_lock = state_lock or contextlib.nullcontext()
+        self._pending: list[_Pending] = []
+        self.held: list[_Held] = []
+        # A tied parameter's copies take the fragment of its first member: copies in two fragments
+        # would meet at different steps and stop being one weight.
+        first_layer = {name: int(group[0].partition(".")[0]) for group in tied for name in group}
+        for plan, group in zip(plans, groups):
+            if group is None:
+                continue
+            for layer in range(plan.layer_start, plan.layer_end):
+                for name, param in layers[layer - layer_start].named_parameters():
+                    if param.requires_grad:
+                        anchor = param.detach().to(wire_device, torch.float32, copy=True)
+                        self.held.append(_Held(param, first_layer.get(f"{layer}.{name}", layer), plan, group, anchor,
+                                               torch.zeros_like(anchor)))
+
+    def reset_anchor(self) -> None:
+        """The anchor is the parameters as they are now (after tied copies share their value, or a restore)."""
+        for held in self.held:
+            held.anchor.copy_(held.param.detach().to(self.wire, torch.float32))
+
+    def after_step(self, done: int) -> OuterStats:
+        """Launch the exchanges due after `done` inner steps and apply those whose delay is over."""
+        stats = OuterStats()
+        for fragment in range(self.settings.fragments):
+            if fragment_due(done, self.settings, fragment):
+                held = [h for h in self.held if fragment_of(h.layer, self.num_layers, self.settings.fragments) == fragment]
+                self._pending.append(self._launch(fragment, done, held, stats))
+                stats.launched += 1
+        due = [p for p in self._pending if p.apply_after <= done]
+        self._pending = [p for p in self._pending if p.apply_after > done]
+        for pending in due:
+            start = time.perf_counter()
+            self._apply(pending)
+            stats.blocked_s += time.perf_counter() - start
+            stats.applied += 1
+        return stats
+
+    def _launch(self, fragment: int, done: int, held: list[_Held], stats: OuterStats) -> _Pending:
+        pending = _Pending(fragment, done + self.settings.delay, held, [], [], host_clock.now())
+        for h in held:
+            delta = h.anchor - h.param.detach().to(self.wire, torch.float32)
+            codec = h.plan.codec
+            if codec.name != "none":
+                if h.error is None:
+                    h.error = torch.zeros_like(delta)
+                delta = delta + h.error
+            payloads = [p.contiguous() for p in codec.encode(delta)]
+            if codec.name != "none":
+                h.error = delta - codec.decode(payloads, tuple(delta.shape), delta.dtype)
+            k = len(h.plan.ranks)
+            gathered = [[torch.empty_like(p) for _ in range(k)] for p in payloads]
+            pending.work += [dist.all_gather(out, p, group=h.group, async_op=True) for out, p in zip(gathered, payloads)]
+            pending.gathered.append(gathered)
+            sent = sum(p.numel() * p.element_size() for p in payloads)
+            pending.wire_bytes[id(h.plan)] = pending.wire_bytes.get(id(h.plan), 0) + (k - 1) * sent
+            stats.raw_bytes += delta.numel() * delta.element_size()
+            stats.wire_bytes += (k - 1) * sent
+        return pending
+
+    def _apply(self, pending: _Pending) -> None:
+        for work in pending.work:
+            work.wait()
+        emulated = {id(h.plan): h.plan.emulation for h in pending.held if h.plan.emulation is not None}
+        for key, emulation in emulated.items():  # the bytes' time on the slowest link of the group
+            emulation.deliver(pending.started_at, pending.wire_bytes.get(key, 0))
+        m, lr, alpha = self.settings.momentum, self.settings.lr, self.settings.alpha
+        with torch.no_grad(), self.state_lock:
+            for h, gathered in zip(pending.held, pending.gathered):
+                shape, codec = tuple(h.anchor.shape), h.plan.codec
+                average = torch.zeros_like(h.anchor)
+                for member, weight in enumerate(h.plan.weights):
+                    average += weight * codec.decode([payload[member] for payload in gathered], shape, torch.float32)
+                h.momentum.mul_(m).add_(average)
+                h.anchor.sub_(lr * (average + m * h.momentum))
+                new = h.anchor if alpha == 0 else alpha * h.param.detach().to(self.wire, torch.float32) + (1 - alpha) * h.anchor
+                h.param.copy_(new.to(h.param.device, h.param.dtype))
+
+    def finish(self) -> None:
+        """Wait for exchanges still in flight (the run ended inside a delay): apply them now."""
+        for pending in self._pending:
+            self._apply(pending)
+        self._pending = []
