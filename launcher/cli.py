@@ -138,6 +138,11 @@ def plan(
     as_json: bool = typer.Option(False, "--json", help="print the plan as JSON"),
     token_file: Optional[Path] = typer.Option(None, help="join token for remote agents"),
     reprofile: bool = typer.Option(False, help="measure every node again instead of using cached profiles"),
+    islands: bool = typer.Option(False, "--islands", help="plan islands with outer steps, one per region (the "
+                                                        "YAML's train.outer when it has one)"),
+    outer_every: Optional[int] = typer.Option(None, "--outer-every", min=1,
+                                              help="with --islands: inner steps between outer steps (default: "
+                                                   "the YAML's, else chosen)"),
 ) -> None:
     """Print the plan the planner would run (a table, or --json); train nothing."""
     from hetlaunch.launcher.planning.compression import CompressionConfig
@@ -176,11 +181,47 @@ def plan(
         policy = CompressionConfig(intra_region=compression, cross_region=compression, sync=compression)
     request = PlanRequest(num_microbatches=num_mb, schedule=sched, compression=policy, max_pipelines=max_pipelines,
                           global_batch=global_batch, fixed_microbatches=fixed, stages=stages)
+    if islands or outer_every is not None or (train is not None and train.outer is not None):
+        _plan_islands(measured, request, train, outer_every, as_json)
+        return
     try:
         result = plan_for(measured, request)  # the function `up` plans with
     except (PlanningError, ProfileError) as err:
         fail(str(err), EXIT_JOB_FAILED)
     print_planner_result(plain_console(), measured, result, as_json=as_json)
+
+
+def _plan_islands(measured, request, train, every: int | None, as_json: bool) -> None:
+    """`hetlaunch plan` with islands: the plan `up` would run (a table, or the plan as JSON)."""
+    import json
+    import time
+
+    from hetlaunch.launcher.planning.island_plans import ProfileCluster, plan_islands
+    from hetlaunch.launcher.planning.planner import PlanningError
+    from hetlaunch.launcher.planning.profile_file import ProfileError
+    from hetlaunch.launcher.progress import print_plan
+    from hetlaunch.launcher.train_config import OuterConfig, TrainConfig
+
+    outer = train.outer if train is not None and train.outer is not None else OuterConfig()
+    if every is not None:
+        outer = outer.model_copy(update={"every": every, "delay": min(outer.delay, every - 1)})
+    if train is None:  # offline without a YAML: the request's batch at the profile's micro-batch size
+        batch = ({"global_batch": request.global_batch} if request.global_batch is not None
+                 else {"num_microbatches": request.num_microbatches})
+        train = TrainConfig(micro_batch_size=measured.micro_batch_size, **batch)
+    train = train.model_copy(update={"outer": outer})
+    started = time.perf_counter()
+    try:
+        plan = plan_islands(ProfileCluster(measured, train), measured, request)
+    except (PlanningError, ProfileError) as err:
+        fail(str(err), EXIT_JOB_FAILED)
+    planning_s = time.perf_counter() - started
+    if as_json:
+        plain_console().print_json(json.dumps({**plan.to_dict(), "planning_s": planning_s}))
+        return
+    console = plain_console()
+    print_plan(console, plan)
+    console.print(f"planned in {planning_s:.2f}s")
 
 
 def _measure_live(cluster, token_file, reprofile):

@@ -88,6 +88,8 @@ def print_plan(console: Console, plan: Plan) -> None:
                                                         f"{_ms(group.exposed_s)} ms not hidden by backward")
         _say(console, f"  gradient sync layers {group.layer_start}–{group.layer_end - 1}: "
                       f"{' + '.join(group.nodes)} ({group.codec}{timing})")
+    if plan.outer is not None:
+        _islands(console, plan)
     if plan.predicted_step_s is not None:
         _say(console, f"predicted: {plan.predicted_step_s * 1e3:.1f} ms/step, "
                       f"{plan.predicted_tokens_per_s:,.0f} tokens/s; bottleneck: {plan.bottleneck}")
@@ -187,6 +189,25 @@ def print_calibration(console: Console, calibration: dict) -> None:
     if after:
         line += (f"; on the {after['steps']} later steps the prediction was off by {after['error_before']:+.0%} "
                  f"before calibration and {after['error_calibrated']:+.1%} after")
+    _say(console, line)
+
+
+def _islands(console: Console, plan: Plan) -> None:
+    """Which pipelines train together, and how often and at what cost the islands meet."""
+    pipelines = plan.pipelines()
+    for i, (members, m) in enumerate(zip(plan.island_members(), plan.island_microbatches())):
+        nodes = sorted({s.node for p in members for s in pipelines[p]})
+        _say(console, f"  island {i}: pipeline{'s' if len(members) > 1 else ''} {', '.join(map(str, members))} "
+                      f"({len(nodes)} node{'s' if len(nodes) > 1 else ''}, {m} micro-batches a step)")
+    o = plan.outer
+    why = {"planned": "the smallest H whose exposed exchange is <= 5% of H steps",
+           "pinned": "as the YAML says", "default": "the default: nothing was measured to choose it"}[o.every_source]
+    line = (f"  outer step every {o.every} steps ({why}): Nesterov lr {o.lr:g}, momentum {o.momentum:g}, "
+            f"{o.codec} deltas" + (f", {o.fragments} fragments in turn" if o.fragments > 1 else "")
+            + (f", applied {o.delay} step(s) late (alpha {o.alpha:g})" if o.delay else ""))
+    if o.exchange_s is not None:
+        line += (f"; one exchange {o.exchange_s * 1e3:,.0f} ms ({o.exposed_s * 1e3:,.0f} ms exposed), "
+                 f"{format_bytes(o.wire_bytes / o.every)} between islands a step")
     _say(console, line)
 
 

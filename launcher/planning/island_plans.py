@@ -16,7 +16,7 @@ wait for each other between outer steps, but the shares make them take equally l
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from hetlaunch.launcher.planning.batch_sizes import at_size
 from hetlaunch.launcher.planning.islands import (ExchangeGroup, OuterPlan, choose_every, exchange_seconds,
@@ -57,6 +57,24 @@ def plan_islands(cluster, profile: Profile, request: PlanRequest, source: str = 
     plans = [planned(cluster, plan_for(subset(profile, names), replace(request, num_microbatches=m)), source=source)
              for names, m in zip(kept, shares)]
     return price_outer(cluster, profile, merge(plans, excluded))
+
+
+class ProfileCluster:
+    """What planning islands reads of a cluster YAML, made from a profile and a train section:
+    `hetlaunch plan --profile P --islands` and the benchmarks plan islands with no YAML."""
+
+    def __init__(self, profile: Profile, train):
+        self.train = train
+        self._nodes = {n.name: n for n in profile.nodes}
+
+    def node(self, name: str):
+        return _OfflineNode(self._nodes[name].region)
+
+
+@dataclass(frozen=True)
+class _OfflineNode:
+    region: str
+    window: int | None = None
 
 
 def merge(plans: list[Plan], excluded: dict[str, str]) -> Plan:

@@ -119,10 +119,13 @@ def split_by_speed(total: int, tokens_per_s: list[float]) -> list[int]:
     >= 1, so islands that start an outer period together reach its end together."""
     if total < len(tokens_per_s):
         raise ValueError(f"{total} micro-batches cannot feed {len(tokens_per_s)} islands (each needs one)")
-    rest = total - len(tokens_per_s)
     speed = sum(tokens_per_s)
-    exact = [rest * t / speed if speed > 0 else rest / len(tokens_per_s) for t in tokens_per_s]
-    shares = [math.floor(x) for x in exact]
-    for i in sorted(range(len(exact)), key=lambda i: shares[i] - exact[i])[:rest - sum(shares)]:
+    exact = [total * t / speed if speed > 0 else total / len(tokens_per_s) for t in tokens_per_s]
+    shares = [max(1, math.floor(x)) for x in exact]
+    while sum(shares) > total:  # the floors of 1 took too many: from the most over its exact share
+        i = max((i for i in range(len(shares)) if shares[i] > 1), key=lambda i: shares[i] - exact[i])
+        shares[i] -= 1
+    while sum(shares) < total:
+        i = max(range(len(shares)), key=lambda i: exact[i] - shares[i])
         shares[i] += 1
-    return [1 + s for s in shares]
+    return shares

@@ -1,0 +1,154 @@
+"""Planning islands: grouping nodes, shares by speed, H, the merged plan and what the YAML refuses."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from test_planner_dp import regions_profile
+
+from conftest import run_hetlaunch
+from hetlaunch.launcher.cluster_yaml import parse_cluster
+from hetlaunch.launcher.config_types import ConfigError
+from hetlaunch.launcher.planning.compression import CompressionConfig
+from hetlaunch.launcher.planning.island_plans import ProfileCluster, plan_islands
+from hetlaunch.launcher.planning.islands import (OUTER_SHARE, ExchangeGroup, IslandError, choose_every,
+                                                 exchange_seconds, exposed_seconds, island_groups, pipeline_islands,
+                                                 split_by_speed)
+from hetlaunch.launcher.planning.profile_edits import subset
+from hetlaunch.launcher.planning.profile_file import save_profile
+from hetlaunch.launcher.planning.request import PlanRequest, plan_for
+from hetlaunch.launcher.train_config import OuterConfig, TrainConfig
+
+NODES = [("a0", "us"), ("b0", "eu"), ("a1", "us"), ("c0", "ap")]
+
+
+def test_islands_by_region_in_order_of_first_use_or_as_listed():
+    assert island_groups("by_region", NODES) == [["a0", "a1"], ["b0"], ["c0"]]
+    assert island_groups([["a0", "b0"], ["a1", "c0", "gone"]], NODES) == [["a0", "b0"], ["a1", "c0"]]
+    assert island_groups([["a0"], ["zz"]], NODES) == [["a0"]]  # an island with no node left is dropped
+
+
+def test_each_pipeline_in_one_island_or_refused_naming_it():
+    groups = [["a0", "a1"], ["b0", "c0"]]
+    assert pipeline_islands([["b0"], ["a0", "a1"], ["c0"]], groups) == (0, 1, 0)  # numbered by first use
+    assert pipeline_islands([["a0"], ["a1"]], groups) == ()  # one island: synchronous
+    with pytest.raises(IslandError, match=r"^pipeline 1 \(a1, b0\) spans islands"):
+        pipeline_islands([["a0"], ["a1", "b0"]], groups)
+
+
+def test_micro_batches_shared_by_speed_each_island_at_least_one():
+    assert split_by_speed(12, [1.0, 2.0, 3.0]) == [2, 4, 6]
+    assert split_by_speed(3, [100.0, 1.0, 1.0]) == [1, 1, 1]
+    shares = split_by_speed(10, [3.0, 1.0])
+    assert sum(shares) == 10 and shares[0] > shares[1]
+    with pytest.raises(ValueError, match="cannot feed 3 islands"):
+        split_by_speed(2, [1.0, 1.0, 1.0])
+
+
+def test_every_is_the_smallest_h_whose_exposed_exchange_is_within_five_percent():
+    step, exchange = 0.1, 0.35
+    every = choose_every(exchange, step, fragments=1, delay=0)
+    assert exchange <= OUTER_SHARE * every * step + 1e-12
+    assert exchange > OUTER_SHARE * (every - 1) * step
+    # Streaming with a delay hides each fragment's share behind the steps it overlaps: only the
+    # link's capacity (the whole model once per H steps) and the delay bound H.
+    assert exposed_seconds(exchange, step, fragments=4, delay=1) == 0.0
+    assert choose_every(exchange, step, fragments=4, delay=1) == max(2, math.ceil(exchange / step))
+
+
+def test_an_exchange_takes_the_busiest_holders_sum_over_its_slowest_links():
+    groups = [ExchangeGroup(4e6, ("a", "b"), 1e6, 0.05), ExchangeGroup(4e6, ("a", "c"), 2e6, 0.0)]
+    seconds, sent = exchange_seconds(groups, "none")
+    assert seconds == pytest.approx(4e6 / 1e6 + 0.05 + 4e6 / 2e6)  # a is in both
+    assert sent == pytest.approx(2 * 4e6 * 2)
+    int8, _ = exchange_seconds(groups, "int8")
+    assert int8 < 0.3 * seconds
+
+
+def _offline(every="auto", **outer):
+    profile = regions_profile(per_region=2, cross_bandwidth=2.5e6, cross_latency=0.05, output_bytes=2**20,
+                              layer_s=0.01)
+    train = TrainConfig(num_microbatches=8, micro_batch_size=4, outer=OuterConfig(every=every, **outer))
+    request = PlanRequest(num_microbatches=8, schedule="1f1b", compression=CompressionConfig())
+    return profile, train, request
+
+
+def test_a_plan_of_islands_keeps_every_sync_inside_its_region_and_prices_the_outer_exchange():
+    profile, train, request = _offline()
+    plan = plan_islands(ProfileCluster(profile, train), profile, request)
+    regions = {n.name: n.region for n in profile.nodes}
+    pipelines = plan.pipelines()
+    assert len(set(plan.islands)) == 2 and plan.num_microbatches == 8
+    for members in plan.island_members():  # an island's pipelines are one region's nodes
+        assert len({regions[s.node] for p in members for s in pipelines[p]}) == 1
+    for group in plan.sync_plans():  # every-step sync never crosses a region
+        assert len({regions[n] for n in group.nodes}) == 1
+    outer_groups = plan.outer_sync_plans()
+    assert all(len(g.nodes) == len(pipelines) for g in outer_groups)  # every pipeline's holder meets at the outer step
+    # Each island priced alone at its share; the plan's step adds the exposed exchange over H steps.
+    islands = [plan_for(subset(profile, [s.node for p in members for s in pipelines[p]]),
+                        PlanRequest(num_microbatches=m, schedule="1f1b", compression=CompressionConfig()))
+               for members, m in zip(plan.island_members(), plan.island_microbatches())]
+    slowest = max(r.step_s for r in islands)
+    o = plan.outer
+    assert o.every_source == "planned" and o.exposed_s == pytest.approx(o.exchange_s)
+    assert plan.predicted_step_s == pytest.approx(slowest + o.exposed_s / o.every)
+    assert o.exposed_s / o.every <= OUTER_SHARE * slowest + 1e-12
+    # Against the synchronous plan on the same profile: every step waited on the cross-region link.
+    synchronous = plan_for(profile, request)
+    assert plan.predicted_tokens_per_s > 1.5 * synchronous.tokens_per_s
+
+
+def test_unequal_islands_get_micro_batches_by_speed():
+    profile, train, request = _offline()
+    slow = {n.name: n.model_copy(update={"layer_seconds": [t * 3 for t in n.layer_seconds]}) for n in profile.nodes
+            if n.region == "b"}
+    profile = profile.model_copy(update={"nodes": [slow.get(n.name, n) for n in profile.nodes]})
+    plan = plan_islands(ProfileCluster(profile, train), profile, request)
+    fast, slow_share = plan.island_microbatches()
+    assert fast > slow_share >= 1
+
+
+def test_a_pinned_every_is_kept_and_one_region_is_a_plain_synchronous_plan():
+    profile, train, request = _offline(every=7)
+    plan = plan_islands(ProfileCluster(profile, train), profile, request)
+    assert plan.outer.every == 7 and plan.outer.every_source == "pinned"
+    one_region = subset(profile, ["a0", "a1"])
+    plain = plan_islands(ProfileCluster(one_region, train), one_region, request)
+    assert plain.islands == () and plain.outer is None
+
+
+def test_plan_offline_with_islands_as_json(tmp_path):
+    profile, _, _ = _offline()
+    save_profile(profile, tmp_path / "p.json")
+    result = run_hetlaunch("plan", "--profile", str(tmp_path / "p.json"), "--islands", "--microbatches", "8",
+                           "--json", timeout=60)
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    assert sorted(set(plan["islands"])) == [0, 1] and plan["outer"]["every"] >= 1
+    table = run_hetlaunch("plan", "--profile", str(tmp_path / "p.json"), "--islands", "--outer-every", "10",
+                          "--microbatches", "8", timeout=60)
+    assert table.returncode == 0, table.stderr
+    assert "island 1:" in table.stdout and "outer step every 10 steps (as the YAML says)" in table.stdout
+
+
+@pytest.mark.parametrize("outer, message", [
+    ("{islands: [[a], [a, b]]}", r"train\.outer\.islands\[1\]: node 'a' is in two islands"),
+    ("{islands: [[a], [zz]]}", r"train\.outer\.islands\[1\]: node 'zz' is not in nodes"),
+    ("{islands: [[a]]}", r"train\.outer\.islands: node\(s\) b are in no island"),
+    ("{every: 4, delay: 4}", r"train\.outer\.delay: 4 must be below every \(4\)"),
+    ("{every: 0}", r"train\.outer\.every"),
+    ("{codec: int3}", r"train\.outer\.codec"),
+])
+def test_bad_outer_sections_are_refused_naming_the_field(outer, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_cluster(f"nodes: [{{name: a}}, {{name: b}}]\ntrain: {{outer: {outer}}}\n")
+
+
+def test_a_pinned_pipeline_across_two_islands_is_refused():
+    text = ("nodes: [{name: a, region: us, layers: [0, 4]}, {name: b, region: eu, layers: [4, 8]}]\n"
+            "model: {preset: tiny, n_layers: 6}\ntrain: {outer: {islands: by_region}}\n")
+    with pytest.raises(ConfigError, match=r"train\.outer\.islands: pipeline 0 \(a, b\) spans islands"):
+        parse_cluster(text)
