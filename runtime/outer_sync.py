@@ -16,10 +16,12 @@ so the exchanges are spread over the H steps rather than one whole-model exchang
 the collective runs while the next d steps compute; its local parameters then take
 alpha * local + (1 - alpha) * new anchor.
 
-Wire: each parameter is exchanged on its own (an all-gather of its encoded delta among the
-layer's holders, one per pipeline), decoded and summed in rank order, so every holder computes
-bit-identical anchors; a lossy codec carries what it lost into the next exchange (error
-feedback). Encoding per parameter keeps the two copies of a tied parameter identical (their
+Wire, hierarchical: replicas of one island are identical, so one delta per island crosses
+between islands. Per layer range, the holder in each island's first pipeline (its
+representative) all-gathers its encoded delta with the other islands' representatives, each
+parameter on its own; they decode and sum in island order and broadcast the average to their
+island's other holders (in-island links), so every holder computes bit-identical anchors. A lossy
+codec carries what it lost into the next exchange (error feedback, the representative's). Encoding per parameter keeps the two copies of a tied parameter identical (their
 holders encode the same tensor). Groups are made once per generation by every rank, in order.
 """
 
@@ -66,10 +68,16 @@ def fragment_due(done: int, settings: OuterSettings, fragment: int) -> bool:
 
 @dataclass(frozen=True)
 class OuterGroupPlan:
+    """One layer range's outer exchange. Its holders (one per pipeline) are grouped by island; the
+    first holder of each island (its representative) exchanges the island's delta with the other
+    islands' representatives, then passes the average on to its island's other holders: what
+    crosses between islands is one delta per island, not one per pipeline."""
+
     layer_start: int                 # [layer_start, layer_end): layers with one holder set
     layer_end: int
-    ranks: tuple[int, ...]           # one holder per pipeline, in pipeline order
-    weights: tuple[float, ...]       # each holder's share of the step's micro-batches (sums to 1)
+    representatives: tuple[int, ...]  # one rank per island, in island order
+    weights: tuple[float, ...]       # each island's share of the step's micro-batches (sums to 1)
+    island_ranks: tuple[int, ...]    # this rank's island's holders of these layers (its representative first)
     codec: Codec
     emulation: WireEmulation | None = None
 
@@ -79,10 +87,15 @@ class _Held:
     param: nn.Parameter
     layer: int                       # global layer index that sets its fragment (a tied group's first)
     plan: OuterGroupPlan
-    group: object                    # c10d group of the plan's ranks
+    exchange: object | None          # c10d group of the representatives, where this rank is one
+    island: object | None            # c10d group of the island's holders, where it has several
     anchor: torch.Tensor             # fp32, on the wire device
     momentum: torch.Tensor
     error: torch.Tensor | None = None
+
+    @property
+    def representative(self) -> bool:
+        return self.exchange is not None
 
 
 @dataclass(eq=False)
@@ -90,10 +103,10 @@ class _Pending:
     fragment: int
     apply_after: int                 # inner steps done when it is applied
     held: list[_Held]
-    gathered: list[list[list[torch.Tensor]]]   # per held: per payload: per holder
+    gathered: list[list[list[torch.Tensor]] | None]   # per held: per payload: per island (representatives only)
     work: list
     started_at: float
-    wire_bytes: dict[int, int] = field(default_factory=dict)  # id(plan) -> bytes each holder sent
+    wire_bytes: dict[int, int] = field(default_factory=dict)  # id(plan) -> bytes this representative sent
 
 
 @dataclass
@@ -103,16 +116,18 @@ class OuterStats:
     launched: int = 0
     applied: int = 0
     blocked_s: float = 0.0
-    raw_bytes: int = 0               # deltas before the codec, this holder's
-    wire_bytes: int = 0              # what this holder sent (to every other holder)
+    raw_bytes: int = 0               # deltas before the codec (representatives only: they send)
+    wire_bytes: int = 0              # what this representative sent to the other islands
 
 
 class OuterSync:
     """The outer steps of one stage's parameters."""
 
     def __init__(self, layers: list[nn.Module], layer_start: int, num_layers: int, settings: OuterSettings,
-                 plans: list[OuterGroupPlan], groups: list[object | None], wire_device: torch.device,
-                 state_lock=None, tied: tuple[tuple[str, ...], ...] = ()):
+                 plans: list[OuterGroupPlan], groups: list[tuple[object | None, object | None] | None],
+                 wire_device: torch.device, state_lock=None, tied: tuple[tuple[str, ...], ...] = ()):
+        """`groups[i]`: for plans[i], (representatives' group or None, island holders' group or
+        None), or None where this rank holds none of its layers."""
         self.settings, self.num_layers, self.wire = settings, num_layers, wire_device
         # Parameters change under the executor's state lock: a snapshot from another thread sees
         # the state before or after an outer step, never half of one. Held only while applying.
@@ -122,14 +137,14 @@ class OuterSync:
         # A tied parameter's copies take the fragment of its first member: copies in two fragments
         # would meet at different steps and stop being one weight.
         first_layer = {name: int(group[0].partition(".")[0]) for group in tied for name in group}
-        for plan, group in zip(plans, groups):
-            if group is None:
+        for plan, pair in zip(plans, groups):
+            if pair is None:
                 continue
             for layer in range(plan.layer_start, plan.layer_end):
                 for name, param in layers[layer - layer_start].named_parameters():
                     if param.requires_grad:
                         anchor = param.detach().to(wire_device, torch.float32, copy=True)
-                        self.held.append(_Held(param, first_layer.get(f"{layer}.{name}", layer), plan, group, anchor,
+                        self.held.append(_Held(param, first_layer.get(f"{layer}.{name}", layer), plan, *pair, anchor,
                                                torch.zeros_like(anchor)))
 
     def reset_anchor(self) -> None:
@@ -155,8 +170,12 @@ class OuterSync:
         return stats
 
     def _launch(self, fragment: int, done: int, held: list[_Held], stats: OuterStats) -> _Pending:
+        """Representatives encode their island's delta (with the error carried) and start the all-gather."""
         pending = _Pending(fragment, done + self.settings.delay, held, [], [], host_clock.now())
         for h in held:
+            if not h.representative:  # its island's representative speaks for it
+                pending.gathered.append(None)
+                continue
             delta = h.anchor - h.param.detach().to(self.wire, torch.float32)
             codec = h.plan.codec
             if codec.name != "none":
@@ -166,9 +185,10 @@ class OuterSync:
             payloads = [p.contiguous() for p in codec.encode(delta)]
             if codec.name != "none":
                 h.error = delta - codec.decode(payloads, tuple(delta.shape), delta.dtype)
-            k = len(h.plan.ranks)
+            k = len(h.plan.representatives)
             gathered = [[torch.empty_like(p) for _ in range(k)] for p in payloads]
-            pending.work += [dist.all_gather(out, p, group=h.group, async_op=True) for out, p in zip(gathered, payloads)]
+            pending.work += [dist.all_gather(out, p, group=h.exchange, async_op=True)
+                             for out, p in zip(gathered, payloads)]
             pending.gathered.append(gathered)
             sent = sum(p.numel() * p.element_size() for p in payloads)
             pending.wire_bytes[id(h.plan)] = pending.wire_bytes.get(id(h.plan), 0) + (k - 1) * sent
@@ -177,18 +197,29 @@ class OuterSync:
         return pending
 
     def _apply(self, pending: _Pending) -> None:
+        """Representatives average the islands' deltas (decoded and summed in island order) and pass the
+        average to their islands' other holders; every holder then steps its anchor the same way."""
         for work in pending.work:
             work.wait()
-        emulated = {id(h.plan): h.plan.emulation for h in pending.held if h.plan.emulation is not None}
-        for key, emulation in emulated.items():  # the bytes' time on the slowest link of the group
+        emulated = {id(h.plan): h.plan.emulation for h in pending.held
+                    if h.representative and h.plan.emulation is not None}
+        for key, emulation in emulated.items():  # the bytes' time on the slowest link between islands
             emulation.deliver(pending.started_at, pending.wire_bytes.get(key, 0))
-        m, lr, alpha = self.settings.momentum, self.settings.lr, self.settings.alpha
-        with torch.no_grad(), self.state_lock:
-            for h, gathered in zip(pending.held, pending.gathered):
+        averages, shares = [], []
+        for h, gathered in zip(pending.held, pending.gathered):
+            average = torch.zeros_like(h.anchor)
+            if gathered is not None:
                 shape, codec = tuple(h.anchor.shape), h.plan.codec
-                average = torch.zeros_like(h.anchor)
                 for member, weight in enumerate(h.plan.weights):
                     average += weight * codec.decode([payload[member] for payload in gathered], shape, torch.float32)
+            if h.island is not None:  # in-island: the representative's average reaches the other holders
+                shares.append(dist.broadcast(average, src=h.plan.island_ranks[0], group=h.island, async_op=True))
+            averages.append(average)
+        for work in shares:
+            work.wait()
+        m, lr, alpha = self.settings.momentum, self.settings.lr, self.settings.alpha
+        with torch.no_grad(), self.state_lock:
+            for h, average in zip(pending.held, averages):
                 h.momentum.mul_(m).add_(average)
                 h.anchor.sub_(lr * (average + m * h.momentum))
                 new = h.anchor if alpha == 0 else alpha * h.param.detach().to(self.wire, torch.float32) + (1 - alpha) * h.anchor

@@ -198,22 +198,31 @@ def _any_over_model(island: Island, device: torch.device, backend: str):
 
 def _outer_sync(dp: pb.DataParallel | None, layout: list[pb.StagePlace], bundle, layer_start: int,
                 wire: torch.device, state_lock) -> OuterSync | None:
-    """The stage's outer steps with islands (None without): its groups made by every rank, in order."""
+    """The stage's outer steps with islands (None without). Per outer group: the representatives'
+    group (the first holder of each island), then each island's holders' group where it has
+    several; made by every rank, in this order (c10d requires it)."""
     if dp is None or not dp.HasField("outer"):
         return None
     spec = dp.outer
     settings = OuterSettings(every=spec.every, lr=spec.lr, momentum=spec.momentum, fragments=spec.fragments or 1,
                              delay=spec.delay, alpha=spec.alpha)
+    island_of = {r: i for i, island in enumerate(dp.islands) for r in island.ranks}
     pipeline_of = {place.rank: place.pipeline for place in layout}
-    total = sum(dp.pipeline_microbatches)
+    tokens = [sum(dp.pipeline_microbatches[p] for p in {pipeline_of[r] for r in island.ranks})
+              for island in dp.islands]
+    weights = tuple(t / sum(tokens) for t in tokens)
     plans, groups, me = [], [], dist.get_rank()
     for group in spec.groups:
-        ranks = tuple(group.ranks)
-        weights = tuple(dp.pipeline_microbatches[pipeline_of[r]] / total for r in ranks)
-        plans.append(OuterGroupPlan(group.layer_start, group.layer_end, ranks, weights, codec_by_id(group.codec),
+        by_island = [[r for r in group.ranks if island_of[r] == i] for i in range(len(dp.islands))]
+        representatives = tuple(ranks[0] for ranks in by_island)
+        exchange = dist.new_group(list(representatives))
+        mine = next((ranks for ranks in by_island if me in ranks), [])
+        island_groups = {i: dist.new_group(ranks) for i, ranks in enumerate(by_island) if len(ranks) > 1}
+        plans.append(OuterGroupPlan(group.layer_start, group.layer_end, representatives, weights, tuple(mine),
+                                    codec_by_id(group.codec),
                                     WireEmulation.from_spec(group.emulate_bandwidth_mbps, group.emulate_latency_ms)))
-        made = dist.new_group(list(ranks))
-        groups.append(made if me in ranks else None)
+        groups.append(None if not mine else (exchange if me in representatives else None,
+                                             island_groups.get(island_of[me])))
     return OuterSync(bundle.layers, layer_start, bundle.num_layers, settings, plans, groups, wire, state_lock,
                      tied=bundle.tied)
 

@@ -6,8 +6,8 @@
 3. Share the step's micro-batches between the islands in proportion to their speeds, so islands
    that start an outer period together end it together, and plan each island again at its share.
 4. Merge: pipelines island after island; each island's gradient sync stays inside it. Price the
-   outer exchange (launcher/planning/islands.py) on the profile's links between the holders of
-   each layer range, choose H where `every: auto`, and predict the step with the exchange's
+   outer exchange (launcher/planning/islands.py) on the profile's links between the islands'
+   representatives of each layer range (runtime/outer_sync.py), choose H where `every: auto`, and predict the step with the exchange's
    exposed part spread over H steps.
 
 The merged plan's step is the slowest island's plus the exposed exchange / H; islands do not
@@ -102,11 +102,14 @@ def price_outer(cluster, profile: Profile, plan: Plan) -> Plan:
     outer = cluster.train.outer
     codec = outer.codec
     groups = []
+    first_pipeline = [members[0] for members in plan.island_members()]
     for g in replace(plan, outer=replace(plan.outer, codec=codec)).outer_sync_plans():
-        nodes = [profile.node(n) for n in g.nodes]
+        # Each island's representative (its first pipeline's holder) crosses; the average then
+        # reaches the island's other holders inside the island (not priced: in-region links).
+        nodes = [profile.node(g.nodes[p]) for p in first_pipeline]
         links = [profile.link(a, b) for i, a in enumerate(nodes) for b in nodes[i + 1:]]
         groups.append(ExchangeGroup(sum(profile.layers[i].param_bytes for i in range(g.layer_start, g.layer_end)),
-                                    tuple(g.nodes), min(link.bandwidth_bytes_per_s for link in links),
+                                    tuple(n.name for n in nodes), min(link.bandwidth_bytes_per_s for link in links),
                                     max(link.latency_s for link in links)))
     exchange_s, wire_bytes = exchange_seconds(groups, codec)
     step_s = plan.predicted_step_s or 0.0

@@ -75,7 +75,7 @@ class ExchangeGroup:
     """One layer range's outer exchange: its parameter bytes (fp32) and its holders' links."""
 
     param_bytes: float
-    holders: tuple[str, ...]            # one node per pipeline
+    holders: tuple[str, ...]            # the islands' representatives: one node per island
     bandwidth_bytes_per_s: float        # the slowest link between two holders
     latency_s: float
 
