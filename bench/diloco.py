@@ -123,7 +123,7 @@ def _png(sides: dict, path: Path) -> str | None:
         axis.plot(steps, losses, marker="o", label=f"{name} (held-out)")
     axis.set_xlabel("step (equal tokens per step on every side)")
     axis.set_ylabel("held-out loss")
-    axis.set_title("2 regions x 2 nodes, 20 Mbit/s 50 ms between: synchronous vs islands (H=25)")
+    axis.set_title("2 regions x 2 nodes, 20 Mbit/s and 50 ms between: synchronous vs islands (H=25)", fontsize=9)
     axis.legend()
     figure.tight_layout()
     figure.savefig(path, dpi=100)

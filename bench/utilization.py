@@ -12,7 +12,11 @@ types, 10 regions):
 * 10 Gbps in regions — the same with 10 Gbps inside each region;
 * links not the bottleneck — every link at least 10 Gbps and at most 1 ms.
 
-Target (issue 14): ≥ 0.8 where links are not the bottleneck (the third). Beside each figure:
+Target (issue 14): ≥ 0.8 where links are not the bottleneck (the third).
+
+Islands (issue 25): the synthetic profile planned with `train.outer` (islands by region, H
+chosen by the planner, int8 deltas): each region trains its own pipelines and the regions meet
+every H steps. Target: utilization ≥ 0.85 with ≥ 90% of the nodes used, planning ≤ 5 s. Beside each figure:
 how many nodes the plan uses, its pipelines, and how much of the step is gradient sync not
 hidden by backward, which says where the rest goes.
 """
@@ -83,6 +87,8 @@ def run(quick: bool, reporter: Reporter | None = None) -> dict:
             "step_s": result.step_s, "slowest_pipeline_s": max(p.cost.step_s for p in result.pipelines),
             "sync_exposed_s": exposed, "planning_s": time.perf_counter() - started,
         }
+    reporter.advance("islands (synthetic)")
+    islands = _islands_row(cases["synthetic"])
     reporter.advance("done")
     figure = rows["links not the bottleneck"]["utilization"]
     return {
@@ -93,4 +99,30 @@ def run(quick: bool, reporter: Reporter | None = None) -> dict:
         "figure": {"name": "utilization where links are not the bottleneck", "value": figure,
                    "target": f">= {TARGET}"},
         "met": figure >= TARGET,
+        "islands": islands,
     }
+
+
+def _islands_row(profile: Profile) -> dict:
+    """The synthetic profile planned as islands by region (launcher/planning/island_plans.py)."""
+    from hetlaunch.launcher.planning.island_plans import ProfileCluster, plan_islands
+    from hetlaunch.launcher.planning.request import PlanRequest
+    from hetlaunch.launcher.train_config import OuterConfig, TrainConfig
+
+    train = TrainConfig(micro_batch_size=profile.micro_batch_size, global_batch=GLOBAL_BATCH, outer=OuterConfig())
+    request = PlanRequest(num_microbatches=1, schedule="1f1b", compression=CompressionConfig(),
+                          max_pipelines=MAX_PIPELINES, global_batch=GLOBAL_BATCH)
+    started = time.perf_counter()
+    plan = plan_islands(ProfileCluster(profile, train), profile, request)
+    planning_s = time.perf_counter() - started
+    ideal = ideal_tokens_per_s(profile, plan.micro_batch_size, plan.num_microbatches)
+    used = {s.node for s in plan.stages}
+    o = plan.outer
+    return {"utilization": plan.predicted_tokens_per_s / ideal, "predicted_tokens_per_s": plan.predicted_tokens_per_s,
+            "ideal_tokens_per_s": ideal, "islands": len(plan.island_members()), "pipelines": len(plan.pipelines()),
+            "nodes_used": len(used), "nodes": len(profile.nodes), "every": o.every if o else None,
+            "exchange_s": o.exchange_s if o else None, "exposed_s": o.exposed_s if o else None,
+            "step_s": plan.predicted_step_s, "micro_batch_size": plan.micro_batch_size,
+            "num_microbatches": plan.num_microbatches, "island_microbatches": plan.island_microbatches(),
+            "cross_region_bytes_per_step": (o.wire_bytes / o.every) if o else None, "planning_s": planning_s,
+            "targets": {"utilization": ">= 0.85", "nodes_used": ">= 90%", "planning_s": "<= 5"}}

@@ -62,6 +62,25 @@ def validate(cluster_yaml: Path = typer.Argument(..., help="cluster YAML file"))
         print(f"  {tokens}", flush=True)
     if cluster.discover is not None:
         print(f"  up will take {cluster.discover.describe()}", flush=True)
+    if cluster.train.outer is not None:
+        print(f"  {_islands_line(cluster)}", flush=True)
+
+
+def _islands_line(cluster) -> str:
+    """What train.outer makes of this YAML's nodes, for `validate`."""
+    from hetlaunch.launcher.planning.islands import island_groups
+
+    outer = cluster.train.outer
+    groups = island_groups(outer.islands, [(n.name, n.region) for n in cluster.nodes])
+    how = "one per region" if outer.islands == "by_region" else "as listed"
+    if len(groups) < 2:
+        return (f"train.outer: the nodes form one island ({how}), so training is synchronous: every step syncs "
+                f"across all pipelines and no outer step is taken")
+    every = "H chosen by the planner" if outer.every == "auto" else f"every {outer.every} steps"
+    return (f"train.outer: {len(groups)} islands ({how}): " + "; ".join(f"[{', '.join(g)}]" for g in groups)
+            + f" — each syncs every step inside itself; outer steps {every}, {outer.codec} deltas"
+            + (f", {outer.fragments} fragments in turn" if outer.fragments > 1 else "")
+            + "; not step-for-step synchronous training (README: Islands)")
 
 
 @app.command()

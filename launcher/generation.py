@@ -128,6 +128,10 @@ class _Reports:
             self.first = False
         self.record.add(step_record)
         progress.update(step_record)
+        outer = step_record.islands["outer"] if step_record.islands else None
+        if outer is not None and (outer["launched"] or outer["applied"]):
+            self.events.write("outer_step", step=step_record.step, launched=outer["launched"], applied=outer["applied"],
+                              wire_bytes=outer["bytes"][1], blocked_s=outer["blocked_s"])
         event = observers.step(step_record, self.state.generation) if observers is not None else None
         if event is not None:
             self.events.write(event[0], **event[1])

@@ -127,6 +127,15 @@ class _TensorBoard:
                            ("run/generation", generation)):
             if value is not None and value == value:  # NaN (a diverged loss) is left out
                 self.add_scalar(tag, value, s)
+        if record.islands:
+            for i, loss in enumerate(record.islands["losses"]):
+                if loss is not None:
+                    self.add_scalar(f"island_loss/island{i}", loss, s)
+            outer = record.islands["outer"]
+            if outer["launched"]:
+                self.add_scalar("outer/wire_bytes", outer["bytes"][1], s)
+            if outer["applied"]:
+                self.add_scalar("outer/blocked_s", outer["blocked_s"], s)
         for stage in record.stages:
             name = f"p{stage['pipeline']}s{stage['stage']}_{stage['node']}"
             for part, fraction in _fractions(stage).items():

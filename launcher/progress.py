@@ -168,6 +168,14 @@ def print_summary(console: Console, summary: dict, run_dir: Path) -> None:
                       f"{sync['mean_blocked_s'] * 1e3:.1f} ms/step blocked")
 
 
+    outer = summary.get("outer")
+    if outer:
+        losses = ", ".join("-" if x is None else f"{x:.4f}" for x in outer["final_island_losses"])
+        _say(console, f"  outer steps: {outer['exchanges_launched']} exchanges, {outer['wire_bytes'] / 2**20:,.1f} MiB "
+                      f"between islands ({outer['wire_bytes_per_token']:.2f} bytes/token), {outer['blocked_s']:.1f}s "
+                      f"waited for; last island losses {losses}")
+
+
 def print_calibration(console: Console, calibration: dict) -> None:
     """One line per finding of launcher/adapt/calibration.py."""
     if "error" in calibration:

@@ -2,7 +2,7 @@
 
 Three PNGs in runs/<id>/report/ (or -o DIR), made from the files the run wrote:
 
-* training.png — loss (and eval loss) and tokens/s over the steps (beside the last plan's
+* training.png — loss (and eval loss, and each island's loss with islands) and tokens/s over the steps (beside the last plan's
   predicted tokens/s), with the run's events (restarts, lost and joined nodes, re-plans)
   marked where they happened;
 * plan.png — the last generation's plan: one row per stage, grouped by pipeline and
@@ -89,7 +89,9 @@ def make_report(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise ReportError(f"cannot write {out_dir}: {err.strerror or err}") from None
-    written = [_training(out_dir / "training.png", steps, events, (plan or {}).get("predicted_tokens_per_s"))]
+    islands = [(int(r["step"]), r["islands"].get("losses") or []) for r in metrics if isinstance(r.get("islands"), dict)]
+    written = [_training(out_dir / "training.png", steps, events, (plan or {}).get("predicted_tokens_per_s"),
+                         islands)]
     if plan:
         try:
             written.append(_plan(out_dir / "plan.png", plan))
@@ -109,12 +111,16 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def _training(path: Path, steps, events, predicted: float | None) -> Path:
+def _training(path: Path, steps, events, predicted: float | None, islands=()) -> Path:
     import matplotlib.pyplot as plt
 
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
     xs = [s for s, *_ in steps]
     top.plot(xs, [loss if isinstance(loss, (int, float)) else float("nan") for _, loss, *_ in steps], label="loss")
+    for i in range(max((len(losses) for _, losses in islands), default=0)):  # islands: each one's own loss
+        curve = [(s, losses[i]) for s, losses in islands if i < len(losses) and isinstance(losses[i], (int, float))]
+        if curve:
+            top.plot(*zip(*curve), lw=0.8, alpha=0.6, label=f"island {i}")
     evals = [(s, e) for s, _, e, *_ in steps if isinstance(e, (int, float))]
     if evals:
         top.plot(*zip(*evals), "o-", label="eval loss")

@@ -338,7 +338,22 @@ class RunRecord:
         evals = [r.eval_loss for r in self.records if r.eval_loss is not None]
         return {"steps": len(self.records), "first_loss": self.records[0].loss,
                 "final_loss": self.records[-1].loss, **({"final_eval_loss": evals[-1]} if evals else {}), "mean_tokens_per_s": tokens / seconds if seconds else 0.0,
-                "links": self._links(), "gradient_sync": self._sync()}
+                "links": self._links(), "gradient_sync": self._sync(), **self._outer()}
+
+    def _outer(self) -> dict:
+        """With islands: the outer steps over the run (fragments exchanged, bytes between islands, per
+        token), each island's last loss, and the time steps waited for the exchanges."""
+        marked = [r for r in self.records if r.islands]
+        if not marked:
+            return {}
+        outer = [r.islands["outer"] for r in marked]
+        tokens = sum(r.tokens_per_s * r.step_s for r in self.records)
+        wire = sum(o["bytes"][1] for o in outer)
+        return {"outer": {"exchanges_launched": sum(o["launched"] for o in outer),
+                          "raw_bytes": sum(o["bytes"][0] for o in outer), "wire_bytes": wire,
+                          "wire_bytes_per_token": wire / tokens if tokens else 0.0,
+                          "blocked_s": sum(o["blocked_s"] for o in outer),
+                          "final_island_losses": marked[-1].islands["losses"]}}
 
     def _links(self) -> list[dict]:
         """Per stage boundary of each pipeline: bytes before and after compression over the whole

@@ -34,9 +34,11 @@ _SGD_REQUIRED = {"momentum_buffer"}
 
 
 def stage_state(module: nn.Module, optimizer: torch.optim.Optimizer | None,
-                layer_start: int) -> dict[str, Tensor]:
-    """This stage's parameters, buffers and optimizer state as CPU clones under global layer keys.
-    Cloned so that training may go on (and a writer thread may write) while this is kept."""
+                layer_start: int, outer=None) -> dict[str, Tensor]:
+    """This stage's parameters, buffers and optimizer state as CPU clones under global layer keys
+    (with islands, `outer` (an OuterSync) adds each parameter's anchor and outer momentum as
+    `outer.<i>.<name>.anchor` / `.momentum`). Cloned so that training may go on (and a writer
+    thread may write) while this is kept."""
     def cpu(t: Tensor) -> Tensor:
         return t.detach().to(device="cpu", copy=True, memory_format=torch.contiguous_format)
 
@@ -51,7 +53,17 @@ def stage_state(module: nn.Module, optimizer: torch.optim.Optimizer | None,
             for field in _OPTIMIZER_FIELDS:
                 if saved and isinstance(saved.get(field), Tensor):
                     state[f"optim.{global_key(name)}.{field}"] = cpu(saved[field])
+    if outer is not None:
+        for name, param in module.named_parameters():
+            for field, tensor in outer.state_of(param).items():
+                state[f"outer.{global_key(name)}.{field}"] = cpu(tensor)
     return state
+
+
+def split_outer(state: dict[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """(the layers' and optimizer's state, the islands' outer state) of a loaded checkpoint."""
+    outer = {k: v for k, v in state.items() if k.startswith("outer.")}
+    return {k: v for k, v in state.items() if not k.startswith("outer.")}, outer
 
 
 def write_part(directory: Path, state: dict[str, Tensor], layer_start: int, layer_end: int) -> PartInfo:

@@ -120,10 +120,11 @@ def checkpoint_dir(root: Path, step: int) -> Path:
 
 
 def layer_of(key: str) -> int | None:
-    """The global layer index of a `layers.<i>.` or `optim.<i>.` key; None for anything else."""
+    """The global layer index of a `layers.<i>.`, `optim.<i>.` or `outer.<i>.` key (the last: islands'
+    anchor and outer momentum, runtime/outer_sync.py); None for anything else."""
     kind, _, rest = key.partition(".")
     index, dot, _ = rest.partition(".")
-    ok = kind in ("layers", "optim") and dot and index.isascii() and index.isdigit()
+    ok = kind in ("layers", "optim", "outer") and dot and index.isascii() and index.isdigit()
     return int(index) if ok else None
 
 

@@ -152,6 +152,28 @@ class OuterSync:
         for held in self.held:
             held.anchor.copy_(held.param.detach().to(self.wire, torch.float32))
 
+    def state_of(self, param: nn.Parameter) -> dict[str, torch.Tensor]:
+        """What a checkpoint keeps of a parameter's outer state: its anchor and outer momentum."""
+        for held in self.held:
+            if held.param is param:
+                return {"anchor": held.anchor, "momentum": held.momentum}
+        return {}
+
+    def load(self, module: nn.Module, state: dict[str, torch.Tensor], layer_start: int) -> None:
+        """Anchors and momenta from a checkpoint (`outer.<global layer>.<name>.<field>` keys); a
+        parameter the checkpoint has none for (it was written without islands) starts its anchor
+        from its weights and its momentum at zero."""
+        named = dict(module.named_parameters())
+        by_param = {id(h.param): h for h in self.held}
+        for key, tensor in state.items():
+            _, layer, rest = key.split(".", 2)
+            name, _, field = rest.rpartition(".")
+            param = named.get(f"{int(layer) - layer_start}.{name}")
+            held = by_param.get(id(param)) if param is not None else None
+            if held is None or field not in ("anchor", "momentum") or tensor.shape != held.anchor.shape:
+                raise ValueError(f"checkpoint key {key!r} is no outer state of this stage's parameters")
+            (held.anchor if field == "anchor" else held.momentum).copy_(tensor.to(self.wire, torch.float32))
+
     def after_step(self, done: int) -> OuterStats:
         """Launch the exchanges due after `done` inner steps and apply those whose delay is over."""
         stats = OuterStats()

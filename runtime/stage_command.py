@@ -14,7 +14,8 @@ import torch.distributed as dist
 
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.protos import worker_pb2 as wpb
-from hetlaunch.runtime.checkpoint import apply_state, load_layers, stage_state, write_part
+from hetlaunch.runtime import host_clock
+from hetlaunch.runtime.checkpoint import apply_state, load_layers, split_outer, stage_state, write_part
 from hetlaunch.runtime.checkpoint_manifest import checkpoint_dir, read_manifest
 from hetlaunch.runtime.codecs import codec_by_id
 from hetlaunch.runtime.data_plane import init_data_plane, wire_device
@@ -92,7 +93,7 @@ class CheckpointWriter:
         start = time.perf_counter()
         self.wait()
         with self.executor.state_lock:
-            state = stage_state(self.executor.module, self.executor.optimizer, self.layer_start)
+            state = stage_state(self.executor.module, self.executor.optimizer, self.layer_start, self.executor.outer)
         stall_s = time.perf_counter() - start
         self._thread = threading.Thread(target=self._write, args=(state, step, stall_s), daemon=True)
         self._thread.start()
@@ -135,7 +136,7 @@ def _snapshot_handler(executor: StageExecutor, layer_start: int, layer_end: int)
     optimizer step may change the state after it was written (the worker exits next)."""
     def snapshot(directory: str) -> pb.CheckpointPart:
         executor.state_lock.acquire()
-        state = stage_state(executor.module, executor.optimizer, layer_start)
+        state = stage_state(executor.module, executor.optimizer, layer_start, executor.outer)
         part = write_part(Path(directory), state, layer_start, layer_end)
         return _part_message(Path(directory), part, executor.steps_done, snapshot=True)
     return snapshot
@@ -346,13 +347,17 @@ def _executor(cmd: pb.RunStage, bundle, device: torch.device, memory: StageMemor
                                        stage.layer_start, wire_device(device, backend))
         if restored is None:
             executor.tied.share_initial_values()
-    if restored is not None:
+    outer_state: dict = {}
+    if restored is not None:  # a checkpoint written with islands holds outer state too
+        restored, outer_state = split_outer(restored)
         apply_state(executor.module, executor.optimizer, restored, stage.layer_start)
-    # After the tied groups, by every rank; the anchor is the weights as they start (shared, restored).
+    # After the tied groups, by every rank; the anchor is the weights as they start (shared, restored)
+    # unless the checkpoint kept it.
     executor.outer = _outer_sync(dp, list(cmd.layout), bundle, stage.layer_start, wire_device(device, backend),
                                  executor.state_lock)
     if executor.outer is not None:
         executor.outer.reset_anchor()
+        executor.outer.load(executor.module, outer_state, stage.layer_start)
     return executor
 
 
@@ -399,9 +404,14 @@ def _train(cmd: pb.RunStage, executor: StageExecutor, batches: TokenBatches | No
                 raise
             raise executor.memory.out_of_memory(err, f"at step {step}") from None
         done = step + 1
-        outer = executor.outer.after_step(done) if executor.outer is not None else None
-        if outer is not None and done == train.steps:
-            executor.outer.finish()  # an exchange still inside its delay is applied before the end
+        outer = None
+        if executor.outer is not None:
+            started = host_clock.now()
+            outer = executor.outer.after_step(done)
+            if done == train.steps:
+                executor.outer.finish()  # an exchange still inside its delay is applied before the end
+            if trace is not None and (outer.launched or outer.applied):
+                trace.append(("outer step", started, host_clock.now(), -1))
         eval_loss = _eval_loss(train, executor, eval_batches, done)
         reports.step(_step_metrics(step, stage, result, tokens, dp.pipeline_index if dp else 0, eval_loss, executor,
                                    trace, outer))

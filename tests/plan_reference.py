@@ -155,3 +155,21 @@ def brute_force(profile: Profile, M: int, schedule: str = "1f1b") -> float:
                     best = min(best, simulate_compiled(plan, [t / 3 for t in compute], [2 * t / 3 for t in compute],
                                                        wire, latency, optimizer))
     return best
+
+
+def regions_profile(per_region: int = 2, regions: tuple[str, ...] = ("a", "b"), num_layers: int = 8,
+                    layer_s: float = 0.05, param_bytes: int = 64 * 2**10, output_bytes: int = 8 * 2**20,
+                    cross_bandwidth: float = 1.25e6, cross_latency: float = 0.05,
+                    codec_seconds_per_byte: dict[str, float] | None = None) -> Profile:
+    """Equal nodes, `per_region` in each region; fast links inside a region, one kind across."""
+    layers = [LayerInfo(param_bytes=param_bytes, activation_bytes=output_bytes, output_bytes=output_bytes)
+              for _ in range(num_layers)]
+    nodes = [NodeProfile(name=f"{r}{i}", region=r, device="dev", memory_bytes=80 * 2**30,
+                         layer_seconds=[layer_s] * num_layers, optimizer_seconds=[layer_s / 10] * num_layers,
+                         codec_seconds_per_byte=codec_seconds_per_byte)
+             for r in regions for i in range(per_region)]
+    links = [LinkProfile(regions=(r, r), bandwidth_bytes_per_s=1e10, latency_s=1e-5) for r in regions]
+    links += [LinkProfile(regions=(a, b), bandwidth_bytes_per_s=cross_bandwidth, latency_s=cross_latency)
+              for a, b in itertools.combinations(regions, 2)]
+    return Profile(model=ModelIdentity(description="m", num_layers=num_layers), micro_batch_size=4, seq_len=64,
+                   layers=layers, nodes=nodes, links=links)

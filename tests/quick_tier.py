@@ -25,6 +25,7 @@ MODULES = {
     "test_step_reporter",  # the control-plane protocol
     "test_model", "test_data", "test_checkpoint", "test_recipe",  # the model, data, checkpoints, optimizers
     "test_import_rules", "test_late_steps", "test_topology",
+    "test_islands_plan",  # islands: grouping, H, the merged plan, the YAML
 }
 
 # Single tests of slower modules (module::test function).
@@ -35,6 +36,7 @@ TESTS = {
     "test_calibration::test_speed_changes_take_effect_at_their_step_and_are_checked",
     "test_calibration::test_calibration_fits_each_nodes_compute_and_prices_the_plan_again",
     "test_coordinator_torch_free::test_importing_every_launcher_module_loads_no_torch",
+    "test_island_recovery::test_a_replica_checkpoint_takes_its_parts_from_one_island",
 }
 
 # Tests of the modules above that are not quick: a whole `up`, a large brute force, a process

@@ -20,11 +20,12 @@ from dataclasses import dataclass, replace
 
 from hetlaunch.launcher.planning.batch_sizes import at_size
 from hetlaunch.launcher.planning.islands import (ExchangeGroup, OuterPlan, choose_every, exchange_seconds,
-                                                 exposed_seconds, island_groups, split_by_speed)
+                                                 exposed_seconds, island_groups)
 from hetlaunch.launcher.planning.plan import Plan, outer_plan, planned
 from hetlaunch.launcher.planning.planning_error import PlanningError
 from hetlaunch.launcher.planning.profile_edits import subset
 from hetlaunch.launcher.planning.profile_file import Profile
+from hetlaunch.launcher.planning.replicas import split_microbatches
 from hetlaunch.launcher.planning.request import PlanRequest, plan_for
 
 
@@ -53,7 +54,7 @@ def plan_islands(cluster, profile: Profile, request: PlanRequest, source: str = 
     if len(kept) == 1:
         plan = planned(cluster, plan_for(subset(profile, kept[0]), request), source=source)
         return replace(plan, excluded={**(plan.excluded or {}), **excluded})
-    shares = split_by_speed(total, speeds)
+    shares = split_microbatches(total, speeds)  # as pipelines' shares are split
     plans = [planned(cluster, plan_for(subset(profile, names), replace(request, num_microbatches=m)), source=source)
              for names, m in zip(kept, shares)]
     return price_outer(cluster, profile, merge(plans, excluded))

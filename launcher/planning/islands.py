@@ -112,20 +112,3 @@ def choose_every(exchange_s: float, step_s: float, fragments: int, delay: int) -
         return DEFAULT_EVERY
     exposed = exposed_seconds(exchange_s, step_s, fragments, delay)
     return max(delay + 1, math.ceil(exposed / (OUTER_SHARE * step_s) - 1e-9), math.ceil(exchange_s / step_s - 1e-9), 1)
-
-
-def split_by_speed(total: int, tokens_per_s: list[float]) -> list[int]:
-    """`total` micro-batches shared in proportion to each island's speed (largest remainder), each
-    >= 1, so islands that start an outer period together reach its end together."""
-    if total < len(tokens_per_s):
-        raise ValueError(f"{total} micro-batches cannot feed {len(tokens_per_s)} islands (each needs one)")
-    speed = sum(tokens_per_s)
-    exact = [total * t / speed if speed > 0 else total / len(tokens_per_s) for t in tokens_per_s]
-    shares = [max(1, math.floor(x)) for x in exact]
-    while sum(shares) > total:  # the floors of 1 took too many: from the most over its exact share
-        i = max((i for i in range(len(shares)) if shares[i] > 1), key=lambda i: shares[i] - exact[i])
-        shares[i] -= 1
-    while sum(shares) < total:
-        i = max(range(len(shares)), key=lambda i: exact[i] - shares[i])
-        shares[i] += 1
-    return shares

@@ -6,7 +6,7 @@ import json
 import math
 
 import pytest
-from test_planner_dp import regions_profile
+from plan_reference import regions_profile
 
 from conftest import run_hetlaunch
 from hetlaunch.launcher.cluster_yaml import parse_cluster
@@ -14,8 +14,7 @@ from hetlaunch.launcher.config_types import ConfigError
 from hetlaunch.launcher.planning.compression import CompressionConfig
 from hetlaunch.launcher.planning.island_plans import ProfileCluster, plan_islands
 from hetlaunch.launcher.planning.islands import (OUTER_SHARE, ExchangeGroup, IslandError, choose_every,
-                                                 exchange_seconds, exposed_seconds, island_groups, pipeline_islands,
-                                                 split_by_speed)
+                                                 exchange_seconds, exposed_seconds, island_groups, pipeline_islands)
 from hetlaunch.launcher.planning.profile_edits import subset
 from hetlaunch.launcher.planning.profile_file import save_profile
 from hetlaunch.launcher.planning.request import PlanRequest, plan_for
@@ -36,15 +35,6 @@ def test_each_pipeline_in_one_island_or_refused_naming_it():
     assert pipeline_islands([["a0"], ["a1"]], groups) == ()  # one island: synchronous
     with pytest.raises(IslandError, match=r"^pipeline 1 \(a1, b0\) spans islands"):
         pipeline_islands([["a0"], ["a1", "b0"]], groups)
-
-
-def test_micro_batches_shared_by_speed_each_island_at_least_one():
-    assert split_by_speed(12, [1.0, 2.0, 3.0]) == [2, 4, 6]
-    assert split_by_speed(3, [100.0, 1.0, 1.0]) == [1, 1, 1]
-    shares = split_by_speed(10, [3.0, 1.0])
-    assert sum(shares) == 10 and shares[0] > shares[1]
-    with pytest.raises(ValueError, match="cannot feed 3 islands"):
-        split_by_speed(2, [1.0, 1.0, 1.0])
 
 
 def test_every_is_the_smallest_h_whose_exposed_exchange_is_within_five_percent():
@@ -152,3 +142,15 @@ def test_a_pinned_pipeline_across_two_islands_is_refused():
             "model: {preset: tiny, n_layers: 6}\ntrain: {outer: {islands: by_region}}\n")
     with pytest.raises(ConfigError, match=r"train\.outer\.islands: pipeline 0 \(a, b\) spans islands"):
         parse_cluster(text)
+
+
+def test_validate_says_what_the_islands_are(tmp_path):
+    (tmp_path / "c.yaml").write_text("nodes: [{name: a, region: us}, {name: b, region: eu}, {name: c, region: us}]\n"
+                                     "train: {outer: {every: 30}}\n")
+    result = run_hetlaunch("validate", str(tmp_path / "c.yaml"), timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "train.outer: 2 islands (one per region): [a, c]; [b]" in result.stdout
+    assert "outer steps every 30 steps, int8 deltas" in result.stdout
+    (tmp_path / "one.yaml").write_text("nodes: [{name: a}, {name: b}]\ntrain: {outer: {}}\n")
+    one = run_hetlaunch("validate", str(tmp_path / "one.yaml"), timeout=60)
+    assert one.returncode == 0 and "form one island (one per region), so training is synchronous" in one.stdout

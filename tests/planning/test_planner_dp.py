@@ -12,34 +12,16 @@ import math
 import random
 
 import pytest
-from plan_reference import random_profile
+from plan_reference import random_profile, regions_profile
 
 from hetlaunch.launcher.planning.compression import CODEC_SLACK, LOSSINESS, NONE, CompressionConfig, wire_ratio
 from hetlaunch.launcher.planning.cost_model import CostModel
 from hetlaunch.launcher.planning.planner import plan, price_pipelines
-from hetlaunch.launcher.planning.profile_file import LayerInfo, LinkProfile, ModelIdentity, NodeProfile, Profile
+from hetlaunch.launcher.planning.profile_file import LinkProfile, Profile
 from hetlaunch.launcher.planning.sync_cost import SYNC_BUCKET_BYTES, allreduce_s, plan_step_s, sync_costs
 from hetlaunch.launcher.planning.sync_groups import sync_groups
 
 GiB, MiB = 2**30, 2**20
-
-
-def regions_profile(per_region: int = 2, regions: tuple[str, ...] = ("a", "b"), num_layers: int = 8,
-                    layer_s: float = 0.05, param_bytes: int = 64 * 2**10, output_bytes: int = 8 * MiB,
-                    cross_bandwidth: float = 1.25e6, cross_latency: float = 0.05,
-                    codec_seconds_per_byte: dict[str, float] | None = None) -> Profile:
-    """Equal nodes, `per_region` in each region; fast links inside a region, one kind across."""
-    layers = [LayerInfo(param_bytes=param_bytes, activation_bytes=output_bytes, output_bytes=output_bytes)
-              for _ in range(num_layers)]
-    nodes = [NodeProfile(name=f"{r}{i}", region=r, device="dev", memory_bytes=80 * GiB,
-                         layer_seconds=[layer_s] * num_layers, optimizer_seconds=[layer_s / 10] * num_layers,
-                         codec_seconds_per_byte=codec_seconds_per_byte)
-             for r in regions for i in range(per_region)]
-    links = [LinkProfile(regions=(r, r), bandwidth_bytes_per_s=1e10, latency_s=1e-5) for r in regions]
-    links += [LinkProfile(regions=(a, b), bandwidth_bytes_per_s=cross_bandwidth, latency_s=cross_latency)
-              for a, b in itertools.combinations(regions, 2)]
-    return Profile(model=ModelIdentity(description="m", num_layers=num_layers), micro_batch_size=4, seq_len=64,
-                   layers=layers, nodes=nodes, links=links)
 
 
 # -- the sync cost formula -----------------------------------------------------------------------

@@ -138,7 +138,7 @@ def reference(steps: int, every: int, codec: str, fragments: int, delay: int, al
                     for island in range(2):
                         p = params[island][i]
                         p.copy_(anchor[i] if alpha == 0 else alpha * p + (1 - alpha) * anchor[i])
-    return losses, island_losses, copies[0]
+    return losses, island_losses, copies[0], {"anchor": anchor, "momentum": momentum, "params": params[0]}
 
 
 def _run(tmp_path, steps, every, codec, fragments, delay, alpha):
@@ -151,11 +151,21 @@ def _run(tmp_path, steps, every, codec, fragments, delay, alpha):
     assert result.returncode == 0, result.stderr + result.stdout
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     summary = json.loads((run_dir / "summary.json").read_text())
+    summary["events"] = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    summary["run_dir"] = str(run_dir)
     return lines, final_parameters(run_dir), summary
 
 
+def _checkpoint_state(run_dir) -> dict:
+    from hetlaunch.runtime.checkpoint import load_layers
+    from hetlaunch.runtime.checkpoint_manifest import latest_checkpoint
+
+    directory, manifest = latest_checkpoint(run_dir / "checkpoints")
+    return load_layers(directory, manifest, 0, manifest.num_layers)
+
+
 def _check(lines, params, steps, want, atol=1e-5):
-    losses, island_losses, net = want
+    losses, island_losses, net, _ = want
     assert [r["step"] for r in lines] == list(range(steps))
     for got, ref in zip(lines, losses):
         assert abs(got["loss"] - ref) / ref <= 1e-5, ([r["loss"] for r in lines], losses)
@@ -178,10 +188,28 @@ def _check(lines, params, steps, want, atol=1e-5):
 def test_islands_with_outer_nesterov_steps_equal_k_copies_in_one_process(tmp_path):
     steps, every = 9, 3
     lines, params, summary = _run(tmp_path, steps, every, "none", 1, 0, 0.0)
-    _check(lines, params, steps, reference(steps, every, "none", 1, 0, 0.0))
+    want = reference(steps, every, "none", 1, 0, 0.0)
+    _check(lines, params, steps, want)
+    # The checkpoint keeps the anchor and the outer momentum (a resume continues the outer optimizer).
+    state = _checkpoint_state(tmp_path / "run")
+    position = {id(p): i for i, p in enumerate(want[2].parameters())}  # the tie's two names share one
+    names = {f"{index}.{name}": position[id(p)] for index, layer in enumerate(want[2])
+             for name, p in layer.named_parameters()}
+    for name, i in names.items():
+        for field in ("anchor", "momentum"):
+            torch.testing.assert_close(state[f"outer.{name}.{field}"], want[3][field][i], rtol=1e-5, atol=1e-5,
+                                       msg=lambda m, n=f"{name}.{field}": f"{n}: {m}")
+    assert any(state[f"outer.{n}.momentum"].abs().max() > 0 for n in names)  # three outer steps moved it
     assert summary["plan"]["islands"] == ISLAND_OF and summary["plan"]["outer"]["every"] == every
     outer = [r["islands"]["outer"] for r in lines]
     assert [o["launched"] for o in outer] == [1 if (s + 1) % every == 0 else 0 for s in range(steps)]
+    # Observed: an event per outer step, and the run's exchanges in the summary.
+    events = [e for e in summary["events"] if e["event"] == "outer_step"]
+    assert [e["step"] + 1 for e in events] == [3, 6, 9]
+    assert summary["outer"]["exchanges_launched"] == 3
+    assert summary["outer"]["wire_bytes"] == sum(o["bytes"][1] for o in outer)
+    report = run_hetlaunch("report", summary["run_dir"], timeout=120)  # each island's curve in training.png
+    assert report.returncode == 0 and (tmp_path / "run" / "report" / "training.png").stat().st_size > 0, report.stderr
     # One delta per island crosses: each island's representative sends its fp32 delta to the other's
     # (island B's second holder gets the average from its representative, inside B).
     # Every parameter a stage holds, the tie's two copies too (each holder exchanges its own).
