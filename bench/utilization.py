@@ -29,8 +29,11 @@ from _harness import NullReporter, Reporter
 from planning_time import synthetic_profile
 
 from hetlaunch.launcher.planning.compression import CompressionConfig
+from hetlaunch.launcher.planning.island_plans import ProfileCluster, plan_islands
 from hetlaunch.launcher.planning.planner import plan_global_batch
 from hetlaunch.launcher.planning.profile_file import LinkProfile, Profile
+from hetlaunch.launcher.planning.request import PlanRequest
+from hetlaunch.launcher.train_config import OuterConfig, TrainConfig
 
 GLOBAL_BATCH = 4096
 MAX_PIPELINES = 256
@@ -69,7 +72,7 @@ def ideal_tokens_per_s(profile: Profile, micro_batch_size: int, num_microbatches
 def run(quick: bool, reporter: Reporter | None = None) -> dict:
     reporter = reporter or NullReporter()
     cases = profiles()
-    reporter.total(len(cases))
+    reporter.total(len(cases) + 1)
     rows = {}
     for name, profile in cases.items():
         reporter.advance(f"plan {name}")
@@ -88,7 +91,9 @@ def run(quick: bool, reporter: Reporter | None = None) -> dict:
             "sync_exposed_s": exposed, "planning_s": time.perf_counter() - started,
         }
     reporter.advance("islands (synthetic)")
-    islands = _islands_row(cases["synthetic"])
+    islands = {"by region, defaults": _islands_row(cases["synthetic"], OuterConfig()),
+               "by region, streaming (4 fragments, delay 1)": _islands_row(cases["synthetic"],
+                                                                           OuterConfig(fragments=4, delay=1))}
     reporter.advance("done")
     figure = rows["links not the bottleneck"]["utilization"]
     return {
@@ -103,13 +108,9 @@ def run(quick: bool, reporter: Reporter | None = None) -> dict:
     }
 
 
-def _islands_row(profile: Profile) -> dict:
+def _islands_row(profile: Profile, outer: OuterConfig) -> dict:
     """The synthetic profile planned as islands by region (launcher/planning/island_plans.py)."""
-    from hetlaunch.launcher.planning.island_plans import ProfileCluster, plan_islands
-    from hetlaunch.launcher.planning.request import PlanRequest
-    from hetlaunch.launcher.train_config import OuterConfig, TrainConfig
-
-    train = TrainConfig(micro_batch_size=profile.micro_batch_size, global_batch=GLOBAL_BATCH, outer=OuterConfig())
+    train = TrainConfig(micro_batch_size=profile.micro_batch_size, global_batch=GLOBAL_BATCH, outer=outer)
     request = PlanRequest(num_microbatches=1, schedule="1f1b", compression=CompressionConfig(),
                           max_pipelines=MAX_PIPELINES, global_batch=GLOBAL_BATCH)
     started = time.perf_counter()

@@ -1,7 +1,8 @@
 """Plan a job of islands: each island planned as today's job on its own nodes, then merged.
 
 1. Group the profile's nodes into islands (train.outer.islands: by region, or the YAML's lists).
-2. Plan each island alone at the whole step's micro-batches; its predicted tokens/s is its speed.
+2. Plan each island alone (at the step's micro-batches, at most SPEED_PROBE); its predicted
+   tokens/s is its speed.
    An island that cannot hold the model is left out (its nodes in `excluded`, with the reason).
 3. Share the step's micro-batches between the islands in proportion to their speeds, so islands
    that start an outer period together end it together, and plan each island again at its share.
@@ -29,6 +30,9 @@ from hetlaunch.launcher.planning.replicas import split_microbatches
 from hetlaunch.launcher.planning.request import PlanRequest, plan_for
 
 
+SPEED_PROBE = 64
+
+
 def plan_islands(cluster, profile: Profile, request: PlanRequest, source: str = "planned") -> Plan:
     """The plan for `profile`'s nodes under cluster.train.outer (a plain plan when they form one island)."""
     outer = cluster.train.outer
@@ -40,10 +44,13 @@ def plan_islands(cluster, profile: Profile, request: PlanRequest, source: str = 
         profile = at_size(profile, size)
         request = replace(request, num_microbatches=count, global_batch=None, fixed_microbatches=None)
     total = request.num_microbatches
+    # Speeds only set the shares: priced at up to SPEED_PROBE micro-batches, where a pipeline's
+    # bubble is already small, since simulating a long step costs in proportion to its length.
+    probe = replace(request, num_microbatches=min(total, SPEED_PROBE))
     speeds, kept, excluded = [], [], {}
     for names in groups:
         try:
-            result = plan_for(subset(profile, names), request)
+            result = plan_for(subset(profile, names), probe)
         except PlanningError as err:
             excluded.update({n: f"its island ({', '.join(names)}) cannot train the model alone: {err}" for n in names})
             continue
