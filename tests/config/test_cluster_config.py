@@ -19,7 +19,7 @@ EXAMPLES = REPO / "cluster_examples"
 # ------------------------------------------------------------------ examples
 
 
-@pytest.mark.parametrize("name", ["local", "multi_host", "tiny_test"])
+@pytest.mark.parametrize("name", ["local", "multi_host", "tiny_test", "islands", "hf_gpt2"])
 def test_examples_load(name: str) -> None:
     cfg = load_cluster(EXAMPLES / f"{name}.yaml")
     assert isinstance(cfg, ClusterConfig)

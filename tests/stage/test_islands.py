@@ -228,3 +228,30 @@ def test_streaming_fragments_with_a_delay_and_int8_deltas_equal_the_reference(tm
     assert [s + 1 for s in range(steps) if launched[s]] == [2, 4, 6, 8, 10, 12]  # the fragments take turns
     sent = [r["islands"]["outer"]["bytes"] for r in lines if r["islands"]["outer"]["launched"]]
     assert all(wire < 0.3 * raw for raw, wire in sent)  # int8 + scales: ~0.27 of fp32
+
+
+@pytest.mark.timeout(420)
+def test_the_islands_example_is_planned_as_two_islands_that_meet_every_ten_steps(tmp_path):
+    """The planner's path as a user runs it: cluster_examples/islands.yaml (three local nodes in two
+    regions over an emulated slow link), profiled and planned, fewer steps."""
+    import yaml
+
+    from conftest import REPO
+
+    cluster = yaml.safe_load((REPO / "cluster_examples" / "islands.yaml").read_text())
+    cluster["train"].update(steps=24, eval_every=0)
+    (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(cluster))
+    run_dir = tmp_path / "run"
+    result = run_hetlaunch("up", str(tmp_path / "cluster.yaml"), "--run-dir", str(run_dir), timeout=360)
+    assert result.returncode == 0, result.stderr + result.stdout
+    assert "island 1:" in result.stdout and "outer step every 10 steps" in result.stdout, result.stdout
+    plan = json.loads((run_dir / "summary.json").read_text())["plan"]
+    regions = {"east-a": "us-east", "east-b": "us-east", "west-a": "eu-west"}
+    islands = {}
+    for stage in plan["stages"]:
+        islands.setdefault(plan["islands"][stage["pipeline"]], set()).add(regions[stage["node"]])
+    assert sorted(map(sorted, islands.values())) == [["eu-west"], ["us-east"]]  # one island per region
+    assert plan["outer"]["every"] == 10 and plan["outer"]["exchange_s"] > 0
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] + 1 for r in lines if r["islands"]["outer"]["launched"]] == [10, 20]
+    assert lines[-1]["loss"] < lines[0]["loss"]
