@@ -212,6 +212,10 @@ class ClusterConfig(Strict):
         if outer is None or not self.nodes:
             return
         names = [n.name for n in self.nodes]
+        layers = self.model.num_stage_layers
+        if layers is not None and outer.fragments > layers:
+            raise FieldError(("train", "outer", "fragments"), f"{outer.fragments} fragments of a model of {layers} "
+                                                              f"stage layers: at most one fragment a layer")
         if isinstance(outer.islands, list):
             listed = {name for island in outer.islands for name in island}
             for i, island in enumerate(outer.islands):
@@ -220,7 +224,7 @@ class ClusterConfig(Strict):
                         raise FieldError(("train", "outer", "islands", i), f"node {name!r} is not in nodes "
                                                                            f"({', '.join(names)})")
             missing = [n for n in names if n not in listed]
-            if missing and self.discover is None:
+            if missing:  # discovered nodes not listed are left out of the plan, and the plan says so
                 raise FieldError(("train", "outer", "islands"), f"node(s) {', '.join(missing)} are in no island")
         if self.pinned:
             groups = island_groups(outer.islands, [(n.name, n.region) for n in self.nodes])

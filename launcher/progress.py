@@ -206,7 +206,7 @@ def _islands(console: Console, plan: Plan) -> None:
     for i, (members, m) in enumerate(zip(plan.island_members(), plan.island_microbatches())):
         nodes = sorted({s.node for p in members for s in pipelines[p]})
         _say(console, f"  island {i}: pipeline{'s' if len(members) > 1 else ''} {', '.join(map(str, members))} "
-                      f"({len(nodes)} node{'s' if len(nodes) > 1 else ''}, {m} micro-batches a step)")
+                      f"({len(nodes)} node{'s' if len(nodes) > 1 else ''}, {m} micro-batch{'es' if m != 1 else ''} a step)")
     o = plan.outer
     why = {"planned": "the smallest H whose exposed exchange is <= 5% of H steps",
            "pinned": "as the YAML says", "default": "the default: nothing was measured to choose it"}[o.every_source]

@@ -44,7 +44,7 @@ def launch(session: ClusterSession, plan: Plan, spec, restore: Restore, checkpoi
                              lr_schedule=t.lr_schedule, warmup_steps=t.warmup_steps, min_lr_ratio=t.min_lr_ratio,
                              grad_clip=t.grad_clip, eval_every=t.eval_every, eval_microbatches=t.eval_microbatches,
                              precision=t.precision, trace_every=cluster.observe.trace_every,
-                             **watchdog_bounds(t.watchdog_s, plan.predicted_step_s))
+                             **watchdog_bounds(t.watchdog_s, plan.predicted_step_s, _outer_wait_s(plan)))
         for placement in stages:
             node = cluster.node(placement.node)
             spec_msg = stage_spec(session, topology, placement, boundary_bytes)
@@ -75,11 +75,24 @@ WATCHDOG_MIN_S = 60.0  # ... and never less (a checkpoint write or a live move h
 FIRST_STEP_EXTRA_S = RENDEZVOUS_TIMEOUT_S + 60.0  # before the first step: the rendezvous and the restore
 
 
-def watchdog_bounds(setting, predicted_step_s: float | None) -> dict[str, float]:
-    """TrainSpec's watchdog_s and first_step_watchdog_s for train.watchdog_s (both 0: off)."""
+def _outer_wait_s(plan: Plan) -> float:
+    """How long a step may wait on an outer step with islands: the exchange, and the slowest island
+    reaching it (OUTER_WAIT_FACTOR x the exchange as priced, whatever the shares promised)."""
+    if plan.outer is None or plan.outer.exchange_s is None:
+        return OUTER_WAIT_MIN_S if plan.outer is not None else 0.0
+    return max(OUTER_WAIT_MIN_S, OUTER_WAIT_FACTOR * plan.outer.exchange_s)
+
+
+OUTER_WAIT_FACTOR = 3.0
+OUTER_WAIT_MIN_S = 60.0  # an unpriced exchange (pinned layers, nothing measured)
+
+
+def watchdog_bounds(setting, predicted_step_s: float | None, outer_wait_s: float = 0.0) -> dict[str, float]:
+    """TrainSpec's watchdog_s and first_step_watchdog_s for train.watchdog_s (both 0: off). With
+    islands, auto adds the time a step may wait on an outer step (no step is reported meanwhile)."""
     if setting == "off":
         return {"watchdog_s": 0.0, "first_step_watchdog_s": 0.0}
-    bound = (max(WATCHDOG_STEPS * (predicted_step_s or 0.0), WATCHDOG_MIN_S) if setting == "auto"
+    bound = (max(WATCHDOG_STEPS * (predicted_step_s or 0.0), WATCHDOG_MIN_S) + outer_wait_s if setting == "auto"
              else float(setting))
     return {"watchdog_s": bound, "first_step_watchdog_s": bound + FIRST_STEP_EXTRA_S}
 

@@ -63,6 +63,8 @@ class OuterConfig(Strict):
                     seen.add(name)
         if self.every != "auto" and self.delay >= self.every:
             raise FieldError(("delay",), f"{self.delay} must be below every ({self.every})")
+        if self.alpha > 0 and self.delay == 0:
+            raise FieldError(("alpha",), "mixes the local weights into an exchange applied late: only with a delay")
         return self
 
 

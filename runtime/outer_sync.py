@@ -14,7 +14,8 @@ Streaming (Streaming DiLoCo, torchft's `fragment_sync_delay`): the model's layer
 so the exchanges are spread over the H steps rather than one whole-model exchange. With
 `delay` d > 0 a fragment's exchange is launched after step t and applied after step t + d, so
 the collective runs while the next d steps compute; its local parameters then take
-alpha * local + (1 - alpha) * new anchor.
+alpha * local + (1 - alpha) * new anchor. Training ends with an outer step of every fragment
+that did not just have one, applied whole (`final`): the run's model is the anchor.
 
 Wire, hierarchical: replicas of one island are identical, so one delta per island crosses
 between islands. Per layer range, the holder in each island's first pipeline (its
@@ -101,6 +102,7 @@ class _Held:
 @dataclass(eq=False)
 class _Pending:
     fragment: int
+    launched_after: int              # inner steps done when it was launched
     apply_after: int                 # inner steps done when it is applied
     held: list[_Held]
     gathered: list[list[list[torch.Tensor]] | None]   # per held: per payload: per island (representatives only)
@@ -193,7 +195,7 @@ class OuterSync:
 
     def _launch(self, fragment: int, done: int, held: list[_Held], stats: OuterStats) -> _Pending:
         """Representatives encode their island's delta (with the error carried) and start the all-gather."""
-        pending = _Pending(fragment, done + self.settings.delay, held, [], [], host_clock.now())
+        pending = _Pending(fragment, done, done + self.settings.delay, held, [], [], host_clock.now())
         for h in held:
             if not h.representative:  # its island's representative speaks for it
                 pending.gathered.append(None)
@@ -218,7 +220,7 @@ class OuterSync:
             stats.wire_bytes += (k - 1) * sent
         return pending
 
-    def _apply(self, pending: _Pending) -> None:
+    def _apply(self, pending: _Pending, alpha: float | None = None) -> None:
         """Representatives average the islands' deltas (decoded and summed in island order) and pass the
         average to their islands' other holders; every holder then steps its anchor the same way."""
         for work in pending.work:
@@ -239,7 +241,8 @@ class OuterSync:
             averages.append(average)
         for work in shares:
             work.wait()
-        m, lr, alpha = self.settings.momentum, self.settings.lr, self.settings.alpha
+        m, lr = self.settings.momentum, self.settings.lr
+        alpha = self.settings.alpha if alpha is None else alpha
         with torch.no_grad(), self.state_lock:
             for h, average in zip(pending.held, averages):
                 h.momentum.mul_(m).add_(average)
@@ -247,8 +250,20 @@ class OuterSync:
                 new = h.anchor if alpha == 0 else alpha * h.param.detach().to(self.wire, torch.float32) + (1 - alpha) * h.anchor
                 h.param.copy_(new.to(h.param.device, h.param.dtype))
 
-    def finish(self) -> None:
-        """Wait for exchanges still in flight (the run ended inside a delay): apply them now."""
+    def final(self, done: int, stats: OuterStats) -> None:
+        """The end of training (after `after_step(done)`): every fragment that did not just launch
+        meets once more, and every exchange is applied taking the new anchor whole (no mixing), so
+        the run ends on the anchor, every island's steps since its last outer step counted."""
+        just_launched = {p.fragment for p in self._pending if p.launched_after == done}
+        for fragment in range(self.settings.fragments):
+            if fragment not in just_launched and not (self.settings.delay == 0 and fragment_due(done, self.settings,
+                                                                                                fragment)):
+                held = [h for h in self.held if fragment_of(h.layer, self.num_layers, self.settings.fragments) == fragment]
+                self._pending.append(self._launch(fragment, done, held, stats))
+                stats.launched += 1
+        start = time.perf_counter()
         for pending in self._pending:
-            self._apply(pending)
+            self._apply(pending, alpha=0.0)
+            stats.applied += 1
+        stats.blocked_s += time.perf_counter() - start
         self._pending = []

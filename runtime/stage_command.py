@@ -409,7 +409,7 @@ def _train(cmd: pb.RunStage, executor: StageExecutor, batches: TokenBatches | No
             started = host_clock.now()
             outer = executor.outer.after_step(done)
             if done == train.steps:
-                executor.outer.finish()  # an exchange still inside its delay is applied before the end
+                executor.outer.final(done, outer)  # the run ends on the anchor
             if trace is not None and (outer.launched or outer.applied):
                 trace.append(("outer step", started, host_clock.now(), -1))
         eval_loss = _eval_loss(train, executor, eval_batches, done)

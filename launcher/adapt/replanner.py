@@ -30,7 +30,7 @@ from hetlaunch.launcher.adapt.live_moves import move_seconds, same_places
 from hetlaunch.launcher.adapt.calibration import with_link
 from hetlaunch.launcher.job_errors import JobError
 from hetlaunch.launcher.planning.batch_sizes import at_size
-from hetlaunch.launcher.planning.island_plans import merge, plan_islands, price_outer
+from hetlaunch.launcher.planning.island_plans import merge, plan_islands, price_outer, with_outer_memory
 from hetlaunch.launcher.planning.plan import Plan, planned
 from hetlaunch.launcher.planning.planner import PlannerResult, PlanningError, plan_fixed_cut, price_pipelines, recut
 from hetlaunch.launcher.planning.profile_edits import scaled, subset
@@ -64,11 +64,13 @@ class Replanner:
     def first(self) -> tuple[Plan, PlannerResult]:
         """The job's first plan, over every measured node (PlanningError as the planner words it),
         and the planner's result it came from."""
-        result = plan_for(self.measured, self.request)
-        if self.cluster.train.outer is not None:  # the islands' plan; `result` says how long planning took
+        if self.cluster.train.outer is not None:  # the islands' plan; the result says how long planning took
             started = time.perf_counter()
             plan = plan_islands(self.cluster, self.measured, self.request)
-            return plan, replace(result, planning_s=result.planning_s + time.perf_counter() - started)
+            return plan, PlannerResult(pipelines=[], step_s=plan.predicted_step_s or 0.0,
+                                       tokens_per_s=plan.predicted_tokens_per_s or 0.0, method="islands",
+                                       planning_s=time.perf_counter() - started)
+        result = plan_for(self.measured, self.request)
         return planned(self.cluster, result), result
 
     def _planned(self, profile: Profile, source: str) -> Plan:
@@ -98,6 +100,7 @@ class Replanner:
         at = at_size(self.measured, pinned.micro_batch_size)
         schedule = self.cluster.train.schedule
         if pinned.islands:  # each island priced alone (its sync stays inside it), then the outer exchange
+            at = with_outer_memory(at, self.cluster.train.outer, len(pinned.island_members()))
             plans = [planned(self.cluster, price_pipelines(at, [(*chains[p], pinned.pipeline_microbatches[p])
                                                                 for p in members], schedule, self.compression),
                              source="pinned")
@@ -160,7 +163,8 @@ class Replanner:
         """The step `plan` (its cuts, shares and codecs) is predicted to take; None if it cannot run."""
         try:
             if plan.islands:
-                return price_outer(self.cluster, self.corrected, _repriced_islands(self, plan)).predicted_step_s
+                return price_outer(self.cluster, self.corrected, _repriced_islands(self, plan),
+                                   every=plan.outer.every).predicted_step_s
             return price_pipelines(self.corrected, _chains(plan), plan.schedule, plan.compression).step_s
         except (PlanningError, ProfileError):
             return None
@@ -214,7 +218,8 @@ class Replanner:
 def _repriced_islands(replanner: Replanner, plan: Plan) -> Plan:
     """`plan`'s islands, each priced alone on the corrected profile, merged (outer steps unpriced)."""
     chains = _chains(plan)
-    return merge([planned(replanner.cluster, price_pipelines(replanner.corrected, [chains[p] for p in members],
+    profile = with_outer_memory(replanner.corrected, replanner.cluster.train.outer, len(plan.island_members()))
+    return merge([planned(replanner.cluster, price_pipelines(profile, [chains[p] for p in members],
                                                              plan.schedule, plan.compression), source=plan.source)
                   for members in plan.island_members()], {})
 

@@ -85,7 +85,8 @@ class CostModel:
         self.num_layers = profile.model.num_layers
         self._time: dict[str, list[float]] = {}  # filled per node on first use: the planner builds one
         # model per micro-batch count it tries, and a large cluster's chains touch few of its nodes
-        self._static = _prefix([STATIC_BYTES_PER_PARAM_BYTE * layer.param_bytes for layer in profile.layers])
+        per_byte = STATIC_BYTES_PER_PARAM_BYTE + (profile.static_extra_per_param_byte or 0.0)
+        self._static = _prefix([per_byte * layer.param_bytes for layer in profile.layers])
         self._activation = _prefix([layer.activation_bytes for layer in profile.layers])
         self._links: dict[tuple[str, str], tuple[float, float]] = {}
         self._memory_prefix: dict[int, list[float]] = {}

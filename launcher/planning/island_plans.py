@@ -27,6 +27,7 @@ from hetlaunch.launcher.planning.planning_error import PlanningError
 from hetlaunch.launcher.planning.profile_edits import subset
 from hetlaunch.launcher.planning.profile_file import Profile
 from hetlaunch.launcher.planning.replicas import split_microbatches
+from hetlaunch.runtime.registry import codec_info
 from hetlaunch.launcher.planning.request import PlanRequest, plan_for
 
 
@@ -37,8 +38,12 @@ def plan_islands(cluster, profile: Profile, request: PlanRequest, source: str = 
     """The plan for `profile`'s nodes under cluster.train.outer (a plain plan when they form one island)."""
     outer = cluster.train.outer
     groups = island_groups(outer.islands, [(n.name, n.region) for n in profile.nodes])
+    listed = {name for group in groups for name in group}
+    unlisted = {n.name: "in no island of train.outer.islands" for n in profile.nodes if n.name not in listed}
+    profile = with_outer_memory(subset(profile, sorted(listed)), outer, len(groups))
     if len(groups) < 2:
-        return planned(cluster, plan_for(profile, request), source=source)
+        plan = planned(cluster, plan_for(profile, request), source=source)
+        return replace(plan, excluded={**(plan.excluded or {}), **unlisted})
     if request.global_batch is not None:  # one micro-batch size for every island: the YAML's shape
         size, count = cluster.train.batch_shape()
         profile = at_size(profile, size)
@@ -47,7 +52,7 @@ def plan_islands(cluster, profile: Profile, request: PlanRequest, source: str = 
     # Speeds only set the shares: priced at up to SPEED_PROBE micro-batches, where a pipeline's
     # bubble is already small, since simulating a long step costs in proportion to its length.
     probe = replace(request, num_microbatches=min(total, SPEED_PROBE))
-    speeds, kept, excluded = [], [], {}
+    speeds, kept, excluded = [], [], dict(unlisted)
     for names in groups:
         try:
             result = plan_for(subset(profile, names), probe)
@@ -61,10 +66,28 @@ def plan_islands(cluster, profile: Profile, request: PlanRequest, source: str = 
     if len(kept) == 1:
         plan = planned(cluster, plan_for(subset(profile, kept[0]), request), source=source)
         return replace(plan, excluded={**(plan.excluded or {}), **excluded})
+    if total < len(kept):
+        raise PlanningError(f"{total} micro-batches a step cannot feed {len(kept)} islands (each needs one): "
+                            f"raise train.num_microbatches or list fewer islands")
     shares = split_microbatches(total, speeds)  # as pipelines' shares are split
-    plans = [planned(cluster, plan_for(subset(profile, names), replace(request, num_microbatches=m)), source=source)
-             for names, m in zip(kept, shares)]
+    plans = []
+    for names, m in zip(kept, shares):
+        try:
+            plans.append(planned(cluster, plan_for(subset(profile, names), replace(request, num_microbatches=m)),
+                                 source=source))
+        except PlanningError as err:  # fits at the probe's size, not at its share
+            raise PlanningError(f"island {', '.join(names)} cannot train its share of {m} micro-batches: {err}") from None
     return price_outer(cluster, profile, merge(plans, excluded))
+
+
+def with_outer_memory(profile: Profile, outer, islands: int) -> Profile:
+    """The profile a plan of islands is made on: each parameter byte also holds an anchor and an
+    outer momentum (fp32), an error-feedback buffer with a lossy codec, and during an exchange
+    the islands' encoded deltas of one fragment (launcher/planning/cost_model.py prices these
+    with the parameters, gradients and optimizer state)."""
+    lossy = outer.codec != "none"
+    gathered = islands * codec_info(outer.codec).wire_ratio() / outer.fragments
+    return profile.model_copy(update={"static_extra_per_param_byte": 2 + (1 if lossy else 0) + gathered})
 
 
 class ProfileCluster:
@@ -104,9 +127,10 @@ def merge(plans: list[Plan], excluded: dict[str, str]) -> Plan:
                    outer=OuterPlan(every=1))  # a plan with islands carries one: price_outer sets the real one
 
 
-def price_outer(cluster, profile: Profile, plan: Plan) -> Plan:
+def price_outer(cluster, profile: Profile, plan: Plan, every: int | None = None) -> Plan:
     """`plan` (with islands) with its outer steps priced on `profile`: the exchange, H where it is
-    auto, the step and tokens/s with the exposed exchange spread over H steps."""
+    auto (capped at train.steps: an outer step must happen; `every` given: that one, e.g. the
+    running plan's), the step and tokens/s with the exposed exchange spread over H steps."""
     outer = cluster.train.outer
     codec = outer.codec
     groups = []
@@ -121,8 +145,11 @@ def price_outer(cluster, profile: Profile, plan: Plan) -> Plan:
                                     max(link.latency_s for link in links)))
     exchange_s, wire_bytes = exchange_seconds(groups, codec)
     step_s = plan.predicted_step_s or 0.0
-    if outer.every == "auto":
-        every, source = choose_every(exchange_s, step_s, outer.fragments, outer.delay), "planned"
+    if every is not None:
+        source = plan.outer.every_source
+    elif outer.every == "auto":
+        every = min(choose_every(exchange_s, step_s, outer.fragments, outer.delay), cluster.train.steps)
+        source = "planned"
     else:
         every, source = outer.every, "pinned"
     o = outer_plan(outer, every, source, exchange_s=exchange_s, wire_bytes=wire_bytes)

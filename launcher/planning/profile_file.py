@@ -116,6 +116,10 @@ class Profile(_Strict):
     model: ModelIdentity
     micro_batch_size: int = Field(ge=1)
     seq_len: int = Field(ge=1)
+    # What a job keeps per parameter byte beyond STATIC_BYTES_PER_PARAM_BYTE (islands: the anchor,
+    # the outer momentum, error feedback, the exchange's buffers; launcher/planning/island_plans.py).
+    # Set by the planner on its own copy; a measured profile has none (None: 0, never written).
+    static_extra_per_param_byte: float | None = Field(None, ge=0, le=64)
     layers: list[LayerInfo]
     nodes: list[NodeProfile] = Field(min_length=1)
     links: list[LinkProfile] = []

@@ -131,6 +131,8 @@ def test_plan_offline_with_islands_as_json(tmp_path):
     ("{every: 4, delay: 4}", r"train\.outer\.delay: 4 must be below every \(4\)"),
     ("{every: 0}", r"train\.outer\.every"),
     ("{codec: int3}", r"train\.outer\.codec"),
+    ("{alpha: 0.5}", r"train\.outer\.alpha: mixes the local weights .* only with a delay"),
+    ("{fragments: 7}", r"train\.outer\.fragments: 7 fragments of a model of 6 stage layers"),
 ])
 def test_bad_outer_sections_are_refused_naming_the_field(outer, message):
     with pytest.raises(ConfigError, match=message):
@@ -154,3 +156,43 @@ def test_validate_says_what_the_islands_are(tmp_path):
     (tmp_path / "one.yaml").write_text("nodes: [{name: a}, {name: b}]\ntrain: {outer: {}}\n")
     one = run_hetlaunch("validate", str(tmp_path / "one.yaml"), timeout=60)
     assert one.returncode == 0 and "form one island (one per region), so training is synchronous" in one.stdout
+
+
+def test_h_never_exceeds_the_run_and_a_stalled_outer_step_is_not_a_stall():
+    from hetlaunch.launcher.stage_launch import OUTER_WAIT_FACTOR, OUTER_WAIT_MIN_S, _outer_wait_s, watchdog_bounds
+
+    profile, train, request = _offline()
+    slow = profile.model_copy(update={"links": [link.model_copy(update={"bandwidth_bytes_per_s": 1e3})
+                                                if link.regions[0] != link.regions[1] else link
+                                                for link in profile.links]})
+    train = train.model_copy(update={"steps": 40})
+    plan = plan_islands(ProfileCluster(slow, train), slow, request)
+    assert plan.outer.every == 40  # the exchange alone would ask for far more: an outer step must happen
+    wait = _outer_wait_s(plan)
+    assert wait == max(OUTER_WAIT_MIN_S, OUTER_WAIT_FACTOR * plan.outer.exchange_s) > 60
+    auto = watchdog_bounds("auto", plan.predicted_step_s, wait)["watchdog_s"]
+    assert auto == max(10 * plan.predicted_step_s, 60.0) + wait  # the stage waits on the exchange without a step
+
+
+def test_too_few_micro_batches_for_the_islands_is_a_planning_error():
+    from hetlaunch.launcher.planning.planning_error import PlanningError
+
+    profile, train, request = _offline()
+    three = regions_profile(per_region=1, regions=("a", "b", "c"), cross_bandwidth=2.5e6, output_bytes=2**20)
+    with pytest.raises(PlanningError, match=r"^2 micro-batches a step cannot feed 3 islands"):
+        plan_islands(ProfileCluster(three, train), three, PlanRequest(num_microbatches=2, schedule="1f1b",
+                                                                     compression=CompressionConfig()))
+
+
+def test_a_stage_of_islands_is_priced_with_its_anchor_momentum_and_error_buffers():
+    from hetlaunch.launcher.planning.planner import price_pipelines
+
+    profile, train, request = _offline()
+    plan = plan_islands(ProfileCluster(profile, train), profile, request)
+    stage = plan.stages[0]
+    nodes = [s.node for s in plan.pipelines()[0]]
+    plain = price_pipelines(subset(profile, nodes), [(nodes, [(s.layer_start, s.layer_end) for s in plan.pipelines()[0]],
+                                                      plan.pipeline_microbatches[0])])
+    params = sum(profile.layers[i].param_bytes for i in range(stage.layer_start, stage.layer_end))
+    extra = stage.memory_bytes - plain.pipelines[0].cost.stages[0].memory_bytes
+    assert extra >= 3 * params  # fp32 anchor + outer momentum + int8 error feedback, at least

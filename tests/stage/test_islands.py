@@ -110,10 +110,8 @@ def reference(steps: int, every: int, codec: str, fragments: int, delay: int, al
         losses.append(sum(all_losses) / len(all_losses))
         island_losses.append(per_island)
         done = step + 1
-        for f in range(fragments):
-            first = (f + 1) * every // fragments
-            if done < first or (done - first) % every:
-                continue
+
+        def launch(f: int) -> None:
             indices = [i for i in range(len(anchor)) if fragment[i] == f]
             averaged = []
             for i in indices:
@@ -128,7 +126,8 @@ def reference(steps: int, every: int, codec: str, fragments: int, delay: int, al
                     total += weight * decoded
                 averaged.append(total)
             pending.append((done + delay, indices, averaged))
-        for entry in [e for e in pending if e[0] <= done or done == steps]:
+
+        def apply(entry, mix: float) -> None:
             pending.remove(entry)
             _, indices, averaged = entry
             with torch.no_grad():
@@ -137,7 +136,20 @@ def reference(steps: int, every: int, codec: str, fragments: int, delay: int, al
                     anchor[i].sub_(OUTER_LR * (average + OUTER_MOMENTUM * momentum[i]))
                     for island in range(2):
                         p = params[island][i]
-                        p.copy_(anchor[i] if alpha == 0 else alpha * p + (1 - alpha) * anchor[i])
+                        p.copy_(anchor[i] if mix == 0 else mix * p + (1 - mix) * anchor[i])
+
+        launched_now = [f for f in range(fragments)
+                        if done >= (f + 1) * every // fragments and (done - (f + 1) * every // fragments) % every == 0]
+        for f in launched_now:
+            launch(f)
+        for entry in [e for e in pending if e[0] <= done]:
+            apply(entry, alpha)
+        if done == steps:  # training ends with an outer step of every other fragment, applied whole
+            for f in range(fragments):
+                if f not in launched_now:
+                    launch(f)
+            for entry in list(pending):
+                apply(entry, 0.0)
     return losses, island_losses, copies[0], {"anchor": anchor, "momentum": momentum, "params": params[0]}
 
 
@@ -225,7 +237,8 @@ def test_streaming_fragments_with_a_delay_and_int8_deltas_equal_the_reference(tm
     # level (max |delta| / 127 of its 64-value block) away in one run; error feedback carries it on.
     _check(lines, params, steps, reference(steps, every, "int8", fragments, delay, alpha), atol=1e-4)
     launched = [r["islands"]["outer"]["launched"] for r in lines]
-    assert [s + 1 for s in range(steps) if launched[s]] == [2, 4, 6, 8, 10, 12]  # the fragments take turns
+    assert [s + 1 for s in range(steps) if launched[s]] == [2, 4, 6, 8, 10, 12]  # the fragments take turns ...
+    assert launched[-1] == 2  # ... and at the end both meet: fragment 1 as due, fragment 0 once more
     sent = [r["islands"]["outer"]["bytes"] for r in lines if r["islands"]["outer"]["launched"]]
     assert all(wire < 0.3 * raw for raw, wire in sent)  # int8 + scales: ~0.27 of fp32
 
@@ -253,5 +266,5 @@ def test_the_islands_example_is_planned_as_two_islands_that_meet_every_ten_steps
     assert sorted(map(sorted, islands.values())) == [["eu-west"], ["us-east"]]  # one island per region
     assert plan["outer"]["every"] == 10 and plan["outer"]["exchange_s"] > 0
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] + 1 for r in lines if r["islands"]["outer"]["launched"]] == [10, 20]
+    assert [r["step"] + 1 for r in lines if r["islands"]["outer"]["launched"]] == [10, 20, 24]  # and at the end
     assert lines[-1]["loss"] < lines[0]["loss"]
