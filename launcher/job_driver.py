@@ -31,6 +31,7 @@ from hetlaunch.launcher.events import EventLog
 from hetlaunch.launcher.generation import follow
 from hetlaunch.launcher.planning.plan import Plan, pinned_num_layers, static_plan
 from hetlaunch.launcher.planning.profile_file import save_profile
+from hetlaunch.launcher.planning.sync_groups import hierarchy_applies
 from hetlaunch.launcher.planning.topology import Topology
 from hetlaunch.launcher.progress import TrainingProgress, print_calibration, print_plan, print_summary
 from hetlaunch.launcher.run_dir_lock import RunDirLock
@@ -84,9 +85,13 @@ def make_plan(session: ClusterSession, spec, reprofile: bool, console: Console) 
 
 
 def _codec_choice_left(cluster, plan: Plan) -> bool:
-    """Does some boundary of this cut, or the sync between its pipelines, leave its codec to `auto`?"""
+    """Does some boundary of this cut, or the sync between its pipelines, leave its codec (or its
+    shape across regions) to `auto`?"""
     policy = cluster.compression
     if len(plan.pipelines()) > 1 and policy.sync == "auto":
+        return True
+    if policy.sync_topology == "auto" and any(hierarchy_applies([cluster.node(n).region for n in g.nodes])
+                                             for g in plan.sync_plans()):
         return True
     return any(len(policy.candidates(j, a.region == b.region)) > 1
                for stages in plan.pipelines() for j, (a, b) in enumerate(zip(stages, stages[1:])))

@@ -87,7 +87,7 @@ def print_plan(console: Console, plan: Plan) -> None:
         timing = "" if group.allreduce_s is None else (f", {_ms(group.allreduce_s)} ms, "
                                                         f"{_ms(group.exposed_s)} ms not hidden by backward")
         _say(console, f"  gradient sync layers {group.layer_start}–{group.layer_end - 1}: "
-                      f"{' + '.join(group.nodes)} ({group.codec}{timing})")
+                      f"{' + '.join(group.nodes)} ({group.codec}{', by region' if group.hierarchical else ''}{timing})")
     if plan.outer is not None:
         _islands(console, plan)
     if plan.predicted_step_s is not None:
@@ -241,7 +241,8 @@ def planner_result_dict(result) -> dict:
                        for s, region in zip(p.cost.stages, p.regions)]}
             for p in result.pipelines],
         "sync": [{"layers": [g.layer_start, g.layer_end], "nodes": list(g.nodes), "bytes": g.bytes, "codec": g.codec,
-                  "allreduce_s": g.allreduce_s, "end_s": g.end_s, "exposed_s": g.exposed_s} for g in result.sync],
+                  "allreduce_s": g.allreduce_s, "end_s": g.end_s, "exposed_s": g.exposed_s,
+                  "hierarchical": g.hierarchical} for g in result.sync],
     }
 
 
@@ -265,7 +266,8 @@ def print_planner_result(console: Console, profile, result, as_json: bool = Fals
         _say(console, f"bottleneck: {p.cost.bottleneck}")
     for g in result.sync:
         _say(console, f"gradient sync layers {g.layer_start}–{g.layer_end - 1}: {' + '.join(g.nodes)} "
-                      f"({g.codec}, {_ms(g.allreduce_s)} ms, {_ms(g.exposed_s)} ms not hidden by backward)")
+                      f"({g.codec}{', by region' if g.hierarchical else ''}, {_ms(g.allreduce_s)} ms, "
+                      f"{_ms(g.exposed_s)} ms not hidden by backward)")
     _say(console, f"predicted: {result.step_s * 1e3:.1f} ms/step, {result.tokens_per_s:,.0f} tokens/s "
                   f"({result.method} search, planned in {result.planning_s:.2f}s)")
     if result.sync_pricing:

@@ -147,10 +147,15 @@ def data_parallel(cluster, plan: Plan) -> pb.DataParallel:
 
 def _group_spec(cluster, topology: Topology, group) -> pb.SyncGroupSpec:
     bw, lat = _slowest_emulated_link(cluster, group.nodes)
+    regions: list[int] = []
+    if getattr(group, "hierarchical", False):
+        order: dict[str, int] = {}  # region groups numbered by first holder, in pipeline order
+        regions = [order.setdefault(cluster.node(name).region, len(order)) for name in group.nodes]
     return pb.SyncGroupSpec(layer_start=group.layer_start, layer_end=group.layer_end,
                             # a group names nodes: each one's rank is its stage holding these layers
                             ranks=[topology.holder(name, group.layer_start).rank for name in group.nodes],
-                            codec=codec_wire_id(group.codec), emulate_bandwidth_mbps=bw, emulate_latency_ms=lat)
+                            codec=codec_wire_id(group.codec), emulate_bandwidth_mbps=bw, emulate_latency_ms=lat,
+                            region_of=regions)
 
 
 def _slowest_emulated_link(cluster, nodes: tuple[str, ...]) -> tuple[float, float]:

@@ -495,20 +495,22 @@ class Rendezvous(_message.Message):
     def __init__(self, generation: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., timeout_s: _Optional[float] = ..., backend: _Optional[str] = ..., interface: _Optional[str] = ..., port_low: _Optional[int] = ..., port_high: _Optional[int] = ...) -> None: ...
 
 class SyncGroupSpec(_message.Message):
-    __slots__ = ("layer_start", "layer_end", "ranks", "codec", "emulate_bandwidth_mbps", "emulate_latency_ms")
+    __slots__ = ("layer_start", "layer_end", "ranks", "codec", "emulate_bandwidth_mbps", "emulate_latency_ms", "region_of")
     LAYER_START_FIELD_NUMBER: _ClassVar[int]
     LAYER_END_FIELD_NUMBER: _ClassVar[int]
     RANKS_FIELD_NUMBER: _ClassVar[int]
     CODEC_FIELD_NUMBER: _ClassVar[int]
     EMULATE_BANDWIDTH_MBPS_FIELD_NUMBER: _ClassVar[int]
     EMULATE_LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
+    REGION_OF_FIELD_NUMBER: _ClassVar[int]
     layer_start: int
     layer_end: int
     ranks: _containers.RepeatedScalarFieldContainer[int]
     codec: Codec
     emulate_bandwidth_mbps: float
     emulate_latency_ms: float
-    def __init__(self, layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., ranks: _Optional[_Iterable[int]] = ..., codec: _Optional[_Union[Codec, str]] = ..., emulate_bandwidth_mbps: _Optional[float] = ..., emulate_latency_ms: _Optional[float] = ...) -> None: ...
+    region_of: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., ranks: _Optional[_Iterable[int]] = ..., codec: _Optional[_Union[Codec, str]] = ..., emulate_bandwidth_mbps: _Optional[float] = ..., emulate_latency_ms: _Optional[float] = ..., region_of: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class DataParallel(_message.Message):
     __slots__ = ("pipeline_index", "microbatch_offset", "global_microbatches", "sync_groups", "pipeline_sizes", "island_microbatches", "islands", "island_index", "outer", "pipeline_microbatches")

@@ -112,11 +112,16 @@ class WireEmulation:
                 mbps = change.bandwidth_mbps
         self.bandwidth_bytes_per_s = mbps * 1e6 / 8 if mbps > 0 else 0.0
 
-    def deliver(self, sent_at: float, wire_bytes: int) -> float:
-        """Sleep until a message sent at `sent_at` would have arrived; return the seconds slept."""
+    def arrival(self, sent_at: float, wire_bytes: int) -> float:
+        """When a message sent at `sent_at` arrives (host clock), its bytes queued behind the
+        ones already on the wire. Counts the message once: call it once per message."""
         on_wire = wire_bytes / self.bandwidth_bytes_per_s if self.bandwidth_bytes_per_s > 0 else 0.0
         self._wire_free_at = max(sent_at, self._wire_free_at) + on_wire
-        wait = self._wire_free_at + self.latency_s - host_clock.now()
+        return self._wire_free_at + self.latency_s
+
+    def deliver(self, sent_at: float, wire_bytes: int) -> float:
+        """Sleep until a message sent at `sent_at` would have arrived; return the seconds slept."""
+        wait = self.arrival(sent_at, wire_bytes) - host_clock.now()
         if wait > 0:
             time.sleep(wait)
         return max(wait, 0.0)

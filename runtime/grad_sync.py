@@ -14,6 +14,9 @@ the stage's last backward of the step — so sync overlaps the rest of that back
 * a lossy codec: each holder encodes gradient + carried error, all-gathers the payloads,
   and decodes and sums them in rank order, so every holder gets bit-identical sums; what
   the codec lost of its own gradient is carried into the next step (error feedback).
+* hierarchical (a group whose holders span regions, when the planner prices it faster): sum
+  inside each region, exchange between the regions' leaders (with the codec), broadcast back
+  (runtime/hierarchical_sync.py).
 
 Groups are made once per plan generation, by every rank, in the plan's order (c10d
 requires every rank of the job to enter `new_group`, members or not).
@@ -32,6 +35,7 @@ from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.runtime import host_clock
 from hetlaunch.runtime.codecs import Codec, codec_by_id
 from hetlaunch.runtime.emulation import WireEmulation
+from hetlaunch.runtime.hierarchical_sync import DONE, HierarchicalBucket, RegionTiers, make_tiers, region_members
 from hetlaunch.runtime.registry import SYNC_BUCKET_BYTES
 from hetlaunch.runtime.wire import sync_emulation_latency_ms
 
@@ -44,7 +48,8 @@ class SyncGroupPlan:
     layer_end: int
     ranks: tuple[int, ...]
     codec: Codec
-    emulation: WireEmulation | None = None
+    emulation: WireEmulation | None = None  # hierarchical: the link between the regions' leaders
+    regions: tuple[int, ...] = ()  # hierarchical: each rank's region group (0, 1, ...); (): one flat ring
 
 
 @dataclass
@@ -59,7 +64,7 @@ class SyncStats:
 @dataclass(eq=False)  # buckets are compared by identity (their fields hold tensors)
 class _Bucket:
     params: list[nn.Parameter]
-    group: object  # a c10d ProcessGroup
+    group: object  # a c10d ProcessGroup, or RegionTiers for a hierarchical group
     plan: SyncGroupPlan
     error: torch.Tensor | None = None  # error feedback, lossy codecs only
     pending: int = 0
@@ -67,23 +72,31 @@ class _Bucket:
     flat: torch.Tensor | None = None
     gathered: list[list[torch.Tensor]] | None = None
     started_at: torch.Tensor | None = None  # emulated links only: the last holder's launch time
+    tiered: HierarchicalBucket | None = None  # a hierarchical group's step in progress
 
 
 def sync_group_plans(dp: pb.DataParallel) -> list[SyncGroupPlan]:
     plans = []
     for group in dp.sync_groups:
         codec = codec_by_id(group.codec)
-        latency_ms = sync_emulation_latency_ms(group.emulate_latency_ms, codec.name, len(group.ranks))
+        regions = tuple(group.region_of)
+        # A hierarchical group's emulated link is the one its region leaders cross.
+        crossing = len(region_members(tuple(group.ranks), regions)) if regions else len(group.ranks)
+        latency_ms = sync_emulation_latency_ms(group.emulate_latency_ms, codec.name, crossing)
         plans.append(SyncGroupPlan(group.layer_start, group.layer_end, tuple(group.ranks), codec,
-                                   WireEmulation.from_spec(group.emulate_bandwidth_mbps, latency_ms)))
+                                   WireEmulation.from_spec(group.emulate_bandwidth_mbps, latency_ms), regions))
     return plans
 
 
 def make_groups(plans: list[SyncGroupPlan]) -> list[object | None]:
-    """One c10d group per sync group, made by every rank in the same order; None where not a member."""
+    """The c10d groups of each sync group (RegionTiers for a hierarchical one), made by every rank
+    in the same order; None where not a member."""
     me = dist.get_rank()
     groups = []
     for plan in plans:
+        if plan.regions:
+            groups.append(make_tiers(plan.ranks, plan.regions))
+            continue
         group = dist.new_group(list(plan.ranks))
         groups.append(group if me in plan.ranks else None)
     return groups
@@ -135,19 +148,48 @@ class GradientSync:
             bucket.pending -= 1
             if bucket.pending == 0:
                 self._launch(bucket)
+            self._advance()
         return ready
+
+    def _advance(self) -> tuple[bool, bool]:
+        """Move hierarchical buckets through their phases, in launch order (hierarchical_sync.py);
+        (whether any moved, whether all are done)."""
+        may_reach, moved, done = DONE, False, True
+        for bucket in self._launched:
+            if bucket.tiered is None:
+                continue
+            moved |= bucket.tiered.advance(may_reach)
+            may_reach = bucket.tiered.state
+            done &= may_reach == DONE
+        return moved, done
+
+    def _drain(self) -> None:
+        """Poll the hierarchical buckets until all are done (waiting on any single one could
+        deadlock against another rank's order, hierarchical_sync.py)."""
+        pause = 0.0002
+        while True:
+            moved, done = self._advance()
+            if done:
+                return
+            pause = 0.0002 if moved else min(2 * pause, 0.002)
+            time.sleep(pause)
 
     def _launch(self, bucket: _Bucket) -> None:
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in bucket.params]
         flat = torch.cat([g.reshape(-1) for g in grads]).to(self.wire_device)
         bucket.work = []
+        codec = bucket.plan.codec
+        if isinstance(bucket.group, RegionTiers):
+            bucket.tiered = HierarchicalBucket(bucket.group, flat, codec, bucket.plan.emulation, bucket.error)
+            self.stats.raw_bytes += flat.numel() * flat.element_size()
+            self._launched.append(bucket)
+            return
         if bucket.plan.emulation is not None:
             # The transfer starts when the last holder joins: agree on that moment (MAX of launch times).
             # On the wire device: an NCCL group takes CUDA tensors only.
             bucket.started_at = torch.tensor([host_clock.now()], dtype=torch.float64, device=self.wire_device)
             bucket.work.append(dist.all_reduce(bucket.started_at, op=dist.ReduceOp.MAX, group=bucket.group,
                                                async_op=True))
-        codec = bucket.plan.codec
         if codec.name == "none":
             bucket.flat = flat
             bucket.work.append(dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=bucket.group, async_op=True))
@@ -176,12 +218,18 @@ class GradientSync:
         for bucket in self.buckets:
             if bucket not in self._launched:
                 self._launch(bucket)  # e.g. a parameter that got no gradient this step
+        self._drain()
         for bucket in self._launched:
             for work in bucket.work:
                 work.wait()
-            total = self._reduced(bucket)
-            if bucket.plan.emulation is not None:
-                bucket.plan.emulation.deliver(bucket.started_at.item(), self._wire_bytes_per_holder(bucket))
+            if bucket.tiered is not None:
+                total, bucket.error = bucket.tiered.total, bucket.tiered.error
+                self.stats.wire_bytes += bucket.tiered.wire_bytes
+                bucket.tiered = None
+            else:
+                total = self._reduced(bucket)
+                if bucket.plan.emulation is not None:
+                    bucket.plan.emulation.deliver(bucket.started_at.item(), self._wire_bytes_per_holder(bucket))
             offset = 0
             for param in bucket.params:
                 n = param.numel()

@@ -163,8 +163,8 @@ def run_hetlaunch(*args: str, timeout: float = 180, env: dict | None = None,
                           env=env or hetlaunch_env(), cwd=cwd)
 
 
-def _gloo_rank(target, rank: int, world_size: int, port: int, out_dir: str) -> None:
-    """Child process: join a gloo group of `world_size` on the parent's store, run target(rank, out_dir)."""
+def _gloo_rank(target, rank: int, world_size: int, port: int, out_dir: str, args: tuple = ()) -> None:
+    """Child process: join a gloo group of `world_size` on the parent's store, run target(rank, out_dir, *args)."""
     import datetime
     import traceback
 
@@ -177,7 +177,7 @@ def _gloo_rank(target, rank: int, world_size: int, port: int, out_dir: str) -> N
         store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timeout)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
         try:
-            target(rank, out_dir)
+            target(rank, out_dir, *args)
         finally:
             dist.destroy_process_group()
     except BaseException:
@@ -185,8 +185,8 @@ def _gloo_rank(target, rank: int, world_size: int, port: int, out_dir: str) -> N
         raise
 
 
-def run_gloo_ranks(target, world_size: int, out_dir: Path, timeout_s: float = 60) -> None:
-    """Run target(rank, out_dir) in `world_size` fresh processes joined in one gloo group (real
+def run_gloo_ranks(target, world_size: int, out_dir: Path, timeout_s: float = 60, args: tuple = ()) -> None:
+    """Run target(rank, out_dir, *args) in `world_size` fresh processes joined in one gloo group (real
     torch.distributed on 127.0.0.1); fail with every rank's traceback if any rank fails."""
     import datetime
     import multiprocessing
@@ -196,7 +196,7 @@ def run_gloo_ranks(target, world_size: int, out_dir: Path, timeout_s: float = 60
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                           timeout=datetime.timedelta(seconds=30))
     ctx = multiprocessing.get_context("spawn")  # fresh interpreters: never fork the test process
-    procs = [ctx.Process(target=_gloo_rank, args=(target, rank, world_size, store.port, str(out_dir)))
+    procs = [ctx.Process(target=_gloo_rank, args=(target, rank, world_size, store.port, str(out_dir), args))
              for rank in range(world_size)]
     for p in procs:
         p.start()

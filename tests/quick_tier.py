@@ -17,7 +17,7 @@ import pytest
 # Whole modules: their tests take under a few seconds together.
 MODULES = {
     "test_planner", "test_exact_pricing", "test_plan_output", "test_planner_dp", "test_batch_sizes",
-    "test_contention",  # the planner
+    "test_contention", "test_hierarchical_sync_cost",  # the planner
     "test_schedules", "test_typed_schedules",  # schedules
     "test_codecs", "test_registry", "test_link", "test_grad_sync",  # codecs, links, gradient sync
     "test_cluster_config", "test_hostile_yaml", "test_cli_errors", "test_memory_limit",  # config

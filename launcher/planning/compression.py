@@ -7,6 +7,7 @@
       boundaries: {0: int4_rotated}    # pin the boundary after stage i (overrides the classes)
       gradients: same                  # same (default) or a codec for gradients sent back
       sync: auto                       # gradient sync between pipelines: a codec, or auto (default auto)
+      sync_topology: auto              # auto (default), ring or hierarchical (sum inside regions first)
 
 With `auto`, the planner picks per boundary the least lossy codec that takes the link off
 the critical path: the predicted step stays within 2% of what the most effective codec
@@ -15,6 +16,12 @@ would give (CODEC_SLACK), so `none` where the link is fast enough uncompressed.
 `sync: auto` does the same per sync group (launcher/planning/sync_cost.py), among none, fp16 and
 int8, and only for groups whose nodes span regions: gradient sync inside a region is
 never compressed under auto. A pinned `sync:` codec applies to every group.
+
+`sync_topology: auto` prices each group whose holders span regions both as one flat ring and
+hierarchically (sum inside each region, the regions' leaders exchange, broadcast back) and keeps
+the faster; `ring` and `hierarchical` pin the shape (hierarchical only where some region holds two
+or more of a group's holders). A plan nobody priced (pinned, sync not auto) uses what is pinned,
+and `auto` there means ring.
 """
 
 from __future__ import annotations
@@ -54,6 +61,7 @@ class CompressionConfig(BaseModel):
     boundaries: Annotated[dict[int, CodecName], BeforeValidator(_int_keys)] = Field(default_factory=dict)
     gradients: CodecOrSame = "same"
     sync: CodecOrAuto = "auto"  # gradient sync between data-parallel pipelines
+    sync_topology: Literal["auto", "ring", "hierarchical"] = "auto"  # its shape across regions
 
     def candidates(self, boundary: int, same_region: bool) -> tuple[str, ...]:
         """Codecs the planner may choose for the boundary after stage `boundary`."""

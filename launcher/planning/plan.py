@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field, replace
 from hetlaunch.launcher.planning.batch_sizes import describe
 from hetlaunch.launcher.planning.compression import NONE, CompressionConfig
 from hetlaunch.launcher.planning.islands import DEFAULT_EVERY, OuterPlan, island_groups, pipeline_islands
-from hetlaunch.launcher.planning.sync_groups import sync_groups
+from hetlaunch.launcher.planning.sync_groups import hierarchy_applies, sync_groups
 from hetlaunch.runtime.schedules import own_window
 
 
@@ -51,6 +51,7 @@ class SyncPlan:
     codec: str = "none"
     allreduce_s: float | None = None  # predicted, when planned from a profile
     exposed_s: float | None = None    # the part that lengthens the step
+    hierarchical: bool = False        # summed inside each region first (runtime/hierarchical_sync.py)
 
 
 @dataclass(frozen=True)
@@ -247,7 +248,11 @@ def static_plan(cluster, num_layers: int) -> Plan:
     for pipeline, share in zip(plan.pipelines(), shares):
         check_windows(list(pipeline), share)
     plan = with_pinned_islands(cluster, plan)
-    return replace(plan, sync=tuple(replace(g, codec=sync_codec) for g in plan.sync_plans()))
+    tiered = policy.sync_topology == "hierarchical"  # auto: nothing priced it, so a flat ring
+    return replace(plan, sync=tuple(
+        replace(g, codec=sync_codec,
+                hierarchical=tiered and hierarchy_applies([cluster.node(n).region for n in g.nodes]))
+        for g in plan.sync_plans()))
 
 
 def with_pinned_islands(cluster, plan: Plan) -> Plan:
@@ -282,7 +287,8 @@ def planned(cluster, result, source: str = "planned") -> Plan:
                              memory_bytes=s.memory_bytes, capacity_bytes=s.capacity_bytes, pipeline=p,
                              window=cluster.node(s.node).window or s.window)  # a window pinned in the YAML wins
                    for p, pipeline in enumerate(result.pipelines) for s in pipeline.cost.stages)
-    sync = tuple(SyncPlan(g.layer_start, g.layer_end, tuple(g.nodes), g.codec, g.allreduce_s, g.exposed_s)
+    sync = tuple(SyncPlan(g.layer_start, g.layer_end, tuple(g.nodes), g.codec, g.allreduce_s, g.exposed_s,
+                          g.hierarchical)
                  for g in result.sync)
     slowest = max(result.pipelines, key=lambda p: p.cost.step_s).cost
     bottleneck = slowest.bottleneck

@@ -17,6 +17,18 @@ k nodes, with every quantity from the profile:
     (the codec term counts one encode + decode; decoding the k-1 payloads is taken as
     overlapping with their arrival. A group without parameters has nothing to sync: A = 0.)
 
+Hierarchical (runtime/hierarchical_sync.py), for holders in r >= 2 regions, some region with
+m >= 2 of them: the regions sum inside (a ring over the region's slowest link), their first
+holders (leaders) exchange the sums as above with k = r over the leaders' slowest link, and each
+leader sends the total to the other m - 1 holders of its region (gloo's broadcast: one to all):
+
+    A_h = max_R ring(bytes, m_R, region R's link)  +  A(bytes, r, leaders' link, codec)
+          + max_R ((m_R - 1) * bytes / bw_R + lat_R)
+
+One copy per region crosses a slow link, and the slow hops are 2(r-1) instead of 2(k-1).
+`compression.sync_topology`: auto (default) prices both and keeps the faster per group; ring
+or hierarchical pins one (hierarchical only where it applies).
+
 Overlap. A stage's gradients become final during its last backward of the step, and the
 runtime (runtime/grad_sync.py) buckets them like DDP — at most SYNC_BUCKET_BYTES per
 bucket, a bucket never spans two groups — and starts a bucket's reduction as soon as its
@@ -60,7 +72,7 @@ from typing import Sequence
 from hetlaunch.launcher.planning.compression import CODEC_SLACK, LOSSINESS, NONE, CompressionConfig
 from hetlaunch.launcher.planning.cost_model import PipelineCost
 from hetlaunch.launcher.planning.profile_file import NodeProfile, Profile
-from hetlaunch.launcher.planning.sync_groups import SyncGroup, sync_groups
+from hetlaunch.launcher.planning.sync_groups import SyncGroup, hierarchy_applies, sync_groups
 from hetlaunch.runtime.registry import SYNC_BUCKET_BYTES, codec_info, sync_hops
 
 BACKWARD_SHARE = 2 / 3  # profiles hold forward + backward; backward is taken as twice forward
@@ -78,6 +90,7 @@ class SyncCost:
     allreduce_s: float  # A: the reduction alone
     end_s: float  # end_G: when the group's gradients are summed, from the step's start
     exposed_s: float  # how much of it lies past the slowest pipeline's step
+    hierarchical: bool = False  # summed inside each region, exchanged between regions, broadcast back
 
 
 @dataclass(frozen=True)
@@ -91,6 +104,7 @@ class _Group:
     cross_region: bool
     ready: float
     backward: float
+    tiers: tuple[float, float, float, float] | None = None  # hierarchical: (intra-region s, leaders' bw, lat, r)
 
 
 def allreduce_s(num_bytes: float, holders: int, bandwidth: float, latency: float, codec: str,
@@ -137,10 +151,13 @@ class SyncModel:
         drains = _drains(pipelines)
         options, readies = [], []
         for group in groups:
-            described = self.describe(pipelines, drains, group)
+            described = self.describe(pipelines, drains, group, compression.sync_topology)
             readies.append(described.ready)
             codecs = sorted(compression.sync_candidates(described.cross_region), key=LOSSINESS.index)
-            options.append([self.priced(described, codec, step) for codec in codecs])
+            shapes = _shapes(described, compression.sync_topology)
+            # Least lossy first; of one codec, the faster shape first.
+            options.append(sorted((self.priced(described, codec, step, tiered) for codec in codecs for tiered in shapes),
+                                  key=lambda o: (LOSSINESS.index(o.codec), o.end_s)))
         best = max([step] + [min(o.end_s for o in costs) for costs in options])
         limit = best * (1 + CODEC_SLACK)
         # Groups only meet in the max, so each one's least lossy codec under the limit keeps the
@@ -148,7 +165,8 @@ class SyncModel:
         chosen = [next((o for o in costs if o.end_s <= limit), min(costs, key=lambda o: o.end_s)) for costs in options]
         return _sharing_links(chosen, readies, step)
 
-    def describe(self, pipelines: Sequence[PipelineCost], drains: list[list[float]], group: SyncGroup) -> _Group:
+    def describe(self, pipelines: Sequence[PipelineCost], drains: list[list[float]], group: SyncGroup,
+                 topology: str = "auto") -> _Group:
         nodes, ready, backward = [], -math.inf, 0.0
         for p, j in group.holders:
             pipeline = pipelines[p]
@@ -160,20 +178,43 @@ class SyncModel:
             backward = max(backward, BACKWARD_SHARE * self._compute(node, group.layer_start, group.layer_end, M))
             nodes.append(node)
         bandwidth, latency = self._slowest_link(nodes)
-        return _Group(group, tuple(nodes), self.params[group.layer_end] - self.params[group.layer_start],
-                      bandwidth, latency, len({n.region for n in nodes}) > 1, ready, backward)
+        num_bytes = self.params[group.layer_end] - self.params[group.layer_start]
+        tiers = self._tiers(nodes, num_bytes) if topology != "ring" else None
+        return _Group(group, tuple(nodes), num_bytes, bandwidth, latency, len({n.region for n in nodes}) > 1,
+                      ready, backward, tiers)
+
+    def _tiers(self, nodes: Sequence[NodeProfile], num_bytes: int) -> tuple[float, float, float, float] | None:
+        """A hierarchical sync's intra-region seconds (phases 1 and 3) and the leaders' link and
+        count; None where it does not apply (one region, or one holder per region)."""
+        if not hierarchy_applies([n.region for n in nodes]):
+            return None
+        regions: dict[str, list[NodeProfile]] = {}
+        for n in nodes:
+            regions.setdefault(n.region, []).append(n)
+        inside = [0.0, 0.0]
+        for members in regions.values():
+            if len(members) > 1:
+                bw, lat = self._slowest_link(members)
+                inside[0] = max(inside[0], allreduce_s(num_bytes, len(members), bw, lat, "none"))
+                inside[1] = max(inside[1], (len(members) - 1) * num_bytes / bw + lat)
+        bw, lat = self._slowest_link([m[0] for m in regions.values()])
+        return inside[0] + inside[1], bw, lat, len(regions)
 
     @staticmethod
-    def priced(d: _Group, codec: str, step: float) -> SyncCost:
-        reduce_s = allreduce_s(d.bytes, len(d.nodes), d.bandwidth, d.latency, codec,
-                               max(n.codec_cost(codec) for n in d.nodes) if codec != "none" else 0.0)
+    def priced(d: _Group, codec: str, step: float, tiered: bool = False) -> SyncCost:
+        cost = max(n.codec_cost(codec) for n in d.nodes) if codec != "none" else 0.0
+        if tiered:
+            inside, bandwidth, latency, regions = d.tiers
+            reduce_s = inside + allreduce_s(d.bytes, int(regions), bandwidth, latency, codec, cost)
+        else:
+            reduce_s = allreduce_s(d.bytes, len(d.nodes), d.bandwidth, d.latency, codec, cost)
         if reduce_s == 0.0:
             end = d.ready
         else:
             buckets = max(1, math.ceil(d.bytes / SYNC_BUCKET_BYTES))
             end = max(d.ready + reduce_s / buckets, d.ready - d.backward + reduce_s)
         return SyncCost(d.group.layer_start, d.group.layer_end, tuple(n.name for n in d.nodes), d.bytes, codec,
-                        d.bandwidth, d.latency, reduce_s, end, max(0.0, end - step))
+                        d.bandwidth, d.latency, reduce_s, end, max(0.0, end - step), tiered)
 
     def _compute(self, node: NodeProfile, start: int, end: int, num_microbatches: int) -> float:
         """CostModel.compute_s: per micro-batch, the optimizer spread over the micro-batches."""
@@ -202,6 +243,13 @@ class SyncModel:
             self._links[shape] = (min((link.bandwidth_bytes_per_s for link in links), default=math.inf),
                                   max((link.latency_s for link in links), default=0.0))
         return self._links[shape]
+
+
+def _shapes(d: _Group, topology: str) -> tuple[bool, ...]:
+    """The shapes a group may take (False: flat ring, True: hierarchical) under `sync_topology`."""
+    if d.tiers is None or d.bytes <= 0:
+        return (False,)
+    return {"auto": (False, True), "hierarchical": (True,)}.get(topology, (False,))
 
 
 def _sharing_links(costs: list[SyncCost], readies: list[float], step: float) -> list[SyncCost]:

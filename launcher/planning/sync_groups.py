@@ -15,6 +15,7 @@ layer range. One c10d group is made per sync group, once per plan generation.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,12 @@ class SyncGroup:
     layer_start: int  # [layer_start, layer_end)
     layer_end: int
     holders: tuple[tuple[int, int], ...]  # (pipeline index, stage index), one per pipeline, in pipeline order
+
+
+def hierarchy_applies(regions: Sequence[str]) -> bool:
+    """Can a group whose holders sit in these regions sum hierarchically (inside each region, then
+    between regions)? Only across two or more regions with some region holding two or more."""
+    return len(set(regions)) >= 2 and len(set(regions)) < len(regions)
 
 
 def sync_groups(cuts: list[list[tuple[int, int]]]) -> list[SyncGroup]:

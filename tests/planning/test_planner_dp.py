@@ -154,6 +154,8 @@ def mixed_pinned(profile: Profile):
 class CrossRegionAt:
     """A compression policy whose cross-region sync groups take one codec; in-region ones none."""
 
+    sync_topology = "auto"
+
     def __init__(self, codec: str):
         self.codec = codec
 

@@ -81,6 +81,39 @@ def test_compressed_sync_stays_near_the_exact_run(reference, tmp_path):
         assert entry["wire_bytes"] < 0.3 * entry["raw_bytes"], entry  # int8 + scales: ~0.27 of fp32
 
 
+REGIONS = CLUSTER.split("nodes:")[0].replace("pipeline_microbatches: [3, 1]", "pipeline_microbatches: [2, 1, 1]") + """\
+nodes:
+  - {name: e0, region: east, device: cpu, threads: 1, pipeline: 0, layers: [0, 8]}
+  - {name: w0, region: west, device: cpu, threads: 1, pipeline: 1, layers: [0, 8]}
+  - {name: e1, region: east, device: cpu, threads: 1, pipeline: 2, layers: [0, 3]}
+  - {name: e2, region: east, device: cpu, threads: 1, pipeline: 2, layers: [3, 8]}
+"""
+
+
+@pytest.mark.timeout(240)
+def test_hierarchical_sync_across_regions_matches_single_process(reference, tmp_path):
+    """Three pipelines, two of them in region east: each layer's gradients are summed inside east,
+    exchanged with west's holder by the two regions' leaders, and broadcast back inside east
+    (compression.sync_topology: hierarchical). The step is still the single-process step."""
+    yaml_path = tmp_path / "cluster.yaml"
+    yaml_path.write_text(REGIONS.replace("SCHEDULE", "1f1b").replace(
+        "sync: SYNC}", "sync: none, sync_topology: hierarchical}"))
+    run_dir = tmp_path / "run"
+    result = run_hetlaunch("up", str(yaml_path), "--run-dir", str(run_dir), timeout=200)
+    assert result.returncode == 0, result.stderr + result.stdout
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert [g["hierarchical"] for g in summary["plan"]["sync"]] == [True, True]
+    ref_losses, ref_params = reference
+    assert [r["step"] for r in lines] == list(range(STEPS))
+    for got, want in zip((r["loss"] for r in lines), ref_losses):
+        assert abs(got - want) / abs(want) <= 1e-5, (got, want)
+    params = final_parameters(run_dir)
+    for name, want in ref_params.items():
+        torch.testing.assert_close(params[name], want, rtol=1e-5, atol=1e-6, msg=name)
+    assert {entry["node"] for entry in summary["gradient_sync"]} == {"e0", "w0", "e1", "e2"}
+
+
 @pytest.fixture(scope="module")
 def reference():
     from single_process_reference import reference_training
