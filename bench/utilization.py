@@ -14,6 +14,10 @@ types, 10 regions):
 
 Target (issue 14): ≥ 0.8 where links are not the bottleneck (the third).
 
+Hierarchical sync (issue 25): each profile is planned twice, side by side — with
+`sync_topology: ring` (every sync group one flat ring, as before) and with the default `auto`
+(a group spanning regions may sum inside each region first) — the "before and after".
+
 Islands (issue 25): the synthetic profile planned with `train.outer` (islands by region, H
 chosen by the planner, int8 deltas): each region trains its own pipelines and the regions meet
 every H steps. Target: utilization ≥ 0.85 with ≥ 90% of the nodes used, planning ≤ 5 s. Beside each figure:
@@ -74,22 +78,14 @@ def run(quick: bool, reporter: Reporter | None = None) -> dict:
     cases = profiles()
     reporter.total(len(cases) + 1)
     rows = {}
+    tiers = {}
     for name, profile in cases.items():
         reporter.advance(f"plan {name}")
-        started = time.perf_counter()
-        result = plan_global_batch(profile, GLOBAL_BATCH, "1f1b", max_pipelines=MAX_PIPELINES,
-                                   compression=CompressionConfig())
-        ideal = ideal_tokens_per_s(profile, result.micro_batch_size, result.batch.num_microbatches)
-        exposed = max((g.exposed_s for g in result.sync), default=0.0)
-        rows[name] = {
-            "utilization": result.tokens_per_s / ideal,
-            "predicted_tokens_per_s": result.tokens_per_s, "ideal_tokens_per_s": ideal,
-            "micro_batch_size": result.micro_batch_size, "num_microbatches": result.batch.num_microbatches,
-            "pipelines": len(result.pipelines), "stages_per_pipeline": [len(p.cost.stages) for p in result.pipelines],
-            "nodes_used": len(profile.nodes) - len(result.excluded), "nodes": len(profile.nodes),
-            "step_s": result.step_s, "slowest_pipeline_s": max(p.cost.step_s for p in result.pipelines),
-            "sync_exposed_s": exposed, "planning_s": time.perf_counter() - started,
-        }
+        rows[name] = _synchronous_row(profile, CompressionConfig())
+        ring = _synchronous_row(profile, CompressionConfig(sync_topology="ring"))
+        tiers[name] = {"ring only (before)": ring["utilization"], "auto (after)": rows[name]["utilization"],
+                       "hierarchical_groups": rows[name]["hierarchical_groups"],
+                       "sync_groups": rows[name]["sync_groups"], "ring_only_row": ring}
     reporter.advance("islands (synthetic)")
     islands = {"by region, defaults": _islands_row(cases["synthetic"], OuterConfig()),
                "by region, streaming (4 fragments, delay 1)": _islands_row(cases["synthetic"],
@@ -105,6 +101,24 @@ def run(quick: bool, reporter: Reporter | None = None) -> dict:
                    "target": f">= {TARGET}"},
         "met": figure >= TARGET,
         "islands": islands,
+        "hierarchical_sync": tiers,
+    }
+
+
+def _synchronous_row(profile: Profile, compression: CompressionConfig) -> dict:
+    started = time.perf_counter()
+    result = plan_global_batch(profile, GLOBAL_BATCH, "1f1b", max_pipelines=MAX_PIPELINES, compression=compression)
+    ideal = ideal_tokens_per_s(profile, result.micro_batch_size, result.batch.num_microbatches)
+    exposed = max((g.exposed_s for g in result.sync), default=0.0)
+    return {
+        "utilization": result.tokens_per_s / ideal,
+        "predicted_tokens_per_s": result.tokens_per_s, "ideal_tokens_per_s": ideal,
+        "micro_batch_size": result.micro_batch_size, "num_microbatches": result.batch.num_microbatches,
+        "pipelines": len(result.pipelines), "stages_per_pipeline": [len(p.cost.stages) for p in result.pipelines],
+        "nodes_used": len(profile.nodes) - len(result.excluded), "nodes": len(profile.nodes),
+        "step_s": result.step_s, "slowest_pipeline_s": max(p.cost.step_s for p in result.pipelines),
+        "sync_exposed_s": exposed, "sync_groups": len(result.sync),
+        "hierarchical_groups": sum(g.hierarchical for g in result.sync), "planning_s": time.perf_counter() - started,
     }
 
 

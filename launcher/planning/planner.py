@@ -75,6 +75,9 @@ SYNC_PRICING = ("each pipeline's step by event simulation of its stages and wind
                 "the last backward, links shared in ready order); the plan's step is the later of the two")
 
 
+EXACT_CONTENDERS_SLACK = 0.15  # sets estimated within this of the best are priced exactly before choosing
+
+
 class PlanInvariantError(RuntimeError):
     """A plan whose reported step is not the simulation of what it returns: a planner bug."""
 
@@ -96,20 +99,30 @@ def plan(profile: Profile, num_microbatches: int, schedule: str = "1f1b", max_pi
     method = "exhaustive" if len(profile.nodes) <= EXHAUSTIVE_MAX_NODES else "region heuristic"
     replicas = Replicas(profile, num_microbatches, schedule, compression, stages)
     best: PipelineSet | None = None
+    found_sets: list[PipelineSet] = []
     for count in replica_counts(max_pipelines, len(profile.nodes), num_microbatches):
         found = replicas.best_set(count)
         if found is None:
             if count == 1:
                 continue
             break  # `count` replicas cannot be formed
+        found_sets.append(found)
         if best is None or found.step_s < best.step_s:
             best = found
         elif count > 1:
             break  # more replicas stopped paying off; fewer is better
     if best is None:
         raise PlanningError(_why_nothing_fits(profile, num_microbatches, schedule))
-    excluded = _exclusion_reasons(profile, best.pipelines, schedule, stages, method == "exhaustive")
-    return _result(profile, best.pipelines, best.sync, method, started, schedule, compression, excluded)
+    # The search ranks sets by their estimated step; what is reported is the exact price (windows
+    # deepened, contention), which can reorder close contenders (on the 256-node bench, 8 pipelines
+    # estimated 5% faster than 4 priced 8% slower). The two best within EXACT_CONTENDERS_SLACK are
+    # priced exactly, and the faster priced one is the plan.
+    contenders = [s for s in sorted(found_sets, key=lambda s: s.step_s)[:2]
+                  if s.step_s <= best.step_s * (1 + EXACT_CONTENDERS_SLACK)]
+    results = [_result(profile, s.pipelines, s.sync, method, started, schedule, compression,
+                       _exclusion_reasons(profile, s.pipelines, schedule, stages, method == "exhaustive"))
+               for s in contenders]
+    return replace(max(results, key=lambda r: r.tokens_per_s), planning_s=time.perf_counter() - started)
 
 
 def plan_global_batch(profile: Profile, global_batch: int, schedule: str = "1f1b", max_pipelines: int = 1,
