@@ -203,6 +203,16 @@ class ClusterConfig(Strict):
         if tls is not None and tls.ca is not None and tls.agent_cert is None and self.local_nodes:
             raise FieldError(("coordinator", "tls", "agent_cert"), "required with tls.ca and local nodes: under mutual "
                                                                    "TLS the agents `up` starts present it")
+        for i, node in enumerate(self.nodes):
+            if node.data_plane is not None and "encrypt" in node.data_plane.model_fields_set:
+                raise FieldError(("nodes", i, "data_plane", "encrypt"), "is job-wide: set it in the top-level "
+                                                                        "data_plane, not per node")
+        if self.data_plane.encrypt != "off" and self.coordinator.tls is None and self.coordinator.insecure:
+            raise FieldError(("data_plane", "encrypt"), "needs coordinator.tls: its keys come from a secret that "
+                                                        "would cross the network in clear text without it")
+        if self.data_plane.encrypt != "off" and self.train.outer is not None:
+            raise FieldError(("data_plane", "encrypt"), "does not cover the outer exchange between islands yet: "
+                                                        "it would cross in clear text; drop train.outer or set off")
         self._check_layers()
         self._check_islands()
         return self
@@ -302,6 +312,11 @@ class ClusterConfig(Strict):
 
     def data_plane_of(self, node: NodeConfig) -> DataPlaneConfig:
         return node.data_plane or self.data_plane
+
+    def seals(self, a: str, b: str) -> bool:
+        """Does data_plane.encrypt cover the tensors between nodes `a` and `b`?"""
+        mode = self.data_plane.encrypt
+        return mode == "all" or (mode == "cross_region" and self.node(a).region != self.node(b).region)
 
     def with_discovered(self, found: list[NodeConfig]) -> ClusterConfig:
         """This cluster with the discovered nodes added, validated again as a whole (they must still

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field, field_validator, model_validator
+from pydantic import AfterValidator, BeforeValidator, Field, field_validator, model_validator
 
 from hetlaunch.launcher.config_errors import FieldError
 from hetlaunch.launcher.config_types import Name, Pair, Strict, YamlFloat
@@ -72,6 +72,11 @@ class DataPlaneConfig(Strict):
     # this is checked, not set: a stage refuses to start unless the host's ephemeral range
     # (sysctl net.ipv4.ip_local_port_range) lies inside it.
     port_range: Annotated[tuple[int, int], Pair] | None = None
+    # Job-wide (top-level data_plane only): seal tensors between nodes of different regions
+    # (cross_region), between any two nodes (all), or none (off, the default). runtime/sealing.py.
+    # YAML reads a bare `off` as false: take it as "off".
+    encrypt: Annotated[Literal["off", "cross_region", "all"],
+                       BeforeValidator(lambda v: "off" if v is False else v)] = "off"
 
     @field_validator("port_range")
     @classmethod

@@ -22,6 +22,7 @@ from hetlaunch.launcher.job_errors import JobError
 from hetlaunch.launcher.local_agents import LocalAgents
 from hetlaunch.launcher.run_record import make_run_dir, write_run_file
 from hetlaunch.protos import control_pb2 as pb
+from hetlaunch.runtime.sealing import new_secret
 
 RENDEZVOUS_TIMEOUT_S = 120.0
 BLAME_GRACE_S = 3.0  # how long a failure waits for its cause (a lost node) to show before it is reported
@@ -40,6 +41,8 @@ class ClusterSession:
         self.agents = LocalAgents()
         self.server: CoordinatorServer | None = None
         self.lost: dict[str, str] = {}  # nodes declared lost, with why; never used again unless they rejoin
+        # data_plane.encrypt: one secret per job, sent to the stages only on the control plane
+        self.data_plane_secret = new_secret() if cluster.data_plane.encrypt != "off" else b""
 
     def __enter__(self) -> "ClusterSession":
         coord = self.cluster.coordinator
@@ -177,7 +180,8 @@ class ClusterSession:
         low, high = data_plane.port_range or (0, 0)
         return pb.Rendezvous(generation=self.state.generation, rank=rank, world_size=world_size,
                              timeout_s=RENDEZVOUS_TIMEOUT_S, backend=backend, interface=data_plane.interface or "",
-                             port_low=low, port_high=high)
+                             port_low=low, port_high=high, data_plane_secret=self.data_plane_secret,
+                             data_plane_encrypt=self.cluster.data_plane.encrypt)
 
     def device_of(self, name: str) -> str:
         node = self.nodes[name]

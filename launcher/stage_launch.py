@@ -99,7 +99,8 @@ def watchdog_bounds(setting, predicted_step_s: float | None, outer_wait_s: float
 
 def layout_of(plan: Plan) -> list[pb.StagePlace]:
     """Every rank's pipeline and layer range."""
-    return [pb.StagePlace(rank=q.rank, pipeline=q.pipeline, layer_start=q.layer_start, layer_end=q.layer_end)
+    return [pb.StagePlace(rank=q.rank, pipeline=q.pipeline, layer_start=q.layer_start, layer_end=q.layer_end,
+                          region=getattr(q.source, "region", "") or "")
             for q in Topology.of(plan).placements]
 
 
@@ -176,5 +177,6 @@ def _link_spec(cluster, up, down, peer_rank: int, boundary_bytes: list[int] | No
     return pb.LinkSpec(peer_rank=peer_rank, forward_codec=codec_wire_id(up.forward_codec),
                        backward_codec=codec_wire_id(up.backward_codec),
                        emulate_bandwidth_mbps=bw, emulate_latency_ms=lat, max_message_bytes=limit,
+                       sealed=cluster.seals(up.node, down.node),
                        bandwidth_changes=[pb.BandwidthChange(at_step=s, bandwidth_mbps=mbps)
                                           for s, mbps in cluster.emulated_bandwidth_changes(up.node, down.node)])

@@ -423,7 +423,7 @@ class SpeedChange(_message.Message):
     def __init__(self, at_step: _Optional[int] = ..., speed: _Optional[float] = ...) -> None: ...
 
 class LinkSpec(_message.Message):
-    __slots__ = ("peer_rank", "forward_codec", "backward_codec", "emulate_bandwidth_mbps", "emulate_latency_ms", "max_message_bytes", "bandwidth_changes")
+    __slots__ = ("peer_rank", "forward_codec", "backward_codec", "emulate_bandwidth_mbps", "emulate_latency_ms", "max_message_bytes", "bandwidth_changes", "sealed")
     PEER_RANK_FIELD_NUMBER: _ClassVar[int]
     FORWARD_CODEC_FIELD_NUMBER: _ClassVar[int]
     BACKWARD_CODEC_FIELD_NUMBER: _ClassVar[int]
@@ -431,6 +431,7 @@ class LinkSpec(_message.Message):
     EMULATE_LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
     MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
     BANDWIDTH_CHANGES_FIELD_NUMBER: _ClassVar[int]
+    SEALED_FIELD_NUMBER: _ClassVar[int]
     peer_rank: int
     forward_codec: Codec
     backward_codec: Codec
@@ -438,7 +439,8 @@ class LinkSpec(_message.Message):
     emulate_latency_ms: float
     max_message_bytes: int
     bandwidth_changes: _containers.RepeatedCompositeFieldContainer[BandwidthChange]
-    def __init__(self, peer_rank: _Optional[int] = ..., forward_codec: _Optional[_Union[Codec, str]] = ..., backward_codec: _Optional[_Union[Codec, str]] = ..., emulate_bandwidth_mbps: _Optional[float] = ..., emulate_latency_ms: _Optional[float] = ..., max_message_bytes: _Optional[int] = ..., bandwidth_changes: _Optional[_Iterable[_Union[BandwidthChange, _Mapping]]] = ...) -> None: ...
+    sealed: bool
+    def __init__(self, peer_rank: _Optional[int] = ..., forward_codec: _Optional[_Union[Codec, str]] = ..., backward_codec: _Optional[_Union[Codec, str]] = ..., emulate_bandwidth_mbps: _Optional[float] = ..., emulate_latency_ms: _Optional[float] = ..., max_message_bytes: _Optional[int] = ..., bandwidth_changes: _Optional[_Iterable[_Union[BandwidthChange, _Mapping]]] = ..., sealed: _Optional[bool] = ...) -> None: ...
 
 class BandwidthChange(_message.Message):
     __slots__ = ("at_step", "bandwidth_mbps")
@@ -475,7 +477,7 @@ class StageSpec(_message.Message):
     def __init__(self, stage_index: _Optional[int] = ..., num_stages: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., prev: _Optional[_Union[LinkSpec, _Mapping]] = ..., next: _Optional[_Union[LinkSpec, _Mapping]] = ..., device: _Optional[str] = ..., threads: _Optional[int] = ..., emulate: _Optional[_Union[Emulation, _Mapping]] = ..., memory_fraction: _Optional[float] = ..., window: _Optional[int] = ...) -> None: ...
 
 class Rendezvous(_message.Message):
-    __slots__ = ("generation", "rank", "world_size", "timeout_s", "backend", "interface", "port_low", "port_high")
+    __slots__ = ("generation", "rank", "world_size", "timeout_s", "backend", "interface", "port_low", "port_high", "data_plane_secret", "data_plane_encrypt")
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -484,6 +486,8 @@ class Rendezvous(_message.Message):
     INTERFACE_FIELD_NUMBER: _ClassVar[int]
     PORT_LOW_FIELD_NUMBER: _ClassVar[int]
     PORT_HIGH_FIELD_NUMBER: _ClassVar[int]
+    DATA_PLANE_SECRET_FIELD_NUMBER: _ClassVar[int]
+    DATA_PLANE_ENCRYPT_FIELD_NUMBER: _ClassVar[int]
     generation: int
     rank: int
     world_size: int
@@ -492,7 +496,9 @@ class Rendezvous(_message.Message):
     interface: str
     port_low: int
     port_high: int
-    def __init__(self, generation: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., timeout_s: _Optional[float] = ..., backend: _Optional[str] = ..., interface: _Optional[str] = ..., port_low: _Optional[int] = ..., port_high: _Optional[int] = ...) -> None: ...
+    data_plane_secret: bytes
+    data_plane_encrypt: str
+    def __init__(self, generation: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., timeout_s: _Optional[float] = ..., backend: _Optional[str] = ..., interface: _Optional[str] = ..., port_low: _Optional[int] = ..., port_high: _Optional[int] = ..., data_plane_secret: _Optional[bytes] = ..., data_plane_encrypt: _Optional[str] = ...) -> None: ...
 
 class SyncGroupSpec(_message.Message):
     __slots__ = ("layer_start", "layer_end", "ranks", "codec", "emulate_bandwidth_mbps", "emulate_latency_ms", "region_of")
@@ -581,16 +587,18 @@ class RunStage(_message.Message):
     def __init__(self, model: _Optional[_Union[ModelSpec, _Mapping]] = ..., data: _Optional[_Union[DataSpec, _Mapping]] = ..., train: _Optional[_Union[TrainSpec, _Mapping]] = ..., stage: _Optional[_Union[StageSpec, _Mapping]] = ..., rendezvous: _Optional[_Union[Rendezvous, _Mapping]] = ..., data_parallel: _Optional[_Union[DataParallel, _Mapping]] = ..., restore: _Optional[_Union[RestoreSpec, _Mapping]] = ..., layout: _Optional[_Iterable[_Union[StagePlace, _Mapping]]] = ...) -> None: ...
 
 class StagePlace(_message.Message):
-    __slots__ = ("rank", "pipeline", "layer_start", "layer_end")
+    __slots__ = ("rank", "pipeline", "layer_start", "layer_end", "region")
     RANK_FIELD_NUMBER: _ClassVar[int]
     PIPELINE_FIELD_NUMBER: _ClassVar[int]
     LAYER_START_FIELD_NUMBER: _ClassVar[int]
     LAYER_END_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
     rank: int
     pipeline: int
     layer_start: int
     layer_end: int
-    def __init__(self, rank: _Optional[int] = ..., pipeline: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ...) -> None: ...
+    region: str
+    def __init__(self, rank: _Optional[int] = ..., pipeline: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., region: _Optional[str] = ...) -> None: ...
 
 class StepMetrics(_message.Message):
     __slots__ = ("step", "stage_index", "has_loss", "loss", "step_s", "compute_s", "comm_s", "tokens", "forward_raw_bytes", "forward_wire_bytes", "backward_raw_bytes", "backward_wire_bytes", "pipeline_index", "sync_s", "sync_raw_bytes", "sync_wire_bytes", "lr", "grad_norm", "has_eval_loss", "eval_loss", "trace", "from_prev", "from_next", "outer_launched", "outer_applied", "outer_s", "outer_raw_bytes", "outer_wire_bytes")

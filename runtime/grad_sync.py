@@ -14,6 +14,9 @@ the stage's last backward of the step — so sync overlaps the rest of that back
 * a lossy codec: each holder encodes gradient + carried error, all-gathers the payloads,
   and decodes and sums them in rank order, so every holder gets bit-identical sums; what
   the codec lost of its own gradient is carried into the next step (error feedback).
+* sealed (data_plane.encrypt covers the holders, runtime/sealed_exchange.py): ciphertext cannot
+  be summed, so the holders all-gather sealed copies (encoded first by a lossy codec) at `finish`
+  and add them in rank order; such a group is never hierarchical, and not emulated.
 * hierarchical (a group whose holders span regions, when the planner prices it faster): sum
   inside each region, exchange between the regions' leaders (with the codec), broadcast back
   (runtime/hierarchical_sync.py).
@@ -25,7 +28,7 @@ requires every rank of the job to enter `new_group`, members or not).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.distributed as dist
@@ -35,6 +38,7 @@ from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.runtime import host_clock
 from hetlaunch.runtime.codecs import Codec, codec_by_id
 from hetlaunch.runtime.emulation import WireEmulation
+from hetlaunch.runtime.sealed_exchange import SealedGather, must_seal, regions_of
 from hetlaunch.runtime.hierarchical_sync import DONE, HierarchicalBucket, RegionTiers, make_tiers, region_members
 from hetlaunch.runtime.registry import SYNC_BUCKET_BYTES
 from hetlaunch.runtime.wire import sync_emulation_latency_ms
@@ -50,6 +54,7 @@ class SyncGroupPlan:
     codec: Codec
     emulation: WireEmulation | None = None  # hierarchical: the link between the regions' leaders
     regions: tuple[int, ...] = ()  # hierarchical: each rank's region group (0, 1, ...); (): one flat ring
+    sealed: bool = False  # data_plane.encrypt covers these holders: sealed all-gather
 
 
 @dataclass
@@ -73,6 +78,7 @@ class _Bucket:
     gathered: list[list[torch.Tensor]] | None = None
     started_at: torch.Tensor | None = None  # emulated links only: the last holder's launch time
     tiered: HierarchicalBucket | None = None  # a hierarchical group's step in progress
+    sealed: SealedGather | None = None  # data_plane.encrypt: exchanged sealed at finish
 
 
 def sync_group_plans(dp: pb.DataParallel) -> list[SyncGroupPlan]:
@@ -86,6 +92,16 @@ def sync_group_plans(dp: pb.DataParallel) -> list[SyncGroupPlan]:
         plans.append(SyncGroupPlan(group.layer_start, group.layer_end, tuple(group.ranks), codec,
                                    WireEmulation.from_spec(group.emulate_bandwidth_mbps, latency_ms), regions))
     return plans
+
+
+def sealed_plans(plans: list[SyncGroupPlan], layout, mode: str) -> list[SyncGroupPlan]:
+    """The plans with `sealed` set where data_plane.encrypt covers the holders (never hierarchical then:
+    the intra-region phases would be clear under `all`, and one sealed all-gather serves both modes)."""
+    out = []
+    for plan in plans:
+        seal = must_seal(mode, regions_of(layout, plan.ranks))
+        out.append(replace(plan, sealed=True, regions=(), emulation=None) if seal else plan)
+    return out
 
 
 def make_groups(plans: list[SyncGroupPlan]) -> list[object | None]:
@@ -106,7 +122,7 @@ class GradientSync:
     """Sums this stage's gradients with the other holders of its layers, bucket by bucket."""
 
     def __init__(self, layers: list[nn.Module], layer_start: int, plans: list[SyncGroupPlan],
-                 groups: list[object | None], wire_device: torch.device):
+                 groups: list[object | None], wire_device: torch.device, rdzv: pb.Rendezvous | None = None):
         self.wire_device = wire_device
         self.stats = SyncStats()  # of the step in progress
         self.buckets: list[_Bucket] = []
@@ -115,6 +131,8 @@ class GradientSync:
         layer_end = layer_start + len(layers)
         mine = [(plan, group) for plan, group in zip(plans, groups) if group is not None]
         for plan, group in sorted(mine, key=lambda pg: -pg[0].layer_start):  # backward order
+            sealed = SealedGather(rdzv, plan.ranks, f"sync {plan.layer_start}-{plan.layer_end - 1}", group) \
+                if plan.sealed else None
             if plan.layer_start < layer_start or plan.layer_end > layer_end:
                 raise ValueError(f"sync group [{plan.layer_start}, {plan.layer_end}) is not inside this stage's "
                                  f"layers [{layer_start}, {layer_end})")
@@ -123,12 +141,12 @@ class GradientSync:
             for index in range(plan.layer_end - 1, plan.layer_start - 1, -1):
                 for param in reversed([p for p in layers[index - layer_start].parameters() if p.requires_grad]):
                     if bucket and size + param.numel() * param.element_size() > BUCKET_BYTES:
-                        self.buckets.append(_Bucket(bucket, group, plan))
+                        self.buckets.append(_Bucket(bucket, group, plan, sealed=sealed))
                         bucket, size = [], 0
                     bucket.append(param)
                     size += param.numel() * param.element_size()
             if bucket:
-                self.buckets.append(_Bucket(bucket, group, plan))
+                self.buckets.append(_Bucket(bucket, group, plan, sealed=sealed))
         for bucket in self.buckets:
             for param in bucket.params:
                 param.register_post_accumulate_grad_hook(self._hook(bucket))
@@ -179,6 +197,11 @@ class GradientSync:
         flat = torch.cat([g.reshape(-1) for g in grads]).to(self.wire_device)
         bucket.work = []
         codec = bucket.plan.codec
+        if bucket.sealed is not None:  # exchanged at finish, in bucket order on every holder
+            bucket.flat = flat
+            self.stats.raw_bytes += flat.numel() * flat.element_size()
+            self._launched.append(bucket)
+            return
         if isinstance(bucket.group, RegionTiers):
             bucket.tiered = HierarchicalBucket(bucket.group, flat, codec, bucket.plan.emulation, bucket.error)
             self.stats.raw_bytes += flat.numel() * flat.element_size()
@@ -220,6 +243,8 @@ class GradientSync:
                 self._launch(bucket)  # e.g. a parameter that got no gradient this step
         self._drain()
         for bucket in self._launched:
+            if bucket.sealed is not None:
+                self._exchange_sealed(bucket)
             for work in bucket.work:
                 work.wait()
             if bucket.tiered is not None:
@@ -242,6 +267,21 @@ class GradientSync:
         self._armed = False
         self.stats.blocked_s = time.perf_counter() - start
         return self.stats
+
+    def _exchange_sealed(self, bucket: _Bucket) -> None:
+        """A sealed bucket: every holder's (encoded) gradient, gathered sealed; `_reduced` adds them."""
+        codec, sent_before = bucket.plan.codec, bucket.sealed.wire_bytes
+        if codec.name == "none":
+            bucket.gathered = [bucket.sealed.gather(bucket.flat)]
+        else:
+            if bucket.error is None:
+                bucket.error = torch.zeros_like(bucket.flat)
+            flat = bucket.flat + bucket.error
+            payloads = codec.encode(flat)
+            bucket.gathered = [bucket.sealed.gather(p.contiguous()) for p in payloads]
+            bucket.error = flat - codec.decode(payloads, tuple(flat.shape), flat.dtype)
+            bucket.flat = flat
+        self.stats.wire_bytes += bucket.sealed.wire_bytes - sent_before
 
     def _reduced(self, bucket: _Bucket) -> torch.Tensor:
         if bucket.gathered is None:

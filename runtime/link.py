@@ -7,6 +7,11 @@ a mask, say): each element is one such message, its header saying which of how m
 Each element gets the link's codec, which leaves integer and boolean tensors exact; a complex
 tensor crosses as its real view and is made complex again on arrival. Sends are asynchronous so the sender's compute goes
 on while bytes are on the wire; the executor drains them at the end of a step.
+
+A sealed link (data_plane.encrypt, runtime/sealing.py) sends each message as two tensors instead:
+the envelope, then header and payloads sealed together with AES-GCM. Nothing of the message —
+not even its shape — crosses in clear, and the receiver checks the announced length against the
+link's bound before allocating, then authenticates, then reads the header from the plaintext.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import torch.distributed as dist
 from hetlaunch.runtime import host_clock
 from hetlaunch.runtime.codecs import Codec, codec_by_id
 from hetlaunch.runtime.emulation import WireEmulation
+from hetlaunch.runtime.sealing import ENVELOPE_BYTES, Opener, Sealer, SealingError
 
 HEADER_VERSION = 2  # 2: tuple position and count, complex flag
 MAX_DIMS = 8
@@ -118,8 +124,9 @@ class Link:
 
     def __init__(self, peer_rank: int, send_codec: Codec, device: torch.device, wire_device: torch.device,
                  group: dist.ProcessGroup | None = None, emulation: WireEmulation | None = None,
-                 max_message_bytes: int = 0):
+                 max_message_bytes: int = 0, sealing: tuple[Sealer, Opener] | None = None):
         self.peer_rank = peer_rank
+        self.sealing = sealing  # (what we send, what we receive) when data_plane.encrypt covers the link
         self.send_codec = send_codec
         self.device = device
         self.wire_device = wire_device
@@ -158,13 +165,19 @@ class Link:
         payloads = self.send_codec.encode(tensor)
         header = encode_header(self.send_codec, tuple(tensor.shape), tensor.dtype, host_clock.now(), position, count,
                                complex_)
-        to_wire = [header.to(self.wire_device)] + [p.to(self.wire_device).contiguous() for p in payloads]
+        if self.sealing is not None:
+            envelope, sealed = self.sealing[0].seal(_bytes_of([header, *payloads]))
+            to_wire = [_tensor_of(envelope).to(self.wire_device), _tensor_of(sealed).to(self.wire_device)]
+        else:
+            to_wire = [header.to(self.wire_device)] + [p.to(self.wire_device).contiguous() for p in payloads]
         for t in to_wire:
             work = dist.isend(t, dst=self.peer_rank, group=self.group)
             self._pending.append((work, to_wire))  # the tensors must outlive the send
         self.stats.messages += 1
         self.stats.raw_bytes += tensor.numel() * tensor.element_size()
-        self.stats.wire_bytes += sum(p.numel() * p.element_size() for p in payloads)
+        # What crosses: the codec's payloads, or sealed, the envelope and the sealed header + payloads + tag.
+        self.stats.wire_bytes += sum(t.numel() for t in to_wire) if self.sealing is not None else \
+            sum(p.numel() * p.element_size() for p in payloads)
         self._pending = [(w, ts) for w, ts in self._pending if not w.is_completed()]
 
     def recv(self) -> Message:
@@ -184,15 +197,18 @@ class Link:
         return tuple(items)
 
     def _recv_one(self) -> tuple[Header, torch.Tensor]:
-        header = torch.empty(HEADER_LEN, dtype=torch.int64, device=self.wire_device)
-        dist.recv(header, src=self.peer_rank, group=self.group)
-        head = decode_header(header.cpu())
-        check_message_size(head, self.max_message_bytes, self.peer_rank)
-        specs = head.codec.payload_specs(head.shape, head.dtype)
-        payloads = [torch.empty(s, dtype=d, device=self.wire_device) for s, d in specs]
-        works = [dist.irecv(p, src=self.peer_rank, group=self.group) for p in payloads]
-        for work in works:
-            work.wait()
+        if self.sealing is not None:
+            head, payloads = self._recv_sealed()
+        else:
+            header = torch.empty(HEADER_LEN, dtype=torch.int64, device=self.wire_device)
+            dist.recv(header, src=self.peer_rank, group=self.group)
+            head = decode_header(header.cpu())
+            check_message_size(head, self.max_message_bytes, self.peer_rank)
+            specs = head.codec.payload_specs(head.shape, head.dtype)
+            payloads = [torch.empty(s, dtype=d, device=self.wire_device) for s, d in specs]
+            works = [dist.irecv(p, src=self.peer_rank, group=self.group) for p in payloads]
+            for work in works:
+                work.wait()
         wire_bytes = head.codec.wire_bytes(head.shape, head.dtype)
         if self.emulation is not None:
             self.emulation.deliver(head.sent_at, wire_bytes)
@@ -202,6 +218,32 @@ class Link:
         tensor = head.codec.decode([p.to(self.device) for p in payloads], head.shape, head.dtype)
         return head, torch.view_as_complex(tensor.contiguous()) if head.complex_ else tensor
 
+    def _recv_sealed(self) -> tuple[Header, list[torch.Tensor]]:
+        """Envelope, then the sealed message (its length checked first); the header and payloads
+        are read from the authenticated plaintext only."""
+        opener = self.sealing[1]
+        envelope = torch.empty(ENVELOPE_BYTES, dtype=torch.uint8, device=self.wire_device)
+        dist.recv(envelope, src=self.peer_rank, group=self.group)
+        envelope_bytes = envelope.cpu().numpy().tobytes()
+        bound = self.max_message_bytes + self.max_message_bytes // 8 + HEADER_LEN * 8 + 2**16  # codec scales
+        sealed = torch.empty(opener.expected_length(envelope_bytes, bound), dtype=torch.uint8, device=self.wire_device)
+        dist.recv(sealed, src=self.peer_rank, group=self.group)
+        plain = opener.open(envelope_bytes, sealed.cpu().numpy().data)
+        head = decode_header(torch.frombuffer(bytearray(plain[:HEADER_LEN * 8]), dtype=torch.int64))
+        check_message_size(head, self.max_message_bytes, self.peer_rank)
+        payloads, offset = [], HEADER_LEN * 8
+        for shape, dtype in head.codec.payload_specs(head.shape, head.dtype):
+            count = dtype.itemsize * _numel(shape)
+            if offset + count > len(plain):
+                raise SealingError(f"a sealed message from rank {self.peer_rank} is shorter than its header says")
+            raw = torch.frombuffer(bytearray(plain[offset:offset + count]), dtype=torch.uint8) if count else \
+                torch.empty(0, dtype=torch.uint8)
+            payloads.append(raw.view(dtype).reshape(shape).to(self.wire_device))
+            offset += count
+        if offset != len(plain):
+            raise SealingError(f"a sealed message from rank {self.peer_rank} is longer than its header says")
+        return head, payloads
+
     def drain(self) -> float:
         """Wait for every send still in flight; return the seconds spent waiting."""
         start = time.perf_counter()
@@ -209,3 +251,19 @@ class Link:
             work.wait()
         self._pending.clear()
         return time.perf_counter() - start
+
+
+def _numel(shape) -> int:
+    count = 1
+    for dim in shape:
+        count *= int(dim)
+    return count
+
+
+def _bytes_of(tensors: list[torch.Tensor]) -> bytes:
+    """The tensors' bytes, one after another (on the CPU: the cipher runs there)."""
+    return b"".join(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() for t in tensors)
+
+
+def _tensor_of(data: bytes) -> torch.Tensor:
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)

@@ -23,7 +23,7 @@ from hetlaunch.runtime.devices import resolve_device
 from hetlaunch.runtime.data import TokenBatches, open_data
 from hetlaunch.runtime.emulation import WireEmulation, emulated_speed
 from hetlaunch.runtime.executor import StageExecutor
-from hetlaunch.runtime.grad_sync import GradientSync, make_groups, sync_group_plans
+from hetlaunch.runtime.grad_sync import GradientSync, make_groups, sealed_plans, sync_group_plans
 from hetlaunch.runtime.stage_move import MoveGate, RunningStage, move_stage
 from hetlaunch.runtime.link import Link
 from hetlaunch.runtime.memory_limit import StageMemory
@@ -31,24 +31,37 @@ from hetlaunch.runtime.model import build_model_range
 from hetlaunch.runtime.optim import Recipe
 from hetlaunch.runtime.outer_sync import OuterGroupPlan, OuterSettings, OuterStats, OuterSync
 from hetlaunch.runtime.schedules import schedule_for
+from hetlaunch.runtime.sealing import Channel, Opener, Sealer, SealingError
 from hetlaunch.runtime.tied import TiedParameters
 from hetlaunch.runtime.wire import model_spec_from_proto, schedule_name
 
 
-def _links(stage: pb.StageSpec, device: torch.device, backend: str) -> tuple[Link | None, Link | None]:
-    wire = wire_device(device, backend)
+def _links(stage: pb.StageSpec, device: torch.device, rdzv: pb.Rendezvous) -> tuple[Link | None, Link | None]:
+    wire = wire_device(device, rdzv.backend)
     prev = next_ = None
     if stage.HasField("prev"):  # we send gradients back to the previous stage
         prev = Link(stage.prev.peer_rank, codec_by_id(stage.prev.backward_codec), device, wire,
                     emulation=WireEmulation.from_spec(stage.prev.emulate_bandwidth_mbps, stage.prev.emulate_latency_ms,
                                                       bool(stage.prev.bandwidth_changes)),
-                    max_message_bytes=stage.prev.max_message_bytes)
+                    max_message_bytes=stage.prev.max_message_bytes, sealing=_sealing(stage.prev, rdzv))
     if stage.HasField("next"):  # we send activations on to the next stage
         next_ = Link(stage.next.peer_rank, codec_by_id(stage.next.forward_codec), device, wire,
                      emulation=WireEmulation.from_spec(stage.next.emulate_bandwidth_mbps, stage.next.emulate_latency_ms,
                                                        bool(stage.next.bandwidth_changes)),
-                     max_message_bytes=stage.next.max_message_bytes)
+                     max_message_bytes=stage.next.max_message_bytes, sealing=_sealing(stage.next, rdzv))
     return prev, next_
+
+
+def _sealing(link: pb.LinkSpec, rdzv: pb.Rendezvous) -> tuple[Sealer, Opener] | None:
+    """A sealed link's two channels (runtime/sealing.py): what we send the peer, what it sends us."""
+    if not link.sealed:
+        return None
+    if not rdzv.data_plane_secret:
+        raise SealingError(f"the link to rank {link.peer_rank} is to be sealed but no data-plane secret came "
+                           f"with generation {rdzv.generation}")
+    secret, me, peer = rdzv.data_plane_secret, rdzv.rank, link.peer_rank
+    return (Sealer(secret, Channel(rdzv.generation, me, peer, "link")),
+            Opener(secret, Channel(rdzv.generation, peer, me, "link")))
 
 
 class StageReports(Protocol):
@@ -325,13 +338,13 @@ def _executor(cmd: pb.RunStage, bundle, device: torch.device, memory: StageMemor
     and tied parameters (these groups made in the same order on every rank), state restored if given."""
     stage, train, backend = cmd.stage, cmd.train, cmd.rendezvous.backend
     dp = cmd.data_parallel if cmd.HasField("data_parallel") else None
-    prev_link, next_link = _links(stage, device, backend)
+    prev_link, next_link = _links(stage, device, cmd.rendezvous)
     grad_sync = None
     island = Island(dp, cmd.rendezvous.rank)
     if dp is not None and dp.sync_groups:
-        plans = sync_group_plans(dp)
+        plans = sealed_plans(sync_group_plans(dp), cmd.layout, cmd.rendezvous.data_plane_encrypt)
         grad_sync = GradientSync(bundle.layers, stage.layer_start, plans, make_groups(plans),
-                                 wire_device(device, backend))
+                                 wire_device(device, backend), cmd.rendezvous)
     executor = StageExecutor(bundle.layers, bundle.loss_fn, is_first=stage.stage_index == 0,
                              is_last=stage.stage_index == stage.num_stages - 1, device=device,
                              prev_link=prev_link, next_link=next_link, recipe=recipe_of(train),
@@ -344,7 +357,7 @@ def _executor(cmd: pb.RunStage, bundle, device: torch.device, memory: StageMemor
     executor.steps_done = train.start_step
     if bundle.tied:  # after every other group, in the same order on every rank
         executor.tied = TiedParameters(bundle.tied, list(cmd.layout), cmd.rendezvous.rank, executor.module,
-                                       stage.layer_start, wire_device(device, backend))
+                                       stage.layer_start, wire_device(device, backend), cmd.rendezvous)
         if restored is None:
             executor.tied.share_initial_values()
     outer_state: dict = {}

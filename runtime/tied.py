@@ -8,7 +8,8 @@ takes the same update and the run equals one process with the tie. Gradient clip
 group once (the copies past the first are left out of the norm).
 
 Every rank builds the same process groups in the same order from the plan's layout (c10d
-requires it), whether or not it holds a member.
+requires it), whether or not it holds a member. Under data_plane.encrypt, holders in different
+regions (or any two, with `all`) exchange sealed copies instead (runtime/sealed_exchange.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 from hetlaunch.protos import control_pb2 as pb
+from hetlaunch.runtime.sealed_exchange import SealedGather, must_seal, regions_of
 
 
 @dataclass
@@ -27,6 +29,8 @@ class _Held:
     group: object | None         # the holders' process group; None when this stage holds them all
     params: list[nn.Parameter]   # this stage's members
     source: int                  # the rank holding the group's first member
+    holders: list[int]           # the group's ranks, ascending
+    sealed: SealedGather | None = None  # data_plane.encrypt covers these holders
 
 
 def _member(name: str) -> tuple[int, str]:
@@ -38,7 +42,7 @@ def _member(name: str) -> tuple[int, str]:
 
 class TiedParameters:
     def __init__(self, groups: tuple[tuple[str, ...], ...], layout: list[pb.StagePlace], rank: int,
-                 module: nn.Module, layer_start: int, wire: torch.device) -> None:
+                 module: nn.Module, layer_start: int, wire: torch.device, rdzv: pb.Rendezvous | None = None) -> None:
         self.wire = wire
         self._held: list[_Held] = []
         self.duplicates: set[int] = set()  # ids of copies left out of the gradient norm
@@ -67,14 +71,19 @@ class TiedParameters:
                 shapes = {tuple(p.shape) for p in params}
                 if len(shapes) > 1:
                     raise ValueError(f"tied parameters {group} have different shapes {sorted(shapes)}")
-                self._held.append(_Held(process_group, params, holder_of[0]))
+                sealed = None
+                if rdzv is not None and must_seal(rdzv.data_plane_encrypt, regions_of(layout, holders)):
+                    sealed = SealedGather(rdzv, holders, f"tied {group[0]}", process_group)
+                self._held.append(_Held(process_group, params, holder_of[0], holders, sealed))
 
     def share_initial_values(self) -> None:
         """Every copy takes the first member's value (fresh weights; a checkpoint holds equal copies)."""
         with torch.no_grad():
             for held in self._held:
                 value = held.params[0].detach().to(self.wire, copy=True)
-                if held.group is not None:
+                if held.sealed is not None:
+                    value = held.sealed.gather(value)[held.holders.index(held.source)]
+                elif held.group is not None:
                     dist.broadcast(value, src=held.source, group=held.group)
                 for p in held.params:
                     p.copy_(value.to(p.device))
@@ -86,7 +95,9 @@ class TiedParameters:
             for p in held.params:
                 if p.grad is not None:
                     total += p.grad.to(self.wire)
-            if held.group is not None:
+            if held.sealed is not None:
+                total = held.sealed.sum(total)
+            elif held.group is not None:
                 dist.all_reduce(total, group=held.group)
             for p in held.params:
                 p.grad = total.to(p.device, copy=True)

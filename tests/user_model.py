@@ -119,3 +119,21 @@ def make_masked_lm(vocab_size: int = 256, d: int = 32, n_hidden: int = 3, seq_le
             return MaskedHead(d, vocab_size)
         return MaskedMLP(d)
     return LayeredModel(num_layers, make_layer, lm_loss, vocab_size=vocab_size)
+
+
+# A known pattern in the activations: the capture test (tests/stage/test_encrypted_data_plane.py)
+# looks for these bytes on the wire.
+PLANTED = 2.7182817
+PLANTED_WIDTH = 8  # floats of every token's activation after layer 0
+
+
+class PlantedEmbed(TokenEmbed):
+    def forward(self, idx: Tensor) -> Tensor:
+        out = self.emb(idx)
+        return torch.cat([out[..., PLANTED_WIDTH:], torch.full_like(out[..., :PLANTED_WIDTH], PLANTED)], dim=-1)
+
+
+def make_planted_lm(vocab_size: int = 256, d: int = 32, n_hidden: int = 1, seq_len: int = 16):
+    layers, loss = make_mlp_lm(vocab_size, d, n_hidden, seq_len)
+    layers[0] = PlantedEmbed(vocab_size, d)
+    return layers, loss

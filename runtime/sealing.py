@@ -1,0 +1,150 @@
+"""Sealed messages for the data plane: authenticated encryption, one key per channel.
+
+A channel is one direction of one stream between two ranks in one generation (the activations
+rank 3 sends rank 4, say). Its key is derived with HKDF-SHA256 from the job's data-plane secret,
+which travels only over the TLS control plane, and the channel's name:
+
+    key = HKDF(secret, salt="hetlaunch data plane v1", info="gen=G|S->R|stream")
+
+A sealed message is AES-256-GCM (`cryptography`, no home-made cipher) over the plaintext, with
+an envelope sent in clear beside it and authenticated as associated data:
+
+    envelope = version, generation, sender, receiver, instance, sequence, plaintext length
+    nonce    = instance (4 random bytes, per Sealer) || sequence (8 bytes)
+
+The sender counts its messages from 0; a Sealer made again for the same channel (a link made
+anew in the same generation) draws a new instance, so a nonce is never used twice under a key.
+The receiver accepts exactly the next sequence of the instance it has, or sequence 0 of an
+instance it has never seen: a replayed, reordered, dropped, truncated, altered or foreign message fails the tag or
+the order check and is refused with SealingError, one line naming the channel.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+
+VERSION = 1
+TAG_BYTES = 16
+_ENVELOPE = struct.Struct("<BIIIIQQ")  # version, generation, sender, receiver, instance, sequence, length
+ENVELOPE_BYTES = _ENVELOPE.size
+SECRET_BYTES = 32
+_SALT = b"hetlaunch data plane v1"
+
+
+class SealingError(RuntimeError):
+    """A message that failed authentication or came out of order (one line, names the channel)."""
+
+
+def _aead():
+    try:
+        from cryptography.hazmat.primitives import hashes
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+        from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+    except ImportError:  # pragma: no cover - the extra is installed wherever encryption is on
+        raise SealingError("an encrypted data plane needs the `cryptography` package: "
+                           "pip install 'hetlaunch[tls]'") from None
+    return hashes, AESGCM, HKDF
+
+
+def new_secret() -> bytes:
+    """A job's data-plane secret: 32 random bytes, made by the coordinator."""
+    return os.urandom(SECRET_BYTES)
+
+
+@dataclass(frozen=True)
+class Channel:
+    """One direction of one stream between two ranks in one generation."""
+
+    generation: int
+    sender: int
+    receiver: int
+    stream: str  # e.g. "activations", "gradients", "sync 0-3"
+
+    def __str__(self) -> str:
+        return f"{self.stream} rank {self.sender} -> rank {self.receiver}, generation {self.generation}"
+
+    def key(self, secret: bytes) -> bytes:
+        if len(secret) != SECRET_BYTES:
+            raise SealingError(f"the data-plane secret must be {SECRET_BYTES} bytes (got {len(secret)})")
+        hashes, _, HKDF = _aead()
+        info = f"gen={self.generation}|{self.sender}->{self.receiver}|{self.stream}".encode()
+        return HKDF(algorithm=hashes.SHA256(), length=32, salt=_SALT, info=info).derive(secret)
+
+
+class Sealer:
+    """The sending end of a channel: seals messages in order."""
+
+    def __init__(self, secret: bytes, channel: Channel):
+        _, AESGCM, _ = _aead()
+        self.channel = channel
+        self._aead = AESGCM(channel.key(secret))
+        self._instance = struct.unpack("<I", os.urandom(4))[0]
+        self._sequence = 0
+
+    def seal(self, plaintext: bytes | memoryview) -> tuple[bytes, bytes]:
+        """(envelope, ciphertext with its tag) for the next message."""
+        c = self.channel
+        envelope = _ENVELOPE.pack(VERSION, c.generation, c.sender, c.receiver, self._instance, self._sequence,
+                                  len(plaintext))
+        nonce = struct.pack("<IQ", self._instance, self._sequence)
+        self._sequence += 1
+        return envelope, self._aead.encrypt(nonce, bytes(plaintext), envelope)
+
+
+class Opener:
+    """The receiving end of a channel: opens messages, refusing any that is not the next one."""
+
+    def __init__(self, secret: bytes, channel: Channel):
+        _, AESGCM, _ = _aead()
+        self.channel = channel
+        self._aead = AESGCM(channel.key(secret))
+        self._instance: int | None = None
+        self._next = 0
+        self._seen: set[int] = set()  # instances already opened: none may start again
+
+    def expected_length(self, envelope: bytes, max_bytes: int) -> int:
+        """The ciphertext length an envelope announces, checked before anything is allocated for it."""
+        fields = self._fields(envelope)
+        length = fields[6]
+        if length > max_bytes:
+            raise SealingError(f"refused a message of {length} bytes on {self.channel} (at most {max_bytes})")
+        return length + TAG_BYTES
+
+    def open(self, envelope: bytes, ciphertext: bytes | memoryview) -> bytes:
+        """The plaintext, or SealingError: altered, foreign, truncated, replayed or out of order."""
+        _, generation, sender, receiver, instance, sequence, length = self._fields(envelope)
+        c = self.channel
+        if (generation, sender, receiver) != (c.generation, c.sender, c.receiver):
+            raise SealingError(f"refused a message addressed to generation {generation}, rank {sender} -> rank "
+                               f"{receiver} on {c}")
+        fresh = sequence == 0 and instance not in self._seen
+        if not fresh and (instance != self._instance or sequence != self._next):
+            raise SealingError(f"refused message {sequence} on {c}: expected message {self._next} "
+                               f"(replayed, reordered or dropped)")
+        if len(ciphertext) != length + TAG_BYTES:
+            raise SealingError(f"refused a truncated message on {c}: {len(ciphertext)} bytes, "
+                               f"the envelope says {length + TAG_BYTES}")
+        try:
+            from cryptography.exceptions import InvalidTag
+        except ImportError:  # pragma: no cover
+            raise SealingError("an encrypted data plane needs the `cryptography` package") from None
+        try:
+            plaintext = self._aead.decrypt(struct.pack("<IQ", instance, sequence), bytes(ciphertext), envelope)
+        except InvalidTag:
+            raise SealingError(f"refused message {sequence} on {c}: it failed authentication "
+                               f"(altered, or sealed under another key)") from None
+        self._instance, self._next = instance, sequence + 1
+        self._seen.add(instance)
+        return plaintext
+
+    def _fields(self, envelope: bytes) -> tuple[int, ...]:
+        if len(envelope) != ENVELOPE_BYTES:
+            raise SealingError(f"refused an envelope of {len(envelope)} bytes on {self.channel} "
+                               f"(expected {ENVELOPE_BYTES})")
+        fields = _ENVELOPE.unpack(envelope)
+        if fields[0] != VERSION:
+            raise SealingError(f"refused a message of envelope version {fields[0]} on {self.channel} "
+                               f"(this side speaks {VERSION})")
+        return fields

@@ -1,0 +1,165 @@
+"""data_plane.encrypt end to end: `hetlaunch up` with real agents, gloo and sealed messages.
+Encryption is lossless, so a sealed run equals the clear run bit for bit — one pipeline across
+two regions (its link sealed), with exact and with int8 activations, and two pipelines under
+`all` (links and the gradient sync among holders sealed). A plan that would send something the
+seal does not cover yet (the islands' outer exchange) is refused before anything starts."""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+import threading
+
+import pytest
+import torch
+
+from conftest import final_parameters, run_hetlaunch
+from user_model import PLANTED, PLANTED_WIDTH
+from single_process_reference import CFG, DATA_SEED, LR, MICRO_BATCH, NUM_MICRO, SEED, WEIGHT_DECAY
+
+STEPS = 4
+
+HEAD = f"""
+name: sealed
+model: {{preset: tiny, seq_len: {CFG.seq_len}, d_model: {CFG.d_model}, n_layers: {CFG.n_layers}, n_heads: {CFG.n_heads}}}
+data: {{seed: {DATA_SEED}}}
+train: {{steps: {STEPS}, micro_batch_size: {MICRO_BATCH}, num_microbatches: {NUM_MICRO}, lr: {LR},
+         weight_decay: {WEIGHT_DECAY}, seed: {SEED}, grad_clip: 1.0PIPELINES}}
+compression: {{intra_region: CODEC, cross_region: CODEC, sync: none, sync_topology: ring}}
+data_plane: {{encrypt: MODE}}
+"""
+
+ONE_PIPELINE = """nodes:
+  - {name: east0, region: east, device: cpu, threads: 1, layers: [0, 4]}
+  - {name: west0, region: west, device: cpu, threads: 1, layers: [4, 8]}
+"""
+
+TWO_PIPELINES = """nodes:
+  - {name: east0, region: east, device: cpu, threads: 1, pipeline: 0, layers: [0, 3]}
+  - {name: west0, region: west, device: cpu, threads: 1, pipeline: 0, layers: [3, 8]}
+  - {name: east1, region: east, device: cpu, threads: 1, pipeline: 1, layers: [0, 5]}
+  - {name: west1, region: west, device: cpu, threads: 1, pipeline: 1, layers: [5, 8]}
+"""
+
+
+def _run(tmp_path, name: str, mode: str, nodes: str, codec: str = "none"):
+    pipelines = ", pipeline_microbatches: [3, 1]" if "pipeline: 1" in nodes else ""
+    text = HEAD.replace("MODE", mode).replace("CODEC", codec).replace("PIPELINES", pipelines) + nodes
+    yaml_path = tmp_path / f"{name}.yaml"
+    yaml_path.write_text(text)
+    run_dir = tmp_path / name
+    result = run_hetlaunch("up", str(yaml_path), "--run-dir", str(run_dir), timeout=200)
+    assert result.returncode == 0, result.stderr + result.stdout
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    # What each stage sent, [raw, on the wire], per kind: sealed messages carry an envelope and a tag.
+    sent = [(kind, *stage["sent_bytes"][kind]) for r in lines for stage in r["stages"] for kind in stage["sent_bytes"]
+            if stage["sent_bytes"][kind][0]]
+    return [r["loss"] for r in lines], final_parameters(run_dir), sent
+
+
+def _sealed_kinds(sent) -> set[str]:
+    """The kinds of traffic whose every message carried the seal's overhead (wire > raw, codec none)."""
+    kinds = {kind for kind, _, _ in sent}
+    return {kind for kind in kinds if all(wire > raw for k, raw, wire in sent if k == kind)}
+
+
+def _same_bits(a, b) -> None:
+    (losses_a, params_a, _), (losses_b, params_b, _) = a, b
+    assert losses_a == losses_b  # floats compared exactly
+    assert params_a.keys() == params_b.keys()
+    for name in params_a:
+        assert torch.equal(params_a[name], params_b[name]), name
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("codec", ["none", "int8"])
+def test_a_sealed_link_trains_bit_for_bit_like_the_clear_one(tmp_path, codec):
+    clear = _run(tmp_path, "clear", "off", ONE_PIPELINE, codec)
+    sealed = _run(tmp_path, "sealed", "cross_region", ONE_PIPELINE, codec)
+    _same_bits(clear, sealed)
+    assert len(clear[0]) == STEPS
+    if codec == "none":
+        assert _sealed_kinds(clear[2]) == set() and _sealed_kinds(sealed[2]) == {"forward", "backward"}
+
+
+@pytest.mark.timeout(400)
+def test_two_pipelines_with_everything_sealed_train_like_the_clear_run(tmp_path):
+    """`all`: the links and each layer's gradient sync (a sealed all-gather between the two holders)."""
+    clear, sealed = _run(tmp_path, "clear", "off", TWO_PIPELINES), _run(tmp_path, "sealed", "all", TWO_PIPELINES)
+    _same_bits(clear, sealed)
+    assert _sealed_kinds(clear[2]) == set() and _sealed_kinds(sealed[2]) == {"forward", "backward", "sync"}
+
+
+def test_what_the_seal_does_not_cover_yet_is_refused_in_one_line(tmp_path):
+    text = HEAD.replace("MODE", "cross_region").replace("CODEC", "none").replace("PIPELINES", "") + ONE_PIPELINE
+    islands = text.replace("grad_clip: 1.0", "grad_clip: 1.0, outer: {islands: by_region}")
+    yaml_path = tmp_path / "islands.yaml"
+    yaml_path.write_text(islands)
+    result = run_hetlaunch("validate", str(yaml_path), timeout=60)
+    assert result.returncode != 0
+    assert "data_plane.encrypt" in result.stderr + result.stdout and "outer exchange" in result.stderr + result.stdout
+    per_node = text.replace("layers: [0, 4]}", "layers: [0, 4], data_plane: {encrypt: all}}")
+    yaml_path.write_text(per_node)
+    result = run_hetlaunch("validate", str(yaml_path), timeout=60)
+    assert result.returncode != 0 and "job-wide" in result.stderr + result.stdout
+
+
+class LoopbackCapture:
+    """Every packet on the loopback interface while it runs (AF_PACKET, as root): does any hold `pattern`?"""
+
+    def __init__(self, pattern: bytes):
+        self.pattern, self.found, self.packets = pattern, False, 0
+        self._sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.ntohs(0x0003))
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 2**20)
+        self._sock.bind(("lo", 0))
+        self._sock.settimeout(0.2)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._read, daemon=True)
+
+    def _read(self) -> None:
+        while not self._stop.is_set():
+            try:
+                packet = self._sock.recv(1 << 17)
+            except socket.timeout:
+                continue
+            self.packets += 1
+            self.found |= self.pattern in packet
+
+    def __enter__(self) -> "LoopbackCapture":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._sock.close()
+
+
+PLANTED_MODEL = HEAD.replace(
+    f"model: {{preset: tiny, seq_len: {CFG.seq_len}, d_model: {CFG.d_model}, n_layers: {CFG.n_layers}, "
+    f"n_heads: {CFG.n_heads}}}",
+    'model: {entrypoint: "user_model:make_planted_lm", kwargs: {d: 32, n_hidden: 1, seq_len: 16}}')
+PLANTED_NODES = """nodes:
+  - {name: east0, region: east, device: cpu, threads: 1, layers: [0, 1]}
+  - {name: west0, region: west, device: cpu, threads: 1, layers: [1, 3]}
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_capture_of_the_wire_holds_the_planted_activations_only_in_clear(tmp_path):
+    """Layer 0 writes a known pattern into every activation it sends across regions. Captured on
+    the loopback interface the agents' data plane uses: there in clear text, nowhere when sealed."""
+    pattern = struct.pack("<f", PLANTED) * PLANTED_WIDTH
+    assert PLANTED_MODEL != HEAD
+    seen = {}
+    for mode in ("off", "cross_region"):
+        yaml_path = tmp_path / f"{mode}.yaml"
+        yaml_path.write_text(PLANTED_MODEL.replace("MODE", mode).replace("CODEC", "none").replace("PIPELINES", "")
+                             + PLANTED_NODES)
+        with LoopbackCapture(pattern) as capture:
+            result = run_hetlaunch("up", str(yaml_path), "--run-dir", str(tmp_path / mode), timeout=200)
+        assert result.returncode == 0, result.stderr + result.stdout
+        assert capture.packets > 100
+        seen[mode] = capture.found
+    assert seen == {"off": True, "cross_region": False}

@@ -1,0 +1,94 @@
+"""Sealed data-plane messages (runtime/sealing.py): what passes, and every way a message is refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from hetlaunch.runtime.sealing import (ENVELOPE_BYTES, TAG_BYTES, Channel, Opener, Sealer, SealingError,
+                                       new_secret)
+
+SECRET = new_secret()
+CHANNEL = Channel(generation=3, sender=1, receiver=2, stream="activations")
+
+
+def _pair(secret: bytes = SECRET, channel: Channel = CHANNEL) -> tuple[Sealer, Opener]:
+    return Sealer(secret, channel), Opener(secret, channel)
+
+
+def test_messages_open_in_order_and_the_ciphertext_hides_the_plaintext():
+    sealer, opener = _pair()
+    planted = b"PLANTED-ACTIVATION-PATTERN" * 40
+    for i in range(5):
+        envelope, sealed = sealer.seal(planted + bytes([i]))
+        assert len(envelope) == ENVELOPE_BYTES and len(sealed) == len(planted) + 1 + TAG_BYTES
+        assert b"PLANTED" not in sealed and b"PLANTED" not in envelope
+        assert opener.expected_length(envelope, 2**20) == len(sealed)
+        assert opener.open(envelope, sealed) == planted + bytes([i])
+
+
+@pytest.mark.parametrize("where", ["ciphertext", "tag", "envelope length", "envelope instance"])
+def test_a_flipped_byte_is_refused_naming_the_channel(where):
+    sealer, opener = _pair()
+    envelope, sealed = sealer.seal(b"x" * 64)
+    envelope, sealed = bytearray(envelope), bytearray(sealed)
+    if where == "ciphertext":
+        sealed[10] ^= 1
+    elif where == "tag":
+        sealed[-1] ^= 0x80
+    elif where == "envelope length":
+        envelope[-8] ^= 1
+    else:
+        envelope[13] ^= 1
+    with pytest.raises(SealingError) as error:
+        opener.open(bytes(envelope), bytes(sealed))
+    message = str(error.value)
+    assert "activations rank 1 -> rank 2, generation 3" in message and "\n" not in message
+
+
+def test_a_replayed_reordered_or_dropped_message_is_refused():
+    sealer, opener = _pair()
+    first, second, third = (sealer.seal(bytes([i]) * 16) for i in range(3))
+    assert opener.open(*first) == bytes([0]) * 16
+    with pytest.raises(SealingError, match="replayed, reordered or dropped"):
+        opener.open(*first)  # replayed
+    with pytest.raises(SealingError, match="expected message 1"):
+        opener.open(*third)  # reordered (or the second dropped)
+    assert opener.open(*second) == bytes([1]) * 16 and opener.open(*third) == bytes([2]) * 16
+
+
+def test_a_new_sealer_on_the_channel_starts_a_new_instance_and_an_old_one_cannot_come_back():
+    old, opener = _pair()
+    old_first = old.seal(b"a" * 8)
+    assert opener.open(*old_first) == b"a" * 8
+    renewed = Sealer(SECRET, CHANNEL)  # the link made again in the same generation: fresh nonces
+    new_first = renewed.seal(b"b" * 8)
+    assert new_first[1] != old.seal(b"b" * 8)[1]
+    assert opener.open(*new_first) == b"b" * 8
+    with pytest.raises(SealingError, match="replayed"):
+        opener.open(*old_first)  # message 0 of an instance already seen
+
+
+def test_a_foreign_key_another_channel_or_generation_is_refused():
+    envelope, sealed = Sealer(new_secret(), CHANNEL).seal(b"y" * 32)
+    with pytest.raises(SealingError, match="failed authentication"):
+        Opener(SECRET, CHANNEL).open(envelope, sealed)
+    # The same secret, another stream: another key.
+    envelope, sealed = Sealer(SECRET, Channel(3, 1, 2, "gradients")).seal(b"y" * 32)
+    with pytest.raises(SealingError, match="failed authentication"):
+        Opener(SECRET, CHANNEL).open(envelope, sealed)
+    envelope, sealed = Sealer(SECRET, Channel(4, 1, 2, "activations")).seal(b"y" * 32)
+    with pytest.raises(SealingError, match="addressed to generation 4"):
+        Opener(SECRET, CHANNEL).open(envelope, sealed)
+
+
+def test_a_truncated_or_oversized_message_is_refused_before_it_is_read():
+    sealer, opener = _pair()
+    envelope, sealed = sealer.seal(b"z" * 100)
+    with pytest.raises(SealingError, match="truncated"):
+        opener.open(envelope, sealed[:-1])
+    with pytest.raises(SealingError, match="at most 64"):
+        opener.expected_length(envelope, 64)
+    with pytest.raises(SealingError, match="envelope of 3 bytes"):
+        opener.open(b"abc", sealed)
+    with pytest.raises(SealingError, match="must be 32 bytes"):
+        Sealer(b"short", CHANNEL)
