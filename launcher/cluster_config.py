@@ -11,6 +11,8 @@ silently into a default. The commented field list in
 
 from __future__ import annotations
 
+import importlib.util
+
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, field_validator, model_validator
@@ -210,6 +212,9 @@ class ClusterConfig(Strict):
         if self.data_plane.encrypt != "off" and self.coordinator.tls is None and self.coordinator.insecure:
             raise FieldError(("data_plane", "encrypt"), "needs coordinator.tls: its keys come from a secret that "
                                                         "would cross the network in clear text without it")
+        if self.data_plane.encrypt != "off" and importlib.util.find_spec("cryptography") is None:
+            raise FieldError(("data_plane", "encrypt"), "needs the `cryptography` package on this machine and every "
+                                                        "node: pip install 'hetlaunch[tls]'")
         if self.data_plane.encrypt != "off" and self.train.outer is not None:
             raise FieldError(("data_plane", "encrypt"), "does not cover the outer exchange between islands yet: "
                                                         "it would cross in clear text; drop train.outer or set off")
