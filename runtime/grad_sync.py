@@ -147,6 +147,8 @@ class GradientSync:
                     size += param.numel() * param.element_size()
             if bucket:
                 self.buckets.append(_Bucket(bucket, group, plan, sealed=sealed))
+        # Only hierarchical buckets have phases to move on from the hooks: the others skip it.
+        self._tiered = any(isinstance(b.group, RegionTiers) for b in self.buckets)
         for bucket in self.buckets:
             for param in bucket.params:
                 param.register_post_accumulate_grad_hook(self._hook(bucket))
@@ -166,7 +168,8 @@ class GradientSync:
             bucket.pending -= 1
             if bucket.pending == 0:
                 self._launch(bucket)
-            self._advance()
+            if self._tiered:
+                self._advance()
         return ready
 
     def _advance(self) -> tuple[bool, bool]:
@@ -241,7 +244,8 @@ class GradientSync:
         for bucket in self.buckets:
             if bucket not in self._launched:
                 self._launch(bucket)  # e.g. a parameter that got no gradient this step
-        self._drain()
+        if self._tiered:
+            self._drain()
         for bucket in self._launched:
             if bucket.sealed is not None:
                 self._exchange_sealed(bucket)

@@ -25,7 +25,8 @@ import torch.distributed as dist
 from hetlaunch.runtime import host_clock
 from hetlaunch.runtime.codecs import Codec, codec_by_id
 from hetlaunch.runtime.emulation import WireEmulation
-from hetlaunch.runtime.sealing import ENVELOPE_BYTES, Opener, Sealer, SealingError
+from hetlaunch.runtime.sealed_exchange import bytes_tensor, recv_sealed, tensor_bytes
+from hetlaunch.runtime.sealing import Opener, Sealer, SealingError
 
 HEADER_VERSION = 2  # 2: tuple position and count, complex flag
 MAX_DIMS = 8
@@ -166,8 +167,8 @@ class Link:
         header = encode_header(self.send_codec, tuple(tensor.shape), tensor.dtype, host_clock.now(), position, count,
                                complex_)
         if self.sealing is not None:
-            envelope, sealed = self.sealing[0].seal(_bytes_of([header, *payloads]))
-            to_wire = [_tensor_of(envelope).to(self.wire_device), _tensor_of(sealed).to(self.wire_device)]
+            envelope, sealed = self.sealing[0].seal(tensor_bytes([header, *payloads]))
+            to_wire = [bytes_tensor(envelope, self.wire_device), bytes_tensor(sealed, self.wire_device)]
         else:
             to_wire = [header.to(self.wire_device)] + [p.to(self.wire_device).contiguous() for p in payloads]
         for t in to_wire:
@@ -221,14 +222,8 @@ class Link:
     def _recv_sealed(self) -> tuple[Header, list[torch.Tensor]]:
         """Envelope, then the sealed message (its length checked first); the header and payloads
         are read from the authenticated plaintext only."""
-        opener = self.sealing[1]
-        envelope = torch.empty(ENVELOPE_BYTES, dtype=torch.uint8, device=self.wire_device)
-        dist.recv(envelope, src=self.peer_rank, group=self.group)
-        envelope_bytes = envelope.cpu().numpy().tobytes()
         bound = self.max_message_bytes + self.max_message_bytes // 8 + HEADER_LEN * 8 + 2**16  # codec scales
-        sealed = torch.empty(opener.expected_length(envelope_bytes, bound), dtype=torch.uint8, device=self.wire_device)
-        dist.recv(sealed, src=self.peer_rank, group=self.group)
-        plain = opener.open(envelope_bytes, sealed.cpu().numpy().data)
+        plain = recv_sealed(self.sealing[1], self.peer_rank, self.group, self.wire_device, bound)
         head = decode_header(torch.frombuffer(bytearray(plain[:HEADER_LEN * 8]), dtype=torch.int64))
         check_message_size(head, self.max_message_bytes, self.peer_rank)
         payloads, offset = [], HEADER_LEN * 8
@@ -236,9 +231,8 @@ class Link:
             count = dtype.itemsize * _numel(shape)
             if offset + count > len(plain):
                 raise SealingError(f"a sealed message from rank {self.peer_rank} is shorter than its header says")
-            raw = torch.frombuffer(bytearray(plain[offset:offset + count]), dtype=torch.uint8) if count else \
-                torch.empty(0, dtype=torch.uint8)
-            payloads.append(raw.view(dtype).reshape(shape).to(self.wire_device))
+            raw = bytes_tensor(plain[offset:offset + count], self.wire_device)
+            payloads.append(raw.view(dtype).reshape(shape))
             offset += count
         if offset != len(plain):
             raise SealingError(f"a sealed message from rank {self.peer_rank} is longer than its header says")
@@ -258,12 +252,3 @@ def _numel(shape) -> int:
     for dim in shape:
         count *= int(dim)
     return count
-
-
-def _bytes_of(tensors: list[torch.Tensor]) -> bytes:
-    """The tensors' bytes, one after another (on the CPU: the cipher runs there)."""
-    return b"".join(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() for t in tensors)
-
-
-def _tensor_of(data: bytes) -> torch.Tensor:
-    return torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)

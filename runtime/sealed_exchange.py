@@ -32,6 +32,29 @@ def regions_of(layout: Sequence[pb.StagePlace], ranks: Sequence[int]) -> list[st
     return [region.get(rank, "") for rank in ranks]
 
 
+def tensor_bytes(tensors: Sequence[torch.Tensor]) -> bytes:
+    """The tensors' bytes, one after another (on the CPU: the cipher runs there)."""
+    return b"".join(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() for t in tensors)
+
+
+def bytes_tensor(data: bytes, device: torch.device) -> torch.Tensor:
+    """A uint8 tensor holding `data`, on `device`."""
+    if not data:
+        return torch.empty(0, dtype=torch.uint8, device=device)
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+
+
+def recv_sealed(opener: Opener, peer: int, group: object | None, device: torch.device, max_bytes: int) -> bytes:
+    """The next sealed message from `peer`: its envelope, its length checked against `max_bytes`
+    before anything is allocated, then the sealed bytes, opened (SealingError if they fail)."""
+    envelope = torch.empty(ENVELOPE_BYTES, dtype=torch.uint8, device=device)
+    dist.recv(envelope, src=peer, group=group)
+    envelope_bytes = envelope.cpu().numpy().tobytes()
+    sealed = torch.empty(opener.expected_length(envelope_bytes, max_bytes), dtype=torch.uint8, device=device)
+    dist.recv(sealed, src=peer, group=group)
+    return opener.open(envelope_bytes, sealed.cpu().numpy().data)
+
+
 class SealedGather:
     """An all-gather among `ranks` by sealed point-to-point messages over `group`."""
 
@@ -49,13 +72,13 @@ class SealedGather:
     def gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         """Every member's tensor (same shape and dtype on all), in `ranks` order; blocks."""
         device, shape, dtype = tensor.device, tuple(tensor.shape), tensor.dtype
-        plain = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        plain = tensor_bytes([tensor])
         sends, keep = [], []
         for peer, sealer in self._sealers.items():
             envelope, sealed = sealer.seal(plain)
             for data in (envelope, sealed):
-                t = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
-                keep.append(t)
+                t = bytes_tensor(data, device)
+                keep.append(t)  # the tensors must outlive the sends
                 sends.append(dist.isend(t, dst=peer, group=self.group))
             self.wire_bytes += len(envelope) + len(sealed)
         out = []
@@ -69,18 +92,10 @@ class SealedGather:
         return out
 
     def _receive(self, peer: int, size: int, device: torch.device) -> torch.Tensor:
-        opener = self._openers[peer]
-        envelope = torch.empty(ENVELOPE_BYTES, dtype=torch.uint8, device=device)
-        dist.recv(envelope, src=peer, group=self.group)
-        envelope_bytes = envelope.cpu().numpy().tobytes()
-        sealed = torch.empty(opener.expected_length(envelope_bytes, size), dtype=torch.uint8, device=device)
-        dist.recv(sealed, src=peer, group=self.group)
-        plain = opener.open(envelope_bytes, sealed.cpu().numpy().data)
+        plain = recv_sealed(self._openers[peer], peer, self.group, device, size)
         if len(plain) != size:
             raise SealingError(f"refused {len(plain)} bytes on {self.stream} from rank {peer}: expected {size}")
-        if not size:
-            return torch.empty(0, dtype=torch.uint8, device=device)
-        return torch.frombuffer(bytearray(plain), dtype=torch.uint8).to(device)
+        return bytes_tensor(plain, device)
 
     def sum(self, tensor: torch.Tensor) -> torch.Tensor:
         """The members' sum, added in rank order (the same bits on every member)."""

@@ -13,7 +13,8 @@ import torch.distributed as dist
 
 from conftest import run_gloo_ranks
 from hetlaunch.runtime.codecs import codec_by_name
-from hetlaunch.runtime.link import Link, _bytes_of, encode_header
+from hetlaunch.runtime.link import Link, encode_header
+from hetlaunch.runtime.sealed_exchange import tensor_bytes
 from hetlaunch.runtime.sealing import Channel, Opener, Sealer, SealingError
 
 SECRET = bytes(range(32))
@@ -28,7 +29,7 @@ def _messages():
 
 def _raw(tensor: torch.Tensor, codec: str = "none") -> bytes:
     c = codec_by_name(codec)
-    return _bytes_of([encode_header(c, tuple(tensor.shape), tensor.dtype), *c.encode(tensor)])
+    return tensor_bytes([encode_header(c, tuple(tensor.shape), tensor.dtype), *c.encode(tensor)])
 
 
 def _send_raw(envelope: bytes, sealed: bytes | None) -> None:
