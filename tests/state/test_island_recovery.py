@@ -42,7 +42,7 @@ def test_without_islands_the_newest_cover_is_taken_from_any_pipelines(tmp_path):
 
 
 ISLANDS = """name: islands-ft
-coordinator: {heartbeat_interval_s: 0.5, heartbeat_timeout_s: 2}
+coordinator: {heartbeat_interval_s: 0.5, heartbeat_timeout_s: 10}  # no false loss on a loaded machine
 model: {preset: tiny, n_layers: 2, seq_len: 32, d_model: 32}
 train: {steps: 40, micro_batch_size: 4, num_microbatches: 4, checkpoint_every: 5,
         outer: {islands: [[n0, n1], [n2, n3]], every: 4, codec: none}}
