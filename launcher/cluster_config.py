@@ -205,22 +205,36 @@ class ClusterConfig(Strict):
         if tls is not None and tls.ca is not None and tls.agent_cert is None and self.local_nodes:
             raise FieldError(("coordinator", "tls", "agent_cert"), "required with tls.ca and local nodes: under mutual "
                                                                    "TLS the agents `up` starts present it")
-        for i, node in enumerate(self.nodes):
-            if node.data_plane is not None and "encrypt" in node.data_plane.model_fields_set:
-                raise FieldError(("nodes", i, "data_plane", "encrypt"), "is job-wide: set it in the top-level "
-                                                                        "data_plane, not per node")
-        if self.data_plane.encrypt != "off" and self.coordinator.tls is None and self.coordinator.insecure:
-            raise FieldError(("data_plane", "encrypt"), "needs coordinator.tls: its keys come from a secret that "
-                                                        "would cross the network in clear text without it")
-        if self.data_plane.encrypt != "off" and importlib.util.find_spec("cryptography") is None:
-            raise FieldError(("data_plane", "encrypt"), "needs the `cryptography` package on this machine and every "
-                                                        "node: pip install 'hetlaunch[tls]'")
-        if self.data_plane.encrypt != "off" and self.train.outer is not None:
-            raise FieldError(("data_plane", "encrypt"), "does not cover the outer exchange between islands yet: "
-                                                        "it would cross in clear text; drop train.outer or set off")
+        self._check_encryption()
         self._check_layers()
         self._check_islands()
         return self
+
+    def _check_encryption(self) -> None:
+        """Resolve data_plane.encrypt (unset: cross_region under coordinator.tls, else off) and refuse
+        what would leave tensors in clear text across regions without the user saying so."""
+        for i, node in enumerate(self.nodes):
+            for field in ("encrypt", "insecure"):
+                if node.data_plane is not None and field in node.data_plane.model_fields_set:
+                    raise FieldError(("nodes", i, "data_plane", field), "is job-wide: set it in the top-level "
+                                                                        "data_plane, not per node")
+        plane, tls = self.data_plane, self.coordinator.tls
+        defaulted = plane.encrypt is None
+        if defaulted:
+            plane.encrypt = "cross_region" if tls is not None else "off"
+        regions = sorted({n.region for n in self.nodes})
+        if plane.encrypt == "off" and tls is not None and len(regions) > 1 and not plane.insecure:
+            raise FieldError(("data_plane", "encrypt"), f"off sends tensors between regions {', '.join(regions)} in "
+                                                        "clear text while the control plane runs TLS: set "
+                                                        "data_plane.insecure: true to acknowledge it, or leave "
+                                                        "encrypt unset (cross_region)")
+        if plane.encrypt != "off" and tls is None and self.coordinator.insecure:
+            raise FieldError(("data_plane", "encrypt"), "needs coordinator.tls: its keys come from a secret that "
+                                                        "would cross the network in clear text without it")
+        if plane.encrypt != "off" and importlib.util.find_spec("cryptography") is None:
+            default = " (the default under coordinator.tls)" if defaulted else ""
+            raise FieldError(("data_plane", "encrypt"), f"{plane.encrypt}{default} needs the `cryptography` package "
+                                                        "on this machine and every node: pip install 'hetlaunch[tls]'")
 
     def _check_islands(self) -> None:
         outer = self.train.outer

@@ -29,7 +29,7 @@ from hetlaunch.launcher.planning.topology import Topology
 from hetlaunch.launcher.progress import TrainingProgress
 from hetlaunch.launcher.run_record import RunRecord, StepAggregator
 from hetlaunch.launcher.job_errors import JobError
-from hetlaunch.launcher.session import ClusterSession, is_peer_error
+from hetlaunch.launcher.session import ClusterSession, is_peer_error, parse_refusal
 
 
 CATCH_UP_S = 30.0  # how long a generation ending at a checkpoint waits for the reports of the steps before it
@@ -177,6 +177,7 @@ class _Reports:
                 self.events.write("lost", node=node, why=why, in_plan=False)
         lost = {n: why for n, why in lost.items() if n in self.in_plan}
         if failures:
+            self._refuse_tampered_links(failures)
             lost, message = self.session.diagnose(failures, "stage", self.finished, self.new_failures)
             blamed = {node for node in lost if node in failures and node not in self.died}
             if any(not is_peer_error(failures[node]) for node in blamed):
@@ -189,6 +190,19 @@ class _Reports:
             node, why = next(iter(lost.items()))
             return Outcome(lost=lost, message=f"lost node {node}: {why}", aggregator=self.aggregator)
         return None
+
+    def _refuse_tampered_links(self, failures: dict[str, str]) -> None:
+        """A stage that refused a sealed message found the link at fault, not a node: restarting on
+        the same link would meet the same tampering, so the job ends naming it (the run's
+        checkpoints stand; `up --resume` continues once the path is trusted again)."""
+        for node, error in failures.items():
+            refusal = parse_refusal(error)
+            if refusal is None:
+                continue
+            sender, receiver = refusal
+            line = error.strip().splitlines()[0]  # whole: the reason is at its end
+            self.events.write("link_fault", nodes=[sender, receiver], reporter=node, why=line)
+            raise JobError(f"the link from node {sender} to node {receiver} is at fault, not restarting on it: {line}")
 
     def take_joins(self) -> None:
         while not self.state.joins.empty():

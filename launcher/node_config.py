@@ -73,10 +73,14 @@ class DataPlaneConfig(Strict):
     # (sysctl net.ipv4.ip_local_port_range) lies inside it.
     port_range: Annotated[tuple[int, int], Pair] | None = None
     # Job-wide (top-level data_plane only): seal tensors between nodes of different regions
-    # (cross_region), between any two nodes (all), or none (off, the default). runtime/sealing.py.
+    # (cross_region), between any two nodes (all), or none (off). runtime/sealing.py. Unset, it is
+    # cross_region when the coordinator runs TLS and off otherwise (ClusterConfig resolves it).
     # YAML reads a bare `off` as false: take it as "off".
-    encrypt: Annotated[Literal["off", "cross_region", "all"],
-                       BeforeValidator(lambda v: "off" if v is False else v)] = "off"
+    encrypt: Annotated[Literal["off", "cross_region", "all"] | None,
+                       BeforeValidator(lambda v: "off" if v is False else v)] = None
+    # Job-wide: the acknowledgement that `encrypt: off` under coordinator.tls sends tensors
+    # between regions in clear text (as coordinator.insecure is for the control plane).
+    insecure: bool = False
 
     @field_validator("port_range")
     @classmethod

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -22,7 +23,7 @@ from hetlaunch.launcher.job_errors import JobError
 from hetlaunch.launcher.local_agents import LocalAgents
 from hetlaunch.launcher.run_record import make_run_dir, write_run_file
 from hetlaunch.protos import control_pb2 as pb
-from hetlaunch.runtime.sealing import new_secret
+from hetlaunch.runtime.sealing import REFUSED, new_secret
 
 RENDEZVOUS_TIMEOUT_S = 120.0
 BLAME_GRACE_S = 3.0  # how long a failure waits for its cause (a lost node) to show before it is reported
@@ -262,8 +263,8 @@ class ClusterSession:
         else:
             cause = next((n for n, e in failures.items() if not is_peer_error(e)), next(iter(failures)))
             message = f"{what} on node {cause} failed: {failures[cause]}"
-            lost = {cause: f"its {what} failed: {_first_line(failures[cause])}"}
-        others = [f"{n} ({_first_line(e)})" for n, e in failures.items() if n not in lost]
+            lost = {cause: f"its {what} failed: {first_line(failures[cause])}"}
+        others = [f"{n} ({first_line(e)})" for n, e in failures.items() if n not in lost]
         if others:
             message += "; then failed as a consequence: " + ", ".join(others)
         return lost, message
@@ -339,6 +340,15 @@ def is_peer_error(error: str) -> bool:
     return any(marker in error.lower() for marker in PEER_ERRORS)
 
 
-def _first_line(text: str) -> str:
+_REFUSAL = re.compile(re.escape(REFUSED) + r" from node (\S+) \(rank \d+\) to node (\S+) \(rank \d+\)")
+
+
+def parse_refusal(error: str) -> tuple[str, str] | None:
+    """(sender, receiver) of a sealed message a stage refused (runtime/stage_command.py), else None."""
+    match = _REFUSAL.search(error)
+    return (match.group(1), match.group(2)) if match else None
+
+
+def first_line(text: str) -> str:
     line = text.strip().splitlines()[0] if text.strip() else ""
     return line if len(line) <= 160 else line[:157] + "..."

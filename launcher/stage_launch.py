@@ -100,7 +100,7 @@ def watchdog_bounds(setting, predicted_step_s: float | None, outer_wait_s: float
 def layout_of(plan: Plan) -> list[pb.StagePlace]:
     """Every rank's pipeline and layer range."""
     return [pb.StagePlace(rank=q.rank, pipeline=q.pipeline, layer_start=q.layer_start, layer_end=q.layer_end,
-                          region=getattr(q.source, "region", "") or "")
+                          region=getattr(q.source, "region", "") or "", node=q.node)
             for q in Topology.of(plan).placements]
 
 

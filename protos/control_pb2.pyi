@@ -587,18 +587,20 @@ class RunStage(_message.Message):
     def __init__(self, model: _Optional[_Union[ModelSpec, _Mapping]] = ..., data: _Optional[_Union[DataSpec, _Mapping]] = ..., train: _Optional[_Union[TrainSpec, _Mapping]] = ..., stage: _Optional[_Union[StageSpec, _Mapping]] = ..., rendezvous: _Optional[_Union[Rendezvous, _Mapping]] = ..., data_parallel: _Optional[_Union[DataParallel, _Mapping]] = ..., restore: _Optional[_Union[RestoreSpec, _Mapping]] = ..., layout: _Optional[_Iterable[_Union[StagePlace, _Mapping]]] = ...) -> None: ...
 
 class StagePlace(_message.Message):
-    __slots__ = ("rank", "pipeline", "layer_start", "layer_end", "region")
+    __slots__ = ("rank", "pipeline", "layer_start", "layer_end", "region", "node")
     RANK_FIELD_NUMBER: _ClassVar[int]
     PIPELINE_FIELD_NUMBER: _ClassVar[int]
     LAYER_START_FIELD_NUMBER: _ClassVar[int]
     LAYER_END_FIELD_NUMBER: _ClassVar[int]
     REGION_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
     rank: int
     pipeline: int
     layer_start: int
     layer_end: int
     region: str
-    def __init__(self, rank: _Optional[int] = ..., pipeline: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., region: _Optional[str] = ...) -> None: ...
+    node: str
+    def __init__(self, rank: _Optional[int] = ..., pipeline: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., region: _Optional[str] = ..., node: _Optional[str] = ...) -> None: ...
 
 class StepMetrics(_message.Message):
     __slots__ = ("step", "stage_index", "has_loss", "loss", "step_s", "compute_s", "comm_s", "tokens", "forward_raw_bytes", "forward_wire_bytes", "backward_raw_bytes", "backward_wire_bytes", "pipeline_index", "sync_s", "sync_raw_bytes", "sync_wire_bytes", "lr", "grad_norm", "has_eval_loss", "eval_loss", "trace", "from_prev", "from_next", "outer_launched", "outer_applied", "outer_s", "outer_raw_bytes", "outer_wire_bytes")

@@ -8,18 +8,26 @@ both ends ready for it, so the walk cannot deadlock.
 One layer on the wire: an int64 length, a JSON header (keys, dtypes, shapes) as bytes, then each
 tensor's bytes. The receiver parses JSON only, accepts only keys of that layer and dtypes it
 knows, and bounds the sizes: what comes from another host never runs code here.
+
+Where data_plane.encrypt covers the two ranks, the same bytes (length, header, tensors) travel as
+one sealed message on the pair's "layers" channel (runtime/sealing.py), opened before anything
+of it is parsed.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from typing import Sequence
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.runtime.checkpoint_manifest import layer_of
+from hetlaunch.runtime.sealed_exchange import bytes_tensor, must_seal, recv_sealed, tensor_bytes
+from hetlaunch.runtime.sealing import ENVELOPE_BYTES, TAG_BYTES, Channel, Opener, Sealer, SealingError
 from hetlaunch.runtime.transfer_plan import Transfer, TransferError
 
 MAX_HEADER_BYTES = 4 * 2**20
@@ -30,10 +38,48 @@ _DTYPES = {str(d).removeprefix("torch."): d for d in (
     torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128)}
 
 
-def send_layer(state: dict[str, Tensor], layer: int, dst: int, wire: torch.device) -> int:
-    """Send one layer's entries of `state` (global keys, runtime/checkpoint_manifest.py) to rank `dst`; returns bytes sent."""
+class SealedTransfers:
+    """The sealed channels of this rank's layer transfers in one generation, made on first use and
+    kept, so each channel's sequence runs on from one move to the next."""
+
+    def __init__(self, rdzv: pb.Rendezvous, layout: Sequence[pb.StagePlace]):
+        self.rdzv = rdzv
+        self.region = {place.rank: place.region for place in layout}
+        self._sealers: dict[int, Sealer] = {}
+        self._openers: dict[int, Opener] = {}
+
+    def covers(self, a: int, b: int) -> bool:
+        return must_seal(self.rdzv.data_plane_encrypt, [self.region.get(a, ""), self.region.get(b, "")])
+
+    def sealer(self, dst: int) -> Sealer:
+        if dst not in self._sealers:
+            self._sealers[dst] = Sealer(self._secret(), Channel(self.rdzv.generation, self.rdzv.rank, dst, "layers"))
+        return self._sealers[dst]
+
+    def opener(self, src: int) -> Opener:
+        if src not in self._openers:
+            self._openers[src] = Opener(self._secret(), Channel(self.rdzv.generation, src, self.rdzv.rank, "layers"))
+        return self._openers[src]
+
+    def _secret(self) -> bytes:
+        if not self.rdzv.data_plane_secret:
+            raise SealingError(f"layers must move sealed but no data-plane secret came with generation "
+                               f"{self.rdzv.generation}")
+        return self.rdzv.data_plane_secret
+
+
+def send_layer(state: dict[str, Tensor], layer: int, dst: int, wire: torch.device,
+               sealer: Sealer | None = None) -> int:
+    """Send one layer's entries of `state` (global keys, runtime/checkpoint_manifest.py) to rank `dst`
+    (sealed with `sealer` if given); returns bytes sent."""
     items = sorted((k, v) for k, v in state.items() if layer_of(k) == layer)
     header = json.dumps([[k, str(v.dtype).removeprefix("torch."), list(v.shape)] for k, v in items]).encode()
+    if sealer is not None:
+        tensors = [torch.tensor([len(header)], dtype=torch.int64), torch.frombuffer(bytearray(header), dtype=torch.uint8)]
+        envelope, sealed = sealer.seal(tensor_bytes(tensors + [v for _, v in items]))
+        for data in (envelope, sealed):
+            dist.send(bytes_tensor(data, wire), dst=dst)
+        return len(envelope) + len(sealed)
     dist.send(torch.tensor([len(header)], dtype=torch.int64, device=wire), dst=dst)
     dist.send(torch.frombuffer(bytearray(header), dtype=torch.uint8).to(wire), dst=dst)
     sent = 0
@@ -45,8 +91,11 @@ def send_layer(state: dict[str, Tensor], layer: int, dst: int, wire: torch.devic
     return sent + len(header) + 8
 
 
-def recv_layer(layer: int, src: int, wire: torch.device) -> tuple[dict[str, Tensor], int]:
-    """Receive one layer's state from rank `src` (CPU tensors under global keys) and the bytes received."""
+def recv_layer(layer: int, src: int, wire: torch.device, opener: Opener | None = None) -> tuple[dict[str, Tensor], int]:
+    """Receive one layer's state from rank `src` (CPU tensors under global keys) and the bytes received
+    (a sealed message opened with `opener`, if given)."""
+    if opener is not None:
+        return _recv_sealed_layer(layer, src, wire, opener)
     length = torch.zeros(1, dtype=torch.int64, device=wire)
     dist.recv(length, src=src)
     size = int(length.item())
@@ -64,6 +113,26 @@ def recv_layer(layer: int, src: int, wire: torch.device) -> tuple[dict[str, Tens
         state[key] = data.cpu().view(dtype).reshape(shape)
         received += nbytes
     return state, received + size + 8
+
+
+def _recv_sealed_layer(layer: int, src: int, wire: torch.device, opener: Opener) -> tuple[dict[str, Tensor], int]:
+    plain = recv_sealed(opener, src, None, wire, 8 + MAX_HEADER_BYTES + MAX_LAYER_BYTES)
+    where = f"layer {layer} from rank {src}"
+    size = int.from_bytes(plain[:8], "little", signed=True) if len(plain) >= 8 else -1
+    if not 0 < size <= min(MAX_HEADER_BYTES, len(plain) - 8):
+        raise TransferError(f"{where}: a header of {size} bytes")
+    entries = _parse_header(plain[8:8 + size], layer, src)
+    state, offset = {}, 8 + size
+    for key, dtype, shape in entries:
+        nbytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
+        if offset + nbytes > len(plain):
+            raise TransferError(f"{where}: shorter than its header says")
+        state[key] = torch.frombuffer(bytearray(plain[offset:offset + nbytes]), dtype=torch.uint8).view(dtype).reshape(shape) \
+            if nbytes else torch.empty(shape, dtype=dtype)
+        offset += nbytes
+    if offset != len(plain):
+        raise TransferError(f"{where}: longer than its header says")
+    return state, len(plain) + ENVELOPE_BYTES + TAG_BYTES
 
 
 def _parse_header(raw: bytes, layer: int, src: int) -> list[tuple[str, torch.dtype, list[int]]]:
@@ -90,17 +159,18 @@ def _parse_header(raw: bytes, layer: int, src: int) -> list[tuple[str, torch.dty
     return parsed
 
 
-def exchange(moves: list[Transfer], rank: int, state: dict[str, Tensor],
-             wire: torch.device) -> tuple[dict[str, Tensor], int, int]:
-    """Walk the transfers: send what this rank gives away from `state`, receive what it gains.
-    Returns the received state and the bytes sent and received."""
+def exchange(moves: list[Transfer], rank: int, state: dict[str, Tensor], wire: torch.device,
+             sealed: SealedTransfers | None = None) -> tuple[dict[str, Tensor], int, int]:
+    """Walk the transfers: send what this rank gives away from `state`, receive what it gains
+    (sealed between ranks `sealed` covers). Returns the received state and the bytes sent and received."""
     received: dict[str, Tensor] = {}
     sent = got = 0
     for move in moves:
+        seal = sealed is not None and sealed.covers(move.src, move.dst)
         if move.src == rank:
-            sent += send_layer(state, move.layer, move.dst, wire)
+            sent += send_layer(state, move.layer, move.dst, wire, sealed.sealer(move.dst) if seal else None)
         elif move.dst == rank:
-            layer_state, nbytes = recv_layer(move.layer, move.src, wire)
+            layer_state, nbytes = recv_layer(move.layer, move.src, wire, sealed.opener(move.src) if seal else None)
             received.update(layer_state)
             got += nbytes
     return received, sent, got

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import torch
@@ -39,6 +40,9 @@ from torch import nn
 from hetlaunch.runtime import host_clock
 from hetlaunch.runtime.codecs import Codec
 from hetlaunch.runtime.emulation import WireEmulation
+from hetlaunch.runtime.sealed_exchange import SealedGather
+from hetlaunch.runtime.sealing import ENVELOPE_BYTES, TAG_BYTES
+from hetlaunch.runtime.serial_worker import SerialWorker
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,7 @@ class _Held:
     anchor: torch.Tensor             # fp32, on the wire device
     momentum: torch.Tensor
     error: torch.Tensor | None = None
+    sealed: SealedGather | None = None  # data_plane.encrypt covers the representatives
 
     @property
     def representative(self) -> bool:
@@ -105,8 +110,8 @@ class _Pending:
     launched_after: int              # inner steps done when it was launched
     apply_after: int                 # inner steps done when it is applied
     held: list[_Held]
-    gathered: list[list[list[torch.Tensor]] | None]   # per held: per payload: per island (representatives only)
-    work: list
+    gathered: list[list[list[torch.Tensor]] | Future | None]  # per held: per payload: per island (representatives
+    work: list                                                 # only); sealed, a future of that
     started_at: float
     wire_bytes: dict[int, int] = field(default_factory=dict)  # id(plan) -> bytes this representative sent
 
@@ -126,10 +131,13 @@ class OuterSync:
     """The outer steps of one stage's parameters."""
 
     def __init__(self, layers: list[nn.Module], layer_start: int, num_layers: int, settings: OuterSettings,
-                 plans: list[OuterGroupPlan], groups: list[tuple[object | None, object | None] | None],
+                 plans: list[OuterGroupPlan],
+                 groups: list[tuple[object | None, object | None, SealedGather | None] | None],
                  wire_device: torch.device, state_lock=None, tied: tuple[tuple[str, ...], ...] = ()):
         """`groups[i]`: for plans[i], (representatives' group or None, island holders' group or
-        None), or None where this rank holds none of its layers."""
+        None, the representatives' sealed gather where data_plane.encrypt covers them), or None
+        where this rank holds none of its layers."""
+        self._sealer: SerialWorker | None = None  # sealed exchanges run here, overlapping the steps
         self.settings, self.num_layers, self.wire = settings, num_layers, wire_device
         # Parameters change under the executor's state lock: a snapshot from another thread sees
         # the state before or after an outer step, never half of one. Held only while applying.
@@ -145,9 +153,10 @@ class OuterSync:
             for layer in range(plan.layer_start, plan.layer_end):
                 for name, param in layers[layer - layer_start].named_parameters():
                     if param.requires_grad:
+                        exchange, island, sealed = pair
                         anchor = param.detach().to(wire_device, torch.float32, copy=True)
-                        self.held.append(_Held(param, first_layer.get(f"{layer}.{name}", layer), plan, *pair, anchor,
-                                               torch.zeros_like(anchor)))
+                        self.held.append(_Held(param, first_layer.get(f"{layer}.{name}", layer), plan, exchange,
+                                               island, anchor, torch.zeros_like(anchor), sealed=sealed))
 
     def reset_anchor(self) -> None:
         """The anchor is the parameters as they are now (after tied copies share their value, or a restore)."""
@@ -210,11 +219,18 @@ class OuterSync:
             if codec.name != "none":
                 h.error = delta - codec.decode(payloads, tuple(delta.shape), delta.dtype)
             k = len(h.plan.representatives)
-            gathered = [[torch.empty_like(p) for _ in range(k)] for p in payloads]
-            pending.work += [dist.all_gather(out, p, group=h.exchange, async_op=True)
-                             for out, p in zip(gathered, payloads)]
-            pending.gathered.append(gathered)
+            if h.sealed is not None:  # ciphertext cannot be gathered by c10d's all-gather in place
+                if self._sealer is None:
+                    self._sealer = SerialWorker("outer-sealed-exchange")
+                pending.gathered.append(self._sealer.submit(_gather_sealed, h.sealed, payloads))
+            else:
+                gathered = [[torch.empty_like(p) for _ in range(k)] for p in payloads]
+                pending.work += [dist.all_gather(out, p, group=h.exchange, async_op=True)
+                                 for out, p in zip(gathered, payloads)]
+                pending.gathered.append(gathered)
             sent = sum(p.numel() * p.element_size() for p in payloads)
+            if h.sealed is not None:  # each payload to each peer carries an envelope and a tag
+                sent += len(payloads) * (ENVELOPE_BYTES + TAG_BYTES)
             pending.wire_bytes[id(h.plan)] = pending.wire_bytes.get(id(h.plan), 0) + (k - 1) * sent
             stats.raw_bytes += delta.numel() * delta.element_size()
             stats.wire_bytes += (k - 1) * sent
@@ -225,12 +241,17 @@ class OuterSync:
         average to their islands' other holders; every holder then steps its anchor the same way."""
         for work in pending.work:
             work.wait()
+        for gathered in pending.gathered:  # sealed exchanges too, before their time on the emulated wire
+            if isinstance(gathered, Future):
+                gathered.exception()
         emulated = {id(h.plan): h.plan.emulation for h in pending.held
                     if h.representative and h.plan.emulation is not None}
         for key, emulation in emulated.items():  # the bytes' time on the slowest link between islands
             emulation.deliver(pending.started_at, pending.wire_bytes.get(key, 0))
         averages, shares = [], []
         for h, gathered in zip(pending.held, pending.gathered):
+            if isinstance(gathered, Future):
+                gathered = gathered.result()  # a SealingError from the exchange is raised here
             average = torch.zeros_like(h.anchor)
             if gathered is not None:
                 shape, codec = tuple(h.anchor.shape), h.plan.codec
@@ -267,3 +288,8 @@ class OuterSync:
             stats.applied += 1
         stats.blocked_s += time.perf_counter() - start
         self._pending = []
+
+
+def _gather_sealed(sealed: SealedGather, payloads: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """Per payload, every representative's copy in island order (on the serial worker's thread)."""
+    return [sealed.gather(p) for p in payloads]

@@ -104,3 +104,22 @@ class SealedGather:
         for part in parts[1:]:
             total += part
         return total
+
+    def all_reduce(self, tensor: torch.Tensor, op=dist.ReduceOp.SUM) -> None:
+        """In place, like dist.all_reduce: SUM (added in rank order) or MAX."""
+        if op == dist.ReduceOp.SUM:
+            tensor.copy_(self.sum(tensor))
+        elif op == dist.ReduceOp.MAX:
+            tensor.copy_(torch.stack(self.gather(tensor)).amax(dim=0))
+        else:
+            raise ValueError(f"a sealed all-reduce sums or takes the maximum, not {op}")
+
+
+def sealed_gather_for(rdzv: pb.Rendezvous | None, layout: Sequence[pb.StagePlace], ranks: Sequence[int],
+                      stream: str, group: object | None) -> SealedGather | None:
+    """A SealedGather among `ranks` over `group` where data_plane.encrypt covers them, else None.
+    Every rank reaches the same answer (from the layout alone), so groups made on that answer
+    are made in the same order everywhere."""
+    if rdzv is None or not must_seal(rdzv.data_plane_encrypt, regions_of(layout, ranks)):
+        return None
+    return SealedGather(rdzv, ranks, stream, group)

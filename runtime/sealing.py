@@ -33,8 +33,16 @@ SECRET_BYTES = 32
 _SALT = b"hetlaunch data plane v1"
 
 
+# The start of the line a stage fails with when it refuses a message (the coordinator looks for it).
+REFUSED = "the data plane refused a sealed message"
+
+
 class SealingError(RuntimeError):
     """A message that failed authentication or came out of order (one line, names the channel)."""
+
+    def __init__(self, message: str, channel: Channel | None = None):
+        super().__init__(message)
+        self.channel = channel  # the channel that refused it, where one did
 
 
 def _aead():
@@ -109,7 +117,8 @@ class Opener:
         fields = self._fields(envelope)
         length = fields[6]
         if length > max_bytes:
-            raise SealingError(f"refused a message of {length} bytes on {self.channel} (at most {max_bytes})")
+            raise SealingError(f"refused a message of {length} bytes on {self.channel} (at most {max_bytes})",
+                               self.channel)
         return length + TAG_BYTES
 
     def open(self, envelope: bytes, ciphertext: bytes | memoryview) -> bytes:
@@ -118,14 +127,14 @@ class Opener:
         c = self.channel
         if (generation, sender, receiver) != (c.generation, c.sender, c.receiver):
             raise SealingError(f"refused a message addressed to generation {generation}, rank {sender} -> rank "
-                               f"{receiver} on {c}")
+                               f"{receiver} on {c}", self.channel)
         fresh = sequence == 0 and instance not in self._seen
         if not fresh and (instance != self._instance or sequence != self._next):
             raise SealingError(f"refused message {sequence} on {c}: expected message {self._next} "
-                               f"(replayed, reordered or dropped)")
+                               f"(replayed, reordered or dropped)", self.channel)
         if len(ciphertext) != length + TAG_BYTES:
             raise SealingError(f"refused a truncated message on {c}: {len(ciphertext)} bytes, "
-                               f"the envelope says {length + TAG_BYTES}")
+                               f"the envelope says {length + TAG_BYTES}", self.channel)
         try:
             from cryptography.exceptions import InvalidTag
         except ImportError:  # pragma: no cover
@@ -134,7 +143,7 @@ class Opener:
             plaintext = self._aead.decrypt(struct.pack("<IQ", instance, sequence), bytes(ciphertext), envelope)
         except InvalidTag:
             raise SealingError(f"refused message {sequence} on {c}: it failed authentication "
-                               f"(altered, or sealed under another key)") from None
+                               f"(altered, or sealed under another key)", self.channel) from None
         self._instance, self._next = instance, sequence + 1
         self._seen.add(instance)
         return plaintext
@@ -142,9 +151,9 @@ class Opener:
     def _fields(self, envelope: bytes) -> tuple[int, ...]:
         if len(envelope) != ENVELOPE_BYTES:
             raise SealingError(f"refused an envelope of {len(envelope)} bytes on {self.channel} "
-                               f"(expected {ENVELOPE_BYTES})")
+                               f"(expected {ENVELOPE_BYTES})", self.channel)
         fields = _ENVELOPE.unpack(envelope)
         if fields[0] != VERSION:
             raise SealingError(f"refused a message of envelope version {fields[0]} on {self.channel} "
-                               f"(this side speaks {VERSION})")
+                               f"(this side speaks {VERSION})", self.channel)
         return fields

@@ -7,7 +7,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Callable, Protocol, Sequence
 
 import torch
 import torch.distributed as dist
@@ -31,7 +31,8 @@ from hetlaunch.runtime.model import build_model_range
 from hetlaunch.runtime.optim import Recipe
 from hetlaunch.runtime.outer_sync import OuterGroupPlan, OuterSettings, OuterStats, OuterSync
 from hetlaunch.runtime.schedules import schedule_for
-from hetlaunch.runtime.sealing import Channel, Opener, Sealer, SealingError
+from hetlaunch.runtime.sealed_exchange import SealedGather, must_seal, regions_of, sealed_gather_for
+from hetlaunch.runtime.sealing import REFUSED, Channel, Opener, Sealer, SealingError
 from hetlaunch.runtime.tied import TiedParameters
 from hetlaunch.runtime.wire import model_spec_from_proto, schedule_name
 
@@ -165,13 +166,22 @@ def recipe_of(train: pb.TrainSpec) -> Recipe:
 
 class Island:
     """The ranks this stage trains the model with every step: the whole data plane, or with
-    islands its own island (its group; None where the island is this one rank)."""
+    islands its own island (its group; None where the island is this one rank). Its scalar
+    all-reduces (the clipping norm, fp16's overflow flag) are sealed where data_plane.encrypt
+    covers its ranks: even a norm is the model's, and an unauthenticated one could be forged."""
 
-    def __init__(self, dp: pb.DataParallel | None, rank: int):
+    def __init__(self, dp: pb.DataParallel | None, rank: int, layout: Sequence[pb.StagePlace] = (),
+                 rdzv: pb.Rendezvous | None = None):
         self.group: object | None = None
         self.pipelines = len(dp.pipeline_sizes) if dp is not None and dp.pipeline_sizes else 1
         self.alone = False
+        self.sealed: SealedGather | None = None
         if dp is None or not dp.islands:
+            ranks = sorted(place.rank for place in layout)
+            if must_seal(rdzv.data_plane_encrypt if rdzv else "off", regions_of(layout, ranks)):
+                # Its own group: on the default one its messages could meet the links' (same peers, same tag).
+                self.group = dist.new_group(ranks)
+                self.sealed = SealedGather(rdzv, ranks, "island reduce", self.group)
             return
         starts = [sum(dp.pipeline_sizes[:p]) for p in range(len(dp.pipeline_sizes))]
         for island in dp.islands:  # every rank makes every island's group, in order (c10d requires it)
@@ -180,9 +190,15 @@ class Island:
             if rank in ranks:
                 self.group, self.alone = group, len(ranks) == 1
                 self.pipelines = sum(1 for s in starts if s in ranks)
+                if not self.alone:
+                    self.sealed = sealed_gather_for(rdzv, layout, ranks, "island reduce", group)
 
     def all_reduce(self, tensor: torch.Tensor, op=dist.ReduceOp.SUM) -> None:
-        if not self.alone:
+        if self.alone:
+            return
+        if self.sealed is not None:
+            self.sealed.all_reduce(tensor, op)
+        else:
             dist.all_reduce(tensor, op=op, group=self.group)
 
 
@@ -211,7 +227,7 @@ def _any_over_model(island: Island, device: torch.device, backend: str):
 
 
 def _outer_sync(dp: pb.DataParallel | None, layout: list[pb.StagePlace], bundle, layer_start: int,
-                wire: torch.device, state_lock) -> OuterSync | None:
+                wire: torch.device, state_lock, rdzv: pb.Rendezvous | None = None) -> OuterSync | None:
     """The stage's outer steps with islands (None without). Per outer group: the representatives'
     group (the first holder of each island), then each island's holders' group where it has
     several; made by every rank, in this order (c10d requires it)."""
@@ -235,13 +251,16 @@ def _outer_sync(dp: pb.DataParallel | None, layout: list[pb.StagePlace], bundle,
         plans.append(OuterGroupPlan(group.layer_start, group.layer_end, representatives, weights, tuple(mine),
                                     codec_by_id(group.codec),
                                     WireEmulation.from_spec(group.emulate_bandwidth_mbps, group.emulate_latency_ms)))
+        sealed = sealed_gather_for(rdzv, layout, representatives, f"outer {group.layer_start}-{group.layer_end - 1}",
+                                   exchange) if me in representatives else None
         groups.append(None if not mine else (exchange if me in representatives else None,
-                                             island_groups.get(island_of[me])))
+                                             island_groups.get(island_of[me]), sealed))
     return OuterSync(bundle.layers, layer_start, bundle.num_layers, settings, plans, groups, wire, state_lock,
                      tied=bundle.tied)
 
 
-def _pipeline_barrier(dp: pb.DataParallel | None, rank: int, device: torch.device, backend: str):
+def _pipeline_barrier(dp: pb.DataParallel | None, rank: int, device: torch.device, backend: str,
+                      layout: Sequence[pb.StagePlace] = (), rdzv: pb.Rendezvous | None = None):
     """With several pipelines: a barrier of this stage's pipeline before each optimizer step, so
     either every surviving stage of a pipeline took step s or none did (a stage whose sync partner
     died cannot take it). Without it, stage 0 could be a step ahead of stage 1 after a loss and no
@@ -249,18 +268,23 @@ def _pipeline_barrier(dp: pb.DataParallel | None, rank: int, device: torch.devic
     Every rank creates every pipeline's group, in order (c10d requires it)."""
     if dp is None or len(dp.pipeline_sizes) < 2:
         return None
-    mine, start = None, 0
+    mine, sealed, start = None, None, 0
     for size in dp.pipeline_sizes:
-        group = dist.new_group(list(range(start, start + size)))
-        if start <= rank < start + size:
-            mine = group if size > 1 else None
+        ranks = list(range(start, start + size))
+        group = dist.new_group(ranks)
+        if start <= rank < start + size and size > 1:
+            mine = group
+            sealed = sealed_gather_for(rdzv, layout, ranks, "pipeline barrier", group)
         start += size
     if mine is None:
         return None
     token = torch.zeros(1, device=wire_device(device, backend))
 
     def barrier() -> None:
-        dist.all_reduce(token, group=mine)
+        if sealed is not None:  # authenticated: a forged token would let a stage step alone
+            sealed.all_reduce(token)
+        else:
+            dist.all_reduce(token, group=mine)
     return barrier
 
 
@@ -303,11 +327,14 @@ def run_stage(cmd: pb.RunStage, reports: StageReports, store: wpb.StoreAccess) -
             if writer is not None:
                 writer.layer_start, writer.layer_end = start, end
         running = RunningStage(executor, spec, train.seed, cmd.rendezvous.rank, list(cmd.layout), stage.layer_start,
-                               stage.layer_end, wire_device(device, cmd.rendezvous.backend), bundle.tied, on_range)
+                               stage.layer_end, wire_device(device, cmd.rendezvous.backend), bundle.tied, on_range,
+                               cmd.rendezvous)
         gate = MoveGate(reports.move, train.start_step)
         reports.on_move(gate.control)
         try:
             _train(cmd, executor, batches, eval_batches, writer, reports, gate, running)
+        except SealingError as err:
+            raise _named_refusal(err, cmd.layout) from None
         except Exception:
             if train.snapshot_dir:  # before reporting the failure: a replica may stand in for a lost node
                 try:
@@ -318,6 +345,19 @@ def run_stage(cmd: pb.RunStage, reports: StageReports, store: wpb.StoreAccess) -
     finally:
         reports.on_move(None)
         dist.destroy_process_group()
+
+
+def _named_refusal(err: SealingError, layout) -> Exception:
+    """A refused message as the one line the coordinator reads as the link's fault: the two nodes,
+    their ranks, the stream and the generation (no snapshot: nothing of this stage is lost, and
+    the job ends rather than restart on a link someone tampers with)."""
+    channel = err.channel
+    if channel is None:
+        return err
+    node = {place.rank: place.node for place in layout}
+    return SealingError(f"{REFUSED} from node {node.get(channel.sender, '?')} (rank {channel.sender}) to node "
+                        f"{node.get(channel.receiver, '?')} (rank {channel.receiver}), generation "
+                        f"{channel.generation}: {err}", channel)
 
 
 def _stage_memory(stage: pb.StageSpec, device: torch.device) -> StageMemory | None:
@@ -340,7 +380,7 @@ def _executor(cmd: pb.RunStage, bundle, device: torch.device, memory: StageMemor
     dp = cmd.data_parallel if cmd.HasField("data_parallel") else None
     prev_link, next_link = _links(stage, device, cmd.rendezvous)
     grad_sync = None
-    island = Island(dp, cmd.rendezvous.rank)
+    island = Island(dp, cmd.rendezvous.rank, list(cmd.layout), cmd.rendezvous)
     if dp is not None and dp.sync_groups:
         plans = sealed_plans(sync_group_plans(dp), cmd.layout, cmd.rendezvous.data_plane_encrypt)
         grad_sync = GradientSync(bundle.layers, stage.layer_start, plans, make_groups(plans),
@@ -352,7 +392,8 @@ def _executor(cmd: pb.RunStage, bundle, device: torch.device, memory: StageMemor
                              precision=train.precision or "fp32",
                              any_over_model=_any_over_model(island, device, backend),
                              emulation=emulated_speed(stage.emulate, train.start_step), grad_sync=grad_sync,
-                             before_optimizer_step=_pipeline_barrier(dp, cmd.rendezvous.rank, device, backend),
+                             before_optimizer_step=_pipeline_barrier(dp, cmd.rendezvous.rank, device, backend,
+                                                                                     list(cmd.layout), cmd.rendezvous),
                              memory=memory)
     executor.steps_done = train.start_step
     if bundle.tied:  # after every other group, in the same order on every rank
@@ -367,7 +408,7 @@ def _executor(cmd: pb.RunStage, bundle, device: torch.device, memory: StageMemor
     # After the tied groups, by every rank; the anchor is the weights as they start (shared, restored)
     # unless the checkpoint kept it.
     executor.outer = _outer_sync(dp, list(cmd.layout), bundle, stage.layer_start, wire_device(device, backend),
-                                 executor.state_lock)
+                                 executor.state_lock, cmd.rendezvous)
     if executor.outer is not None:
         executor.outer.reset_anchor()
         executor.outer.load(executor.module, outer_state, stage.layer_start)

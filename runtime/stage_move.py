@@ -31,8 +31,8 @@ from hetlaunch.runtime.checkpoint import apply_state, stage_state
 from hetlaunch.runtime.checkpoint_manifest import layer_of
 from hetlaunch.runtime.codecs import codec_by_id
 from hetlaunch.runtime.executor import StageExecutor
-from hetlaunch.runtime.grad_sync import GradientSync, make_groups, sync_group_plans
-from hetlaunch.runtime.layer_transfer import exchange
+from hetlaunch.runtime.grad_sync import GradientSync, make_groups, sealed_plans, sync_group_plans
+from hetlaunch.runtime.layer_transfer import SealedTransfers, exchange
 from hetlaunch.runtime.model import build_layer, describe_model
 from hetlaunch.runtime.model_spec import ModelSpec
 from hetlaunch.runtime.tied import TiedParameters
@@ -102,6 +102,8 @@ class RunningStage:
     wire: torch.device
     tied_groups: tuple[tuple[str, ...], ...]
     on_range: Callable[[int, int], None]  # the checkpoint writer and the snapshot handler follow the range
+    rdzv: pb.Rendezvous | None = None     # data_plane.encrypt: what seals the moves and the rebuilt groups
+    sealed_transfers: SealedTransfers | None = None  # made at the first move, kept for the generation
 
 
 def move_stage(stage: RunningStage, move: pb.Move) -> pb.MoveReport:
@@ -112,7 +114,10 @@ def move_stage(stage: RunningStage, move: pb.Move) -> pb.MoveReport:
     mine = next(p for p in new_layout if p.rank == stage.rank)
     with executor.state_lock:
         state = stage_state(executor.module, executor.optimizer, stage.layer_start)
-    received, sent, got = exchange(transfers(stage.layout, new_layout), stage.rank, state, stage.wire)
+    if stage.rdzv is not None and stage.rdzv.data_plane_encrypt not in ("", "off") and stage.sealed_transfers is None:
+        stage.sealed_transfers = SealedTransfers(stage.rdzv, stage.layout)  # ranks keep their regions in a generation
+    received, sent, got = exchange(transfers(stage.layout, new_layout), stage.rank, state, stage.wire,
+                                   stage.sealed_transfers)
     keep = {k: v for k, v in state.items() if mine.layer_start <= layer_of(k) < mine.layer_end}
     # Every rank builds fresh layers, even with an unchanged range: the old ones carry the old
     # gradient-sync hooks, and the sync groups change with any pipeline's cut.
@@ -124,11 +129,12 @@ def move_stage(stage: RunningStage, move: pb.Move) -> pb.MoveReport:
     dp = move.data_parallel if move.HasField("data_parallel") else None
     executor.grad_sync = None
     if dp is not None and dp.sync_groups:  # every rank makes every group, in order
-        plans = sync_group_plans(dp)
-        executor.grad_sync = GradientSync(executor.layers, mine.layer_start, plans, make_groups(plans), stage.wire)
+        plans = sealed_plans(sync_group_plans(dp), new_layout, stage.rdzv.data_plane_encrypt if stage.rdzv else "off")
+        executor.grad_sync = GradientSync(executor.layers, mine.layer_start, plans, make_groups(plans), stage.wire,
+                                          stage.rdzv)
     if stage.tied_groups:
         executor.tied = TiedParameters(stage.tied_groups, new_layout, stage.rank, executor.module,
-                                       mine.layer_start, stage.wire)
+                                       mine.layer_start, stage.wire, stage.rdzv)
     if executor.prev_link is not None:
         executor.prev_link.retarget(codec_by_id(move.stage.prev.backward_codec), move.stage.prev.max_message_bytes)
     if executor.next_link is not None:

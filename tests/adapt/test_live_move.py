@@ -11,6 +11,7 @@ import threading
 import psutil
 import pytest
 import torch
+import torch.distributed as dist
 import yaml
 
 from conftest import hetlaunch_cmd, hetlaunch_env, run_gloo_ranks, run_hetlaunch
@@ -18,7 +19,8 @@ from rebalance_fixtures import step, watched
 from hetlaunch.launcher.adapt.payoff import CHECK_STEPS
 from hetlaunch.launcher.adapt.straggler import K
 from hetlaunch.protos import control_pb2 as pb
-from hetlaunch.runtime.layer_transfer import exchange
+from hetlaunch.runtime.layer_transfer import SealedTransfers, exchange, recv_layer, send_layer
+from hetlaunch.runtime.sealing import ENVELOPE_BYTES, TAG_BYTES, SealingError
 from hetlaunch.runtime.transfer_plan import TransferError, transfers
 
 SLOW_AT = 40
@@ -40,10 +42,17 @@ def test_transfers_come_from_the_old_holder_in_the_same_pipeline_in_one_order():
         transfers(old, [_place(0, 0, 8, 1)] + new[1:])
 
 
-def _exchange_rank(rank: int, out_dir: str) -> None:
-    """Three ranks: [0,2) [2,3) [3,6) become [0,1) [1,4) [4,6); every tensor arrives bit for bit."""
+def _exchange_rank(rank: int, out_dir: str, encrypt: str = "off") -> None:
+    """Three ranks: [0,2) [2,3) [3,6) become [0,1) [1,4) [4,6); every tensor arrives bit for bit
+    (with `encrypt`, each layer sealed between ranks in different regions: 0 and 2 east, 1 west)."""
     old = [_place(0, 0, 2), _place(1, 2, 3), _place(2, 3, 6)]
     new = [_place(0, 0, 1), _place(1, 1, 4), _place(2, 4, 6)]
+    for place in old:
+        place.region = "west" if place.rank == 1 else "east"
+    sealed = None
+    if encrypt != "off":
+        sealed = SealedTransfers(pb.Rendezvous(rank=rank, generation=3, data_plane_encrypt=encrypt,
+                                               data_plane_secret=bytes(range(32))), old)
     def state_of(layer: int) -> dict:
         g = torch.Generator().manual_seed(layer)
         return {f"layers.{layer}.w": torch.randn(3, 5, generator=g),
@@ -53,7 +62,7 @@ def _exchange_rank(rank: int, out_dir: str) -> None:
     held = {}
     for layer in range(old[rank].layer_start, old[rank].layer_end):
         held.update(state_of(layer))
-    received, sent, got = exchange(transfers(old, new), rank, held, torch.device("cpu"))
+    received, sent, got = exchange(transfers(old, new), rank, held, torch.device("cpu"), sealed)
     expected = {}
     for layer in range(new[rank].layer_start, new[rank].layer_end):
         if not old[rank].layer_start <= layer < old[rank].layer_end:
@@ -62,11 +71,36 @@ def _exchange_rank(rank: int, out_dir: str) -> None:
     for key, tensor in expected.items():
         assert received[key].dtype == tensor.dtype and torch.equal(received[key], tensor), key
     assert (sent > 0) == (rank in (0, 2)) and (got > 0) == (rank == 1)
+    if sealed is None:
+        return
+    # Sealed: a layer that crossed carries the envelope and the tag beside its bytes.
+    clear = sum(v.numel() * v.element_size() for k, v in expected.items())
+    if rank == 1:
+        assert got >= clear + 2 * (ENVELOPE_BYTES + TAG_BYTES), (got, clear)
+    # A layer sealed under another key (a foreign sender), then one with a byte flipped: both refused.
+    if rank == 0:
+        foreign = SealedTransfers(pb.Rendezvous(rank=0, generation=3, data_plane_encrypt=encrypt,
+                                                data_plane_secret=bytes(32)), old)
+        send_layer(state_of(9), 9, 1, torch.device("cpu"), foreign.sealer(1))
+        envelope, box = sealed.sealer(1).seal(b"\0" * 64)
+        flipped = bytearray(box)
+        flipped[5] ^= 0x10
+        for data in (envelope, bytes(flipped)):
+            dist.send(torch.frombuffer(bytearray(data), dtype=torch.uint8), dst=1)
+    elif rank == 1:
+        refusals = []
+        for _ in range(2):
+            with pytest.raises(SealingError) as refused:
+                recv_layer(9, 0, torch.device("cpu"), sealed.opener(0))
+            refusals.append(str(refused.value))
+        assert all("layers rank 0 -> rank 1, generation 3" in r for r in refusals), refusals
+        assert all("failed authentication" in r for r in refusals), refusals
 
 
 @pytest.mark.timeout(120)
-def test_layers_move_between_three_real_gloo_ranks_bit_for_bit(tmp_path):
-    run_gloo_ranks(_exchange_rank, 3, tmp_path)
+@pytest.mark.parametrize("encrypt", ["off", "cross_region", "all"])
+def test_layers_move_between_three_real_gloo_ranks_bit_for_bit(tmp_path, encrypt):
+    run_gloo_ranks(_exchange_rank, 3, tmp_path, args=(encrypt,))
 
 
 def test_the_straggler_watch_judges_no_step_while_a_live_move_it_asked_for_is_under_way():
@@ -249,9 +283,14 @@ def test_a_live_move_across_two_pipelines_rebuilds_their_gradient_sync_and_keeps
     the run without the move, sums across the pipelines in another order, which this model
     amplifies to 1e-4 within 40 steps). The replay moves nothing live, so the state a move sends
     (parameters and AdamW moments) and the sync groups it rebuilds are checked against a
-    checkpoint's restore. Every loss is bit for bit the replay's (80 of 80 under load)."""
+    checkpoint's restore. Every loss is bit for bit the replay's (80 of 80 under load).
+
+    The run seals its whole data plane (`encrypt: all`): the layers a move sends, the links, the
+    gradient sync it rebuilds (a sealed all-gather; two holders add in either order to the same
+    bits) and the barrier. The replay runs in clear text: sealing changes no bit."""
     stages = [(name, pipeline, start, end, None) for name, pipeline, start, end in DP_NODES]
     cluster = _dp_cluster(stages, DP_STEPS)
+    cluster["data_plane"] = {"encrypt": "all"}
     for node in cluster["nodes"]:
         node["emulate"] = {"speed": 0.25}
     cluster["nodes"][1]["emulate"]["speed_changes"] = [{"at_step": 30, "speed": 0.06}]

@@ -406,3 +406,20 @@ def test_pinned_pipelines_grouped() -> None:
 def test_heartbeat_timeout_must_span_two_heartbeats() -> None:
     with pytest.raises(ConfigError, match=r"coordinator\.heartbeat_timeout_s: 1 must be at least twice"):
         parse_cluster("coordinator: {heartbeat_interval_s: 1, heartbeat_timeout_s: 1}\nnodes: [{name: a}]")
+
+
+TLS_TWO_REGIONS = """coordinator: {host: 0.0.0.0, tls: {cert: c.pem, key: k.pem}}
+nodes: [{name: a, region: east, launch: remote}, {name: b, region: west, launch: remote}]
+"""
+
+
+def test_the_data_plane_is_sealed_across_regions_by_default_under_tls_and_off_needs_an_acknowledgement():
+    assert parse_cluster(TLS_TWO_REGIONS).data_plane.encrypt == "cross_region"
+    assert parse_cluster("nodes: [{name: a, region: east}, {name: b, region: west}]").data_plane.encrypt == "off"
+    with pytest.raises(ConfigError, match=r"data_plane\.encrypt: off sends tensors between regions east, west in "
+                                          r"clear text .* data_plane\.insecure: true"):
+        parse_cluster(TLS_TWO_REGIONS + "data_plane: {encrypt: off}\n")
+    assert parse_cluster(TLS_TWO_REGIONS + "data_plane: {encrypt: off, insecure: true}\n").data_plane.encrypt == "off"
+    one_region = TLS_TWO_REGIONS.replace("region: west", "region: east") + "data_plane: {encrypt: off}\n"
+    assert parse_cluster(one_region).data_plane.encrypt == "off"  # nothing crosses a region: nothing to acknowledge
+    assert parse_cluster(TLS_TWO_REGIONS + "data_plane: {encrypt: all}\n").data_plane.encrypt == "all"

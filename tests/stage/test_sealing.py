@@ -92,3 +92,27 @@ def test_a_truncated_or_oversized_message_is_refused_before_it_is_read():
         opener.open(b"abc", sealed)
     with pytest.raises(SealingError, match="must be 32 bytes"):
         Sealer(b"short", CHANNEL)
+
+
+def test_a_stage_names_the_refusing_link_by_its_nodes_and_the_coordinator_reads_them_back():
+    """The line a stage fails with (runtime/stage_command.py) is the one the coordinator parses
+    into the link at fault (launcher/session.py), worker prefix and all."""
+    from hetlaunch.launcher.session import parse_refusal
+    from hetlaunch.protos import control_pb2 as pb
+    from hetlaunch.runtime.stage_command import _named_refusal
+
+    sealer, opener = _pair()
+    envelope, sealed = sealer.seal(b"activations")
+    flipped = bytearray(sealed)
+    flipped[0] ^= 1
+    with pytest.raises(SealingError) as refused:
+        opener.open(envelope, bytes(flipped))
+    layout = [pb.StagePlace(rank=1, node="tokyo-0"), pb.StagePlace(rank=2, node="paris-1")]
+    line = str(_named_refusal(refused.value, layout))
+    assert line.startswith("the data plane refused a sealed message from node tokyo-0 (rank 1) to node paris-1 "
+                           "(rank 2), generation 3: refused message 0 on activations rank 1 -> rank 2"), line
+    assert "failed authentication" in line and "\n" not in line
+    assert parse_refusal(f"SealingError: {line}") == ("tokyo-0", "paris-1")
+    assert parse_refusal("RuntimeError: Connection closed by peer") is None
+    unnamed = SealingError("an encrypted data plane needs the `cryptography` package")
+    assert _named_refusal(unnamed, layout) is unnamed  # not a refusal: left as it is
