@@ -77,7 +77,8 @@ class CoordinatorServicer(control_pb2_grpc.CoordinatorServicer):
 
     def ReportStep(self, request, context):
         record = self._record(request.agent_id, context)
-        self.state.report_step(record.node_name, request.generation, request.metrics)
+        for metrics in (request.metrics, *request.more_metrics):  # coalesced: one RPC, the steps in order
+            self.state.report_step(record.node_name, request.generation, metrics)
         return pb.ReportStepResponse()
 
     def ReportResult(self, request, context):

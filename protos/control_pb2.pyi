@@ -683,14 +683,16 @@ class TraceEvent(_message.Message):
     def __init__(self, name: _Optional[str] = ..., start: _Optional[float] = ..., end: _Optional[float] = ..., microbatch: _Optional[int] = ...) -> None: ...
 
 class ReportStepRequest(_message.Message):
-    __slots__ = ("agent_id", "metrics", "generation")
+    __slots__ = ("agent_id", "metrics", "generation", "more_metrics")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
+    MORE_METRICS_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     metrics: StepMetrics
     generation: int
-    def __init__(self, agent_id: _Optional[str] = ..., metrics: _Optional[_Union[StepMetrics, _Mapping]] = ..., generation: _Optional[int] = ...) -> None: ...
+    more_metrics: _containers.RepeatedCompositeFieldContainer[StepMetrics]
+    def __init__(self, agent_id: _Optional[str] = ..., metrics: _Optional[_Union[StepMetrics, _Mapping]] = ..., generation: _Optional[int] = ..., more_metrics: _Optional[_Iterable[_Union[StepMetrics, _Mapping]]] = ...) -> None: ...
 
 class ReportStepResponse(_message.Message):
     __slots__ = ()

@@ -30,7 +30,7 @@ from hetlaunch.runtime.auth import TOKEN_METADATA_KEY
 from hetlaunch.runtime.clock_offset import ClockOffset
 from hetlaunch.runtime.node_devices import describe_devices
 from hetlaunch.runtime.policy import AgentPolicy, PolicyRefusal
-from hetlaunch.runtime.step_reporter import StepReporter
+from hetlaunch.runtime.step_reporter import STEP_REPORT_INTERVAL_S, StepReporter, coalesce_step_reports
 from hetlaunch.runtime.task_relay import TaskRelay
 from hetlaunch.runtime.tls import ClientTls
 from hetlaunch.runtime.version import hetlaunch_version, torch_version
@@ -77,7 +77,8 @@ class Agent:
         self.finished = threading.Event()
         self.exit_code: int | None = None
         # Step metrics go out from a thread of their own, so a slow RPC never holds up the relay.
-        self.step_reports = StepReporter(lambda request: self._call("ReportStep", request))
+        self.step_reports = StepReporter(lambda request: self._call("ReportStep", request),
+                                         coalesce_step_reports, STEP_REPORT_INTERVAL_S)
         self.tasks = TaskRelay(node_name, self._call, self.step_reports, store_access, self.stub, self.metadata,
                                self.work_dir)
 
