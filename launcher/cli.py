@@ -189,6 +189,10 @@ def plan(
             fail(str(err), EXIT_BAD_INPUT)
     else:
         measured = _measure_live(cluster, token_file, reprofile)
+    if cluster is not None:  # what `up` prices: the cipher where data_plane.encrypt seals
+        from hetlaunch.launcher.planning.profile_file import with_encryption
+
+        measured = with_encryption(measured, cluster.data_plane.encrypt)
     if max_pipelines is None and cluster is not None and cluster.train.max_pipelines != "auto":
         max_pipelines = cluster.train.max_pipelines
     policy = cluster.compression if cluster else CompressionConfig()  # offline: auto

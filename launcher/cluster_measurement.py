@@ -176,6 +176,7 @@ def _assemble(session: ClusterSession, spec: ModelSpec, model: str, micro_batch_
                      "optimizer_seconds": [l.optimizer_seconds for l in report.layers],
                      "codec_seconds_per_byte": dict(report.codec_seconds_per_byte),
                      "cpu_per_wall": report.cpu_per_wall or None,
+                     "cipher_seconds_per_byte": report.cipher_seconds_per_byte or None,
                      "layers": [{"param_bytes": l.param_bytes, "activation_bytes": l.activation_bytes,
                                  "output_bytes": l.output_bytes} for l in report.layers]}
             store_node(keys[node.name], entry, session.console)
@@ -193,7 +194,8 @@ def _assemble(session: ClusterSession, spec: ModelSpec, model: str, micro_batch_
                                  optimizer_seconds=entry["optimizer_seconds"],
                                  codec_seconds_per_byte=entry.get("codec_seconds_per_byte"),
                                  host=info.hostname[:255] or None, host_cores=info.cpu_count or None,
-                                 cpu_per_wall=entry.get("cpu_per_wall")))
+                                 cpu_per_wall=entry.get("cpu_per_wall"),
+                                 cipher_seconds_per_byte=entry.get("cipher_seconds_per_byte")))
     links, by_regions = [], {}
     for name, report in link_reports.items():
         for probe in report.links:

@@ -41,6 +41,7 @@ class CacheEntry(BaseModel):
     codec_seconds_per_byte: dict[str, MaybeZeroSeconds]
     layers: list[LayerInfo]
     cpu_per_wall: float | None = Field(None, ge=0)  # absent in entries written before it was measured
+    cipher_seconds_per_byte: MaybeZeroSeconds | None = None  # likewise
 
     @model_validator(mode="after")
     def _consistent(self) -> "CacheEntry":

@@ -12,11 +12,15 @@ A sealed link (data_plane.encrypt, runtime/sealing.py) sends each message as two
 the envelope, then header and payloads sealed together with AES-GCM. Nothing of the message —
 not even its shape — crosses in clear, and the receiver checks the announced length against the
 link's bound before allocating, then authenticates, then reads the header from the plaintext.
+The sealing and the sends run on the link's own thread (runtime/serial_worker.py, in order), so
+the stage computes its next micro-batch while the cipher works (it releases the GIL); opening
+stays on the receiving thread, which needs the plaintext before it can go on.
 """
 
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import torch
@@ -26,7 +30,8 @@ from hetlaunch.runtime import host_clock
 from hetlaunch.runtime.codecs import Codec, codec_by_id
 from hetlaunch.runtime.emulation import WireEmulation
 from hetlaunch.runtime.sealed_exchange import bytes_tensor, recv_sealed, tensor_bytes
-from hetlaunch.runtime.sealing import Opener, Sealer, SealingError
+from hetlaunch.runtime.sealing import ENVELOPE_BYTES, TAG_BYTES, Opener, Sealer, SealingError
+from hetlaunch.runtime.serial_worker import SerialWorker
 
 HEADER_VERSION = 2  # 2: tuple position and count, complex flag
 MAX_DIMS = 8
@@ -136,6 +141,8 @@ class Link:
         self.stats = LinkStats()
         self.max_message_bytes = max_message_bytes or HARD_MAX_MESSAGE_BYTES
         self._pending: list[tuple[dist.Work, list[torch.Tensor]]] = []
+        self._sealing_sends: list[Future] = []  # sealed messages not yet handed to c10d
+        self._sealer_thread = SerialWorker(f"seal-to-rank-{peer_rank}") if sealing is not None else None
         # The least transit (seconds, wire bytes) of a message received since the last reset: a
         # message the receiver waited for arrives when the link delivers it, so the least one is
         # the link's own time, without the receiver's lateness or the queue behind earlier messages.
@@ -166,20 +173,29 @@ class Link:
         payloads = self.send_codec.encode(tensor)
         header = encode_header(self.send_codec, tuple(tensor.shape), tensor.dtype, host_clock.now(), position, count,
                                complex_)
+        self.stats.messages += 1
+        self.stats.raw_bytes += tensor.numel() * tensor.element_size()
         if self.sealing is not None:
-            envelope, sealed = self.sealing[0].seal(tensor_bytes([header, *payloads]))
-            to_wire = [bytes_tensor(envelope, self.wire_device), bytes_tensor(sealed, self.wire_device)]
-        else:
-            to_wire = [header.to(self.wire_device)] + [p.to(self.wire_device).contiguous() for p in payloads]
+            plain = tensor_bytes([header, *payloads])  # copied now: the caller may reuse its tensors
+            self._sealing_sends.append(self._sealer_thread.submit(self._seal_and_send, plain))
+            # What crosses: the envelope and the sealed header + payloads + tag.
+            self.stats.wire_bytes += ENVELOPE_BYTES + len(plain) + TAG_BYTES
+            self._sealing_sends = [f for f in self._sealing_sends if not f.done() or f.exception() is not None]
+            return
+        to_wire = [header.to(self.wire_device)] + [p.to(self.wire_device).contiguous() for p in payloads]
+        self._isend(to_wire)
+        self.stats.wire_bytes += sum(p.numel() * p.element_size() for p in payloads)
+        self._pending = [(w, ts) for w, ts in self._pending if not w.is_completed()]
+
+    def _isend(self, to_wire: list[torch.Tensor]) -> None:
         for t in to_wire:
             work = dist.isend(t, dst=self.peer_rank, group=self.group)
             self._pending.append((work, to_wire))  # the tensors must outlive the send
-        self.stats.messages += 1
-        self.stats.raw_bytes += tensor.numel() * tensor.element_size()
-        # What crosses: the codec's payloads, or sealed, the envelope and the sealed header + payloads + tag.
-        self.stats.wire_bytes += sum(t.numel() for t in to_wire) if self.sealing is not None else \
-            sum(p.numel() * p.element_size() for p in payloads)
-        self._pending = [(w, ts) for w, ts in self._pending if not w.is_completed()]
+
+    def _seal_and_send(self, plain: bytes) -> None:
+        """On the link's thread: seal the next message and start sending it (in submission order)."""
+        envelope, sealed = self.sealing[0].seal(plain)
+        self._isend([bytes_tensor(envelope, self.wire_device), bytes_tensor(sealed, self.wire_device)])
 
     def recv(self) -> Message:
         """Block until the peer's next tensor (or tuple) arrives; return it on the compute device."""
@@ -239,9 +255,13 @@ class Link:
         return head, payloads
 
     def drain(self) -> float:
-        """Wait for every send still in flight; return the seconds spent waiting."""
+        """Wait for every send still in flight (sealed ones handed to c10d first); return the seconds
+        spent waiting. A sealed send's failure is raised here."""
         start = time.perf_counter()
-        for work, _ in self._pending:
+        for future in self._sealing_sends:
+            future.result()
+        self._sealing_sends.clear()
+        for work, _ in list(self._pending):
             work.wait()
         self._pending.clear()
         return time.perf_counter() - start

@@ -8,6 +8,7 @@ applied exactly as in training, so the profile sees it the way the executor will
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -178,6 +179,26 @@ def codec_seconds_per_byte(sample: torch.Tensor, repeats: int = 5) -> dict[str, 
         round_trip()  # warm-up
         timings[name] = statistics.median(_timed(round_trip, device, ComputeEmulation()) for _ in range(repeats)) / raw
     return timings
+
+
+def cipher_seconds_per_byte(num_bytes: int, repeats: int = 5) -> float:
+    """AES-256-GCM seal + open of a message of `num_bytes` (a boundary's size), per byte, on this
+    node's CPU (the cipher runs there whatever the device); 0.0 where `cryptography` is missing
+    (encryption is then refused before a job starts)."""
+    try:
+        from hetlaunch.runtime.sealing import Channel, Opener, Sealer, SealingError, new_secret
+        secret, channel = new_secret(), Channel(0, 0, 1, "probe")
+        sealer, opener = Sealer(secret, channel), Opener(secret, channel)
+    except (ImportError, SealingError):
+        return 0.0
+    message = os.urandom(max(num_bytes, 4096))
+    opener.open(*sealer.seal(message))  # warm-up
+
+    def round_trip() -> float:
+        start = time.perf_counter()
+        opener.open(*sealer.seal(message))
+        return time.perf_counter() - start
+    return statistics.median(round_trip() for _ in range(repeats)) / len(message)
 
 
 PROBE_SIZES = (256 * 1024, 1024 * 1024, 4 * 1024 * 1024)

@@ -12,8 +12,8 @@ from hetlaunch.runtime.data_plane import init_data_plane, wire_device
 from hetlaunch.runtime.devices import device_name, resolve_device
 from hetlaunch.runtime.emulation import ComputeEmulation, WireEmulation
 from hetlaunch.runtime.link import Link
-from hetlaunch.runtime.node_measurement import (CpuMeter, codec_seconds_per_byte, probe_link, profile_layers,
-                                                usable_memory_bytes)
+from hetlaunch.runtime.node_measurement import (CpuMeter, cipher_seconds_per_byte, codec_seconds_per_byte,
+                                                probe_link, profile_layers, usable_memory_bytes)
 from hetlaunch.runtime.wire import model_spec_from_proto
 
 MAX_REPORTED_BANDWIDTH = 1e12  # a fit on a very fast link can come out unbounded; keep JSON finite
@@ -43,6 +43,7 @@ def run_profile(cmd: pb.Profile, store: wpb.StoreAccess) -> pb.ReportProfileRequ
         biggest = max(m.output_bytes for m in measured[:-1] or measured)
         sample = torch.randn(max(biggest // 4, 1), device=device)
         report.codec_seconds_per_byte.update(codec_seconds_per_byte(sample))
+        report.cipher_seconds_per_byte = cipher_seconds_per_byte(biggest)
     if cmd.HasField("rendezvous"):  # every agent joins the group, probing or not
         init_data_plane(cmd.rendezvous, store)
         try:

@@ -17,14 +17,7 @@ import torch
 import torch.distributed as dist
 
 from hetlaunch.protos import control_pb2 as pb
-from hetlaunch.runtime.sealing import ENVELOPE_BYTES, Channel, Opener, Sealer, SealingError
-
-
-def must_seal(mode: str, regions: Sequence[str]) -> bool:
-    """Must a collective among ranks in these regions be sealed under data_plane.encrypt `mode`?"""
-    if len(regions) < 2:
-        return False
-    return mode == "all" or (mode == "cross_region" and len(set(regions)) > 1)
+from hetlaunch.runtime.sealing import ENVELOPE_BYTES, Channel, Opener, Sealer, SealingError, must_seal
 
 
 def regions_of(layout: Sequence[pb.StagePlace], ranks: Sequence[int]) -> list[str]:

@@ -92,9 +92,11 @@ class GeoNamespaces:
             subprocess.run(["ip", "netns", "del", self.name(role)], capture_output=True)
 
 
-def start_in_namespaces(geo: GeoNamespaces, workdir: Path, cluster_yaml: str, env: dict) -> tuple[dict, dict]:
+def start_in_namespaces(geo: GeoNamespaces, workdir: Path, cluster_yaml: str, env: dict,
+                        agent_args: tuple[str, ...] = ()) -> tuple[dict, dict]:
     """`hetlaunch up` in the coordinator's namespace (the YAML must bind 0.0.0.0:PORT) and a
-    remote agent named `a` and `b` in each region's: (processes, their log files) by name."""
+    remote agent named `a` and `b` in each region's (with `agent_args`, e.g. TLS files):
+    (processes, their log files) by name."""
     token = workdir / "token"
     token.write_text(f"netns-{secrets.token_hex(8)}\n")
     (workdir / "c.yaml").write_text(cluster_yaml)
@@ -104,7 +106,7 @@ def start_in_namespaces(geo: GeoNamespaces, workdir: Path, cluster_yaml: str, en
                                                        "--token-file", str(token)]}
     for n in ("a", "b"):
         commands[n] = geo.exec(n) + cli + ["agent", "--coordinator", f"{COORDINATOR_ADDRESSES[n]}:{PORT}", "--name", n,
-                                           "--token-file", str(token), "--connect-timeout", "30"]
+                                           "--token-file", str(token), "--connect-timeout", "30", *agent_args]
     procs = {name: subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logs[name], stderr=subprocess.STDOUT, env=env)
              for name, cmd in commands.items()}
     return procs, logs
@@ -135,9 +137,9 @@ def finish_in_namespaces(procs: dict, logs: dict, timeout_s: float) -> tuple[int
 
 
 def run_in_namespaces(geo: GeoNamespaces, workdir: Path, cluster_yaml: str, env: dict,
-                      timeout_s: float = 150) -> tuple[int | None, str]:
+                      timeout_s: float = 150, agent_args: tuple[str, ...] = ()) -> tuple[int | None, str]:
     """start_in_namespaces, then finish_in_namespaces. Leaves no process behind."""
-    procs, logs = start_in_namespaces(geo, workdir, cluster_yaml, env)
+    procs, logs = start_in_namespaces(geo, workdir, cluster_yaml, env, agent_args)
     return finish_in_namespaces(procs, logs, timeout_s)
 
 

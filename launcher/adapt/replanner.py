@@ -34,7 +34,7 @@ from hetlaunch.launcher.planning.island_plans import merge, plan_islands, price_
 from hetlaunch.launcher.planning.plan import Plan, planned
 from hetlaunch.launcher.planning.planner import PlannerResult, PlanningError, plan_fixed_cut, price_pipelines, recut
 from hetlaunch.launcher.planning.profile_edits import scaled, subset
-from hetlaunch.launcher.planning.profile_file import LinkProfile, Profile, ProfileError
+from hetlaunch.launcher.planning.profile_file import LinkProfile, Profile, ProfileError, with_encryption
 from hetlaunch.launcher.planning.request import PlanRequest, plan_for
 
 JOIN_GAIN = 0.10  # a (re)joined node is taken in when the planner predicts at least this much more tokens/s
@@ -55,6 +55,15 @@ class Replanner:
     @property
     def compression(self):
         return self.request.compression
+
+    @property
+    def measured(self) -> Profile | None:
+        return self._measured
+
+    @measured.setter
+    def measured(self, profile: Profile | None) -> None:
+        """The job's profile, told what data_plane.encrypt seals, so every plan prices its cipher."""
+        self._measured = None if profile is None else with_encryption(profile, self.cluster.data_plane.encrypt)
 
     def live_nodes(self) -> list[str]:
         return self._live_nodes()

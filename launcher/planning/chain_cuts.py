@@ -101,7 +101,7 @@ def _crossing(cm: CostModel, node: NodeProfile, next_node: NodeProfile, j: int) 
     when codecs are pinned by position) rather than once per (start, end) pair."""
     key = (node.name, next_node.name, j if cm.compression.boundaries else None)
     if key not in cm.crossings:
-        cm.crossings[key] = {codec: [(*cm.boundary_s(node, next_node, end - 1, codec), cm.codec_s(node, end - 1, codec),
+        cm.crossings[key] = {codec: [(*cm.boundary_s(node, next_node, end - 1, codec), cm.codec_s(node, end - 1, codec, next_node),
                                       codec) if end > 0 else None for end in range(cm.num_layers + 1)]
                              for codec in cm.codec_options(j, node, next_node)}
     return cm.crossings[key]
@@ -198,7 +198,7 @@ def least_lossy_codecs(cm: CostModel, chain: list[NodeProfile], cost: PipelineCo
 
     def terms(j: int, codec: str) -> tuple[float, float]:
         node, end = chain[j], cuts[j][1]
-        compute = cm.compute_s(node, cuts[j][0], end) + cm.codec_s(node, end - 1, codec)
+        compute = cm.compute_s(node, cuts[j][0], end) + cm.codec_s(node, end - 1, codec, chain[j + 1])
         return compute, cm.boundary_s(node, chain[j + 1], end - 1, codec)[0]
 
     compute = [cm.compute_s(node, a, b) for node, (a, b) in zip(chain, cuts)]

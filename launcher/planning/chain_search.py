@@ -147,7 +147,7 @@ class ChainSearch:
         linked = {name for link in profile.links if link.nodes for name in link.nodes}
         self.signature = {n.name: n.name if n.name in linked else
                           (n.region, n.memory_bytes, tuple(n.layer_seconds), tuple(n.optimizer_seconds or ()),
-                           tuple(sorted((n.codec_seconds_per_byte or {}).items())))
+                           tuple(sorted((n.codec_seconds_per_byte or {}).items())), n.cipher_seconds_per_byte)
                           for n in profile.nodes}
         # key -> (cuts, codecs, windows, step, exact): everything the chain's priced plan carries
         self.memo: dict[tuple, tuple[list[tuple[int, int]], list[str], tuple[int, ...], float, bool] | None] = {}

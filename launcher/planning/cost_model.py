@@ -31,6 +31,7 @@ from hetlaunch.launcher.planning.profile_file import NodeProfile, Profile
 from hetlaunch.launcher.planning.planning_error import PlanningError
 from hetlaunch.launcher.planning.windows import THOROUGH_MAX_ACTIONS, best_windows
 from hetlaunch.runtime.registry import STATIC_BYTES_PER_PARAM_BYTE
+from hetlaunch.runtime.sealing import must_seal
 from hetlaunch.runtime.schedules import compiled, schedule_named, simulate_compiled
 
 
@@ -231,16 +232,26 @@ class CostModel:
         ratio = max(self._ratio[codec], self._ratio[self.compression.gradient_codec(codec)])
         return ratio / self.link(a, b)[0]
 
-    def codec_s(self, sender: NodeProfile, after_layer: int, codec: str) -> float:
-        """Encode + decode work of both directions of a boundary, per micro-batch.
+    def codec_s(self, sender: NodeProfile, after_layer: int, codec: str, receiver: NodeProfile | None = None) -> float:
+        """Encode + decode work of both directions of a boundary, per micro-batch, and where
+        data_plane.encrypt seals the boundary (receiver given), sealing and opening both directions'
+        wire bytes.
 
         Charged to the stage before the boundary (a simplification: in truth each side encodes
-        what it sends and decodes what it receives), using that node's measured codec speed.
+        what it sends and decodes what it receives), using that node's measured codec and cipher speed.
         """
-        if codec == "none" and self.compression.gradient_codec(codec) == "none":
-            return 0.0
+        backward = self.compression.gradient_codec(codec)
         raw = self.profile.layers[after_layer].output_bytes
-        return raw * (sender.codec_cost(codec) + sender.codec_cost(self.compression.gradient_codec(codec)))
+        work = 0.0 if codec == "none" and backward == "none" else \
+            raw * (sender.codec_cost(codec) + sender.codec_cost(backward))
+        if receiver is not None and self.seals(sender, receiver):
+            work += raw * (self._ratio[codec] + self._ratio[backward]) * (sender.cipher_seconds_per_byte or 0.0)
+        return work
+
+    def seals(self, a: NodeProfile, b: NodeProfile) -> bool:
+        """Does the job's data_plane.encrypt (the profile's, as the planner's caller set it) seal a-b?"""
+        mode = self.profile.data_plane_encrypt
+        return mode is not None and must_seal(mode, (a.region, b.region))
 
     def step_s(self, compute_max: float, link_max: float, sum_term: float, window_max: float = 0.0) -> float:
         """The schedule's closed form (see the module docstring)."""
@@ -273,7 +284,7 @@ class CostModel:
             t = self.compute_s(node, start, end)
             c = lat = raw_c = 0.0
             if j < S - 1:
-                t += self.codec_s(node, end - 1, codecs[j])
+                t += self.codec_s(node, end - 1, codecs[j], chain[j + 1])
                 c, lat = self.boundary_s(node, chain[j + 1], end - 1, codecs[j])
                 raw_c = self.boundary_s(node, chain[j + 1], end - 1)[0]
             if t > compute_max:

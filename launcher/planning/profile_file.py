@@ -90,6 +90,8 @@ class NodeProfile(_Strict):
     host: str | None = Field(None, max_length=255)
     host_cores: int | None = Field(None, ge=1, le=1_000_000)
     cpu_per_wall: float | None = Field(None, ge=0, le=1_000_000)  # cores busy while it computes, measured alone
+    # AES-256-GCM seal + open of a sealed message, per byte (data_plane.encrypt); None: not measured (priced 0)
+    cipher_seconds_per_byte: MaybeZeroSeconds | None = None
 
     def optimizer(self, index: int) -> float:
         return self.optimizer_seconds[index] if self.optimizer_seconds else 0.0
@@ -111,6 +113,11 @@ class LinkProfile(_Strict):
         return self
 
 
+def with_encryption(profile: "Profile", encrypt: str) -> "Profile":
+    """A copy of `profile` whose plans price data_plane.encrypt `encrypt` (the cost model seals by it)."""
+    return profile if profile.data_plane_encrypt == encrypt else profile.model_copy(update={"data_plane_encrypt": encrypt})
+
+
 class Profile(_Strict):
     format: Literal["hetlaunch-profile/1"] = FORMAT
     model: ModelIdentity
@@ -120,6 +127,9 @@ class Profile(_Strict):
     # the outer momentum, error feedback, the exchange's buffers; launcher/planning/island_plans.py).
     # Set by the planner on its own copy; a measured profile has none (None: 0, never written).
     static_extra_per_param_byte: float | None = Field(None, ge=0, le=64)
+    # The job's data_plane.encrypt, set by the planner's caller on its own copy (launcher/adapt/replanner.py):
+    # the cost model adds each node's cipher to what it seals. None: nothing sealed.
+    data_plane_encrypt: Literal["off", "cross_region", "all"] | None = None
     layers: list[LayerInfo]
     nodes: list[NodeProfile] = Field(min_length=1)
     links: list[LinkProfile] = []

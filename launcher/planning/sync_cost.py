@@ -16,6 +16,10 @@ k nodes, with every quantity from the profile:
                                        + bytes * codec_seconds_per_byte[c] of the slowest holder
     (the codec term counts one encode + decode; decoding the k-1 payloads is taken as
     overlapping with their arrival. A group without parameters has nothing to sync: A = 0.)
+    sealed (data_plane.encrypt covers the holders; runtime/sealed_exchange.py: ciphertext cannot
+    be summed, so every holder sends each other one its sealed copy, whatever the codec):
+                                   A = (k-1) * (w / bw + lat + w * cipher_seconds_per_byte)
+                                       + the codec term,  w = bytes * wire_ratio(c)
 
 Hierarchical (runtime/hierarchical_sync.py), for holders in r >= 2 regions, some region with
 m >= 2 of them: the regions sum inside (a ring over the region's slowest link), their first
@@ -74,6 +78,7 @@ from hetlaunch.launcher.planning.cost_model import PipelineCost
 from hetlaunch.launcher.planning.profile_file import NodeProfile, Profile
 from hetlaunch.launcher.planning.sync_groups import SyncGroup, hierarchy_applies, sync_groups
 from hetlaunch.runtime.registry import SYNC_BUCKET_BYTES, codec_info, sync_hops
+from hetlaunch.runtime.sealing import must_seal
 
 BACKWARD_SHARE = 2 / 3  # profiles hold forward + backward; backward is taken as twice forward
 
@@ -105,6 +110,7 @@ class _Group:
     ready: float
     backward: float
     tiers: tuple[float, float, float, float] | None = None  # hierarchical: (intra-region s, leaders' bw, lat, r)
+    sealed: bool = False  # data_plane.encrypt covers the holders: a sealed all-gather, never hierarchical
 
 
 def allreduce_s(num_bytes: float, holders: int, bandwidth: float, latency: float, codec: str,
@@ -116,6 +122,18 @@ def allreduce_s(num_bytes: float, holders: int, bandwidth: float, latency: float
     if codec == "none":  # reduce-scatter then all-gather: each moves (k - 1)/k of the bytes
         return 2 * (holders - 1) / holders * num_bytes / bandwidth + hops
     return (holders - 1) * num_bytes * _ratio(codec) / bandwidth + hops + num_bytes * codec_seconds_per_byte
+
+
+def sealed_gather_s(num_bytes: float, holders: int, bandwidth: float, latency: float, codec: str,
+                    codec_seconds_per_byte: float, cipher_seconds_per_byte: float) -> float:
+    """A sealed group's reduction (runtime/sealed_exchange.py): every holder sends each other one
+    its sealed (encoded) gradient and adds the copies, so (k - 1) copies cross and each is sealed
+    once and opened once; the encode and decode count once, as in allreduce_s's codec form."""
+    if num_bytes <= 0 or holders < 2:
+        return 0.0
+    wire = num_bytes * _ratio(codec)
+    codec_s = num_bytes * codec_seconds_per_byte if codec != "none" else 0.0
+    return (holders - 1) * (wire / bandwidth + latency + wire * cipher_seconds_per_byte) + codec_s
 
 
 def sync_costs(profile: Profile, pipelines: Sequence[PipelineCost],
@@ -179,9 +197,11 @@ class SyncModel:
             nodes.append(node)
         bandwidth, latency = self._slowest_link(nodes)
         num_bytes = self.params[group.layer_end] - self.params[group.layer_start]
-        tiers = self._tiers(nodes, num_bytes) if topology != "ring" else None
+        mode = self.profile.data_plane_encrypt
+        sealed = mode is not None and must_seal(mode, [n.region for n in nodes])
+        tiers = self._tiers(nodes, num_bytes) if topology != "ring" and not sealed else None
         return _Group(group, tuple(nodes), num_bytes, bandwidth, latency, len({n.region for n in nodes}) > 1,
-                      ready, backward, tiers)
+                      ready, backward, tiers, sealed)
 
     def _tiers(self, nodes: Sequence[NodeProfile], num_bytes: int) -> tuple[float, float, float, float] | None:
         """A hierarchical sync's intra-region seconds (phases 1 and 3) and the leaders' link and
@@ -203,7 +223,10 @@ class SyncModel:
     @staticmethod
     def priced(d: _Group, codec: str, step: float, tiered: bool = False) -> SyncCost:
         cost = max(n.codec_cost(codec) for n in d.nodes) if codec != "none" else 0.0
-        if tiered:
+        if d.sealed:
+            cipher = max(n.cipher_seconds_per_byte or 0.0 for n in d.nodes)
+            reduce_s = sealed_gather_s(d.bytes, len(d.nodes), d.bandwidth, d.latency, codec, cost, cipher)
+        elif tiered:
             inside, bandwidth, latency, regions = d.tiers
             reduce_s = inside + allreduce_s(d.bytes, int(regions), bandwidth, latency, codec, cost)
         else:

@@ -6,15 +6,14 @@ two regions (its link sealed), with exact and with int8 activations, two pipelin
 from __future__ import annotations
 
 import json
-import socket
 import struct
-import threading
 
 import pytest
 import torch
 
 from conftest import final_parameters, run_hetlaunch
 from user_model import PLANTED, PLANTED_WIDTH
+from wire_capture import PacketCapture
 from single_process_reference import CFG, DATA_SEED, LR, MICRO_BATCH, NUM_MICRO, SEED, WEIGHT_DECAY
 
 STEPS = 4
@@ -133,41 +132,6 @@ def test_encryption_is_job_wide_and_off_across_regions_under_tls_is_acknowledged
         assert result.returncode != 0 and "job-wide" in result.stderr + result.stdout, result.stderr + result.stdout
 
 
-SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)  # Linux's value; Python does not name it
-
-
-class LoopbackCapture:
-    """Every packet on the loopback interface while it runs (AF_PACKET, as root): does any hold `pattern`?"""
-
-    def __init__(self, pattern: bytes):
-        self.pattern, self.found, self.packets = pattern, False, 0
-        self._sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.ntohs(0x0003))
-        # Forced past net.core.rmem_max (as root): a reader slowed by a busy machine drops nothing.
-        self._sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 256 * 2**20)
-        self._sock.bind(("lo", 0))
-        self._sock.settimeout(0.2)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._read, daemon=True)
-
-    def _read(self) -> None:
-        while not self._stop.is_set():
-            try:
-                packet = self._sock.recv(1 << 17)
-            except socket.timeout:
-                continue
-            self.packets += 1
-            self.found |= self.pattern in packet
-
-    def __enter__(self) -> "LoopbackCapture":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(5)
-        self._sock.close()
-
-
 PLANTED_MODEL = HEAD.replace(
     f"model: {{preset: tiny, seq_len: {CFG.seq_len}, d_model: {CFG.d_model}, n_layers: {CFG.n_layers}, "
     f"n_heads: {CFG.n_heads}}}",
@@ -189,7 +153,7 @@ def test_a_capture_of_the_wire_holds_the_planted_activations_only_in_clear(tmp_p
         yaml_path = tmp_path / f"{mode}.yaml"
         yaml_path.write_text(PLANTED_MODEL.replace("MODE", mode).replace("CODEC", "none").replace("PIPELINES", "")
                              + PLANTED_NODES)
-        with LoopbackCapture(pattern) as capture:
+        with PacketCapture("lo", pattern) as capture:
             result = run_hetlaunch("up", str(yaml_path), "--run-dir", str(tmp_path / mode), timeout=200)
         assert result.returncode == 0, result.stderr + result.stdout
         assert capture.packets > 100
