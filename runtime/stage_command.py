@@ -190,14 +190,24 @@ class Island:
             if rank in ranks:
                 self.group, self.alone = group, len(ranks) == 1
                 self.pipelines = sum(1 for s in starts if s in ranks)
-                if not self.alone:
-                    self.sealed = sealed_gather_for(rdzv, layout, ranks, "island reduce", group)
+                if not self.alone:  # in rank order, as the clear path's all-gather lists them
+                    self.sealed = sealed_gather_for(rdzv, layout, sorted(ranks), "island reduce", group)
 
     def all_reduce(self, tensor: torch.Tensor, op=dist.ReduceOp.SUM) -> None:
+        """SUM adds the members' values in rank order, sealed or not (an all-gather of a scalar
+        costs what its all-reduce does): a sealed run then clips by the same bits as a clear one,
+        whatever order gloo's all-reduce would have added them in. MAX has no order."""
         if self.alone:
             return
         if self.sealed is not None:
             self.sealed.all_reduce(tensor, op)
+        elif op == dist.ReduceOp.SUM:
+            parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size(self.group))]
+            dist.all_gather(parts, tensor, group=self.group)
+            total = parts[0].clone()
+            for part in parts[1:]:
+                total += part
+            tensor.copy_(total)
         else:
             dist.all_reduce(tensor, op=op, group=self.group)
 

@@ -32,8 +32,8 @@ coordinator: {{host: 0.0.0.0, port: {PORT}, join_timeout_s: 60,
                tls: {{cert: {certs}/coordinator.pem, key: {certs}/coordinator.key, ca: {certs}/ca.pem}}}}
 data_plane: {{interface: dp0{data_plane}}}
 nodes:
-  - {{name: a, region: region-a, launch: remote, device: cpu, threads: 1, layers: [0, 1]}}
-  - {{name: b, region: region-b, launch: remote, device: cpu, threads: 1, layers: [1, 3]}}
+  - {{name: a, region: region-a, launch: remote, device: cpu, layers: [0, 1]}}
+  - {{name: b, region: region-b, launch: remote, device: cpu, layers: [1, 3]}}
 """
 
 
@@ -46,7 +46,7 @@ def _captured(geo: GeoNamespaces, workdir: Path, cluster: str, certs: Path, patt
         wait_for(lambda: Path(str(out) + ".ready").exists(), 30, "the capture to listen", proc=capture)
         code, text = run_in_namespaces(geo, workdir, cluster, hetlaunch_env(OMP_NUM_THREADS="1"), 200,
                                        ("--ca", f"{certs}/ca.pem", "--cert", f"{certs}/agent.pem",
-                                        "--key", f"{certs}/agent.key"))
+                                        "--key", f"{certs}/agent.key", "--allow-entrypoint", "user_model:make_planted_lm"))
         assert code == 0, text
     finally:
         capture.send_signal(signal.SIGTERM)
