@@ -33,6 +33,7 @@ class Schedule(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SCHEDULE_UNSPECIFIED: _ClassVar[Schedule]
     SCHEDULE_1F1B: _ClassVar[Schedule]
     SCHEDULE_GPIPE: _ClassVar[Schedule]
+    SCHEDULE_ZB_H1: _ClassVar[Schedule]
 
 class Codec(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -57,6 +58,7 @@ MOVE_PHASE_CANCEL: MovePhase
 SCHEDULE_UNSPECIFIED: Schedule
 SCHEDULE_1F1B: Schedule
 SCHEDULE_GPIPE: Schedule
+SCHEDULE_ZB_H1: Schedule
 CODEC_UNSPECIFIED: Codec
 CODEC_NONE: Codec
 CODEC_FP16: Codec

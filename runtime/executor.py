@@ -1,7 +1,8 @@
 """Runs one pipeline stage: its layer range, its links, its optimizer, one schedule per step.
 
 The training step reads top to bottom in `train_step`: walk the schedule's typed actions
-(runtime/actions.py: forward or full backward of one micro-batch), receive inputs or
+(runtime/actions.py: forward, full backward, or a backward split into the input's gradient I
+and the weights' W (runtime/split_backward.py) of one micro-batch), receive inputs or
 gradients from the neighbouring stages when an action needs them, send results on asynchronously, then
 drain the sends and step the optimizer. Gradients accumulate over micro-batches; the
 last stage computes the loss, scaled by 1/M so a step equals one big-batch step (with
@@ -29,7 +30,8 @@ from hetlaunch.runtime.memory_limit import StageMemory
 from hetlaunch.runtime.outer_sync import OuterSync
 from hetlaunch.runtime.optim import Recipe, clip_gradients, make_optimizer, set_lr
 from hetlaunch.runtime.precision import LossScaler, autocast, compute_dtype, from_wire, to_wire
-from hetlaunch.runtime.actions import B, F, Action
+from hetlaunch.runtime.actions import B, F, I, W, Action
+from hetlaunch.runtime.split_backward import SplitBackward
 from hetlaunch.runtime.tied import TiedParameters
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -96,6 +98,7 @@ class StageExecutor:
     # parameters, under `state_lock`, so a snapshot taken from another thread is one step's state.
     steps_done: int = field(init=False, default=0)
     _trace: list | None = field(init=False, default=None)  # this step's timeline, when it is traced
+    _whole_in_i: bool = field(init=False, default=False)  # the graph cannot be split: an I does the weights too
     state_lock: threading.Lock = field(init=False, default_factory=threading.Lock)
 
     def __post_init__(self):
@@ -126,7 +129,6 @@ class StageExecutor:
         in wall-clock seconds — every forward and backward, the waits for a message inside
         them, the drain of the sends, the gradient sync and the optimizer step.
         """
-        _check_runnable(actions)
         self._trace = trace
         step_start = time.perf_counter()
         sent_before = {id(link): (link.stats.raw_bytes, link.stats.wire_bytes)
@@ -134,22 +136,40 @@ class StageExecutor:
         self._compute_s = 0.0
         self._comm_s = 0.0
         in_flight: dict[int, _InFlight] = {}
+        weights_left: dict[int, SplitBackward] = {}  # after an I, until its W
         losses: list[float] = []
-        last_backward = max(i for i, a in enumerate(actions) if a.kind is B) if self.grad_sync else -1
+        # The action whose weight gradients are the step's last (gradient sync arms before it):
+        # the last B or W, or where the stage's graph cannot be split (its I does the weights), B or I.
+        last = {kinds: max((i for i, a in enumerate(actions) if a.kind in kinds), default=-1)
+                for kinds in ((B, W), (B, I))}
         for i, action in enumerate(actions):
+            mb = action.microbatch
             if action.kind is F:
-                with self.memory.forward(action.microbatch) if self.memory else contextlib.nullcontext(), \
-                        self._span("forward", action.microbatch):
-                    in_flight[action.microbatch] = self._forward(action.microbatch, microbatches, loss_divisor, losses)
-            else:  # B: _check_runnable let nothing else through
-                if i == last_backward:
+                with self.memory.forward(mb) if self.memory else contextlib.nullcontext(), self._span("forward", mb):
+                    in_flight[mb] = self._forward(mb, microbatches, loss_divisor, losses)
+            elif action.kind is I:
+                with self._span("input grad", mb):
+                    saved = in_flight.pop(mb)
+                    split = self._split(saved)
+                    self._whole_in_i = split.whole_in_input_pass
+                    if self.grad_sync is not None and i == last[(B, I)] and self._whole_in_i:
+                        self.grad_sync.arm()
+                    self._send_input_grads(split, isinstance(saved.inputs, torch.Tensor))
+                weights_left[mb] = split
+            else:  # B or W: the weights' gradients land
+                if self.grad_sync is not None and i == last[(B, I) if self._whole_in_i else (B, W)]:
                     self.grad_sync.arm()  # gradients become final during this backward
-                with self._span("backward", action.microbatch):
-                    self._backward(in_flight.pop(action.microbatch))
+                if action.kind is B:
+                    with self._span("backward", mb):
+                        self._backward(in_flight.pop(mb))
+                else:
+                    with self._span("weight grad", mb):
+                        self._timed(weights_left.pop(mb).weight_grads)
                 if self.memory is not None:
-                    self.memory.backward_done(action.microbatch)
-        if in_flight:
-            raise RuntimeError(f"schedule left micro-batches {sorted(in_flight)} without a backward")
+                    self.memory.backward_done(mb)
+        if in_flight or weights_left:
+            raise RuntimeError(f"schedule left micro-batches {sorted(in_flight)} without a backward and "
+                               f"{sorted(weights_left)} without their weight gradients")
         with self._span("drain sends"):
             for link in (self.prev_link, self.next_link):
                 if link is not None:
@@ -250,6 +270,30 @@ class StageExecutor:
                 grads = [t.grad if t.grad is not None else torch.zeros_like(t) for t in inputs]
                 self.prev_link.send(grads[0] if isinstance(saved.inputs, torch.Tensor) else tuple(grads))
 
+    def _split(self, saved: _InFlight) -> SplitBackward:
+        """An I's backward: the next stage's gradient received (or the loss), the graph analysed."""
+        if self.is_last:
+            outputs, grads = [saved.output], [None]
+        else:
+            outputs, grads = [], []
+            if differentiable(saved.output):  # the next stage sends a gradient per floating element
+                received = tensors(self._received(self.next_link))
+                for out, grad in zip(differentiable(saved.output), received):
+                    if out.requires_grad:
+                        outputs.append(out)
+                        grads.append(grad)
+        inputs = [] if self.is_first else list(differentiable(saved.inputs))
+        return SplitBackward(outputs, grads, inputs, list(self.module.parameters()))
+
+    def _send_input_grads(self, split: SplitBackward, lone_tensor: bool) -> None:
+        """I: the input's gradient, sent upstream at once (zeros for an input the stage did not use),
+        as _backward sends it: a tensor for a lone tensor input, else a tuple."""
+        grads = self._timed(split.input_grads)
+        if self.is_first or not split.inputs:
+            return
+        grads = [g if g is not None else torch.zeros_like(t) for g, t in zip(grads, split.inputs)]
+        self.prev_link.send(grads[0] if lone_tensor else tuple(grads))
+
     def _optimizer_step(self, lr: float, skip: bool = False) -> None:
         with self.state_lock:
             if self.optimizer is not None:
@@ -288,12 +332,3 @@ class StageExecutor:
         self._compute_s += time.perf_counter() - start
         return result
 
-
-def _check_runnable(actions: list[Action]) -> None:
-    """Refuse a schedule with split backwards before the step starts, so no step runs half.
-    An I then a W would need the input's gradient alone and the weights' later from a kept
-    graph; until the executor does that, a B is the only backward it runs."""
-    split = next((a for a in actions if a.kind is not F and a.kind is not B), None)
-    if split is not None:
-        raise ValueError(f"the executor runs forward (F) and full backward (B) actions only; the schedule gives it "
-                         f"{split} (input-gradient I and weight-gradient W backwards are not executable yet)")

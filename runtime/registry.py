@@ -50,7 +50,7 @@ CODEC_INFOS: tuple[CodecInfo, ...] = (
 CODEC_NAMES: tuple[str, ...] = tuple(c.name for c in CODEC_INFOS)  # also the lossiness order
 CODEC_INFOS_BY_NAME: dict[str, CodecInfo] = {c.name: c for c in CODEC_INFOS}
 
-SCHEDULE_NAMES: tuple[str, ...] = ("1f1b", "gpipe")  # the first is the default
+SCHEDULE_NAMES: tuple[str, ...] = ("1f1b", "gpipe", "zb-h1")  # the first is the default
 DEFAULT_SCHEDULE = SCHEDULE_NAMES[0]
 
 # Gradient sync between pipelines starts a bucket's all-reduce when its last gradient is final;

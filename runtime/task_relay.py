@@ -133,6 +133,7 @@ class TaskRelay:
                     self.step_reports.report(pb.ReportStepRequest(agent_id=self.agent_id, metrics=event.step,
                                                                   generation=generation))
                 elif kind == "checkpoint":
+                    self.step_reports.flush()  # the steps before it are reported first (a failed write ends the job)
                     if self.uploading and not event.checkpoint.error:  # reported once it is on the coordinator
                         self._uploader().submit(event.checkpoint, generation)
                     else:

@@ -28,7 +28,7 @@ CLUSTER = f"""name: hf-pair
 model: {{entrypoint: {EP}, kwargs: {json.dumps(KW)}}}
 data: {{seed: {DATA_SEED}}}
 train: {{steps: {STEPS}, micro_batch_size: {MICRO}, num_microbatches: {NUM_MICRO}, lr: {LR}, weight_decay: {WD},
-         grad_clip: {CLIP}, seed: {SEED}}}
+         grad_clip: {CLIP}, seed: {SEED}, schedule: SCHEDULE}}
 compression: {{intra_region: none, cross_region: none}}
 nodes:
   - {{name: head, device: cpu, threads: 1, layers: [0, 1]}}
@@ -69,8 +69,9 @@ def reference():
 
 
 @pytest.mark.timeout(300)
-def test_hf_gpt2_tied_through_the_layers_form_over_three_stages_equals_one_process(tmp_path):
-    (tmp_path / "cluster.yaml").write_text(CLUSTER)
+@pytest.mark.parametrize("schedule", ["1f1b", "zb-h1"])
+def test_hf_gpt2_tied_through_the_layers_form_over_three_stages_equals_one_process(tmp_path, schedule):
+    (tmp_path / "cluster.yaml").write_text(CLUSTER.replace("SCHEDULE", schedule))
     run_dir = tmp_path / "run"
     result = run_hetlaunch("up", str(tmp_path / "cluster.yaml"), "--run-dir", str(run_dir), timeout=260)
     assert result.returncode == 0, result.stderr + result.stdout

@@ -45,8 +45,8 @@ def reference():
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("schedule, windows", [("1f1b", None), ("gpipe", None), ("1f1b", (4, 3, 2))],
-                         ids=["1f1b", "gpipe", "1f1b-deeper-windows"])
+@pytest.mark.parametrize("schedule, windows", [("1f1b", None), ("gpipe", None), ("1f1b", (4, 3, 2)), ("zb-h1", None)],
+                         ids=["1f1b", "gpipe", "1f1b-deeper-windows", "zb-h1"])
 def test_pipeline_matches_single_process(schedule, windows, reference, tmp_path):
     """Deeper windows (1F1B's own here are 3, 2, 1) reorder forwards and backwards; the math must not move."""
     text = CLUSTER.replace("SCHEDULE", schedule)
@@ -74,3 +74,25 @@ def test_pipeline_matches_single_process(schedule, windows, reference, tmp_path)
     # Guard against a reference that never stepped (then "equal" would prove nothing).
     initial = build_model_range(ModelSpec(gpt=CFG), 0, 1, seed=SEED).layers[0]
     assert not torch.allclose(initial.tok.weight, merged["layers.0.tok.weight"])
+
+
+def _run(tmp_path, name: str, schedule: str, codec: str) -> tuple[list[float], dict]:
+    text = CLUSTER.replace("SCHEDULE", schedule).replace("WINDOW0", "").replace("WINDOW1", "").replace("WINDOW2", "")
+    text = text.replace("compression: {intra_region: none, cross_region: none}",
+                        f"compression: {{intra_region: {codec}, cross_region: {codec}}}")
+    (tmp_path / f"{name}.yaml").write_text(text)
+    result = run_hetlaunch("up", str(tmp_path / f"{name}.yaml"), "--run-dir", str(tmp_path / name), timeout=150)
+    assert result.returncode == 0, result.stderr + result.stdout
+    lines = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in lines], final_parameters(tmp_path / name)
+
+
+@pytest.mark.timeout(300)
+def test_zb_h1_with_a_lossy_codec_equals_1f1b_with_it_bit_for_bit(tmp_path):
+    """int8 on both links: ZB-H1 splits each backward and moves the weight gradients, but every
+    micro-batch's tensors, codes and the order the weights sum them in are 1F1B's."""
+    one_losses, one_params = _run(tmp_path, "one", "1f1b", "int8")
+    zb_losses, zb_params = _run(tmp_path, "zb", "zb-h1", "int8")
+    assert len(one_losses) == STEPS and zb_losses == one_losses
+    assert one_params.keys() == zb_params.keys()
+    assert all(torch.equal(one_params[k], zb_params[k]) for k in one_params)

@@ -34,8 +34,8 @@ def short(actions):
 
 def test_action_str_and_registry():
     assert str(Action(1, Kind.FORWARD, 3)) == "1F3" and Action(0, Kind.BACKWARD, 0).label == "B0"
-    assert set(SCHEDULES) == {"1f1b", "gpipe"}
-    with pytest.raises(ValueError, match="1f1b.*gpipe"):
+    assert set(SCHEDULES) == {"1f1b", "gpipe", "zb-h1"}
+    with pytest.raises(ValueError, match="1f1b.*gpipe.*zb-h1"):
         schedule_for("interleaved", 0, 2, 2)
 
 
@@ -49,15 +49,20 @@ def test_known_1f1b_orders():
     assert short(gpipe(1, 3, 3)) == "F0 F1 F2 B0 B1 B2"
 
 
+SPLIT = {"zb-h1"}  # schedules whose backwards are split into I and W
+
+
 @pytest.mark.parametrize("name", sorted(SCHEDULES))
 def test_every_microbatch_forward_then_backward_once(name):
+    backward = ["I", "W"] if name in SPLIT else ["B"]
     for num_stages, m in GRID:
         for actions in plan(name, num_stages, m):
             validate_actions(actions, m)  # raises on a missing, repeated or early action
-            assert sorted(a.label for a in actions) == sorted([f"F{i}" for i in range(m)] + [f"B{i}" for i in range(m)])
+            assert sorted(a.label for a in actions) == sorted(f"{k}{i}" for i in range(m) for k in ["F", *backward])
             for i in range(m):
                 s = actions[0].stage_index
-                assert actions.index(Action(s, Kind.FORWARD, i)) < actions.index(Action(s, Kind.BACKWARD, i))
+                order = [actions.index(Action(s, Kind(k), i)) for k in ["F", *backward]]
+                assert order == sorted(order)
 
 
 @pytest.mark.parametrize("name", sorted(SCHEDULES))
@@ -75,7 +80,7 @@ def test_memory_bounds():
             assert max_in_flight(gpipe(s, num_stages, m)) == m
 
 
-@pytest.mark.parametrize("name", sorted(SCHEDULES))
+@pytest.mark.parametrize("name", sorted(set(SCHEDULES) - SPLIT))
 @pytest.mark.parametrize("f,b", [(1.0, 2.0), (1.0, 1.0), (0.5, 3.0)])
 def test_uniform_makespan(name, f, b):
     for num_stages, m in GRID:
@@ -154,3 +159,19 @@ def test_a_deeper_window_hides_a_distant_link():
         return simulate(per_stage, [0.01, 0.01], [0.02, 0.02], [0.001], [0.1])
 
     assert step(8) < 0.6 * step(0)
+
+
+@pytest.mark.parametrize("f,b", [(1.0, 2.0), (1.0, 1.0), (0.5, 3.0)])
+def test_zb_h1_leaves_a_third_of_1f1bs_bubble_at_1f1bs_peak_memory(f, b):
+    """I and W half a backward each: ZB-H1's bubble is (S - 1) f where 1F1B's is (S - 1)(f + b)
+    (a third of it with b = 2f, as the paper says), every stage holds min(S, M) micro-batches,
+    1F1B's first stage's, and stage s holds each W back by s I's."""
+    for num_stages, m in GRID:
+        zb, one = plan("zb-h1", num_stages, m), plan("1f1b", num_stages, m)
+        assert [max_in_flight(a) for a in zb] == [min(num_stages, m)] * num_stages
+        makespan = simulate(zb, [f] * num_stages, [b] * num_stages)
+        assert makespan <= simulate(one, [f] * num_stages, [b] * num_stages) + 1e-9
+        if m >= num_stages:
+            assert makespan == pytest.approx(m * (f + b) + (num_stages - 1) * f), (num_stages, m)
+    assert short(schedule_for("zb-h1", 0, 4, 6)) == "F0 F1 F2 F3 I0 W0 F4 I1 W1 F5 I2 W2 I3 W3 I4 W4 I5 W5"
+    assert short(schedule_for("zb-h1", 3, 4, 6)) == "F0 I0 F1 I1 F2 I2 F3 I3 W0 F4 I4 W1 F5 I5 W2 W3 W4 W5"
