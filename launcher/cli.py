@@ -20,7 +20,7 @@ import typer
 
 from hetlaunch.launcher.cli_common import EXIT_BAD_INPUT, EXIT_JOB_FAILED, fail, plain_console
 from hetlaunch.launcher.cli_run_commands import certs_app, down, logs, status
-from hetlaunch.runtime.registry import SCHEDULE_NAMES
+from hetlaunch.runtime.registry import AUTO_SCHEDULE, SCHEDULE_NAMES
 
 # gRPC's C core logs its own copy of an error (a failed bind, say) to stderr before Python sees it;
 # the user gets our one line instead. GRPC_VERBOSITY=debug in the environment brings the logs back.
@@ -29,7 +29,7 @@ os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Train one PyTorch model as an uneven pipeline across mixed, spread-out nodes.")
 
-Schedule = Enum("Schedule", {name: name for name in SCHEDULE_NAMES}, type=str)
+Schedule = Enum("Schedule", {name: name for name in (*SCHEDULE_NAMES, AUTO_SCHEDULE)}, type=str)
 
 
 class Terminated(Exception):
@@ -148,7 +148,7 @@ def plan(
                                                help="samples per step: the planner chooses micro-batch size and "
                                                     "count (default: the YAML's global_batch)"),
     schedule: Optional[Schedule] = typer.Option(None, help="pipeline schedule (default: the YAML's, else "
-                                                           f"{SCHEDULE_NAMES[0]})"),
+                                                           f"{AUTO_SCHEDULE}: the planner chooses)"),
     max_pipelines: Optional[int] = typer.Option(None, min=1, help="allow at most this many data-parallel pipelines "
                                                                   "(default: the YAML's, else as many as pay off)"),
     stages: Optional[int] = typer.Option(None, min=1, help="use exactly this many stages per pipeline"),
@@ -177,7 +177,7 @@ def plan(
     global_batch = global_batch or (train.global_batch if train else None)
     fixed = microbatches or (train.fixed_microbatches if train and global_batch == train.global_batch else None)
     num_mb = microbatches or (train.batch_shape()[1] if train else 4)
-    sched = schedule.value if schedule else (cluster.train.schedule if cluster else SCHEDULE_NAMES[0])
+    sched = schedule.value if schedule else (cluster.train.schedule if cluster else AUTO_SCHEDULE)
     if profile_file is not None:
         try:
             measured = load_profile(profile_file)

@@ -275,7 +275,7 @@ class ClusterConfig(Strict):
             for key in ("pipeline", "window"):
                 if getattr(n, key) is not None and n.layers is None:
                     raise FieldError(("nodes", i, key), "only with pinned layers (the planner places nodes itself)")
-            if n.window is not None and self.train.schedule != "1f1b":
+            if n.window is not None and self.train.schedule not in ("1f1b", "auto"):  # auto: 1F1B where windows are pinned
                 raise FieldError(("nodes", i, "window"), f"only with train.schedule: 1f1b (not {self.train.schedule})")
         shares = self.train.pipeline_microbatches
         if shares is not None and not all(pinned):

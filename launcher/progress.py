@@ -93,6 +93,8 @@ def print_plan(console: Console, plan: Plan) -> None:
     if plan.predicted_step_s is not None:
         _say(console, f"predicted: {plan.predicted_step_s * 1e3:.1f} ms/step, "
                       f"{plan.predicted_tokens_per_s:,.0f} tokens/s; bottleneck: {plan.bottleneck}")
+    if plan.schedule_choice:
+        _say(console, f"schedule {plan.schedule} ({plan.schedule_choice})")
     if plan.batch_note:
         _say(console, plan.batch_note)
     if plan.contention_note:
@@ -222,7 +224,7 @@ def _islands(console: Console, plan: Plan) -> None:
 def planner_result_dict(result) -> dict:
     return {
         "step_s": result.step_s, "tokens_per_s": result.tokens_per_s, "method": result.method,
-        "schedule": result.schedule,
+        "schedule": result.schedule, "schedule_choice": result.schedule_choice,
         "planning_s": result.planning_s, "excluded": result.excluded, "micro_batch_size": result.micro_batch_size,
         "contention": result.contention,  # host -> compute stretch priced (launcher/planning/contention.py)
         "sync_pricing": result.sync_pricing,
@@ -270,6 +272,7 @@ def print_planner_result(console: Console, profile, result, as_json: bool = Fals
                       f"{_ms(g.exposed_s)} ms not hidden by backward)")
     _say(console, f"predicted: {result.step_s * 1e3:.1f} ms/step, {result.tokens_per_s:,.0f} tokens/s "
                   f"({result.method} search, planned in {result.planning_s:.2f}s)")
+    _say(console, f"schedule: {result.schedule}" + (f" ({result.schedule_choice})" if result.schedule_choice else ""))
     if result.sync_pricing:
         _say(console, f"priced: {result.sync_pricing}")
     if result.batch is not None:

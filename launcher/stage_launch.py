@@ -37,7 +37,7 @@ def launch(session: ClusterSession, plan: Plan, spec, restore: Restore, checkpoi
     offset = 0
     for p, (stages, share) in enumerate(zip(topology.pipelines, plan.pipeline_microbatches)):
         train = pb.TrainSpec(steps=t.steps, micro_batch_size=plan.micro_batch_size, num_microbatches=share,
-                             schedule=schedule_wire_id(t.schedule), lr=t.lr, weight_decay=t.weight_decay, seed=t.seed,
+                             schedule=schedule_wire_id(plan.schedule), lr=t.lr, weight_decay=t.weight_decay, seed=t.seed,
                              checkpoint_dir=str(checkpoint_root) if t.checkpoint_every else "",
                              checkpoint_every=t.checkpoint_every,
                              save_part=p == 0, start_step=restore.step, optimizer=t.optimizer, momentum=t.momentum,

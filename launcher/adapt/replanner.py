@@ -36,6 +36,7 @@ from hetlaunch.launcher.planning.planner import PlannerResult, PlanningError, pl
 from hetlaunch.launcher.planning.profile_edits import scaled, subset
 from hetlaunch.launcher.planning.profile_file import LinkProfile, Profile, ProfileError, with_encryption
 from hetlaunch.launcher.planning.request import PlanRequest, plan_for
+from hetlaunch.runtime.registry import AUTO_SCHEDULE, AUTO_SCHEDULES
 
 JOIN_GAIN = 0.10  # a (re)joined node is taken in when the planner predicts at least this much more tokens/s
 
@@ -107,7 +108,8 @@ class Replanner:
         chains = [([s.node for s in stages], [(s.layer_start, s.layer_end) for s in stages])
                   for stages in pinned.pipelines()]
         at = at_size(self.measured, pinned.micro_batch_size)
-        schedule = self.cluster.train.schedule
+        candidates = self._pinned_schedules(pinned)
+        schedule = candidates[0]
         if pinned.islands:  # each island priced alone (its sync stays inside it), then the outer exchange
             at = with_outer_memory(at, self.cluster.train.outer, len(pinned.island_members()))
             plans = [planned(self.cluster, price_pipelines(at, [(*chains[p], pinned.pipeline_microbatches[p])
@@ -115,12 +117,32 @@ class Replanner:
                              source="pinned")
                      for members in pinned.island_members()]
             return price_outer(self.cluster, at, merge(plans, {}))
-        if len(chains) == 1:
-            result = plan_fixed_cut(at, *chains[0], pinned.num_microbatches, schedule, self.compression)
-        else:
-            result = price_pipelines(at, [(nodes, cuts, share) for (nodes, cuts), share
-                                          in zip(chains, pinned.pipeline_microbatches)], schedule, self.compression)
-        return planned(self.cluster, result, source="pinned")
+        results = []
+        for schedule in candidates:
+            if len(chains) == 1:
+                result = plan_fixed_cut(at, *chains[0], pinned.num_microbatches, schedule, self.compression)
+            else:
+                result = price_pipelines(at, [(nodes, cuts, share) for (nodes, cuts), share
+                                              in zip(chains, pinned.pipeline_microbatches)], schedule, self.compression)
+            fits = all(s.memory_bytes <= s.capacity_bytes for p in result.pipelines for s in p.cost.stages)
+            if fits or schedule == candidates[0]:
+                results.append(result)
+        best = max(results, key=lambda r: r.tokens_per_s)  # the first (1F1B) on a tie
+        if len(candidates) > 1:
+            priced = ", ".join(f"{r.schedule} {r.tokens_per_s:,.0f}" for r in results)
+            best = replace(best, schedule_choice=f"auto: the pinned cut priced tokens/s {priced}")
+        return planned(self.cluster, best, source="pinned")
+
+    def _pinned_schedules(self, pinned: Plan) -> tuple[str, ...]:
+        """The schedules a pinned cut is priced under: the YAML's, or with `auto` each candidate
+        (1F1B alone where windows are pinned or islands are planned: windows are 1F1B's, and
+        islands keep one schedule for every pipeline)."""
+        schedule = self.cluster.train.schedule
+        if schedule != AUTO_SCHEDULE:
+            return (schedule,)
+        if pinned.islands or any(s.window for s in pinned.stages):
+            return AUTO_SCHEDULES[:1]
+        return AUTO_SCHEDULES
 
     def join(self, current: Plan) -> Plan | None:
         """The plan with the (re)joined nodes, if the planner predicts it JOIN_GAIN faster than `current`."""

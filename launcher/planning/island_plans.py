@@ -27,7 +27,7 @@ from hetlaunch.launcher.planning.planning_error import PlanningError
 from hetlaunch.launcher.planning.profile_edits import subset
 from hetlaunch.launcher.planning.profile_file import Profile
 from hetlaunch.launcher.planning.replicas import split_microbatches
-from hetlaunch.runtime.registry import codec_info
+from hetlaunch.runtime.registry import AUTO_SCHEDULE, AUTO_SCHEDULES, codec_info
 from hetlaunch.launcher.planning.request import PlanRequest, plan_for
 
 
@@ -37,6 +37,8 @@ SPEED_PROBE = 64
 def plan_islands(cluster, profile: Profile, request: PlanRequest, source: str = "planned") -> Plan:
     """The plan for `profile`'s nodes under cluster.train.outer (a plain plan when they form one island)."""
     outer = cluster.train.outer
+    if request.schedule == AUTO_SCHEDULE:  # one schedule for every island's pipelines: 1F1B's for now
+        request = replace(request, schedule=AUTO_SCHEDULES[0])
     groups = island_groups(outer.islands, [(n.name, n.region) for n in profile.nodes])
     listed = {name for group in groups for name in group}
     unlisted = {n.name: "in no island of train.outer.islands" for n in profile.nodes if n.name not in listed}

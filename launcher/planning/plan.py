@@ -15,6 +15,7 @@ from hetlaunch.launcher.planning.batch_sizes import describe
 from hetlaunch.launcher.planning.compression import NONE, CompressionConfig
 from hetlaunch.launcher.planning.islands import DEFAULT_EVERY, OuterPlan, island_groups, pipeline_islands
 from hetlaunch.launcher.planning.sync_groups import hierarchy_applies, sync_groups
+from hetlaunch.runtime.registry import AUTO_SCHEDULE, AUTO_SCHEDULES
 from hetlaunch.runtime.schedules import own_window
 
 
@@ -54,6 +55,11 @@ class SyncPlan:
     hierarchical: bool = False        # summed inside each region first (runtime/hierarchical_sync.py)
 
 
+
+def concrete_schedule(name: str) -> str:
+    """`auto` where nothing was priced to choose by (a pinned plan without a profile): 1F1B."""
+    return AUTO_SCHEDULES[0] if name == AUTO_SCHEDULE else name
+
 @dataclass(frozen=True)
 class Plan:
     stages: tuple[StagePlan, ...]  # pipeline 0's stages in order, then pipeline 1's, ...
@@ -75,6 +81,7 @@ class Plan:
     # Islands (launcher/planning/islands.py): each pipeline's island; () is one island (synchronous).
     islands: tuple[int, ...] = ()
     outer: OuterPlan | None = None  # the outer steps between islands; set exactly when `islands` is
+    schedule_choice: str = ""  # schedule: auto — what each candidate schedule was priced at
 
     def __post_init__(self):
         if not self.pipeline_microbatches:
@@ -243,7 +250,7 @@ def static_plan(cluster, num_layers: int) -> Plan:
     shares = tuple(train.pipeline_microbatches or even_shares(count, len(chains)))
     sync_codec = policy.sync if policy.sync != "auto" else "none"
     plan = Plan(stages=tuple(stages), num_layers=num_layers, micro_batch_size=size,
-                num_microbatches=count, schedule=train.schedule, source=source,
+                num_microbatches=count, schedule=concrete_schedule(train.schedule), source=source,
                 pipeline_microbatches=shares, compression=policy)
     for pipeline, share in zip(plan.pipelines(), shares):
         check_windows(list(pipeline), share)
@@ -297,7 +304,8 @@ def planned(cluster, result, source: str = "planned") -> Plan:
         bottleneck = f"gradient sync of layers {worst.layer_start}–{worst.layer_end - 1} over {', '.join(worst.nodes)}"
     train = cluster.train
     return Plan(stages=stages, num_layers=stages[-1].layer_end, micro_batch_size=result.micro_batch_size,
-                num_microbatches=sum(p.cost.num_microbatches for p in result.pipelines), schedule=train.schedule,
+                num_microbatches=sum(p.cost.num_microbatches for p in result.pipelines),
+                schedule=result.schedule or concrete_schedule(train.schedule), schedule_choice=result.schedule_choice,
                 source=source,
                 predicted_step_s=result.step_s, predicted_tokens_per_s=result.tokens_per_s,
                 bottleneck=bottleneck, excluded=dict(result.excluded),

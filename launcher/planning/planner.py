@@ -65,6 +65,7 @@ class PlannerResult:
     contention: dict[str, float] = field(default_factory=dict)  # host -> compute stretch priced (contention.py)
     sync_pricing: str = ""  # how the step's gradient-sync term was priced ("" for one pipeline)
     schedule: str = ""  # the schedule every pipeline was simulated under
+    schedule_choice: str = ""  # with schedule: auto, what each candidate was priced at
     compression: CompressionConfig = field(default_factory=lambda: NONE)  # the codecs it was allowed (and pricing again is)
 
 

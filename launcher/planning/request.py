@@ -8,11 +8,13 @@ of samples whose micro-batch size (and count, unless fixed) the planner chooses
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hetlaunch.launcher.planning.compression import CompressionConfig
-from hetlaunch.launcher.planning.planner import PlannerResult, plan, plan_global_batch
+from hetlaunch.launcher.planning.batch_sizes import at_size
+from hetlaunch.launcher.planning.planner import PlannerResult, PlanningError, plan, plan_global_batch, price_pipelines
 from hetlaunch.launcher.planning.profile_file import Profile
+from hetlaunch.runtime.registry import AUTO_SCHEDULE, AUTO_SCHEDULES
 
 
 @dataclass(frozen=True)
@@ -34,7 +36,37 @@ class PlanRequest:
 
 
 def plan_for(profile: Profile, request: PlanRequest) -> PlannerResult:
-    """The planner's best plan for `request` on `profile`; PlanningError if none fits."""
+    """The planner's best plan for `request` on `profile`; PlanningError if none fits. With
+    `schedule: auto`, the cut is searched under AUTO_SCHEDULES[0] (1F1B) and then priced, by
+    simulation, under each other candidate; the fastest whose memory fits every stage is kept."""
+    if request.schedule != AUTO_SCHEDULE:
+        return _plan_for(profile, request)
+    first, *others = AUTO_SCHEDULES
+    best = _plan_for(profile, replace(request, schedule=first))
+    searched = best
+    for schedule in others:
+        chains = [([s.node for s in p.cost.stages], [(s.layer_start, s.layer_end) for s in p.cost.stages],
+                   p.cost.num_microbatches) for p in searched.pipelines]
+        try:
+            other = price_pipelines(at_size(profile, searched.micro_batch_size), chains, schedule, request.compression)
+        except PlanningError:
+            continue
+        fits = all(s.memory_bytes <= s.capacity_bytes for p in other.pipelines for s in p.cost.stages)
+        if fits and other.tokens_per_s > best.tokens_per_s:
+            best = replace(searched, pipelines=other.pipelines, sync=other.sync, step_s=other.step_s,
+                           tokens_per_s=other.tokens_per_s, schedule=schedule)
+    note = ", ".join(f"{s} {t:,.0f}" for s, t in _candidates(searched, best))
+    return replace(best, schedule_choice=f"auto: the cut searched under {first}, priced tokens/s {note}")
+
+
+def _candidates(searched: PlannerResult, best: PlannerResult) -> list[tuple[str, float]]:
+    pairs = [(searched.schedule, searched.tokens_per_s)]
+    if best is not searched:
+        pairs.append((best.schedule, best.tokens_per_s))
+    return pairs
+
+
+def _plan_for(profile: Profile, request: PlanRequest) -> PlannerResult:
     pipelines = len(profile.nodes) if request.max_pipelines is None else request.max_pipelines
     if request.global_batch is None:
         return plan(profile, request.num_microbatches, request.schedule, max_pipelines=pipelines,

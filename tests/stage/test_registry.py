@@ -46,9 +46,11 @@ def test_every_schedule_has_a_wire_id_an_implementation_and_a_yaml_and_cli_value
     assert set(wire.SCHEDULE_WIRE_IDS.values()) == proto_ids
     names = set(registry.SCHEDULE_NAMES)
     assert set(wire.SCHEDULE_WIRE_IDS) == names == set(schedules.SCHEDULES)
-    assert literal_values(TrainConfig.model_fields["schedule"].annotation) == names
-    assert {s.value for s in cli.Schedule} == names
-    assert TrainConfig().schedule == registry.DEFAULT_SCHEDULE
+    # `auto` is the YAML's and the CLI's too: the planner's choice among AUTO_SCHEDULES, all of them real
+    assert literal_values(TrainConfig.model_fields["schedule"].annotation) == names | {registry.AUTO_SCHEDULE}
+    assert {s.value for s in cli.Schedule} == names | {registry.AUTO_SCHEDULE}
+    assert TrainConfig().schedule == registry.DEFAULT_SCHEDULE == registry.AUTO_SCHEDULE
+    assert set(registry.AUTO_SCHEDULES) <= names and registry.AUTO_SCHEDULE not in names
 
 
 def test_yaml_codec_choices_and_lossiness_order_come_from_the_registry():
