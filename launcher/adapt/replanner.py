@@ -21,6 +21,7 @@ a profile it cannot price — never ends the job: the answer is "no change", and
 
 from __future__ import annotations
 
+import math
 import time
 import traceback
 from dataclasses import replace
@@ -235,6 +236,8 @@ class Replanner:
                            current.schedule, current.compression)
         except (PlanningError, ProfileError):
             return None
+        if not math.isfinite(result.step_s):  # a profile the planner cannot price (a NaN time): a bug, reported
+            raise ValueError(f"the planner priced a re-cut step of {result.step_s}")
         target = planned(self.cluster, result, source="live move")
         target = replace(target, stages=tuple(replace(s, window=c.window) for s, c in zip(target.stages, current.stages)))
         if not same_places(current, target) or _cut(target) == _cut(current):

@@ -69,7 +69,7 @@ def test_defaults() -> None:
     assert cfg.model.to_spec() == ModelSpec(gpt=PRESETS["tiny"])
     assert (cfg.data.path, cfg.data.seed) == (None, 0)
     t = cfg.train
-    assert (t.steps, t.micro_batch_size, t.num_microbatches, t.schedule) == (300, 8, 4, "1f1b")
+    assert (t.steps, t.micro_batch_size, t.num_microbatches, t.schedule) == (300, 8, 4, "auto")
     assert (t.lr, t.weight_decay, t.seed) == (3.0e-3, 0.0, 0)
     assert (t.checkpoint_every, t.max_restarts, cfg.checkpoint.dir, cfg.checkpoint.keep) == (50, 3, None, 2)
     assert cfg.regions == [] and cfg.links == []
@@ -214,7 +214,7 @@ def test_types_are_strict() -> None:
 
 
 def test_enumerations_and_patterns() -> None:
-    assert "train.schedule: must be '1f1b' or 'gpipe' (got 'zigzag')" in \
+    assert "train.schedule: must be '1f1b', 'gpipe', 'zb-h1' or 'auto' (got 'zigzag')" in \
         error_of("train: {schedule: zigzag}\nnodes: [{name: a}]")
     assert "nodes[0].launch: must be 'local', 'remote' or 'ssh'" in error_of("nodes: [{name: a, launch: rsh}]")
     assert "nodes[0].host: required with launch: ssh" in error_of("nodes: [{name: a, launch: ssh}]")
