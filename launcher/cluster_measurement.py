@@ -174,6 +174,8 @@ def _assemble(session: ClusterSession, spec: ModelSpec, model: str, micro_batch_
         if report.layers:
             entry = {"layer_seconds": [l.seconds for l in report.layers],
                      "optimizer_seconds": [l.optimizer_seconds for l in report.layers],
+                     "input_grad_seconds": [l.input_grad_seconds for l in report.layers],
+                     "weight_grad_seconds": [l.weight_grad_seconds for l in report.layers],
                      "codec_seconds_per_byte": dict(report.codec_seconds_per_byte),
                      "cpu_per_wall": report.cpu_per_wall or None,
                      "cipher_seconds_per_byte": report.cipher_seconds_per_byte or None,
@@ -192,6 +194,8 @@ def _assemble(session: ClusterSession, spec: ModelSpec, model: str, micro_batch_
         nodes.append(NodeProfile(name=node.name, region=node.region, device=report.device_name,
                                  memory_bytes=report.memory_bytes, layer_seconds=entry["layer_seconds"],
                                  optimizer_seconds=entry["optimizer_seconds"],
+                                 input_grad_seconds=entry.get("input_grad_seconds"),
+                                 weight_grad_seconds=entry.get("weight_grad_seconds"),
                                  codec_seconds_per_byte=entry.get("codec_seconds_per_byte"),
                                  host=info.hostname[:255] or None, host_cores=info.cpu_count or None,
                                  cpu_per_wall=entry.get("cpu_per_wall"),

@@ -42,12 +42,14 @@ class CacheEntry(BaseModel):
     layers: list[LayerInfo]
     cpu_per_wall: float | None = Field(None, ge=0)  # absent in entries written before it was measured
     cipher_seconds_per_byte: MaybeZeroSeconds | None = None  # likewise
+    input_grad_seconds: list[MaybeZeroSeconds] | None = None  # likewise: the backward split (zero bubble)
+    weight_grad_seconds: list[MaybeZeroSeconds] | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> "CacheEntry":
         n = len(self.layer_seconds)
-        for name in ("optimizer_seconds", "layers"):
-            if len(getattr(self, name)) != n:
+        for name in ("optimizer_seconds", "layers", "input_grad_seconds", "weight_grad_seconds"):
+            if getattr(self, name) is not None and len(getattr(self, name)) != n:
                 raise ValueError(f"{name} has {len(getattr(self, name))} entries, layer_seconds {n}")
         if set(self.codec_seconds_per_byte) != set(CODEC_NAMES):
             raise ValueError(f"codec_seconds_per_byte names {sorted(self.codec_seconds_per_byte)}, "

@@ -239,6 +239,7 @@ def planner_result_dict(result) -> dict:
                         "link_uncompressed_s": s.link_uncompressed_s, "latency_s": s.latency_s, "window": s.window,
                         # what the step's simulation charges this stage, so anyone can simulate it again
                         "forward_s": s.forward_s, "backward_s": s.backward_s, "optimizer_s": s.optimizer_s,
+                        "input_grad_s": s.input_grad_s, "weight_grad_s": s.weight_grad_s,
                         "memory_bytes": s.memory_bytes, "capacity_bytes": s.capacity_bytes}
                        for s, region in zip(p.cost.stages, p.regions)]}
             for p in result.pipelines],

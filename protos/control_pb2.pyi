@@ -835,18 +835,22 @@ class Profile(_message.Message):
     def __init__(self, model: _Optional[_Union[ModelSpec, _Mapping]] = ..., micro_batch_size: _Optional[int] = ..., seed: _Optional[int] = ..., device: _Optional[str] = ..., threads: _Optional[int] = ..., emulate: _Optional[_Union[Emulation, _Mapping]] = ..., measure_layers: _Optional[bool] = ..., rendezvous: _Optional[_Union[Rendezvous, _Mapping]] = ..., probes: _Optional[_Iterable[_Union[ProbePeer, _Mapping]]] = ..., precision: _Optional[str] = ..., memory_fraction: _Optional[float] = ...) -> None: ...
 
 class LayerProfile(_message.Message):
-    __slots__ = ("seconds", "optimizer_seconds", "param_bytes", "activation_bytes", "output_bytes")
+    __slots__ = ("seconds", "optimizer_seconds", "param_bytes", "activation_bytes", "output_bytes", "input_grad_seconds", "weight_grad_seconds")
     SECONDS_FIELD_NUMBER: _ClassVar[int]
     OPTIMIZER_SECONDS_FIELD_NUMBER: _ClassVar[int]
     PARAM_BYTES_FIELD_NUMBER: _ClassVar[int]
     ACTIVATION_BYTES_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    INPUT_GRAD_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_GRAD_SECONDS_FIELD_NUMBER: _ClassVar[int]
     seconds: float
     optimizer_seconds: float
     param_bytes: int
     activation_bytes: int
     output_bytes: int
-    def __init__(self, seconds: _Optional[float] = ..., optimizer_seconds: _Optional[float] = ..., param_bytes: _Optional[int] = ..., activation_bytes: _Optional[int] = ..., output_bytes: _Optional[int] = ...) -> None: ...
+    input_grad_seconds: float
+    weight_grad_seconds: float
+    def __init__(self, seconds: _Optional[float] = ..., optimizer_seconds: _Optional[float] = ..., param_bytes: _Optional[int] = ..., activation_bytes: _Optional[int] = ..., output_bytes: _Optional[int] = ..., input_grad_seconds: _Optional[float] = ..., weight_grad_seconds: _Optional[float] = ...) -> None: ...
 
 class LinkProbe(_message.Message):
     __slots__ = ("peer_node", "latency_s", "bandwidth_bytes_per_s")

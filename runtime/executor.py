@@ -148,7 +148,7 @@ class StageExecutor:
                 with self.memory.forward(mb) if self.memory else contextlib.nullcontext(), self._span("forward", mb):
                     in_flight[mb] = self._forward(mb, microbatches, loss_divisor, losses)
             elif action.kind is I:
-                with self._span("input grad", mb):
+                with self._span("input gradient", mb):
                     saved = in_flight.pop(mb)
                     split = self._split(saved)
                     self._whole_in_i = split.whole_in_input_pass
@@ -163,7 +163,7 @@ class StageExecutor:
                     with self._span("backward", mb):
                         self._backward(in_flight.pop(mb))
                 else:
-                    with self._span("weight grad", mb):
+                    with self._span("weight gradient", mb):
                         self._timed(weights_left.pop(mb).weight_grads)
                 if self.memory is not None:
                     self.memory.backward_done(mb)

@@ -29,6 +29,11 @@ from hetlaunch.runtime.precision import autocast, compute_dtype, from_wire, to_w
 class LayerMeasurement:
     seconds: float            # forward + backward of one micro-batch
     optimizer_seconds: float  # one AdamW step over the layer's parameters
+    # The backward split as zero-bubble schedules run it (runtime/split_backward.py): the input's
+    # gradient with the graph's analysis, and the weights'. Their sum exceeds the backward's share
+    # of `seconds` by what splitting costs (two autograd passes, a call per weight group).
+    input_grad_seconds: float = 0.0
+    weight_grad_seconds: float = 0.0
     param_bytes: int
     activation_bytes: int     # tensors autograd keeps for backward, per micro-batch in flight
     output_bytes: int         # what crosses a stage boundary placed after this layer
@@ -152,6 +157,8 @@ def _measure_layer(layer: nn.Module, x: Message, loss_fn, targets: torch.Tensor,
     for _ in range(warmup):
         fwd_bwd()
     seconds = statistics.median(_timed(fwd_bwd, device, emulation, meter) for _ in range(repeats))
+    input_grad_s, weight_grad_s = _split_seconds(layer, inputs, loss_fn, targets, device, emulation, dtype,
+                                                 params, warmup, repeats)
     opt_seconds = 0.0
     if optimizer is not None:
         optimizer.step()  # the first step allocates state; time the later ones
@@ -159,10 +166,43 @@ def _measure_layer(layer: nn.Module, x: Message, loss_fn, targets: torch.Tensor,
     with autocast(device, dtype):
         out, activation_bytes = _saved_bytes(layer, inputs)
     out = map_tensors(lambda t: to_wire(t, dtype), out)
-    return LayerMeasurement(seconds=seconds, optimizer_seconds=opt_seconds,
+    return LayerMeasurement(seconds=seconds, optimizer_seconds=opt_seconds, input_grad_seconds=input_grad_s,
+                            weight_grad_seconds=weight_grad_s,
                             param_bytes=sum(p.numel() * p.element_size() for p in params),
                             activation_bytes=activation_bytes,
                             output_bytes=nbytes(out)), map_tensors(lambda t: from_wire(t.detach(), dtype), out)
+
+
+def _split_seconds(layer: nn.Module, inputs: Message, loss_fn, targets: torch.Tensor, device: torch.device,
+                   emulation: ComputeEmulation, dtype: torch.dtype | None, params: list, warmup: int,
+                   repeats: int) -> tuple[float, float]:
+    """The layer's backward split into I and W (each after an untimed forward): medians."""
+    from hetlaunch.runtime.split_backward import SplitBackward
+
+    def prepared():
+        with autocast(device, dtype):
+            out = layer(inputs)
+            if loss_fn is not None:
+                outs, grads = [loss_fn(out, targets)], [None]
+        if loss_fn is None:
+            outs = [t for t in differentiable(map_tensors(lambda t: to_wire(t, dtype), out)) if t.requires_grad]
+            grads = [torch.ones_like(t) for t in outs]
+        backward = [None]
+
+        def input_pass():  # the graph's analysis is part of it, as in the executor
+            backward[0] = SplitBackward(outs, grads, list(differentiable(inputs)), params)
+            backward[0].input_grads()
+        return input_pass, lambda: backward[0].weight_grads()
+
+    timings = []
+    for i in range(warmup + repeats):
+        input_pass, weight_pass = prepared()
+        if i < warmup:
+            input_pass()
+            weight_pass()
+            continue
+        timings.append((_timed(input_pass, device, emulation), _timed(weight_pass, device, emulation)))
+    return statistics.median(t for t, _ in timings), statistics.median(t for _, t in timings)
 
 
 def codec_seconds_per_byte(sample: torch.Tensor, repeats: int = 5) -> dict[str, float]:

@@ -38,7 +38,8 @@ def run_profile(cmd: pb.Profile, store: wpb.StoreAccess) -> pb.ReportProfileRequ
         for m in measured:
             report.layers.append(pb.LayerProfile(seconds=m.seconds, optimizer_seconds=m.optimizer_seconds,
                                                   param_bytes=m.param_bytes, activation_bytes=m.activation_bytes,
-                                                  output_bytes=m.output_bytes))
+                                                  output_bytes=m.output_bytes, input_grad_seconds=m.input_grad_seconds,
+                                                  weight_grad_seconds=m.weight_grad_seconds))
         # Codecs run on a tensor the size of the largest boundary activation.
         biggest = max(m.output_bytes for m in measured[:-1] or measured)
         sample = torch.randn(max(biggest // 4, 1), device=device)

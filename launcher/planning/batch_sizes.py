@@ -66,8 +66,7 @@ def at_size(profile: Profile, size: int) -> Profile:
     scale = size / profile.micro_batch_size
     layers = [layer.model_copy(update={"activation_bytes": round(layer.activation_bytes * scale),
                                        "output_bytes": round(layer.output_bytes * scale)}) for layer in profile.layers]
-    nodes = [node.model_copy(update={"layer_seconds": _predict(_timings(node, profile), size),
-                                     "layer_seconds_by_size": None}) for node in profile.nodes]
+    nodes = [_at(node, _predict(_timings(node, profile), size)) for node in profile.nodes]
     return profile.model_copy(update={"micro_batch_size": size, "layers": layers, "nodes": nodes})
 
 
@@ -85,6 +84,17 @@ def per_token_error(profile: Profile) -> float | None:
             predicted, measured = sum(_predict(others, size)), sum(timings[size])
             worst = max(worst, abs(predicted - measured) / measured)
     return worst
+
+
+def _at(node: NodeProfile, layer_seconds: list[float]) -> NodeProfile:
+    """The node at another size: its layers' times predicted, the backward's split scaled with them."""
+    update = {"layer_seconds": layer_seconds, "layer_seconds_by_size": None}
+    for name in ("input_grad_seconds", "weight_grad_seconds"):
+        measured = getattr(node, name)
+        if measured is not None:
+            update[name] = [t * new / old if old > 0 else t for t, new, old in zip(measured, layer_seconds,
+                                                                                   node.layer_seconds)]
+    return node.model_copy(update=update)
 
 
 def _timings(node: NodeProfile, profile: Profile) -> dict[int, list[float]]:

@@ -58,6 +58,10 @@ class StageCost:
     forward_s: float = 0.0
     backward_s: float = 0.0
     optimizer_s: float = 0.0
+    # A split backward's two parts (zero-bubble schedules), where the node measured them; both 0:
+    # not measured, and the simulation takes half the backward each.
+    input_grad_s: float = 0.0
+    weight_grad_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -112,6 +116,17 @@ class CostModel:
             self._time[node.name] = acc
         return acc
 
+    def split_backward_s(self, node: NodeProfile, start: int, end: int, stage_index: int, backward_s: float,
+                         codec_s: float) -> tuple[float, float]:
+        """(I, W) of a stage's split backward per micro-batch from the node's measured parts, or
+        (0, 0) where it measured none. A first stage sends no gradient: its I is empty and its W
+        one full backward (runtime/split_backward.py). The gradient's codec work goes with I."""
+        if node.input_grad_seconds is None or node.weight_grad_seconds is None:
+            return 0.0, 0.0
+        if stage_index == 0:
+            return 0.0, backward_s
+        return (sum(node.input_grad_seconds[start:end]) + codec_s, sum(node.weight_grad_seconds[start:end]))
+
     def optimizer_s(self, node: NodeProfile, start: int, end: int) -> float:
         """The once-per-step optimizer time of layers [start, end) on node."""
         acc = self._optimizer.get(node.name)
@@ -126,9 +141,12 @@ class CostModel:
         outgoing link. The closed form stays for the search, where it is called thousands of
         times; plans are priced with this, and only this sets `exact`."""
         actions = tuple(self._actions(j, len(cost.stages), stage.window) for j, stage in enumerate(cost.stages))
+        measured = all(s.input_grad_s + s.weight_grad_s > 0 for s in cost.stages)
         step = simulate_compiled(actions, [s.forward_s for s in cost.stages], [s.backward_s for s in cost.stages],
                                  [s.link_s for s in cost.stages[:-1]], [s.latency_s for s in cost.stages[:-1]],
-                                 [s.optimizer_s for s in cost.stages])
+                                 [s.optimizer_s for s in cost.stages],
+                                 [s.input_grad_s for s in cost.stages] if measured else None,
+                                 [s.weight_grad_s for s in cost.stages] if measured else None)
         return replace(cost, step_s=step, exact=True)
 
     def _actions(self, stage_index: int, num_stages: int, window: int) -> tuple:
@@ -295,10 +313,12 @@ class CostModel:
             optimizer = self.optimizer_s(node, start, end)
             layers = self.compute_s(node, start, end) - optimizer / self.M
             codec_work = t - self.compute_s(node, start, end)
+            input_grad, weight_grad = self.split_backward_s(node, start, end, j, 2 * layers / 3 + codec_work / 2,
+                                                            codec_work / 2)
             stages.append(StageCost(node.name, start, end, t, c, lat, self.memory_bytes(start, end, j, S),
                                     node.memory_bytes, codecs[j] if j < S - 1 else "none", raw_c,
                                     forward_s=layers / 3 + codec_work / 2, backward_s=2 * layers / 3 + codec_work / 2,
-                                    optimizer_s=optimizer))
+                                    optimizer_s=optimizer, input_grad_s=input_grad, weight_grad_s=weight_grad))
         # The schedule's in-flight window (1F1B's): the round trip from each stage to the end and back.
         window_max, window_stage, round_trip = 0.0, "", 0.0
         for j in range(S - 1, -1, -1):

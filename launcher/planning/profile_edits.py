@@ -30,9 +30,8 @@ def scaled(profile: Profile, factors: Mapping[str, float], forget_hosts: bool = 
 
 
 def _times(node: NodeProfile, factor: float) -> dict:
-    return {"layer_seconds": [t * factor for t in node.layer_seconds],
-            "optimizer_seconds": None if node.optimizer_seconds is None else
-            [t * factor for t in node.optimizer_seconds]}
+    return {name: None if getattr(node, name) is None else [t * factor for t in getattr(node, name)]
+            for name in ("layer_seconds", "optimizer_seconds", "input_grad_seconds", "weight_grad_seconds")}
 
 
 def subset(profile: Profile, names: list[str]) -> Profile:

@@ -82,6 +82,10 @@ class NodeProfile(_Strict):
     memory_bytes: float = Field(gt=0, le=MAX_BYTES)
     layer_seconds: list[Seconds]
     optimizer_seconds: list[MaybeZeroSeconds] | None = None  # per layer, one AdamW step; default 0
+    # Per layer, the backward split as zero-bubble schedules run it: the input's gradient (with the
+    # graph's analysis) and the weights'. None: not measured (the planner halves the backward).
+    input_grad_seconds: list[MaybeZeroSeconds] | None = None
+    weight_grad_seconds: list[MaybeZeroSeconds] | None = None
     codec_seconds_per_byte: dict[str, MaybeZeroSeconds] | None = None  # encode + decode per raw byte; default 0
     # layer_seconds measured at other micro-batch sizes (a global batch lets the planner choose the
     # size; launcher/planning/batch_sizes.py interpolates between these and reports its error)
@@ -149,8 +153,10 @@ class Profile(_Strict):
                 if size < 1 or size == self.micro_batch_size or len(seconds) != n:
                     raise ValueError(f"node {node.name}: layer_seconds_by_size[{size}] must be another micro-batch "
                                      f"size >= 1 with {n} entries")
-            if node.optimizer_seconds is not None and len(node.optimizer_seconds) != n:
-                raise ValueError(f"node {node.name}: optimizer_seconds has {len(node.optimizer_seconds)} entries, expected {n}")
+            for name in ("optimizer_seconds", "input_grad_seconds", "weight_grad_seconds"):
+                values = getattr(node, name)
+                if values is not None and len(values) != n:
+                    raise ValueError(f"node {node.name}: {name} has {len(values)} entries, expected {n}")
         for link in self.links:
             if link.nodes is not None and not set(link.nodes) <= set(names):
                 raise ValueError(f"link {list(link.nodes)} names a node not in the profile")

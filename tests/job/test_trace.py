@@ -45,7 +45,8 @@ def test_simulated_timeline_is_the_simulation_action_by_action():
 @pytest.mark.timeout(240)
 def test_up_writes_a_chrome_trace_of_every_scheduled_action_on_one_clock(tmp_path):
     cluster = yaml.safe_load((REPO / "cluster_examples" / "tiny_test.yaml").read_text())
-    cluster["train"].update(steps=6, checkpoint_every=0, num_microbatches=4)
+    # 1F1B pinned: its F and B spans are what this test reads (auto may choose ZB-H1's F, I and W)
+    cluster["train"].update(steps=6, checkpoint_every=0, num_microbatches=4, schedule="1f1b")
     cluster["observe"] = {"trace_every": 2}
     for node, layers in zip(cluster["nodes"], ([0, 1], [1, 3], [3, 4])):  # three stages on three agents
         node["layers"] = layers

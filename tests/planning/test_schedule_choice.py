@@ -50,3 +50,36 @@ def test_one_stage_has_no_bubble_to_win_and_keeps_1f1b():
     profile = regions_profile(per_region=1, regions=("a",), num_layers=4, layer_s=0.01)
     auto = plan_for(profile, PlanRequest(num_microbatches=4, schedule="auto", compression=NONE, max_pipelines=1))
     assert auto.schedule == "1f1b"
+
+
+def _with_split(profile, overhead: float):
+    """Every node measured I and W: half the backward each, times `overhead` (what splitting costs)."""
+    nodes = [n.model_copy(update={"input_grad_seconds": [t / 3 * overhead for t in n.layer_seconds],
+                                  "weight_grad_seconds": [t / 3 * overhead for t in n.layer_seconds]})
+             for n in profile.nodes]
+    return profile.model_copy(update={"nodes": nodes})
+
+
+def test_auto_prices_the_split_backward_each_node_measured():
+    """Measured I and W as cheap as a full backward: ZB-H1 wins as before. Measured at twice the
+    cost (small layers, where the split's extra autograd calls dominate): 1F1B is kept."""
+    profile = _profile()
+    assert plan_for(_with_split(profile, 1.0), _request("auto")).schedule == "zb-h1"
+    costly = plan_for(_with_split(profile, 2.0), _request("auto"))
+    assert costly.schedule == "1f1b", costly.schedule_choice
+    zb = plan_for(_with_split(profile, 2.0), _request("zb-h1"))
+    assert all(s.input_grad_s > 0 for s in zb.pipelines[0].cost.stages[1:])
+    assert zb.pipelines[0].cost.stages[0].input_grad_s == 0  # the first stage sends no gradient
+
+
+def test_the_profiler_measures_the_split_backward():
+    import torch
+
+    from hetlaunch.runtime.model_spec import GPTConfig, ModelSpec
+    from hetlaunch.runtime.node_measurement import profile_layers
+
+    torch.set_num_threads(1)
+    layers = profile_layers(ModelSpec(gpt=GPTConfig(seq_len=16, d_model=32, n_layers=2, n_heads=4)), 2,
+                            torch.device("cpu"), repeats=2, warmup=1)
+    assert layers[0].input_grad_seconds == 0 and layers[0].weight_grad_seconds > 0  # token ids: no input gradient
+    assert all(m.input_grad_seconds > 0 and m.weight_grad_seconds > 0 for m in layers[1:])
