@@ -29,14 +29,14 @@ from hetlaunch.runtime.precision import autocast, compute_dtype, from_wire, to_w
 class LayerMeasurement:
     seconds: float            # forward + backward of one micro-batch
     optimizer_seconds: float  # one AdamW step over the layer's parameters
+    param_bytes: int
+    activation_bytes: int     # tensors autograd keeps for backward, per micro-batch in flight
+    output_bytes: int         # what crosses a stage boundary placed after this layer
     # The backward split as zero-bubble schedules run it (runtime/split_backward.py): the input's
     # gradient with the graph's analysis, and the weights'. Their sum exceeds the backward's share
     # of `seconds` by what splitting costs (two autograd passes, a call per weight group).
     input_grad_seconds: float = 0.0
     weight_grad_seconds: float = 0.0
-    param_bytes: int
-    activation_bytes: int     # tensors autograd keeps for backward, per micro-batch in flight
-    output_bytes: int         # what crosses a stage boundary placed after this layer
 
 
 def usable_memory_bytes(device: torch.device, cap_gb: float = 0.0, fraction: float = 0.0) -> int:
@@ -202,7 +202,9 @@ def _split_seconds(layer: nn.Module, inputs: Message, loss_fn, targets: torch.Te
             weight_pass()
             continue
         timings.append((_timed(input_pass, device, emulation), _timed(weight_pass, device, emulation)))
-    return statistics.median(t for t, _ in timings), statistics.median(t for _, t in timings)
+    no_input_gradient = not differentiable(inputs)  # token ids: I has nothing to do, W is the whole backward
+    return (0.0 if no_input_gradient else statistics.median(t for t, _ in timings),
+            statistics.median(t for _, t in timings))
 
 
 def codec_seconds_per_byte(sample: torch.Tensor, repeats: int = 5) -> dict[str, float]:

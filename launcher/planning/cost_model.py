@@ -141,12 +141,9 @@ class CostModel:
         outgoing link. The closed form stays for the search, where it is called thousands of
         times; plans are priced with this, and only this sets `exact`."""
         actions = tuple(self._actions(j, len(cost.stages), stage.window) for j, stage in enumerate(cost.stages))
-        measured = all(s.input_grad_s + s.weight_grad_s > 0 for s in cost.stages)
         step = simulate_compiled(actions, [s.forward_s for s in cost.stages], [s.backward_s for s in cost.stages],
                                  [s.link_s for s in cost.stages[:-1]], [s.latency_s for s in cost.stages[:-1]],
-                                 [s.optimizer_s for s in cost.stages],
-                                 [s.input_grad_s for s in cost.stages] if measured else None,
-                                 [s.weight_grad_s for s in cost.stages] if measured else None)
+                                 [s.optimizer_s for s in cost.stages], *split_costs(cost.stages))
         return replace(cost, step_s=step, exact=True)
 
     def _actions(self, stage_index: int, num_stages: int, window: int) -> tuple:
@@ -332,6 +329,14 @@ class CostModel:
                           "(too few micro-batches in flight for the round trip)")
         return PipelineCost(tuple(stages), self.M, self.step_s(compute_max, link_max, sum_term, window_max),
                             bottleneck)
+
+
+def split_costs(stages) -> tuple[list[float] | None, list[float] | None]:
+    """The stages' measured (I, W) for the simulation, or (None, None) where a node measured none
+    (the simulation then halves each backward)."""
+    if all(s.input_grad_s + s.weight_grad_s > 0 for s in stages):
+        return [s.input_grad_s for s in stages], [s.weight_grad_s for s in stages]
+    return None, None
 
 
 def simulation_floor(num_microbatches: int, cost: PipelineCost) -> float:

@@ -34,7 +34,7 @@ from hetlaunch.launcher.planning.chain_cuts import cut_chain, least_lossy_codecs
 from hetlaunch.launcher.planning.chain_search import EXHAUSTIVE_MAX_NODES
 from hetlaunch.launcher.planning.compression import CODEC_SLACK, NONE, CompressionConfig
 from hetlaunch.launcher.planning.contention import host_factors, stretched
-from hetlaunch.launcher.planning.cost_model import CostModel, PipelineCost, in_flight
+from hetlaunch.launcher.planning.cost_model import CostModel, PipelineCost, in_flight, split_costs
 from hetlaunch.launcher.planning.planning_error import PlanningError
 from hetlaunch.launcher.planning.profile_file import NodeProfile, Profile
 from hetlaunch.launcher.planning.replicas import PipelineSet, Replicas, replica_counts
@@ -237,7 +237,7 @@ def check_priced(schedule: str, cost: PipelineCost) -> None:
     want = simulate([schedule_for(schedule, j, S, M, s.window) for j, s in enumerate(cost.stages)],
                     [s.forward_s for s in cost.stages], [s.backward_s for s in cost.stages],
                     [s.link_s for s in cost.stages[:-1]], [s.latency_s for s in cost.stages[:-1]],
-                    [s.optimizer_s for s in cost.stages])
+                    [s.optimizer_s for s in cost.stages], *split_costs(cost.stages))
     if not cost.exact or abs(want - cost.step_s) > 1e-9 * max(want, 1e-12):
         raise PlanInvariantError(f"planner bug: a pipeline over {', '.join(s.node for s in cost.stages)} reports "
                                  f"{cost.step_s:.6g} s per step but its stages simulate to {want:.6g} s")
