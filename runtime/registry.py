@@ -78,3 +78,14 @@ def codec_info(name: str) -> CodecInfo:
         return CODEC_INFOS_BY_NAME[name]
     except KeyError:
         raise ValueError(f"unknown codec {name!r} (known: {', '.join(CODEC_NAMES)})") from None
+
+
+# data_plane.encrypt (runtime/sealing.py): here, torch- and cryptography-free, because the planner
+# prices what it seals and imports nothing of the runtime but this registry.
+def must_seal(mode: str, regions) -> bool:
+    """Must what passes among nodes in these regions be sealed under data_plane.encrypt `mode`?
+    (`cross_region`: where they span regions; `all`: between any two.)"""
+    regions = list(regions)
+    if len(regions) < 2:
+        return False
+    return mode == "all" or (mode == "cross_region" and len(set(regions)) > 1)

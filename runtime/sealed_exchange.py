@@ -17,7 +17,8 @@ import torch
 import torch.distributed as dist
 
 from hetlaunch.protos import control_pb2 as pb
-from hetlaunch.runtime.sealing import ENVELOPE_BYTES, Channel, Opener, Sealer, SealingError, must_seal
+from hetlaunch.runtime.registry import must_seal
+from hetlaunch.runtime.sealing import ENVELOPE_BYTES, Channel, Opener, Sealer, SealingError
 
 
 def regions_of(layout: Sequence[pb.StagePlace], ranks: Sequence[int]) -> list[str]:

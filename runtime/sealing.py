@@ -56,15 +56,6 @@ def _aead():
     return hashes, AESGCM, HKDF
 
 
-def must_seal(mode: str, regions) -> bool:
-    """Must what passes among nodes in these regions be sealed under data_plane.encrypt `mode`?
-    (`cross_region`: where they span regions; `all`: between any two.)"""
-    regions = list(regions)
-    if len(regions) < 2:
-        return False
-    return mode == "all" or (mode == "cross_region" and len(set(regions)) > 1)
-
-
 def new_secret() -> bytes:
     """A job's data-plane secret: 32 random bytes, made by the coordinator."""
     return os.urandom(SECRET_BYTES)

@@ -30,8 +30,7 @@ from hetlaunch.launcher.planning.compression import LOSSINESS, NONE, Compression
 from hetlaunch.launcher.planning.profile_file import NodeProfile, Profile
 from hetlaunch.launcher.planning.planning_error import PlanningError
 from hetlaunch.launcher.planning.windows import THOROUGH_MAX_ACTIONS, best_windows
-from hetlaunch.runtime.registry import STATIC_BYTES_PER_PARAM_BYTE
-from hetlaunch.runtime.sealing import must_seal
+from hetlaunch.runtime.registry import STATIC_BYTES_PER_PARAM_BYTE, must_seal
 from hetlaunch.runtime.schedules import compiled, schedule_named, simulate_compiled
 
 

@@ -77,8 +77,7 @@ from hetlaunch.launcher.planning.compression import CODEC_SLACK, LOSSINESS, NONE
 from hetlaunch.launcher.planning.cost_model import PipelineCost
 from hetlaunch.launcher.planning.profile_file import NodeProfile, Profile
 from hetlaunch.launcher.planning.sync_groups import SyncGroup, hierarchy_applies, sync_groups
-from hetlaunch.runtime.registry import SYNC_BUCKET_BYTES, codec_info, sync_hops
-from hetlaunch.runtime.sealing import must_seal
+from hetlaunch.runtime.registry import SYNC_BUCKET_BYTES, codec_info, must_seal, sync_hops
 
 BACKWARD_SHARE = 2 / 3  # profiles hold forward + backward; backward is taken as twice forward
 
