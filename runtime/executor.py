@@ -259,11 +259,10 @@ class StageExecutor:
     def _backward(self, saved: _InFlight) -> None:
         if self.is_last:
             self._timed(saved.output.backward)
-        elif differentiable(saved.output):  # the next stage sends a gradient per floating element
-            grads = tensors(self._received(self.next_link))
-            pairs = [(out, grad) for out, grad in zip(differentiable(saved.output), grads) if out.requires_grad]
-            if pairs:
-                self._timed(torch.autograd.backward, [o for o, _ in pairs], [g for _, g in pairs])
+        else:
+            outputs, grads = self._output_grads(saved)
+            if outputs:
+                self._timed(torch.autograd.backward, outputs, grads)
         if not self.is_first:
             inputs = differentiable(saved.inputs)
             if inputs:  # an input this stage did not use gets a zero gradient: the sender waits for one per element
@@ -272,18 +271,18 @@ class StageExecutor:
 
     def _split(self, saved: _InFlight) -> SplitBackward:
         """An I's backward: the next stage's gradient received (or the loss), the graph analysed."""
-        if self.is_last:
-            outputs, grads = [saved.output], [None]
-        else:
-            outputs, grads = [], []
-            if differentiable(saved.output):  # the next stage sends a gradient per floating element
-                received = tensors(self._received(self.next_link))
-                for out, grad in zip(differentiable(saved.output), received):
-                    if out.requires_grad:
-                        outputs.append(out)
-                        grads.append(grad)
+        outputs, grads = ([saved.output], [None]) if self.is_last else self._output_grads(saved)
         inputs = [] if self.is_first else list(differentiable(saved.inputs))
         return SplitBackward(outputs, grads, inputs, list(self.module.parameters()))
+
+    def _output_grads(self, saved: _InFlight) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The stage's outputs that need a gradient and the gradients the next stage sent for them
+        (it sends one per floating element; none is received when the output has none)."""
+        if not differentiable(saved.output):
+            return [], []
+        received = tensors(self._received(self.next_link))
+        pairs = [(out, grad) for out, grad in zip(differentiable(saved.output), received) if out.requires_grad]
+        return [o for o, _ in pairs], [g for _, g in pairs]
 
     def _send_input_grads(self, split: SplitBackward, lone_tensor: bool) -> None:
         """I: the input's gradient, sent upstream at once (zeros for an input the stage did not use),

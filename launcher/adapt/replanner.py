@@ -33,7 +33,8 @@ from hetlaunch.launcher.job_errors import JobError
 from hetlaunch.launcher.planning.batch_sizes import at_size
 from hetlaunch.launcher.planning.island_plans import merge, plan_islands, price_outer, with_outer_memory
 from hetlaunch.launcher.planning.plan import Plan, planned
-from hetlaunch.launcher.planning.planner import PlannerResult, PlanningError, plan_fixed_cut, price_pipelines, recut
+from hetlaunch.launcher.planning.planner import (PlannerResult, PlanningError, fits_memory, plan_fixed_cut,
+                                                price_pipelines, recut)
 from hetlaunch.launcher.planning.profile_edits import scaled, subset
 from hetlaunch.launcher.planning.profile_file import LinkProfile, Profile, ProfileError, with_encryption
 from hetlaunch.launcher.planning.request import PlanRequest, plan_for
@@ -125,8 +126,7 @@ class Replanner:
             else:
                 result = price_pipelines(at, [(nodes, cuts, share) for (nodes, cuts), share
                                               in zip(chains, pinned.pipeline_microbatches)], schedule, self.compression)
-            fits = all(s.memory_bytes <= s.capacity_bytes for p in result.pipelines for s in p.cost.stages)
-            if fits or schedule == candidates[0]:
+            if fits_memory(result) or schedule == candidates[0]:
                 results.append(result)
         best = max(results, key=lambda r: r.tokens_per_s)  # the first (1F1B) on a tie
         if len(candidates) > 1:

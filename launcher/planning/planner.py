@@ -229,6 +229,11 @@ def _priced(profile: Profile, costs: list[PipelineCost], sync: list[SyncCost], m
                          compression=compression)
 
 
+def fits_memory(result: PlannerResult) -> bool:
+    """Does every stage of the result fit its node's memory?"""
+    return all(s.memory_bytes <= s.capacity_bytes for p in result.pipelines for s in p.cost.stages)
+
+
 def check_priced(schedule: str, cost: PipelineCost) -> None:
     """PlanInvariantError unless the pipeline's step is the event simulation of exactly its stages,
     windows, codecs and micro-batches, with action lists built afresh from the schedule (what

@@ -12,7 +12,8 @@ from dataclasses import dataclass, replace
 
 from hetlaunch.launcher.planning.compression import CompressionConfig
 from hetlaunch.launcher.planning.batch_sizes import at_size
-from hetlaunch.launcher.planning.planner import PlannerResult, PlanningError, plan, plan_global_batch, price_pipelines
+from hetlaunch.launcher.planning.planner import (PlannerResult, PlanningError, fits_memory, plan, plan_global_batch,
+                                                price_pipelines)
 from hetlaunch.launcher.planning.profile_file import Profile
 from hetlaunch.runtime.registry import AUTO_SCHEDULE, AUTO_SCHEDULES
 
@@ -51,10 +52,9 @@ def plan_for(profile: Profile, request: PlanRequest) -> PlannerResult:
             other = price_pipelines(at_size(profile, searched.micro_batch_size), chains, schedule, request.compression)
         except PlanningError:
             continue
-        fits = all(s.memory_bytes <= s.capacity_bytes for p in other.pipelines for s in p.cost.stages)
-        if fits and other.tokens_per_s > best.tokens_per_s:
+        if fits_memory(other) and other.tokens_per_s > best.tokens_per_s:
             best = replace(searched, pipelines=other.pipelines, sync=other.sync, step_s=other.step_s,
-                           tokens_per_s=other.tokens_per_s, schedule=schedule)
+                           tokens_per_s=other.tokens_per_s, schedule=schedule, contention=other.contention)
     note = ", ".join(f"{s} {t:,.0f}" for s, t in _candidates(searched, best))
     return replace(best, schedule_choice=f"auto: the cut searched under {first}, priced tokens/s {note}")
 

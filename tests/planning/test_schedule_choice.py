@@ -6,6 +6,7 @@ from __future__ import annotations
 from plan_reference import regions_profile
 
 from hetlaunch.launcher.planning.cost_model import CostModel
+from hetlaunch.launcher.planning.planner import check_priced
 from hetlaunch.launcher.planning.request import PlanRequest, plan_for
 from hetlaunch.launcher.planning.compression import CompressionConfig
 
@@ -32,6 +33,9 @@ def test_auto_keeps_zb_h1_where_its_smaller_bubble_wins_and_says_what_each_was_p
     assert auto.tokens_per_s >= zb.tokens_per_s * (1 - 1e-9)
     assert f"1f1b {one.tokens_per_s:,.0f}" in auto.schedule_choice and "zb-h1" in auto.schedule_choice
     assert all(p.cost.exact for p in auto.pipelines)  # priced by simulation, not the closed form
+    for pipeline in auto.pipelines:  # the step reported is the simulation of exactly the plan returned
+        check_priced(auto.schedule, pipeline.cost)
+    assert auto.step_s == max(p.cost.step_s for p in auto.pipelines)
 
 
 def test_auto_keeps_1f1b_where_zb_h1s_memory_does_not_fit():
