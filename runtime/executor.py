@@ -26,6 +26,7 @@ from hetlaunch.runtime.boundary import Message, differentiable, map_tensors, ten
 from hetlaunch.runtime.emulation import ComputeEmulation
 from hetlaunch.runtime.grad_sync import GradientSync, SyncStats
 from hetlaunch.runtime.link import Link
+from hetlaunch.runtime.local_link import LocalLink
 from hetlaunch.runtime.memory_limit import StageMemory
 from hetlaunch.runtime.outer_sync import OuterSync
 from hetlaunch.runtime.optim import Recipe, clip_gradients, make_optimizer, set_lr
@@ -62,6 +63,28 @@ class _InFlight:
     output: Message
 
 
+@dataclass(eq=False)
+class StagePart:
+    """One stage of the pipeline that this device runs. A device holds one, or several for the
+    interleaved and V-shaped schedules (runtime/device_schedules.py): each is the next
+    `num_layers` of the executor's layers, in order, with the links to the stages before and
+    after it (a LocalLink where that stage is on this device too; None at the pipeline's ends)."""
+
+    stage_index: int
+    num_layers: int
+    prev_link: Link | LocalLink | None
+    next_link: Link | LocalLink | None
+    module: nn.Sequential = field(init=False, default=None)
+
+    @property
+    def is_first(self) -> bool:
+        return self.prev_link is None
+
+    @property
+    def is_last(self) -> bool:
+        return self.next_link is None
+
+
 @dataclass
 class StageExecutor:
     layers: list[nn.Module]
@@ -92,6 +115,10 @@ class StageExecutor:
     memory: StageMemory | None = None
     # Islands: the outer steps (runtime/outer_sync.py), taken by the stage loop after a step.
     outer: OuterSync | None = None
+    # Several stages on this device (interleaved, V-shaped schedules): `layers` are theirs in
+    # order, and is_first, is_last and the two links above are unused. Empty: the device runs one
+    # stage, made of all of `layers` and the two links.
+    parts: list[StagePart] = field(default_factory=list)
     module: nn.Sequential = field(init=False)
     optimizer: torch.optim.Optimizer | None = field(init=False)
     # Optimizer steps taken, counting those before a restore. It changes together with the
@@ -102,8 +129,18 @@ class StageExecutor:
     state_lock: threading.Lock = field(init=False, default_factory=threading.Lock)
 
     def __post_init__(self):
-        if self.is_first != (self.prev_link is None) or self.is_last != (self.next_link is None):
-            raise ValueError("a stage has a previous link unless it is first and a next link unless it is last")
+        if not self.parts:
+            if self.is_first != (self.prev_link is None) or self.is_last != (self.next_link is None):
+                raise ValueError("a stage has a previous link unless it is first and a next link unless it is last")
+            self.parts = [StagePart(-1, len(self.layers), self.prev_link, self.next_link)]
+        else:
+            indices = [part.stage_index for part in self.parts]
+            if indices != sorted(set(indices)) or sum(part.num_layers for part in self.parts) != len(self.layers):
+                raise ValueError(f"a device's stages must be distinct, in pipeline order, and hold its "
+                                 f"{len(self.layers)} layers between them; got stages {indices} holding "
+                                 f"{[part.num_layers for part in self.parts]}")
+            self.is_first, self.is_last = self.parts[0].is_first, self.parts[-1].is_last
+        self._part_of = {part.stage_index: part for part in self.parts} if len(self.parts) > 1 else None
         self.rebuild(self.layers)
         self._dtype = compute_dtype(self.precision)
         self.scaler = LossScaler() if self.precision == "fp16" else None
@@ -112,7 +149,13 @@ class StageExecutor:
         """Hold these layers from now on, with a fresh optimizer (a live move loads their state
         next; runtime/live_move.py). The loss scale and the step count are the stage's and stay."""
         self.layers = layers
+        if len(self.parts) == 1:  # a live move changed how many layers the one stage holds
+            self.parts[0].num_layers = len(layers)
         self.module = nn.Sequential(*self.layers).to(self.device)
+        start = 0
+        for part in self.parts:  # views of the same layers: one optimizer, one state for all
+            part.module = self.module[start:start + part.num_layers]
+            start += part.num_layers
         if self.memory is not None:
             self.memory.attach(self.module)
         # A stage with no parameters (e.g. a pure reshape) still runs; it has nothing to step.
@@ -131,49 +174,52 @@ class StageExecutor:
         """
         self._trace = trace
         step_start = time.perf_counter()
-        sent_before = {id(link): (link.stats.raw_bytes, link.stats.wire_bytes)
-                       for link in (self.prev_link, self.next_link) if link is not None}
+        links = self._links()
+        sent_before = {id(link): (link.stats.raw_bytes, link.stats.wire_bytes) for link in links}
         self._compute_s = 0.0
         self._comm_s = 0.0
-        in_flight: dict[int, _InFlight] = {}
-        weights_left: dict[int, SplitBackward] = {}  # after an I, until its W
+        in_flight: dict[tuple[int, int], _InFlight] = {}  # by (stage, micro-batch)
+        weights_left: dict[tuple[int, int], SplitBackward] = {}  # after an I, until its W
         losses: list[float] = []
         # The action whose weight gradients are the step's last (gradient sync arms before it):
         # the last B or W, or where the stage's graph cannot be split (its I does the weights), B or I.
         last = {kinds: max((i for i, a in enumerate(actions) if a.kind in kinds), default=-1)
                 for kinds in ((B, W), (B, I))}
+        # With several stages on the device, the last B or W: one stage's weights may be final
+        # before another's, so the sync arms at the very last (the others' buckets launch in finish).
+        several = len(self.parts) > 1
         for i, action in enumerate(actions):
-            mb = action.microbatch
+            mb, part = action.microbatch, self._part(action.stage_index)
+            key = (action.stage_index, mb)
             if action.kind is F:
-                with self.memory.forward(mb) if self.memory else contextlib.nullcontext(), self._span("forward", mb):
-                    in_flight[mb] = self._forward(mb, microbatches, loss_divisor, losses)
+                with self.memory.forward(key) if self.memory else contextlib.nullcontext(), self._span("forward", mb):
+                    in_flight[key] = self._forward(part, mb, microbatches, loss_divisor, losses)
             elif action.kind is I:
                 with self._span("input gradient", mb):
-                    saved = in_flight.pop(mb)
-                    split = self._split(saved)
-                    self._whole_in_i = split.whole_in_input_pass
+                    saved = in_flight.pop(key)
+                    split = self._split(part, saved)
+                    self._whole_in_i = split.whole_in_input_pass and not several
                     if self.grad_sync is not None and i == last[(B, I)] and self._whole_in_i:
                         self.grad_sync.arm()
-                    self._send_input_grads(split, isinstance(saved.inputs, torch.Tensor))
-                weights_left[mb] = split
+                    self._send_input_grads(part, split, isinstance(saved.inputs, torch.Tensor))
+                weights_left[key] = split
             else:  # B or W: the weights' gradients land
                 if self.grad_sync is not None and i == last[(B, I) if self._whole_in_i else (B, W)]:
                     self.grad_sync.arm()  # gradients become final during this backward
                 if action.kind is B:
                     with self._span("backward", mb):
-                        self._backward(in_flight.pop(mb))
+                        self._backward(part, in_flight.pop(key))
                 else:
                     with self._span("weight gradient", mb):
-                        self._timed(weights_left.pop(mb).weight_grads)
+                        self._timed(weights_left.pop(key).weight_grads)
                 if self.memory is not None:
-                    self.memory.backward_done(mb)
+                    self.memory.backward_done(key)
         if in_flight or weights_left:
             raise RuntimeError(f"schedule left micro-batches {sorted(in_flight)} without a backward and "
                                f"{sorted(weights_left)} without their weight gradients")
         with self._span("drain sends"):
-            for link in (self.prev_link, self.next_link):
-                if link is not None:
-                    self._comm_s += link.drain()
+            for link in links:
+                self._comm_s += link.drain()
         with self._span("gradient sync"):
             sync = self.grad_sync.finish() if self.grad_sync is not None else SyncStats()
         if self.tied is not None:
@@ -204,15 +250,14 @@ class StageExecutor:
             self.memory.check(self.module, self.optimizer, f"at step {self.steps_done - 1}")
         loss = sum(losses) / len(losses) if self.is_last else None
 
-        def sent(link: Link | None) -> tuple[int, int]:
-            if link is None:
-                return (0, 0)
-            raw, wire = sent_before[id(link)]
-            return (link.stats.raw_bytes - raw, link.stats.wire_bytes - wire)
+        def sent(side: str) -> tuple[int, int]:
+            pairs = [(link.stats.raw_bytes - sent_before[id(link)][0], link.stats.wire_bytes - sent_before[id(link)][1])
+                     for link in (getattr(part, side) for part in self.parts) if link is not None]
+            return (sum(raw for raw, _ in pairs), sum(wire for _, wire in pairs))
 
         return StepResult(loss=loss, step_s=time.perf_counter() - step_start, compute_s=self._compute_s,
-                          comm_s=self._comm_s, forward_bytes=sent(self.next_link),
-                          backward_bytes=sent(self.prev_link), sync_s=sync.blocked_s,
+                          comm_s=self._comm_s, forward_bytes=sent("next_link"),
+                          backward_bytes=sent("prev_link"), sync_s=sync.blocked_s,
                           sync_bytes=(sync.raw_bytes, sync.wire_bytes), lr=lr, grad_norm=grad_norm)
 
     @torch.no_grad()
@@ -220,78 +265,93 @@ class StageExecutor:
         """The mean loss over `count` held-out micro-batches, forward only, passed down the
         pipeline in order; the last stage returns it, the others None. No state changes."""
         losses = []
-        for mb in range(count):
-            inputs = microbatches[mb][0].to(self.device) if self.is_first else self.prev_link.recv()
-            with autocast(self.device, self._dtype):
-                output = self.module(map_tensors(lambda t: from_wire(t, self._dtype), inputs))
-                if self.is_last:
-                    losses.append(self.loss_fn(output, microbatches[mb][1].to(self.device)).item())
-            if not self.is_last:
-                self.next_link.send(map_tensors(lambda t: to_wire(t, self._dtype), output))
-        if self.next_link is not None:
-            self.next_link.drain()
+        for part in self.parts:  # in pipeline order: sends do not wait, so a device's stages go one by one
+            for mb in range(count):
+                inputs = microbatches[mb][0].to(self.device) if part.is_first else part.prev_link.recv()
+                with autocast(self.device, self._dtype):
+                    output = part.module(map_tensors(lambda t: from_wire(t, self._dtype), inputs))
+                    if part.is_last:
+                        losses.append(self.loss_fn(output, microbatches[mb][1].to(self.device)).item())
+                if not part.is_last:
+                    part.next_link.send(map_tensors(lambda t: to_wire(t, self._dtype), output))
+        for part in self.parts:
+            if part.next_link is not None:
+                part.next_link.drain()
         return sum(losses) / len(losses) if self.is_last else None
 
-    def _forward(self, mb: int, microbatches: list[Batch] | None, loss_divisor: int,
+    def _links(self) -> list[Link | LocalLink]:
+        return [link for part in self.parts for link in (part.prev_link, part.next_link) if link is not None]
+
+    def _part(self, stage_index: int) -> StagePart:
+        """The part an action's stage runs on; with one part, whatever stage its actions name."""
+        if self._part_of is None:
+            return self.parts[0]
+        try:
+            return self._part_of[stage_index]
+        except KeyError:
+            raise ValueError(f"the schedule gives this device an action of stage {stage_index}, which it does "
+                             f"not hold (it holds {sorted(self._part_of)})") from None
+
+    def _forward(self, part: StagePart, mb: int, microbatches: list[Batch] | None, loss_divisor: int,
                  losses: list[float]) -> _InFlight:
-        if self.is_first:
+        if part.is_first:
             inputs = x = microbatches[mb][0].to(self.device, non_blocking=True)
         else:  # received in the compute dtype; computed on in fp32, the gradient goes back in it
-            inputs = self._received(self.prev_link)
+            inputs = self._received(part.prev_link)
             for t in differentiable(inputs):
                 t.requires_grad_()
             x = map_tensors(lambda t: from_wire(t, self._dtype), inputs)
         with autocast(self.device, self._dtype):
-            output = self._timed(self.module, x)
-            if self.is_last:
+            output = self._timed(part.module, x)
+            if part.is_last:
                 targets = microbatches[mb][1].to(self.device, non_blocking=True)
                 loss = self._timed(self.loss_fn, output, targets)
-        if self.is_last:
+        if part.is_last:
             losses.append(loss.item())
             scaled = loss / loss_divisor
             if self.scaler is not None:  # in fp32: a half-precision loss times 2**16 would overflow here
                 scaled = scaled.float() * self.scaler.scale
             return _InFlight(inputs, scaled)
         output = map_tensors(lambda t: to_wire(t, self._dtype), output)
-        self.next_link.send(output)
+        part.next_link.send(output)
         return _InFlight(inputs, output)
 
-    def _backward(self, saved: _InFlight) -> None:
-        if self.is_last:
+    def _backward(self, part: StagePart, saved: _InFlight) -> None:
+        if part.is_last:
             self._timed(saved.output.backward)
         else:
-            outputs, grads = self._output_grads(saved)
+            outputs, grads = self._output_grads(part, saved)
             if outputs:
                 self._timed(torch.autograd.backward, outputs, grads)
-        if not self.is_first:
+        if not part.is_first:
             inputs = differentiable(saved.inputs)
             if inputs:  # an input this stage did not use gets a zero gradient: the sender waits for one per element
                 grads = [t.grad if t.grad is not None else torch.zeros_like(t) for t in inputs]
-                self.prev_link.send(grads[0] if isinstance(saved.inputs, torch.Tensor) else tuple(grads))
+                part.prev_link.send(grads[0] if isinstance(saved.inputs, torch.Tensor) else tuple(grads))
 
-    def _split(self, saved: _InFlight) -> SplitBackward:
+    def _split(self, part: StagePart, saved: _InFlight) -> SplitBackward:
         """An I's backward: the next stage's gradient received (or the loss), the graph analysed."""
-        outputs, grads = ([saved.output], [None]) if self.is_last else self._output_grads(saved)
-        inputs = [] if self.is_first else list(differentiable(saved.inputs))
-        return SplitBackward(outputs, grads, inputs, list(self.module.parameters()))
+        outputs, grads = ([saved.output], [None]) if part.is_last else self._output_grads(part, saved)
+        inputs = [] if part.is_first else list(differentiable(saved.inputs))
+        return SplitBackward(outputs, grads, inputs, list(part.module.parameters()))
 
-    def _output_grads(self, saved: _InFlight) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    def _output_grads(self, part: StagePart, saved: _InFlight) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """The stage's outputs that need a gradient and the gradients the next stage sent for them
         (it sends one per floating element; none is received when the output has none)."""
         if not differentiable(saved.output):
             return [], []
-        received = tensors(self._received(self.next_link))
+        received = tensors(self._received(part.next_link))
         pairs = [(out, grad) for out, grad in zip(differentiable(saved.output), received) if out.requires_grad]
         return [o for o, _ in pairs], [g for _, g in pairs]
 
-    def _send_input_grads(self, split: SplitBackward, lone_tensor: bool) -> None:
+    def _send_input_grads(self, part: StagePart, split: SplitBackward, lone_tensor: bool) -> None:
         """I: the input's gradient, sent upstream at once (zeros for an input the stage did not use),
         as _backward sends it: a tensor for a lone tensor input, else a tuple."""
         grads = self._timed(split.input_grads)
-        if self.is_first or not split.inputs:
+        if part.is_first or not split.inputs:
             return
         grads = [g if g is not None else torch.zeros_like(t) for g, t in zip(grads, split.inputs)]
-        self.prev_link.send(grads[0] if lone_tensor else tuple(grads))
+        part.prev_link.send(grads[0] if lone_tensor else tuple(grads))
 
     def _optimizer_step(self, lr: float, skip: bool = False) -> None:
         with self.state_lock:
@@ -302,7 +362,7 @@ class StageExecutor:
                 self.optimizer.zero_grad(set_to_none=True)
             self.steps_done += 1
 
-    def _received(self, link: Link) -> Message:
+    def _received(self, link: Link | LocalLink) -> Message:
         start = time.perf_counter()
         with self._span("recv"):
             tensor = link.recv()

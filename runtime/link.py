@@ -130,8 +130,12 @@ class Link:
 
     def __init__(self, peer_rank: int, send_codec: Codec, device: torch.device, wire_device: torch.device,
                  group: dist.ProcessGroup | None = None, emulation: WireEmulation | None = None,
-                 max_message_bytes: int = 0, sealing: tuple[Sealer, Opener] | None = None):
+                 max_message_bytes: int = 0, sealing: tuple[Sealer, Opener] | None = None, tag: int = 0):
         self.peer_rank = peer_rank
+        # Messages between two ranks match by tag, in order. A device that holds several stages
+        # (runtime/device_schedules.py) may have two boundaries with one peer, e.g. a V's first
+        # and last; each boundary's own tag keeps their messages apart.
+        self.tag = tag
         self.sealing = sealing  # (what we send, what we receive) when data_plane.encrypt covers the link
         self.send_codec = send_codec
         self.device = device
@@ -189,7 +193,7 @@ class Link:
 
     def _isend(self, to_wire: list[torch.Tensor]) -> None:
         for t in to_wire:
-            work = dist.isend(t, dst=self.peer_rank, group=self.group)
+            work = dist.isend(t, dst=self.peer_rank, group=self.group, tag=self.tag)
             self._pending.append((work, to_wire))  # the tensors must outlive the send
 
     def _seal_and_send(self, plain: bytes) -> None:
@@ -218,12 +222,12 @@ class Link:
             head, payloads = self._recv_sealed()
         else:
             header = torch.empty(HEADER_LEN, dtype=torch.int64, device=self.wire_device)
-            dist.recv(header, src=self.peer_rank, group=self.group)
+            dist.recv(header, src=self.peer_rank, group=self.group, tag=self.tag)
             head = decode_header(header.cpu())
             check_message_size(head, self.max_message_bytes, self.peer_rank)
             specs = head.codec.payload_specs(head.shape, head.dtype)
             payloads = [torch.empty(s, dtype=d, device=self.wire_device) for s, d in specs]
-            works = [dist.irecv(p, src=self.peer_rank, group=self.group) for p in payloads]
+            works = [dist.irecv(p, src=self.peer_rank, group=self.group, tag=self.tag) for p in payloads]
             for work in works:
                 work.wait()
         wire_bytes = head.codec.wire_bytes(head.shape, head.dtype)
@@ -239,7 +243,7 @@ class Link:
         """Envelope, then the sealed message (its length checked first); the header and payloads
         are read from the authenticated plaintext only."""
         bound = self.max_message_bytes + self.max_message_bytes // 8 + HEADER_LEN * 8 + 2**16  # codec scales
-        plain = recv_sealed(self.sealing[1], self.peer_rank, self.group, self.wire_device, bound)
+        plain = recv_sealed(self.sealing[1], self.peer_rank, self.group, self.wire_device, bound, self.tag)
         head = decode_header(torch.frombuffer(bytearray(plain[:HEADER_LEN * 8]), dtype=torch.int64))
         check_message_size(head, self.max_message_bytes, self.peer_rank)
         payloads, offset = [], HEADER_LEN * 8

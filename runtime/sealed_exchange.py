@@ -38,14 +38,15 @@ def bytes_tensor(data: bytes, device: torch.device) -> torch.Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
 
 
-def recv_sealed(opener: Opener, peer: int, group: object | None, device: torch.device, max_bytes: int) -> bytes:
+def recv_sealed(opener: Opener, peer: int, group: object | None, device: torch.device, max_bytes: int,
+                tag: int = 0) -> bytes:
     """The next sealed message from `peer`: its envelope, its length checked against `max_bytes`
     before anything is allocated, then the sealed bytes, opened (SealingError if they fail)."""
     envelope = torch.empty(ENVELOPE_BYTES, dtype=torch.uint8, device=device)
-    dist.recv(envelope, src=peer, group=group)
+    dist.recv(envelope, src=peer, group=group, tag=tag)
     envelope_bytes = envelope.cpu().numpy().tobytes()
     sealed = torch.empty(opener.expected_length(envelope_bytes, max_bytes), dtype=torch.uint8, device=device)
-    dist.recv(sealed, src=peer, group=group)
+    dist.recv(sealed, src=peer, group=group, tag=tag)
     return opener.open(envelope_bytes, sealed.cpu().numpy().data)
 
 
