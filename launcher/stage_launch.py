@@ -9,6 +9,8 @@ from hetlaunch.launcher.planning.plan import Plan
 from hetlaunch.launcher.planning.topology import Placement, Topology
 from hetlaunch.launcher.session import RENDEZVOUS_TIMEOUT_S, ClusterSession
 from hetlaunch.protos import control_pb2 as pb
+from hetlaunch.runtime.bubble_fill import FillReport, fill_bubbles
+from hetlaunch.runtime.schedules import schedule_for
 from hetlaunch.runtime.wire import codec_wire_id, model_spec_to_proto, schedule_wire_id
 
 
@@ -36,6 +38,8 @@ def launch(session: ClusterSession, plan: Plan, spec, restore: Restore, checkpoi
     layout = layout_of(plan)
     offset = 0
     for p, (stages, share) in enumerate(zip(topology.pipelines, plan.pipeline_microbatches)):
+        fills = eval_fills([q.source for q in stages], plan.schedule, share, t.eval_microbatches)[0] \
+            if t.eval_every and t.eval_in_bubbles else [""] * len(stages)
         train = pb.TrainSpec(steps=t.steps, micro_batch_size=plan.micro_batch_size, num_microbatches=share,
                              schedule=schedule_wire_id(plan.schedule), lr=t.lr, weight_decay=t.weight_decay, seed=t.seed,
                              checkpoint_dir=str(checkpoint_root) if t.checkpoint_every else "",
@@ -48,6 +52,7 @@ def launch(session: ClusterSession, plan: Plan, spec, restore: Restore, checkpoi
         for placement in stages:
             node = cluster.node(placement.node)
             spec_msg = stage_spec(session, topology, placement, boundary_bytes)
+            spec_msg.eval_fill = fills[placement.stage]
             command = pb.RunStage(model=model, data=data, train=train, stage=spec_msg,
                                   rendezvous=session.rendezvous(placement.rank, world, backend, placement.node),
                                   layout=layout)
@@ -68,6 +73,21 @@ def launch(session: ClusterSession, plan: Plan, spec, restore: Restore, checkpoi
             session.state.send(placement.node, pb.Command(run_stage=command))
         offset += share
     return topology.checkpoint_writers()
+
+
+def eval_fills(stages, schedule: str, num_microbatches: int, num_eval: int) -> tuple[list[str], FillReport]:
+    """Each stage's actions for a step that also evaluates (StageSpec.eval_fill), placed in the idle
+    time of the plan's simulation: the stages' predicted compute (forward a third of it), links and
+    latencies, or unit compute and free links where the plan has no prediction (pinned, even)."""
+    S = len(stages)
+    priced = all(s.compute_s is not None for s in stages) and \
+        all(s.link_s is not None and s.latency_s is not None for s in stages[:-1])
+    compute = [s.compute_s if priced else 1.0 for s in stages]
+    actions = [schedule_for(schedule, j, S, num_microbatches, s.window) for j, s in enumerate(stages)]
+    lists, report = fill_bubbles(actions, num_eval, [c / 3 for c in compute], [2 * c / 3 for c in compute],
+                                 [s.link_s if priced else 0.0 for s in stages[:-1]],
+                                 [s.latency_s if priced else 0.0 for s in stages[:-1]])
+    return [" ".join(a.label for a in stage_actions) for stage_actions in lists], report
 
 
 WATCHDOG_STEPS = 10  # train.watchdog_s auto: this many predicted steps without one...

@@ -25,12 +25,12 @@ from hetlaunch.launcher.planning.topology import Topology
 from hetlaunch.launcher.run_record import write_run_file
 from hetlaunch.launcher.session import JobError
 from hetlaunch.protos import control_pb2 as pb
-from hetlaunch.runtime.schedules import B, F, I, W, schedule_for, simulated_timeline
+from hetlaunch.runtime.schedules import B, E, F, I, W, schedule_for, simulated_timeline
 
 MAX_STEPS = 8
 PREDICTED_PID = 1000  # predicted pipeline p is process PREDICTED_PID + p
 # What each kind of action is called in the trace (the executor's span names), and its one-letter label.
-_KIND_NAMES = {F: "forward", B: "backward", I: "input gradient", W: "weight gradient"}
+_KIND_NAMES = {F: "forward", B: "backward", I: "input gradient", W: "weight gradient", E: "eval forward"}
 _LABELS = {name: kind.value for kind, name in _KIND_NAMES.items()}
 _COMPUTE = {*_KIND_NAMES.values(), "optimizer"}
 

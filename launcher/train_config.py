@@ -90,6 +90,9 @@ class TrainConfig(Strict):
     grad_clip: YamlFloat = Field(0.0, ge=0)  # max norm of the whole model's gradient (all stages, all pipelines); 0: off
     eval_every: int = Field(0, ge=0)  # held-out loss every this many steps and after the last; 0: never
     eval_microbatches: int = Field(4, ge=1)  # micro-batches (of micro_batch_size) per evaluation
+    # Run the evaluation due after a step inside the next step's idle time (runtime/bubble_fill.py),
+    # where the plan's simulation predicts it; false: after the step, training stopped.
+    eval_in_bubbles: bool = True
     seed: int = 0  # parameter-init seed
     # Save parameters and AdamW state every this many steps (and after the last) under
     # <run dir>/checkpoints/ (or checkpoint.dir): what a restart after a lost node resumes from.

@@ -453,7 +453,7 @@ class BandwidthChange(_message.Message):
     def __init__(self, at_step: _Optional[int] = ..., bandwidth_mbps: _Optional[float] = ...) -> None: ...
 
 class StageSpec(_message.Message):
-    __slots__ = ("stage_index", "num_stages", "layer_start", "layer_end", "prev", "next", "device", "threads", "emulate", "memory_fraction", "window")
+    __slots__ = ("stage_index", "num_stages", "layer_start", "layer_end", "prev", "next", "device", "threads", "emulate", "memory_fraction", "window", "eval_fill")
     STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
     NUM_STAGES_FIELD_NUMBER: _ClassVar[int]
     LAYER_START_FIELD_NUMBER: _ClassVar[int]
@@ -465,6 +465,7 @@ class StageSpec(_message.Message):
     EMULATE_FIELD_NUMBER: _ClassVar[int]
     MEMORY_FRACTION_FIELD_NUMBER: _ClassVar[int]
     WINDOW_FIELD_NUMBER: _ClassVar[int]
+    EVAL_FILL_FIELD_NUMBER: _ClassVar[int]
     stage_index: int
     num_stages: int
     layer_start: int
@@ -476,7 +477,8 @@ class StageSpec(_message.Message):
     emulate: Emulation
     memory_fraction: float
     window: int
-    def __init__(self, stage_index: _Optional[int] = ..., num_stages: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., prev: _Optional[_Union[LinkSpec, _Mapping]] = ..., next: _Optional[_Union[LinkSpec, _Mapping]] = ..., device: _Optional[str] = ..., threads: _Optional[int] = ..., emulate: _Optional[_Union[Emulation, _Mapping]] = ..., memory_fraction: _Optional[float] = ..., window: _Optional[int] = ...) -> None: ...
+    eval_fill: str
+    def __init__(self, stage_index: _Optional[int] = ..., num_stages: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., prev: _Optional[_Union[LinkSpec, _Mapping]] = ..., next: _Optional[_Union[LinkSpec, _Mapping]] = ..., device: _Optional[str] = ..., threads: _Optional[int] = ..., emulate: _Optional[_Union[Emulation, _Mapping]] = ..., memory_fraction: _Optional[float] = ..., window: _Optional[int] = ..., eval_fill: _Optional[str] = ...) -> None: ...
 
 class Rendezvous(_message.Message):
     __slots__ = ("generation", "rank", "world_size", "timeout_s", "backend", "interface", "port_low", "port_high", "data_plane_secret", "data_plane_encrypt")

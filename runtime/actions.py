@@ -12,10 +12,14 @@ The kinds split a backward the way zero-bubble schedules need it:
 * ``I`` input gradient only: what the previous stage waits for, so it goes first;
 * ``W`` weight gradients, deferred: they need only this stage's own ``I``, so a schedule can
   place them in what would otherwise be a bubble.
+* ``E`` an evaluation forward of held-out micro-batch ``m`` (its own numbering): forward only,
+  nothing kept for a backward, placed in the step's idle time (runtime/bubble_fill.py). It needs
+  the previous stage's ``E`` of the same micro-batch and nothing of training.
 
 A ``B`` is an ``I`` and a ``W`` run back to back. Each micro-batch of a stage is forwarded once
 and then either backwarded once (``B``) or input-gradient'ed and weight-gradient'ed once each
-(``I`` then ``W``); `validate_actions` refuses anything else.
+(``I`` then ``W``), and each held-out micro-batch evaluated at most once; `validate_actions`
+refuses anything else.
 """
 
 from __future__ import annotations
@@ -29,9 +33,10 @@ class Kind(str, Enum):
     BACKWARD = "B"
     INPUT_GRAD = "I"
     WEIGHT_GRAD = "W"
+    EVAL = "E"
 
 
-F, B, I, W = Kind.FORWARD, Kind.BACKWARD, Kind.INPUT_GRAD, Kind.WEIGHT_GRAD
+F, B, I, W, E = Kind.FORWARD, Kind.BACKWARD, Kind.INPUT_GRAD, Kind.WEIGHT_GRAD, Kind.EVAL
 
 
 class Action(NamedTuple):
@@ -58,19 +63,27 @@ def parse_actions(text: str, stage_index: int) -> list[Action]:
     try:
         return [Action(stage_index, Kind(token[0]), int(token[1:])) for token in text.split()]
     except (ValueError, IndexError):
-        raise ValueError(f"cannot read actions {text!r}: each is a kind (F, B, I, W) and a micro-batch, "
+        raise ValueError(f"cannot read actions {text!r}: each is a kind (F, B, I, W, E) and a micro-batch, "
                          f"e.g. F0 B0") from None
 
 
-def validate_actions(actions: list[Action], num_microbatches: int, stage_index: int | None = None) -> None:
+def validate_actions(actions: list[Action], num_microbatches: int, stage_index: int | None = None,
+                     num_eval: int = 0) -> None:
     """Raise ValueError unless each micro-batch is forwarded once and then either backwarded once
-    (B) or given its input gradient (I) and then its weight gradients (W) once each; with
-    `stage_index`, unless every action is that stage's."""
+    (B) or given its input gradient (I) and then its weight gradients (W) once each, and each of
+    `num_eval` held-out micro-batches is evaluated (E) once or never; with `stage_index`, unless
+    every action is that stage's."""
     seen: set[Action] = set()
     for pos, a in enumerate(actions):
         s, m = a.stage_index, a.microbatch
         if stage_index is not None and s != stage_index:
             raise ValueError(f"action {a} at position {pos} belongs to stage {s}, not stage {stage_index}")
+        if a.kind is E:
+            if not 0 <= m < num_eval or a in seen:
+                raise ValueError(f"action {a} at position {pos}: an evaluation of a held-out micro-batch outside "
+                                 f"[0, {num_eval}) or evaluated twice")
+            seen.add(a)
+            continue
         if not 0 <= m < num_microbatches:
             raise ValueError(f"action {a} at position {pos}: micro-batch outside [0, {num_microbatches})")
         if a in seen:
@@ -106,6 +119,6 @@ def max_in_flight(actions: list[Action]) -> int:
         if a.kind is F:
             live += 1
             peak = max(peak, live)
-        elif a.kind is not I:
+        elif a.kind is B or a.kind is W:  # an I frees part; an E keeps nothing
             live -= 1
     return peak

@@ -31,7 +31,7 @@ from hetlaunch.runtime.memory_limit import StageMemory
 from hetlaunch.runtime.outer_sync import OuterSync
 from hetlaunch.runtime.optim import Recipe, clip_gradients, make_optimizer, set_lr
 from hetlaunch.runtime.precision import LossScaler, autocast, compute_dtype, from_wire, to_wire
-from hetlaunch.runtime.actions import B, F, I, W, Action
+from hetlaunch.runtime.actions import B, E, F, I, W, Action
 from hetlaunch.runtime.split_backward import SplitBackward
 from hetlaunch.runtime.tied import TiedParameters
 
@@ -52,6 +52,7 @@ class StepResult:
     sync_bytes: tuple[int, int] = (0, 0)
     lr: float = 0.0                    # the learning rate this step used
     grad_norm: float = 0.0             # the whole model's gradient norm before clipping (0: not clipping)
+    eval_loss: float | None = None     # the held-out loss of the step's E actions; only on the last stage
 
 
 @dataclass
@@ -74,6 +75,10 @@ class StagePart:
     num_layers: int
     prev_link: Link | LocalLink | None
     next_link: Link | LocalLink | None
+    # Evaluation forwards in the step (E actions): links of their own (another tag), so held-out
+    # activations never queue among training's in the receiver's order.
+    prev_eval_link: Link | LocalLink | None = None
+    next_eval_link: Link | LocalLink | None = None
     module: nn.Sequential = field(init=False, default=None)
 
     @property
@@ -119,6 +124,8 @@ class StageExecutor:
     # order, and is_first, is_last and the two links above are unused. Empty: the device runs one
     # stage, made of all of `layers` and the two links.
     parts: list[StagePart] = field(default_factory=list)
+    # One stage, evaluation in the step's bubbles: its (previous, next) evaluation links.
+    eval_links: tuple[Link | None, Link | None] = (None, None)
     module: nn.Sequential = field(init=False)
     optimizer: torch.optim.Optimizer | None = field(init=False)
     # Optimizer steps taken, counting those before a restore. It changes together with the
@@ -132,7 +139,7 @@ class StageExecutor:
         if not self.parts:
             if self.is_first != (self.prev_link is None) or self.is_last != (self.next_link is None):
                 raise ValueError("a stage has a previous link unless it is first and a next link unless it is last")
-            self.parts = [StagePart(-1, len(self.layers), self.prev_link, self.next_link)]
+            self.parts = [StagePart(-1, len(self.layers), self.prev_link, self.next_link, *self.eval_links)]
         else:
             indices = [part.stage_index for part in self.parts]
             if indices != sorted(set(indices)) or sum(part.num_layers for part in self.parts) != len(self.layers):
@@ -162,7 +169,8 @@ class StageExecutor:
         self.optimizer = make_optimizer(self.module, self.recipe)
 
     def train_step(self, actions: list[Action], microbatches: list[Batch] | None, loss_divisor: int,
-                   trace: list[tuple[str, float, float, int]] | None = None) -> StepResult:
+                   trace: list[tuple[str, float, float, int]] | None = None,
+                   eval_microbatches: list[Batch] | None = None) -> StepResult:
         """One optimizer step over the schedule's micro-batches, in its order.
 
         `microbatches` holds the (inputs, targets) pairs; the first stage reads inputs,
@@ -170,7 +178,8 @@ class StageExecutor:
         divided by `loss_divisor`: the step's micro-batch count over all pipelines. With
         `trace` (a list) the step's timeline is appended to it: (name, start, end, micro-batch)
         in wall-clock seconds — every forward and backward, the waits for a message inside
-        them, the drain of the sends, the gradient sync and the optimizer step.
+        them, the drain of the sends, the gradient sync and the optimizer step. E actions evaluate
+        `eval_microbatches` (held out) with the weights as they are before this step's update.
         """
         self._trace = trace
         step_start = time.perf_counter()
@@ -181,6 +190,7 @@ class StageExecutor:
         in_flight: dict[tuple[int, int], _InFlight] = {}  # by (stage, micro-batch)
         weights_left: dict[tuple[int, int], SplitBackward] = {}  # after an I, until its W
         losses: list[float] = []
+        eval_losses: list[float] = []
         # The action whose weight gradients are the step's last (gradient sync arms before it):
         # the last B or W, or where the stage's graph cannot be split (its I does the weights), B or I.
         last = {kinds: max((i for i, a in enumerate(actions) if a.kind in kinds), default=-1)
@@ -194,6 +204,9 @@ class StageExecutor:
             if action.kind is F:
                 with self.memory.forward(key) if self.memory else contextlib.nullcontext(), self._span("forward", mb):
                     in_flight[key] = self._forward(part, mb, microbatches, loss_divisor, losses)
+            elif action.kind is E:
+                with self._span("eval forward", mb):
+                    self._eval_forward(part, mb, eval_microbatches, eval_losses)
             elif action.kind is I:
                 with self._span("input gradient", mb):
                     saved = in_flight.pop(key)
@@ -258,7 +271,8 @@ class StageExecutor:
         return StepResult(loss=loss, step_s=time.perf_counter() - step_start, compute_s=self._compute_s,
                           comm_s=self._comm_s, forward_bytes=sent("next_link"),
                           backward_bytes=sent("prev_link"), sync_s=sync.blocked_s,
-                          sync_bytes=(sync.raw_bytes, sync.wire_bytes), lr=lr, grad_norm=grad_norm)
+                          sync_bytes=(sync.raw_bytes, sync.wire_bytes), lr=lr, grad_norm=grad_norm,
+                          eval_loss=sum(eval_losses) / len(eval_losses) if eval_losses else None)
 
     @torch.no_grad()
     def evaluate(self, microbatches: list[Batch] | None, count: int) -> float | None:
@@ -280,7 +294,25 @@ class StageExecutor:
         return sum(losses) / len(losses) if self.is_last else None
 
     def _links(self) -> list[Link | LocalLink]:
-        return [link for part in self.parts for link in (part.prev_link, part.next_link) if link is not None]
+        return [link for part in self.parts for link in (part.prev_link, part.next_link, part.next_eval_link)
+                if link is not None]
+
+    @torch.no_grad()
+    def _eval_forward(self, part: StagePart, k: int, eval_microbatches: list[Batch] | None,
+                      eval_losses: list[float]) -> None:
+        """E: held-out micro-batch k through this stage, as `evaluate` computes it; the random
+        state is put back after, so training's dropout draws what it would without the E."""
+        if part.is_first:
+            inputs = eval_microbatches[k][0].to(self.device)
+        else:
+            inputs = self._received(part.prev_eval_link)
+        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []), \
+                autocast(self.device, self._dtype):
+            output = self._timed(part.module, map_tensors(lambda t: from_wire(t, self._dtype), inputs))
+            if part.is_last:
+                eval_losses.append(self.loss_fn(output, eval_microbatches[k][1].to(self.device)).item())
+        if not part.is_last:
+            part.next_eval_link.send(map_tensors(lambda t: to_wire(t, self._dtype), output))
 
     def _part(self, stage_index: int) -> StagePart:
         """The part an action's stage runs on; with one part, whatever stage its actions name."""

@@ -21,10 +21,10 @@ the simulation is re-exported here for it.
 
 from __future__ import annotations
 
-from hetlaunch.runtime.actions import B, F, I, W, Action, Kind, max_in_flight, parse_actions, validate_actions
+from hetlaunch.runtime.actions import B, E, F, I, W, Action, Kind, max_in_flight, parse_actions, validate_actions
 from hetlaunch.runtime.simulation import compiled, simulate, simulate_compiled, simulated_timeline
 
-__all__ = ["B", "F", "I", "W", "Action", "Kind", "max_in_flight", "parse_actions", "validate_actions", "compiled",
+__all__ = ["B", "E", "F", "I", "W", "Action", "Kind", "max_in_flight", "parse_actions", "validate_actions", "compiled",
            "simulate", "simulate_compiled", "simulated_timeline", "Schedule", "OneFOneB", "GPipe", "SCHEDULES",
            "schedule_named", "schedule_for", "own_window", "one_f_one_b", "gpipe", "ZeroBubbleH1"]
 

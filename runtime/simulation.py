@@ -7,7 +7,9 @@ time. What an action waits for is what P2P send/recv enforces at run time:
 * ``B(s, m)`` and ``I(s, m)`` need ``F(s, m)`` and the gradient sent by the next stage's
   ``I(s+1, m)`` or ``B(s+1, m)`` (the last stage's needs only its own forward, which computed
   the loss); when they end, the gradient of the stage's input leaves for the stage before;
-* ``W(s, m)`` needs only ``I(s, m)`` on the same stage, and sends nothing.
+* ``W(s, m)`` needs only ``I(s, m)`` on the same stage, and sends nothing;
+* ``E(s, k)``, an evaluation forward of held-out micro-batch k, needs ``E(s-1, k)``'s activation,
+  which shares the boundary's wire with training's.
 
 Costs are per stage. An I and a W without costs of their own split the stage's backward cost
 in half each (a B is an I and a W run back to back; the split is a stand-in until profiles
@@ -16,18 +18,18 @@ time the two halves); given one of them, the other is the rest of the backward.
 
 from __future__ import annotations
 
-from hetlaunch.runtime.actions import B, F, I, W, Action
+from hetlaunch.runtime.actions import B, E, F, I, W, Action
 
 # Compiled kinds: small ints the simulation compares (a forward is the only falsy one, and the
 # most common action, so it is told apart by truth alone).
-_CODE = {F: 0, B: 1, I: 2, W: 3}
+_CODE = {F: 0, B: 1, I: 2, W: 3, E: 4}
 
 
 def _deps(num_stages: int, a: Action, scheduled: set[Action]) -> list[Action]:
     """The actions that must finish before `a` may start: for the deadlock message."""
     s, m = a.stage_index, a.microbatch
-    if a.kind is F:
-        return [Action(s - 1, F, m)] if s > 0 else []
+    if a.kind in (F, E):
+        return [Action(s - 1, a.kind, m)] if s > 0 else []
     if a.kind is W:
         return [Action(s, I, m)]
     deps = [Action(s, F, m)]
@@ -66,6 +68,7 @@ def simulate(
     optimizer_cost: list[float] | None = None,
     input_grad_cost: list[float] | None = None,
     weight_grad_cost: list[float] | None = None,
+    eval_cost: list[float] | None = None,
 ) -> float:
     """Run the per-stage action lists under the pipeline dependencies, each stage strictly in
     its own order; return the step's makespan. The step time the planner prices.
@@ -86,7 +89,7 @@ def simulate(
         if strangers:
             raise ValueError(f"stage {s}'s list holds another stage's action {strangers[0]}")
     return simulate_devices(per_stage, forward_cost, backward_cost, link_cost, latency, optimizer_cost,
-                            input_grad_cost, weight_grad_cost)
+                            input_grad_cost, weight_grad_cost, eval_cost)
 
 
 def simulate_devices(
@@ -98,12 +101,14 @@ def simulate_devices(
     optimizer_cost: list[float] | None = None,
     input_grad_cost: list[float] | None = None,
     weight_grad_cost: list[float] | None = None,
+    eval_cost: list[float] | None = None,
 ) -> float:
     """`simulate` where a device may hold several stages (interleaved and V-shaped schedules):
     each list is one device's actions, run strictly in its order, one at a time, whichever of
     its stages they belong to. Compute costs and boundaries are per *stage* (boundary j between
     stages j and j+1; a boundary inside one device costs what its caller says, usually nothing);
-    ``optimizer_cost`` is per device. With one stage per device it is `simulate`."""
+    ``optimizer_cost`` is per device; an evaluation forward costs ``eval_cost`` (default: the
+    forward's). With one stage per device it is `simulate`."""
     if not per_device:
         raise ValueError("simulate needs at least one stage")
     num_stages = _check_lists(per_device)
@@ -117,8 +122,10 @@ def simulate_devices(
     i_cost, w_cost = split_backward(b_cost, i_given, w_given)
     if any(c < 0 for c in i_cost + w_cost):
         raise ValueError(f"input and weight gradient costs must not exceed the backward's: {i_cost}, {w_cost}")
+    e_cost = _costs(eval_cost, 0.0, num_stages, "eval_cost") if eval_cost is not None else f_cost
     num_mb = 1 + max((a.microbatch for actions in per_device for a in actions), default=0)
-    return _simulate(compiled(per_device), f_cost, b_cost, i_cost, w_cost, wire, lat, opt, per_device, num_mb)
+    return _simulate(compiled(per_device), f_cost, b_cost, i_cost, w_cost, wire, lat, opt, per_device, num_mb,
+                     e_cost=e_cost)
 
 
 def _check_lists(per_device: list[list[Action]]) -> int:
@@ -132,7 +139,7 @@ def _check_lists(per_device: list[list[Action]]) -> int:
                 raise ValueError(f"stage {s}'s actions are on two devices' lists, {holder[s]} and {d}")
         if len(set(actions)) != len(actions):
             raise ValueError(f"stage {actions[0].stage_index} repeats an action: {' '.join(map(str, actions))}")
-        for s in {a.stage_index for a in actions}:
+        for s in {a.stage_index for a in actions if a.kind is not E}:
             full = {a.microbatch for a in actions if a.kind is B and a.stage_index == s}
             split = sorted(full & {a.microbatch for a in actions if a.kind in (I, W) and a.stage_index == s})
             if split:
@@ -164,7 +171,8 @@ def simulate_compiled(plan, forward_cost: list[float], backward_cost: list[float
 
 def simulated_timeline(per_device: list[list[Action]], forward_cost: list[float], backward_cost: list[float],
                        link_cost: list[float], latency: list[float], input_grad_cost: list[float] | None = None,
-                       weight_grad_cost: list[float] | None = None) -> list[list[tuple[Action, float, float]]]:
+                       weight_grad_cost: list[float] | None = None,
+                       eval_cost: list[float] | None = None) -> list[list[tuple[Action, float, float]]]:
     """`simulate`'s schedule as (action, start, end) per device (per stage where each device holds
     one), from the step's start: the predicted timeline a trace shows beside the measured one."""
     ends: dict = {}
@@ -172,8 +180,8 @@ def simulated_timeline(per_device: list[list[Action]], forward_cost: list[float]
     _check_lists(per_device)
     _simulate(compiled(per_device), forward_cost, backward_cost, i_cost, w_cost, link_cost, latency,
               [0.0] * len(per_device), per_device, 1 + max(a.microbatch for actions in per_device for a in actions),
-              ends)
-    costs = {F: forward_cost, B: backward_cost, I: i_cost, W: w_cost}
+              ends, eval_cost or forward_cost)
+    costs = {F: forward_cost, B: backward_cost, I: i_cost, W: w_cost, E: eval_cost or forward_cost}
 
     def span(a: Action) -> tuple[Action, float, float]:
         end = ends[a.kind][a.stage_index][a.microbatch]
@@ -182,7 +190,7 @@ def simulated_timeline(per_device: list[list[Action]], forward_cost: list[float]
 
 
 def _simulate(plan, f_cost, b_cost, i_cost, w_cost, wire, lat, opt, per_device, num_mb: int,
-              ends: dict | None = None) -> float:
+              ends: dict | None = None, e_cost=None) -> float:
     num_stages = len(f_cost)
     num_devices = len(plan)
     # Plain lists indexed [stage][micro-batch]: the planner simulates thousands of candidates.
@@ -191,6 +199,8 @@ def _simulate(plan, f_cost, b_cost, i_cost, w_cost, wire, lat, opt, per_device, 
     w_done = [[None] * num_mb for _ in range(num_stages)]
     f_in = [[None] * num_mb for _ in range(num_stages)]  # when an activation has arrived at stage s
     b_in = [[None] * num_mb for _ in range(num_stages)]  # when a gradient has arrived at stage s
+    e_done = [[None] * num_mb for _ in range(num_stages)]  # evaluation forwards, by held-out micro-batch
+    e_in = [[None] * num_mb for _ in range(num_stages)]
     down_free = [0.0] * max(num_stages - 1, 0)  # each boundary's wire, activations going down
     up_free = [0.0] * max(num_stages - 1, 0)  # and gradients going up
     last = num_stages - 1
@@ -215,6 +225,16 @@ def _simulate(plan, f_cost, b_cost, i_cost, w_cost, wire, lat, opt, per_device, 
                         leaves = end if end > down_free[s] else down_free[s]
                         down_free[s] = leaves + wire[s]
                         f_in[s + 1][m] = leaves + wire[s] + lat[s]
+                elif kind == 4:  # an evaluation forward: the same wire down, nothing back
+                    ready = 0.0 if s == 0 else e_in[s][m]
+                    if ready is None:
+                        break
+                    end = (ready if ready > free_at[d] else free_at[d]) + e_cost[s]
+                    e_done[s][m] = end
+                    if s < last:
+                        leaves = end if end > down_free[s] else down_free[s]
+                        down_free[s] = leaves + wire[s]
+                        e_in[s + 1][m] = leaves + wire[s] + lat[s]
                 elif kind != 3:  # a full backward (1) or the input gradient alone (2)
                     ready = f_done[s][m]
                     if ready is None:
@@ -244,7 +264,7 @@ def _simulate(plan, f_cost, b_cost, i_cost, w_cost, wire, lat, opt, per_device, 
         if not progressed:
             raise _deadlock(per_device, next_idx, num_stages)
     if ends is not None:
-        ends.update({F: f_done, B: g_done, I: g_done, W: w_done})
+        ends.update({F: f_done, B: g_done, I: g_done, W: w_done, E: e_done})
     return max(t + o for t, o in zip(free_at, opt))
 
 

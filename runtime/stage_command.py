@@ -33,27 +33,35 @@ from hetlaunch.runtime.outer_sync import OuterGroupPlan, OuterSettings, OuterSta
 from hetlaunch.runtime.schedules import schedule_for
 from hetlaunch.runtime.sealed_exchange import SealedGather, must_seal, regions_of, sealed_gather_for
 from hetlaunch.runtime.sealing import REFUSED, Channel, Opener, Sealer, SealingError
+from hetlaunch.runtime.step_evaluation import StepEvaluation
 from hetlaunch.runtime.tied import TiedParameters
 from hetlaunch.runtime.wire import model_spec_from_proto, schedule_name
 
 
-def _links(stage: pb.StageSpec, device: torch.device, rdzv: pb.Rendezvous) -> tuple[Link | None, Link | None]:
+# Held-out activations in the step's bubbles travel on links of their own, under this tag.
+EVAL_TAG = 1
+
+
+def _links(stage: pb.StageSpec, device: torch.device, rdzv: pb.Rendezvous, stream: str = "link",
+           tag: int = 0) -> tuple[Link | None, Link | None]:
     wire = wire_device(device, rdzv.backend)
     prev = next_ = None
     if stage.HasField("prev"):  # we send gradients back to the previous stage
         prev = Link(stage.prev.peer_rank, codec_by_id(stage.prev.backward_codec), device, wire,
                     emulation=WireEmulation.from_spec(stage.prev.emulate_bandwidth_mbps, stage.prev.emulate_latency_ms,
                                                       bool(stage.prev.bandwidth_changes)),
-                    max_message_bytes=stage.prev.max_message_bytes, sealing=_sealing(stage.prev, rdzv))
+                    max_message_bytes=stage.prev.max_message_bytes, sealing=_sealing(stage.prev, rdzv, stream),
+                    tag=tag)
     if stage.HasField("next"):  # we send activations on to the next stage
         next_ = Link(stage.next.peer_rank, codec_by_id(stage.next.forward_codec), device, wire,
                      emulation=WireEmulation.from_spec(stage.next.emulate_bandwidth_mbps, stage.next.emulate_latency_ms,
                                                        bool(stage.next.bandwidth_changes)),
-                     max_message_bytes=stage.next.max_message_bytes, sealing=_sealing(stage.next, rdzv))
+                     max_message_bytes=stage.next.max_message_bytes, sealing=_sealing(stage.next, rdzv, stream),
+                     tag=tag)
     return prev, next_
 
 
-def _sealing(link: pb.LinkSpec, rdzv: pb.Rendezvous) -> tuple[Sealer, Opener] | None:
+def _sealing(link: pb.LinkSpec, rdzv: pb.Rendezvous, stream: str) -> tuple[Sealer, Opener] | None:
     """A sealed link's two channels (runtime/sealing.py): what we send the peer, what it sends us."""
     if not link.sealed:
         return None
@@ -61,8 +69,8 @@ def _sealing(link: pb.LinkSpec, rdzv: pb.Rendezvous) -> tuple[Sealer, Opener] | 
         raise SealingError(f"the link to rank {link.peer_rank} is to be sealed but no data-plane secret came "
                            f"with generation {rdzv.generation}")
     secret, me, peer = rdzv.data_plane_secret, rdzv.rank, link.peer_rank
-    return (Sealer(secret, Channel(rdzv.generation, me, peer, "link")),
-            Opener(secret, Channel(rdzv.generation, peer, me, "link")))
+    return (Sealer(secret, Channel(rdzv.generation, me, peer, stream)),
+            Opener(secret, Channel(rdzv.generation, peer, me, stream)))
 
 
 class StageReports(Protocol):
@@ -389,6 +397,9 @@ def _executor(cmd: pb.RunStage, bundle, device: torch.device, memory: StageMemor
     stage, train, backend = cmd.stage, cmd.train, cmd.rendezvous.backend
     dp = cmd.data_parallel if cmd.HasField("data_parallel") else None
     prev_link, next_link = _links(stage, device, cmd.rendezvous)
+    # Evaluation in the step's bubbles (runtime/step_evaluation.py): links of its own.
+    eval_links = _links(stage, device, cmd.rendezvous, "eval", EVAL_TAG) if train.eval_every and stage.eval_fill \
+        else (None, None)
     grad_sync = None
     island = Island(dp, cmd.rendezvous.rank, list(cmd.layout), cmd.rendezvous)
     if dp is not None and dp.sync_groups:
@@ -404,7 +415,7 @@ def _executor(cmd: pb.RunStage, bundle, device: torch.device, memory: StageMemor
                              emulation=emulated_speed(stage.emulate, train.start_step), grad_sync=grad_sync,
                              before_optimizer_step=_pipeline_barrier(dp, cmd.rendezvous.rank, device, backend,
                                                                                      list(cmd.layout), cmd.rendezvous),
-                             memory=memory)
+                             memory=memory, eval_links=eval_links)
     executor.steps_done = train.start_step
     if bundle.tied:  # after every other group, in the same order on every rank
         executor.tied = TiedParameters(bundle.tied, list(cmd.layout), cmd.rendezvous.rank, executor.module,
@@ -447,10 +458,12 @@ def _train(cmd: pb.RunStage, executor: StageExecutor, batches: TokenBatches | No
     first_microbatch = dp.microbatch_offset if dp else 0
     actions = schedule_for(schedule_name(train.schedule), stage.stage_index, stage.num_stages, train.num_microbatches,
                            stage.window)
+    evaluation = StepEvaluation(train, stage, executor, eval_batches, actions)
     tokens = train.micro_batch_size * train.num_microbatches * spec.seq_len
     for step in range(train.start_step, train.steps):
         move = gate.before_step(step)
         if move is not None:
+            evaluation.before_move(reports.step)
             if writer is not None:
                 writer.wait()  # the part being written holds the old range
             reports.move(move_stage(running, move))
@@ -462,7 +475,8 @@ def _train(cmd: pb.RunStage, executor: StageExecutor, batches: TokenBatches | No
             microbatches = microbatches[first_microbatch:first_microbatch + train.num_microbatches]
         trace = [] if train.trace_every and step % train.trace_every == 0 else None
         try:
-            result = executor.train_step(actions, microbatches, loss_divisor, trace)
+            step_actions, held_out = evaluation.step_actions()
+            result = executor.train_step(step_actions, microbatches, loss_divisor, trace, held_out)
         except torch.OutOfMemoryError as err:
             if executor.memory is None:
                 raise
@@ -476,9 +490,8 @@ def _train(cmd: pb.RunStage, executor: StageExecutor, batches: TokenBatches | No
                 executor.outer.final(done, outer)  # the run ends on the anchor
             if trace is not None and (outer.launched or outer.applied):
                 trace.append(("outer step", started, host_clock.now(), -1))
-        eval_loss = _eval_loss(train, executor, eval_batches, done)
-        reports.step(_step_metrics(step, stage, result, tokens, dp.pipeline_index if dp else 0, eval_loss, executor,
-                                   trace, outer))
+        evaluation.after_step(done, result.eval_loss, _step_metrics(
+            step, stage, result, tokens, dp.pipeline_index if dp else 0, None, executor, trace, outer), reports.step)
         if writer is not None and checkpoint_due(train, done):
             writer.save(done)
     gate.finished(train.steps)
@@ -492,17 +505,6 @@ def _emulate_at(executor: StageExecutor, stage: pb.StageSpec, step: int) -> None
     for link, spec in ((executor.prev_link, stage.prev), (executor.next_link, stage.next)):
         if link is not None and link.emulation is not None:
             link.emulation.at_step(spec, step)
-
-
-def _eval_loss(train: pb.TrainSpec, executor: StageExecutor, eval_batches: TokenBatches | None,
-               done: int) -> float | None:
-    """The held-out loss every eval_every steps and after the last (every stage takes part), else None."""
-    if not train.eval_every or (done % train.eval_every != 0 and done != train.steps):
-        return None
-    held_out = None
-    if eval_batches is not None:  # the same held-out windows every time, so the curve compares
-        held_out = eval_batches.micro_batches(0, train.micro_batch_size, train.eval_microbatches)
-    return executor.evaluate(held_out, train.eval_microbatches)
 
 
 def _step_metrics(step: int, stage: pb.StageSpec, result, tokens: int, pipeline_index: int,
