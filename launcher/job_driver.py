@@ -37,7 +37,7 @@ from hetlaunch.launcher.progress import TrainingProgress, print_calibration, pri
 from hetlaunch.launcher.run_dir_lock import RunDirLock
 from hetlaunch.launcher.run_record import RunRecord, StepAggregator, StepRecord, make_run_dir, read_metrics
 from hetlaunch.launcher.session import ClusterSession, JobError
-from hetlaunch.launcher.stage_launch import launch
+from hetlaunch.launcher.stage_launch import eval_fill_event, launch
 from hetlaunch.launcher.observers import Observers
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.runtime.checkpoint_manifest import newest_intact_checkpoint, set_aside
@@ -168,6 +168,8 @@ def _run(session: ClusterSession, spec, options: UpOptions, events: EventLog, co
                 book.expect(launch(session, plan, spec, restore, book.root, boundary_bytes))
                 events.write("generation", generation=session.state.generation, start_step=restore.step,
                              restore_source=restore.source, plan=plan.to_dict())
+                if train.eval_every and train.eval_in_bubbles:
+                    events.write("eval_fill", **eval_fill_event(plan, train.eval_microbatches))
                 if restore.directory is not None:
                     events.write("restore", step=restore.step, source=restore.source, directory=str(restore.directory))
                 outcome = follow(session, current, replanner, record, book, events, progress, observers, boundary_bytes)

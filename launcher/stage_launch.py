@@ -90,6 +90,19 @@ def eval_fills(stages, schedule: str, num_microbatches: int, num_eval: int) -> t
     return [" ".join(a.label for a in stage_actions) for stage_actions in lists], report
 
 
+def eval_fill_event(plan: Plan, num_eval: int) -> dict:
+    """What evaluation in the bubbles is predicted to cost the first pipeline's step (events.jsonl
+    `eval_fill`): the simulated step without and with the held-out forwards where they were
+    placed, the same step followed by evaluation through the pipeline, and the shares filled."""
+    stages = [q.source for q in Topology.of(plan).pipelines[0]]
+    _, report = eval_fills(stages, plan.schedule, plan.pipeline_microbatches[0], num_eval)
+    return {"step_s": round(report.step_s, 6), "step_with_eval_s": round(report.step_with_eval_s, 6),
+            "after_step_s": round(report.after_step_s, 6),
+            "idle_filled": round(report.filled_fraction, 4),
+            "eval_in_idle": round(report.filled_s / report.eval_s, 4) if report.eval_s else 0.0,
+            "unit_costs": any(s.compute_s is None for s in stages)}
+
+
 WATCHDOG_STEPS = 10  # train.watchdog_s auto: this many predicted steps without one...
 WATCHDOG_MIN_S = 60.0  # ... and never less (a checkpoint write or a live move holds the step loop)
 FIRST_STEP_EXTRA_S = RENDEZVOUS_TIMEOUT_S + 60.0  # before the first step: the rendezvous and the restore

@@ -18,7 +18,7 @@ def _run(tmp_path, in_bubbles: bool) -> tuple[list[dict], dict]:
     cluster = yaml.safe_load((REPO / "cluster_examples" / "tiny_test.yaml").read_text())
     cluster["train"].update(steps=5, checkpoint_every=0, eval_every=2, eval_microbatches=3, eval_in_bubbles=in_bubbles)
     cluster["observe"] = {"trace_every": 1}
-    for node, layers in zip(cluster["nodes"], ([0, 1], [1, 3], [3, 4])):  # three stages, pinned: unit costs
+    for node, layers in zip(cluster["nodes"], ([0, 1], [1, 3], [3, 4])):  # three stages, pinned
         node["layers"] = layers
     path = tmp_path / f"c-{in_bubbles}.yaml"
     path.write_text(yaml.safe_dump(cluster))
@@ -26,6 +26,11 @@ def _run(tmp_path, in_bubbles: bool) -> tuple[list[dict], dict]:
     result = run_hetlaunch("up", str(path), "--run-dir", str(run_dir), timeout=220, cwd=tmp_path)
     assert result.returncode == 0, result.stderr + result.stdout
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    fills = [e for e in events if e["event"] == "eval_fill"]
+    assert len(fills) == (1 if in_bubbles else 0)
+    if fills:  # placed from the plan's prices: never predicted dearer than evaluating after the step
+        assert fills[0]["step_s"] <= fills[0]["step_with_eval_s"] <= fills[0]["after_step_s"]
     return lines, json.loads((run_dir / "trace.json").read_text())
 
 
