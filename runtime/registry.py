@@ -50,7 +50,7 @@ CODEC_INFOS: tuple[CodecInfo, ...] = (
 CODEC_NAMES: tuple[str, ...] = tuple(c.name for c in CODEC_INFOS)  # also the lossiness order
 CODEC_INFOS_BY_NAME: dict[str, CodecInfo] = {c.name: c for c in CODEC_INFOS}
 
-SCHEDULE_NAMES: tuple[str, ...] = ("1f1b", "gpipe", "zb-h1")
+SCHEDULE_NAMES: tuple[str, ...] = ("1f1b", "gpipe", "zb-h1", "zb-h2")
 # `schedule: auto` (the YAML's default): the planner cuts for the first of these, then prices the
 # same cut under the others and keeps the fastest whose memory fits (launcher/planning/request.py).
 AUTO_SCHEDULE = "auto"

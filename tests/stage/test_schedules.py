@@ -34,8 +34,8 @@ def short(actions):
 
 def test_action_str_and_registry():
     assert str(Action(1, Kind.FORWARD, 3)) == "1F3" and Action(0, Kind.BACKWARD, 0).label == "B0"
-    assert set(SCHEDULES) == {"1f1b", "gpipe", "zb-h1"}
-    with pytest.raises(ValueError, match="1f1b.*gpipe.*zb-h1"):
+    assert set(SCHEDULES) == {"1f1b", "gpipe", "zb-h1", "zb-h2"}
+    with pytest.raises(ValueError, match="1f1b.*gpipe.*zb-h1.*zb-h2"):
         schedule_for("interleaved", 0, 2, 2)
 
 
@@ -49,7 +49,7 @@ def test_known_1f1b_orders():
     assert short(gpipe(1, 3, 3)) == "F0 F1 F2 B0 B1 B2"
 
 
-SPLIT = {"zb-h1"}  # schedules whose backwards are split into I and W
+SPLIT = {"zb-h1", "zb-h2"}  # schedules whose backwards are split into I and W
 
 
 @pytest.mark.parametrize("name", sorted(SCHEDULES))
