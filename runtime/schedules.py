@@ -224,12 +224,13 @@ class ZeroBubbleH2(Schedule):
     after the last, so each stage is busy from its first forward to its last W: a parallelogram
     where ZB-H1's is a trapezoid.
 
-    Stage ``s`` of ``S`` warms up with ``2 (S - s) - 1`` forwards (the time a gradient takes to
-    come back from the last stage, each stage up adding an F on the way down and an I on the way
-    up), then after each I runs the next forward, preceded by the oldest held W once it holds
-    ``2S - 1`` micro-batches (forward to W); when the forwards have run out, it holds its last
-    ``2s`` W's back to the end, as many I's as the gradient needs to climb from stage s to stage 0
-    and back (``s + M - S`` where M is small, so that a short step never ends later than ZB-H1's).
+    Stage ``s`` of ``S`` warms up with ``2 (S - s) - 1`` forwards (with equal F and I, what fits
+    before its first gradient is back: an F on each stage down and an I on each stage up), then
+    after each I runs the next forward, preceded by the oldest held W once it holds ``2S - 1``
+    micro-batches (forward to W). When the forwards have run out it holds its last ``2s`` W's back
+    to the end: while they run, the last gradient climbs to the first stage, which started s F
+    earlier, an I a stage (``s + M - S`` where M is small, so that a short step never ends later
+    than ZB-H1's).
     Every stage holds ``min(2S - 1, M)`` micro-batches: ``2S - 1`` against ZB-H1's ``S`` at every
     stage and 1F1B's ``S - s`` at stage s, the price of the deeper warm-up (the first stage) and
     of the held W's (the last).
@@ -241,8 +242,10 @@ class ZeroBubbleH2(Schedule):
     parallelogram saves, (S - 1) F per step, shows where steps run back to back with no barrier
     between the stages (stage 0 starts the next step while the last stage finishes this one: the
     paper's zero bubble; the planner prices one step, so it does not count it). What the
-    simulation does count: the window of ``2S - 1`` micro-batches hides a link's latency that
-    ZB-H1's window of ``S`` waits for, and an I longer than a W no longer leaves a bubble.
+    simulation does count, with M >= 2S - 1: the window of ``2S - 1`` micro-batches hides a
+    latency of up to an F per link, where ZB-H1's window of ``S`` waits for the round trip; and
+    an I longer than a W (up to twice the shorter of F and W) leaves no bubble, where ZB-H1's
+    grows by (S - 1)(I - W) (tests/stage/test_schedules.py).
 
     Closed form, for the planner's search only (a plan's step is priced by simulation): ZB-H1's,
     with the deeper window,
