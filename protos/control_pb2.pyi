@@ -34,6 +34,7 @@ class Schedule(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SCHEDULE_1F1B: _ClassVar[Schedule]
     SCHEDULE_GPIPE: _ClassVar[Schedule]
     SCHEDULE_ZB_H1: _ClassVar[Schedule]
+    SCHEDULE_ZB_H2: _ClassVar[Schedule]
 
 class Codec(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -59,6 +60,7 @@ SCHEDULE_UNSPECIFIED: Schedule
 SCHEDULE_1F1B: Schedule
 SCHEDULE_GPIPE: Schedule
 SCHEDULE_ZB_H1: Schedule
+SCHEDULE_ZB_H2: Schedule
 CODEC_UNSPECIFIED: Codec
 CODEC_NONE: Codec
 CODEC_FP16: Codec

@@ -50,11 +50,12 @@ CODEC_INFOS: tuple[CodecInfo, ...] = (
 CODEC_NAMES: tuple[str, ...] = tuple(c.name for c in CODEC_INFOS)  # also the lossiness order
 CODEC_INFOS_BY_NAME: dict[str, CodecInfo] = {c.name: c for c in CODEC_INFOS}
 
-SCHEDULE_NAMES: tuple[str, ...] = ("1f1b", "gpipe", "zb-h1")
+SCHEDULE_NAMES: tuple[str, ...] = ("1f1b", "gpipe", "zb-h1", "zb-h2")
 # `schedule: auto` (the YAML's default): the planner cuts for the first of these, then prices the
-# same cut under the others and keeps the fastest whose memory fits (launcher/planning/request.py).
+# same cut under the others and keeps the fastest whose memory fits (launcher/planning/request.py):
+# ZB-H2 only where its 2S - 1 micro-batches in flight fit every stage.
 AUTO_SCHEDULE = "auto"
-AUTO_SCHEDULES: tuple[str, ...] = ("1f1b", "zb-h1")
+AUTO_SCHEDULES: tuple[str, ...] = ("1f1b", "zb-h1", "zb-h2")
 DEFAULT_SCHEDULE = AUTO_SCHEDULE
 
 # Gradient sync between pipelines starts a bucket's all-reduce when its last gradient is final;

@@ -18,7 +18,8 @@ CODEC_WIRE_IDS: dict[str, int] = {
     "none": pb.CODEC_NONE, "fp16": pb.CODEC_FP16, "bf16": pb.CODEC_BF16, "int8": pb.CODEC_INT8,
     "int4": pb.CODEC_INT4, "int4_rotated": pb.CODEC_INT4_ROTATED,
 }
-SCHEDULE_WIRE_IDS: dict[str, int] = {"1f1b": pb.SCHEDULE_1F1B, "gpipe": pb.SCHEDULE_GPIPE, "zb-h1": pb.SCHEDULE_ZB_H1}
+SCHEDULE_WIRE_IDS: dict[str, int] = {"1f1b": pb.SCHEDULE_1F1B, "gpipe": pb.SCHEDULE_GPIPE, "zb-h1": pb.SCHEDULE_ZB_H1,
+                                     "zb-h2": pb.SCHEDULE_ZB_H2}
 _CODEC_NAMES_BY_ID = {wire_id: name for name, wire_id in CODEC_WIRE_IDS.items()}
 _SCHEDULE_NAMES_BY_ID = {wire_id: name for name, wire_id in SCHEDULE_WIRE_IDS.items()}
 

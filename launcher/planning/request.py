@@ -39,12 +39,14 @@ class PlanRequest:
 def plan_for(profile: Profile, request: PlanRequest) -> PlannerResult:
     """The planner's best plan for `request` on `profile`; PlanningError if none fits. With
     `schedule: auto`, the cut is searched under AUTO_SCHEDULES[0] (1F1B) and then priced, by
-    simulation, under each other candidate; the fastest whose memory fits every stage is kept."""
+    simulation, under each other candidate; the fastest whose memory fits every stage is kept (a
+    tie keeps the earlier, the one holding fewer micro-batches). The note names each candidate
+    that fits with the tokens/s it was priced at."""
     if request.schedule != AUTO_SCHEDULE:
         return _plan_for(profile, request)
     first, *others = AUTO_SCHEDULES
     best = _plan_for(profile, replace(request, schedule=first))
-    searched = best
+    searched, priced = best, [(first, best.tokens_per_s)]
     for schedule in others:
         chains = [([s.node for s in p.cost.stages], [(s.layer_start, s.layer_end) for s in p.cost.stages],
                    p.cost.num_microbatches) for p in searched.pipelines]
@@ -52,18 +54,14 @@ def plan_for(profile: Profile, request: PlanRequest) -> PlannerResult:
             other = price_pipelines(at_size(profile, searched.micro_batch_size), chains, schedule, request.compression)
         except PlanningError:
             continue
-        if fits_memory(other) and other.tokens_per_s > best.tokens_per_s:
+        if not fits_memory(other):
+            continue
+        priced.append((schedule, other.tokens_per_s))
+        if other.tokens_per_s > best.tokens_per_s:
             best = replace(searched, pipelines=other.pipelines, sync=other.sync, step_s=other.step_s,
                            tokens_per_s=other.tokens_per_s, schedule=schedule, contention=other.contention)
-    note = ", ".join(f"{s} {t:,.0f}" for s, t in _candidates(searched, best))
+    note = ", ".join(f"{s} {t:,.0f}" for s, t in priced)
     return replace(best, schedule_choice=f"auto: the cut searched under {first}, priced tokens/s {note}")
-
-
-def _candidates(searched: PlannerResult, best: PlannerResult) -> list[tuple[str, float]]:
-    pairs = [(searched.schedule, searched.tokens_per_s)]
-    if best is not searched:
-        pairs.append((best.schedule, best.tokens_per_s))
-    return pairs
 
 
 def _plan_for(profile: Profile, request: PlanRequest) -> PlannerResult:

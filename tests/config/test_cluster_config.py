@@ -213,8 +213,13 @@ def test_types_are_strict() -> None:
     assert "train: must be a mapping" in error_of("train: [1]\nnodes: [{name: a}]")
 
 
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe", "zb-h1", "zb-h2", "auto"])
+def test_every_schedule_is_accepted(schedule: str) -> None:
+    assert parse_cluster(f"train: {{schedule: {schedule}}}\nnodes: [{{name: a}}]").train.schedule == schedule
+
+
 def test_enumerations_and_patterns() -> None:
-    assert "train.schedule: must be '1f1b', 'gpipe', 'zb-h1' or 'auto' (got 'zigzag')" in \
+    assert "train.schedule: must be '1f1b', 'gpipe', 'zb-h1', 'zb-h2' or 'auto' (got 'zigzag')" in \
         error_of("train: {schedule: zigzag}\nnodes: [{name: a}]")
     assert "nodes[0].launch: must be 'local', 'remote' or 'ssh'" in error_of("nodes: [{name: a, launch: rsh}]")
     assert "nodes[0].host: required with launch: ssh" in error_of("nodes: [{name: a, launch: ssh}]")

@@ -69,7 +69,7 @@ def reference():
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("schedule", ["1f1b", "zb-h1"])
+@pytest.mark.parametrize("schedule", ["1f1b", "zb-h1", "zb-h2"])
 def test_hf_gpt2_tied_through_the_layers_form_over_three_stages_equals_one_process(tmp_path, schedule):
     (tmp_path / "cluster.yaml").write_text(CLUSTER.replace("SCHEDULE", schedule))
     run_dir = tmp_path / "run"

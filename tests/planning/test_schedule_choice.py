@@ -1,12 +1,14 @@
-"""`schedule: auto`: the planner cuts for 1F1B, prices the same cut under ZB-H1 by simulation and
-keeps the faster whose memory fits every stage (launcher/planning/request.py)."""
+"""`schedule: auto`: the planner cuts for 1F1B, prices the same cut under ZB-H1 and ZB-H2 by
+simulation and keeps the fastest whose memory fits every stage (launcher/planning/request.py)."""
 
 from __future__ import annotations
 
+import pytest
 from plan_reference import regions_profile
 
 from hetlaunch.launcher.planning.cost_model import CostModel
-from hetlaunch.launcher.planning.planner import check_priced
+from hetlaunch.launcher.planning.planner import check_priced, price_pipelines
+from hetlaunch.launcher.planning.planning_error import PlanningError
 from hetlaunch.launcher.planning.request import PlanRequest, plan_for
 from hetlaunch.launcher.planning.compression import CompressionConfig
 
@@ -18,36 +20,104 @@ def _request(schedule: str) -> PlanRequest:
 
 
 def _profile():
-    """Four equal nodes in one region, links free: a compute-bound 4-stage pipeline, where ZB-H1's
-    smaller bubble shows."""
+    """Four equal nodes in one region, links all but free: a compute-bound 4-stage pipeline, where
+    the zero-bubble schedules' smaller bubble shows."""
     return regions_profile(per_region=4, regions=("a",), num_layers=8, layer_s=0.01, output_bytes=2**20)
 
 
-def test_auto_keeps_zb_h1_where_its_smaller_bubble_wins_and_says_what_each_was_priced_at():
+def _distant_profile():
+    """Four equal nodes, each in a region of its own, 5 ms apart (under a stage's 6.7 ms forward):
+    latency ZB-H2's window of 2S - 1 micro-batches hides and ZB-H1's of S waits for."""
+    return regions_profile(per_region=1, regions=("a", "b", "c", "d"), num_layers=8, layer_s=0.01,
+                           output_bytes=2**20, cross_bandwidth=1e10, cross_latency=0.005)
+
+
+def _with_memory(profile, capacity: float):
+    return profile.model_copy(update={"nodes": [n.model_copy(update={"memory_bytes": capacity})
+                                                for n in profile.nodes]})
+
+
+def _priced_on_the_same_cut(profile, auto) -> dict[str, float]:
+    """tokens/s of the cut auto returns, under each schedule alone."""
+    chains = [([s.node for s in p.cost.stages], [(s.layer_start, s.layer_end) for s in p.cost.stages],
+               p.cost.num_microbatches) for p in auto.pipelines]
+    return {name: price_pipelines(profile, chains, name, NONE).tokens_per_s for name in ("zb-h1", "zb-h2")}
+
+
+def _floor(cost) -> float:
+    """No schedule's step is shorter: the last stage waits for the first forward's way down, then
+    runs M forwards and backwards and its optimizer."""
+    *upstream, last = cost.stages
+    return sum(s.forward_s + s.link_s + s.latency_s for s in upstream) + \
+        cost.num_microbatches * (last.forward_s + last.backward_s) + last.optimizer_s
+
+
+def test_auto_keeps_the_fastest_zero_bubble_schedule_and_says_what_each_was_priced_at():
+    """Compute-bound: both zero-bubble schedules beat 1F1B. ZB-H2's step is the floor itself;
+    ZB-H1's stays above it by what the gradients' climb over the links (0.1 ms each) costs it,
+    so ZB-H2, whose seven micro-batches fit the 80 GiB nodes, is kept."""
     profile = _profile()
     one = plan_for(profile, _request("1f1b"))
-    zb = plan_for(profile, _request("zb-h1"))
     auto = plan_for(profile, _request("auto"))
-    assert auto.schedule == "zb-h1" and auto.tokens_per_s > one.tokens_per_s
-    # The cut searched under 1F1B, priced under ZB-H1: here the same cut the ZB-H1 search finds.
-    assert auto.tokens_per_s >= zb.tokens_per_s * (1 - 1e-9)
-    assert f"1f1b {one.tokens_per_s:,.0f}" in auto.schedule_choice and "zb-h1" in auto.schedule_choice
+    assert auto.schedule == "zb-h2" and auto.tokens_per_s > one.tokens_per_s
+    priced = _priced_on_the_same_cut(profile, auto)
+    assert one.tokens_per_s < priced["zb-h1"] < priced["zb-h2"] == auto.tokens_per_s
+    cost = auto.pipelines[0].cost
+    assert cost.step_s == pytest.approx(_floor(cost), rel=1e-9)
+    assert f"1f1b {one.tokens_per_s:,.0f}, zb-h1 {priced['zb-h1']:,.0f}, zb-h2 {priced['zb-h2']:,.0f}" in \
+        auto.schedule_choice
     assert all(p.cost.exact for p in auto.pipelines)  # priced by simulation, not the closed form
     for pipeline in auto.pipelines:  # the step reported is the simulation of exactly the plan returned
         check_priced(auto.schedule, pipeline.cost)
     assert auto.step_s == max(p.cost.step_s for p in auto.pipelines)
 
 
-def test_auto_keeps_1f1b_where_zb_h1s_memory_does_not_fit():
-    """ZB-H1 holds S micro-batches at every stage, 1F1B S - j at stage j: nodes with room for
-    three micro-batches' activations (and the first with room for four) fit 1F1B only."""
+def test_auto_keeps_zb_h2_where_its_deeper_window_hides_the_latency():
+    profile = _distant_profile()
+    auto = plan_for(profile, _request("auto"))
+    assert auto.schedule == "zb-h2", auto.schedule_choice
+    priced = _priced_on_the_same_cut(profile, auto)
+    one = plan_for(profile, _request("1f1b"))  # 1F1B deepens its windows where they pay: still slower
+    assert auto.tokens_per_s == priced["zb-h2"] > max(priced["zb-h1"], one.tokens_per_s)
+    for pipeline in auto.pipelines:
+        check_priced(auto.schedule, pipeline.cost)
+        assert pipeline.cost.step_s == pytest.approx(_floor(pipeline.cost), rel=1e-9)  # a latency under an F: hidden
+        # Memory as ZB-H2 holds it: 2S - 1 = 7 micro-batches at every stage, within each node's.
+        cm = CostModel(profile, 8, "zb-h2")
+        for j, s in enumerate(pipeline.cost.stages):
+            assert s.memory_bytes == cm.memory_bytes(s.layer_start, s.layer_end, j, 4, window=7) <= s.capacity_bytes
+
+
+def test_auto_falls_back_to_zb_h1_where_zb_h2s_extra_activations_do_not_fit():
+    """The same distant nodes with room for ZB-H1's four micro-batches in flight and not ZB-H2's
+    seven: ZB-H2 is not kept (nor named as priced), ZB-H1 is, and asked for alone ZB-H2 fits no cut."""
+    profile = _distant_profile()
+    cm = CostModel(profile, 8, "zb-h1")
+    four, seven = (cm.memory_bytes(0, 2, 0, 4, window=w) for w in (4, 7))
+    tight = _with_memory(profile, (four + seven) / 2)
+    auto = plan_for(tight, _request("auto"))
+    assert auto.schedule == "zb-h1", auto.schedule_choice
+    assert "zb-h2" not in auto.schedule_choice
+    assert all(s.memory_bytes <= s.capacity_bytes < seven for p in auto.pipelines for s in p.cost.stages)
+    for pipeline in auto.pipelines:
+        check_priced(auto.schedule, pipeline.cost)
+    # Where it fits, ZB-H2 on this very cut is faster: memory alone ruled it out.
+    roomy = _priced_on_the_same_cut(profile, auto)
+    assert roomy["zb-h2"] > roomy["zb-h1"] == pytest.approx(auto.tokens_per_s)
+    with pytest.raises(PlanningError):
+        plan_for(tight, _request("zb-h2"))
+
+
+def test_auto_keeps_1f1b_where_neither_zero_bubble_schedules_memory_fits():
+    """ZB-H1 holds S micro-batches at every stage (ZB-H2 2S - 1), 1F1B S - j at stage j: nodes
+    with room for three micro-batches' activations (and the first with room for four) fit 1F1B only."""
     profile = _profile()
     cm = CostModel(profile, 8, "1f1b")
     tight = cm.memory_bytes(2, 4, 1, 4) + 0.5 * (cm.memory_bytes(2, 4, 1, 4, window=4) - cm.memory_bytes(2, 4, 1, 4))
     nodes = [n.model_copy(update={"memory_bytes": tight}) if i else n for i, n in enumerate(profile.nodes)]
     auto = plan_for(profile.model_copy(update={"nodes": nodes}), _request("auto"))
     assert auto.schedule == "1f1b", auto.schedule_choice
-    assert "zb-h1" not in auto.schedule_choice  # not priced as a candidate that fits
+    assert "zb-h1" not in auto.schedule_choice and "zb-h2" not in auto.schedule_choice  # not priced as fitting
 
 
 def test_one_stage_has_no_bubble_to_win_and_keeps_1f1b():
@@ -65,12 +135,15 @@ def _with_split(profile, overhead: float):
 
 
 def test_auto_prices_the_split_backward_each_node_measured():
-    """Measured I and W as cheap as a full backward: ZB-H1 wins as before. Measured at twice the
-    cost (small layers, where the split's extra autograd calls dominate): 1F1B is kept."""
+    """Measured I and W as cheap as a full backward: a zero-bubble schedule wins as before (ZB-H2,
+    as without measurements). Measured at twice the cost (small layers, where the split's extra
+    autograd calls dominate): 1F1B is kept, both zero-bubble schedules priced below it."""
     profile = _profile()
-    assert plan_for(_with_split(profile, 1.0), _request("auto")).schedule == "zb-h1"
+    assert plan_for(_with_split(profile, 1.0), _request("auto")).schedule == "zb-h2"
     costly = plan_for(_with_split(profile, 2.0), _request("auto"))
     assert costly.schedule == "1f1b", costly.schedule_choice
+    assert all(p.tokens_per_s < costly.tokens_per_s
+               for p in (plan_for(_with_split(profile, 2.0), _request(name)) for name in ("zb-h1", "zb-h2")))
     zb = plan_for(_with_split(profile, 2.0), _request("zb-h1"))
     assert all(s.input_grad_s > 0 for s in zb.pipelines[0].cost.stages[1:])
     assert zb.pipelines[0].cost.stages[0].input_grad_s == 0  # the first stage sends no gradient

@@ -53,7 +53,7 @@ def _train(tmp_path, schedule: str, sync: str):
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("schedule", ["1f1b", "gpipe", "zb-h1"])
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe", "zb-h1", "zb-h2"])
 def test_two_pipelines_match_single_process(schedule, reference, tmp_path):
     lines, params, summary = _train(tmp_path, schedule, "none")
     assert summary["plan"]["pipeline_microbatches"] == [3, 1]

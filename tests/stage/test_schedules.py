@@ -14,6 +14,7 @@ from hetlaunch.runtime.schedules import (
     parse_actions,
     schedule_for,
     simulate,
+    simulated_timeline,
     validate_actions,
 )
 
@@ -34,8 +35,8 @@ def short(actions):
 
 def test_action_str_and_registry():
     assert str(Action(1, Kind.FORWARD, 3)) == "1F3" and Action(0, Kind.BACKWARD, 0).label == "B0"
-    assert set(SCHEDULES) == {"1f1b", "gpipe", "zb-h1"}
-    with pytest.raises(ValueError, match="1f1b.*gpipe.*zb-h1"):
+    assert set(SCHEDULES) == {"1f1b", "gpipe", "zb-h1", "zb-h2"}
+    with pytest.raises(ValueError, match="1f1b.*gpipe.*zb-h1.*zb-h2"):
         schedule_for("interleaved", 0, 2, 2)
 
 
@@ -49,7 +50,7 @@ def test_known_1f1b_orders():
     assert short(gpipe(1, 3, 3)) == "F0 F1 F2 B0 B1 B2"
 
 
-SPLIT = {"zb-h1"}  # schedules whose backwards are split into I and W
+SPLIT = {"zb-h1", "zb-h2"}  # schedules whose backwards are split into I and W
 
 
 @pytest.mark.parametrize("name", sorted(SCHEDULES))
@@ -176,3 +177,112 @@ def test_zb_h1_leaves_a_third_of_1f1bs_bubble_at_1f1bs_peak_memory(f, b):
             assert makespan == pytest.approx(m * (f + b) + (num_stages - 1) * f), (num_stages, m)
     assert short(schedule_for("zb-h1", 0, 4, 6)) == "F0 F1 F2 F3 I0 W0 F4 I1 W1 F5 I2 W2 I3 W3 I4 W4 I5 W5"
     assert short(schedule_for("zb-h1", 3, 4, 6)) == "F0 I0 F1 I1 F2 I2 F3 I3 W0 F4 I4 W1 F5 I5 W2 W3 W4 W5"
+
+
+# --- ZB-H2: ZB-H1 with a deeper warm-up and W's held to the tail ----------------------------------
+
+WIDE = list(itertools.product(range(1, 9), range(1, 33)))  # (num_stages, num_microbatches)
+
+
+def back_to_back(per_stage, num_microbatches, steps=2):
+    """`steps` steps as one list per stage, step k's micro-batches renumbered from k M: what runs
+    when no barrier stands between the stages at a step's end (the optimizer taken as free)."""
+    return [[Action(a.stage_index, a.kind, a.microbatch + k * num_microbatches) for k in range(steps) for a in actions]
+            for actions in per_stage]
+
+
+def split_costs(num_stages, f, i, w):
+    return dict(forward_cost=[f] * num_stages, backward_cost=[i + w] * num_stages, input_grad_cost=[i] * num_stages,
+                weight_grad_cost=[w] * num_stages)
+
+
+def test_zb_h2_is_valid_deadlock_free_and_holds_2s_minus_1_at_every_stage():
+    """1-8 stages, 1-32 micro-batches: every stage's list complete and in order, the step free of
+    deadlock, and in flight (forward to W) what the object claims: min(2S - 1, M) at every stage."""
+    schedule = SCHEDULES["zb-h2"]
+    for num_stages, m in WIDE:
+        per_stage = schedule.actions(num_stages, m)
+        for s, actions in enumerate(per_stage):
+            validate_actions(actions, m, stage_index=s)
+            assert max_in_flight(actions) == schedule.in_flight(s, num_stages, m) == min(2 * num_stages - 1, m)
+        # Never slower than ZB-H1 with F = I = W, nor than the last stage's own 3M.
+        assert 3.0 * m <= simulate(per_stage) <= simulate(plan("zb-h1", num_stages, m))
+
+
+def test_zb_h2_order_at_four_stages():
+    # Stage s warms up with 2(S - s) - 1 forwards and holds its last 2s W's to the end; the last
+    # stage defers W's (F, I pairs) until it holds 2S - 1 = 7, then runs I, W, F.
+    assert short(schedule_for("zb-h2", 0, 4, 8)) == "F0 F1 F2 F3 F4 F5 F6 I0 W0 F7 I1 W1 I2 W2 I3 W3 I4 W4 I5 W5 I6 W6 I7 W7"
+    assert short(schedule_for("zb-h2", 3, 4, 8)) == "F0 I0 F1 I1 F2 I2 F3 I3 F4 I4 F5 I5 F6 I6 W0 F7 I7 W1 W2 W3 W4 W5 W6 W7"
+
+
+def test_unit_cost_steps_of_1f1b_zb_h1_and_zb_h2_one_step_and_back_to_back():
+    """S = 4, M = 8, F = I = W = 1 (the simulation's default: forward 1, backward 2 split in half).
+
+    One step: 1F1B's is (M + S - 1)(F + B) = 11 x 3 = 33. No schedule's can be below
+    (S - 1) F + 3M = 27: the last stage waits that long for the first forward, then has 3M of
+    work. ZB-H1 reaches it (its bubble (S - 1) F is the first stage's, which ends with the last)
+    and so does ZB-H2: one step alone cannot show what ZB-H2 saves.
+
+    Back to back (no barrier between the stages at the step's end): 1F1B's first stage ends each
+    step last, at 33, so two take 66; every ZB-H1 stage ends at 27, the first too, so two take
+    54. ZB-H2's stage s runs without a gap from s to s + 3M: the first stage starts the next step
+    at 24 and the last stage ends it at 2 x 24 + 3 = 51, 3M a step, the paper's zero bubble."""
+    num_stages, m = 4, 8
+    one, zb1, zb2 = (plan(name, num_stages, m) for name in ("1f1b", "zb-h1", "zb-h2"))
+    assert (simulate(one), simulate(zb1), simulate(zb2)) == (33.0, 27.0, 27.0)
+    assert simulate(back_to_back(one, m)) == 66.0
+    assert simulate(back_to_back(zb1, m)) == 54.0
+    assert simulate(back_to_back(zb2, m)) == 51.0
+
+
+def test_zb_h2_is_a_parallelogram_once_m_reaches_2s_minus_1():
+    """Equal F, I, W and free links, M >= 2S - 1: stage s busy from s to s + 3M without a gap
+    (3M F of work, its first forward at s F), so back to back a step adds 3M: no bubble."""
+    for num_stages, m in WIDE:
+        if m < 2 * num_stages - 1:
+            continue
+        per_stage = plan("zb-h2", num_stages, m)
+        timeline = simulated_timeline(per_stage, [1.0] * num_stages, [2.0] * num_stages, [0.0] * (num_stages - 1),
+                                      [0.0] * (num_stages - 1))
+        assert [(stage[0][1], stage[-1][2]) for stage in timeline] == [(s, s + 3 * m) for s in range(num_stages)]
+        assert simulate(back_to_back(per_stage, m, steps=3)) == 3 * 3 * m + num_stages - 1
+
+
+@pytest.mark.parametrize("f,i,w", [(1.0, 1.2, 0.8), (1.0, 1.5, 0.75), (0.75, 1.5, 1.0), (1.0, 1.0, 1.0),
+                                   (1.0, 0.5, 1.0), (1.0, 1.5, 0.5), (0.5, 1.5, 1.0)])
+def test_an_input_gradient_longer_than_the_weights_leaves_zb_h1_a_bubble_and_zb_h2_none(f, i, w):
+    """One step's floor is (S - 1) F + M (F + I + W): the last stage's wait for the first forward,
+    then its work. ZB-H1, with W <= F, stays (S - 1)(I - W) above it when I > W: each stage up
+    runs the climbing gradient's I with one W fewer to fill behind it. ZB-H2 (M >= 2S - 1) meets
+    the floor as long as I <= 2 min(F, W); that bound is what the simulation shows over a grid of
+    a thousand (F, I, W), not derived here, so beyond it this test only asks for more than the floor."""
+    for num_stages, m in WIDE:
+        if m < 2 * num_stages - 1 or num_stages > 6:
+            continue
+        costs = split_costs(num_stages, f, i, w)
+        floor = (num_stages - 1) * f + m * (f + i + w)
+        zb2 = simulate(plan("zb-h2", num_stages, m), **costs)
+        if i <= 2 * min(f, w):
+            assert zb2 == pytest.approx(floor), (num_stages, m)
+        else:
+            assert zb2 > floor + 1e-9 or num_stages == 1, (num_stages, m)
+        if w <= f:
+            assert simulate(plan("zb-h1", num_stages, m), **costs) == \
+                pytest.approx(floor + (num_stages - 1) * max(i - w, 0.0)), (num_stages, m)
+
+
+@pytest.mark.parametrize("latency", [0.25, 0.5, 1.0])
+def test_zb_h2s_deeper_window_hides_a_latency_up_to_a_forward(latency):
+    """Latency L on every link, F = I = W = 1. The floor is (S - 1)(F + L) + 3M: the first
+    forward's way to the last stage, then its work. ZB-H2's stage s starts at s (F + L) and waits
+    2 (S - 1 - s) L for its first gradient (the round trip's latency, its warm-up covers the
+    compute), so it ends by the last stage's end when (S - 1 - s)(L - F) <= 0: L <= F. ZB-H1's
+    window of S micro-batches waits for the round trip every S micro-batches and stays above."""
+    for num_stages, m in WIDE:
+        if m < 2 * num_stages - 1 or num_stages < 2 or num_stages > 6:
+            continue
+        links = dict(link_cost=[0.0] * (num_stages - 1), latency=[latency] * (num_stages - 1))
+        floor = (num_stages - 1) * (1 + latency) + 3 * m
+        assert simulate(plan("zb-h2", num_stages, m), **links) == pytest.approx(floor), (num_stages, m)
+        assert simulate(plan("zb-h1", num_stages, m), **links) > floor + 1e-9
