@@ -111,7 +111,7 @@ class StageExecutor:
     before_optimizer_step: Callable[[], None] | None = None
     # Parameters tied to other stages' (runtime/tied.py): gradients summed among the holders.
     tied: TiedParameters | None = None
-    # The node's memory limit: counts this stage's tensors and stops it when they go over.
+    # Measures this stage's tensors (their peak) and, under the node's memory limit, stops it when they go over.
     memory: StageMemory | None = None
     # Islands: the outer steps (runtime/outer_sync.py), taken by the stage loop after a step.
     outer: OuterSync | None = None
@@ -173,6 +173,8 @@ class StageExecutor:
         them, the drain of the sends, the gradient sync and the optimizer step.
         """
         self._trace = trace
+        if self.memory is not None:
+            self.memory.begin_step(self.steps_done)
         step_start = time.perf_counter()
         links = self._links()
         sent_before = {id(link): (link.stats.raw_bytes, link.stats.wire_bytes) for link in links}
