@@ -12,11 +12,12 @@ per storage, released when its micro-batch's backward is done). The interpreter,
 gloo are not counted, as a GPU's limit does not count the CUDA context: this is not the
 process's RSS.
 
-Counting costs: the saved-tensor hook runs once per tensor autograd saves (about 440 a step
-for the tiny preset in one stage, ~2 % of its CPU step; bench/memory_counting.py). So a stage
-without a limit counts only on some steps: the first COUNT_FIRST it runs and every
-COUNT_EVERY-th step of the run; the activations a step saves are the same every step for a
-fixed plan, so its peak is found on the first. A stage with a limit on CPU counts every step,
+Counting costs: with the hooks installed autograd calls into Python for every tensor it saves
+and again to unpack it in the backward (about 440 a step for the tiny preset in one stage:
+2-3 % of its CPU step, bench/memory_counting.py). So a stage without a limit counts only on
+some steps: the first COUNT_FIRST it runs and every COUNT_EVERY-th step of the run (~0.1 % of
+a step). The activations a step saves are the same every step while the stage's layers are,
+so its peak is found on its first step; after a live move, on the next counted one. A stage with a limit on CPU counts every step,
 as the limit must hold on each. On CUDA the saved tensors are counted on the same sampled
 steps (the activation figure), and the tensors in use are the allocator's own peak since the
 stage started (never reset per step, so the peak of a step not counted is kept too).
