@@ -33,6 +33,7 @@ from hetlaunch.launcher.planning.plan import Plan, pinned_num_layers, static_pla
 from hetlaunch.launcher.planning.profile_file import save_profile
 from hetlaunch.launcher.planning.sync_groups import hierarchy_applies
 from hetlaunch.launcher.planning.topology import Topology
+from hetlaunch.launcher.memory_summary import memory_summary
 from hetlaunch.launcher.progress import TrainingProgress, print_calibration, print_plan, print_summary
 from hetlaunch.launcher.run_dir_lock import RunDirLock
 from hetlaunch.launcher.run_record import RunRecord, StepAggregator, StepRecord, make_run_dir, read_metrics
@@ -265,6 +266,7 @@ def _finish(session: ClusterSession, current: CurrentPlan, record: RunRecord, bo
             observers: Observers, events: EventLog, console: Console, extra: dict) -> None:
     """summary.json, the calibration, the last event and the console's summary."""
     summary = {"run_id": session.run_dir.name, "plan": current.plan.to_dict(), **record.summarize(), **extra,
+               "memory": memory_summary(current.plan, record.records),
                "checkpoints_committed": book.committed, "events": dict(events.counts)}
     calibration = observers.calibration.finish(record.records)
     if calibration is not None:

@@ -168,14 +168,30 @@ def print_summary(console: Console, summary: dict, run_dir: Path) -> None:
         _say(console, f"  gradient sync from {sync['node']}: {sync['raw_bytes'] / 2**20:,.1f} MiB raw, "
                       f"{sync['wire_bytes'] / 2**20:,.1f} MiB on the wire, "
                       f"{sync['mean_blocked_s'] * 1e3:.1f} ms/step blocked")
-
-
+    _memory_summary(console, summary.get("memory"))
     outer = summary.get("outer")
     if outer:
         losses = ", ".join("-" if x is None else f"{x:.4f}" for x in outer["final_island_losses"])
         _say(console, f"  outer steps: {outer['exchanges_launched']} exchanges, {outer['wire_bytes'] / 2**20:,.1f} MiB "
                       f"between islands ({outer['wire_bytes_per_token']:.2f} bytes/token), {outer['blocked_s']:.1f}s "
                       f"waited for; last island losses {losses}")
+
+
+def _memory_summary(console: Console, memory: dict | None) -> None:
+    """Per stage: the plan's predicted memory → the measured peak of tensors in use (of which
+    saved activations); per pipeline, the first stage's peak activations ÷ the last's."""
+    if not memory or not memory["stages"]:
+        return
+    several = len(memory["activation_balance"]) > 1
+    _say(console, "  memory per stage, predicted → measured peak tensors (of which activations saved for "
+                  "backward; not the process's RSS):")
+    for s in memory["stages"]:
+        where = (f"pipeline {s['pipeline']} " if several else "") + f"stage {s['stage']} {s['node']}"
+        _say(console, f"    {where}: {format_bytes(s['predicted_bytes'])} → {format_bytes(s['peak_used_bytes'])} "
+                      f"({format_bytes(s['peak_activation_bytes'])})")
+    balance = ", ".join("-" if b is None else f"{b:.2f}" for b in memory["activation_balance"])
+    _say(console, f"  memory balance (first stage's peak activations ÷ the last's"
+                  f"{', per pipeline' if several else ''}): {balance}")
 
 
 def print_calibration(console: Console, calibration: dict) -> None:

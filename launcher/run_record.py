@@ -137,7 +137,10 @@ class StepAggregator:
                                   "sync": [m.sync_raw_bytes, m.sync_wire_bytes]},
                    # the least transit of a message received from each neighbour, on its host's clock
                    "transit": {d: [round(t.seconds, 6), t.wire_bytes] for d, t in
-                               (("from_prev", m.from_prev), ("from_next", m.from_next)) if m.HasField(d)}}
+                               (("from_prev", m.from_prev), ("from_next", m.from_next)) if m.HasField(d)},
+                   # the stage's peak tensor memory so far, once measured (launcher/memory_summary.py)
+                   **({"peak_bytes": {"activations": m.peak_activation_bytes, "used": m.peak_used_bytes}}
+                      if m.peak_used_bytes else {})}
                   for (p, j), node, m in ordered]
         evals = [m.eval_loss for _, _, m in ordered if m.has_eval_loss]  # one per pipeline, same weights
         return StepRecord(step=step, loss=loss, tokens_per_s=tokens / step_s if step_s > 0 else 0.0,

@@ -116,7 +116,7 @@ class StageExecutor:
     before_optimizer_step: Callable[[], None] | None = None
     # Parameters tied to other stages' (runtime/tied.py): gradients summed among the holders.
     tied: TiedParameters | None = None
-    # The node's memory limit: counts this stage's tensors and stops it when they go over.
+    # Measures this stage's tensors (their peak) and, under the node's memory limit, stops it when they go over.
     memory: StageMemory | None = None
     # Islands: the outer steps (runtime/outer_sync.py), taken by the stage loop after a step.
     outer: OuterSync | None = None
@@ -182,6 +182,8 @@ class StageExecutor:
         `eval_microbatches` (held out) with the weights as they are before this step's update.
         """
         self._trace = trace
+        if self.memory is not None:
+            self.memory.begin_step(self.steps_done)
         step_start = time.perf_counter()
         links = self._links()
         sent_before = {id(link): (link.stats.raw_bytes, link.stats.wire_bytes) for link in links}

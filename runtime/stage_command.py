@@ -378,8 +378,9 @@ def _named_refusal(err: SealingError, layout) -> Exception:
                         f"{channel.generation}: {err}", channel)
 
 
-def _stage_memory(stage: pb.StageSpec, device: torch.device) -> StageMemory | None:
-    """The stage's memory cap: its emulated memory_gb, else its memory_fraction of a CUDA device, else none."""
+def _stage_memory(stage: pb.StageSpec, device: torch.device) -> StageMemory:
+    """The stage's memory, measured and capped: at its emulated memory_gb, else its memory_fraction
+    of a CUDA device, else measured only (limit 0)."""
     if stage.emulate.memory_gb > 0:
         return StageMemory(int(stage.emulate.memory_gb * 2**30), device,
                            f"this node's emulate.memory_gb ({stage.emulate.memory_gb:g} GiB)")
@@ -387,10 +388,10 @@ def _stage_memory(stage: pb.StageSpec, device: torch.device) -> StageMemory | No
         total = torch.cuda.get_device_properties(device).total_memory
         return StageMemory(int(stage.memory_fraction * total), device,
                            f"this node's memory_fraction ({stage.memory_fraction:g} of {total / 2**30:.1f} GiB)")
-    return None
+    return StageMemory(0, device)
 
 
-def _executor(cmd: pb.RunStage, bundle, device: torch.device, memory: StageMemory | None,
+def _executor(cmd: pb.RunStage, bundle, device: torch.device, memory: StageMemory,
               restored) -> StageExecutor:
     """The stage's executor on the data plane just joined: its links, gradient sync, pipeline barrier
     and tied parameters (these groups made in the same order on every rank), state restored if given."""
@@ -478,7 +479,7 @@ def _train(cmd: pb.RunStage, executor: StageExecutor, batches: TokenBatches | No
             step_actions, held_out = evaluation.step_actions()
             result = executor.train_step(step_actions, microbatches, loss_divisor, trace, held_out)
         except torch.OutOfMemoryError as err:
-            if executor.memory is None:
+            if executor.memory is None or not executor.memory.limit_bytes:  # no limit of ours refused it
                 raise
             raise executor.memory.out_of_memory(err, f"at step {step}") from None
         done = step + 1
@@ -511,6 +512,7 @@ def _step_metrics(step: int, stage: pb.StageSpec, result, tokens: int, pipeline_
                   eval_loss: float | None, executor: StageExecutor, trace: list | None,
                   outer: OuterStats | None = None) -> pb.StepMetrics:
     outer = outer or OuterStats()
+    memory = executor.memory
     return pb.StepMetrics(outer_launched=outer.launched, outer_applied=outer.applied, outer_s=outer.blocked_s,
                           outer_raw_bytes=outer.raw_bytes, outer_wire_bytes=outer.wire_bytes,
                           step=step, stage_index=stage.stage_index, has_loss=result.loss is not None,
@@ -523,5 +525,7 @@ def _step_metrics(step: int, stage: pb.StageSpec, result, tokens: int, pipeline_
                           lr=result.lr, grad_norm=result.grad_norm, has_eval_loss=eval_loss is not None,
                           eval_loss=eval_loss or 0.0, from_prev=_least_transit(executor.prev_link),
                           from_next=_least_transit(executor.next_link),
+                          peak_activation_bytes=memory.peak_activation_bytes if memory else 0,
+                          peak_used_bytes=memory.peak_used_bytes if memory else 0,
                           trace=[pb.TraceEvent(name=name, start=start, end=end, microbatch=mb)
                                  for name, start, end, mb in trace or ()])

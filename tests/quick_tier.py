@@ -31,6 +31,7 @@ MODULES = {
 # Single tests of slower modules (module::test function).
 TESTS = {
     "test_end_to_end::test_tiny_example_trains_and_writes_the_run_dir",  # one small end-to-end run
+    "test_memory_summary::test_the_summary_keeps_each_stages_largest_report_beside_the_prediction",
     "test_live_move::test_transfers_come_from_the_old_holder_in_the_same_pipeline_in_one_order",
     "test_live_move::test_the_straggler_watch_judges_no_step_while_a_live_move_it_asked_for_is_under_way",
     "test_calibration::test_speed_changes_take_effect_at_their_step_and_are_checked",

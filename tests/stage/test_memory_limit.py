@@ -40,6 +40,47 @@ def test_counts_parameters_gradients_adamw_state_and_peak_activations():
     memory.check(executor.module, executor.optimizer, "at step 0")  # no limit: never raises
 
 
+def test_without_a_limit_it_measures_the_peak_and_never_refuses():
+    d, batch = 64, 8
+    memory = StageMemory(0, CPU)  # what every stage without emulate.memory_gb or memory_fraction gets
+    executor = one_stage(memory, d)
+    step(executor, 4, batch, d)
+    used = memory.used_bytes(executor.module, executor.optimizer)
+    assert memory.peak_activation_bytes == 4 * 3 * batch * d * 4  # as above: GPipe, 4 micro-batches
+    assert memory.peak_used_bytes == used == 4 * 2 * (d * d + d) * 4 + memory.peak_activation_bytes
+    step(executor, 16, batch, d)  # step 1, counted too: four times the activations, still no refusal
+    assert memory.peak_activation_bytes == 16 * 3 * batch * d * 4
+    assert memory.peak_used_bytes == used + 12 * 3 * batch * d * 4
+
+
+def test_without_a_limit_it_counts_the_first_steps_and_every_25th_only():
+    from hetlaunch.runtime.memory_limit import COUNT_EVERY, COUNT_FIRST
+
+    per_microbatch = 3 * 8 * 64 * 4
+    memory = StageMemory(0, CPU)
+    executor = one_stage(memory)
+    for _ in range(COUNT_FIRST):
+        step(executor, 1)
+    assert memory.peak_activation_bytes == per_microbatch
+    for _ in range(COUNT_FIRST, COUNT_EVERY):  # not counted: more micro-batches in flight go unseen
+        step(executor, 4)
+        assert not memory.counting
+    assert memory.peak_activation_bytes == per_microbatch
+    used = memory.peak_used_bytes
+    step(executor, 4)  # step 25
+    assert memory.counting and memory.peak_activation_bytes == 4 * per_microbatch
+    assert memory.peak_used_bytes == used + 3 * per_microbatch
+
+
+def test_under_a_limit_every_step_is_counted():
+    memory = StageMemory(10 * 2**20, CPU, "test")
+    executor = one_stage(memory)
+    for microbatches in (1, 1, 2, 3):
+        step(executor, microbatches)
+        assert memory.counting
+    assert memory.peak_activation_bytes == 3 * 3 * 8 * 64 * 4
+
+
 def test_a_stage_over_its_limit_raises_naming_the_setting():
     memory = StageMemory(100_000, CPU, "this node's emulate.memory_gb (9.3e-05 GiB)")
     executor = one_stage(memory)
