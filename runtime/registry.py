@@ -56,6 +56,10 @@ SCHEDULE_NAMES: tuple[str, ...] = ("1f1b", "gpipe", "zb-h1", "zb-h2")
 # ZB-H2 only where its 2S - 1 micro-batches in flight fit every stage.
 AUTO_SCHEDULE = "auto"
 AUTO_SCHEDULES: tuple[str, ...] = ("1f1b", "zb-h1", "zb-h2")
+# Each of AUTO_SCHEDULES holds more activations than the one before it (ZB-H2 about twice
+# ZB-H1's), so auto moves to a later one only for at least this much more predicted tokens/s:
+# less is inside the cost model's error, and not worth the memory a larger micro-batch could use.
+AUTO_MORE_MEMORY_GAIN = 1.02
 DEFAULT_SCHEDULE = AUTO_SCHEDULE
 
 # Gradient sync between pipelines starts a bucket's all-reduce when its last gradient is final;

@@ -15,7 +15,7 @@ from hetlaunch.launcher.planning.batch_sizes import at_size
 from hetlaunch.launcher.planning.planner import (PlannerResult, PlanningError, fits_memory, plan, plan_global_batch,
                                                 price_pipelines)
 from hetlaunch.launcher.planning.profile_file import Profile
-from hetlaunch.runtime.registry import AUTO_SCHEDULE, AUTO_SCHEDULES
+from hetlaunch.runtime.registry import AUTO_MORE_MEMORY_GAIN, AUTO_SCHEDULE, AUTO_SCHEDULES
 
 
 @dataclass(frozen=True)
@@ -39,9 +39,10 @@ class PlanRequest:
 def plan_for(profile: Profile, request: PlanRequest) -> PlannerResult:
     """The planner's best plan for `request` on `profile`; PlanningError if none fits. With
     `schedule: auto`, the cut is searched under AUTO_SCHEDULES[0] (1F1B) and then priced, by
-    simulation, under each other candidate; the fastest whose memory fits every stage is kept (a
-    tie keeps the earlier, the one holding fewer micro-batches). The note names each candidate
-    that fits with the tokens/s it was priced at."""
+    simulation, under each other candidate; the fastest whose memory fits every stage is kept,
+    where a candidate holding more micro-batches than the one kept so far (a later one) must be
+    faster by AUTO_MORE_MEMORY_GAIN. The note names each candidate that fits with the tokens/s it
+    was priced at."""
     if request.schedule != AUTO_SCHEDULE:
         return _plan_for(profile, request)
     first, *others = AUTO_SCHEDULES
@@ -57,11 +58,12 @@ def plan_for(profile: Profile, request: PlanRequest) -> PlannerResult:
         if not fits_memory(other):
             continue
         priced.append((schedule, other.tokens_per_s))
-        if other.tokens_per_s > best.tokens_per_s:
+        if other.tokens_per_s >= best.tokens_per_s * AUTO_MORE_MEMORY_GAIN:
             best = replace(searched, pipelines=other.pipelines, sync=other.sync, step_s=other.step_s,
                            tokens_per_s=other.tokens_per_s, schedule=schedule, contention=other.contention)
     note = ", ".join(f"{s} {t:,.0f}" for s, t in priced)
-    return replace(best, schedule_choice=f"auto: the cut searched under {first}, priced tokens/s {note}")
+    gain = f"; a schedule holding more micro-batches is kept for {AUTO_MORE_MEMORY_GAIN - 1:.0%} more or better"
+    return replace(best, schedule_choice=f"auto: the cut searched under {first}, priced tokens/s {note}{gain}")
 
 
 def _plan_for(profile: Profile, request: PlanRequest) -> PlannerResult:
