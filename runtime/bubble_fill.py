@@ -19,6 +19,12 @@ later stage wait for its ``E``s at the end, so the same is also tried with the f
 placement with the shorter simulated step is kept. Every placement comes from one feasible
 timeline, so the lists stay deadlock-free whatever the real durations (each dependency points
 forward in that timeline), and the simulation checks them anyway.
+
+A prediction can be early: the upstream stage ran late, and the E's input is not there when the
+stage reaches it. The executor then does not wait for it: it keeps that E (and the ones after it,
+in order) for the next E's place, or runs them after the stage's last training action
+(runtime/executor.py). Only a sealed link cannot tell whether a message is there before opening
+it; there an E waits as any receive does.
 """
 
 from __future__ import annotations

@@ -193,6 +193,7 @@ class StageExecutor:
         weights_left: dict[tuple[int, int], SplitBackward] = {}  # after an I, until its W
         losses: list[float] = []
         eval_losses: list[float] = []
+        evals_due: list[tuple[StagePart, int]] = []  # E's reached whose input had not arrived, in order
         # The action whose weight gradients are the step's last (gradient sync arms before it):
         # the last B or W, or where the stage's graph cannot be split (its I does the weights), B or I.
         last = {kinds: max((i for i, a in enumerate(actions) if a.kind in kinds), default=-1)
@@ -207,8 +208,11 @@ class StageExecutor:
                 with self.memory.forward(key) if self.memory else contextlib.nullcontext(), self._span("forward", mb):
                     in_flight[key] = self._forward(part, mb, microbatches, loss_divisor, losses)
             elif action.kind is E:
-                with self._span("eval forward", mb):
-                    self._eval_forward(part, mb, eval_microbatches, eval_losses)
+                # Where the prediction was early, an E whose input is not here yet waits for the next E's
+                # place or the step's end rather than hold training up; held-out order is kept.
+                evals_due.append((part, mb))
+                while evals_due and (evals_due[0][0].is_first or evals_due[0][0].prev_eval_link.ready()):
+                    self._evaluate_one(*evals_due.pop(0), eval_microbatches, eval_losses)
             elif action.kind is I:
                 with self._span("input gradient", mb):
                     saved = in_flight.pop(key)
@@ -229,6 +233,8 @@ class StageExecutor:
                         self._timed(weights_left.pop(key).weight_grads)
                 if self.memory is not None:
                     self.memory.backward_done(key)
+        for part, k in evals_due:  # after the stage's training: as evaluation after the step would
+            self._evaluate_one(part, k, eval_microbatches, eval_losses)
         if in_flight or weights_left:
             raise RuntimeError(f"schedule left micro-batches {sorted(in_flight)} without a backward and "
                                f"{sorted(weights_left)} without their weight gradients")
@@ -298,6 +304,11 @@ class StageExecutor:
     def _links(self) -> list[Link | LocalLink]:
         return [link for part in self.parts for link in (part.prev_link, part.next_link, part.next_eval_link)
                 if link is not None]
+
+    def _evaluate_one(self, part: StagePart, k: int, eval_microbatches: list[Batch] | None,
+                      eval_losses: list[float]) -> None:
+        with self._span("eval forward", k):
+            self._eval_forward(part, k, eval_microbatches, eval_losses)
 
     @torch.no_grad()
     def _eval_forward(self, part: StagePart, k: int, eval_microbatches: list[Batch] | None,

@@ -151,6 +151,10 @@ class Link:
         # message the receiver waited for arrives when the link delivers it, so the least one is
         # the link's own time, without the receiver's lateness or the queue behind earlier messages.
         self.least_transit: tuple[float, int] | None = None
+        # A header received ahead by `ready`, on a thread of its own: gloo's irecv never reports itself
+        # completed before wait(), so a poll cannot ask it (its tensor, the receive, its emulated arrival).
+        self._early: tuple[torch.Tensor, Future, float | None] | None = None
+        self._early_thread: SerialWorker | None = None
 
     def retarget(self, send_codec: Codec, max_message_bytes: int) -> None:
         """A live move changed the layer at this boundary: its codec and size bound follow it.
@@ -217,12 +221,40 @@ class Link:
             items.append(tensor)
         return tuple(items)
 
+    def ready(self) -> bool:
+        """Whether `recv` would return without waiting: the next message's header is here and, on an
+        emulated wire, due. Receives the header ahead (recv then starts from it). A sealed link
+        cannot tell before it opens the message: always True there, and recv waits as it would."""
+        if self.sealing is not None:
+            return True
+        if self._early is None:
+            header = torch.empty(HEADER_LEN, dtype=torch.int64, device=self.wire_device)
+            if self._early_thread is None:
+                self._early_thread = SerialWorker(f"early-from-rank-{self.peer_rank}")
+            self._early = (header, self._early_thread.submit(dist.recv, header, self.peer_rank, self.group, self.tag),
+                           None)
+        header, work, due = self._early
+        if not work.done():
+            return False
+        if self.emulation is None:
+            return True
+        if due is None:  # counted on the emulated wire once, here; recv sleeps until the same time
+            head = decode_header(header.cpu())
+            due = self.emulation.arrival(head.sent_at, head.codec.wire_bytes(head.shape, head.dtype))
+            self._early = (header, work, due)
+        return host_clock.now() >= due
+
     def _recv_one(self) -> tuple[Header, torch.Tensor]:
+        due = None
         if self.sealing is not None:
             head, payloads = self._recv_sealed()
         else:
-            header = torch.empty(HEADER_LEN, dtype=torch.int64, device=self.wire_device)
-            dist.recv(header, src=self.peer_rank, group=self.group, tag=self.tag)
+            if self._early is not None:
+                (header, work, due), self._early = self._early, None
+                work.result()
+            else:
+                header = torch.empty(HEADER_LEN, dtype=torch.int64, device=self.wire_device)
+                dist.recv(header, src=self.peer_rank, group=self.group, tag=self.tag)
             head = decode_header(header.cpu())
             check_message_size(head, self.max_message_bytes, self.peer_rank)
             specs = head.codec.payload_specs(head.shape, head.dtype)
@@ -231,8 +263,10 @@ class Link:
             for work in works:
                 work.wait()
         wire_bytes = head.codec.wire_bytes(head.shape, head.dtype)
-        if self.emulation is not None:
+        if self.emulation is not None and due is None:
             self.emulation.deliver(head.sent_at, wire_bytes)
+        elif due is not None and due > host_clock.now():  # `ready` counted it on the wire already
+            time.sleep(due - host_clock.now())
         transit = host_clock.now() - head.sent_at
         if self.least_transit is None or transit < self.least_transit[0]:
             self.least_transit = (transit, wire_bytes)

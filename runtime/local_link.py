@@ -36,6 +36,9 @@ class LocalLink:
                                f"(both stages are on this device, which runs one action at a time)")
         return self._incoming.popleft()
 
+    def ready(self) -> bool:
+        return bool(self._incoming)
+
     def drain(self) -> float:
         return 0.0
 

@@ -117,3 +117,99 @@ def test_a_bad_fill_is_refused_in_one_line():
             StepEvaluation(_train_spec(), pb.StageSpec(stage_index=0, num_stages=2, eval_fill=text), _stage(),
                            None, actions)
         assert message in str(err.value) and "\n" not in str(err.value), (text, err.value)
+
+
+def _two_stages(rank: int, out_dir: str) -> None:
+    """Stage 1 reaches E0 first thing, long before stage 0 sends it (stage 0 evaluates after its
+    backwards, which wait for stage 1's): an E that waited for its input there would deadlock the
+    step. The executor keeps it for later and the step ends with the loss `evaluate` gives."""
+    import json
+    from pathlib import Path
+
+    import torch.distributed as dist
+
+    from hetlaunch.runtime.codecs import codec_by_name
+    from hetlaunch.runtime.link import Link
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    layers = [nn.Linear(6, 6), nn.Tanh(), nn.Linear(6, 6), nn.Tanh()]
+    cpu, none = torch.device("cpu"), codec_by_name("none")
+    mine = layers[:2] if rank == 0 else layers[2:]
+    peer = 1 - rank
+    links = {"prev_link" if rank else "next_link": Link(peer, none, cpu, cpu),
+             "eval_links": (Link(peer, none, cpu, cpu, tag=1), None) if rank else (None, Link(peer, none, cpu, cpu, tag=1))}
+    stage = StageExecutor(mine, lambda out, y: (out - y).pow(2).mean(), is_first=rank == 0, is_last=rank == 1,
+                          device=cpu, **links)
+    actions = schedule_named("1f1b").stage_actions(rank, 2, 2)
+    filled = actions + [Action(0, E, 0), Action(0, E, 1)] if rank == 0 else \
+        [Action(1, E, 0)] + actions + [Action(1, E, 1)]
+    batches, held_out = _batches(1, 2), _batches(9, 2)
+    result = stage.train_step(filled, batches, 2, eval_microbatches=held_out)
+    dist.barrier()
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"loss": result.loss, "eval_loss": result.eval_loss}))
+
+
+@pytest.mark.timeout(120)
+def test_an_e_whose_input_has_not_come_waits_for_later_instead_of_deadlocking(tmp_path):
+    import json
+
+    from conftest import run_gloo_ranks
+
+    run_gloo_ranks(_two_stages, 2, tmp_path, timeout_s=90)
+    got = json.loads((tmp_path / "rank1.json").read_text())
+    torch.manual_seed(0)  # the same four layers, in one process: the loss of the weights before the step
+    whole = StageExecutor([nn.Linear(6, 6), nn.Tanh(), nn.Linear(6, 6), nn.Tanh()],
+                          lambda out, y: (out - y).pow(2).mean(), is_first=True, is_last=True,
+                          device=torch.device("cpu"))
+    assert got["eval_loss"] == pytest.approx(whole.evaluate(_batches(9, 2), 2), rel=1e-6)
+    assert got["loss"] == pytest.approx(whole.train_step(schedule_named("1f1b").stage_actions(0, 1, 2),
+                                                         _batches(1, 2), 2).loss, rel=1e-6)
+
+
+def _emulated_wire(rank: int, out_dir: str) -> None:
+    import json
+    from pathlib import Path
+
+    import torch.distributed as dist
+
+    from hetlaunch.runtime import host_clock
+    from hetlaunch.runtime.codecs import codec_by_name
+    from hetlaunch.runtime.emulation import WireEmulation
+    from hetlaunch.runtime.link import Link
+
+    cpu = torch.device("cpu")
+    link = Link(1 - rank, codec_by_name("none"), cpu, cpu, emulation=WireEmulation.from_spec(0, 300.0), tag=1)
+    if rank == 0:
+        sent_at = host_clock.now()
+        link.send(torch.arange(4.0))
+        link.drain()
+        dist.barrier()
+        Path(out_dir, "sent.json").write_text(json.dumps(sent_at))
+        return
+    polls = []
+    while not link.ready():
+        polls.append(host_clock.now())
+    seen_ready = host_clock.now()
+    message = link.recv()
+    dist.barrier()
+    Path(out_dir, "got.json").write_text(json.dumps({"ready_at": seen_ready, "received_at": host_clock.now(),
+                                                     "message": message.tolist(), "polls": len(polls),
+                                                     "wire_free_at": link.emulation._wire_free_at}))
+
+
+@pytest.mark.timeout(120)
+def test_ready_says_a_message_is_here_only_once_its_emulated_latency_has_passed(tmp_path):
+    """300 ms of emulated latency: `ready` is never true before the message is due, and `recv`
+    after it returns that message without counting it on the wire a second time."""
+    import json
+
+    from conftest import run_gloo_ranks
+
+    run_gloo_ranks(_emulated_wire, 2, tmp_path, timeout_s=90)
+    sent_at = json.loads((tmp_path / "sent.json").read_text())
+    got = json.loads((tmp_path / "got.json").read_text())
+    assert got["message"] == [0.0, 1.0, 2.0, 3.0]
+    assert got["ready_at"] >= sent_at + 0.3 - 0.01  # the header carries the send time, a few µs after sent_at
+    assert got["polls"] > 0  # it said "not yet" at least once (300 ms is long)
+    assert got["wire_free_at"] < sent_at + 0.05  # counted once: free from when it left (no bandwidth limit)
