@@ -20,6 +20,7 @@ stays on the receiving thread, which needs the plaintext before it can go on.
 from __future__ import annotations
 
 import time
+from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -119,6 +120,16 @@ class LinkStats:
     messages: int = 0
 
 
+@dataclass
+class _Arrived:
+    """A message received: what it carries, when an emulated wire delivers it (None: no emulation),
+    and per element (sent at, received at, wire bytes) for the link's least transit."""
+
+    message: Message
+    due: float | None
+    parts: list[tuple[float, float, int]]
+
+
 class Link:
     """Sends to and receives from one neighbouring rank.
 
@@ -151,10 +162,10 @@ class Link:
         # message the receiver waited for arrives when the link delivers it, so the least one is
         # the link's own time, without the receiver's lateness or the queue behind earlier messages.
         self.least_transit: tuple[float, int] | None = None
-        # A header received ahead by `ready`, on a thread of its own: gloo's irecv never reports itself
-        # completed before wait(), so a poll cannot ask it (its tensor, the receive, its emulated arrival).
-        self._early: tuple[torch.Tensor, Future, float | None] | None = None
-        self._early_thread: SerialWorker | None = None
+        # Messages received ahead (`expect`), in order, on a thread of the link's own (created when
+        # first asked): gloo's irecv never reports itself complete before wait(), so no poll could.
+        self._coming: deque[Future] = deque()
+        self._receiver: SerialWorker | None = None
 
     def retarget(self, send_codec: Codec, max_message_bytes: int) -> None:
         """A live move changed the layer at this boundary: its codec and size bound follow it.
@@ -205,56 +216,81 @@ class Link:
         envelope, sealed = self.sealing[0].seal(plain)
         self._isend([bytes_tensor(envelope, self.wire_device), bytes_tensor(sealed, self.wire_device)])
 
+    def expect(self, count: int = 1) -> None:
+        """Receive the next `count` messages ahead, in order, on the link's own thread, so their bytes
+        move while the stage computes: gloo moves a message only once its receive is posted, and a
+        message here is a header and then payloads sized by it, two receives in turn. `recv` takes
+        them in order. The executor expects exactly what its step receives, so nothing is left
+        waiting on the wire after a step (a receive no message answers would hold the thread)."""
+        if count <= 0:
+            return
+        if self._receiver is None:
+            self._receiver = SerialWorker(f"recv-from-rank-{self.peer_rank}")
+        for _ in range(count):
+            self._coming.append(self._receiver.submit(self._receive))
+
+    def stop_receiving(self) -> bool:
+        """Cancel the receives posted ahead that have not begun; whether one is running still."""
+        for future in self._coming:
+            future.cancel()
+        running = any(future.running() for future in self._coming)
+        self._coming.clear()
+        return running
+
     def recv(self) -> Message:
-        """Block until the peer's next tensor (or tuple) arrives; return it on the compute device."""
-        head, first = self._recv_one()
+        """The peer's next tensor (or tuple) on the compute device: received ahead (`expect`), or
+        now; on an emulated wire, not before it is due."""
+        arrived = self._coming.popleft().result() if self._coming else self._receive()
+        if arrived.due is not None and arrived.due > host_clock.now():
+            time.sleep(arrived.due - host_clock.now())
+        for sent_at, received_at, wire_bytes in arrived.parts:
+            transit = max(received_at, arrived.due or 0.0) - sent_at
+            if self.least_transit is None or transit < self.least_transit[0]:
+                self.least_transit = (transit, wire_bytes)
+        return arrived.message
+
+    def ready(self) -> bool:
+        """Whether `recv` would return without waiting: the next message is here and, on an emulated
+        wire, due. Receives it ahead if nobody asked yet."""
+        if not self._coming:
+            self.expect(1)
+        head = self._coming[0]
+        if not head.done():
+            return False
+        if head.exception() is not None:
+            return True  # recv raises it
+        due = head.result().due
+        return due is None or host_clock.now() >= due
+
+    def _receive(self) -> _Arrived:
+        """One whole message: each element's header and payloads, decoded; the emulated wire's
+        arrival counted once per element, in order."""
+        head, first, part = self._recv_one()
+        parts, due = [part], self._due(head, part)
         if head.count == 0:
-            return first
+            return _Arrived(first, due, parts)
         if head.position != 0:
             raise ValueError(f"link message starts at tuple position {head.position}, not 0")
         items = [first]
         for expected in range(1, head.count):
-            more, tensor = self._recv_one()
+            more, tensor, part = self._recv_one()
             if (more.position, more.count) != (expected, head.count):
                 raise ValueError(f"link tuple out of order: got {more.position} of {more.count}, "
                                  f"expected {expected} of {head.count}")
             items.append(tensor)
-        return tuple(items)
+            parts.append(part)
+            due = self._due(more, part) if due is None else max(due, self._due(more, part))
+        return _Arrived(tuple(items), due, parts)
 
-    def ready(self) -> bool:
-        """Whether `recv` would return without waiting: the next message's header is here and, on an
-        emulated wire, due. Receives the header ahead (recv then starts from it). A sealed link
-        cannot tell before it opens the message: always True there, and recv waits as it would."""
-        if self.sealing is not None:
-            return True
-        if self._early is None:
-            header = torch.empty(HEADER_LEN, dtype=torch.int64, device=self.wire_device)
-            if self._early_thread is None:
-                self._early_thread = SerialWorker(f"early-from-rank-{self.peer_rank}")
-            self._early = (header, self._early_thread.submit(dist.recv, header, self.peer_rank, self.group, self.tag),
-                           None)
-        header, work, due = self._early
-        if not work.done():
-            return False
-        if self.emulation is None:
-            return True
-        if due is None:  # counted on the emulated wire once, here; recv sleeps until the same time
-            head = decode_header(header.cpu())
-            due = self.emulation.arrival(head.sent_at, head.codec.wire_bytes(head.shape, head.dtype))
-            self._early = (header, work, due)
-        return host_clock.now() >= due
+    def _due(self, head: Header, part: tuple[float, float, int]) -> float | None:
+        return None if self.emulation is None else self.emulation.arrival(head.sent_at, part[2])
 
-    def _recv_one(self) -> tuple[Header, torch.Tensor]:
-        due = None
+    def _recv_one(self) -> tuple[Header, torch.Tensor, tuple[float, float, int]]:
         if self.sealing is not None:
             head, payloads = self._recv_sealed()
         else:
-            if self._early is not None:
-                (header, work, due), self._early = self._early, None
-                work.result()
-            else:
-                header = torch.empty(HEADER_LEN, dtype=torch.int64, device=self.wire_device)
-                dist.recv(header, src=self.peer_rank, group=self.group, tag=self.tag)
+            header = torch.empty(HEADER_LEN, dtype=torch.int64, device=self.wire_device)
+            dist.recv(header, src=self.peer_rank, group=self.group, tag=self.tag)
             head = decode_header(header.cpu())
             check_message_size(head, self.max_message_bytes, self.peer_rank)
             specs = head.codec.payload_specs(head.shape, head.dtype)
@@ -262,16 +298,11 @@ class Link:
             works = [dist.irecv(p, src=self.peer_rank, group=self.group, tag=self.tag) for p in payloads]
             for work in works:
                 work.wait()
+        received_at = host_clock.now()
         wire_bytes = head.codec.wire_bytes(head.shape, head.dtype)
-        if self.emulation is not None and due is None:
-            self.emulation.deliver(head.sent_at, wire_bytes)
-        elif due is not None and due > host_clock.now():  # `ready` counted it on the wire already
-            time.sleep(due - host_clock.now())
-        transit = host_clock.now() - head.sent_at
-        if self.least_transit is None or transit < self.least_transit[0]:
-            self.least_transit = (transit, wire_bytes)
         tensor = head.codec.decode([p.to(self.device) for p in payloads], head.shape, head.dtype)
-        return head, torch.view_as_complex(tensor.contiguous()) if head.complex_ else tensor
+        tensor = torch.view_as_complex(tensor.contiguous()) if head.complex_ else tensor
+        return head, tensor, (head.sent_at, received_at, wire_bytes)
 
     def _recv_sealed(self) -> tuple[Header, list[torch.Tensor]]:
         """Envelope, then the sealed message (its length checked first); the header and payloads

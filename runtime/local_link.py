@@ -36,6 +36,12 @@ class LocalLink:
                                f"(both stages are on this device, which runs one action at a time)")
         return self._incoming.popleft()
 
+    def expect(self, count: int = 1) -> None:
+        """Nothing to receive ahead: the message is already in memory when it is sent."""
+
+    def stop_receiving(self) -> bool:
+        return False
+
     def ready(self) -> bool:
         return bool(self._incoming)
 

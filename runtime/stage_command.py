@@ -331,6 +331,7 @@ def run_stage(cmd: pb.RunStage, reports: StageReports, store: wpb.StoreAccess) -
         batches, eval_batches = open_data(d.path, d.format, d.dtype, spec.seq_len, d.seed, bundle.vocab_size,
                                           d.eval_fraction if train.eval_every else 0.0)
     init_data_plane(cmd.rendezvous, store)
+    executor = None
     try:
         executor = _executor(cmd, bundle, device, memory, restored)
         snapshot = _snapshot_handler(executor, stage.layer_start, stage.layer_end)
@@ -362,7 +363,10 @@ def run_stage(cmd: pb.RunStage, reports: StageReports, store: wpb.StoreAccess) -
             raise
     finally:
         reports.on_move(None)
-        dist.destroy_process_group()
+        # A step that failed may leave a link's thread inside a receive (runtime/link.py expect): the
+        # group is not torn down under it; the process ends and its sockets with it.
+        if executor is None or not executor.stop_receiving():
+            dist.destroy_process_group()
 
 
 def _named_refusal(err: SealingError, layout) -> Exception:

@@ -166,6 +166,32 @@ def test_link_send_recv_bit_exact_both_directions(tmp_path):
     run_gloo_ranks(_link_rank, 2, tmp_path)
 
 
+def _ahead_rank(rank: int, out_dir: str) -> None:
+    """Rank 1 posts its receives ahead (`expect`) for the first half, on the link's thread, and
+    takes the rest inline; a tuple message among them. Everything arrives bit for bit, in order."""
+    cpu = torch.device("cpu")
+    link = Link(1 - rank, NONE, cpu, cpu, tag=3)
+    batch = _tensors(seed=30)
+    messages = batch[:4] + [tuple(batch[4:7])] + batch[7:]
+    if rank == 0:
+        for m in messages:
+            link.send(m)
+        link.drain()
+    else:
+        link.expect(5)  # the first five, the tuple among them, received while this rank does nothing else
+        for i, want in enumerate(messages):
+            got = link.recv()
+            pairs = zip(got, want) if isinstance(want, tuple) else [(got, want)]
+            assert all(_bits_equal(g, w) for g, w in pairs), f"message {i}"
+        assert not link.stop_receiving()  # nothing left posted
+    dist.barrier()
+
+
+@pytest.mark.timeout(90)
+def test_receives_posted_ahead_arrive_bit_exact_and_in_order(tmp_path):
+    run_gloo_ranks(_ahead_rank, 2, tmp_path)
+
+
 def test_a_header_over_the_links_bound_is_refused_before_anything_is_allocated():
     from hetlaunch.runtime.link import HARD_MAX_MESSAGE_BYTES, check_message_size
 
