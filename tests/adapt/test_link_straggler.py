@@ -65,11 +65,12 @@ def test_a_link_slowing_mid_run_is_found_and_its_bandwidth_estimated(tmp_path):
     assert "carries" in link["what"]
     factors = json.loads((run_dir / "calibration.json").read_text())["link_transit_factors"]
     assert len(factors) == 1, factors  # the one boundary's transit, steps 1-8
-    # The transits the stages reported show the change: 50x less bandwidth, against the typical
-    # step before it (not the slowest, which one burst of load can set).
+    # The transits the stages reported show the change: 50x less bandwidth, against the link's own
+    # time before it, its least transit (load only ever adds to a transit: in a run after the other
+    # tests of tests/adapt the steps before the slowdown read 2.5 to 59 ms, their median 5x the least).
     second = next(s["node"] for s in metrics[0]["stages"] if s["stage"] == 1)
     transit = [next(s for s in m["stages"] if s["node"] == second)["transit"]["from_prev"][0] for m in metrics]
-    assert min(transit[SLOW_AT + 1:SLOW_AT + 5]) > 5 * statistics.median(transit[5:SLOW_AT - 1]), transit
+    assert min(transit[SLOW_AT + 1:SLOW_AT + 5]) > 5 * min(transit[5:SLOW_AT - 1]), transit
 
 
 @pytest.mark.solo
