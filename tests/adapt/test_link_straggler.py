@@ -4,7 +4,6 @@ stages report, its bandwidth is estimated, and the job plans again with it."""
 from __future__ import annotations
 
 import json
-import statistics
 
 import pytest
 import yaml
