@@ -104,6 +104,40 @@ def run_process(cmd: list[str], what: str, timeout_s: float) -> str:
     return output
 
 
+def run_worker_ranks(script: str, config: dict, ranks: int, timeout_s: float, what: str) -> list[dict]:
+    """Run bench/<script> as `ranks` processes (argv: CONFIG_JSON RANK STORE_PORT OUT_JSON) on a
+    TCPStore this process hosts; each rank's JSON result, in rank order. BenchError names the rank."""
+    import datetime
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=timeout_s))
+    with tempfile.TemporaryDirectory(prefix="hetlaunch-bench-") as tmp:
+        outs = [Path(tmp) / f"rank{r}.json" for r in range(ranks)]
+        logs = [open(Path(tmp) / f"rank{r}.log", "w") for r in range(ranks)]
+        procs = [start_process([sys.executable, str(BENCH_DIR / script), json.dumps(config), str(r), str(store.port),
+                                str(outs[r])], stdout=logs[r], stderr=subprocess.STDOUT) for r in range(ranks)]
+        try:
+            deadline = time.monotonic() + timeout_s
+            for r, proc in enumerate(procs):
+                try:
+                    code = proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+                except subprocess.TimeoutExpired:
+                    raise BenchError(f"{what} rank {r} did not finish within {timeout_s}s") from None
+                if code != 0:
+                    logs[r].flush()
+                    tail = " | ".join((Path(tmp) / f"rank{r}.log").read_text().strip().splitlines()[-8:])
+                    raise BenchError(f"{what} rank {r} exited with code {code}: {tail}")
+        finally:
+            for proc in procs:  # only a failure or an interrupt leaves one running
+                stop_process(proc, grace_s=2.0)
+            for log in logs:
+                log.close()
+            del store
+        return [json.loads(out.read_text()) for out in outs]
+
+
 def hetlaunch_up(cluster_yaml: str, timeout_s: float) -> list[dict]:
     """`hetlaunch up` on a temporary cluster file in a subprocess; return metrics.jsonl's records."""
     with tempfile.TemporaryDirectory(prefix="hetlaunch-bench-") as tmp:

@@ -11,18 +11,10 @@ must agree (max_loss_gap). Target: hetlaunch ÷ torch ≥ 1.0 tokens/s for each 
 
 from __future__ import annotations
 
-import datetime
 import json
-import subprocess
 import sys
-import tempfile
-import time
-from pathlib import Path
 
-import torch.distributed as dist
-
-from _harness import (BENCH_DIR, BenchError, NullReporter, Reporter, Side, alternate, compare, max_loss_gap,
-                      start_process, stop_process)
+from _harness import NullReporter, Reporter, Side, alternate, compare, max_loss_gap, run_worker_ranks
 from hetlaunch.launcher.planning.plan import even_split
 
 TARGET = 1.0
@@ -41,33 +33,7 @@ def settings(quick: bool) -> dict:
 def run_side(side: str, schedule: str, steps: int) -> dict:
     config = {"side": side, "schedule": schedule, "model": MODEL, "ranges": RANGES, "devices": DEVICES,
               "steps": steps, **TRAIN}
-    timeout_s = 120 + 5 * steps
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=timeout_s))
-    with tempfile.TemporaryDirectory(prefix="hetlaunch-bench-") as tmp:
-        outs = [Path(tmp) / f"rank{r}.json" for r in range(DEVICES)]
-        logs = [open(Path(tmp) / f"rank{r}.log", "w") for r in range(DEVICES)]
-        procs = [start_process([sys.executable, str(BENCH_DIR / "device_schedule_worker.py"), json.dumps(config),
-                                str(r), str(store.port), str(outs[r])], stdout=logs[r], stderr=subprocess.STDOUT)
-                 for r in range(DEVICES)]
-        try:
-            deadline = time.monotonic() + timeout_s
-            for r, proc in enumerate(procs):
-                try:
-                    code = proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
-                except subprocess.TimeoutExpired:
-                    raise BenchError(f"{side} {schedule} rank {r} did not finish within {timeout_s}s") from None
-                if code != 0:
-                    logs[r].flush()
-                    tail = " | ".join((Path(tmp) / f"rank{r}.log").read_text().strip().splitlines()[-8:])
-                    raise BenchError(f"{side} {schedule} rank {r} exited with code {code}: {tail}")
-        finally:
-            for proc in procs:
-                stop_process(proc, grace_s=2.0)
-            for log in logs:
-                log.close()
-            del store
-        per_rank = [json.loads(out.read_text()) for out in outs]
+    per_rank = run_worker_ranks("device_schedule_worker.py", config, DEVICES, 120 + 5 * steps, f"{side} {schedule}")
     stage_step_s = [list(times) for times in zip(*(r["step_s"] for r in per_rank))]
     losses = next(r["loss"] for r in per_rank if r["loss"])
     return {"step_s": [max(times) for times in stage_step_s], "loss": losses, "rank_step_s": stage_step_s}

@@ -11,18 +11,7 @@ Ratio = hetlaunch tokens/s / torch.distributed.pipelining tokens/s.
 
 from __future__ import annotations
 
-import datetime
-import json
-import subprocess
-import sys
-import tempfile
-import time
-from pathlib import Path
-
-import torch.distributed as dist
-
-from _harness import (BENCH_DIR, BenchError, NullReporter, Reporter, Side, alternate, compare, hetlaunch_up,
-                      max_loss_gap, start_process, stop_process)
+from _harness import NullReporter, Reporter, Side, alternate, compare, hetlaunch_up, max_loss_gap, run_worker_ranks
 from hetlaunch.launcher.planning.plan import even_split
 
 TARGET = 1.0
@@ -66,33 +55,8 @@ def run_hetlaunch(steps: int) -> dict:
 
 def run_torch(steps: int) -> dict:
     config = {"model": MODEL, "ranges": RANGES, "steps": steps, **TRAIN}
-    timeout_s = 120 + 5 * steps
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=timeout_s))
-    with tempfile.TemporaryDirectory(prefix="hetlaunch-bench-") as tmp:
-        outs = [Path(tmp) / f"rank{r}.json" for r in range(NUM_STAGES)]
-        logs = [open(Path(tmp) / f"rank{r}.log", "w") for r in range(NUM_STAGES)]
-        procs = [start_process([sys.executable, str(BENCH_DIR / "torch_pipelining_worker.py"), json.dumps(config),
-                                str(r), str(store.port), str(outs[r])], stdout=logs[r], stderr=subprocess.STDOUT)
-                 for r in range(NUM_STAGES)]
-        try:
-            deadline = time.monotonic() + timeout_s
-            for r, proc in enumerate(procs):
-                try:
-                    code = proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
-                except subprocess.TimeoutExpired:
-                    raise BenchError(f"torch.distributed.pipelining rank {r} did not finish within {timeout_s}s") from None
-                if code != 0:
-                    logs[r].flush()
-                    tail = " | ".join((Path(tmp) / f"rank{r}.log").read_text().strip().splitlines()[-8:])
-                    raise BenchError(f"torch.distributed.pipelining rank {r} exited with code {code}: {tail}")
-        finally:
-            for proc in procs:  # only a failure or an interrupt leaves one running
-                stop_process(proc, grace_s=2.0)
-            for log in logs:
-                log.close()
-            del store
-        per_rank = [json.loads(out.read_text()) for out in outs]
+    per_rank = run_worker_ranks("torch_pipelining_worker.py", config, NUM_STAGES, 120 + 5 * steps,
+                                "torch.distributed.pipelining")
     stage_step_s = [list(times) for times in zip(*(r["step_s"] for r in per_rank))]
     return {"step_s": [max(times) for times in stage_step_s], "loss": per_rank[-1]["loss"],
             "stage_step_s": stage_step_s}
