@@ -71,13 +71,11 @@ def _device(rank: int, out_dir: str, schedule: str, num_devices: int, lossy_boun
     memory = StageMemory(0, CPU, "no limit")
     executor = StageExecutor(held, _loss, is_first=False, is_last=False, device=CPU, parts=parts, memory=memory)
     losses = [executor.train_step(actions, _batches(step), M).loss for step in range(STEPS)]
-    start = 0
     params = {}
     for s in mine:
         for offset, layer in enumerate(layers[s * per_stage:(s + 1) * per_stage]):
             for name, p in layer.named_parameters():
                 params[f"{s * per_stage + offset}.{name}"] = p.detach().flatten().tolist()
-        start += per_stage
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps({
         "losses": losses if executor.is_last else None, "params": params,
         "peak_activation_bytes": memory.peak_activation_bytes}))
