@@ -78,7 +78,9 @@ def assert_losses_equal(got: list[dict], want: list[dict], from_step: int) -> No
 @pytest.mark.timeout(300)
 def test_killed_worker_run_finishes_and_matches_a_fault_free_run_from_the_same_state(tmp_path):
     keep_all = "checkpoint: {keep: 1000}  # the restore's checkpoint is loaded again below"
-    run_dir, rc, stderr, _ = run_and_hurt(tmp_path, cluster_yaml(TWO_PIPELINES, extra=keep_all),
+    # No checkpoint before step 50: the kill at ~12 cannot land on a checkpoint's step, where the file
+    # would rightly be chosen over snapshots no newer than it.
+    run_dir, rc, stderr, _ = run_and_hurt(tmp_path, cluster_yaml(TWO_PIPELINES, every=50, extra=keep_all),
                                           lambda: worker_of("n3").send_signal(signal.SIGKILL), at_step=12)
     assert rc == 0, stderr
     records = assert_every_step_once(run_dir)
@@ -152,7 +154,11 @@ def test_a_frozen_worker_is_found_by_the_watchdog_and_a_replica_stands_in(tmp_pa
         stopped.append(worker)
         worker.send_signal(signal.SIGSTOP)
 
-    yaml_text = cluster_yaml(TWO_PIPELINES).replace("checkpoint_every: 5}", f"checkpoint_every: 5, watchdog_s: {WATCHDOG_S}}}")
+    # The first checkpoint is at step 50, long after the freeze: with one every 5 steps, a freeze that
+    # landed just after a checkpoint's step (the stages run a few steps ahead of the log) left the
+    # snapshots no newer than the file, and the file was rightly chosen (a CI run, 2026-12-03).
+    yaml_text = cluster_yaml(TWO_PIPELINES, every=50).replace("checkpoint_every: 50}",
+                                                            f"checkpoint_every: 50, watchdog_s: {WATCHDOG_S}}}")
     try:
         run_dir, rc, stderr, frozen_at = run_and_hurt(tmp_path, yaml_text, freeze, at_step=12)
     finally:
