@@ -35,6 +35,8 @@ class Schedule(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SCHEDULE_GPIPE: _ClassVar[Schedule]
     SCHEDULE_ZB_H1: _ClassVar[Schedule]
     SCHEDULE_ZB_H2: _ClassVar[Schedule]
+    SCHEDULE_INTERLEAVED_1F1B: _ClassVar[Schedule]
+    SCHEDULE_ZB_V: _ClassVar[Schedule]
 
 class Codec(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -61,6 +63,8 @@ SCHEDULE_1F1B: Schedule
 SCHEDULE_GPIPE: Schedule
 SCHEDULE_ZB_H1: Schedule
 SCHEDULE_ZB_H2: Schedule
+SCHEDULE_INTERLEAVED_1F1B: Schedule
+SCHEDULE_ZB_V: Schedule
 CODEC_UNSPECIFIED: Codec
 CODEC_NONE: Codec
 CODEC_FP16: Codec
@@ -455,7 +459,7 @@ class BandwidthChange(_message.Message):
     def __init__(self, at_step: _Optional[int] = ..., bandwidth_mbps: _Optional[float] = ...) -> None: ...
 
 class StageSpec(_message.Message):
-    __slots__ = ("stage_index", "num_stages", "layer_start", "layer_end", "prev", "next", "device", "threads", "emulate", "memory_fraction", "window", "eval_fill")
+    __slots__ = ("stage_index", "num_stages", "layer_start", "layer_end", "prev", "next", "device", "threads", "emulate", "memory_fraction", "window", "eval_fill", "parts", "device_index", "num_devices")
     STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
     NUM_STAGES_FIELD_NUMBER: _ClassVar[int]
     LAYER_START_FIELD_NUMBER: _ClassVar[int]
@@ -468,6 +472,9 @@ class StageSpec(_message.Message):
     MEMORY_FRACTION_FIELD_NUMBER: _ClassVar[int]
     WINDOW_FIELD_NUMBER: _ClassVar[int]
     EVAL_FILL_FIELD_NUMBER: _ClassVar[int]
+    PARTS_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    NUM_DEVICES_FIELD_NUMBER: _ClassVar[int]
     stage_index: int
     num_stages: int
     layer_start: int
@@ -480,7 +487,24 @@ class StageSpec(_message.Message):
     memory_fraction: float
     window: int
     eval_fill: str
-    def __init__(self, stage_index: _Optional[int] = ..., num_stages: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., prev: _Optional[_Union[LinkSpec, _Mapping]] = ..., next: _Optional[_Union[LinkSpec, _Mapping]] = ..., device: _Optional[str] = ..., threads: _Optional[int] = ..., emulate: _Optional[_Union[Emulation, _Mapping]] = ..., memory_fraction: _Optional[float] = ..., window: _Optional[int] = ..., eval_fill: _Optional[str] = ...) -> None: ...
+    parts: _containers.RepeatedCompositeFieldContainer[StagePartSpec]
+    device_index: int
+    num_devices: int
+    def __init__(self, stage_index: _Optional[int] = ..., num_stages: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., prev: _Optional[_Union[LinkSpec, _Mapping]] = ..., next: _Optional[_Union[LinkSpec, _Mapping]] = ..., device: _Optional[str] = ..., threads: _Optional[int] = ..., emulate: _Optional[_Union[Emulation, _Mapping]] = ..., memory_fraction: _Optional[float] = ..., window: _Optional[int] = ..., eval_fill: _Optional[str] = ..., parts: _Optional[_Iterable[_Union[StagePartSpec, _Mapping]]] = ..., device_index: _Optional[int] = ..., num_devices: _Optional[int] = ...) -> None: ...
+
+class StagePartSpec(_message.Message):
+    __slots__ = ("stage_index", "layer_start", "layer_end", "prev", "next")
+    STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LAYER_START_FIELD_NUMBER: _ClassVar[int]
+    LAYER_END_FIELD_NUMBER: _ClassVar[int]
+    PREV_FIELD_NUMBER: _ClassVar[int]
+    NEXT_FIELD_NUMBER: _ClassVar[int]
+    stage_index: int
+    layer_start: int
+    layer_end: int
+    prev: LinkSpec
+    next: LinkSpec
+    def __init__(self, stage_index: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., prev: _Optional[_Union[LinkSpec, _Mapping]] = ..., next: _Optional[_Union[LinkSpec, _Mapping]] = ...) -> None: ...
 
 class Rendezvous(_message.Message):
     __slots__ = ("generation", "rank", "world_size", "timeout_s", "backend", "interface", "port_low", "port_high", "data_plane_secret", "data_plane_encrypt")
