@@ -26,6 +26,8 @@ from hetlaunch.launcher.adapt.current_plan import CurrentPlan
 from hetlaunch.launcher.adapt.replanner import Replanner
 from hetlaunch.launcher.adapt.straggler import StragglerWatch
 from hetlaunch.launcher.checkpoint_book import CheckpointBook, Restore
+from hetlaunch.launcher.device_schedule_checks import several_stages_per_node
+from hetlaunch.launcher.device_stage_launch import launch_devices
 from hetlaunch.launcher.cluster_measurement import measure_for_train
 from hetlaunch.launcher.events import EventLog
 from hetlaunch.launcher.generation import follow
@@ -166,10 +168,11 @@ def _run(session: ClusterSession, spec, options: UpOptions, events: EventLog, co
                 started = restore.step
                 observers.new_generation(current.launch(plan), replanner.measured, restore.step)
                 boundary_bytes = _boundary_bytes(replanner)
-                book.expect(launch(session, plan, spec, restore, book.root, boundary_bytes))
+                start_generation = launch_devices if several_stages_per_node(plan.schedule) else launch
+                book.expect(start_generation(session, plan, spec, restore, book.root, boundary_bytes))
                 events.write("generation", generation=session.state.generation, start_step=restore.step,
                              restore_source=restore.source, plan=plan.to_dict())
-                if train.eval_every and train.eval_in_bubbles:
+                if train.eval_every and train.eval_in_bubbles and not several_stages_per_node(plan.schedule):
                     events.write("eval_fill", **eval_fill_event(plan, train.eval_microbatches))
                 if restore.directory is not None:
                     events.write("restore", step=restore.step, source=restore.source, directory=str(restore.directory))

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hetlaunch.launcher.job_errors import JobError
-from hetlaunch.launcher.planning.topology import Topology
+from hetlaunch.launcher.planning.topology import node_workers
 from hetlaunch.runtime import host_clock
 from hetlaunch.runtime.files import write_whole
 from hetlaunch.protos import control_pb2 as pb
@@ -95,8 +95,9 @@ class StepAggregator:
 
     def __init__(self, plan):
         # node -> (pipeline, stage index): a step report names its node
+        # (several stages per node: a node's worker reports once, as its position in the pipeline)
         self.position = {node: (q.pipeline, q.stage) for node, q in
-                         Topology.of(plan).by_node("joining step reports (a report names its node)").items()}
+                         node_workers(plan, "joining step reports (a report names its node)").items()}
         self.shares = plan.pipeline_microbatches
         self.islands = plan.islands
         self.pending: dict[int, dict[tuple[int, int], tuple[str, pb.StepMetrics]]] = {}

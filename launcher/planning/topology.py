@@ -29,6 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
+from hetlaunch.runtime.registry import DEVICE_SCHEDULE_NAMES
+
 if TYPE_CHECKING:
     from hetlaunch.launcher.planning.plan import Plan
 
@@ -169,3 +171,24 @@ class Topology:
         """The node's one stage, refused as in `by_node`; KeyError for a node the plan does not use."""
         stages = self._by_node[node]
         return one_per_node(stages, feature)[node]
+
+
+def node_workers(plan: Plan, feature: str) -> dict[str, Placement]:
+    """node -> the placement its one stage worker reports as, for a feature keyed by node.
+
+    Under a several-stages-per-node schedule (interleaved-1f1b, zb-v; one pipeline) a node's one
+    worker runs all its stages and reports once per step, as its first stage, which is its
+    position in the pipeline (both placements put stage d on device d): a report names the node,
+    and two stages of one node never come as two reports. Otherwise `Topology.by_node(feature)`."""
+    topology = Topology.of(plan)
+    if plan.schedule not in DEVICE_SCHEDULE_NAMES:
+        return topology.by_node(feature)
+    if len(topology.pipelines) != 1:
+        raise SeveralStagesError(f"{plan.schedule} runs one pipeline; {feature} got {len(topology.pipelines)}")
+    return {node: topology.stages_of(node)[0] for node in topology.nodes}
+
+
+def device_rank(plan: Plan, node: str) -> int:
+    """The data-plane rank of `node`'s worker under a several-stages-per-node schedule: its
+    position in the pipeline (the order the nodes first appear in, stage d being on device d)."""
+    return Topology.of(plan).nodes.index(node)
