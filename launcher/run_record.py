@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hetlaunch.launcher.job_errors import JobError
+from hetlaunch.launcher.part_rows import per_stage_rows
 from hetlaunch.launcher.planning.topology import node_workers
 from hetlaunch.runtime import host_clock
 from hetlaunch.runtime.files import write_whole
@@ -143,6 +144,8 @@ class StepAggregator:
                    **({"peak_bytes": {"activations": m.peak_activation_bytes, "used": m.peak_used_bytes}}
                       if m.peak_used_bytes else {})}
                   for (p, j), node, m in ordered]
+        if any(m.parts for _, _, m in ordered):
+            stages = per_stage_rows(stages, [m for _, _, m in ordered])
         evals = [m.eval_loss for _, _, m in ordered if m.has_eval_loss]  # one per pipeline, same weights
         return StepRecord(step=step, loss=loss, tokens_per_s=tokens / step_s if step_s > 0 else 0.0,
                           step_s=step_s, stages=stages, lr=ordered[0][2].lr or None,

@@ -633,7 +633,7 @@ class StagePlace(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., pipeline: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., region: _Optional[str] = ..., node: _Optional[str] = ...) -> None: ...
 
 class StepMetrics(_message.Message):
-    __slots__ = ("step", "stage_index", "has_loss", "loss", "step_s", "compute_s", "comm_s", "tokens", "forward_raw_bytes", "forward_wire_bytes", "backward_raw_bytes", "backward_wire_bytes", "pipeline_index", "sync_s", "sync_raw_bytes", "sync_wire_bytes", "lr", "grad_norm", "has_eval_loss", "eval_loss", "trace", "from_prev", "from_next", "outer_launched", "outer_applied", "outer_s", "outer_raw_bytes", "outer_wire_bytes", "peak_activation_bytes", "peak_used_bytes")
+    __slots__ = ("step", "stage_index", "has_loss", "loss", "step_s", "compute_s", "comm_s", "tokens", "forward_raw_bytes", "forward_wire_bytes", "backward_raw_bytes", "backward_wire_bytes", "pipeline_index", "sync_s", "sync_raw_bytes", "sync_wire_bytes", "lr", "grad_norm", "has_eval_loss", "eval_loss", "trace", "from_prev", "from_next", "outer_launched", "outer_applied", "outer_s", "outer_raw_bytes", "outer_wire_bytes", "peak_activation_bytes", "peak_used_bytes", "parts")
     STEP_FIELD_NUMBER: _ClassVar[int]
     STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
     HAS_LOSS_FIELD_NUMBER: _ClassVar[int]
@@ -664,6 +664,7 @@ class StepMetrics(_message.Message):
     OUTER_WIRE_BYTES_FIELD_NUMBER: _ClassVar[int]
     PEAK_ACTIVATION_BYTES_FIELD_NUMBER: _ClassVar[int]
     PEAK_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PARTS_FIELD_NUMBER: _ClassVar[int]
     step: int
     stage_index: int
     has_loss: bool
@@ -694,7 +695,24 @@ class StepMetrics(_message.Message):
     outer_wire_bytes: int
     peak_activation_bytes: int
     peak_used_bytes: int
-    def __init__(self, step: _Optional[int] = ..., stage_index: _Optional[int] = ..., has_loss: _Optional[bool] = ..., loss: _Optional[float] = ..., step_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., comm_s: _Optional[float] = ..., tokens: _Optional[int] = ..., forward_raw_bytes: _Optional[int] = ..., forward_wire_bytes: _Optional[int] = ..., backward_raw_bytes: _Optional[int] = ..., backward_wire_bytes: _Optional[int] = ..., pipeline_index: _Optional[int] = ..., sync_s: _Optional[float] = ..., sync_raw_bytes: _Optional[int] = ..., sync_wire_bytes: _Optional[int] = ..., lr: _Optional[float] = ..., grad_norm: _Optional[float] = ..., has_eval_loss: _Optional[bool] = ..., eval_loss: _Optional[float] = ..., trace: _Optional[_Iterable[_Union[TraceEvent, _Mapping]]] = ..., from_prev: _Optional[_Union[LinkTransit, _Mapping]] = ..., from_next: _Optional[_Union[LinkTransit, _Mapping]] = ..., outer_launched: _Optional[int] = ..., outer_applied: _Optional[int] = ..., outer_s: _Optional[float] = ..., outer_raw_bytes: _Optional[int] = ..., outer_wire_bytes: _Optional[int] = ..., peak_activation_bytes: _Optional[int] = ..., peak_used_bytes: _Optional[int] = ...) -> None: ...
+    parts: _containers.RepeatedCompositeFieldContainer[PartStep]
+    def __init__(self, step: _Optional[int] = ..., stage_index: _Optional[int] = ..., has_loss: _Optional[bool] = ..., loss: _Optional[float] = ..., step_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., comm_s: _Optional[float] = ..., tokens: _Optional[int] = ..., forward_raw_bytes: _Optional[int] = ..., forward_wire_bytes: _Optional[int] = ..., backward_raw_bytes: _Optional[int] = ..., backward_wire_bytes: _Optional[int] = ..., pipeline_index: _Optional[int] = ..., sync_s: _Optional[float] = ..., sync_raw_bytes: _Optional[int] = ..., sync_wire_bytes: _Optional[int] = ..., lr: _Optional[float] = ..., grad_norm: _Optional[float] = ..., has_eval_loss: _Optional[bool] = ..., eval_loss: _Optional[float] = ..., trace: _Optional[_Iterable[_Union[TraceEvent, _Mapping]]] = ..., from_prev: _Optional[_Union[LinkTransit, _Mapping]] = ..., from_next: _Optional[_Union[LinkTransit, _Mapping]] = ..., outer_launched: _Optional[int] = ..., outer_applied: _Optional[int] = ..., outer_s: _Optional[float] = ..., outer_raw_bytes: _Optional[int] = ..., outer_wire_bytes: _Optional[int] = ..., peak_activation_bytes: _Optional[int] = ..., peak_used_bytes: _Optional[int] = ..., parts: _Optional[_Iterable[_Union[PartStep, _Mapping]]] = ...) -> None: ...
+
+class PartStep(_message.Message):
+    __slots__ = ("stage_index", "compute_s", "forward_raw_bytes", "forward_wire_bytes", "backward_raw_bytes", "backward_wire_bytes")
+    STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_S_FIELD_NUMBER: _ClassVar[int]
+    FORWARD_RAW_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FORWARD_WIRE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BACKWARD_RAW_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BACKWARD_WIRE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    stage_index: int
+    compute_s: float
+    forward_raw_bytes: int
+    forward_wire_bytes: int
+    backward_raw_bytes: int
+    backward_wire_bytes: int
+    def __init__(self, stage_index: _Optional[int] = ..., compute_s: _Optional[float] = ..., forward_raw_bytes: _Optional[int] = ..., forward_wire_bytes: _Optional[int] = ..., backward_raw_bytes: _Optional[int] = ..., backward_wire_bytes: _Optional[int] = ...) -> None: ...
 
 class LinkTransit(_message.Message):
     __slots__ = ("seconds", "wire_bytes")

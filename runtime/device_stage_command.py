@@ -234,6 +234,7 @@ def _train(cmd: pb.RunStage, executor: StageExecutor, batches, eval_batches, wri
         microbatches = None
         if batches is not None:
             microbatches = batches.micro_batches(step, train.micro_batch_size, train.num_microbatches)
+        sent_before = _sent_by_part(executor)
         try:
             result = executor.train_step(actions, microbatches, train.num_microbatches)
         except torch.OutOfMemoryError as err:
@@ -241,9 +242,21 @@ def _train(cmd: pb.RunStage, executor: StageExecutor, batches, eval_batches, wri
                 raise
             raise executor.memory.out_of_memory(err, f"at step {step}") from None
         done = step + 1
-        evaluation.after_step(done, result.eval_loss,
-                              _step_metrics(step, stage, result, tokens, 0, None, executor, None), reports.step)
+        metrics = _step_metrics(step, stage, result, tokens, 0, None, executor, None)
+        for part, before, after in zip(executor.parts, sent_before, _sent_by_part(executor)):
+            metrics.parts.add(stage_index=part.stage_index, compute_s=result.part_compute_s.get(part.stage_index, 0.0),
+                              forward_raw_bytes=after[0] - before[0], forward_wire_bytes=after[1] - before[1],
+                              backward_raw_bytes=after[2] - before[2], backward_wire_bytes=after[3] - before[3])
+        evaluation.after_step(done, result.eval_loss, metrics, reports.step)
         if writer is not None and checkpoint_due(train, done):
             writer.save(done)
     if writer is not None:
         writer.wait()  # the last checkpoint is reported before the node reports success
+
+
+def _sent_by_part(executor: StageExecutor) -> list[tuple[int, int, int, int]]:
+    """Bytes each part has sent so far, (raw, wire) forward then backward: a node reports its step
+    per stage too (StepMetrics.parts). An in-memory hand-off counts no bytes."""
+    def sent(link) -> tuple[int, int]:
+        return (link.stats.raw_bytes, link.stats.wire_bytes) if isinstance(link, Link) else (0, 0)
+    return [(*sent(part.next_link), *sent(part.prev_link)) for part in executor.parts]

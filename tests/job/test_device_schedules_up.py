@@ -78,9 +78,16 @@ def test_several_stages_per_node_train_to_1f1bs_losses(tmp_path, one_f_one_b, sc
     assert len(chain) == 2 and len(nodes) == 4
     where = [0, 1, 1, 0] if schedule == "zb-v" else [0, 1, 0, 1]
     assert nodes == [chain[d] for d in where]
-    # one report per node per step: rows keyed (pipeline, position, node), never two for a node
+    # a row per stage, keyed by its own index (a node's two never collide), with its own compute
+    # and bytes: what crosses between two nodes, nothing where both stages are on one node
     for record in metrics:
-        assert sorted((s["stage"], s["node"]) for s in record["stages"]) == [(0, chain[0]), (1, chain[1])]
+        rows = record["stages"]
+        assert [(r["stage"], r["node"]) for r in rows] == list(enumerate(nodes))
+        assert all(r["compute_s"] > 0 for r in rows)
+        for a, b in zip(rows, rows[1:]):
+            crosses = a["node"] != b["node"]
+            assert (a["sent_bytes"]["forward"][0] > 0) == crosses and (b["sent_bytes"]["backward"][0] > 0) == crosses
+        assert sum(1 for r in rows if "peak_bytes" in r) <= 2  # measured per node, on its first stage's row
 
 
 @pytest.mark.timeout(600)
