@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 
 import pytest
 import yaml
 
 from conftest import run_hetlaunch
+from fault_run import agent_process, events as fault_events, run_and_hurt
 
 STEPS = 4
 
@@ -128,3 +130,32 @@ def test_unsupported_combinations_are_refused_in_one_line(tmp_path, train, field
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and field in lines[0] and "not supported with train.schedule: zb-v" in lines[0], \
         result.stderr
+
+
+@pytest.mark.timeout(600)
+def test_a_lost_node_replans_zb_v_on_the_survivors_and_resumes_from_the_checkpoint(tmp_path):
+    """Three nodes, none able to hold the model alone; ZB-V's plan uses two or three. One of them
+    is killed after step 3: the job re-plans ZB-V on the nodes left, resumes from the checkpoint of
+    step 2 and logs every step once, each the loss of an uninterrupted 1F1B run."""
+    steps = 8
+    cluster = _cluster("zb-v", steps=steps, checkpoint_every=2)
+    cluster["coordinator"].update(heartbeat_interval_s=0.5, heartbeat_timeout_s=10)
+    cluster["nodes"].append({"name": "n2", "device": "cpu", "threads": 1, "emulate": {"memory_gb": 0.0045}})
+    victim = {}
+
+    def kill_a_planned_node() -> None:
+        plan = next(e for e in fault_events(tmp_path / "run") if e["event"] == "generation")["plan"]
+        victim["node"] = plan["stages"][1]["node"]  # the node of stage 1, which some other node's stage needs
+        agent_process(victim["node"]).send_signal(signal.SIGKILL)
+    run_dir, rc, output, _ = run_and_hurt(tmp_path, yaml.safe_dump(cluster), kill_a_planned_node, at_step=3,
+                                          timeout=300)
+    assert rc == 0, output
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(steps)), "a step is missing or logged twice"
+    events = fault_events(run_dir)
+    assert [e["node"] for e in events if e["event"] == "lost"] == [victim["node"]]
+    generations = [e for e in events if e["event"] == "generation"]
+    assert len(generations) == 2 and generations[1]["plan"]["schedule"] == "zb-v"
+    assert victim["node"] not in {s["node"] for s in generations[1]["plan"]["stages"]}
+    reference, _ = _up(tmp_path, "1f1b-8", _cluster("1f1b", steps=steps, pinned=True))
+    assert _close([r["loss"] for r in records], [r["loss"] for r in reference])
