@@ -6,19 +6,23 @@ One object answers what the launcher used to rebuild by hand from `plan.stages` 
 writers). Ranks follow `plan.stages`, pipeline after pipeline, as the data plane numbers them.
 
 A node may hold several stages (a V-shaped or interleaved layout gives a node two stages of one
-pipeline; a node may also serve two pipelines). The object allows it, though the planner does
-not produce it yet. What is keyed by rank or placement takes such plans as they are: the layout,
-the link peers, the sync groups' ranks, the layer holders, the checkpoint writers, the nodes a
-plan uses.
+pipeline; a node may also serve two pipelines). What is keyed by placement takes such plans as
+they are: the layer holders, the checkpoint writers (one per stage), the nodes a plan uses.
 
-What still supports one stage per node, and why: the control plane addresses a node, not a
-stage. A node's agent runs one stage worker per generation, and its commands (run, abort, move),
-results, step metrics, trace events and checkpoint parts name only the node. The launcher's
-consumers that are keyed by node therefore ask `by_node(feature)` (or `only_stage`), which
-refuses a node holding several stages with one line naming the feature: launching a generation
-(stage_launch), following it and joining its step reports (generation, run_record), trace.json's
-tracks (timeline), calibration and the straggler watch, live moves, and checkpoint commits
-(checkpoint_book). Lifting it means a stage id on those messages, not a change here.
+The planner makes such plans for the several-stages-per-node schedules (interleaved-1f1b, zb-v;
+one pipeline, launcher/planning/device_plans.py). The control plane addresses a node, not a stage:
+a node's agent runs one stage worker per generation, which is one data-plane rank, so under those
+schedules a placement's `rank` (one per stage) is not the data plane's: the node's worker is rank
+`device_rank` (its position in the pipeline), and launcher/device_stage_launch.py sends it all its
+stages in one command. Following the generation and joining its step reports ask `node_workers`,
+which answers a node's one worker for those schedules; a checkpoint part tells the node's stages
+apart by its first layer (checkpoint_book).
+
+What is keyed by node otherwise asks `by_node(feature)` (or `only_stage`), which refuses a node
+holding several stages with one line naming the feature: launching a one-stage-per-node
+generation (stage_launch), trace.json's tracks (timeline), calibration and the straggler watch,
+live moves. The YAML refuses or turns off those features for the several-stages schedules
+(launcher/device_schedule_checks.py), so they never meet such a plan.
 
 Torch-free and in `planning/`: the planner asks it which nodes a plan uses, and planning imports
 only itself (tests/test_import_rules.py).

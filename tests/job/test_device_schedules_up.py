@@ -36,7 +36,8 @@ def _cluster(schedule: str, steps: int = STEPS, checkpoint_every: int = 0, pinne
             "coordinator": {"host": "127.0.0.1", "port": 0, "join_timeout_s": 60, "heartbeat_timeout_s": 4},
             "model": {"preset": "tiny", "n_layers": 4, "seq_len": 32, "d_model": 32},  # 6 stage layers
             "train": {"steps": steps, "micro_batch_size": 4, "num_microbatches": 4, "schedule": schedule,
-                      "checkpoint_every": checkpoint_every, "rebalance": "off"},
+                      "checkpoint_every": checkpoint_every, "rebalance": "off", "eval_every": 2,
+                      "eval_microbatches": 2},
             "observe": {"trace_every": 0},
             "compression": {"intra_region": "none", "cross_region": "none", "sync": "none"},
             "nodes": nodes}
@@ -59,18 +60,28 @@ def _close(got: list[float], want: list[float], rel: float = 1e-5) -> bool:
 
 
 @pytest.fixture(scope="module")
-def one_f_one_b(tmp_path_factory) -> list[float]:
+def one_f_one_b_run(tmp_path_factory) -> list[dict]:
     metrics, _ = _up(tmp_path_factory.mktemp("ref"), "1f1b", _cluster("1f1b", pinned=True))
-    return [r["loss"] for r in metrics]
+    return metrics
+
+
+@pytest.fixture(scope="module")
+def one_f_one_b(one_f_one_b_run) -> list[float]:
+    return [r["loss"] for r in one_f_one_b_run]
 
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("schedule", ["zb-v", "interleaved-1f1b"])
-def test_several_stages_per_node_train_to_1f1bs_losses(tmp_path, one_f_one_b, schedule):
+def test_several_stages_per_node_train_to_1f1bs_losses(tmp_path, one_f_one_b_run, one_f_one_b, schedule):
     metrics, events = _up(tmp_path, schedule, _cluster(schedule))
     assert [r["step"] for r in metrics] == list(range(STEPS))  # each step logged once
     losses = [r["loss"] for r in metrics]
     assert _close(losses, one_f_one_b), (losses, one_f_one_b)
+    # held-out losses after steps 2 and 4, evaluated after the step (1F1B's in its bubbles: the same number)
+    evaluated = [(r["step"], r["eval_loss"]) for r in metrics if "eval_loss" in r]
+    want = [(r["step"], r["eval_loss"]) for r in one_f_one_b_run if "eval_loss" in r]
+    assert [s for s, _ in evaluated] == [s for s, _ in want] == [1, 3]
+    assert _close([e for _, e in evaluated], [e for _, e in want])
     assert losses[-1] < losses[0]
     plan = next(e for e in events if e["event"] == "generation")["plan"]
     assert plan["schedule"] == schedule
