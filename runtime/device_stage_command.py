@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.protos import worker_pb2 as wpb
-from hetlaunch.runtime.checkpoint import apply_state, load_layers, stage_state, write_part
+from hetlaunch.runtime.checkpoint import apply_state, load_layers, split_outer, stage_state, write_part
 from hetlaunch.runtime.checkpoint_manifest import checkpoint_dir, read_manifest
 from hetlaunch.runtime.codecs import codec_by_id
 from hetlaunch.runtime.data import open_data
@@ -88,8 +88,8 @@ def run_device_stages(cmd: pb.RunStage, reports: StageReports, store: wpb.StoreA
         executor = _executor(cmd, parts, [layer for b in bundles for layer in b.layers], bundle.loss_fn, device,
                              memory)
         layers = _LayerMap(parts)
-        if restored is not None:
-            apply_state(executor.module, executor.optimizer, layers.to_local(restored), 0)
+        if restored is not None:  # a checkpoint written with islands also holds outer state: not ours to use
+            apply_state(executor.module, executor.optimizer, split_outer(layers.to_local(restored))[0], 0)
         writer = (_PartsWriter(executor, layers, train.checkpoint_dir, reports)
                   if train.checkpoint_dir and train.checkpoint_every and train.save_part else None)
         try:
