@@ -5,16 +5,18 @@ placed as the schedule says, the cut chosen by simulation, and the step reported
 from __future__ import annotations
 
 import itertools
+import random
 from dataclasses import replace
 
 import pytest
-from plan_reference import regions_profile
+from plan_reference import random_profile, regions_profile
 
 from hetlaunch.launcher.planning.compression import CompressionConfig
 from hetlaunch.launcher.planning.cost_model import CostModel, split_costs
 from hetlaunch.launcher.planning.device_plans import _CutSearch, check_device_priced
 from hetlaunch.launcher.planning.planner import PlanInvariantError
 from hetlaunch.launcher.planning.planning_error import PlanningError
+from hetlaunch.launcher.planning.profile_edits import scaled
 from hetlaunch.launcher.planning.request import PlanRequest, plan_for
 from hetlaunch.runtime.device_schedules import device_schedule_named
 from hetlaunch.runtime.simulation import simulate_devices
@@ -95,3 +97,29 @@ def test_refusals_say_why():
         plan_for(profile, _request("interleaved-1f1b", m=3))
     with pytest.raises(PlanningError, match="one pipeline"):
         plan_for(profile, _request("zb-v", global_batch=16))
+
+
+@pytest.mark.parametrize("schedule", ["zb-v", "interleaved-1f1b"])
+def test_random_profiles_plan_honestly_or_say_no_plan(schedule):
+    """Small random clusters with extreme speeds and memories that may not fit: a plan whose step is
+    its simulation, placed as the schedule says, within each node's memory; or one line saying why not."""
+    rng = random.Random(5)
+    plans = refusals = 0
+    for _ in range(60):
+        profile = random_profile(rng, rng.randint(1, 4), rng.randint(1, 2), rng.randint(2, 9), memory_gb=(0.01, 3.0))
+        profile = scaled(profile, {n.name: rng.choice([1.0, 1.9, 3.3, 1e-3, 1e3]) for n in profile.nodes})
+        try:
+            result = plan_for(profile, _request(schedule, m=rng.choice([2, 4, 6, 8])))
+        except PlanningError as err:
+            assert "\n" not in str(err)
+            refusals += 1
+            continue
+        plans += 1
+        cost = result.pipelines[0].cost
+        D = len(dict.fromkeys(s.node for s in cost.stages))
+        check_device_priced(schedule, D, cost)
+        held: dict[str, float] = {}
+        for stage in cost.stages:
+            held[stage.node] = held.get(stage.node, 0.0) + stage.memory_bytes
+        assert all(held[n] <= profile.node(n).memory_bytes for n in held)
+    assert plans > 10 and refusals > 2, (plans, refusals)
