@@ -14,10 +14,9 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
-from _harness import BenchError, run_process
+from _harness import BenchError, run_process, temporary_dir
 
 BASE_SPEED = 0.25
 MODEL = "{preset: tiny, n_layers: 10, seq_len: 64, d_model: 64}"  # 12 stage layers
@@ -41,7 +40,7 @@ def cluster(name: str, nodes: str, steps: int, microbatches: int = 8, links: str
 
 def run_cli(command: str, cluster_yaml: str, extra: list[str], timeout_s: float, cache_dir: Path) -> Path:
     """`hetlaunch COMMAND cluster.yaml EXTRA...` in a subprocess; returns its temporary folder."""
-    tmp = Path(tempfile.mkdtemp(prefix="hetlaunch-bench-"))
+    tmp = temporary_dir("hetlaunch-bench-")  # read by the caller right after the run
     (tmp / "cluster.yaml").write_text(cluster_yaml)
     os.environ["HETLAUNCH_CACHE_DIR"] = str(cache_dir)  # inherited: every run of a benchmark shares profiles
     extra = [arg.replace("{tmp}", str(tmp)) for arg in extra]

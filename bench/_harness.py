@@ -10,10 +10,12 @@ runs.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import platform
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -24,6 +26,14 @@ from pathlib import Path
 from typing import Callable, Protocol
 
 import torch
+
+
+def temporary_dir(prefix: str) -> Path:
+    """A fresh folder under the system's temp, removed when the benchmark's process ends (runs,
+    traces and checkpoints of a full bench run filled /tmp with 8 GB before)."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent

@@ -16,11 +16,9 @@ from __future__ import annotations
 import json
 import statistics
 import sys
-import tempfile
-from pathlib import Path
 
 from _clusters import run_cli
-from _harness import NullReporter, Reporter
+from _harness import NullReporter, Reporter, temporary_dir
 
 CODECS = ("none", "fp16", "int8", "int4_rotated", "auto")
 TARGET_INT8, TARGET_AUTO, TARGET_LOSS = 3.0, 4.3, 0.02
@@ -43,7 +41,7 @@ nodes:
 def run(quick: bool, reporter: Reporter | None = None) -> dict:
     reporter = reporter or NullReporter()
     steps, warmup = (12, 3) if quick else (40, 5)
-    cache = Path(tempfile.mkdtemp(prefix="hetlaunch-bench-cache-"))
+    cache = temporary_dir("hetlaunch-bench-cache-")
     reporter.total(len(CODECS))
     results = {}
     for codec in CODECS:

@@ -12,12 +12,10 @@ the corrected prediction against the steps after the calibration window — targ
 from __future__ import annotations
 
 import statistics
-import tempfile
-from pathlib import Path
 
 from _clusters import BASE_SPEED, cluster, node, up
 from dp_scaling import dp_cluster
-from _harness import NullReporter, Reporter
+from _harness import NullReporter, Reporter, temporary_dir
 
 TARGET = 0.10
 CALIBRATED_TARGET = 0.05  # after calibration (issue 13; Sailor reports 4.5-6% for its simulator)
@@ -42,7 +40,7 @@ def clusters(steps: int) -> dict[str, str]:
 def run(quick: bool, reporter: Reporter | None = None) -> dict:
     reporter = reporter or NullReporter()
     steps, warmup, reps = (10, 3, 1) if quick else (16, 4, 2)
-    cache = Path(tempfile.mkdtemp(prefix="hetlaunch-bench-cache-"))
+    cache = temporary_dir("hetlaunch-bench-cache-")
     todo = clusters(steps)
     reporter.total(len(todo) * reps)
     results = {}

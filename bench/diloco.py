@@ -24,11 +24,10 @@ a holder in its own region is counted too).
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 
 from _clusters import run_cli
-from _harness import BENCH_DIR, NullReporter, Reporter
+from _harness import BENCH_DIR, NullReporter, Reporter, temporary_dir
 
 MODEL = "{preset: tiny, n_layers: 6, seq_len: 64, d_model: 64}"
 NODES = {"e1": "east", "e2": "east", "w1": "west", "w2": "west"}
@@ -133,7 +132,7 @@ def _png(sides: dict, path: Path) -> str | None:
 def run(quick: bool, reporter: Reporter | None = None) -> dict:
     reporter = reporter or NullReporter()
     steps, warmup, eval_every = (50, 5, 25) if quick else (600, 10, 50)
-    cache = Path(tempfile.mkdtemp(prefix="hetlaunch-bench-cache-"))
+    cache = temporary_dir("hetlaunch-bench-cache-")
     reporter.total(len(SIDES))
     sides = {}
     for name in SIDES:

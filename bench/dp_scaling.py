@@ -11,11 +11,9 @@ prediction of the same ratio (predicted step B / predicted step A).
 from __future__ import annotations
 
 import statistics
-import tempfile
-from pathlib import Path
 
 from _clusters import cluster, node, up
-from _harness import NullReporter, Reporter
+from _harness import NullReporter, Reporter, temporary_dir
 
 MICROBATCHES = 8
 # Six agents on 2 cores: at the usual quarter speed they kept ~1.5 cores busy and slowed each
@@ -35,7 +33,7 @@ def dp_cluster(steps: int, single: bool) -> str:
 def run(quick: bool, reporter: Reporter | None = None) -> dict:
     reporter = reporter or NullReporter()
     steps, warmup, reps = (10, 3, 1) if quick else (16, 4, 2)
-    cache = Path(tempfile.mkdtemp(prefix="hetlaunch-bench-cache-"))
+    cache = temporary_dir("hetlaunch-bench-cache-")
     sides = {"planned": dp_cluster(steps, single=False), "single": dp_cluster(steps, single=True)}
     reporter.total(2 * reps)
     runs: dict[str, list[dict]] = {side: [] for side in sides}

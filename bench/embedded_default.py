@@ -19,11 +19,10 @@ import json
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from _clusters import run_cli
-from _harness import NullReporter, Reporter
+from _harness import NullReporter, Reporter, temporary_dir
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "cluster_examples" / "local.yaml"
 RUNS = 3
@@ -69,7 +68,7 @@ def busy_pair(cache: Path) -> list[dict]:
 
 def run(quick: bool, reporter: Reporter | None = None) -> dict:
     reporter = reporter or NullReporter()
-    cache = Path(tempfile.mkdtemp(prefix="hetlaunch-bench-cache-"))
+    cache = temporary_dir("hetlaunch-bench-cache-")
     runs = []
     reporter.total((RUNS if not quick else 1) + 1)
     for i in range(RUNS if not quick else 1):

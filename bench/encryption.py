@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import yaml
 
 from _clusters import run_cli
-from _harness import NullReporter, Reporter, Side, alternate, compare
+from _harness import NullReporter, Reporter, Side, alternate, compare, temporary_dir
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "cluster_examples" / "local.yaml"
 TARGETS = {"shaped": 0.97, "loopback": 0.90}
@@ -65,7 +64,7 @@ def cipher_throughput(message_bytes: int = 4 * 2**20, rounds: int = 20) -> dict:
 def run(quick: bool, reporter: Reporter | None = None) -> dict:
     reporter = reporter or NullReporter()
     steps, warmup, reps = (30, 5, 1) if quick else (120, 10, 2)
-    cache = Path(tempfile.mkdtemp(prefix="hetlaunch-bench-cache-"))
+    cache = temporary_dir("hetlaunch-bench-cache-")
     reporter.total(2 * 2 * reps + 1)
 
     def side(encrypt: str, shaped: bool) -> Side:

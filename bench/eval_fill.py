@@ -17,11 +17,9 @@ from __future__ import annotations
 
 import json
 import sys
-import tempfile
-from pathlib import Path
 
 from _clusters import run_cli
-from _harness import NullReporter, Reporter, Side, alternate, compare
+from _harness import NullReporter, Reporter, Side, alternate, compare, temporary_dir
 
 MICROBATCHES = 8
 TOKENS_PER_STEP = 4 * MICROBATCHES * 64  # micro_batch_size 4, seq_len 64
@@ -63,7 +61,7 @@ def periods(trace: dict) -> list[float]:
 def run(quick: bool, reporter: Reporter | None = None) -> dict:
     reporter = reporter or NullReporter()
     steps, reps = (6, 1) if quick else (12, 2)
-    cache = Path(tempfile.mkdtemp(prefix="hetlaunch-bench-cache-"))
+    cache = temporary_dir("hetlaunch-bench-cache-")
     reporter.total(4 * reps)
 
     def side(evaluation: str) -> Side:

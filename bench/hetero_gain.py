@@ -12,11 +12,9 @@ Target ≥ 0.9.
 from __future__ import annotations
 
 import statistics
-import tempfile
-from pathlib import Path
 
 from _clusters import BASE_SPEED, NUM_LAYERS, cluster, node, profile, up
-from _harness import NullReporter, Reporter
+from _harness import NullReporter, Reporter, temporary_dir
 
 from hetlaunch.launcher.planning.cost_model import CostModel
 from hetlaunch.launcher.planning.profile_file import Profile
@@ -47,7 +45,7 @@ def ideal_and_even(prof: Profile) -> tuple[float, float]:
 def run(quick: bool, reporter: Reporter | None = None) -> dict:
     reporter = reporter or NullReporter()
     s = settings(quick)
-    cache = Path(tempfile.mkdtemp(prefix="hetlaunch-bench-cache-"))
+    cache = temporary_dir("hetlaunch-bench-cache-")
     # One pipeline on both sides: the ideal gain below is that of a single balanced chain.
     planned_yaml = cluster("hetero-planned", "".join(node(n, v) for n, v in SPEEDS.items()), s["steps"], MICROBATCHES,
                            train="max_pipelines: 1")

@@ -13,11 +13,9 @@ from __future__ import annotations
 import json
 import statistics
 import sys
-import tempfile
-from pathlib import Path
 
 from _clusters import run_cli
-from _harness import NullReporter, Reporter, Side, alternate, compare
+from _harness import NullReporter, Reporter, Side, alternate, compare, temporary_dir
 
 TOKENS_PER_STEP = 8 * 4 * 64  # the tiny preset's defaults: micro_batch_size 8, 4 micro-batches, seq_len 64
 LOSS_TARGET = 0.03
@@ -37,7 +35,7 @@ nodes:
 def run(quick: bool, reporter: Reporter | None = None) -> dict:
     reporter = reporter or NullReporter()
     steps, warmup, reps = (40, 5, 1) if quick else (200, 10, 2)
-    cache = Path(tempfile.mkdtemp(prefix="hetlaunch-bench-cache-"))
+    cache = temporary_dir("hetlaunch-bench-cache-")
     reporter.total(2 * reps + 1)
 
     def side(precision: str) -> Side:

@@ -12,11 +12,10 @@ from __future__ import annotations
 import json
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 from _clusters import run_cli
-from _harness import BenchError, NullReporter, Reporter, Side, alternate, compare, single_thread_env
+from _harness import BenchError, NullReporter, Reporter, Side, alternate, compare, single_thread_env, temporary_dir
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
@@ -55,12 +54,12 @@ def run(quick: bool, reporter: Reporter | None = None) -> dict:
         raise BenchError(f"real_links: {why}")
     reporter = reporter or NullReporter()
     steps, warmup, reps = (30, 5, 1) if quick else (150, 10, 3)
-    cache = Path(tempfile.mkdtemp(prefix="hetlaunch-bench-cache-"))
+    cache = temporary_dir("hetlaunch-bench-cache-")
     probes: list[float] = []
     reporter.total(2 * reps)
 
     def kernel_once() -> dict:
-        work = Path(tempfile.mkdtemp(prefix="hetlaunch-bench-netns-"))
+        work = temporary_dir("hetlaunch-bench-netns-")
         env = {**single_thread_env(), "HETLAUNCH_CACHE_DIR": str(cache)}
         with GeoNamespaces(MBIT) as geo:
             code, text = run_in_namespaces(geo, work, cluster(steps, True), env, timeout_s=900)

@@ -18,11 +18,10 @@ wall time between the reports of step 39 and step 89, so a restart's time counts
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 
 from _clusters import BASE_SPEED, MODEL, run_cli
-from _harness import BenchError, NullReporter, Reporter
+from _harness import BenchError, NullReporter, Reporter, temporary_dir
 
 STEPS, SLOW_AT, WINDOW, SLOW = 120, 40, 50, 0.3
 
@@ -62,7 +61,7 @@ def _window(run_dir: Path) -> dict:
 
 def run(quick: bool, reporter: Reporter | None = None) -> dict:
     reporter = reporter or NullReporter()
-    cache = Path(tempfile.mkdtemp(prefix="hetlaunch-bench-cache-"))
+    cache = temporary_dir("hetlaunch-bench-cache-")
     cases = {"none": "(a) no rebalancing", "rebalance": "(b) rebalancing (live or at a checkpoint)", "fresh": "(c) planned for the new speeds"}
     reporter.total(len(cases))
     runs = {}

@@ -9,14 +9,13 @@ from __future__ import annotations
 import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import grpc
 
 from _clusters import run_cli
-from _harness import NullReporter, Reporter, Side, alternate, compare
+from _harness import NullReporter, Reporter, Side, alternate, compare, temporary_dir
 
 TOKENS_PER_STEP = 8 * 4 * 64
 TARGET = 0.99
@@ -68,9 +67,9 @@ def run(quick: bool, reporter: Reporter | None = None) -> dict:
 
     reporter = reporter or NullReporter()
     steps, warmup, reps = (40, 5, 1) if quick else (200, 10, 3)
-    certs = Path(tempfile.mkdtemp(prefix="hetlaunch-bench-certs-")) / "certs"
+    certs = temporary_dir("hetlaunch-bench-certs-") / "certs"
     init_certs(certs, [])
-    cache = Path(tempfile.mkdtemp(prefix="hetlaunch-bench-cache-"))
+    cache = temporary_dir("hetlaunch-bench-cache-")
     reporter.total(2 * reps + 1)
 
     def side(with_tls: bool) -> Side:

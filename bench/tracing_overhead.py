@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import json
 import sys
-import tempfile
-from pathlib import Path
 
 from _clusters import run_cli
-from _harness import NullReporter, Reporter, Side, alternate, compare
+from _harness import NullReporter, Reporter, Side, alternate, compare, temporary_dir
 
 TOKENS_PER_STEP = 8 * 4 * 64
 TARGET = 0.98
@@ -34,7 +32,7 @@ train: {{steps: {steps}, checkpoint_every: 0, seed: 0}}
 def run(quick: bool, reporter: Reporter | None = None) -> dict:
     reporter = reporter or NullReporter()
     steps, warmup, reps = (50, 5, 1) if quick else (200, 10, 3)
-    cache = Path(tempfile.mkdtemp(prefix="hetlaunch-bench-cache-"))
+    cache = temporary_dir("hetlaunch-bench-cache-")
     reporter.total(2 * reps)
     traces: list[int] = []
 

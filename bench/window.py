@@ -13,11 +13,9 @@ from __future__ import annotations
 import json
 import statistics
 import sys
-import tempfile
-from pathlib import Path
 
 from _clusters import run_cli
-from _harness import NullReporter, Reporter, Side, alternate, compare
+from _harness import NullReporter, Reporter, Side, alternate, compare, temporary_dir
 
 MICROBATCHES = 8
 TOKENS_PER_STEP = 4 * MICROBATCHES * 32  # micro_batch_size 4, seq_len 32
@@ -42,7 +40,7 @@ nodes:
 def run(quick: bool, reporter: Reporter | None = None) -> dict:
     reporter = reporter or NullReporter()
     steps, warmup, reps = (12, 3, 1) if quick else (40, 5, 3)
-    cache = Path(tempfile.mkdtemp(prefix="hetlaunch-bench-cache-"))
+    cache = temporary_dir("hetlaunch-bench-cache-")
     reporter.total(2 * reps)
 
     def side(plain: bool) -> Side:

@@ -22,16 +22,16 @@ from __future__ import annotations
 import json
 import statistics
 import sys
-import tempfile
-from pathlib import Path
 
 from _clusters import run_cli
-from _harness import NullReporter, Reporter, Side, alternate, compare
+from _harness import NullReporter, Reporter, Side, alternate, compare, temporary_dir
+from _trace import bubble_fractions
 
 MICROBATCHES = 8
 TOKENS_PER_STEP = 4 * MICROBATCHES * 64  # micro_batch_size 4, seq_len 64
 TARGET = 1.15
 LATENCY_MS = 20
+TRACE_EVERY = 4  # the sampled steps past the warm-up give each side's bubble fraction, measured and predicted
 
 
 EQUAL_MEMORY = {"zb-h1": 4, "zb-h2": 7}  # the 1F1B window that holds what each holds at every stage
@@ -49,6 +49,7 @@ def cluster(steps: int, schedule: str, window: int = 0) -> str:
 model: {{preset: tiny, n_layers: 6, seq_len: 64, d_model: 128, n_heads: 4}}
 train: {{steps: {steps}, micro_batch_size: 4, num_microbatches: {MICROBATCHES}, schedule: {schedule},
         checkpoint_every: 0, seed: 0}}
+observe: {{trace_every: {TRACE_EVERY}}}
 links:
 {links}
 nodes:
@@ -59,7 +60,7 @@ nodes:
 def run(quick: bool, reporter: Reporter | None = None) -> dict:
     reporter = reporter or NullReporter()
     steps, warmup, reps = (8, 3, 1) if quick else (20, 4, 3)
-    cache = Path(tempfile.mkdtemp(prefix="hetlaunch-bench-cache-"))
+    cache = temporary_dir("hetlaunch-bench-cache-")
     reporter.total(4 * reps)
 
     def side(key: str, schedule: str, window: int = 0) -> Side:
@@ -68,7 +69,8 @@ def run(quick: bool, reporter: Reporter | None = None) -> dict:
             records = [json.loads(line) for line in (tmp / "run" / "metrics.jsonl").read_text().splitlines() if line]
             plan = json.loads((tmp / "run" / "summary.json").read_text())["plan"]
             return {"step_s": [r["step_s"] for r in records], "loss": [r["loss"] for r in records],
-                    "predicted_step_s": plan.get("predicted_step_s")}
+                    "predicted_step_s": plan.get("predicted_step_s"),
+                    "bubble_fraction": bubble_fractions(tmp / "run" / "trace.json", from_step=warmup)}
         title = {"zb-h1": "ZB-H1", "zb-h2": "ZB-H2", "1f1b": "1F1B"}[schedule]
         return Side(key, f"{title} (windows {window})" if window else title, once)
 
@@ -79,6 +81,12 @@ def run(quick: bool, reporter: Reporter | None = None) -> dict:
                       for r in runs if r.get("predicted_step_s")]
             out[key] = statistics.median(ratios) if ratios else None
         return out
+
+    def bubbles(measured: dict) -> dict:
+        """Each side's median bubble fraction over its runs' sampled steps, from the trace."""
+        return {key: {kind: statistics.median(f for r in runs for f in r["bubble_fraction"][kind]) if any(
+                    r["bubble_fraction"][kind] for r in runs) else None for kind in ("measured", "predicted")}
+                for key, runs in measured["runs"].items()}
 
     # The first pair keeps its keys of earlier runs ("1f1b": windows pinned to 4), so results compare.
     measured = alternate(side("zb-h1", "zb-h1"), side("1f1b", "1f1b", EQUAL_MEMORY["zb-h1"]), reps, reporter,
@@ -110,6 +118,7 @@ def run(quick: bool, reporter: Reporter | None = None) -> dict:
                    "1f1b@7": cluster(steps, "1f1b", 7)},
         **result,
         "measured_over_predicted": {**accuracy(measured), **accuracy(measured_h2)},  # median measured / predicted step
+        "bubble_fraction": {**bubbles(measured), **bubbles(measured_h2)},  # from trace.json: bench/_trace.py
         "peak_microbatches_held": held,  # per stage, from the forward to the weight gradients
         # F = 1, B = 2 (I = W = 1), free links, own windows: the bubble's shape; back to back, what a step
         # adds when no barrier stands between the stages (ZB-H2's parallelogram: 3M)

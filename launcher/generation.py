@@ -27,7 +27,8 @@ from hetlaunch.launcher.observers import Observers
 from hetlaunch.launcher.planning.plan import Plan
 from hetlaunch.launcher.planning.topology import node_workers
 from hetlaunch.launcher.progress import TrainingProgress
-from hetlaunch.launcher.run_record import RunRecord, StepAggregator
+from hetlaunch.launcher.run_record import RunRecord
+from hetlaunch.launcher.step_aggregator import StepAggregator
 from hetlaunch.launcher.job_errors import JobError
 from hetlaunch.launcher.session import ClusterSession, is_peer_error, parse_refusal
 
@@ -105,7 +106,7 @@ class _Reports:
 
     def __init__(self, session: ClusterSession, plan: Plan, record: RunRecord, events: EventLog):
         self.session, self.state, self.record, self.events = session, session.state, record, events
-        self.aggregator = StepAggregator(plan)
+        self.aggregator = StepAggregator(plan, carried=record.awaiting_eval)
         # Results arrive per node: a finished generation is one result from each of the plan's nodes.
         self.in_plan = node_workers(plan, "following a generation (a stage's result names its node)")
         self.finished: set[str] = set()

@@ -38,7 +38,8 @@ from hetlaunch.launcher.planning.topology import Topology
 from hetlaunch.launcher.memory_summary import memory_summary
 from hetlaunch.launcher.progress import TrainingProgress, print_calibration, print_plan, print_summary
 from hetlaunch.launcher.run_dir_lock import RunDirLock
-from hetlaunch.launcher.run_record import RunRecord, StepAggregator, StepRecord, make_run_dir, read_metrics
+from hetlaunch.launcher.run_record import RunRecord, StepRecord, make_run_dir, read_metrics
+from hetlaunch.launcher.step_aggregator import StepAggregator
 from hetlaunch.launcher.session import ClusterSession, JobError
 from hetlaunch.launcher.stage_launch import eval_fill_event, launch
 from hetlaunch.launcher.observers import Observers
@@ -168,8 +169,13 @@ def _run(session: ClusterSession, spec, options: UpOptions, events: EventLog, co
                 started = restore.step
                 observers.new_generation(current.launch(plan), replanner.measured, restore.step)
                 boundary_bytes = _boundary_bytes(replanner)
-                start_generation = launch_devices if several_stages_per_node(plan.schedule) else launch
-                book.expect(start_generation(session, plan, spec, restore, book.root, boundary_bytes))
+                if record.awaiting_eval is not None and record.awaiting_eval.step != restore.step - 1:
+                    record.release_awaiting()
+                if several_stages_per_node(plan.schedule):  # evaluation after the step: no eval owed from bubbles
+                    book.expect(launch_devices(session, plan, spec, restore, book.root, boundary_bytes))
+                else:
+                    book.expect(launch(session, plan, spec, restore, book.root, boundary_bytes,
+                                       eval_before_start=record.awaiting_eval is not None))
                 events.write("generation", generation=session.state.generation, start_step=restore.step,
                              restore_source=restore.source, plan=plan.to_dict())
                 if train.eval_every and train.eval_in_bubbles and not several_stages_per_node(plan.schedule):
@@ -287,7 +293,10 @@ def _record_late_steps(session: ClusterSession, aggregator: StepAggregator, reco
     expected = max(record.next_step, started)
     for late in _late_steps(session, aggregator, expected, before, wait_s):
         if late.step == expected:
-            record.add(late)
+            if late.eval_awaited and late.step == before - 1:  # the next generation measures it first
+                record.hold_for_eval(late)
+            else:
+                record.add(late)
             expected += 1
 
 

@@ -18,11 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hetlaunch.launcher.job_errors import JobError
-from hetlaunch.launcher.part_rows import per_stage_rows
-from hetlaunch.launcher.planning.topology import node_workers
 from hetlaunch.runtime import host_clock
 from hetlaunch.runtime.files import write_whole
-from hetlaunch.protos import control_pb2 as pb
 
 
 def _reason(err: OSError) -> str:
@@ -73,6 +70,9 @@ class StepRecord:
     lr: float | None = None  # the learning rate the step used
     grad_norm: float | None = None  # the whole model's gradient norm before clipping (when clipping)
     eval_loss: float | None = None  # the held-out loss after this step (when an evaluation was due)
+    # Not in the file: its held-out loss was to come in a later report (measured in the next step's
+    # bubbles) that has not come; launcher/step_aggregator.py.
+    eval_awaited: bool = False
     # With islands: each island's loss, and the step's outer exchanges (fragments launched and
     # applied, the longest wait for one, bytes all stages sent, before and after the codec).
     islands: dict | None = None
@@ -85,86 +85,6 @@ class StepRecord:
                   if v is not None}
         return strict_json({"step": self.step, "loss": self.loss, **recipe, "tokens_per_s": self.tokens_per_s,
                             "step_s": self.step_s, "time": round(self.time, 3), **extra, "stages": self.stages})
-
-
-class StepAggregator:
-    """Joins the per-stage reports of one step into one record once every stage has reported.
-
-    With several pipelines the step's loss is the mean over all its micro-batches: each
-    pipeline's mean weighted by its share, and its tokens are the pipelines' sum.
-    """
-
-    def __init__(self, plan):
-        # node -> (pipeline, stage index): a step report names its node
-        # (several stages per node: a node's worker reports once, as its position in the pipeline)
-        self.position = {node: (q.pipeline, q.stage) for node, q in
-                         node_workers(plan, "joining step reports (a report names its node)").items()}
-        self.shares = plan.pipeline_microbatches
-        self.islands = plan.islands
-        self.pending: dict[int, dict[tuple[int, int], tuple[str, pb.StepMetrics]]] = {}
-
-    def add(self, node: str, metrics: pb.StepMetrics) -> StepRecord | None:
-        reports = self.pending.setdefault(metrics.step, {})
-        reports[self.position[node]] = (node, metrics)
-        if len(reports) < len(self.position):
-            return None
-        del self.pending[metrics.step]
-        return self._record(metrics.step, reports)
-
-    def incomplete(self, before: int) -> list[StepRecord]:
-        """Steps before `before` that some stage never reported (its node died after the step was
-        taken, before its report arrived), recorded from the reports that did arrive: the loss of
-        the pipelines whose last stage reported, and which nodes are missing."""
-        out = []
-        for step in sorted(s for s in self.pending if s < before):
-            reports = self.pending.pop(step)
-            record = self._record(step, reports)
-            record.missing = sorted(n for n, pos in self.position.items() if pos not in reports)
-            out.append(record)
-        return out
-
-    def _record(self, step: int, reports: dict) -> StepRecord:
-        ordered = [(position, *reports[position]) for position in sorted(reports)]
-        with_loss = {p for (p, _), _, m in ordered if m.has_loss}
-        shares = sum(self.shares[p] for p in with_loss)
-        loss = (sum(m.loss * self.shares[p] for (p, _), _, m in ordered if m.has_loss) / shares if shares
-                else float("nan"))
-        # Stages overlap in a pipeline and pipelines run side by side: the step takes as long as the slowest.
-        step_s = max(m.step_s for _, _, m in ordered)
-        tokens = sum(m.tokens for (_, j), _, m in ordered if j == 0)
-        stages = [{"pipeline": p, "stage": j, "node": node, "step_s": round(m.step_s, 6),
-                   "compute_s": round(m.compute_s, 6), "comm_s": round(m.comm_s, 6), "sync_s": round(m.sync_s, 6),
-                   "sent_bytes": {"forward": [m.forward_raw_bytes, m.forward_wire_bytes],
-                                  "backward": [m.backward_raw_bytes, m.backward_wire_bytes],
-                                  "sync": [m.sync_raw_bytes, m.sync_wire_bytes]},
-                   # the least transit of a message received from each neighbour, on its host's clock
-                   "transit": {d: [round(t.seconds, 6), t.wire_bytes] for d, t in
-                               (("from_prev", m.from_prev), ("from_next", m.from_next)) if m.HasField(d)},
-                   # the stage's peak tensor memory so far, once measured (launcher/memory_summary.py)
-                   **({"peak_bytes": {"activations": m.peak_activation_bytes, "used": m.peak_used_bytes}}
-                      if m.peak_used_bytes else {})}
-                  for (p, j), node, m in ordered]
-        if any(m.parts for _, _, m in ordered):
-            stages = per_stage_rows(stages, [m for _, _, m in ordered])
-        evals = [m.eval_loss for _, _, m in ordered if m.has_eval_loss]  # one per pipeline, same weights
-        return StepRecord(step=step, loss=loss, tokens_per_s=tokens / step_s if step_s > 0 else 0.0,
-                          step_s=step_s, stages=stages, lr=ordered[0][2].lr or None,
-                          grad_norm=max(m.grad_norm for _, _, m in ordered) or None,
-                          eval_loss=sum(evals) / len(evals) if evals else None,
-                          islands=self._islands(ordered) if self.islands else None)
-
-    def _islands(self, ordered: list) -> dict:
-        """Each island's loss (its pipelines' mean, weighted by share) and the step's outer exchanges."""
-        losses = []
-        for island in range(max(self.islands) + 1):
-            mine = [(p, m) for (p, _), _, m in ordered if m.has_loss and self.islands[p] == island]
-            shares = sum(self.shares[p] for p, _ in mine)
-            losses.append(sum(m.loss * self.shares[p] for p, m in mine) / shares if shares else None)
-        ms = [m for _, _, m in ordered]
-        return {"losses": losses,
-                "outer": {"launched": max(m.outer_launched for m in ms), "applied": max(m.outer_applied for m in ms),
-                          "blocked_s": round(max(m.outer_s for m in ms), 6),
-                          "bytes": [sum(m.outer_raw_bytes for m in ms), sum(m.outer_wire_bytes for m in ms)]}}
 
 
 class JsonLines:
@@ -284,6 +204,9 @@ class RunRecord:
         # Steps of an earlier run of this directory that its checkpoint holds but metrics.jsonl does not
         # (it stopped after the checkpoint was committed, before their reports came): never reported again.
         self.unrecorded: list[int] = []
+        # The last step before a restore, whose held-out loss the failed step was to measure: kept
+        # out of the file until the next generation's first step measures it (TrainSpec.eval_before_start).
+        self.awaiting_eval: StepRecord | None = None
         if self.resume_at is not None:
             self.records = read_metrics(self.metrics_path, self.resume_at)
             self.give_up_before(self.resume_at)
@@ -292,22 +215,42 @@ class RunRecord:
 
     def add(self, record: StepRecord) -> None:
         """Append the step's line whole, or fail with JobError and leave the file as it was."""
+        if self.awaiting_eval is not None:
+            held, self.awaiting_eval = self.awaiting_eval, None
+            if held.step != record.step:  # its loss did not come first after all: it goes without
+                self.add(held)
         self._lines.append(record.to_json())
         self.records.append(record)
 
+    def hold_for_eval(self, record: StepRecord) -> None:
+        """Keep `record` back for its held-out loss (the next `add` writes it, with it or without)."""
+        self.release_awaiting()
+        self.awaiting_eval = record
+
+    def release_awaiting(self) -> None:
+        """Write the held record as it is: its held-out loss will not be asked for again."""
+        if self.awaiting_eval is not None:
+            held, self.awaiting_eval = self.awaiting_eval, None
+            self.add(held)
+
     @property
     def next_step(self) -> int:
-        """The step after the last one recorded."""
-        return self.records[-1].step + 1 if self.records else 0
+        """The step after the last one recorded (or held for its held-out loss)."""
+        last = max([r.step for r in self.records[-1:]] + [r.step for r in [self.awaiting_eval] if r is not None],
+                   default=-1)
+        return last + 1
+
+    def _steps(self) -> set[int]:
+        return {r.step for r in self.records} | {r.step for r in [self.awaiting_eval] if r is not None}
 
     def accounted(self) -> int:
-        """Steps recorded, and steps that cannot be (see `unrecorded`)."""
-        return len({r.step for r in self.records} | set(self.unrecorded))
+        """Steps recorded (or held for their held-out loss), and steps that cannot be (see `unrecorded`)."""
+        return len(self._steps() | set(self.unrecorded))
 
     def give_up_before(self, step: int, since: int = 0) -> list[int]:
         """The steps in [since, step) with no record, now counted as `unrecorded`: the state they
         led to is the one training goes on from, but no stage's report of them will come."""
-        have = {r.step for r in self.records} | set(self.unrecorded)
+        have = self._steps() | set(self.unrecorded)
         missing = [s for s in range(since, step) if s not in have]
         self.unrecorded = sorted(set(self.unrecorded) | set(missing))
         return missing
@@ -317,6 +260,8 @@ class RunRecord:
         the file is rewritten whole without them. Returns how many were dropped."""
         kept = [r for r in self.records if r.step < step]
         self.unrecorded = [s for s in self.unrecorded if s < step]  # those steps run again
+        if self.awaiting_eval is not None and self.awaiting_eval.step >= step:
+            self.awaiting_eval = None  # it runs again, and measures its held-out loss again
         dropped = len(self.records) - len(kept)
         if dropped:
             self._lines.close()
@@ -327,6 +272,12 @@ class RunRecord:
     def close(self) -> None:
         """Flush metrics.jsonl to disk and close it. Never raises (it runs in a `finally`, where it
         would hide the error that got there); a failure is raised by write_summary instead."""
+        try:
+            self.release_awaiting()
+        except JobError as err:
+            self._lines.close()
+            self._close_error = str(err)
+            return
         self._close_error = self._lines.close()
 
     def write_summary(self, summary: dict) -> None:

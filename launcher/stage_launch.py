@@ -15,9 +15,10 @@ from hetlaunch.runtime.wire import codec_wire_id, model_spec_to_proto, schedule_
 
 
 def launch(session: ClusterSession, plan: Plan, spec, restore: Restore, checkpoint_root: Path,
-           boundary_bytes: list[int] | None = None) -> dict[tuple[str, int], Placement]:
+           boundary_bytes: list[int] | None = None, eval_before_start: bool = False) -> dict[tuple[str, int], Placement]:
     """Push every stage its RunStage on a fresh data-plane generation, starting from `restore`.
     `boundary_bytes[i]` (the profile's output of layer i) bounds what a link after layer i accepts.
+    `eval_before_start`: the held-out loss due after the step before `restore` is measured first.
     Returns the checkpoint writers (Topology.checkpoint_writers: the first pipeline's stages)."""
     cluster = session.cluster
     topology = Topology.of(plan)
@@ -47,6 +48,7 @@ def launch(session: ClusterSession, plan: Plan, spec, restore: Restore, checkpoi
                              save_part=p == 0, start_step=restore.step, optimizer=t.optimizer, momentum=t.momentum,
                              lr_schedule=t.lr_schedule, warmup_steps=t.warmup_steps, min_lr_ratio=t.min_lr_ratio,
                              grad_clip=t.grad_clip, eval_every=t.eval_every, eval_microbatches=t.eval_microbatches,
+                             eval_before_start=eval_before_start,
                              precision=t.precision, trace_every=cluster.observe.trace_every,
                              **watchdog_bounds(t.watchdog_s, plan.predicted_step_s, _outer_wait_s(plan)))
         for placement in stages:

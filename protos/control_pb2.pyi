@@ -353,7 +353,7 @@ class DataSpec(_message.Message):
     def __init__(self, path: _Optional[str] = ..., seed: _Optional[int] = ..., format: _Optional[str] = ..., dtype: _Optional[str] = ..., eval_fraction: _Optional[float] = ...) -> None: ...
 
 class TrainSpec(_message.Message):
-    __slots__ = ("steps", "micro_batch_size", "num_microbatches", "schedule", "lr", "weight_decay", "seed", "checkpoint_dir", "checkpoint_every", "save_part", "start_step", "upload_parts", "snapshot_dir", "optimizer", "momentum", "lr_schedule", "warmup_steps", "min_lr_ratio", "grad_clip", "eval_every", "eval_microbatches", "precision", "trace_every", "watchdog_s", "first_step_watchdog_s")
+    __slots__ = ("steps", "micro_batch_size", "num_microbatches", "schedule", "lr", "weight_decay", "seed", "checkpoint_dir", "checkpoint_every", "save_part", "start_step", "upload_parts", "snapshot_dir", "optimizer", "momentum", "lr_schedule", "warmup_steps", "min_lr_ratio", "grad_clip", "eval_every", "eval_microbatches", "precision", "trace_every", "watchdog_s", "first_step_watchdog_s", "eval_before_start")
     STEPS_FIELD_NUMBER: _ClassVar[int]
     MICRO_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     NUM_MICROBATCHES_FIELD_NUMBER: _ClassVar[int]
@@ -379,6 +379,7 @@ class TrainSpec(_message.Message):
     TRACE_EVERY_FIELD_NUMBER: _ClassVar[int]
     WATCHDOG_S_FIELD_NUMBER: _ClassVar[int]
     FIRST_STEP_WATCHDOG_S_FIELD_NUMBER: _ClassVar[int]
+    EVAL_BEFORE_START_FIELD_NUMBER: _ClassVar[int]
     steps: int
     micro_batch_size: int
     num_microbatches: int
@@ -404,7 +405,8 @@ class TrainSpec(_message.Message):
     trace_every: int
     watchdog_s: float
     first_step_watchdog_s: float
-    def __init__(self, steps: _Optional[int] = ..., micro_batch_size: _Optional[int] = ..., num_microbatches: _Optional[int] = ..., schedule: _Optional[_Union[Schedule, str]] = ..., lr: _Optional[float] = ..., weight_decay: _Optional[float] = ..., seed: _Optional[int] = ..., checkpoint_dir: _Optional[str] = ..., checkpoint_every: _Optional[int] = ..., save_part: _Optional[bool] = ..., start_step: _Optional[int] = ..., upload_parts: _Optional[bool] = ..., snapshot_dir: _Optional[str] = ..., optimizer: _Optional[str] = ..., momentum: _Optional[float] = ..., lr_schedule: _Optional[str] = ..., warmup_steps: _Optional[int] = ..., min_lr_ratio: _Optional[float] = ..., grad_clip: _Optional[float] = ..., eval_every: _Optional[int] = ..., eval_microbatches: _Optional[int] = ..., precision: _Optional[str] = ..., trace_every: _Optional[int] = ..., watchdog_s: _Optional[float] = ..., first_step_watchdog_s: _Optional[float] = ...) -> None: ...
+    eval_before_start: bool
+    def __init__(self, steps: _Optional[int] = ..., micro_batch_size: _Optional[int] = ..., num_microbatches: _Optional[int] = ..., schedule: _Optional[_Union[Schedule, str]] = ..., lr: _Optional[float] = ..., weight_decay: _Optional[float] = ..., seed: _Optional[int] = ..., checkpoint_dir: _Optional[str] = ..., checkpoint_every: _Optional[int] = ..., save_part: _Optional[bool] = ..., start_step: _Optional[int] = ..., upload_parts: _Optional[bool] = ..., snapshot_dir: _Optional[str] = ..., optimizer: _Optional[str] = ..., momentum: _Optional[float] = ..., lr_schedule: _Optional[str] = ..., warmup_steps: _Optional[int] = ..., min_lr_ratio: _Optional[float] = ..., grad_clip: _Optional[float] = ..., eval_every: _Optional[int] = ..., eval_microbatches: _Optional[int] = ..., precision: _Optional[str] = ..., trace_every: _Optional[int] = ..., watchdog_s: _Optional[float] = ..., first_step_watchdog_s: _Optional[float] = ..., eval_before_start: _Optional[bool] = ...) -> None: ...
 
 class RestoreSpec(_message.Message):
     __slots__ = ("checkpoint_dir",)
@@ -633,7 +635,7 @@ class StagePlace(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., pipeline: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., region: _Optional[str] = ..., node: _Optional[str] = ...) -> None: ...
 
 class StepMetrics(_message.Message):
-    __slots__ = ("step", "stage_index", "has_loss", "loss", "step_s", "compute_s", "comm_s", "tokens", "forward_raw_bytes", "forward_wire_bytes", "backward_raw_bytes", "backward_wire_bytes", "pipeline_index", "sync_s", "sync_raw_bytes", "sync_wire_bytes", "lr", "grad_norm", "has_eval_loss", "eval_loss", "trace", "from_prev", "from_next", "outer_launched", "outer_applied", "outer_s", "outer_raw_bytes", "outer_wire_bytes", "peak_activation_bytes", "peak_used_bytes", "parts")
+    __slots__ = ("step", "stage_index", "has_loss", "loss", "step_s", "compute_s", "comm_s", "tokens", "forward_raw_bytes", "forward_wire_bytes", "backward_raw_bytes", "backward_wire_bytes", "pipeline_index", "sync_s", "sync_raw_bytes", "sync_wire_bytes", "lr", "grad_norm", "has_eval_loss", "eval_loss", "trace", "from_prev", "from_next", "outer_launched", "outer_applied", "outer_s", "outer_raw_bytes", "outer_wire_bytes", "peak_activation_bytes", "peak_used_bytes", "eval_follows", "eval_only", "parts")
     STEP_FIELD_NUMBER: _ClassVar[int]
     STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
     HAS_LOSS_FIELD_NUMBER: _ClassVar[int]
@@ -664,6 +666,8 @@ class StepMetrics(_message.Message):
     OUTER_WIRE_BYTES_FIELD_NUMBER: _ClassVar[int]
     PEAK_ACTIVATION_BYTES_FIELD_NUMBER: _ClassVar[int]
     PEAK_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    EVAL_FOLLOWS_FIELD_NUMBER: _ClassVar[int]
+    EVAL_ONLY_FIELD_NUMBER: _ClassVar[int]
     PARTS_FIELD_NUMBER: _ClassVar[int]
     step: int
     stage_index: int
@@ -695,8 +699,10 @@ class StepMetrics(_message.Message):
     outer_wire_bytes: int
     peak_activation_bytes: int
     peak_used_bytes: int
+    eval_follows: bool
+    eval_only: bool
     parts: _containers.RepeatedCompositeFieldContainer[PartStep]
-    def __init__(self, step: _Optional[int] = ..., stage_index: _Optional[int] = ..., has_loss: _Optional[bool] = ..., loss: _Optional[float] = ..., step_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., comm_s: _Optional[float] = ..., tokens: _Optional[int] = ..., forward_raw_bytes: _Optional[int] = ..., forward_wire_bytes: _Optional[int] = ..., backward_raw_bytes: _Optional[int] = ..., backward_wire_bytes: _Optional[int] = ..., pipeline_index: _Optional[int] = ..., sync_s: _Optional[float] = ..., sync_raw_bytes: _Optional[int] = ..., sync_wire_bytes: _Optional[int] = ..., lr: _Optional[float] = ..., grad_norm: _Optional[float] = ..., has_eval_loss: _Optional[bool] = ..., eval_loss: _Optional[float] = ..., trace: _Optional[_Iterable[_Union[TraceEvent, _Mapping]]] = ..., from_prev: _Optional[_Union[LinkTransit, _Mapping]] = ..., from_next: _Optional[_Union[LinkTransit, _Mapping]] = ..., outer_launched: _Optional[int] = ..., outer_applied: _Optional[int] = ..., outer_s: _Optional[float] = ..., outer_raw_bytes: _Optional[int] = ..., outer_wire_bytes: _Optional[int] = ..., peak_activation_bytes: _Optional[int] = ..., peak_used_bytes: _Optional[int] = ..., parts: _Optional[_Iterable[_Union[PartStep, _Mapping]]] = ...) -> None: ...
+    def __init__(self, step: _Optional[int] = ..., stage_index: _Optional[int] = ..., has_loss: _Optional[bool] = ..., loss: _Optional[float] = ..., step_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., comm_s: _Optional[float] = ..., tokens: _Optional[int] = ..., forward_raw_bytes: _Optional[int] = ..., forward_wire_bytes: _Optional[int] = ..., backward_raw_bytes: _Optional[int] = ..., backward_wire_bytes: _Optional[int] = ..., pipeline_index: _Optional[int] = ..., sync_s: _Optional[float] = ..., sync_raw_bytes: _Optional[int] = ..., sync_wire_bytes: _Optional[int] = ..., lr: _Optional[float] = ..., grad_norm: _Optional[float] = ..., has_eval_loss: _Optional[bool] = ..., eval_loss: _Optional[float] = ..., trace: _Optional[_Iterable[_Union[TraceEvent, _Mapping]]] = ..., from_prev: _Optional[_Union[LinkTransit, _Mapping]] = ..., from_next: _Optional[_Union[LinkTransit, _Mapping]] = ..., outer_launched: _Optional[int] = ..., outer_applied: _Optional[int] = ..., outer_s: _Optional[float] = ..., outer_raw_bytes: _Optional[int] = ..., outer_wire_bytes: _Optional[int] = ..., peak_activation_bytes: _Optional[int] = ..., peak_used_bytes: _Optional[int] = ..., eval_follows: _Optional[bool] = ..., eval_only: _Optional[bool] = ..., parts: _Optional[_Iterable[_Union[PartStep, _Mapping]]] = ...) -> None: ...
 
 class PartStep(_message.Message):
     __slots__ = ("stage_index", "compute_s", "forward_raw_bytes", "forward_wire_bytes", "backward_raw_bytes", "backward_wire_bytes")

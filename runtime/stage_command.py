@@ -465,6 +465,7 @@ def _train(cmd: pb.RunStage, executor: StageExecutor, batches: TokenBatches | No
                            stage.window)
     evaluation = StepEvaluation(train, stage, executor, eval_batches, actions)
     tokens = train.micro_batch_size * train.num_microbatches * spec.seq_len
+    evaluation.before_first_step(reports.step)
     for step in range(train.start_step, train.steps):
         move = gate.before_step(step)
         if move is not None:

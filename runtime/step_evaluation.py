@@ -5,8 +5,12 @@ Evaluated after the step, the forwards go through the pipeline while training st
 evaluation fill (`StageSpec.eval_fill`: this stage's actions with E's in its idle time, placed by
 the coordinator from the plan's simulation; runtime/bubble_fill.py) the evaluation due after step
 n runs instead inside step n + 1: its weights are still step n's until that step's optimizer
-update, so the loss is the same number. The last stage holds step n's report until then and
-sends it with the loss; the other stages report as usual.
+update, so the loss is the same number. The last stage reports step n at once, marked
+`eval_follows`, and sends the loss in a report of its own for step n (`eval_only`) when step
+n + 1 has measured it: a failure in step n + 1 then loses at most that held-out loss, never step
+n's training loss (it once did: the report was held until the loss came). After a restore whose
+first step is n + 1 the coordinator asks for the loss again (`TrainSpec.eval_before_start`), and
+the first step measures it in its bubbles as it would have.
 
 Every stage decides the same way from the same inputs (the training spec and the step), so the
 stages agree on which steps carry E's. Evaluation still runs after the step where nothing follows
@@ -37,40 +41,44 @@ class StepEvaluation:
         if eval_batches is not None and train.eval_every:  # the same windows every time, so the curve compares
             self.held_out = eval_batches.micro_batches(0, train.micro_batch_size, train.eval_microbatches)
         self.filled = _fill(stage, train, actions) if train.eval_every and stage.eval_fill else None
-        self.pending = False  # the evaluation due after the last step runs in this step's E's
-        self._held: pb.StepMetrics | None = None  # that step's report, the last stage's
+        # The step whose held-out loss this step's E's measure (None: no E's in this step).
+        self.pending: int | None = None
+        if train.eval_every and train.eval_before_start and train.start_step > 0:
+            self.pending = train.start_step - 1
 
     def step_actions(self) -> tuple[list[Action], list | None]:
         """This step's actions and the held-out micro-batches its E's evaluate."""
-        return (self.filled, self.held_out) if self.pending else (self.actions, None)
+        return (self.filled, self.held_out) if self.pending is not None else (self.actions, None)
+
+    def before_first_step(self, report: Callable[[pb.StepMetrics], None]) -> None:
+        """A loss asked for again after a restore, with no fill to measure it in: measured now."""
+        if self.pending is not None and self.filled is None:
+            self._deliver(self.executor.evaluate(self.held_out, self.train.eval_microbatches), report)
 
     def before_move(self, report: Callable[[pb.StepMetrics], None]) -> None:
         """A live move comes before this step: what was to run in its bubbles runs now, whole."""
-        if self.pending:
+        if self.pending is not None:
             self._deliver(self.executor.evaluate(self.held_out, self.train.eval_microbatches), report)
 
     def after_step(self, done: int, eval_loss: float | None, metrics: pb.StepMetrics,
                    report: Callable[[pb.StepMetrics], None]) -> None:
         """Report the step's `metrics`, with the held-out loss evaluated after it or held for the
         next step's bubbles; `eval_loss` is what this step's E's measured, for the step before."""
-        if self.pending:
+        if self.pending is not None:
             self._deliver(eval_loss, report)
         if not eval_due(self.train, done):
             report(metrics)
         elif self.filled is not None and done < self.train.steps and not self._checkpointed(done):
-            self.pending = True
-            if self.executor.is_last:
-                self._held = metrics
-            else:
-                report(metrics)
+            self.pending = metrics.step
+            metrics.eval_follows = self.executor.is_last
+            report(metrics)
         else:
             report(_with_eval(metrics, self.executor.evaluate(self.held_out, self.train.eval_microbatches)))
 
     def _deliver(self, eval_loss: float | None, report: Callable[[pb.StepMetrics], None]) -> None:
-        self.pending = False
-        if self._held is not None:
-            report(_with_eval(self._held, eval_loss))
-            self._held = None
+        step, self.pending = self.pending, None
+        if self.executor.is_last:
+            report(_with_eval(pb.StepMetrics(step=step, eval_only=True), eval_loss))
 
     def _checkpointed(self, done: int) -> bool:
         return bool(self.train.checkpoint_dir) and self.train.checkpoint_every > 0 and \

@@ -127,9 +127,10 @@ class TaskRelay:
         try:
             for event in worker.events():
                 kind = event.WhichOneof("kind")
-                self.watchdog.progressed(event.step.step if kind == "step" else None)
+                took_step = kind == "step" and not event.step.eval_only  # not a late held-out loss
+                self.watchdog.progressed(event.step.step if took_step else None)
                 if kind == "step":
-                    self.step = event.step.step
+                    self.step = event.step.step if took_step else self.step
                     self.step_reports.report(pb.ReportStepRequest(agent_id=self.agent_id, metrics=event.step,
                                                                   generation=generation))
                 elif kind == "checkpoint":

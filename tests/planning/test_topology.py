@@ -15,7 +15,7 @@ from hetlaunch.launcher.cluster_yaml import parse_cluster
 from hetlaunch.launcher.planning.plan import Plan, StagePlan, planned, static_plan
 from hetlaunch.launcher.planning.planner import plan as plan_from_profile
 from hetlaunch.launcher.planning.topology import Placement, SeveralStagesError, Topology
-from hetlaunch.launcher.run_record import StepAggregator
+from hetlaunch.launcher.step_aggregator import StepAggregator
 from hetlaunch.launcher.stage_launch import layout_of
 from hetlaunch.protos import control_pb2 as pb
 

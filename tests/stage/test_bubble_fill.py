@@ -119,6 +119,49 @@ def test_a_bad_fill_is_refused_in_one_line():
         assert message in str(err.value) and "\n" not in str(err.value), (text, err.value)
 
 
+def _run_steps(evaluation: StepEvaluation, stage: StageExecutor, steps: range) -> list[pb.StepMetrics]:
+    sent: list[pb.StepMetrics] = []
+    evaluation.before_first_step(sent.append)
+    for step in steps:
+        actions, held_out = evaluation.step_actions()
+        result = stage.train_step(actions, _batches(step), 3, eval_microbatches=held_out)
+        evaluation.after_step(step + 1, result.eval_loss, pb.StepMetrics(step=step, has_loss=True, loss=result.loss),
+                              sent.append)
+    return sent
+
+
+def test_the_last_stage_reports_a_step_at_once_and_its_held_out_loss_in_a_report_of_its_own():
+    """A failure in step n + 1 must not take step n's report with it (a held report once did):
+    step n goes out at once, marked eval_follows, and step n + 1's E's loss goes out for step n
+    as eval_only before step n + 1's own report. After a restore at step 2 that asks for step 1's
+    held-out loss again (eval_before_start), the first step measures it in its bubbles."""
+    held_out = _batches(9, 2)
+    fill = " ".join(a.label for a in WITH_E)
+    spec = pb.StageSpec(stage_index=0, num_stages=1, eval_fill=fill)
+    train = _train_spec(steps=3, num_microbatches=3, eval_every=1)
+    plain, stage = _stage(), _stage()
+    expected = []
+    for step in range(3):
+        plain.train_step(ACTIONS, _batches(step), 3)
+        expected.append(plain.evaluate(held_out, 2))
+    evaluation = StepEvaluation(train, spec, stage, None, ACTIONS)
+    evaluation.held_out = held_out
+    sent = _run_steps(evaluation, stage, range(3))
+    assert [(m.step, m.eval_only, m.eval_follows, m.has_eval_loss) for m in sent] == [
+        (0, False, True, False), (0, True, False, True), (1, False, True, False), (1, True, False, True),
+        (2, False, False, True)]  # the last step's loss is measured after it: nothing follows it
+    assert [m.eval_loss for m in sent if m.has_eval_loss] == expected
+
+    restored = _stage()
+    for step in range(2):
+        restored.train_step(ACTIONS, _batches(step), 3)
+    again = StepEvaluation(_train_spec(steps=3, num_microbatches=3, eval_every=1, start_step=2, eval_before_start=True),
+                           spec, restored, None, ACTIONS)
+    again.held_out = held_out
+    sent = _run_steps(again, restored, range(2, 3))
+    assert [(m.step, m.eval_only, m.eval_loss) for m in sent] == [(1, True, expected[1]), (2, False, expected[2])]
+
+
 def _two_stages(rank: int, out_dir: str) -> None:
     """Stage 1 reaches E0 first thing, long before stage 0 sends it (stage 0 evaluates after its
     backwards, which wait for stage 1's): an E that waited for its input there would deadlock the

@@ -20,7 +20,8 @@ from hetlaunch.launcher.generation import _Reports
 from hetlaunch.launcher.job_driver import _late_steps, _record_late_steps
 from hetlaunch.launcher.planning.plan import Plan, StagePlan
 from hetlaunch.launcher.progress import TrainingProgress
-from hetlaunch.launcher.run_record import RunRecord, StepAggregator
+from hetlaunch.launcher.run_record import RunRecord
+from hetlaunch.launcher.step_aggregator import StepAggregator
 from hetlaunch.protos import control_pb2 as pb
 
 NODES = ["a", "b", "c", "d"]  # two pipelines: a -> b and c -> d
@@ -158,3 +159,60 @@ def test_a_resumed_run_with_a_gap_still_records_the_next_generations_late_steps(
             state.report_step(node, generation, _metrics(node, step))
     _record_late_steps(SimpleNamespace(state=state), aggregator, record, 5, 8, wait_s=0)
     assert [r.step for r in record.records] == [0, 1, 2, 5, 6, 7] and record.accounted() == 8
+
+
+def _late_eval(node: str, step: int, loss: float) -> pb.StepMetrics:
+    return pb.StepMetrics(step=step, eval_only=True, has_eval_loss=True, eval_loss=loss)
+
+
+def test_a_step_whose_held_out_loss_comes_later_waits_for_it_and_keeps_its_training_loss_if_it_never_comes(tmp_path):
+    """Evaluation in the bubbles: the last stages report step 4 at once (`eval_follows`), and its
+    held-out loss in reports of their own during step 5. Step 4 is recorded once both came; when
+    step 5 fails before they do, step 4 is recorded with its training loss, its held-out loss
+    awaited; held back for the next generation, whose last stages' late reports complete it."""
+    aggregator = StepAggregator(_plan())
+    for node in NODES:
+        metrics = _metrics(node, 4)
+        metrics.eval_follows = node in ("b", "d")
+        assert aggregator.add(node, metrics) is None  # every stage reported: the held-out loss has not
+    assert aggregator.add("b", _late_eval("b", 4, 3.0)) is None
+    record = aggregator.add("d", _late_eval("d", 4, 5.0))
+    assert record is not None and record.step == 4 and record.eval_loss == 4.0 and record.loss == 5.0
+    # Step 5's reports came, then step 6 failed before its E's measured step 5's held-out loss.
+    for node in NODES:
+        metrics = _metrics(node, 5)
+        metrics.eval_follows = node in ("b", "d")
+        aggregator.add(node, metrics)
+    (late,) = aggregator.incomplete(before=6)
+    assert late.step == 5 and late.loss == 6.0 and late.eval_loss is None and late.eval_awaited and not late.missing
+
+    record = RunRecord(tmp_path)
+    record.hold_for_eval(late)
+    assert record.next_step == 6 and record.accounted() == 1 and record.give_up_before(6, since=5) == []
+    assert not (tmp_path / "metrics.jsonl").read_text()  # kept back for its held-out loss
+    after = StepAggregator(_plan(), carried=record.awaiting_eval)  # the next generation, first step measures it
+    assert after.add("b", _late_eval("b", 5, 2.0)) is None
+    done = after.add("d", _late_eval("d", 5, 2.5))
+    assert done is late and done.eval_loss == 2.25 and not done.eval_awaited
+    record.add(done)
+    record.close()
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 1 and '"eval_loss": 2.25' in lines[0]
+
+
+def test_a_held_record_whose_held_out_loss_never_comes_is_written_without_it(tmp_path):
+    aggregator = StepAggregator(_plan())
+    for node in NODES:
+        metrics = _metrics(node, 2)
+        metrics.eval_follows = node in ("b", "d")
+        aggregator.add(node, metrics)
+    (late,) = aggregator.incomplete(before=3)
+    record = RunRecord(tmp_path)
+    record.hold_for_eval(late)
+    assert record.rewind(3) == 0 and record.awaiting_eval is late  # the restore is after it: still held
+    record.close()  # the run ends (e.g. `down`) before another generation measured it
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 1 and '"step": 2' in lines[0] and "eval_loss" not in lines[0]
+    again = RunRecord(tmp_path / "again")
+    again.hold_for_eval(late)
+    assert again.rewind(2) == 0 and again.awaiting_eval is None  # restored before it: step 2 runs again

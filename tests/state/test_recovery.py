@@ -29,13 +29,13 @@ HEARTBEAT_TIMEOUT_S = 10
 
 
 def cluster_yaml(pinned: list[tuple[str, int, int, int]], steps: int = STEPS, every: int = 5, extra: str = "",
-                 node_extra: str = "", heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S) -> str:
+                 node_extra: str = "", heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S, train_extra: str = "") -> str:
     nodes = "\n".join(f"  - {{name: {name}, device: cpu, threads: 1, layers: [{a}, {b}], pipeline: {p}{node_extra}}}"
                       for name, a, b, p in pinned)
     return f"""name: ft
 coordinator: {{heartbeat_interval_s: 0.5, heartbeat_timeout_s: {heartbeat_timeout_s}}}
 model: {{preset: tiny, n_layers: 2, seq_len: 32, d_model: 32}}
-train: {{steps: {steps}, micro_batch_size: 4, num_microbatches: 4, checkpoint_every: {every}}}
+train: {{steps: {steps}, micro_batch_size: 4, num_microbatches: 4, checkpoint_every: {every}{train_extra}}}
 compression: {{intra_region: none, cross_region: none, sync: none}}  # exact numerics: nothing lossy
 {extra}
 nodes:
@@ -52,7 +52,8 @@ def assert_every_step_once(run_dir: Path, steps: int = STEPS) -> list[dict]:
     return records
 
 
-def resume_on(tmp_path: Path, source_run: Path, checkpoint: Path, plan: dict, name: str, steps: int = STEPS) -> Path:
+def resume_on(tmp_path: Path, source_run: Path, checkpoint: Path, plan: dict, name: str, steps: int = STEPS,
+              train_extra: str = "") -> Path:
     """A fault-free run that starts from `checkpoint` on `plan`'s cut: a run directory holding only
     that checkpoint and the steps before it, resumed with the plan's layers pinned."""
     step = int(checkpoint.name.split("-")[1])
@@ -62,7 +63,7 @@ def resume_on(tmp_path: Path, source_run: Path, checkpoint: Path, plan: dict, na
     (run_dir / "metrics.jsonl").write_text("".join(line + "\n" for line in kept))
     pinned = [(s["node"], s["layer_start"], s["layer_end"], s["pipeline"]) for s in plan["stages"]]
     yaml_path = tmp_path / f"{name}.yaml"
-    yaml_path.write_text(cluster_yaml(pinned, steps=steps))
+    yaml_path.write_text(cluster_yaml(pinned, steps=steps, train_extra=train_extra))
     result = run_hetlaunch("up", str(yaml_path), "--resume", str(run_dir), timeout=150)
     assert result.returncode == 0, result.stderr + result.stdout
     return run_dir
@@ -100,6 +101,30 @@ def test_killed_worker_run_finishes_and_matches_a_fault_free_run_from_the_same_s
 
     reference = resume_on(tmp_path, run_dir, Path(restore["directory"]), last_generation["plan"], "reference")
     assert_losses_equal(records, metrics(reference), restore["step"])
+
+
+@pytest.mark.timeout(300)
+def test_a_worker_killed_in_a_step_that_evaluates_in_its_bubbles_loses_no_held_out_loss(tmp_path):
+    """With `eval_every: 1` every step carries the evaluation due after the step before it (E
+    actions in its bubbles; the last stage holds that step's record until the loss comes), so the
+    kill lands in such a step whenever it comes. Every step is still recorded once, each with its
+    held-out loss, and those after the restore equal a fault-free run from the same state."""
+    steps, evaluate = 30, ", eval_every: 1, eval_microbatches: 2"
+    run_dir, rc, stderr, _ = run_and_hurt(
+        tmp_path, cluster_yaml(TWO_PIPELINES, steps=steps, every=50, train_extra=evaluate),
+        lambda: worker_of("n3").send_signal(signal.SIGKILL), at_step=12)
+    assert rc == 0, stderr
+    records = assert_every_step_once(run_dir, steps)
+    assert all(isinstance(r.get("eval_loss"), float) and r["eval_loss"] > 0 for r in records), records
+    log = events(run_dir)
+    restore = [e for e in log if e["event"] == "restore"][-1]
+    assert restore["source"] == "replica" and restore["step"] >= 12, log
+    last_generation = [e for e in log if e["event"] == "generation"][-1]
+    reference = metrics(resume_on(tmp_path, run_dir, Path(restore["directory"]), last_generation["plan"], "reference",
+                                  steps=steps, train_extra=evaluate))
+    pairs = [(g["eval_loss"], w["eval_loss"]) for g, w in zip(records, reference) if g["step"] >= restore["step"]]
+    assert pairs and all(abs(g - w) / abs(w) <= 1e-5 for g, w in pairs), pairs
+    assert_losses_equal(records, reference, restore["step"])
 
 
 @pytest.mark.timeout(300)
