@@ -1,10 +1,11 @@
-"""What bf16 costs or buys on this machine: tokens/s of bf16 ÷ fp32, and the loss gap.
+"""What bf16 costs or buys on this machine: the loss gap to fp32, and tokens/s of bf16 ÷ fp32.
 
 The local example's shape without emulation: the tiny preset cut into three pinned stages on
-three local agents, the defaults users get (`compression: auto`), 200 steps, alternated
-fp32, bf16, fp32, bf16 (bench/_harness.py alternate). Throughput is the median of each run's
-steady steps; the loss gap is the mean of the last 10 steps' losses, bf16 against fp32, as a
-fraction. A CPU without bf16 arithmetic (AVX512-BF16/AMX) runs bf16 autocast slower than fp32:
+three local agents, the defaults users get (`compression: auto`, `link_rounding: stochastic`),
+200 steps, for each of 3 seeds fp32 and bf16 alternated (bench/_harness.py alternate), and bf16
+rounding onto links to nearest beside them (what it did before: 5.7% above fp32 on seed 0).
+The loss gap is the mean over seeds of each run's last 10 steps' losses, bf16 against fp32, as
+a fraction; throughput is the median of each run's steady steps. A CPU without bf16 arithmetic (AVX512-BF16/AMX) runs bf16 autocast slower than fp32:
 the figure says what a CPU user gets; the GPU figure comes from bench/gpu_check.sh.
 """
 
@@ -18,13 +19,14 @@ from _clusters import run_cli
 from _harness import NullReporter, Reporter, Side, alternate, compare, temporary_dir
 
 TOKENS_PER_STEP = 8 * 4 * 64  # the tiny preset's defaults: micro_batch_size 8, 4 micro-batches, seq_len 64
-LOSS_TARGET = 0.03
+LOSS_TARGET = 0.02  # issue 28: bf16's final loss within 2% of fp32's, over 3 seeds
+SEEDS = (0, 1, 2)
 
 
-def cluster(precision: str, steps: int) -> str:
+def cluster(precision: str, steps: int, seed: int = 0, link_rounding: str = "stochastic") -> str:
     return f"""name: precision-{precision}
 model: {{preset: tiny}}
-train: {{steps: {steps}, precision: {precision}, checkpoint_every: 0, seed: 0}}
+train: {{steps: {steps}, precision: {precision}, link_rounding: {link_rounding}, checkpoint_every: 0, seed: {seed}}}
 nodes:
   - {{name: a, device: cpu, threads: 1, layers: [0, 2]}}
   - {{name: b, device: cpu, threads: 1, layers: [2, 4]}}
@@ -34,30 +36,47 @@ nodes:
 
 def run(quick: bool, reporter: Reporter | None = None) -> dict:
     reporter = reporter or NullReporter()
-    steps, warmup, reps = (40, 5, 1) if quick else (200, 10, 2)
+    steps, warmup, seeds = (40, 5, SEEDS[:1]) if quick else (200, 10, SEEDS)
     cache = temporary_dir("hetlaunch-bench-cache-")
-    reporter.total(2 * reps + 1)
+    reporter.total(3 * len(seeds) + 1)
 
-    def side(precision: str) -> Side:
+    def side(key: str, precision: str, seed: int, link_rounding: str = "stochastic") -> Side:
         def once() -> dict:
-            tmp = run_cli("up", cluster(precision, steps), ["--run-dir", "{tmp}/run"], 900, cache)
+            tmp = run_cli("up", cluster(precision, steps, seed, link_rounding), ["--run-dir", "{tmp}/run"], 900, cache)
             records = [json.loads(line) for line in (tmp / "run" / "metrics.jsonl").read_text().splitlines() if line]
-            return {"step_s": [r["step_s"] for r in records], "loss": [r["loss"] for r in records]}
-        return Side(precision, precision, once)
+            return {"seed": seed, "step_s": [r["step_s"] for r in records], "loss": [r["loss"] for r in records]}
+        return Side(key, f"{key} seed {seed}", once)
 
-    measured = alternate(side("bf16"), side("fp32"), reps, reporter, retry_budget_s=300)
-    result = compare(measured, "bf16", "fp32", TOKENS_PER_STEP, warmup, target=1.0)
-    final = {p: statistics.mean(statistics.mean(r["loss"][-10:]) for r in measured["runs"][p]) for p in ("bf16", "fp32")}
-    gap = (final["bf16"] - final["fp32"]) / final["fp32"]
+    # Per seed: bf16 (the default rounding onto links, stochastic) and fp32 alternated, for
+    # throughput and loss; then bf16 rounding to nearest, for its loss only.
+    runs: dict[str, list[dict]] = {"bf16": [], "fp32": [], "bf16-nearest": []}
+    for seed in seeds:
+        pair = alternate(side("bf16", "bf16", seed), side("fp32", "fp32", seed), 1, reporter, retry_budget_s=120)
+        for key in ("bf16", "fp32"):
+            runs[key] += pair["runs"][key]
+        reporter.advance(f"bf16 rounding to nearest, seed {seed}")
+        runs["bf16-nearest"].append(side("bf16-nearest", "bf16", seed, "nearest").run_once())
+    result = compare({"runs": runs}, "bf16", "fp32", TOKENS_PER_STEP, warmup, target=1.0)
+    final = {key: [statistics.mean(r["loss"][-10:]) for r in rs] for key, rs in runs.items()}  # per seed
+    mean = {key: statistics.mean(values) for key, values in final.items()}
+    gap = {key: (mean[key] - mean["fp32"]) / mean["fp32"] for key in ("bf16", "bf16-nearest")}
     return {
-        "description": "tiny preset, 3 pinned local stages, compression auto, bf16 vs fp32 alternated",
-        "config": {"steps": steps, "warmup": warmup, "reps": reps, "cluster": cluster("bf16", steps)},
+        "description": "tiny preset, 3 pinned local stages, compression auto, 200 steps: bf16 (link_rounding "
+                       "stochastic, the default) vs fp32 alternated per seed, and bf16 rounding to nearest, "
+                       f"seeds {list(seeds)}",
+        "config": {"steps": steps, "warmup": warmup, "seeds": list(seeds), "cluster": cluster("bf16", steps)},
         **result,
-        "figure": {"name": "bf16 / fp32 tokens/s (CPU)", "value": result["ratio"], "target": "report"},
-        "final_loss": final,
-        "loss_gap": gap,
-        "met": abs(gap) <= LOSS_TARGET,
-        "measured": measured,
+        "figure": {"name": "bf16 final loss vs fp32 (mean over seeds)", "value": gap["bf16"],
+                   "target": f"|gap| <= {LOSS_TARGET}"},
+        "final_loss_per_seed": final,  # the mean of each run's last 10 steps
+        "final_loss": mean,
+        "loss_gap": gap["bf16"],  # (bf16 - fp32) / fp32 of the seeds' means
+        "loss_gap_nearest": gap["bf16-nearest"],
+        "loss_gap_per_seed": {key: [(x - y) / y for x, y in zip(final[key], final["fp32"])]
+                              for key in ("bf16", "bf16-nearest")},
+        "throughput_ratio": result["ratio"],  # bf16 / fp32 tokens/s on this CPU
+        "met": abs(gap["bf16"]) <= LOSS_TARGET,
+        "runs": runs,
     }
 
 

@@ -40,7 +40,8 @@ def launch_devices(session: ClusterSession, plan: Plan, spec, restore: Restore, 
                          optimizer=t.optimizer, momentum=t.momentum, lr_schedule=t.lr_schedule,
                          warmup_steps=t.warmup_steps, min_lr_ratio=t.min_lr_ratio, grad_clip=t.grad_clip,
                          eval_every=t.eval_every, eval_microbatches=t.eval_microbatches, precision=t.precision,
-                         trace_every=0, **watchdog_bounds(t.watchdog_s, plan.predicted_step_s))
+                         link_rounding=t.link_rounding, trace_every=0,
+                         **watchdog_bounds(t.watchdog_s, plan.predicted_step_s))
     session.begin_generation()
     layout = [pb.StagePlace(rank=device_rank(plan, q.node), pipeline=0, layer_start=q.layer_start,
                             layer_end=q.layer_end, region=getattr(q.source, "region", "") or "", node=q.node)

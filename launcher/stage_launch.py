@@ -49,7 +49,7 @@ def launch(session: ClusterSession, plan: Plan, spec, restore: Restore, checkpoi
                              lr_schedule=t.lr_schedule, warmup_steps=t.warmup_steps, min_lr_ratio=t.min_lr_ratio,
                              grad_clip=t.grad_clip, eval_every=t.eval_every, eval_microbatches=t.eval_microbatches,
                              eval_before_start=eval_before_start,
-                             precision=t.precision, trace_every=cluster.observe.trace_every,
+                             precision=t.precision, link_rounding=t.link_rounding, trace_every=cluster.observe.trace_every,
                              **watchdog_bounds(t.watchdog_s, plan.predicted_step_s, _outer_wait_s(plan)))
         for placement in stages:
             node = cluster.node(placement.node)

@@ -353,7 +353,7 @@ class DataSpec(_message.Message):
     def __init__(self, path: _Optional[str] = ..., seed: _Optional[int] = ..., format: _Optional[str] = ..., dtype: _Optional[str] = ..., eval_fraction: _Optional[float] = ...) -> None: ...
 
 class TrainSpec(_message.Message):
-    __slots__ = ("steps", "micro_batch_size", "num_microbatches", "schedule", "lr", "weight_decay", "seed", "checkpoint_dir", "checkpoint_every", "save_part", "start_step", "upload_parts", "snapshot_dir", "optimizer", "momentum", "lr_schedule", "warmup_steps", "min_lr_ratio", "grad_clip", "eval_every", "eval_microbatches", "precision", "trace_every", "watchdog_s", "first_step_watchdog_s", "eval_before_start")
+    __slots__ = ("steps", "micro_batch_size", "num_microbatches", "schedule", "lr", "weight_decay", "seed", "checkpoint_dir", "checkpoint_every", "save_part", "start_step", "upload_parts", "snapshot_dir", "optimizer", "momentum", "lr_schedule", "warmup_steps", "min_lr_ratio", "grad_clip", "eval_every", "eval_microbatches", "precision", "trace_every", "watchdog_s", "first_step_watchdog_s", "eval_before_start", "link_rounding")
     STEPS_FIELD_NUMBER: _ClassVar[int]
     MICRO_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     NUM_MICROBATCHES_FIELD_NUMBER: _ClassVar[int]
@@ -380,6 +380,7 @@ class TrainSpec(_message.Message):
     WATCHDOG_S_FIELD_NUMBER: _ClassVar[int]
     FIRST_STEP_WATCHDOG_S_FIELD_NUMBER: _ClassVar[int]
     EVAL_BEFORE_START_FIELD_NUMBER: _ClassVar[int]
+    LINK_ROUNDING_FIELD_NUMBER: _ClassVar[int]
     steps: int
     micro_batch_size: int
     num_microbatches: int
@@ -406,7 +407,8 @@ class TrainSpec(_message.Message):
     watchdog_s: float
     first_step_watchdog_s: float
     eval_before_start: bool
-    def __init__(self, steps: _Optional[int] = ..., micro_batch_size: _Optional[int] = ..., num_microbatches: _Optional[int] = ..., schedule: _Optional[_Union[Schedule, str]] = ..., lr: _Optional[float] = ..., weight_decay: _Optional[float] = ..., seed: _Optional[int] = ..., checkpoint_dir: _Optional[str] = ..., checkpoint_every: _Optional[int] = ..., save_part: _Optional[bool] = ..., start_step: _Optional[int] = ..., upload_parts: _Optional[bool] = ..., snapshot_dir: _Optional[str] = ..., optimizer: _Optional[str] = ..., momentum: _Optional[float] = ..., lr_schedule: _Optional[str] = ..., warmup_steps: _Optional[int] = ..., min_lr_ratio: _Optional[float] = ..., grad_clip: _Optional[float] = ..., eval_every: _Optional[int] = ..., eval_microbatches: _Optional[int] = ..., precision: _Optional[str] = ..., trace_every: _Optional[int] = ..., watchdog_s: _Optional[float] = ..., first_step_watchdog_s: _Optional[float] = ..., eval_before_start: _Optional[bool] = ...) -> None: ...
+    link_rounding: str
+    def __init__(self, steps: _Optional[int] = ..., micro_batch_size: _Optional[int] = ..., num_microbatches: _Optional[int] = ..., schedule: _Optional[_Union[Schedule, str]] = ..., lr: _Optional[float] = ..., weight_decay: _Optional[float] = ..., seed: _Optional[int] = ..., checkpoint_dir: _Optional[str] = ..., checkpoint_every: _Optional[int] = ..., save_part: _Optional[bool] = ..., start_step: _Optional[int] = ..., upload_parts: _Optional[bool] = ..., snapshot_dir: _Optional[str] = ..., optimizer: _Optional[str] = ..., momentum: _Optional[float] = ..., lr_schedule: _Optional[str] = ..., warmup_steps: _Optional[int] = ..., min_lr_ratio: _Optional[float] = ..., grad_clip: _Optional[float] = ..., eval_every: _Optional[int] = ..., eval_microbatches: _Optional[int] = ..., precision: _Optional[str] = ..., trace_every: _Optional[int] = ..., watchdog_s: _Optional[float] = ..., first_step_watchdog_s: _Optional[float] = ..., eval_before_start: _Optional[bool] = ..., link_rounding: _Optional[str] = ...) -> None: ...
 
 class RestoreSpec(_message.Message):
     __slots__ = ("checkpoint_dir",)

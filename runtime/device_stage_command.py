@@ -47,7 +47,7 @@ from hetlaunch.runtime.model import build_model_range
 from hetlaunch.runtime.sealing import SealingError
 from hetlaunch.runtime.stage_command import (Island, StageReports, _any_over_model, _named_refusal, _part_message,
                                              _sealing, _stage_memory, _step_metrics, _sum_over_model, checkpoint_due,
-                                             recipe_of, step_rng_seed)
+                                             link_rounding_seed, recipe_of, step_rng_seed)
 from hetlaunch.runtime.step_evaluation import StepEvaluation
 from hetlaunch.runtime.wire import model_spec_from_proto, schedule_name
 
@@ -133,7 +133,7 @@ def _executor(cmd: pb.RunStage, parts: list[pb.StagePartSpec], layers: list, los
     island = Island(None, rdzv.rank, list(ranks.values()), rdzv)
     executor = StageExecutor(layers, loss_fn, is_first=False, is_last=False, device=device, parts=stage_parts,
                              recipe=recipe_of(train), sum_over_model=_sum_over_model(island, device, rdzv.backend),
-                             precision=train.precision or "fp32",
+                             precision=train.precision or "fp32", link_rounding=train.link_rounding or "stochastic",
                              any_over_model=_any_over_model(island, device, rdzv.backend),
                              emulation=emulated_speed(stage.emulate, train.start_step), memory=memory)
     executor.steps_done = train.start_step
@@ -227,6 +227,8 @@ def _train(cmd: pb.RunStage, executor: StageExecutor, batches, eval_batches, wri
              for link, spec in ((part.prev_link, p.prev), (part.next_link, p.next)) if isinstance(link, Link)]
     for step in range(train.start_step, train.steps):
         torch.manual_seed(step_rng_seed(train.seed, step))
+        # one rounding stream for the node's executor (all its stages' links), its own per step
+        executor.wire.reseed(link_rounding_seed(train.seed, step, stage.device_index))
         executor.emulation = emulated_speed(stage.emulate, step)
         for link, link_spec in links:  # a link's emulated bandwidth as the YAML changes it at a step
             if link.emulation is not None:

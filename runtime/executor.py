@@ -31,6 +31,7 @@ from hetlaunch.runtime.memory_limit import StageMemory
 from hetlaunch.runtime.outer_sync import OuterSync
 from hetlaunch.runtime.optim import Recipe, clip_gradients, make_optimizer, set_lr
 from hetlaunch.runtime.precision import LossScaler, autocast, compute_dtype, from_wire, to_wire
+from hetlaunch.runtime.wire_rounding import WireRounding
 from hetlaunch.runtime.actions import B, E, F, I, W, Action
 from hetlaunch.runtime.split_backward import SplitBackward
 from hetlaunch.runtime.tied import TiedParameters
@@ -108,6 +109,7 @@ class StageExecutor:
     sum_over_model: Callable[[torch.Tensor], torch.Tensor] | None = None
     # fp32, or bf16/fp16 autocast over fp32 master weights (runtime/precision.py).
     precision: str = "fp32"
+    link_rounding: str = "stochastic"  # bf16 on links: runtime/wire_rounding.py
     # fp16: whether any stage's gradients overflowed (an all-reduce); None in a single process.
     any_over_model: Callable[[bool], bool] | None = None
     # Emulated slowdown: compute that took t seconds is stretched to t / speed.
@@ -152,6 +154,7 @@ class StageExecutor:
         self._part_of = {part.stage_index: part for part in self.parts} if len(self.parts) > 1 else None
         self.rebuild(self.layers)
         self._dtype = compute_dtype(self.precision)
+        self.wire = WireRounding(self._dtype, self.link_rounding, self.device)  # training's casts at links
         self.scaler = LossScaler() if self.precision == "fp16" else None
 
     def rebuild(self, layers: list[nn.Module]) -> None:
@@ -371,7 +374,7 @@ class StageExecutor:
             inputs = self._received(part.prev_link)
             for t in differentiable(inputs):
                 t.requires_grad_()
-            x = map_tensors(lambda t: from_wire(t, self._dtype), inputs)
+            x = map_tensors(self.wire.receive, inputs)
         with autocast(self.device, self._dtype):
             output = self._timed(part.module, x)
             if part.is_last:
@@ -383,7 +386,7 @@ class StageExecutor:
             if self.scaler is not None:  # in fp32: a half-precision loss times 2**16 would overflow here
                 scaled = scaled.float() * self.scaler.scale
             return _InFlight(inputs, scaled)
-        output = map_tensors(lambda t: to_wire(t, self._dtype), output)
+        output = map_tensors(self.wire.send, output)
         part.next_link.send(output)
         return _InFlight(inputs, output)
 

@@ -90,6 +90,13 @@ def step_rng_seed(seed: int, step: int) -> int:
     return int.from_bytes(digest, "little") >> 1
 
 
+def link_rounding_seed(seed: int, step: int, stage_index: int) -> int:
+    """The step's seed of a stage's stochastic rounding at its links (runtime/wire_rounding.py):
+    its own stream, so dropout's draws are those of a run that rounds to nearest."""
+    digest = hashlib.blake2b(f"hetlaunch-link-rounding:{seed}:{step}:{stage_index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
 def checkpoint_due(train: pb.TrainSpec, done: int) -> bool:
     """Whether a checkpoint is written after `done` steps: every checkpoint_every steps and after
     the last; checkpoint_every 0 is never, not even after the last (as the README and the YAML's
@@ -415,7 +422,7 @@ def _executor(cmd: pb.RunStage, bundle, device: torch.device, memory: StageMemor
                              is_last=stage.stage_index == stage.num_stages - 1, device=device,
                              prev_link=prev_link, next_link=next_link, recipe=recipe_of(train),
                              sum_over_model=_sum_over_model(island, device, backend),
-                             precision=train.precision or "fp32",
+                             precision=train.precision or "fp32", link_rounding=train.link_rounding or "stochastic",
                              any_over_model=_any_over_model(island, device, backend),
                              emulation=emulated_speed(stage.emulate, train.start_step), grad_sync=grad_sync,
                              before_optimizer_step=_pipeline_barrier(dp, cmd.rendezvous.rank, device, backend,
@@ -474,6 +481,7 @@ def _train(cmd: pb.RunStage, executor: StageExecutor, batches: TokenBatches | No
                 writer.wait()  # the part being written holds the old range
             reports.move(move_stage(running, move))
         torch.manual_seed(step_rng_seed(train.seed, step))
+        executor.wire.reseed(link_rounding_seed(train.seed, step, stage.stage_index))
         _emulate_at(executor, stage, step)
         microbatches = None
         if batches is not None:  # the step's global batch, of which this pipeline takes its share
