@@ -8,8 +8,10 @@ layers; where those cover the whole model at a newer step than the last checkpoi
 snapshots are committed as a checkpoint of their own (source "replica") and no step is lost.
 
 Writers are keyed as Topology.checkpoint_writers keys them, (node, stage index), but a part on the
-wire names only its node (and its layers, which a live move changes within a generation): the
-book takes one writer per node and refuses a node with two (planning/topology.py).
+wire names only its node and its layers. A node with one stage is its writer whatever layers its
+part names (a live move changes them within a generation). A node with several stages (interleaved
+1F1B, ZB-V, where live moves are refused) writes one part per stage, and the layer a part starts
+at tells which of its stages wrote it.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hetlaunch.launcher.job_errors import JobError
-from hetlaunch.launcher.planning.topology import Placement, one_per_node
+from hetlaunch.launcher.planning.topology import Placement
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.runtime.checkpoint_manifest import (CheckpointError, PartInfo, checkpoint_dir, latest_checkpoint,
                                                    prune_checkpoints, write_manifest)
@@ -40,7 +42,8 @@ class CheckpointBook:
         self.num_layers = num_layers
         self.extra = extra
         self._writers: dict[tuple[str, int], Placement] = {}  # (node, stage index) -> the stage
-        self._writer_of: dict[str, tuple[str, int]] = {}  # node -> its writer's key
+        # node -> its writer's key; with several stages, first layer -> the key of the stage starting there
+        self._writer_of: dict[str, tuple[str, int] | dict[int, tuple[str, int]]] = {}
         self._parts: dict[int, dict[tuple[str, int], pb.CheckpointPart]] = {}  # step -> writer -> its part
         self.snapshots: dict[str, pb.CheckpointPart] = {}  # node -> the snapshot it wrote this generation
         self.committed = 0
@@ -52,9 +55,12 @@ class CheckpointBook:
     def expect(self, writers: dict[tuple[str, int], Placement]) -> None:
         """A new generation: these stages (Topology.checkpoint_writers) write its checkpoints;
         parts of earlier ones are dropped."""
-        nodes = one_per_node(writers.values(), "committing checkpoints (a part names its node, not its stage)")
+        by_node: dict[str, list[tuple[tuple[str, int], Placement]]] = {}
+        for key, q in writers.items():
+            by_node.setdefault(q.node, []).append((key, q))
         self._writers = dict(writers)
-        self._writer_of = {node: (q.node, q.stage) for node, q in nodes.items()}
+        self._writer_of = {node: mine[0][0] if len(mine) == 1 else {q.layer_start: key for key, q in mine}
+                           for node, mine in by_node.items()}
         self._parts.clear()
         self.snapshots.clear()
 
@@ -67,6 +73,8 @@ class CheckpointBook:
             self.snapshots[node] = part
             return None
         writer = self._writer_of.get(node)
+        if isinstance(writer, dict):  # one of the node's several stages: the one whose layers start there
+            writer = writer.get(part.layer_start)
         if writer is None:
             return None
         self.write_s.append(part.write_s)

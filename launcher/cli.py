@@ -20,7 +20,7 @@ import typer
 
 from hetlaunch.launcher.cli_common import EXIT_BAD_INPUT, EXIT_JOB_FAILED, fail, plain_console
 from hetlaunch.launcher.cli_run_commands import certs_app, down, logs, status
-from hetlaunch.runtime.registry import AUTO_SCHEDULE, SCHEDULE_NAMES
+from hetlaunch.runtime.registry import AUTO_SCHEDULE, DEVICE_SCHEDULE_NAMES, SCHEDULE_NAMES
 
 # gRPC's C core logs its own copy of an error (a failed bind, say) to stderr before Python sees it;
 # the user gets our one line instead. GRPC_VERBOSITY=debug in the environment brings the logs back.
@@ -29,7 +29,7 @@ os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Train one PyTorch model as an uneven pipeline across mixed, spread-out nodes.")
 
-Schedule = Enum("Schedule", {name: name for name in (*SCHEDULE_NAMES, AUTO_SCHEDULE)}, type=str)
+Schedule = Enum("Schedule", {name: name for name in (*SCHEDULE_NAMES, *DEVICE_SCHEDULE_NAMES, AUTO_SCHEDULE)}, type=str)
 
 
 class Terminated(Exception):

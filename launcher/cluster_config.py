@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BeforeValidator, Field, field_validator, model_validator
 
 from hetlaunch.launcher.config_errors import FieldError, show
+from hetlaunch.launcher.device_schedule_checks import check_device_schedule
 from hetlaunch.launcher.config_types import MAX_NAME, Strict, YamlFloat, is_loopback, starts_alnum
 from hetlaunch.launcher.node_config import DataPlaneConfig, DiscoverConfig, LinkConfig, NodeConfig, RegionConfig
 from hetlaunch.launcher.planning.compression import CompressionConfig
@@ -206,6 +207,7 @@ class ClusterConfig(Strict):
             raise FieldError(("coordinator", "tls", "agent_cert"), "required with tls.ca and local nodes: under mutual "
                                                                    "TLS the agents `up` starts present it")
         self._check_encryption()
+        check_device_schedule(self)
         self._check_layers()
         self._check_islands()
         return self

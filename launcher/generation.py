@@ -25,7 +25,7 @@ from hetlaunch.launcher.adapt.payoff import Change
 from hetlaunch.launcher.adapt.replanner import Replanner
 from hetlaunch.launcher.observers import Observers
 from hetlaunch.launcher.planning.plan import Plan
-from hetlaunch.launcher.planning.topology import Topology
+from hetlaunch.launcher.planning.topology import node_workers
 from hetlaunch.launcher.progress import TrainingProgress
 from hetlaunch.launcher.run_record import RunRecord
 from hetlaunch.launcher.step_aggregator import StepAggregator
@@ -108,7 +108,7 @@ class _Reports:
         self.session, self.state, self.record, self.events = session, session.state, record, events
         self.aggregator = StepAggregator(plan, carried=record.awaiting_eval)
         # Results arrive per node: a finished generation is one result from each of the plan's nodes.
-        self.in_plan = Topology.of(plan).by_node("following a generation (a stage's result names its node)")
+        self.in_plan = node_workers(plan, "following a generation (a stage's result names its node)")
         self.finished: set[str] = set()
         self.died: set[str] = set()  # stages whose worker died without reporting (recoverable, unlike an error)
         self.joined: list[str] = []

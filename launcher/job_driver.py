@@ -26,6 +26,8 @@ from hetlaunch.launcher.adapt.current_plan import CurrentPlan
 from hetlaunch.launcher.adapt.replanner import Replanner
 from hetlaunch.launcher.adapt.straggler import StragglerWatch
 from hetlaunch.launcher.checkpoint_book import CheckpointBook, Restore
+from hetlaunch.launcher.device_schedule_checks import several_stages_per_node
+from hetlaunch.launcher.device_stage_launch import launch_devices
 from hetlaunch.launcher.cluster_measurement import measure_for_train
 from hetlaunch.launcher.events import EventLog
 from hetlaunch.launcher.generation import follow
@@ -169,11 +171,14 @@ def _run(session: ClusterSession, spec, options: UpOptions, events: EventLog, co
                 boundary_bytes = _boundary_bytes(replanner)
                 if record.awaiting_eval is not None and record.awaiting_eval.step != restore.step - 1:
                     record.release_awaiting()
-                book.expect(launch(session, plan, spec, restore, book.root, boundary_bytes,
-                                   eval_before_start=record.awaiting_eval is not None))
+                if several_stages_per_node(plan.schedule):  # evaluation after the step: no eval owed from bubbles
+                    book.expect(launch_devices(session, plan, spec, restore, book.root, boundary_bytes))
+                else:
+                    book.expect(launch(session, plan, spec, restore, book.root, boundary_bytes,
+                                       eval_before_start=record.awaiting_eval is not None))
                 events.write("generation", generation=session.state.generation, start_step=restore.step,
                              restore_source=restore.source, plan=plan.to_dict())
-                if train.eval_every and train.eval_in_bubbles:
+                if train.eval_every and train.eval_in_bubbles and not several_stages_per_node(plan.schedule):
                     events.write("eval_fill", **eval_fill_event(plan, train.eval_microbatches))
                 if restore.directory is not None:
                     events.write("restore", step=restore.step, source=restore.source, directory=str(restore.directory))

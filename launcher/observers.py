@@ -23,6 +23,7 @@ from pathlib import Path
 
 from hetlaunch.launcher.adapt.calibration import Calibration
 from hetlaunch.launcher.adapt.current_plan import CurrentPlan
+from hetlaunch.launcher.device_schedule_checks import several_stages_per_node
 from hetlaunch.launcher.adapt.straggler import StragglerWatch
 from hetlaunch.launcher.extras import check_extras
 from hetlaunch.launcher.planning.plan import Plan
@@ -70,13 +71,17 @@ class Observers:
     def step(self, record: StepRecord, generation: int) -> tuple[str, dict] | None:
         """Feed a step to calibration, the straggler watch and the sinks; an event to write
         (a straggler, a change checked), else None."""
-        calibrated = self.calibration.add(record)
         event = None
-        if self.stragglers is not None:
-            if calibrated is not None and "error" not in calibrated:
-                self.stragglers.calibrated(self.calibration.profile, calibrated["node_speed_factors"])
-            else:
-                event = self.stragglers.add(record)
+        plan = self.current.plan
+        # Calibration and the straggler watch compare a node's one stage with its prediction; a node
+        # running several stages reports them as one (launcher/device_schedule_checks.py): not fed.
+        if plan is None or not several_stages_per_node(plan.schedule):
+            calibrated = self.calibration.add(record)
+            if self.stragglers is not None:
+                if calibrated is not None and "error" not in calibrated:
+                    self.stragglers.calibrated(self.calibration.profile, calibrated["node_speed_factors"])
+                else:
+                    event = self.stragglers.add(record)
         for sink in (self.tensorboard, self.prometheus):
             if sink is not None:
                 sink.step(record, generation)

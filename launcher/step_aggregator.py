@@ -4,7 +4,8 @@ reports that did arrive."""
 
 from __future__ import annotations
 
-from hetlaunch.launcher.planning.topology import Topology
+from hetlaunch.launcher.part_rows import per_stage_rows
+from hetlaunch.launcher.planning.topology import node_workers
 from hetlaunch.launcher.run_record import StepRecord
 from hetlaunch.protos import control_pb2 as pb
 
@@ -23,9 +24,10 @@ class StepAggregator:
     """
 
     def __init__(self, plan, carried: StepRecord | None = None):
-        # node -> (pipeline, stage index): a step report names its node
+        # node -> (pipeline, stage index): a step report names its node (several stages per node:
+        # a node's worker reports once, as its position in the pipeline, with each stage's share)
         self.position = {node: (q.pipeline, q.stage) for node, q in
-                         Topology.of(plan).by_node("joining step reports (a report names its node)").items()}
+                         node_workers(plan, "joining step reports (a report names its node)").items()}
         last = {p: max(j for q, j in self.position.values() if q == p) for p, _ in self.position.values()}
         self.last_stages = {(p, j) for p, j in self.position.values() if j == last[p]}
         self.shares = plan.pipeline_microbatches
@@ -99,6 +101,8 @@ class StepAggregator:
                    **({"peak_bytes": {"activations": m.peak_activation_bytes, "used": m.peak_used_bytes}}
                       if m.peak_used_bytes else {})}
                   for (p, j), node, m in ordered]
+        if any(m.parts for _, _, m in ordered):
+            stages = per_stage_rows(stages, [m for _, _, m in ordered])
         evals = [m.eval_loss for _, _, m in ordered if m.has_eval_loss]  # one per pipeline, same weights
         evals += [v for v in self.late_evals.pop(step, {}).values() if v is not None]  # the bubbles' (eval_only)
         return StepRecord(step=step, loss=loss, tokens_per_s=tokens / step_s if step_s > 0 else 0.0,

@@ -9,7 +9,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
 from hetlaunch.launcher.config_errors import FieldError, show
 from hetlaunch.launcher.config_types import Name, Strict, YamlFloat
-from hetlaunch.runtime.registry import AUTO_SCHEDULE, DEFAULT_SCHEDULE, SCHEDULE_NAMES
+from hetlaunch.runtime.registry import AUTO_SCHEDULE, DEFAULT_SCHEDULE, DEVICE_SCHEDULE_NAMES, SCHEDULE_NAMES
 
 
 def _auto_or_positive(value: Any) -> Any:
@@ -75,8 +75,9 @@ class TrainConfig(Strict):
     # Samples per step. Set, the planner chooses the micro-batch size (micro_batch_size is then the
     # largest it tries and the size profiled) and the count; a num_microbatches given too fixes the count.
     global_batch: int | None = Field(None, ge=1, le=1 << 24)
-    # pipeline schedule (runtime/registry.py); auto: the planner's choice (launcher/planning/request.py)
-    schedule: Literal[(*SCHEDULE_NAMES, AUTO_SCHEDULE)] = DEFAULT_SCHEDULE
+    # pipeline schedule (runtime/registry.py); auto: the planner's choice (launcher/planning/request.py);
+    # interleaved-1f1b and zb-v: several stages per node, one pipeline (launcher/device_schedule_checks.py)
+    schedule: Literal[(*SCHEDULE_NAMES, *DEVICE_SCHEDULE_NAMES, AUTO_SCHEDULE)] = DEFAULT_SCHEDULE
     # bf16/fp16: autocast over fp32 master weights and optimizer state; activations cross links in
     # the compute dtype; fp16 adds a loss scale kept the same on every stage.
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"

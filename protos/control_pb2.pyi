@@ -35,6 +35,8 @@ class Schedule(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SCHEDULE_GPIPE: _ClassVar[Schedule]
     SCHEDULE_ZB_H1: _ClassVar[Schedule]
     SCHEDULE_ZB_H2: _ClassVar[Schedule]
+    SCHEDULE_INTERLEAVED_1F1B: _ClassVar[Schedule]
+    SCHEDULE_ZB_V: _ClassVar[Schedule]
 
 class Codec(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -61,6 +63,8 @@ SCHEDULE_1F1B: Schedule
 SCHEDULE_GPIPE: Schedule
 SCHEDULE_ZB_H1: Schedule
 SCHEDULE_ZB_H2: Schedule
+SCHEDULE_INTERLEAVED_1F1B: Schedule
+SCHEDULE_ZB_V: Schedule
 CODEC_UNSPECIFIED: Codec
 CODEC_NONE: Codec
 CODEC_FP16: Codec
@@ -459,7 +463,7 @@ class BandwidthChange(_message.Message):
     def __init__(self, at_step: _Optional[int] = ..., bandwidth_mbps: _Optional[float] = ...) -> None: ...
 
 class StageSpec(_message.Message):
-    __slots__ = ("stage_index", "num_stages", "layer_start", "layer_end", "prev", "next", "device", "threads", "emulate", "memory_fraction", "window", "eval_fill")
+    __slots__ = ("stage_index", "num_stages", "layer_start", "layer_end", "prev", "next", "device", "threads", "emulate", "memory_fraction", "window", "eval_fill", "parts", "device_index", "num_devices")
     STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
     NUM_STAGES_FIELD_NUMBER: _ClassVar[int]
     LAYER_START_FIELD_NUMBER: _ClassVar[int]
@@ -472,6 +476,9 @@ class StageSpec(_message.Message):
     MEMORY_FRACTION_FIELD_NUMBER: _ClassVar[int]
     WINDOW_FIELD_NUMBER: _ClassVar[int]
     EVAL_FILL_FIELD_NUMBER: _ClassVar[int]
+    PARTS_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    NUM_DEVICES_FIELD_NUMBER: _ClassVar[int]
     stage_index: int
     num_stages: int
     layer_start: int
@@ -484,7 +491,24 @@ class StageSpec(_message.Message):
     memory_fraction: float
     window: int
     eval_fill: str
-    def __init__(self, stage_index: _Optional[int] = ..., num_stages: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., prev: _Optional[_Union[LinkSpec, _Mapping]] = ..., next: _Optional[_Union[LinkSpec, _Mapping]] = ..., device: _Optional[str] = ..., threads: _Optional[int] = ..., emulate: _Optional[_Union[Emulation, _Mapping]] = ..., memory_fraction: _Optional[float] = ..., window: _Optional[int] = ..., eval_fill: _Optional[str] = ...) -> None: ...
+    parts: _containers.RepeatedCompositeFieldContainer[StagePartSpec]
+    device_index: int
+    num_devices: int
+    def __init__(self, stage_index: _Optional[int] = ..., num_stages: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., prev: _Optional[_Union[LinkSpec, _Mapping]] = ..., next: _Optional[_Union[LinkSpec, _Mapping]] = ..., device: _Optional[str] = ..., threads: _Optional[int] = ..., emulate: _Optional[_Union[Emulation, _Mapping]] = ..., memory_fraction: _Optional[float] = ..., window: _Optional[int] = ..., eval_fill: _Optional[str] = ..., parts: _Optional[_Iterable[_Union[StagePartSpec, _Mapping]]] = ..., device_index: _Optional[int] = ..., num_devices: _Optional[int] = ...) -> None: ...
+
+class StagePartSpec(_message.Message):
+    __slots__ = ("stage_index", "layer_start", "layer_end", "prev", "next")
+    STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LAYER_START_FIELD_NUMBER: _ClassVar[int]
+    LAYER_END_FIELD_NUMBER: _ClassVar[int]
+    PREV_FIELD_NUMBER: _ClassVar[int]
+    NEXT_FIELD_NUMBER: _ClassVar[int]
+    stage_index: int
+    layer_start: int
+    layer_end: int
+    prev: LinkSpec
+    next: LinkSpec
+    def __init__(self, stage_index: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., prev: _Optional[_Union[LinkSpec, _Mapping]] = ..., next: _Optional[_Union[LinkSpec, _Mapping]] = ...) -> None: ...
 
 class Rendezvous(_message.Message):
     __slots__ = ("generation", "rank", "world_size", "timeout_s", "backend", "interface", "port_low", "port_high", "data_plane_secret", "data_plane_encrypt")
@@ -613,7 +637,7 @@ class StagePlace(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., pipeline: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., region: _Optional[str] = ..., node: _Optional[str] = ...) -> None: ...
 
 class StepMetrics(_message.Message):
-    __slots__ = ("step", "stage_index", "has_loss", "loss", "step_s", "compute_s", "comm_s", "tokens", "forward_raw_bytes", "forward_wire_bytes", "backward_raw_bytes", "backward_wire_bytes", "pipeline_index", "sync_s", "sync_raw_bytes", "sync_wire_bytes", "lr", "grad_norm", "has_eval_loss", "eval_loss", "trace", "from_prev", "from_next", "outer_launched", "outer_applied", "outer_s", "outer_raw_bytes", "outer_wire_bytes", "peak_activation_bytes", "peak_used_bytes", "eval_follows", "eval_only")
+    __slots__ = ("step", "stage_index", "has_loss", "loss", "step_s", "compute_s", "comm_s", "tokens", "forward_raw_bytes", "forward_wire_bytes", "backward_raw_bytes", "backward_wire_bytes", "pipeline_index", "sync_s", "sync_raw_bytes", "sync_wire_bytes", "lr", "grad_norm", "has_eval_loss", "eval_loss", "trace", "from_prev", "from_next", "outer_launched", "outer_applied", "outer_s", "outer_raw_bytes", "outer_wire_bytes", "peak_activation_bytes", "peak_used_bytes", "eval_follows", "eval_only", "parts")
     STEP_FIELD_NUMBER: _ClassVar[int]
     STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
     HAS_LOSS_FIELD_NUMBER: _ClassVar[int]
@@ -646,6 +670,7 @@ class StepMetrics(_message.Message):
     PEAK_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
     EVAL_FOLLOWS_FIELD_NUMBER: _ClassVar[int]
     EVAL_ONLY_FIELD_NUMBER: _ClassVar[int]
+    PARTS_FIELD_NUMBER: _ClassVar[int]
     step: int
     stage_index: int
     has_loss: bool
@@ -678,7 +703,24 @@ class StepMetrics(_message.Message):
     peak_used_bytes: int
     eval_follows: bool
     eval_only: bool
-    def __init__(self, step: _Optional[int] = ..., stage_index: _Optional[int] = ..., has_loss: _Optional[bool] = ..., loss: _Optional[float] = ..., step_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., comm_s: _Optional[float] = ..., tokens: _Optional[int] = ..., forward_raw_bytes: _Optional[int] = ..., forward_wire_bytes: _Optional[int] = ..., backward_raw_bytes: _Optional[int] = ..., backward_wire_bytes: _Optional[int] = ..., pipeline_index: _Optional[int] = ..., sync_s: _Optional[float] = ..., sync_raw_bytes: _Optional[int] = ..., sync_wire_bytes: _Optional[int] = ..., lr: _Optional[float] = ..., grad_norm: _Optional[float] = ..., has_eval_loss: _Optional[bool] = ..., eval_loss: _Optional[float] = ..., trace: _Optional[_Iterable[_Union[TraceEvent, _Mapping]]] = ..., from_prev: _Optional[_Union[LinkTransit, _Mapping]] = ..., from_next: _Optional[_Union[LinkTransit, _Mapping]] = ..., outer_launched: _Optional[int] = ..., outer_applied: _Optional[int] = ..., outer_s: _Optional[float] = ..., outer_raw_bytes: _Optional[int] = ..., outer_wire_bytes: _Optional[int] = ..., peak_activation_bytes: _Optional[int] = ..., peak_used_bytes: _Optional[int] = ..., eval_follows: _Optional[bool] = ..., eval_only: _Optional[bool] = ...) -> None: ...
+    parts: _containers.RepeatedCompositeFieldContainer[PartStep]
+    def __init__(self, step: _Optional[int] = ..., stage_index: _Optional[int] = ..., has_loss: _Optional[bool] = ..., loss: _Optional[float] = ..., step_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., comm_s: _Optional[float] = ..., tokens: _Optional[int] = ..., forward_raw_bytes: _Optional[int] = ..., forward_wire_bytes: _Optional[int] = ..., backward_raw_bytes: _Optional[int] = ..., backward_wire_bytes: _Optional[int] = ..., pipeline_index: _Optional[int] = ..., sync_s: _Optional[float] = ..., sync_raw_bytes: _Optional[int] = ..., sync_wire_bytes: _Optional[int] = ..., lr: _Optional[float] = ..., grad_norm: _Optional[float] = ..., has_eval_loss: _Optional[bool] = ..., eval_loss: _Optional[float] = ..., trace: _Optional[_Iterable[_Union[TraceEvent, _Mapping]]] = ..., from_prev: _Optional[_Union[LinkTransit, _Mapping]] = ..., from_next: _Optional[_Union[LinkTransit, _Mapping]] = ..., outer_launched: _Optional[int] = ..., outer_applied: _Optional[int] = ..., outer_s: _Optional[float] = ..., outer_raw_bytes: _Optional[int] = ..., outer_wire_bytes: _Optional[int] = ..., peak_activation_bytes: _Optional[int] = ..., peak_used_bytes: _Optional[int] = ..., eval_follows: _Optional[bool] = ..., eval_only: _Optional[bool] = ..., parts: _Optional[_Iterable[_Union[PartStep, _Mapping]]] = ...) -> None: ...
+
+class PartStep(_message.Message):
+    __slots__ = ("stage_index", "compute_s", "forward_raw_bytes", "forward_wire_bytes", "backward_raw_bytes", "backward_wire_bytes")
+    STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_S_FIELD_NUMBER: _ClassVar[int]
+    FORWARD_RAW_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FORWARD_WIRE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BACKWARD_RAW_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BACKWARD_WIRE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    stage_index: int
+    compute_s: float
+    forward_raw_bytes: int
+    forward_wire_bytes: int
+    backward_raw_bytes: int
+    backward_wire_bytes: int
+    def __init__(self, stage_index: _Optional[int] = ..., compute_s: _Optional[float] = ..., forward_raw_bytes: _Optional[int] = ..., forward_wire_bytes: _Optional[int] = ..., backward_raw_bytes: _Optional[int] = ..., backward_wire_bytes: _Optional[int] = ...) -> None: ...
 
 class LinkTransit(_message.Message):
     __slots__ = ("seconds", "wire_bytes")

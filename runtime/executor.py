@@ -54,6 +54,8 @@ class StepResult:
     lr: float = 0.0                    # the learning rate this step used
     grad_norm: float = 0.0             # the whole model's gradient norm before clipping (0: not clipping)
     eval_loss: float | None = None     # the held-out loss of the step's E actions; only on the last stage
+    # Several stages on this device: each one's share of compute_s, by stage index (empty with one).
+    part_compute_s: dict[int, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -204,8 +206,10 @@ class StageExecutor:
         # With several stages on the device, the last B or W: one stage's weights may be final
         # before another's, so the sync arms at the very last (the others' buckets launch in finish).
         several = len(self.parts) > 1
+        part_compute: dict[int, float] = {}
         self._receive_ahead(actions)
         for i, action in enumerate(actions):
+            computed_before = self._compute_s
             mb, part = action.microbatch, self._part(action.stage_index)
             key = (action.stage_index, mb)
             if action.kind is F:
@@ -237,6 +241,9 @@ class StageExecutor:
                         self._timed(weights_left.pop(key).weight_grads)
                 if self.memory is not None:
                     self.memory.backward_done(key)
+            if several:
+                part_compute[action.stage_index] = (part_compute.get(action.stage_index, 0.0)
+                                                    + self._compute_s - computed_before)
         for part, k in evals_due:  # after the stage's training: as evaluation after the step would
             self._evaluate_one(part, k, eval_microbatches, eval_losses)
         if in_flight or weights_left:
@@ -284,7 +291,8 @@ class StageExecutor:
                           comm_s=self._comm_s, forward_bytes=sent("next_link"),
                           backward_bytes=sent("prev_link"), sync_s=sync.blocked_s,
                           sync_bytes=(sync.raw_bytes, sync.wire_bytes), lr=lr, grad_norm=grad_norm,
-                          eval_loss=sum(eval_losses) / len(eval_losses) if eval_losses else None)
+                          eval_loss=sum(eval_losses) / len(eval_losses) if eval_losses else None,
+                          part_compute_s=part_compute)
 
     @torch.no_grad()
     def evaluate(self, microbatches: list[Batch] | None, count: int) -> float | None:

@@ -51,6 +51,9 @@ CODEC_NAMES: tuple[str, ...] = tuple(c.name for c in CODEC_INFOS)  # also the lo
 CODEC_INFOS_BY_NAME: dict[str, CodecInfo] = {c.name: c for c in CODEC_INFOS}
 
 SCHEDULE_NAMES: tuple[str, ...] = ("1f1b", "gpipe", "zb-h1", "zb-h2")
+# Schedules where a node runs several stages of its pipeline (runtime/device_schedules.py): the
+# planner cuts the model into more stages than nodes and places them as the schedule says.
+DEVICE_SCHEDULE_NAMES: tuple[str, ...] = ("interleaved-1f1b", "zb-v")
 # `schedule: auto` (the YAML's default): the planner cuts for the first of these, then prices the
 # same cut under the others and keeps the fastest whose memory fits (launcher/planning/request.py):
 # ZB-H2 only where its 2S - 1 micro-batches in flight fit every stage.

@@ -16,18 +16,20 @@ The object also owns what follows from its order, so that no caller tests a sche
   micro-batch down and back up the chain.
 
 The planner imports nothing else of the runtime than this module and runtime/registry.py, so
-the simulation is re-exported here for it.
+the simulation and the several-stages-per-device schedules (runtime/device_schedules.py) are
+re-exported here for it.
 """
 
 from __future__ import annotations
 
 from hetlaunch.runtime.actions import B, E, F, I, W, Action, Kind, max_in_flight, parse_actions, validate_actions
-from hetlaunch.runtime.simulation import compiled, simulate, simulate_compiled, simulated_timeline
+from hetlaunch.runtime.device_schedules import DEVICE_SCHEDULES, device_schedule_named, in_flight_by_device
+from hetlaunch.runtime.simulation import compiled, simulate, simulate_compiled, simulate_devices, simulated_timeline
 
 __all__ = ["B", "E", "F", "I", "W", "Action", "Kind", "max_in_flight", "parse_actions", "validate_actions", "compiled",
            "simulate", "simulate_compiled", "simulated_timeline", "Schedule", "OneFOneB", "GPipe", "SCHEDULES",
            "schedule_named", "schedule_for", "own_window", "one_f_one_b", "gpipe", "ZeroBubbleH1",
-           "ZeroBubbleH2"]
+           "ZeroBubbleH2", "DEVICE_SCHEDULES", "device_schedule_named", "in_flight_by_device", "simulate_devices"]
 
 
 def _check_args(stage: int, num_stages: int, num_microbatches: int) -> None:

@@ -12,14 +12,15 @@ from google.protobuf import json_format, struct_pb2
 
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.runtime.model_spec import GPTConfig, ModelSpec
-from hetlaunch.runtime.registry import CODEC_NAMES, SCHEDULE_NAMES, sync_hops
+from hetlaunch.runtime.registry import CODEC_NAMES, DEVICE_SCHEDULE_NAMES, SCHEDULE_NAMES, sync_hops
 
 CODEC_WIRE_IDS: dict[str, int] = {
     "none": pb.CODEC_NONE, "fp16": pb.CODEC_FP16, "bf16": pb.CODEC_BF16, "int8": pb.CODEC_INT8,
     "int4": pb.CODEC_INT4, "int4_rotated": pb.CODEC_INT4_ROTATED,
 }
 SCHEDULE_WIRE_IDS: dict[str, int] = {"1f1b": pb.SCHEDULE_1F1B, "gpipe": pb.SCHEDULE_GPIPE, "zb-h1": pb.SCHEDULE_ZB_H1,
-                                     "zb-h2": pb.SCHEDULE_ZB_H2}
+                                     "zb-h2": pb.SCHEDULE_ZB_H2, "interleaved-1f1b": pb.SCHEDULE_INTERLEAVED_1F1B,
+                                     "zb-v": pb.SCHEDULE_ZB_V}
 _CODEC_NAMES_BY_ID = {wire_id: name for name, wire_id in CODEC_WIRE_IDS.items()}
 _SCHEDULE_NAMES_BY_ID = {wire_id: name for name, wire_id in SCHEDULE_WIRE_IDS.items()}
 
@@ -33,7 +34,7 @@ def codec_name(wire_id: int) -> str:
 
 
 def schedule_wire_id(name: str) -> int:
-    return _lookup(SCHEDULE_WIRE_IDS, name, "unknown schedule {!r} (known: " + ", ".join(SCHEDULE_NAMES) + ")")
+    return _lookup(SCHEDULE_WIRE_IDS, name, "unknown schedule {!r} (known: " + ", ".join(SCHEDULE_NAMES + DEVICE_SCHEDULE_NAMES) + ")")
 
 
 def schedule_name(wire_id: int) -> str:

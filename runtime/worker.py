@@ -99,12 +99,15 @@ def _watch_controls(reports: WorkerReports, tasks: queue.Queue) -> None:
 
 
 def run_task(task: wpb.WorkerTask, reports: WorkerReports, writer: FrameWriter) -> None:
+    from hetlaunch.runtime.device_stage_command import run_device_stages
     from hetlaunch.runtime.profile_command import run_profile
     from hetlaunch.runtime.stage_command import run_stage
 
     host_clock.use_anchor(task.clock_anchor)
     if task.HasField("profile"):
         writer.write(wpb.WorkerEvent(profile=run_profile(task.profile, task.store)))
+    elif task.run_stage.stage.parts:  # several stages on this node (interleaved 1F1B, ZB-V): one executor for all
+        run_device_stages(task.run_stage, reports, task.store)
     else:
         run_stage(task.run_stage, reports, task.store)
 

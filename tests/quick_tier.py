@@ -27,6 +27,7 @@ MODULES = {
     "test_model", "test_data", "test_checkpoint", "test_recipe",  # the model, data, checkpoints, optimizers
     "test_import_rules", "test_late_steps", "test_topology",
     "test_islands_plan",  # islands: grouping, H, the merged plan, the YAML
+    "test_device_plans", "test_device_schedule_config",  # several stages per node: plans and the YAML
 }
 
 # Single tests of slower modules (module::test function).

@@ -215,6 +215,10 @@ class CostModel:
             self._memory_prefix[window] = [s + window * a for s, a in zip(self._static, self._activation)]
         return self._memory_prefix[window]
 
+    def layer_bytes(self, start: int, end: int) -> tuple[float, float]:
+        """(static bytes, one micro-batch's activation bytes) of layers [start, end), whatever the schedule."""
+        return self._static[end] - self._static[start], self._activation[end] - self._activation[start]
+
     def memory_bytes(self, start: int, end: int, stage_index: int, num_stages: int, window: int = 0) -> float:
         """Layers [start, end) at this position, with its schedule's in-flight window (or `window`)."""
         window = window or self.rules.in_flight(stage_index, num_stages, self.M)

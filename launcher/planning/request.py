@@ -12,10 +12,11 @@ from dataclasses import dataclass, replace
 
 from hetlaunch.launcher.planning.compression import CompressionConfig
 from hetlaunch.launcher.planning.batch_sizes import at_size
+from hetlaunch.launcher.planning.device_plans import plan_devices
 from hetlaunch.launcher.planning.planner import (PlannerResult, PlanningError, fits_memory, plan, plan_global_batch,
                                                 price_pipelines)
 from hetlaunch.launcher.planning.profile_file import Profile
-from hetlaunch.runtime.registry import AUTO_MORE_MEMORY_GAIN, AUTO_SCHEDULE, AUTO_SCHEDULES
+from hetlaunch.runtime.registry import AUTO_MORE_MEMORY_GAIN, AUTO_SCHEDULE, AUTO_SCHEDULES, DEVICE_SCHEDULE_NAMES
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,11 @@ def plan_for(profile: Profile, request: PlanRequest) -> PlannerResult:
 
 
 def _plan_for(profile: Profile, request: PlanRequest) -> PlannerResult:
+    if request.schedule in DEVICE_SCHEDULE_NAMES:  # several stages per node: one pipeline, M as given
+        if request.global_batch is not None or request.stages is not None or request.max_pipelines not in (None, 1):
+            raise PlanningError(f"{request.schedule} plans one pipeline at a given micro-batch count and its own "
+                                f"stage count: no global batch, stage count or several pipelines")
+        return plan_devices(profile, request.num_microbatches, request.schedule)
     pipelines = len(profile.nodes) if request.max_pipelines is None else request.max_pipelines
     if request.global_batch is None:
         return plan(profile, request.num_microbatches, request.schedule, max_pipelines=pipelines,

@@ -6,19 +6,23 @@ One object answers what the launcher used to rebuild by hand from `plan.stages` 
 writers). Ranks follow `plan.stages`, pipeline after pipeline, as the data plane numbers them.
 
 A node may hold several stages (a V-shaped or interleaved layout gives a node two stages of one
-pipeline; a node may also serve two pipelines). The object allows it, though the planner does
-not produce it yet. What is keyed by rank or placement takes such plans as they are: the layout,
-the link peers, the sync groups' ranks, the layer holders, the checkpoint writers, the nodes a
-plan uses.
+pipeline; a node may also serve two pipelines). What is keyed by placement takes such plans as
+they are: the layer holders, the checkpoint writers (one per stage), the nodes a plan uses.
 
-What still supports one stage per node, and why: the control plane addresses a node, not a
-stage. A node's agent runs one stage worker per generation, and its commands (run, abort, move),
-results, step metrics, trace events and checkpoint parts name only the node. The launcher's
-consumers that are keyed by node therefore ask `by_node(feature)` (or `only_stage`), which
-refuses a node holding several stages with one line naming the feature: launching a generation
-(stage_launch), following it and joining its step reports (generation, run_record), trace.json's
-tracks (timeline), calibration and the straggler watch, live moves, and checkpoint commits
-(checkpoint_book). Lifting it means a stage id on those messages, not a change here.
+The planner makes such plans for the several-stages-per-node schedules (interleaved-1f1b, zb-v;
+one pipeline, launcher/planning/device_plans.py). The control plane addresses a node, not a stage:
+a node's agent runs one stage worker per generation, which is one data-plane rank, so under those
+schedules a placement's `rank` (one per stage) is not the data plane's: the node's worker is rank
+`device_rank` (its position in the pipeline), and launcher/device_stage_launch.py sends it all its
+stages in one command. Following the generation and joining its step reports ask `node_workers`,
+which answers a node's one worker for those schedules; a checkpoint part tells the node's stages
+apart by its first layer (checkpoint_book).
+
+What is keyed by node otherwise asks `by_node(feature)` (or `only_stage`), which refuses a node
+holding several stages with one line naming the feature: launching a one-stage-per-node
+generation (stage_launch), trace.json's tracks (timeline), calibration and the straggler watch,
+live moves. The YAML refuses or turns off those features for the several-stages schedules
+(launcher/device_schedule_checks.py), so they never meet such a plan.
 
 Torch-free and in `planning/`: the planner asks it which nodes a plan uses, and planning imports
 only itself (tests/test_import_rules.py).
@@ -28,6 +32,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
+
+from hetlaunch.runtime.registry import DEVICE_SCHEDULE_NAMES
 
 if TYPE_CHECKING:
     from hetlaunch.launcher.planning.plan import Plan
@@ -169,3 +175,24 @@ class Topology:
         """The node's one stage, refused as in `by_node`; KeyError for a node the plan does not use."""
         stages = self._by_node[node]
         return one_per_node(stages, feature)[node]
+
+
+def node_workers(plan: Plan, feature: str) -> dict[str, Placement]:
+    """node -> the placement its one stage worker reports as, for a feature keyed by node.
+
+    Under a several-stages-per-node schedule (interleaved-1f1b, zb-v; one pipeline) a node's one
+    worker runs all its stages and reports once per step, as its first stage, which is its
+    position in the pipeline (both placements put stage d on device d): a report names the node,
+    and two stages of one node never come as two reports. Otherwise `Topology.by_node(feature)`."""
+    topology = Topology.of(plan)
+    if plan.schedule not in DEVICE_SCHEDULE_NAMES:
+        return topology.by_node(feature)
+    if len(topology.pipelines) != 1:
+        raise SeveralStagesError(f"{plan.schedule} runs one pipeline; {feature} got {len(topology.pipelines)}")
+    return {node: topology.stages_of(node)[0] for node in topology.nodes}
+
+
+def device_rank(plan: Plan, node: str) -> int:
+    """The data-plane rank of `node`'s worker under a several-stages-per-node schedule: its
+    position in the pipeline (the order the nodes first appear in, stage d being on device d)."""
+    return Topology.of(plan).nodes.index(node)

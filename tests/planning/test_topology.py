@@ -4,6 +4,8 @@ hand-made V-shaped plan where a node holds two stages, which features keyed by n
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 import yaml
 from plan_reference import uniform_profile
@@ -15,6 +17,7 @@ from hetlaunch.launcher.planning.planner import plan as plan_from_profile
 from hetlaunch.launcher.planning.topology import Placement, SeveralStagesError, Topology
 from hetlaunch.launcher.step_aggregator import StepAggregator
 from hetlaunch.launcher.stage_launch import layout_of
+from hetlaunch.protos import control_pb2 as pb
 
 
 def _cluster(nodes: list[dict], n_layers: int = 6, **train):
@@ -129,9 +132,28 @@ def test_features_keyed_by_node_refuse_a_node_with_two_stages_by_name():
     assert topology.only_stage("c", "calibration").rank == 4  # a node with one stage is answered
     with pytest.raises(SeveralStagesError, match="node a holds 2 stages; joining step reports"):
         StepAggregator(_v_plan())
-    book = CheckpointBook.__new__(CheckpointBook)
-    with pytest.raises(SeveralStagesError, match="node a holds 2 stages; committing checkpoints"):
-        book.expect(topology.checkpoint_writers())
+
+
+
+def test_the_checkpoint_book_takes_each_stage_of_a_node_as_a_writer_told_by_its_first_layer(tmp_path):
+    """A node with two stages writes two parts (one per stage); the layer a part starts at says
+    which stage wrote it, and the checkpoint commits once every stage's part is in."""
+    topology = Topology.of(_v_plan())
+    book = CheckpointBook(tmp_path, keep=2, num_layers=8, extra={})
+    book.expect(topology.checkpoint_writers())
+
+    def part(start: int, end: int) -> pb.CheckpointPart:
+        name, data = f"layers-{start}-{end}.safetensors", f"{start}-{end}".encode()  # what the manifest checks
+        directory = tmp_path / "step-00000002"
+        directory.mkdir(exist_ok=True)
+        (directory / name).write_bytes(data)
+        return pb.CheckpointPart(directory=str(directory), file=name, layer_start=start, layer_end=end, step=2,
+                                 bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+    assert book.add("a", part(0, 2)) is None and book.add("b", part(2, 4)) is None
+    assert book.add("a", part(0, 2)) is None  # the same stage again completes nothing
+    assert book.add("b", part(4, 6)) is None
+    assert book.add("c", part(0, 5)) is None  # pipeline 1's stages are not writers
+    assert book.add("a", part(6, 8)) == 2 and book.latest[0] == 2
 
 
 def test_a_topology_refuses_placements_that_are_not_a_plan():

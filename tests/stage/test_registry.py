@@ -12,7 +12,7 @@ from hetlaunch.launcher import cli
 from hetlaunch.launcher.cluster_config import TrainConfig
 from hetlaunch.launcher.planning.compression import LOSSINESS, CompressionConfig, wire_ratio
 from hetlaunch.protos import control_pb2 as pb
-from hetlaunch.runtime import codecs, grad_sync, quantize, registry, schedules, wire
+from hetlaunch.runtime import codecs, device_schedules, grad_sync, quantize, registry, schedules, wire
 
 
 def literal_values(annotation) -> set[str]:
@@ -44,13 +44,15 @@ def test_planner_wire_bytes_equal_the_codecs_payloads(name, shape, dtype):
 def test_every_schedule_has_a_wire_id_an_implementation_and_a_yaml_and_cli_value():
     proto_ids = {v for v in pb.Schedule.values() if v != pb.SCHEDULE_UNSPECIFIED}
     assert set(wire.SCHEDULE_WIRE_IDS.values()) == proto_ids
-    names = set(registry.SCHEDULE_NAMES)
-    assert set(wire.SCHEDULE_WIRE_IDS) == names == set(schedules.SCHEDULES)
+    per_stage, per_device = set(registry.SCHEDULE_NAMES), set(registry.DEVICE_SCHEDULE_NAMES)
+    assert per_stage == set(schedules.SCHEDULES) and per_device == set(device_schedules.DEVICE_SCHEDULES)
+    names = per_stage | per_device
+    assert set(wire.SCHEDULE_WIRE_IDS) == names and not per_stage & per_device
     # `auto` is the YAML's and the CLI's too: the planner's choice among AUTO_SCHEDULES, all of them real
     assert literal_values(TrainConfig.model_fields["schedule"].annotation) == names | {registry.AUTO_SCHEDULE}
     assert {s.value for s in cli.Schedule} == names | {registry.AUTO_SCHEDULE}
     assert TrainConfig().schedule == registry.DEFAULT_SCHEDULE == registry.AUTO_SCHEDULE
-    assert set(registry.AUTO_SCHEDULES) <= names and registry.AUTO_SCHEDULE not in names
+    assert set(registry.AUTO_SCHEDULES) <= per_stage and registry.AUTO_SCHEDULE not in names
 
 
 def test_yaml_codec_choices_and_lossiness_order_come_from_the_registry():

@@ -1,0 +1,51 @@
+"""What `train.schedule: interleaved-1f1b` and `zb-v` (several stages per node) run with, checked
+once in the YAML: each refusal is one line naming the field.
+
+These schedules run one pipeline whose nodes each hold several stages (runtime/device_schedules.py).
+What is keyed by one stage per node is not lifted for them yet, so it is refused here rather than
+failing mid-run: several pipelines (their gradient sync and islands), pinned `layers:` and
+`window:` (the planner cuts v·D stages itself), a pinned global batch split, live moves and
+restarts on a straggler (`rebalance`, which re-cut one stage per node), trace.json (its tracks are
+one per stage), and pinned codecs (every boundary runs uncompressed; `auto` plans none).
+Left at their defaults, `rebalance` and `observe.trace_every` are off for these schedules;
+evaluation runs after the step (never in its bubbles).
+"""
+
+from __future__ import annotations
+
+from hetlaunch.launcher.config_errors import FieldError
+from hetlaunch.runtime.registry import DEVICE_SCHEDULE_NAMES
+
+
+def several_stages_per_node(schedule: str) -> bool:
+    """Does this schedule place several stages on each node?"""
+    return schedule in DEVICE_SCHEDULE_NAMES
+
+
+def check_device_schedule(cluster) -> None:
+    """FieldError (one line, naming the field) for what `cluster`'s device schedule cannot run with."""
+    train = cluster.train
+    if not several_stages_per_node(train.schedule):
+        return
+    what = f"not supported with train.schedule: {train.schedule} (several stages per node run one pipeline"
+    if isinstance(train.max_pipelines, int) and train.max_pipelines > 1:
+        raise FieldError(("train", "max_pipelines"), f"{train.max_pipelines} is {what}; use 1)")
+    if train.outer is not None:
+        raise FieldError(("train", "outer"), f"islands are {what})")
+    if train.global_batch is not None:
+        raise FieldError(("train", "global_batch"), f"is {what} at train.num_microbatches; give that instead)")
+    for i, node in enumerate(cluster.nodes):
+        for key in ("layers", "window", "pipeline"):
+            if getattr(node, key) is not None:
+                raise FieldError(("nodes", i, key), f"is {what}, cut by the planner into stages of its own)")
+    if "rebalance" in train.model_fields_set and train.rebalance != "off":
+        raise FieldError(("train", "rebalance"), f"{train.rebalance} is {what}; live moves and re-cuts are per "
+                                                 f"stage: use off)")
+    if "trace_every" in cluster.observe.model_fields_set and cluster.observe.trace_every:
+        raise FieldError(("observe", "trace_every"), f"is {what}; trace.json has one track per node: use 0)")
+    policy = cluster.compression
+    pinned = {k: v for k, v in (("intra_region", policy.intra_region), ("cross_region", policy.cross_region))
+              if v not in ("auto", "none")}
+    if policy.boundaries or pinned:
+        field = "boundaries" if policy.boundaries else next(iter(pinned))
+        raise FieldError(("compression", field), f"a pinned codec is {what} with every boundary uncompressed)")

@@ -1,0 +1,83 @@
+"""The RunStage commands of a generation whose nodes each run several stages (interleaved 1F1B,
+ZB-V): one command per node, carrying all its stages as StageSpec.parts.
+
+A node's agent runs one stage worker, which is one data-plane rank: ranks are the nodes' positions
+in the pipeline (planning/topology.py `device_rank`), not one per stage. Each part's links name
+the rank of the node holding the neighbouring stage, which is the node's own rank where that stage
+is on the same node (the worker hands the activation over in memory, runtime/local_link.py). The
+checkpoint writers are every stage (one part per stage, planning/topology.py checkpoint_writers).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hetlaunch.launcher.checkpoint_book import Restore
+from hetlaunch.launcher.planning.plan import Plan
+from hetlaunch.launcher.planning.topology import Placement, Topology, device_rank
+from hetlaunch.launcher.session import ClusterSession
+from hetlaunch.launcher.stage_launch import _link_spec, watchdog_bounds
+from hetlaunch.protos import control_pb2 as pb
+from hetlaunch.runtime.wire import model_spec_to_proto, schedule_wire_id
+
+
+def launch_devices(session: ClusterSession, plan: Plan, spec, restore: Restore, checkpoint_root: Path,
+                   boundary_bytes: list[int] | None = None) -> dict[tuple[str, int], Placement]:
+    """Push every node its RunStage with all its stages, on a fresh data-plane generation."""
+    cluster, t, d = session.cluster, session.cluster.train, session.cluster.data
+    topology = Topology.of(plan)
+    (stages,) = topology.pipelines  # one pipeline (launcher/device_schedule_checks.py)
+    nodes = topology.nodes
+    backend = session.backend_for(list(nodes))
+    data = pb.DataSpec(path=str(Path(d.path).resolve()) if d.path else "", seed=d.seed, format=d.format, dtype=d.dtype,
+                       eval_fraction=d.eval_fraction)
+    model = model_spec_to_proto(spec)
+    # Evaluation runs after the step (eval_fill empty), and no trace: its tracks are one per stage.
+    train = pb.TrainSpec(steps=t.steps, micro_batch_size=plan.micro_batch_size, num_microbatches=plan.num_microbatches,
+                         schedule=schedule_wire_id(plan.schedule), lr=t.lr, weight_decay=t.weight_decay, seed=t.seed,
+                         checkpoint_dir=str(checkpoint_root) if t.checkpoint_every else "",
+                         checkpoint_every=t.checkpoint_every, save_part=True, start_step=restore.step,
+                         optimizer=t.optimizer, momentum=t.momentum, lr_schedule=t.lr_schedule,
+                         warmup_steps=t.warmup_steps, min_lr_ratio=t.min_lr_ratio, grad_clip=t.grad_clip,
+                         eval_every=t.eval_every, eval_microbatches=t.eval_microbatches, precision=t.precision,
+                         link_rounding=t.link_rounding, trace_every=0,
+                         **watchdog_bounds(t.watchdog_s, plan.predicted_step_s))
+    session.begin_generation()
+    layout = [pb.StagePlace(rank=device_rank(plan, q.node), pipeline=0, layer_start=q.layer_start,
+                            layer_end=q.layer_end, region=getattr(q.source, "region", "") or "", node=q.node)
+              for q in stages]
+    for position, name in enumerate(nodes):
+        command = pb.RunStage(model=model, data=data, train=train, stage=_node_spec(session, plan, stages, name,
+                                                                                     position, boundary_bytes),
+                              rendezvous=session.rendezvous(position, len(nodes), backend, name), layout=layout)
+        command.train.upload_parts = cluster.node(name).launch != "local" and not cluster.checkpoint.dir
+        if restore.directory is not None:
+            command.restore.checkpoint_dir = str(restore.directory)
+        session.state.send(name, pb.Command(run_stage=command))
+    return topology.checkpoint_writers()
+
+
+def _node_spec(session: ClusterSession, plan: Plan, stages: tuple[Placement, ...], name: str, position: int,
+               boundary_bytes: list[int] | None) -> pb.StageSpec:
+    """The node's StageSpec: its device, threads and emulation once, and one part per stage it holds."""
+    cluster, node = session.cluster, session.cluster.node(name)
+    mine = [q for q in stages if q.node == name]
+    spec = pb.StageSpec(stage_index=mine[0].stage, num_stages=len(stages), layer_start=mine[0].layer_start,
+                        layer_end=mine[0].layer_end, device=session.device_of(name), threads=session.threads_of(name),
+                        emulate=pb.Emulation(speed=node.emulate.speed,
+                                             speed_changes=[pb.SpeedChange(at_step=c.at_step, speed=c.speed)
+                                                            for c in node.emulate.speed_changes],
+                                             memory_gb=node.emulate.memory_gb or 0.0),
+                        memory_fraction=node.memory_fraction or 0.0, device_index=position,
+                        num_devices=len(Topology.of(plan).nodes))
+    for q in mine:
+        part = spec.parts.add(stage_index=q.stage, layer_start=q.layer_start, layer_end=q.layer_end)
+        j = q.stage
+        if j > 0:
+            prev = stages[j - 1]
+            part.prev.CopyFrom(_link_spec(cluster, prev.source, q.source, device_rank(plan, prev.node), boundary_bytes))
+        if j < len(stages) - 1:
+            after = stages[j + 1]
+            part.next.CopyFrom(_link_spec(cluster, q.source, after.source, device_rank(plan, after.node),
+                                          boundary_bytes))
+    return spec

@@ -1,0 +1,182 @@
+"""Plans for schedules where each node holds several stages of one pipeline (interleaved 1F1B, ZB-V).
+
+The nodes and their order are 1F1B's: the planner's one-pipeline plan under 1F1B chooses the
+chain of D nodes (launcher/planning/planner.py), so these schedules run where 1F1B would. The
+model is then cut into v·D contiguous stages, stage s on the node the schedule places it on
+(runtime/device_schedules.py `stage_device`), and the cut is chosen by the simulation the
+executor's order obeys (runtime/simulation.py `simulate_devices`):
+
+* each stage's forward is a third of its layers' profiled time on its node, its backward two
+  thirds (the I and W halves as the node measured them, else halved), as CostModel.evaluate
+  prices a one-stage-per-node pipeline; a node's optimizer step is its stages' sum, once;
+* a boundary between two nodes costs what the profiled link takes for the activation after its
+  last layer, uncompressed (these plans use no codec); one inside a node costs nothing (an
+  in-memory hand-off, runtime/local_link.py);
+* a node holds its stages' parameters, gradients and AdamW state, and for activations the most
+  micro-batch stages its action list holds at once times each stage's activation: an upper bound,
+  which must fit the node's memory.
+
+The cut is a local search: from an even split and from one proportional to the nodes' speed, move
+one boundary by one layer while the simulated step falls (a first-improvement hill climb, every
+candidate simulated). The plan's step is `simulate_devices` of exactly the stages, placement and
+micro-batches returned (`check_device_priced`).
+"""
+
+from __future__ import annotations
+
+import time
+
+from hetlaunch.launcher.planning.compression import NONE
+from hetlaunch.launcher.planning.cost_model import CostModel, PipelineCost, StageCost, split_costs
+from hetlaunch.launcher.planning.planner import PlanInvariantError, PlannedPipeline, PlannerResult, plan
+from hetlaunch.launcher.planning.planning_error import PlanningError
+from hetlaunch.launcher.planning.profile_file import NodeProfile, Profile
+from hetlaunch.runtime.schedules import (compiled, device_schedule_named, in_flight_by_device, simulate_compiled,
+                                         simulate_devices)
+
+MAX_SEARCH_ROUNDS = 10_000  # boundary moves; each lowers the step, so the climb ends long before on real models
+
+
+def plan_devices(profile: Profile, num_microbatches: int, schedule: str) -> PlannerResult:
+    """The plan of `schedule` (interleaved-1f1b or zb-v) on 1F1B's chain of nodes; PlanningError
+    if the model has too few layers for v·D stages, the micro-batches do not suit the schedule, or
+    no cut fits the nodes' memory."""
+    started = time.perf_counter()
+    placed = device_schedule_named(schedule)
+    base = plan(profile, num_microbatches, "1f1b", max_pipelines=1)
+    chain = [profile.node(s.node) for s in base.pipelines[0].cost.stages]
+    D, L = len(chain), profile.model.num_layers
+    S = placed.num_stages(D)
+    if S > L:
+        raise PlanningError(f"{placed.title} on {D} nodes needs {S} stages but the model has only {L} layers")
+    try:
+        actions = placed.actions(D, num_microbatches)
+    except ValueError as err:
+        raise PlanningError(f"{err} (set train.num_microbatches to one)") from None
+    search = _CutSearch(CostModel(profile, num_microbatches, "1f1b", NONE), chain, placed, actions)
+    best = None
+    for start in (_even(L, S), _by_speed(search, L, S)):
+        found = search.climb(start)
+        if found is not None and (best is None or found[0] < best[0]):
+            best = found
+    if best is None:
+        raise PlanningError(f"no cut of {L} layers into {S} stages of {placed.title} over "
+                            f"{' -> '.join(n.name for n in chain)} fits the nodes' memory")
+    cost = search.cost(best[1])
+    check_device_priced(schedule, D, cost)
+    tokens = num_microbatches * profile.micro_batch_size * profile.seq_len
+    regions = {n.name: n.region for n in profile.nodes}
+    return PlannerResult(pipelines=[PlannedPipeline(cost, tuple(regions[s.node] for s in cost.stages))],
+                         step_s=cost.step_s, tokens_per_s=tokens / cost.step_s, excluded=dict(base.excluded),
+                         method=f"{base.method} (1F1B's nodes), {S} stages cut by simulation",
+                         planning_s=time.perf_counter() - started, micro_batch_size=profile.micro_batch_size,
+                         schedule=schedule, compression=NONE,
+                         schedule_choice=f"{placed.title}: {S} stages on {D} nodes, {placed.stages_per_device} each")
+
+
+def check_device_priced(schedule: str, num_devices: int, cost: PipelineCost) -> None:
+    """PlanInvariantError unless the plan's step is `simulate_devices` of exactly its stages, with the
+    action lists built afresh from the schedule and every boundary inside a node free."""
+    placed = device_schedule_named(schedule)
+    stages = cost.stages
+    where = [placed.stage_device(s, num_devices) for s in range(len(stages))]
+    if len(stages) != placed.num_stages(num_devices) or any(
+            stages[s].node != stages[where.index(where[s])].node for s in range(len(stages))):
+        raise PlanInvariantError(f"planner bug: {len(stages)} stages do not follow {placed.title}'s placement "
+                                 f"on {num_devices} nodes")
+    optimizer = [sum(s.optimizer_s for j, s in enumerate(stages) if where[j] == d) for d in range(num_devices)]
+    want = simulate_devices(placed.actions(num_devices, cost.num_microbatches), [s.forward_s for s in stages],
+                            [s.backward_s for s in stages], [s.link_s for s in stages[:-1]],
+                            [s.latency_s for s in stages[:-1]], optimizer, *split_costs(stages))
+    if not cost.exact or abs(want - cost.step_s) > 1e-9 * max(want, 1e-12):
+        raise PlanInvariantError(f"planner bug: {placed.title} over {', '.join(s.node for s in stages)} reports "
+                                 f"{cost.step_s:.6g} s per step but its stages simulate to {want:.6g} s")
+
+
+class _CutSearch:
+    """Prices cuts (the v·D - 1 boundaries, as layer indices) of one chain under one schedule."""
+
+    def __init__(self, cm: CostModel, chain: list[NodeProfile], placed, actions):
+        self.cm, self.chain, self.placed = cm, chain, placed
+        self.D = len(chain)
+        self.S = placed.num_stages(self.D)
+        self.device = [placed.stage_device(s, self.D) for s in range(self.S)]
+        self.actions = actions
+        self.plan = compiled(actions)
+        self.in_flight = in_flight_by_device(actions)
+
+    def cost(self, bounds: tuple[int, ...]) -> PipelineCost:
+        """Every stage's cost for the cut `bounds`, the step simulated (exact)."""
+        edges = (0, *bounds, self.cm.num_layers)
+        stages = []
+        for s in range(self.S):
+            a, b, node = edges[s], edges[s + 1], self.chain[self.device[s]]
+            optimizer = self.cm.optimizer_s(node, a, b)
+            layers = self.cm.compute_s(node, a, b) - optimizer / self.cm.M
+            link = latency = 0.0
+            if s < self.S - 1 and self.device[s + 1] != self.device[s]:
+                link, latency = self.cm.boundary_s(node, self.chain[self.device[s + 1]], b - 1)
+            static, activation = self.cm.layer_bytes(a, b)
+            backward = 2 * layers / 3
+            i_cost, w_cost = self.cm.split_backward_s(node, a, b, s, backward, 0.0)
+            stages.append(StageCost(node.name, a, b, layers + optimizer / self.cm.M, link, latency,
+                                    static + self.in_flight[self.device[s]] * activation, node.memory_bytes,
+                                    link_uncompressed_s=link, forward_s=layers / 3, backward_s=backward,
+                                    optimizer_s=optimizer, input_grad_s=i_cost, weight_grad_s=w_cost))
+        optimizer = [sum(st.optimizer_s for j, st in enumerate(stages) if self.device[j] == d) for d in range(self.D)]
+        step = simulate_compiled(self.plan, [s.forward_s for s in stages], [s.backward_s for s in stages],
+                                 [s.link_s for s in stages[:-1]], [s.latency_s for s in stages[:-1]], optimizer,
+                                 *split_costs(stages))
+        busiest = max(range(self.D), key=lambda d: sum(st.compute_s for j, st in enumerate(stages)
+                                                       if self.device[j] == d))
+        return PipelineCost(tuple(stages), self.cm.M, step, f"compute on {self.chain[busiest].name}", exact=True)
+
+    def fits(self, cost: PipelineCost) -> bool:
+        """Each node's stages together within its memory."""
+        held = [0.0] * self.D
+        for j, stage in enumerate(cost.stages):
+            held[self.device[j]] += stage.memory_bytes
+        return all(held[d] <= self.chain[d].memory_bytes for d in range(self.D))
+
+    def climb(self, bounds: tuple[int, ...]) -> tuple[float, tuple[int, ...]] | None:
+        """(step, cut) where moving no one boundary by one layer lowers the simulated step among
+        cuts that fit memory, starting from `bounds`; None if the start does not fit."""
+        cost = self.cost(bounds)
+        if not self.fits(cost):
+            return None
+        step, L = cost.step_s, self.cm.num_layers
+        for _ in range(MAX_SEARCH_ROUNDS):
+            improved = False
+            for k in range(len(bounds)):
+                for delta in (-1, 1):
+                    moved = bounds[k] + delta
+                    low = bounds[k - 1] if k > 0 else 0
+                    high = bounds[k + 1] if k + 1 < len(bounds) else L
+                    if not low < moved < high:
+                        continue
+                    candidate = (*bounds[:k], moved, *bounds[k + 1:])
+                    priced = self.cost(candidate)
+                    if priced.step_s < step * (1 - 1e-12) and self.fits(priced):
+                        bounds, step, improved = candidate, priced.step_s, True
+            if not improved:
+                break
+        return step, bounds
+
+
+def _even(num_layers: int, num_stages: int) -> tuple[int, ...]:
+    base, extra = divmod(num_layers, num_stages)
+    sizes = [base + (1 if s < extra else 0) for s in range(num_stages)]
+    return tuple(sum(sizes[:s + 1]) for s in range(num_stages - 1))
+
+
+def _by_speed(search: _CutSearch, num_layers: int, num_stages: int) -> tuple[int, ...]:
+    """Layers to each stage in proportion to its node's speed (its whole-model time's inverse),
+    at least one each."""
+    speed = [1.0 / max(search.cm.compute_s(search.chain[d], 0, num_layers), 1e-12) for d in search.device]
+    total, bounds, reached = sum(speed), [], 0.0
+    for s in range(num_stages - 1):
+        reached += speed[s] / total * num_layers
+        low = (bounds[-1] if bounds else 0) + 1
+        bounds.append(min(max(round(reached), low), num_layers - (num_stages - 1 - s)))
+    return tuple(bounds)
+

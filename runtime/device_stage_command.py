@@ -1,0 +1,264 @@
+"""Turn a RunStage whose StageSpec holds several parts (interleaved 1F1B, ZB-V) into a running device:
+one executor over all the node's stages, one optimizer, a link per boundary.
+
+The node is one data-plane rank, device `stage.device_index` of `stage.num_devices`, and runs its
+own list of the schedule's actions (runtime/device_schedules.py), which name their stage. Each
+part is a StagePart of the executor (runtime/executor.py): the next layers of the executor's, in
+pipeline order, with the links to the stages before and after it:
+
+* where that stage is on another node, a Link to that node's rank, tagged with the boundary's
+  index, so two boundaries between the same two nodes (ZB-V's 0-1 and 2-3) never take each other's
+  messages; on NCCL, which ignores tags, each such boundary gets a process group of its own;
+* where it is on this node too, the two ends of an in-memory hand-off (runtime/local_link.py).
+
+The node holding the first stage reads the inputs, the one holding the last the targets and
+reports the loss (under ZB-V both are device 0). Checkpoints are one part per stage, each its
+own layer range (runtime/checkpoint.py write_part), so a checkpoint is per layer as with one
+stage per node and can be resumed on any cut.
+
+What runs with one stage per node only (live moves, islands, several pipelines, tied parameters
+across stages, evaluation in the bubbles, traces) is refused before launch
+(launcher/device_schedule_checks.py) or here, for a model that ties parameters.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from hetlaunch.protos import control_pb2 as pb
+from hetlaunch.protos import worker_pb2 as wpb
+from hetlaunch.runtime.checkpoint import apply_state, load_layers, split_outer, stage_state, write_part
+from hetlaunch.runtime.checkpoint_manifest import checkpoint_dir, read_manifest
+from hetlaunch.runtime.codecs import codec_by_id
+from hetlaunch.runtime.data import open_data
+from hetlaunch.runtime.data_plane import init_data_plane, wire_device
+from hetlaunch.runtime.device_schedules import device_schedule_named
+from hetlaunch.runtime.devices import resolve_device
+from hetlaunch.runtime.emulation import WireEmulation, emulated_speed
+from hetlaunch.runtime.executor import StageExecutor, StagePart
+from hetlaunch.runtime.link import Link
+from hetlaunch.runtime.local_link import local_boundary
+from hetlaunch.runtime.model import build_model_range
+from hetlaunch.runtime.sealing import SealingError
+from hetlaunch.runtime.stage_command import (Island, StageReports, _any_over_model, _named_refusal, _part_message,
+                                             _sealing, _stage_memory, _step_metrics, _sum_over_model, checkpoint_due,
+                                             link_rounding_seed, recipe_of, step_rng_seed)
+from hetlaunch.runtime.step_evaluation import StepEvaluation
+from hetlaunch.runtime.wire import model_spec_from_proto, schedule_name
+
+
+def run_device_stages(cmd: pb.RunStage, reports: StageReports, store: wpb.StoreAccess) -> None:
+    """Train this node's stages from train.start_step to the last step; one StepMetrics per step."""
+    stage, train = cmd.stage, cmd.train
+    if stage.threads:
+        torch.set_num_threads(stage.threads)
+    device = resolve_device(stage.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    spec = model_spec_from_proto(cmd.model)
+    parts = sorted(stage.parts, key=lambda p: p.stage_index)
+    memory = _stage_memory(stage, device)  # before building: on CUDA the allocator's cap must be in place first
+    bundles = [build_model_range(spec, p.layer_start, p.layer_end, seed=train.seed) for p in parts]
+    bundle = bundles[0]
+    if bundle.tied:
+        raise ValueError(f"{schedule_name(train.schedule)} does not run a model with tied parameters "
+                         f"({', '.join(bundle.tied[0])}): use a one-stage-per-node schedule")
+    if parts[-1].stage_index == stage.num_stages - 1 and parts[-1].layer_end != bundle.num_layers:
+        raise ValueError(f"the last stage ends at layer {parts[-1].layer_end}, but the model has "
+                         f"{bundle.num_layers} layers")
+    restored = None
+    if cmd.HasField("restore"):  # read before joining the group: a bad checkpoint fails this node alone
+        directory = Path(cmd.restore.checkpoint_dir)
+        manifest = read_manifest(directory)
+        restored = [load_layers(directory, manifest, p.layer_start, p.layer_end) for p in parts]
+    ends = parts[0].stage_index == 0 or parts[-1].stage_index == stage.num_stages - 1
+    batches = eval_batches = None
+    if ends:  # a node holding neither end never touches the data
+        d = cmd.data
+        batches, eval_batches = open_data(d.path, d.format, d.dtype, spec.seq_len, d.seed, bundle.vocab_size,
+                                          d.eval_fraction if train.eval_every else 0.0)
+    init_data_plane(cmd.rendezvous, store)
+    executor = None
+    try:
+        executor = _executor(cmd, parts, [layer for b in bundles for layer in b.layers], bundle.loss_fn, device,
+                             memory)
+        layers = _LayerMap(parts)
+        if restored is not None:  # a checkpoint written with islands also holds outer state: not ours to use
+            apply_state(executor.module, executor.optimizer, split_outer(layers.to_local(restored))[0], 0)
+        writer = (_PartsWriter(executor, layers, train.checkpoint_dir, reports)
+                  if train.checkpoint_dir and train.checkpoint_every and train.save_part else None)
+        try:
+            _train(cmd, executor, batches, eval_batches, writer, reports)
+        except SealingError as err:
+            raise _named_refusal(err, cmd.layout) from None
+    finally:
+        if executor is None or not executor.stop_receiving():
+            dist.destroy_process_group()
+
+
+def _executor(cmd: pb.RunStage, parts: list[pb.StagePartSpec], layers: list, loss_fn, device: torch.device,
+              memory) -> StageExecutor:
+    stage, rdzv, train = cmd.stage, cmd.rendezvous, cmd.train
+    wire = wire_device(device, rdzv.backend)
+    rank_of_stage = [place.rank for place in cmd.layout]  # the layout lists the pipeline's stages in order
+    groups = {}
+    if rdzv.backend == "nccl":  # NCCL ignores tags: a group per boundary between two nodes, made by every rank in order
+        for b in range(len(rank_of_stage) - 1):
+            if rank_of_stage[b] != rank_of_stage[b + 1]:
+                groups[b] = dist.new_group(sorted({rank_of_stage[b], rank_of_stage[b + 1]}))
+    local: dict[int, tuple] = {}  # boundary -> its two in-memory ends
+
+    def link(spec: pb.LinkSpec, boundary: int, upstream: bool):
+        """This side of `boundary`: the upstream stage's next link, or the downstream stage's previous."""
+        if spec.peer_rank == rdzv.rank:
+            ends = local.setdefault(boundary, local_boundary(boundary))
+            return ends[0] if upstream else ends[1]
+        codec = spec.forward_codec if upstream else spec.backward_codec
+        return Link(spec.peer_rank, codec_by_id(codec), device, wire,
+                    emulation=WireEmulation.from_spec(spec.emulate_bandwidth_mbps, spec.emulate_latency_ms,
+                                                      bool(spec.bandwidth_changes)),
+                    max_message_bytes=spec.max_message_bytes, sealing=_sealing(spec, rdzv, f"link {boundary}"),
+                    tag=boundary, group=groups.get(boundary))
+
+    stage_parts = [StagePart(p.stage_index, p.layer_end - p.layer_start,
+                             link(p.prev, p.stage_index - 1, False) if p.HasField("prev") else None,
+                             link(p.next, p.stage_index, True) if p.HasField("next") else None) for p in parts]
+    # One entry per rank: the island's members (its clipping norm and fp16 flag sum over all of them).
+    ranks = {place.rank: place for place in cmd.layout}
+    island = Island(None, rdzv.rank, list(ranks.values()), rdzv)
+    executor = StageExecutor(layers, loss_fn, is_first=False, is_last=False, device=device, parts=stage_parts,
+                             recipe=recipe_of(train), sum_over_model=_sum_over_model(island, device, rdzv.backend),
+                             precision=train.precision or "fp32", link_rounding=train.link_rounding or "stochastic",
+                             any_over_model=_any_over_model(island, device, rdzv.backend),
+                             emulation=emulated_speed(stage.emulate, train.start_step), memory=memory)
+    executor.steps_done = train.start_step
+    return executor
+
+
+class _LayerMap:
+    """The executor's layers are the parts' ranges one after another; checkpoints name global layers."""
+
+    def __init__(self, parts: list[pb.StagePartSpec]):
+        self.ranges = [(p.layer_start, p.layer_end) for p in parts]
+        self.global_of = [layer for start, end in self.ranges for layer in range(start, end)]
+        self.local_of = {g: i for i, g in enumerate(self.global_of)}
+
+    @staticmethod
+    def _renumber(state: dict, index_map) -> dict:
+        out = {}
+        for key, tensor in state.items():
+            kind, index, rest = key.split(".", 2)  # "layers.<i>.<name>", "optim.<i>.<name>.<field>"
+            out[f"{kind}.{index_map(int(index))}.{rest}"] = tensor
+        return out
+
+    def to_local(self, per_part: list[dict]) -> dict:
+        """The parts' restored states (global keys) as one state of the executor's module."""
+        merged = {k: v for state in per_part for k, v in state.items()}
+        return self._renumber(merged, lambda g: self.local_of[g])
+
+    def split(self, state: dict) -> list[tuple[int, int, dict]]:
+        """The executor's state (local keys) as (layer_start, layer_end, state with global keys) per part."""
+        global_state = self._renumber(state, lambda i: self.global_of[i])
+        return [(start, end, {k: v for k, v in global_state.items() if start <= int(k.split(".", 2)[1]) < end})
+                for start, end in self.ranges]
+
+
+class _PartsWriter:
+    """Saves the node's stages at step boundaries, one part per stage: copied to CPU memory while
+    training waits, written and reported by a background thread (one write at a time)."""
+
+    def __init__(self, executor: StageExecutor, layers: _LayerMap, root: str, reports: StageReports):
+        self.executor, self.layers, self.root, self.reports = executor, layers, Path(root), reports
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    def save(self, step: int) -> None:
+        start = time.perf_counter()
+        self.wait()
+        with self.executor.state_lock:
+            state = stage_state(self.executor.module, self.executor.optimizer, 0)
+        stall_s = time.perf_counter() - start
+        self._thread = threading.Thread(target=self._write, args=(self.layers.split(state), step, stall_s),
+                                        daemon=True)
+        self._thread.start()
+
+    def _write(self, parts: list[tuple[int, int, dict]], step: int, stall_s: float) -> None:
+        directory = checkpoint_dir(self.root, step)
+        try:
+            for layer_start, layer_end, state in parts:
+                start = time.perf_counter()
+                try:
+                    part = write_part(directory, state, layer_start, layer_end)
+                except (OSError, ValueError) as err:  # a full or read-only disk: the coordinator decides
+                    message = pb.CheckpointPart(directory=str(directory), layer_start=layer_start,
+                                                layer_end=layer_end, step=step, error=f"{type(err).__name__}: {err}")
+                else:
+                    message = _part_message(directory, part, step, write_s=time.perf_counter() - start,
+                                            stall_s=stall_s)
+                self.reports.checkpoint(message)
+        except BaseException as err:  # surfaced on the main thread by wait()
+            self.error = err
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise RuntimeError(f"writing the checkpoint failed: {error}") from error
+
+
+def _train(cmd: pb.RunStage, executor: StageExecutor, batches, eval_batches, writer: _PartsWriter | None,
+           reports: StageReports) -> None:
+    """The steps, from train.start_step on: data, one pass of this device's actions, a report, a
+    checkpoint when due. Evaluation, when due, runs after the step (StageSpec.eval_fill is empty)."""
+    stage, train = cmd.stage, cmd.train
+    spec = model_spec_from_proto(cmd.model)
+    placed = device_schedule_named(schedule_name(train.schedule))
+    actions = placed.actions(stage.num_devices, train.num_microbatches)[stage.device_index]
+    evaluation = StepEvaluation(train, stage, executor, eval_batches, actions)
+    tokens = train.micro_batch_size * train.num_microbatches * spec.seq_len
+    links = [(link, spec) for part, p in zip(executor.parts, sorted(stage.parts, key=lambda p: p.stage_index))
+             for link, spec in ((part.prev_link, p.prev), (part.next_link, p.next)) if isinstance(link, Link)]
+    for step in range(train.start_step, train.steps):
+        torch.manual_seed(step_rng_seed(train.seed, step))
+        # one rounding stream for the node's executor (all its stages' links), its own per step
+        executor.wire.reseed(link_rounding_seed(train.seed, step, stage.device_index))
+        executor.emulation = emulated_speed(stage.emulate, step)
+        for link, link_spec in links:  # a link's emulated bandwidth as the YAML changes it at a step
+            if link.emulation is not None:
+                link.emulation.at_step(link_spec, step)
+        microbatches = None
+        if batches is not None:
+            microbatches = batches.micro_batches(step, train.micro_batch_size, train.num_microbatches)
+        sent_before = _sent_by_part(executor)
+        try:
+            result = executor.train_step(actions, microbatches, train.num_microbatches)
+        except torch.OutOfMemoryError as err:
+            if executor.memory is None or not executor.memory.limit_bytes:
+                raise
+            raise executor.memory.out_of_memory(err, f"at step {step}") from None
+        done = step + 1
+        metrics = _step_metrics(step, stage, result, tokens, 0, None, executor, None)
+        for part, before, after in zip(executor.parts, sent_before, _sent_by_part(executor)):
+            metrics.parts.add(stage_index=part.stage_index, compute_s=result.part_compute_s.get(part.stage_index, 0.0),
+                              forward_raw_bytes=after[0] - before[0], forward_wire_bytes=after[1] - before[1],
+                              backward_raw_bytes=after[2] - before[2], backward_wire_bytes=after[3] - before[3])
+        evaluation.after_step(done, result.eval_loss, metrics, reports.step)
+        if writer is not None and checkpoint_due(train, done):
+            writer.save(done)
+    if writer is not None:
+        writer.wait()  # the last checkpoint is reported before the node reports success
+
+
+def _sent_by_part(executor: StageExecutor) -> list[tuple[int, int, int, int]]:
+    """Bytes each part has sent so far, (raw, wire) forward then backward: a node reports its step
+    per stage too (StepMetrics.parts). An in-memory hand-off counts no bytes."""
+    def sent(link) -> tuple[int, int]:
+        return (link.stats.raw_bytes, link.stats.wire_bytes) if isinstance(link, Link) else (0, 0)
+    return [(*sent(part.next_link), *sent(part.prev_link)) for part in executor.parts]

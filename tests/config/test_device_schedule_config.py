@@ -1,0 +1,40 @@
+"""train.schedule: interleaved-1f1b and zb-v in the YAML: accepted for one pipeline, and what they
+cannot run with refused in one line naming the field (launcher/device_schedule_checks.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import error_of
+from hetlaunch.launcher.cluster_yaml import parse_cluster
+
+NODES = "nodes:\n  - {name: a, region: r}\n  - {name: b, region: r}\n"
+
+
+@pytest.mark.parametrize("schedule", ["zb-v", "interleaved-1f1b"])
+def test_accepted_for_one_pipeline(schedule):
+    cluster = parse_cluster(NODES + f"train: {{schedule: {schedule}, max_pipelines: 1, eval_in_bubbles: true}}\n")
+    assert cluster.train.schedule == schedule
+    # defaults that would act per stage are simply off for these schedules, not errors
+    assert parse_cluster(NODES + f"train: {{schedule: {schedule}, rebalance: off}}\nobserve: {{trace_every: 0}}\n")
+
+
+@pytest.mark.parametrize("extra, field", [
+    ("train: {schedule: zb-v, max_pipelines: 2}\n", "train.max_pipelines"),
+    ("train: {schedule: zb-v, outer: {islands: by_region}}\n", "train.outer"),
+    ("train: {schedule: interleaved-1f1b, global_batch: 32}\n", "train.global_batch"),
+    ("train: {schedule: zb-v, rebalance: live}\n", "train.rebalance"),
+    ("train: {schedule: zb-v}\nobserve: {trace_every: 5}\n", "observe.trace_every"),
+    ("train: {schedule: zb-v}\ncompression: {boundaries: {0: int8}}\n", "compression.boundaries"),
+    ("train: {schedule: zb-v}\ncompression: {cross_region: int8}\n", "compression.cross_region"),
+])
+def test_refused_in_one_line_naming_the_field(extra, field):
+    message = error_of(NODES + extra)
+    assert f"cluster.yaml: {field}" in message, message
+    assert "not supported with train.schedule" in message, message
+
+
+def test_pinned_layers_and_windows_are_refused():
+    pinned = "nodes:\n  - {name: a, region: r, layers: [0, 3]}\n  - {name: b, region: r, layers: [3, 6]}\n"
+    message = error_of(pinned + "train: {schedule: zb-v}\n")
+    assert "cluster.yaml: nodes[0].layers" in message and "not supported with train.schedule: zb-v" in message

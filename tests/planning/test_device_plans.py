@@ -1,0 +1,125 @@
+"""Plans for interleaved 1F1B and ZB-V (launcher/planning/device_plans.py): 1F1B's nodes, v·D stages
+placed as the schedule says, the cut chosen by simulation, and the step reported exactly
+`simulate_devices` of what is returned."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from dataclasses import replace
+
+import pytest
+from plan_reference import random_profile, regions_profile
+
+from hetlaunch.launcher.planning.compression import CompressionConfig
+from hetlaunch.launcher.planning.cost_model import CostModel, split_costs
+from hetlaunch.launcher.planning.device_plans import _CutSearch, check_device_priced
+from hetlaunch.launcher.planning.planner import PlanInvariantError
+from hetlaunch.launcher.planning.planning_error import PlanningError
+from hetlaunch.launcher.planning.profile_edits import scaled
+from hetlaunch.launcher.planning.request import PlanRequest, plan_for
+from hetlaunch.runtime.device_schedules import device_schedule_named
+from hetlaunch.runtime.simulation import simulate_devices
+
+NONE = CompressionConfig(intra_region="none", cross_region="none", sync="none")
+
+
+def _request(schedule: str, m: int = 4, **extra) -> PlanRequest:
+    return PlanRequest(num_microbatches=m, schedule=schedule, compression=NONE, max_pipelines=1, **extra)
+
+
+def _slow_second(profile, factor: float):
+    nodes = list(profile.nodes)
+    nodes[1] = nodes[1].model_copy(update={"layer_seconds": [t * factor for t in nodes[1].layer_seconds]})
+    return profile.model_copy(update={"nodes": nodes})
+
+
+def _step(schedule: str, cost, D: int) -> float:
+    placed = device_schedule_named(schedule)
+    where = [placed.stage_device(s, D) for s in range(len(cost.stages))]
+    stages = cost.stages
+    return simulate_devices(placed.actions(D, cost.num_microbatches), [s.forward_s for s in stages],
+                            [s.backward_s for s in stages], [s.link_s for s in stages[:-1]],
+                            [s.latency_s for s in stages[:-1]],
+                            [sum(s.optimizer_s for j, s in enumerate(stages) if where[j] == d) for d in range(D)],
+                            *split_costs(stages))
+
+
+@pytest.mark.parametrize("schedule", ["zb-v", "interleaved-1f1b"])
+def test_stages_follow_the_placement_and_the_step_is_their_simulation(schedule):
+    profile = _slow_second(regions_profile(per_region=2, regions=("a",), num_layers=12, layer_s=0.01,
+                                           output_bytes=2**16), 2.0)
+    result = plan_for(profile, _request(schedule))
+    assert result.schedule == schedule and len(result.pipelines) == 1
+    cost = result.pipelines[0].cost
+    chain = list(dict.fromkeys(s.node for s in cost.stages))
+    D = len(chain)
+    placed = device_schedule_named(schedule)
+    assert len(cost.stages) == placed.num_stages(D)
+    assert [s.node for s in cost.stages] == [chain[placed.stage_device(s, D)] for s in range(len(cost.stages))]
+    assert [s.layer_start for s in cost.stages[1:]] == [s.layer_end for s in cost.stages[:-1]]
+    assert cost.stages[0].layer_start == 0 and cost.stages[-1].layer_end == 12
+    assert result.step_s == cost.step_s == _step(schedule, cost, D)  # exactly, not approximately
+    check_device_priced(schedule, D, cost)
+    # a link inside a node is free; between nodes it is priced
+    for s, stage in enumerate(cost.stages[:-1]):
+        same = placed.stage_device(s, D) == placed.stage_device(s + 1, D)
+        assert (stage.link_s == 0 and stage.latency_s == 0) if same else stage.latency_s > 0
+
+
+@pytest.mark.parametrize("schedule", ["zb-v", "interleaved-1f1b"])
+def test_the_cut_is_no_worse_than_any_cut_in_a_brute_force_on_a_small_model(schedule):
+    """Six layers, four stages: every cut priced; the local search's must be among the best."""
+    profile = _slow_second(regions_profile(per_region=2, regions=("a",), num_layers=6, layer_s=0.01,
+                                           output_bytes=2**16), 3.0)
+    result = plan_for(profile, _request(schedule))
+    cost = result.pipelines[0].cost
+    chain = [profile.node(n) for n in dict.fromkeys(s.node for s in cost.stages)]
+    placed = device_schedule_named(schedule)
+    search = _CutSearch(CostModel(profile, 4, "1f1b", NONE), chain, placed, placed.actions(len(chain), 4))
+    best = min(search.cost(bounds).step_s for bounds in itertools.combinations(range(1, 6), 3))
+    assert result.step_s <= best * 1.05  # a hill climb: within 5% of the best cut on this small model
+
+
+def test_a_report_that_is_not_the_simulation_is_a_planner_bug():
+    profile = regions_profile(per_region=2, regions=("a",), num_layers=8, layer_s=0.01, output_bytes=2**16)
+    cost = plan_for(profile, _request("zb-v")).pipelines[0].cost
+    with pytest.raises(PlanInvariantError, match="simulate to"):
+        check_device_priced("zb-v", 2, replace(cost, step_s=cost.step_s * 0.9))
+
+
+def test_refusals_say_why():
+    profile = regions_profile(per_region=2, regions=("a",), num_layers=3, layer_s=0.01, output_bytes=2**16)
+    with pytest.raises(PlanningError, match="needs 4 stages but the model has only 3 layers"):
+        plan_for(profile, _request("zb-v"))
+    profile = regions_profile(per_region=2, regions=("a",), num_layers=8, layer_s=0.01, output_bytes=2**16)
+    with pytest.raises(PlanningError, match="not a multiple of 2"):
+        plan_for(profile, _request("interleaved-1f1b", m=3))
+    with pytest.raises(PlanningError, match="one pipeline"):
+        plan_for(profile, _request("zb-v", global_batch=16))
+
+
+@pytest.mark.parametrize("schedule", ["zb-v", "interleaved-1f1b"])
+def test_random_profiles_plan_honestly_or_say_no_plan(schedule):
+    """Small random clusters with extreme speeds and memories that may not fit: a plan whose step is
+    its simulation, placed as the schedule says, within each node's memory; or one line saying why not."""
+    rng = random.Random(5)
+    plans = refusals = 0
+    for _ in range(60):
+        profile = random_profile(rng, rng.randint(1, 4), rng.randint(1, 2), rng.randint(2, 9), memory_gb=(0.01, 3.0))
+        profile = scaled(profile, {n.name: rng.choice([1.0, 1.9, 3.3, 1e-3, 1e3]) for n in profile.nodes})
+        try:
+            result = plan_for(profile, _request(schedule, m=rng.choice([2, 4, 6, 8])))
+        except PlanningError as err:
+            assert "\n" not in str(err)
+            refusals += 1
+            continue
+        plans += 1
+        cost = result.pipelines[0].cost
+        D = len(dict.fromkeys(s.node for s in cost.stages))
+        check_device_priced(schedule, D, cost)
+        held: dict[str, float] = {}
+        for stage in cost.stages:
+            held[stage.node] = held.get(stage.node, 0.0) + stage.memory_bytes
+        assert all(held[n] <= profile.node(n).memory_bytes for n in held)
+    assert plans > 10 and refusals > 2, (plans, refusals)
