@@ -241,8 +241,9 @@ class Link:
         """The peer's next tensor (or tuple) on the compute device: received ahead (`expect`), or
         now; on an emulated wire, not before it is due."""
         arrived = self._coming.popleft().result() if self._coming else self._receive()
-        if arrived.due is not None and arrived.due > host_clock.now():
-            time.sleep(arrived.due - host_clock.now())
+        wait = arrived.due - host_clock.now() if arrived.due is not None else 0.0
+        if wait > 0:  # one reading of the clock: time passes between two (a loaded run once slept "-0.0001 s")
+            time.sleep(wait)
         for sent_at, received_at, wire_bytes in arrived.parts:
             transit = max(received_at, arrived.due or 0.0) - sent_at
             if self.least_transit is None or transit < self.least_transit[0]:

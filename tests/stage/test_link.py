@@ -236,3 +236,22 @@ def _stepped_clock_rank(rank: int, out_dir: str) -> None:
 @pytest.mark.timeout(90)
 def test_a_step_of_the_senders_wall_clock_does_not_change_a_transit(tmp_path):
     run_gloo_ranks(_stepped_clock_rank, 2, tmp_path)
+
+
+def test_a_message_due_between_two_readings_of_the_clock_is_taken_not_refused(monkeypatch):
+    """recv sleeps until an emulated message is due. It once read the clock twice, to compare and
+    then to sleep: when the due time passed in between (a loaded machine), it slept a negative
+    length and the stage died ("sleep length must be non-negative", a full-suite run)."""
+    from concurrent.futures import Future
+
+    from hetlaunch.runtime import host_clock, link as link_module
+
+    readings = iter([100.0, 100.002, 100.003, 100.004])  # due at 100.001: ahead, then behind
+    monkeypatch.setattr(host_clock, "now", lambda: next(readings))
+    link = Link(1, NoneCodec(), torch.device("cpu"), torch.device("cpu"))
+    arrived = Future()
+    message = torch.arange(3.0)
+    arrived.set_result(link_module._Arrived(message=message, due=100.001, parts=[(99.9, 100.0, 12)]))
+    link._coming.append(arrived)
+    assert torch.equal(link.recv(), message)
+    assert link.least_transit == (pytest.approx(0.101), 12)  # delivered when due, not when read
