@@ -56,7 +56,7 @@ SMALL_CASES = [(8, 1.0), (64, 1.0)]
 
 def small_profile(seed: int) -> Profile:
     sys.path.insert(0, str(REPO / "tests"))
-    from test_planner import random_profile
+    from plan_reference import random_profile
 
     return random_profile(random.Random(seed), 6, 3, 12)
 
