@@ -22,10 +22,12 @@ the simulation is re-exported here for it.
 from __future__ import annotations
 
 from hetlaunch.runtime.actions import B, E, F, I, W, Action, Kind, max_in_flight, parse_actions, validate_actions
-from hetlaunch.runtime.simulation import compiled, simulate, simulate_compiled, simulated_timeline
+from hetlaunch.runtime.simulation import (compiled, compiled_stage, simulate, simulate_compiled, simulate_in_order,
+                                          simulate_stages, simulated_timeline, stage_order)
 
 __all__ = ["B", "E", "F", "I", "W", "Action", "Kind", "max_in_flight", "parse_actions", "validate_actions", "compiled",
-           "simulate", "simulate_compiled", "simulated_timeline", "Schedule", "OneFOneB", "GPipe", "SCHEDULES",
+           "compiled_stage", "simulate", "simulate_compiled", "simulate_stages", "simulate_in_order", "stage_order",
+           "simulated_timeline", "Schedule", "OneFOneB", "GPipe", "SCHEDULES",
            "schedule_named", "schedule_for", "own_window", "one_f_one_b", "gpipe", "ZeroBubbleH1",
            "ZeroBubbleH2"]
 

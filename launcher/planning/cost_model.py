@@ -32,7 +32,8 @@ from hetlaunch.launcher.planning.planning_error import PlanningError
 from hetlaunch.launcher.planning.sim_floor import simulation_floor, stage_shapes
 from hetlaunch.launcher.planning.windows import THOROUGH_MAX_ACTIONS, best_windows
 from hetlaunch.runtime.registry import STATIC_BYTES_PER_PARAM_BYTE, must_seal
-from hetlaunch.runtime.schedules import compiled, schedule_named, simulate_compiled
+from hetlaunch.runtime.schedules import (compiled, compiled_stage, schedule_named, simulate_compiled,
+                                         simulate_in_order, stage_order)
 
 
 def in_flight(schedule: str, stage_index: int, num_stages: int, num_microbatches: int) -> int:
@@ -98,6 +99,8 @@ class CostModel:
         self._optimizer: dict[str, list[float]] = {}
         self._layers: dict[str, list[float]] = {}
         self._schedules: dict[tuple[int, int, int], tuple] = {}  # compiled action lists, per stage shape
+        self._stage_lists: dict[tuple[int, int, int], tuple | None] = {}  # simulate_stages' lists, per stage shape
+        self._orders: dict[tuple[int, ...], tuple] = {}  # per window vector: its actions in an order they can run
         self._shapes: dict[int, list[tuple]] = {}  # per stage count: what sim_floor.py reads of the action lists
         # launcher/planning/chain_cuts.py's dynamic program, remembered across the chains it cuts
         self.suffix_fronts: dict[tuple, dict[int, list[tuple]]] = {}
@@ -153,11 +156,36 @@ class CostModel:
         above: each stage's forward_s, backward_s and optimizer_s (see evaluate) and its
         outgoing link. The closed form stays for the search, where it is called thousands of
         times; plans are priced with this, and only this sets `exact`."""
-        actions = tuple(self._actions(j, len(cost.stages), stage.window) for j, stage in enumerate(cost.stages))
-        step = simulate_compiled(actions, [s.forward_s for s in cost.stages], [s.backward_s for s in cost.stages],
-                                 [s.link_s for s in cost.stages[:-1]], [s.latency_s for s in cost.stages[:-1]],
-                                 [s.optimizer_s for s in cost.stages], *split_costs(cost.stages))
+        step = self._simulated([s.window for s in cost.stages], [s.forward_s for s in cost.stages],
+                               [s.backward_s for s in cost.stages], [s.link_s for s in cost.stages[:-1]],
+                               [s.latency_s for s in cost.stages[:-1]], [s.optimizer_s for s in cost.stages],
+                               split_costs(cost.stages))
         return replace(cost, step_s=step, exact=True)
+
+    def _simulated(self, windows: list[int], forward: list[float], backward: list[float], link: list[float],
+                   latency: list[float], optimizer: list[float], split: tuple = (None, None)) -> float:
+        """The event simulation of stages keeping `windows` in flight (0: their own): by
+        simulate_stages where every stage runs only F and B (1F1B, GPipe: the same arithmetic
+        without the other kinds' branches), else simulate_compiled."""
+        S = len(windows)
+        key = tuple(windows)
+        order = self._orders.get(key)
+        if order is None:
+            fast = tuple(self._stage_list(j, S, w) for j, w in enumerate(windows))
+            # The order the actions can run in depends on the lists only: found once per window
+            # vector, then every cut priced in one pass (runtime/simulation.py simulate_in_order).
+            order = self._orders[key] = stage_order(fast) if all(a is not None for a in fast) else ()
+        if order:
+            return simulate_in_order(order, self.M, forward, backward, link, latency, optimizer)
+        actions = tuple(self._actions(j, S, w) for j, w in enumerate(windows))
+        return simulate_compiled(actions, forward, backward, link, latency, optimizer, *split)
+
+    def _stage_list(self, stage_index: int, num_stages: int, window: int) -> tuple | None:
+        key = (stage_index, num_stages, window)
+        if key not in self._stage_lists:
+            self._stage_lists[key] = compiled_stage(self.rules.stage_actions(stage_index, num_stages, self.M, window),
+                                                    stage_index)
+        return self._stage_lists[key]
 
     def floor(self, cost: PipelineCost) -> float:
         """A step no simulation of this cut can beat, whatever its windows (launcher/planning/sim_floor.py)."""
@@ -223,8 +251,8 @@ class CostModel:
         def price(windows: tuple[int, ...]) -> float:
             if windows == tuple(own):
                 return plain.step_s
-            actions = tuple(self._actions(j, S, w if w > own[j] else 0) for j, w in enumerate(windows))
-            return simulate_compiled(actions, forward, backward, link, latency, optimizer)
+            return self._simulated([w if w > own[j] else 0 for j, w in enumerate(windows)], forward, backward, link,
+                                   latency, optimizer)
 
         windows, _ = best_windows(own, caps, round_trip, busiest, price, thorough, floor)
         if windows == tuple(own):
