@@ -18,6 +18,8 @@ time the two halves); given one of them, the other is the rest of the backward.
 
 from __future__ import annotations
 
+from itertools import repeat
+
 from hetlaunch.runtime.actions import B, E, F, I, W, Action
 
 # Compiled kinds: small ints the simulation compares (a forward is the only falsy one, and the
@@ -300,7 +302,7 @@ def simulate_stages(plan: tuple[tuple[int, ...], ...], forward_cost: list[float]
                 i += 1
             if i != start:
                 if order is not None:
-                    order.extend((d, actions[k]) for k in range(start, i))
+                    order.extend(zip(repeat(d), actions[start:i]))
                 free_at[d], next_idx[d] = t, i
                 remaining -= i - start
                 progressed = True

@@ -2,7 +2,7 @@
 priced (launcher/planning/chain_search.py ChainSearch.price), each exact over every cut that fits
 memory, so a chain they rule out could not have won.
 
-* `fills_under`, for any pricing: every closed form (runtime/schedules.py) and every simulation
+* `fills_under`: every closed form (runtime/schedules.py) and every simulation of whole backwards
   is at least M max_j t_j (a stage runs its M micro-batches, its optimizer's share included), so
   a chain can beat `bound` only if some cut keeps every t_j under bound / M. One greedy fill
   decides it: each stage takes the furthest end that stays under and fits its memory (exact for
@@ -20,6 +20,9 @@ memory, so a chain they rule out could not have won.
   A only loosens later stages), so it decides exactly whether some cut keeps every stage's
   term under the bound. Unlike a balanced bound over the fastest node, this keeps each node at
   its own speed and charges the fill and drain that dominate at few micro-batches.
+
+A split backward (ZB) is simulated from the I and W a node measured, which need not add up to
+the B these terms charge, so its simulated chains are not ruled out here (ChainSearch.may_beat).
 """
 
 from __future__ import annotations

@@ -234,9 +234,16 @@ def simulated_best_cut(cm: CostModel, chain: list[NodeProfile], found: PipelineC
         return best
     tried = {_shape(found)}
     candidates = []
+    times = [cm.time_prefix(node) for node in chain]
+    # A stage's M micro-batches alone at or above the best: its floor is too, where a backward is
+    # one B (a split one is priced from the I and W measured, which need not add up to it).
+    whole = all(not ni and not nw for _, _, ni, nw, _ in cm.stage_shapes(S))
+    limit = best.step_s / cm.M if whole else math.inf
     for bounds in itertools.combinations(range(1, L), S - 1):
         edges = (0, *bounds, L)
         cuts = list(zip(edges, edges[1:]))
+        if any(acc[b] - acc[a] >= limit for acc, (a, b) in zip(times, cuts)):
+            continue  # ruled out before its costs are built (most cuts are far from balanced)
         if any(cm.memory_bytes(a, b, j, S) > node.memory_bytes for j, (node, (a, b)) in enumerate(zip(chain, cuts))):
             continue
         for codecs in itertools.product(*options):

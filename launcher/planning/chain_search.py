@@ -153,6 +153,7 @@ class ChainSearch:
         # key -> (cuts, codecs, windows, step, exact): everything the chain's priced plan carries
         self.memo: dict[tuple, tuple[list[tuple[int, int]], list[str], tuple[int, ...], float, bool] | None] = {}
         self._work: dict[frozenset, tuple[float, float]] = {}
+        self._bounds: dict[tuple, float] = {}  # chain key -> lower_bound
         self._hops: dict[tuple, tuple[float, float]] = {}  # per boundary: (least link time, its fill/drain share)
         self._smallest_output = min((layer.output_bytes for layer in profile.layers[:-1]), default=0)
 
@@ -199,16 +200,20 @@ class ChainSearch:
 
     def may_beat(self, chain: list[NodeProfile], bound: float) -> bool:
         """False when no cut of the chain can price below `bound` (launcher/planning/chain_bounds.py):
-        each node at its own speed, and, where the chain is priced by simulation, the fill and
-        drain of each stage's floor."""
+        each node at its own speed, and the fill and drain of each stage's floor. Only for chains
+        priced by simulation, whose price is final."""
         if bound == math.inf:
             return True
         cm, S = self.cm, len(chain)
+        if S * cm.M > SIMULATE_EVERY_CHAIN:
+            # Priced by the closed form, which `best` ranks with FINALIST_SLACK and then simulates:
+            # a chain above the bound there can still simulate fastest, so none is ruled out.
+            return True
+        shapes = cm.stage_shapes(S)
+        if any(ni or nw for _, _, ni, nw, _ in shapes):
+            return True  # a split backward is simulated from the I and W measured, which need not add up to B
         if not fills_under(cm, chain, bound):
             return False
-        if S * cm.M > SIMULATE_EVERY_CHAIN:
-            return True  # priced by the closed form: only M max_j t_j bounds it
-        shapes = cm.stage_shapes(S)
         drains = all(nb and not ni and sends for _, nb, ni, _, sends in shapes[1:])
         hops = [self._hop(j, a, b)[1] / 2 for j, (a, b) in enumerate(zip(chain, chain[1:]))]
         return floors_under(cm, chain, bound, hops, drains)
@@ -226,7 +231,14 @@ class ChainSearch:
     def lower_bound(self, chain: list[NodeProfile]) -> float:
         """Every layer at its fastest node in the chain, perfectly balanced; every boundary carries
         the smallest activation with its most compressing codec and pays its latency. A bound on
-        what `price` returns: on the simulation for chains it simulates, else on the closed form."""
+        what `price` returns: on the simulation for chains it simulates, else on the closed form.
+        Remembered by the chain's key (equal keys, equal costs): the pair search asks again and again."""
+        key = self.key(chain)
+        if key not in self._bounds:
+            self._bounds[key] = self._lower_bound(chain)
+        return self._bounds[key]
+
+    def _lower_bound(self, chain: list[NodeProfile]) -> float:
         cm = self.cm
         distinct = {self.signature[n.name]: n for n in chain}
         types = frozenset(distinct)

@@ -33,7 +33,10 @@ from hetlaunch.launcher.planning.sim_floor import simulation_floor, stage_shapes
 from hetlaunch.launcher.planning.windows import THOROUGH_MAX_ACTIONS, best_windows
 from hetlaunch.runtime.registry import STATIC_BYTES_PER_PARAM_BYTE, must_seal
 from hetlaunch.runtime.schedules import (compiled, compiled_stage, schedule_named, simulate_compiled,
-                                         simulate_in_order, stage_order)
+                                         simulate_in_order, simulate_stages, stage_order)
+
+
+ORDER_MAX_ACTIONS = 20_000  # actions per schedule up to which simulation orders are remembered (CostModel._simulated)
 
 
 def in_flight(schedule: str, stage_index: int, num_stages: int, num_microbatches: int) -> int:
@@ -170,12 +173,18 @@ class CostModel:
         S = len(windows)
         key = tuple(windows)
         order = self._orders.get(key)
-        if order is None:
-            fast = tuple(self._stage_list(j, S, w) for j, w in enumerate(windows))
-            # The order the actions can run in depends on the lists only: found once per window
-            # vector, then every cut priced in one pass (runtime/simulation.py simulate_in_order).
-            order = self._orders[key] = stage_order(fast) if all(a is not None for a in fast) else ()
         if order:
+            return simulate_in_order(order, self.M, forward, backward, link, latency, optimizer)
+        fast = tuple(self._stage_list(j, S, w) for j, w in enumerate(windows))
+        if all(a is not None for a in fast):
+            # The order the actions can run in depends on the lists only: recorded when a window
+            # vector comes back (most do: every cut at its own windows), then each cut is priced in
+            # one pass (runtime/simulation.py simulate_in_order). Not for very long schedules,
+            # whose vectors rarely come back and whose orders would fill memory.
+            if order is None or 2 * S * self.M > ORDER_MAX_ACTIONS:
+                self._orders[key] = ()
+                return simulate_stages(fast, forward, backward, link, latency, optimizer)
+            order = self._orders[key] = stage_order(fast)
             return simulate_in_order(order, self.M, forward, backward, link, latency, optimizer)
         actions = tuple(self._actions(j, S, w) for j, w in enumerate(windows))
         return simulate_compiled(actions, forward, backward, link, latency, optimizer, *split)

@@ -68,4 +68,6 @@ def test_chain_bounds_never_rule_out_a_chain_that_reaches_the_bound(schedule):
             continue
         assert search.may_beat(chain, best * (1 + 1e-9))
         ruled_out += not search.may_beat(chain, best * 0.9)
-    assert ruled_out > 0  # the bounds do rule chains out
+    # The bounds do rule chains out, except under a split backward, which they leave alone (a
+    # node's measured I and W need not add up to the B they charge).
+    assert ruled_out > 0 if schedule != "zb-h1" else ruled_out == 0
