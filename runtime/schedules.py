@@ -22,8 +22,8 @@ the simulation is re-exported here for it.
 from __future__ import annotations
 
 from hetlaunch.runtime.actions import B, E, F, I, W, Action, Kind, max_in_flight, parse_actions, validate_actions
-from hetlaunch.runtime.simulation import (compiled, compiled_stage, simulate, simulate_compiled, simulate_in_order,
-                                          simulate_stages, simulated_timeline, stage_order)
+from hetlaunch.runtime.fast_simulation import compiled_stage, simulate_in_order, simulate_stages, stage_order
+from hetlaunch.runtime.simulation import compiled, simulate, simulate_compiled, simulated_timeline
 
 __all__ = ["B", "E", "F", "I", "W", "Action", "Kind", "max_in_flight", "parse_actions", "validate_actions", "compiled",
            "compiled_stage", "simulate", "simulate_compiled", "simulate_stages", "simulate_in_order", "stage_order",
