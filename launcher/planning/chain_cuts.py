@@ -17,7 +17,7 @@ import itertools
 import math
 
 from hetlaunch.launcher.planning.compression import CODEC_SLACK, LOSSINESS
-from hetlaunch.launcher.planning.cost_model import CostModel, PipelineCost, in_flight, simulation_floor
+from hetlaunch.launcher.planning.cost_model import CostModel, PipelineCost, in_flight
 from hetlaunch.launcher.planning.profile_file import NodeProfile
 
 EXACT_MAX_WORK = 20_000  # stages x layers^2 up to which a chain's cut is found by the exact DP
@@ -233,19 +233,33 @@ def simulated_best_cut(cm: CostModel, chain: list[NodeProfile], found: PipelineC
     if math.comb(L - 1, S - 1) * math.prod(len(o) for o in options) > most:
         return best
     tried = {_shape(found)}
+    candidates = []
+    times = [cm.time_prefix(node) for node in chain]
+    # A stage's M micro-batches alone at or above the best: its floor is too, where a backward is
+    # one B (a split one is priced from the I and W measured, which need not add up to it).
+    whole = all(not ni and not nw for _, _, ni, nw, _ in cm.stage_shapes(S))
+    limit = best.step_s / cm.M if whole else math.inf
     for bounds in itertools.combinations(range(1, L), S - 1):
         edges = (0, *bounds, L)
         cuts = list(zip(edges, edges[1:]))
+        if any(acc[b] - acc[a] >= limit for acc, (a, b) in zip(times, cuts)):
+            continue  # ruled out before its costs are built (most cuts are far from balanced)
         if any(cm.memory_bytes(a, b, j, S) > node.memory_bytes for j, (node, (a, b)) in enumerate(zip(chain, cuts))):
             continue
         for codecs in itertools.product(*options):
             cost = cm.evaluate(chain, cuts, list(codecs))
-            if _shape(cost) in tried or simulation_floor(cm.M, cost) >= best.step_s:
-                continue
-            # Windows by their families only where there are many cuts of long schedules to try.
-            cost = cm.deepen(chain, cost, thorough=S * cm.M <= THOROUGH_EVERY_CUT)
-            if cost.step_s < best.step_s * (1 - 1e-12):
-                best = cost
+            if _shape(cost) not in tried:
+                candidates.append((cm.floor(cost), len(candidates), cost))
+    # Most promising floor first: once a floor reaches the best simulated step, no later cut can
+    # win (a simulation never beats its floor), so most cuts are never simulated.
+    candidates.sort(key=lambda c: c[:2])
+    for floor, _, cost in candidates:
+        if floor >= best.step_s:
+            break
+        # Windows by their families only where there are many cuts of long schedules to try.
+        cost = cm.deepen(chain, cost, thorough=S * cm.M <= THOROUGH_EVERY_CUT)
+        if cost.step_s < best.step_s * (1 - 1e-12):
+            best = cost
     if _shape(best) not in tried:
         best = min(best, cm.deepen(chain, best), key=lambda c: c.step_s)  # the winner's windows searched again
     return best

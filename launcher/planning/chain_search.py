@@ -14,6 +14,7 @@ import itertools
 import math
 from dataclasses import replace
 
+from hetlaunch.launcher.planning.chain_bounds import fills_under, floors_under
 from hetlaunch.launcher.planning.chain_cuts import cut_chain, simulated_best_cut
 from hetlaunch.launcher.planning.compression import CompressionConfig
 from hetlaunch.launcher.planning.cost_model import CostModel, PipelineCost
@@ -152,6 +153,7 @@ class ChainSearch:
         # key -> (cuts, codecs, windows, step, exact): everything the chain's priced plan carries
         self.memo: dict[tuple, tuple[list[tuple[int, int]], list[str], tuple[int, ...], float, bool] | None] = {}
         self._work: dict[frozenset, tuple[float, float]] = {}
+        self._bounds: dict[tuple, float] = {}  # chain key -> lower_bound
         self._hops: dict[tuple, tuple[float, float]] = {}  # per boundary: (least link time, its fill/drain share)
         self._smallest_output = min((layer.output_bytes for layer in profile.layers[:-1]), default=0)
 
@@ -173,7 +175,7 @@ class ChainSearch:
                 cost = self.cm.with_windows(cost, windows)
             # An equal key is an equal simulation: the remembered step is this chain's, windows and all.
             return replace(cost, step_s=step_s, exact=exact)
-        if self.lower_bound(chain) >= bound:
+        if self.lower_bound(chain) >= bound or not self.may_beat(chain, bound):
             return None  # cannot beat the best so far; not remembered, a later bound may be looser
         cost = cut_chain(self.cm, chain)
         if cost is not None and len(chain) * self.cm.M <= SIMULATE_EVERY_CHAIN:
@@ -196,10 +198,47 @@ class ChainSearch:
         cost = self.price(chain, bound)
         return None if cost is None else cost.step_s
 
+    def may_beat(self, chain: list[NodeProfile], bound: float) -> bool:
+        """False when no cut of the chain can price below `bound` (launcher/planning/chain_bounds.py):
+        each node at its own speed, and the fill and drain of each stage's floor. Only for chains
+        priced by simulation, whose price is final."""
+        if bound == math.inf:
+            return True
+        cm, S = self.cm, len(chain)
+        if S * cm.M > SIMULATE_EVERY_CHAIN:
+            # Priced by the closed form, which `best` ranks with FINALIST_SLACK and then simulates:
+            # a chain above the bound there can still simulate fastest, so none is ruled out.
+            return True
+        shapes = cm.stage_shapes(S)
+        if any(ni or nw for _, _, ni, nw, _ in shapes):
+            return True  # a split backward is simulated from the I and W measured, which need not add up to B
+        if not fills_under(cm, chain, bound):
+            return False
+        drains = all(nb and not ni and sends for _, nb, ni, _, sends in shapes[1:])
+        hops = [self._hop(j, a, b)[1] / 2 for j, (a, b) in enumerate(zip(chain, chain[1:]))]
+        return floors_under(cm, chain, bound, hops, drains)
+
+    def _hop(self, j: int, a: NodeProfile, b: NodeProfile) -> tuple[float, float]:
+        """Boundary j between a and b: (least link time, its fill/drain share 2 (link + latency))."""
+        cm = self.cm
+        key = (self.signature[a.name], self.signature[b.name], j if cm.compression.boundaries else None)
+        hop = self._hops.get(key)
+        if hop is None:
+            c = self._smallest_output * min(cm.link_seconds_per_byte(a, b, codec) for codec in cm.codec_options(j, a, b))
+            hop = self._hops[key] = (c, 2 * (c + cm.link(a, b)[1]))
+        return hop
+
     def lower_bound(self, chain: list[NodeProfile]) -> float:
         """Every layer at its fastest node in the chain, perfectly balanced; every boundary carries
         the smallest activation with its most compressing codec and pays its latency. A bound on
-        what `price` returns: on the simulation for chains it simulates, else on the closed form."""
+        what `price` returns: on the simulation for chains it simulates, else on the closed form.
+        Remembered by the chain's key (equal keys, equal costs): the pair search asks again and again."""
+        key = self.key(chain)
+        if key not in self._bounds:
+            self._bounds[key] = self._lower_bound(chain)
+        return self._bounds[key]
+
+    def _lower_bound(self, chain: list[NodeProfile]) -> float:
         cm = self.cm
         distinct = {self.signature[n.name]: n for n in chain}
         types = frozenset(distinct)
@@ -209,14 +248,9 @@ class ChainSearch:
                                  sum(min(n.layer_seconds[i] for n in distinct.values()) for i in range(cm.num_layers)))
         work, layers_only = self._work[types]  # per micro-batch: with the optimizer's share, and without it
         link_max = link_sum = arrivals = 0.0
-        S, pinned = len(chain), cm.compression.boundaries  # codecs pinned by position make a hop depend on it
+        S = len(chain)
         for j, (a, b) in enumerate(zip(chain, chain[1:])):
-            key = (self.signature[a.name], self.signature[b.name], j if pinned else None)
-            hop = self._hops.get(key)
-            if hop is None:
-                c = self._smallest_output * min(cm.link_seconds_per_byte(a, b, codec)
-                                                for codec in cm.codec_options(j, a, b))
-                hop = self._hops[key] = (c, 2 * (c + cm.link(a, b)[1]))
+            hop = self._hop(j, a, b)  # codecs pinned by position make a hop depend on it
             link_max = max(link_max, hop[0])
             link_sum += hop[1]
             arrivals += (S - 1 - j) * hop[1] / 2  # every stage after hop j waits for it before it starts

@@ -29,9 +29,14 @@ from dataclasses import dataclass, replace
 from hetlaunch.launcher.planning.compression import LOSSINESS, NONE, CompressionConfig, wire_ratio
 from hetlaunch.launcher.planning.profile_file import NodeProfile, Profile
 from hetlaunch.launcher.planning.planning_error import PlanningError
+from hetlaunch.launcher.planning.sim_floor import simulation_floor, stage_shapes
 from hetlaunch.launcher.planning.windows import THOROUGH_MAX_ACTIONS, best_windows
 from hetlaunch.runtime.registry import STATIC_BYTES_PER_PARAM_BYTE, must_seal
-from hetlaunch.runtime.schedules import compiled, schedule_named, simulate_compiled
+from hetlaunch.runtime.schedules import (compiled, compiled_stage, schedule_named, simulate_compiled,
+                                         simulate_in_order, simulate_stages, stage_order)
+
+
+ORDER_MAX_ACTIONS = 20_000  # actions per schedule up to which simulation orders are remembered (CostModel._simulated)
 
 
 def in_flight(schedule: str, stage_index: int, num_stages: int, num_microbatches: int) -> int:
@@ -95,7 +100,11 @@ class CostModel:
         self._links: dict[tuple[str, str], tuple[float, float]] = {}
         self._memory_prefix: dict[int, list[float]] = {}
         self._optimizer: dict[str, list[float]] = {}
+        self._layers: dict[str, list[float]] = {}
         self._schedules: dict[tuple[int, int, int], tuple] = {}  # compiled action lists, per stage shape
+        self._stage_lists: dict[tuple[int, int, int], tuple | None] = {}  # simulate_stages' lists, per stage shape
+        self._orders: dict[tuple[int, ...], tuple] = {}  # per window vector: its actions in an order they can run
+        self._shapes: dict[int, list[tuple]] = {}  # per stage count: what sim_floor.py reads of the action lists
         # launcher/planning/chain_cuts.py's dynamic program, remembered across the chains it cuts
         self.suffix_fronts: dict[tuple, dict[int, list[tuple]]] = {}
         self.crossings: dict[tuple, dict[str, list]] = {}
@@ -128,10 +137,21 @@ class CostModel:
 
     def optimizer_s(self, node: NodeProfile, start: int, end: int) -> float:
         """The once-per-step optimizer time of layers [start, end) on node."""
+        acc = self.optimizer_prefix(node)
+        return acc[end] - acc[start]
+
+    def optimizer_prefix(self, node: NodeProfile) -> list[float]:
         acc = self._optimizer.get(node.name)
         if acc is None:
             acc = self._optimizer[node.name] = _prefix([node.optimizer(i) for i in range(self.num_layers)])
-        return acc[end] - acc[start]
+        return acc
+
+    def layer_prefix(self, node: NodeProfile) -> list[float]:
+        """prefix[i] = the layers [0, i) forward and backward on node, per micro-batch (no optimizer)."""
+        acc = self._layers.get(node.name)
+        if acc is None:
+            acc = self._layers[node.name] = _prefix(node.layer_seconds[:self.num_layers])
+        return acc
 
     def exact(self, chain: list[NodeProfile], cost: PipelineCost) -> PipelineCost:
         """The same stages, codecs and windows, the step priced by an event simulation of the
@@ -139,11 +159,52 @@ class CostModel:
         above: each stage's forward_s, backward_s and optimizer_s (see evaluate) and its
         outgoing link. The closed form stays for the search, where it is called thousands of
         times; plans are priced with this, and only this sets `exact`."""
-        actions = tuple(self._actions(j, len(cost.stages), stage.window) for j, stage in enumerate(cost.stages))
-        step = simulate_compiled(actions, [s.forward_s for s in cost.stages], [s.backward_s for s in cost.stages],
-                                 [s.link_s for s in cost.stages[:-1]], [s.latency_s for s in cost.stages[:-1]],
-                                 [s.optimizer_s for s in cost.stages], *split_costs(cost.stages))
+        step = self._simulated([s.window for s in cost.stages], [s.forward_s for s in cost.stages],
+                               [s.backward_s for s in cost.stages], [s.link_s for s in cost.stages[:-1]],
+                               [s.latency_s for s in cost.stages[:-1]], [s.optimizer_s for s in cost.stages],
+                               split_costs(cost.stages))
         return replace(cost, step_s=step, exact=True)
+
+    def _simulated(self, windows: list[int], forward: list[float], backward: list[float], link: list[float],
+                   latency: list[float], optimizer: list[float], split: tuple = (None, None)) -> float:
+        """The event simulation of stages keeping `windows` in flight (0: their own): by
+        simulate_stages where every stage runs only F and B (1F1B, GPipe: the same arithmetic
+        without the other kinds' branches), else simulate_compiled."""
+        S = len(windows)
+        key = tuple(windows)
+        order = self._orders.get(key)
+        if order:
+            return simulate_in_order(order, self.M, forward, backward, link, latency, optimizer)
+        fast = tuple(self._stage_list(j, S, w) for j, w in enumerate(windows))
+        if all(a is not None for a in fast):
+            # The order the actions can run in depends on the lists only: recorded when a window
+            # vector comes back (most do: every cut at its own windows), then each cut is priced in
+            # one pass (runtime/simulation.py simulate_in_order). Not for very long schedules,
+            # whose vectors rarely come back and whose orders would fill memory.
+            if order is None or 2 * S * self.M > ORDER_MAX_ACTIONS:
+                self._orders[key] = ()
+                return simulate_stages(fast, forward, backward, link, latency, optimizer)
+            order = self._orders[key] = stage_order(fast)
+            return simulate_in_order(order, self.M, forward, backward, link, latency, optimizer)
+        actions = tuple(self._actions(j, S, w) for j, w in enumerate(windows))
+        return simulate_compiled(actions, forward, backward, link, latency, optimizer, *split)
+
+    def _stage_list(self, stage_index: int, num_stages: int, window: int) -> tuple | None:
+        key = (stage_index, num_stages, window)
+        if key not in self._stage_lists:
+            self._stage_lists[key] = compiled_stage(self.rules.stage_actions(stage_index, num_stages, self.M, window),
+                                                    stage_index)
+        return self._stage_lists[key]
+
+    def floor(self, cost: PipelineCost) -> float:
+        """A step no simulation of this cut can beat, whatever its windows (launcher/planning/sim_floor.py)."""
+        return simulation_floor(self.stage_shapes(len(cost.stages)), cost.stages)
+
+    def stage_shapes(self, num_stages: int) -> list[tuple]:
+        """What sim_floor.py reads of the schedule's action lists (the same for every window)."""
+        if num_stages not in self._shapes:
+            self._shapes[num_stages] = stage_shapes(tuple(self._actions(j, num_stages, 0) for j in range(num_stages)))
+        return self._shapes[num_stages]
 
     def _actions(self, stage_index: int, num_stages: int, window: int) -> tuple:
         key = (stage_index, num_stages, window)
@@ -186,7 +247,8 @@ class CostModel:
             stage = cost.stages[j]
             total += stage.compute_s + 2 * (stage.latency_s + stage.link_s)
             round_trip[j] = total
-        if plain.step_s <= simulation_floor(self.M, cost) * (1 + 1e-12):
+        floor = self.floor(cost)
+        if plain.step_s <= floor * (1 + 1e-12):
             return plain  # every micro-batch already streams through the busiest resource: nothing to hide
         busiest = max(max(s.compute_s, s.link_s) for s in cost.stages)
         # The vectors are priced from plain lists (the same arithmetic as exact()); only the one
@@ -198,10 +260,10 @@ class CostModel:
         def price(windows: tuple[int, ...]) -> float:
             if windows == tuple(own):
                 return plain.step_s
-            actions = tuple(self._actions(j, S, w if w > own[j] else 0) for j, w in enumerate(windows))
-            return simulate_compiled(actions, forward, backward, link, latency, optimizer)
+            return self._simulated([w if w > own[j] else 0 for j, w in enumerate(windows)], forward, backward, link,
+                                   latency, optimizer)
 
-        windows, _ = best_windows(own, caps, round_trip, busiest, price, thorough)
+        windows, _ = best_windows(own, caps, round_trip, busiest, price, thorough, floor)
         if windows == tuple(own):
             return plain
         return replace(self.exact(chain, self.with_windows(cost, windows)),
@@ -340,17 +402,6 @@ def split_costs(stages) -> tuple[list[float] | None, list[float] | None]:
     if all(s.input_grad_s + s.weight_grad_s > 0 for s in stages):
         return [s.input_grad_s for s in stages], [s.weight_grad_s for s in stages]
     return None, None
-
-
-def simulation_floor(num_microbatches: int, cost: PipelineCost) -> float:
-    """A step no simulation of this cut can beat, whatever its windows: stage j computes all M
-    micro-batches (M t_j, its optimizer included) and cannot start before the first activation
-    has crossed every link before it; a link carries M messages each way."""
-    floor, crossing = 0.0, 0.0
-    for stage in cost.stages:
-        floor = max(floor, num_microbatches * stage.compute_s + crossing, num_microbatches * stage.link_s)
-        crossing += stage.link_s + stage.latency_s
-    return floor
 
 
 def _prefix(values: list[float]) -> list[float]:

@@ -83,26 +83,39 @@ def families(own: list[int], caps: list[int], round_trip: list[float], busiest: 
     return list(dict.fromkeys(found))
 
 
+class _AtFloor(Exception):
+    """A vector priced at the floor: no other can be faster, the search stops."""
+
+
 def best_windows(own: list[int], caps: list[int], round_trip: list[float], busiest: float,
-                 price: Callable[[tuple[int, ...]], float], thorough: bool = True) -> tuple[tuple[int, ...], float]:
+                 price: Callable[[tuple[int, ...]], float], thorough: bool = True,
+                 floor: float = 0.0) -> tuple[tuple[int, ...], float]:
     """The fastest admissible vector by `price` (the event simulation) and its step; own windows
     unless a deeper vector buys WINDOW_GAIN. `thorough` adds the exhaustive pass or the descent;
-    without it only the families are priced (the search's inner loop, over many cuts)."""
+    without it only the families are priced (the search's inner loop, over many cuts). `floor`:
+    a step no vector can beat (launcher/planning/sim_floor.py); the search stops at a vector that
+    reaches it."""
     seen: dict[tuple[int, ...], float] = {}
 
     def step(vector: tuple[int, ...]) -> float:
         if vector not in seen:
             seen[vector] = price(vector)
+            if seen[vector] <= floor * (1 + 1e-12):
+                raise _AtFloor
         return seen[vector]
 
     base = tuple(own)
-    plain = step(base)
-    exhaustive = thorough and admissible_count(own, caps) <= EXHAUSTIVE_VECTORS
-    shaped = families(own, caps, round_trip, busiest)
-    for vector in admissible(own, caps) if exhaustive else shaped if thorough else shaped[:QUICK_FAMILIES]:
-        step(vector)
-    if thorough and not exhaustive:
-        _descend(own, caps, seen, step, len(seen) + DESCENT_BUDGET)
+    try:
+        step(base)
+        exhaustive = thorough and admissible_count(own, caps) <= EXHAUSTIVE_VECTORS
+        shaped = families(own, caps, round_trip, busiest)
+        for vector in admissible(own, caps) if exhaustive else shaped if thorough else shaped[:QUICK_FAMILIES]:
+            step(vector)
+        if thorough and not exhaustive:
+            _descend(own, caps, seen, step, len(seen) + DESCENT_BUDGET)
+    except _AtFloor:
+        pass
+    plain = seen[base]
     best = min(seen, key=lambda v: (seen[v], sum(v)))
     if seen[best] >= plain * (1 - WINDOW_GAIN):
         return base, plain

@@ -1,0 +1,83 @@
+"""Can a chain beat a step at all? Cheap tests that rule a chain out before any of its cuts is
+priced (launcher/planning/chain_search.py ChainSearch.price), each exact over every cut that fits
+memory, so a chain they rule out could not have won.
+
+* `fills_under`: every closed form (runtime/schedules.py) and every simulation of whole backwards
+  is at least M max_j t_j (a stage runs its M micro-batches, its optimizer's share included), so
+  a chain can beat `bound` only if some cut keeps every t_j under bound / M. One greedy fill
+  decides it: each stage takes the furthest end that stays under and fits its memory (exact for
+  a fixed node order, since prefix sums only grow).
+* `floors_under`, where the chain is priced by simulation: a cut's simulation is at least its
+  floor (launcher/planning/sim_floor.py), and stage j's floor is at least
+
+      A_j + M l_j    with  A_j = sum_{k<j} (l_k / 3 + g l_k + (1 + h) hop_k)
+
+  where l_k is stage k's layer time per micro-batch (a third forward, two thirds backward),
+  hop_k the least a message can take on boundary k (latency, the smallest activation at its
+  most compressing codec), and, where every stage after the first ends on a full backward
+  (1F1B, GPipe), g = 2/3 and h = 1: its last gradient climbs back through every stage before
+  it; else g = h = 0. A dynamic program over (stage, end) keeps the least A per end (a smaller
+  A only loosens later stages), so it decides exactly whether some cut keeps every stage's
+  term under the bound. Unlike a balanced bound over the fastest node, this keeps each node at
+  its own speed and charges the fill and drain that dominate at few micro-batches.
+
+A split backward (ZB) is simulated from the I and W a node measured, which need not add up to
+the B these terms charge, so its simulated chains are not ruled out here (ChainSearch.may_beat).
+"""
+
+from __future__ import annotations
+
+import bisect
+
+from hetlaunch.launcher.planning.cost_model import CostModel
+from hetlaunch.launcher.planning.profile_file import NodeProfile
+
+SLACK = 1e-9  # only what is clearly at or above the bound is ruled out (rounding stays on the safe side)
+
+
+def fills_under(cm: CostModel, chain: list[NodeProfile], bound: float) -> bool:
+    """False when every cut that fits memory has a stage with M t_j >= bound."""
+    S, L = len(chain), cm.num_layers
+    limit = bound / cm.M * (1 + SLACK)
+    start = 0
+    for j, node in enumerate(chain):
+        times, memory = cm.time_prefix(node), cm.memory_prefix(j, S)
+        last = L - (S - 1 - j)  # every later stage keeps at least one layer
+        end = min(bisect.bisect_right(times, times[start] + limit) - 1,
+                  bisect.bisect_right(memory, memory[start] + node.memory_bytes) - 1, last)
+        if end <= start:
+            return False
+        start = end
+    return start == L
+
+
+def floors_under(cm: CostModel, chain: list[NodeProfile], bound: float, hops: list[float],
+                 drains: bool) -> bool:
+    """False when every cut that fits memory has a stage whose floor term (above) is >= bound.
+    `hops[k]`: the least time a message takes on boundary k; `drains`: every stage after the
+    first ends on a full backward."""
+    S, L, M = len(chain), cm.num_layers, cm.M
+    limit = bound * (1 + SLACK)
+    g, h = (2 / 3, 1.0) if drains else (0.0, 0.0)
+    states = {0: 0.0}  # end of the stages so far -> least A over the cuts reaching it
+    for j, node in enumerate(chain):
+        layers, memory = cm.layer_prefix(node), cm.memory_prefix(j, S)
+        # Stage 0's floor ends with its optimizer (nothing climbs back to it).
+        opt = cm.optimizer_prefix(node) if j == 0 else None
+        last = L if j == S - 1 else L - (S - 1 - j)
+        grown: dict[int, float] = {}
+        for start, a in states.items():
+            for end in range(start + 1, last + 1):
+                work = layers[end] - layers[start]
+                term = a + M * work + (opt[end] - opt[start] if opt else 0.0)
+                if term > limit or memory[end] - memory[start] > node.memory_bytes:
+                    break  # both only grow with the range
+                if j == S - 1 and end < L:
+                    continue
+                nxt = a + work / 3 + g * work + ((1 + h) * hops[j] if j < S - 1 else 0.0)
+                if nxt < grown.get(end, float("inf")):
+                    grown[end] = nxt
+        if not grown:
+            return False
+        states = grown
+    return L in states
