@@ -17,10 +17,11 @@ from pathlib import Path
 from rich.console import Console
 
 from hetlaunch.launcher.config_types import ConfigError
-from hetlaunch.launcher.coordinator import CoordinatorServer, host_port
+from hetlaunch.launcher.coordinator import CoordinatorServer
 from hetlaunch.launcher.discovery import Discovery, discovered_node
 from hetlaunch.launcher.job_errors import JobError
-from hetlaunch.launcher.local_agents import LocalAgents
+from hetlaunch.launcher.providers.base import LaunchContext, Providers
+from hetlaunch.launcher.providers.registry import providers_for
 from hetlaunch.launcher.run_record import make_run_dir, write_run_file
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.runtime.sealing import REFUSED, new_secret
@@ -39,7 +40,7 @@ class ClusterSession:
         self.token = token
         self.console = console
         self.nodes = {n.name: n for n in cluster.nodes}
-        self.agents = LocalAgents()
+        self.agents = Providers(providers_for(cluster.nodes))  # every node's but launch: remote's
         self.server: CoordinatorServer | None = None
         self.lost: dict[str, str] = {}  # nodes declared lost, with why; never used again unless they rejoin
         # data_plane.encrypt: one secret per job, sent to the stages only on the control plane
@@ -58,42 +59,15 @@ class ClusterSession:
                 raise JobError(f"cannot listen on {coord.host}:{coord.port} (coordinator.host/port): "
                                f"{' '.join(str(err).split())[:200]}") from None
             self._write_contact()
-            for node in self.cluster.local_nodes:
-                self.agents.start(node.name, self.server.address, self.token, self.run_dir / "logs",
-                                  self.cluster.threads_for(node, os.cpu_count() or 1),
-                                  self._agent_tls_args() + self._agent_policy_args())
-            self._start_over_ssh()
+            self.agents.start(LaunchContext(self.cluster, self.server.address, self.server.port, self.token,
+                                            self.run_dir / "logs", self._agent_tls_args() + self._agent_policy_args(),
+                                            self.console))
             self._wait_for_nodes()
             self._take_discovered()
         except BaseException:
             self.__exit__(None, None, None)
             raise
         return self
-
-    def _start_over_ssh(self) -> None:
-        nodes = self.cluster.ssh_nodes
-        if not nodes:
-            return
-        from concurrent.futures import ThreadPoolExecutor
-
-        from hetlaunch.launcher.ssh_agents import SshError, advertised_host, agent_command, check_remote_versions
-
-        coord = self.cluster.coordinator
-        host = advertised_host(coord.host, coord.advertise)
-        address = host_port(host, self.server.port)
-        with self.console.status(f"checking hetlaunch on {len(nodes)} host(s) over ssh"):
-            with ThreadPoolExecutor(max_workers=min(16, len(nodes))) as pool:
-                checks = [pool.submit(check_remote_versions, node) for node in nodes]
-                for check in checks:
-                    try:
-                        check.result()
-                    except SshError as err:
-                        raise JobError(str(err)) from None
-        for node in nodes:
-            self.agents.start_over_ssh(node.name, agent_command(node, address, self._agent_tls_args() +
-                                                                self._agent_policy_args()),
-                                       self.token, self.run_dir / "logs")
-        self.console.print(f"started {len(nodes)} agent(s) over ssh, dialing {address}")
 
     def _discovery(self) -> Discovery | None:
         rule = self.cluster.discover
@@ -160,7 +134,7 @@ class ClusterSession:
     def __exit__(self, *exc) -> None:
         if self.server is not None:
             self.server.state.shutdown_all("hetlaunch is done")
-            self.agents.wait_all(5.0)
+            self.agents.wait(5.0)
         self.agents.stop()
         if self.server is not None:
             self.server.stop()
@@ -217,8 +191,9 @@ class ClusterSession:
         done = done | set(self.lost)
         for node, code in self.agents.exited().items():
             if node not in done:
-                lost[node] = (f"local agent was killed by {signal.Signals(-code).name}" if code < 0 else
-                              f"local agent exited with code {code}: {self.agents.agents[node].log_tail()}")
+                what = self.agents.what(node)
+                lost[node] = (f"{what} was killed by {signal.Signals(-code).name}" if code < 0 else
+                              f"{what} exited with code {code}: {self.agents.log_tail(node)}")
         timeout = self.cluster.coordinator.heartbeat_timeout_s
         for node, (silent, state, step) in self.state.silent_for(time.monotonic()).items():
             if node in done or node in lost:
@@ -315,9 +290,8 @@ class ClusterSession:
                 dead = {n: c for n, c in self.agents.exited().items() if n in missing}
                 if dead:
                     node, code = next(iter(dead.items()))
-                    how = "agent started over ssh" if self.nodes[node].launch == "ssh" else "local agent"
-                    raise JobError(f"{how} {node} exited with code {code} before joining: "
-                                   f"{self.agents.agents[node].log_tail()}")
+                    raise JobError(f"{self.agents.what(node)} {node} exited with code {code} before joining: "
+                                   f"{self.agents.log_tail(node)}")
                 if missing and time.monotonic() > deadline:
                     names = ", ".join(
                         f"{n} ({self.nodes[n].launch}{', host ' + self.nodes[n].host if self.nodes[n].host else ''})"

@@ -1,10 +1,10 @@
-"""Agents that `hetlaunch up` starts as fresh subprocesses: on this machine, or an `ssh` client
-that runs one on another host (launcher/ssh_agents.py).
+"""Agents that run as child processes of `hetlaunch up`: the agent itself (launch: local), an
+`ssh` client that runs one on another host (launch: ssh), or whatever command a provider starts.
 
 They are started with exec (never a fork of this gRPC-holding process), in their own
 session so a terminal's Ctrl-C reaches only `up`, which then stops them in order.
-Each one watches our pid and exits if we vanish, so even a SIGKILL of `up` leaves no
-orphan for long.
+A local agent watches our pid and exits if we vanish, so even a SIGKILL of `up` leaves no
+orphan for long; one at the end of an ssh connection stops when its stdin closes.
 """
 
 from __future__ import annotations
@@ -12,16 +12,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from hetlaunch.runtime.auth import TOKEN_ENV_VAR
-
 
 @dataclass
-class LocalAgent:
+class AgentProcess:
     node: str
     process: subprocess.Popen
     log_path: Path
@@ -34,46 +31,37 @@ class LocalAgent:
         return " | ".join(text[-lines:])
 
 
-class LocalAgents:
+class AgentProcesses:
+    """One child process per node, its output in the node's log."""
+
     def __init__(self) -> None:
-        self.agents: dict[str, LocalAgent] = {}
+        self.agents: dict[str, AgentProcess] = {}
 
-    def start(self, node: str, coordinator: str, token: str, log_dir: Path, threads: int,
-              tls_args: list[str] | None = None) -> None:
-        log_dir.mkdir(parents=True, exist_ok=True)
-        log_path = log_dir / f"{node}.log"
-        env = dict(os.environ)
-        env[TOKEN_ENV_VAR] = token  # never on the command line, where `ps` would show it
-        env.setdefault("OMP_NUM_THREADS", str(threads))
-        env.setdefault("PYTHONUNBUFFERED", "1")
-        cmd = [sys.executable, "-m", "hetlaunch.runtime.agent", "--coordinator", coordinator,
-               f"--name={node}", "--parent-pid", str(os.getpid()), "--connect-timeout", "30",
-               *(tls_args or [])]  # --name=: a node name is never taken for an option
+    def spawn(self, node: str, command: list[str], log_path: Path, env: dict[str, str] | None = None,
+              stdin_line: str | None = None) -> None:
+        """Start `command`; with `stdin_line`, its stdin is a pipe whose first line that is, left
+        open as the agent's lifeline (closed by `stop`)."""
         with open(log_path, "w") as log:
-            process = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                       stderr=subprocess.STDOUT, start_new_session=True)
-        self.agents[node] = LocalAgent(node, process, log_path)
-
-    def start_over_ssh(self, node: str, ssh_command: list[str], token: str, log_dir: Path) -> None:
-        """Run `ssh ... agent --token-file - --stdin-lifeline` (launcher/ssh_agents.py): the token
-        is its stdin's first line, and the open stdin is the remote agent's lifeline."""
-        log_dir.mkdir(parents=True, exist_ok=True)
-        log_path = log_dir / f"{node}.log"
-        with open(log_path, "w") as log:
-            process = subprocess.Popen(ssh_command, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
-                                       start_new_session=True)
-        try:
-            process.stdin.write(token.encode() + b"\n")
-            process.stdin.flush()
-        except BrokenPipeError:  # ssh already gave up; its exit code and log say why
-            pass
-        self.agents[node] = LocalAgent(node, process, log_path)
+            process = subprocess.Popen(command, env=env,
+                                       stdin=subprocess.DEVNULL if stdin_line is None else subprocess.PIPE,
+                                       stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        if stdin_line is not None:
+            try:
+                process.stdin.write(stdin_line.encode() + b"\n")
+                process.stdin.flush()
+            except BrokenPipeError:  # the command already gave up; its exit code and log say why
+                pass
+        self.agents[node] = AgentProcess(node, process, log_path)
 
     def exited(self) -> dict[str, int]:
         """Agents whose process has ended, with exit codes."""
         return {n: a.process.returncode for n, a in self.agents.items() if a.process.poll() is not None}
 
-    def wait_all(self, timeout_s: float) -> bool:
+    def log_tail(self, node: str) -> str:
+        agent = self.agents.get(node)
+        return agent.log_tail() if agent is not None else ""
+
+    def wait(self, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
         for agent in self.agents.values():
             remaining = deadline - time.monotonic()
@@ -94,27 +82,48 @@ class LocalAgents:
                 pass
 
     def stop(self, grace_s: float = 5.0) -> None:
-        """Close the lifeline of agents over SSH and give them the grace period to stop their
+        """Close the lifelines (stdin) and give those agents the grace period to stop their
         workers; SIGTERM every agent still running, then SIGKILL what is left after another."""
         lifelines = [a for a in self.agents.values() if a.process.stdin is not None and a.process.poll() is None]
         for agent in lifelines:
             _close(agent.process.stdin)
         if lifelines:
-            self.wait_all(grace_s)
+            self.wait(grace_s)
         for agent in self.agents.values():
             if agent.process.poll() is None:
                 _signal_group(agent.process, signal.SIGTERM)
-        if not self.wait_all(grace_s):
+        if not self.wait(grace_s):
             for agent in self.agents.values():
                 if agent.process.poll() is None:
                     _signal_group(agent.process, signal.SIGKILL)
-            self.wait_all(5.0)
+            self.wait(5.0)
+
+
+class ProcessProvider:
+    """The AgentProvider methods of a provider whose agents are AgentProcesses (mixed in first)."""
+
+    processes: AgentProcesses
+
+    def exited(self) -> dict[str, int]:
+        return self.processes.exited()
+
+    def log_tail(self, node: str) -> str:
+        return self.processes.log_tail(node)
+
+    def kill(self, node: str) -> None:
+        self.processes.kill(node)
+
+    def wait(self, timeout_s: float) -> bool:
+        return self.processes.wait(timeout_s)
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        self.processes.stop(grace_s)
 
 
 def _close(stream) -> None:
     try:
         stream.close()
-    except OSError:  # the pipe broke: ssh is gone already
+    except OSError:  # the pipe broke: the process is gone already
         pass
 
 

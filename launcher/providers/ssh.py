@@ -17,8 +17,13 @@ from __future__ import annotations
 import shlex
 import socket
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 
+from hetlaunch.launcher.coordinator import host_port
+from hetlaunch.launcher.job_errors import JobError
 from hetlaunch.launcher.node_config import NodeConfig
+from hetlaunch.launcher.providers.base import AgentProvider, LaunchContext
+from hetlaunch.launcher.providers.processes import AgentProcesses, ProcessProvider
 from hetlaunch.runtime.version import hetlaunch_version, torch_version
 
 VERSION_CHECK_TIMEOUT_S = 60.0
@@ -28,6 +33,31 @@ _ASK_VERSIONS = ("import importlib.metadata as m; print('hetlaunch', m.version('
 
 class SshError(Exception):
     """A one-line reason an SSH node cannot be started."""
+
+
+class SshProvider(ProcessProvider, AgentProvider):
+    launch = "ssh"
+    what = "agent started over ssh"
+
+    def __init__(self, nodes):
+        super().__init__(nodes)
+        self.processes = AgentProcesses()
+
+    def start(self, ctx: LaunchContext) -> None:
+        coord = ctx.cluster.coordinator
+        address = host_port(advertised_host(coord.host, coord.advertise), ctx.port)
+        with ctx.console.status(f"checking hetlaunch on {len(self.nodes)} host(s) over ssh"):
+            with ThreadPoolExecutor(max_workers=min(16, len(self.nodes))) as pool:
+                for check in [pool.submit(check_remote_versions, node) for node in self.nodes]:
+                    try:
+                        check.result()
+                    except SshError as err:
+                        raise JobError(str(err)) from None
+        for node in self.nodes:
+            # the token is stdin's first line; stdin stays open as the remote agent's lifeline
+            self.processes.spawn(node.name, agent_command(node, address, ctx.agent_args), ctx.log_path(node.name),
+                                 stdin_line=ctx.token)
+        ctx.console.print(f"started {len(self.nodes)} agent(s) over ssh, dialing {address}")
 
 
 def ssh_command(node: NodeConfig, remote: list[str]) -> list[str]:
