@@ -49,7 +49,9 @@ class StepReporter:
         self._coalesce = coalesce  # None: each report is its own send
         self._interval_s = interval_s
         self._hurry = threading.Event()  # flush: send what is queued now, not at the interval's end
-        self._last_sent = 0.0
+        # never sent: the first report leaves at once (0.0 would not do; monotonic time starts at boot,
+        # so on a machine up for less than an interval the first report waited for the rest of it)
+        self._last_sent = float("-inf")
         self._queue: queue.Queue = queue.Queue(maxsize=MAX_PENDING)
         threading.Thread(target=self._run, name="step-reporter", daemon=True).start()
 
