@@ -23,8 +23,6 @@ across stages, evaluation in the bubbles, traces) is refused before launch
 
 from __future__ import annotations
 
-import threading
-import time
 from pathlib import Path
 
 import torch
@@ -32,8 +30,9 @@ import torch.distributed as dist
 
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.protos import worker_pb2 as wpb
-from hetlaunch.runtime.checkpoint import apply_state, load_layers, split_outer, stage_state, write_part
-from hetlaunch.runtime.checkpoint_manifest import checkpoint_dir, read_manifest
+from hetlaunch.runtime.checkpoint import apply_state, load_layers, split_outer, stage_state
+from hetlaunch.runtime.checkpoint_manifest import read_manifest
+from hetlaunch.runtime.checkpoint_writer import CheckpointWriter
 from hetlaunch.runtime.codecs import codec_by_id
 from hetlaunch.runtime.data import open_data
 from hetlaunch.runtime.data_plane import init_data_plane, wire_device
@@ -45,7 +44,7 @@ from hetlaunch.runtime.link import Link
 from hetlaunch.runtime.local_link import local_boundary
 from hetlaunch.runtime.model import build_model_range
 from hetlaunch.runtime.sealing import SealingError
-from hetlaunch.runtime.stage_command import (Island, StageReports, _any_over_model, _named_refusal, _part_message,
+from hetlaunch.runtime.stage_command import (Island, StageReports, _any_over_model, _named_refusal,
                                              _sealing, _stage_memory, _step_metrics, _sum_over_model, checkpoint_due,
                                              link_rounding_seed, recipe_of, step_rng_seed)
 from hetlaunch.runtime.step_evaluation import StepEvaluation
@@ -90,7 +89,8 @@ def run_device_stages(cmd: pb.RunStage, reports: StageReports, store: wpb.StoreA
         layers = _LayerMap(parts)
         if restored is not None:  # a checkpoint written with islands also holds outer state: not ours to use
             apply_state(executor.module, executor.optimizer, split_outer(layers.to_local(restored))[0], 0)
-        writer = (_PartsWriter(executor, layers, train.checkpoint_dir, reports)
+        writer = (CheckpointWriter(executor.state_lock, lambda: layers.split(stage_state(executor.module, executor.optimizer, 0)),
+                                   train.checkpoint_dir, reports)
                   if train.checkpoint_dir and train.checkpoint_every and train.save_part else None)
         try:
             _train(cmd, executor, batches, eval_batches, writer, reports)
@@ -168,52 +168,7 @@ class _LayerMap:
                 for start, end in self.ranges]
 
 
-class _PartsWriter:
-    """Saves the node's stages at step boundaries, one part per stage: copied to CPU memory while
-    training waits, written and reported by a background thread (one write at a time)."""
-
-    def __init__(self, executor: StageExecutor, layers: _LayerMap, root: str, reports: StageReports):
-        self.executor, self.layers, self.root, self.reports = executor, layers, Path(root), reports
-        self._thread: threading.Thread | None = None
-        self.error: BaseException | None = None
-
-    def save(self, step: int) -> None:
-        start = time.perf_counter()
-        self.wait()
-        with self.executor.state_lock:
-            state = stage_state(self.executor.module, self.executor.optimizer, 0)
-        stall_s = time.perf_counter() - start
-        self._thread = threading.Thread(target=self._write, args=(self.layers.split(state), step, stall_s),
-                                        daemon=True)
-        self._thread.start()
-
-    def _write(self, parts: list[tuple[int, int, dict]], step: int, stall_s: float) -> None:
-        directory = checkpoint_dir(self.root, step)
-        try:
-            for layer_start, layer_end, state in parts:
-                start = time.perf_counter()
-                try:
-                    part = write_part(directory, state, layer_start, layer_end)
-                except (OSError, ValueError) as err:  # a full or read-only disk: the coordinator decides
-                    message = pb.CheckpointPart(directory=str(directory), layer_start=layer_start,
-                                                layer_end=layer_end, step=step, error=f"{type(err).__name__}: {err}")
-                else:
-                    message = _part_message(directory, part, step, write_s=time.perf_counter() - start,
-                                            stall_s=stall_s)
-                self.reports.checkpoint(message)
-        except BaseException as err:  # surfaced on the main thread by wait()
-            self.error = err
-
-    def wait(self) -> None:
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        if self.error is not None:
-            error, self.error = self.error, None
-            raise RuntimeError(f"writing the checkpoint failed: {error}") from error
-
-
-def _train(cmd: pb.RunStage, executor: StageExecutor, batches, eval_batches, writer: _PartsWriter | None,
+def _train(cmd: pb.RunStage, executor: StageExecutor, batches, eval_batches, writer: CheckpointWriter | None,
            reports: StageReports) -> None:
     """The steps, from train.start_step on: data, one pass of this device's actions, a report, a
     checkpoint when due. Evaluation, when due, runs after the step (StageSpec.eval_fill is empty)."""

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import sys
-import threading
-import time
 from pathlib import Path
 from typing import Callable, Protocol, Sequence
 
@@ -16,7 +14,8 @@ from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.protos import worker_pb2 as wpb
 from hetlaunch.runtime import host_clock
 from hetlaunch.runtime.checkpoint import apply_state, load_layers, split_outer, stage_state, write_part
-from hetlaunch.runtime.checkpoint_manifest import checkpoint_dir, read_manifest
+from hetlaunch.runtime.checkpoint_manifest import read_manifest
+from hetlaunch.runtime.checkpoint_writer import CheckpointWriter, part_message
 from hetlaunch.runtime.codecs import codec_by_id
 from hetlaunch.runtime.data_plane import init_data_plane, wire_device
 from hetlaunch.runtime.devices import resolve_device
@@ -104,61 +103,6 @@ def checkpoint_due(train: pb.TrainSpec, done: int) -> bool:
     return train.checkpoint_every > 0 and (done % train.checkpoint_every == 0 or done == train.steps)
 
 
-class CheckpointWriter:
-    """Saves this stage's layers at step boundaries: the state is copied to CPU memory while
-    training waits (the only stall), then written and reported by a background thread. One
-    write at a time: a step that needs a new copy while the last one is still being written
-    waits for it."""
-
-    def __init__(self, executor: StageExecutor, layer_start: int, layer_end: int, root: str,
-                 reports: StageReports):
-        self.executor, self.layer_start, self.layer_end = executor, layer_start, layer_end
-        self.root = Path(root)
-        self.reports = reports
-        self._thread: threading.Thread | None = None
-        self.error: BaseException | None = None
-
-    def save(self, step: int) -> None:
-        start = time.perf_counter()
-        self.wait()
-        with self.executor.state_lock:
-            state = stage_state(self.executor.module, self.executor.optimizer, self.layer_start, self.executor.outer)
-        stall_s = time.perf_counter() - start
-        self._thread = threading.Thread(target=self._write, args=(state, step, stall_s), daemon=True)
-        self._thread.start()
-
-    def _write(self, state: dict, step: int, stall_s: float) -> None:
-        start = time.perf_counter()
-        directory = checkpoint_dir(self.root, step)
-        try:
-            part = write_part(directory, state, self.layer_start, self.layer_end)
-        except (OSError, ValueError) as err:  # a full or read-only disk: the coordinator decides what it means
-            message = pb.CheckpointPart(directory=str(directory), layer_start=self.layer_start,
-                                        layer_end=self.layer_end, step=step,
-                                        error=f"{type(err).__name__}: {err.strerror if isinstance(err, OSError) and err.strerror else err}")
-        else:
-            message = _part_message(directory, part, step, write_s=time.perf_counter() - start, stall_s=stall_s)
-        try:
-            self.reports.checkpoint(message)
-        except BaseException as err:  # surfaced on the main thread by wait()
-            self.error = err
-
-    def wait(self) -> None:
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        if self.error is not None:
-            error, self.error = self.error, None
-            raise RuntimeError(f"writing the checkpoint failed: {error}") from error
-
-
-def _part_message(directory: Path, part, step: int, write_s: float = 0.0, stall_s: float = 0.0,
-                  snapshot: bool = False) -> pb.CheckpointPart:
-    return pb.CheckpointPart(directory=str(directory), file=part.file, layer_start=part.layer_start,
-                             layer_end=part.layer_end, bytes=part.bytes, sha256=part.sha256, step=step,
-                             snapshot=snapshot, write_s=write_s, stall_s=stall_s)
-
-
 def _snapshot_handler(executor: StageExecutor, layer_start: int, layer_end: int):
     """Write the state as of the last finished optimizer step; called on the worker's control
     thread while the main thread may be blocked on a dead peer. The state lock is kept: no
@@ -167,7 +111,7 @@ def _snapshot_handler(executor: StageExecutor, layer_start: int, layer_end: int)
         executor.state_lock.acquire()
         state = stage_state(executor.module, executor.optimizer, layer_start, executor.outer)
         part = write_part(Path(directory), state, layer_start, layer_end)
-        return _part_message(Path(directory), part, executor.steps_done, snapshot=True)
+        return part_message(Path(directory), part, executor.steps_done, snapshot=True)
     return snapshot
 
 
@@ -343,7 +287,9 @@ def run_stage(cmd: pb.RunStage, reports: StageReports, store: wpb.StoreAccess) -
         executor = _executor(cmd, bundle, device, memory, restored)
         snapshot = _snapshot_handler(executor, stage.layer_start, stage.layer_end)
         reports.on_snapshot(snapshot)
-        writer = (CheckpointWriter(executor, stage.layer_start, stage.layer_end, train.checkpoint_dir, reports)
+        writer = (CheckpointWriter(executor.state_lock, lambda: [(stage.layer_start, stage.layer_end, stage_state(
+                      executor.module, executor.optimizer, stage.layer_start, executor.outer))],
+                                   train.checkpoint_dir, reports)
                   if train.checkpoint_dir and train.checkpoint_every and train.save_part else None)
 
         def on_range(start: int, end: int) -> None:  # after a live move
