@@ -13,8 +13,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from conftest import error_of, hetlaunch_env, run_hetlaunch
-from hetlaunch.launcher.cluster_yaml import cluster_from_dict
+from conftest import REPO, error_of, hetlaunch_env, run_hetlaunch
+from hetlaunch.launcher.cluster_yaml import cluster_from_dict, load_cluster
 from hetlaunch.launcher.discovery import Discovery
 from hetlaunch.launcher.providers.kubernetes import DeployError, deploy
 from hetlaunch.protos import control_pb2 as pb
@@ -244,3 +244,27 @@ def test_the_cli_renders_and_refuses_in_one_line(tmp_path):
         done = run_hetlaunch("deploy", "k8s", *args, timeout=60, env=hetlaunch_env(HETLAUNCH_TOKEN=""))
         lines = done.stderr.strip().splitlines()
         assert done.returncode == 2 and len(lines) == 1 and expected in lines[0], done.stderr
+
+
+def test_the_example_renders_with_its_certificates(tmp_path, monkeypatch):
+    (tmp_path / "certs").mkdir()
+    for name in ("ca.pem", "server.pem", "server.key", "agent.pem", "agent.key"):
+        (tmp_path / "certs" / name).write_text(f"-----BEGIN X-----\n{name}\n-----END X-----\n")
+    monkeypatch.chdir(tmp_path)  # the example's tls paths are relative, as `up` takes them
+    cluster = load_cluster(REPO / "cluster_examples" / "kubernetes.yaml")
+    deploy(cluster, tmp_path / "k8s", None, "kubernetes.yaml")
+    docs = rendered(tmp_path / "k8s")
+    for file in docs.values():
+        for doc in file:
+            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    assert sorted(docs["secret.yaml"][0]["stringData"]) == ["agent-cert.pem", "agent-key.pem", "ca.pem", "token"]
+    assert sum(w["spec"]["replicas"] for w in workloads(docs).values()) == cluster.discover.max_nodes
+
+
+def test_no_region_label_means_no_region_selector(tmp_path):
+    data = copy.deepcopy(CLUSTER)
+    data["kubernetes"]["region_label"] = None
+    deploy(cluster_from_dict(data), tmp_path, None, "cluster.yaml")
+    pods = {n: w["spec"]["template"]["spec"] for n, w in workloads(rendered(tmp_path)).items()}
+    assert pods["a100"]["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
+    assert "nodeSelector" not in pods["cpu"]
