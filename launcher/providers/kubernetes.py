@@ -56,7 +56,8 @@ ObjectName = _matching(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", 63, "lowercase letters,
 # A Kubernetes label key: an optional DNS-subdomain prefix and '/', then a name of at most 63.
 K8sLabelKey = _matching(rf"({_DNS_SUBDOMAIN}/)?{_K8S_NAME}", 253 + 1 + 63, "a Kubernetes label key: [PREFIX/]NAME, "
                         "NAME of letters, digits, '-', '_', '.' starting and ending with a letter or digit")
-K8sLabelValue = _matching(rf"({_K8S_NAME})?", 63, "a Kubernetes label value: letters, digits, '-', '_', '.', "
+_K8S_VALUE = re.compile(rf"({_K8S_NAME})?")
+K8sLabelValue = _matching(_K8S_VALUE.pattern, 63, "a Kubernetes label value: letters, digits, '-', '_', '.', "
                           "starting and ending with a letter or digit")
 Image = Annotated[str, StringConstraints(pattern=r"^[^\s$]+$", max_length=512)]
 
@@ -114,11 +115,15 @@ class KubernetesConfig(Strict):
             if group.image is None and self.image is None:
                 raise FieldError(("groups", i, "image"), "required unless kubernetes.image is set (an image with "
                                                          "hetlaunch installed)")
-            for key, own in ((self.region_label, "region"), (self.gpu_label, "gpu_type")):
+            for key, own in ((self.region_label, "region"), (self.gpu_label if group.gpu_type else None, "gpu_type")):
                 if key is not None and key in group.node_selector:
                     raise FieldError(("groups", i, "node_selector", key), f"is set from the group's {own}")
             if group.gpu_type is not None and self.gpu_label is None:
                 raise FieldError(("groups", i, "gpu_type"), "needs kubernetes.gpu_label (the node label to match)")
+            if self.region_label is not None and not _K8S_VALUE.fullmatch(group.region):
+                raise FieldError(("groups", i, "region"), f"{group.region!r} is no Kubernetes label value for the "
+                                                          f"nodeSelector on {self.region_label} (at most 63, ending "
+                                                          "with a letter or digit); or set region_label: null")
         return self
 
     def agents(self) -> list[tuple[int, KubeGroup, str]]:
@@ -220,7 +225,7 @@ def _pod(cluster, group: KubeGroup) -> dict[str, Any]:
     if group.gpu_type is not None:
         selector[kube.gpu_label] = group.gpu_type
     container: dict[str, Any] = {
-        "name": "agent", "image": group.image or kube.image, "command": list(kube.command),
+        "name": "agent", "image": group.image or kube.image, "command": [own(c) for c in kube.command],
         "args": agent_args(cluster, group),
         "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
         "volumeMounts": [{"name": "hetlaunch-secret", "mountPath": SECRET_DIR, "readOnly": True}]}
@@ -238,14 +243,15 @@ def _pod(cluster, group: KubeGroup) -> dict[str, Any]:
     return pod
 
 
+def own(value: str) -> str:
+    """A value of the YAML in a container's command or args: Kubernetes expands $(VAR) there, so
+    every '$' is doubled and only our own $(POD_NAME) expands."""
+    return value.replace("$", "$$")
+
+
 def agent_args(cluster, group: KubeGroup) -> list[str]:
-    """`hetlaunch agent` and its flags, as the container's args. Kubernetes expands $(VAR) in args:
-    every '$' of the YAML's own values is doubled so that only our $(POD_NAME) expands."""
+    """`hetlaunch agent` and its flags, as the container's args."""
     kube, tls = cluster.kubernetes, cluster.coordinator.tls
-
-    def own(value: str) -> str:
-        return value.replace("$", "$$")
-
     args = ["agent", "--serve", "--coordinator", own(coordinator_address(cluster)), "--name", "$(POD_NAME)",
             "--token-file", f"{SECRET_DIR}/{TOKEN_KEY}", "--region", own(group.region)]
     for key, value in sorted(group.labels.items()):

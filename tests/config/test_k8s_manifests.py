@@ -194,6 +194,7 @@ def _yaml(**changes) -> str:
      "is set from the group's gpu_type"),
     ({"kubernetes__groups__1__gpu_type": "NVIDIA L4"}, "kubernetes.groups[1].gpu_type"),
     ({"kubernetes__groups__2__gpu_type": "NVIDIA-L4"}, "needs gpus_per_pod of at least 1"),
+    ({"kubernetes__groups__1__region": "eu-west-"}, "kubernetes.groups[1].region: 'eu-west-' is no Kubernetes label"),
     ({"kubernetes__image": None}, "kubernetes.groups[0].image: required unless kubernetes.image"),
     ({"kubernetes__agent_args": ["--coordinator=1.2.3.4:5"]}, "--coordinator is set by the rendered command"),
     ({"kubernetes__groups": []}, "kubernetes.groups"),
@@ -264,7 +265,36 @@ def test_the_example_renders_with_its_certificates(tmp_path, monkeypatch):
 def test_no_region_label_means_no_region_selector(tmp_path):
     data = copy.deepcopy(CLUSTER)
     data["kubernetes"]["region_label"] = None
+    data["kubernetes"]["command"] = ["python", "-m", "hetlaunch.launcher.cli"]
+    data["coordinator"]["advertise"] = "2001:db8::10"
     deploy(cluster_from_dict(data), tmp_path, None, "cluster.yaml")
     pods = {n: w["spec"]["template"]["spec"] for n, w in workloads(rendered(tmp_path)).items()}
     assert pods["a100"]["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
     assert "nodeSelector" not in pods["cpu"]
+    container = pods["cpu"]["containers"][0]
+    assert container["command"] == ["python", "-m", "hetlaunch.launcher.cli"]
+    assert container["args"][:4] == ["agent", "--serve", "--coordinator", "[2001:db8::10]:29400"]
+
+
+def test_the_real_agent_command_takes_the_rendered_args(tmp_path, monkeypatch):
+    """The container's args, as Kubernetes hands them over ($(POD_NAME) expanded, '$$' made '$', the
+    Secret's files in place), parse as `hetlaunch agent` and reach the agent as the YAML said."""
+    from typer.testing import CliRunner
+
+    import hetlaunch.runtime.agent as agent_module
+    from hetlaunch.launcher.cli import app
+
+    deploy(cluster_from_dict(CLUSTER), tmp_path / "k8s", None, "cluster.yaml")
+    (tmp_path / "secret").mkdir()
+    (tmp_path / "secret" / "token").write_text(TOKEN)
+    args = workloads(rendered(tmp_path / "k8s"))["l4"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    args = [a.replace("$(POD_NAME)", "l4-1").replace("$$", "$").replace("/etc/hetlaunch", str(tmp_path / "secret"))
+            for a in args]
+    seen = {}
+    monkeypatch.setattr(agent_module, "run_agent", lambda *a, **kw: seen.update(args=a, **kw) or 0)
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert seen["args"][:3] == ("203.0.113.10:29400", "l4-1", TOKEN)
+    assert (seen["serve"], seen["region"]) == (True, "eu-west")
+    assert seen["labels"] == {"pool": "k8s", "cost": "$(HOME)"}
+    assert seen["data_roots"] == ("/data",)
