@@ -15,7 +15,7 @@ import yaml
 
 from conftest import REPO, error_of, hetlaunch_env, run_hetlaunch
 from hetlaunch.launcher.cluster_yaml import cluster_from_dict, load_cluster
-from hetlaunch.launcher.discovery import Discovery
+from hetlaunch.launcher.discovery import Discovery, discovered_node
 from hetlaunch.launcher.providers.kubernetes import DeployError, deploy
 from hetlaunch.protos import control_pb2 as pb
 
@@ -142,6 +142,9 @@ def test_discover_takes_every_rendered_agent(tmp_path):
             info = pb.AgentInfo(node_name=f"{name}-{k}", region=region, labels=labels)
             assert discovery.admit(info) is None, name
     assert sorted(discovery.taken) == ["a100-0", "cpu-0", "l4-0", "l4-1"]
+    joined = cluster.with_discovered([discovered_node(pb.AgentInfo(node_name=n, region="eu-west"))
+                                      for n in discovery.taken])  # what `up` validates once they joined
+    assert len(joined.nodes) == 4 and joined.kubernetes is None and joined.discover is None
 
 
 def test_tls_puts_the_ca_and_the_agents_pair_in_the_secret(tmp_path):
