@@ -453,6 +453,34 @@ def agent(
                                labels=labels))
 
 
+deploy_app = typer.Typer(no_args_is_help=True, help="Render what runs agents elsewhere, for that system to apply.")
+
+
+@deploy_app.command("k8s")
+def deploy_k8s(
+    cluster_yaml: Path = typer.Argument(..., help="cluster YAML file with a kubernetes: section"),
+    output: Path = typer.Option(..., "-o", "--output", help="directory for the manifests (made if missing)"),
+    token_file: Optional[Path] = typer.Option(None, help="join token for the Secret (default: $HETLAUNCH_TOKEN, "
+                                                         "else a new one written to OUTPUT/token)"),
+) -> None:
+    """Render Kubernetes manifests that run the YAML's node groups as agents (kubectl apply -f OUTPUT)."""
+    from hetlaunch.launcher.providers.kubernetes import DeployError, deploy
+
+    cluster = _load(cluster_yaml)
+    try:
+        done = deploy(cluster, output, token_file, str(cluster_yaml))
+    except DeployError as err:
+        fail(str(err), EXIT_BAD_INPUT)
+    for path in done.written:
+        print(f"{path}" + (" (overwritten)" if path in done.overwritten else ""), flush=True)
+    if done.others:
+        print(f"note: kubectl apply -f {output} also applies files this render did not write: "
+              f"{', '.join(p.name for p in done.others)}", flush=True)
+    token = f" --token-file {done.new_token}" if done.new_token else " (with the same token)"
+    print(f"next: kubectl apply -f {output} && hetlaunch up {cluster_yaml}{token}", flush=True)
+
+
+app.add_typer(deploy_app, name="deploy")
 for command in (status, logs, down):
     app.command()(command)
 app.add_typer(certs_app, name="certs")

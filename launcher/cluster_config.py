@@ -24,6 +24,7 @@ from hetlaunch.launcher.node_config import DataPlaneConfig, DiscoverConfig, Link
 from hetlaunch.launcher.planning.compression import CompressionConfig
 from hetlaunch.launcher.planning.islands import IslandError, island_groups, pipeline_islands
 from hetlaunch.launcher.planning.plan import TilingError, check_layer_tiling
+from hetlaunch.launcher.providers.kubernetes import KubernetesConfig, check_cluster as check_kubernetes
 from hetlaunch.launcher.train_config import CheckpointConfig, ObserveConfig, TrainConfig
 from hetlaunch.runtime.model_spec import PRESETS, GPTConfig, ModelSpec
 
@@ -180,6 +181,7 @@ class ClusterConfig(Strict):
     # `auto` (default) or codecs pinned per link class / stage boundary: see launcher/planning/compression.py
     compression: Annotated[CompressionConfig, BeforeValidator(_auto_compression)] = Field(
         default_factory=CompressionConfig)
+    kubernetes: KubernetesConfig | None = None  # node groups `hetlaunch deploy k8s` renders (providers/kubernetes.py)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> ClusterConfig:
@@ -210,6 +212,8 @@ class ClusterConfig(Strict):
         check_device_schedule(self)
         self._check_layers()
         self._check_islands()
+        if self.kubernetes is not None:
+            check_kubernetes(self)
         return self
 
     def _check_encryption(self) -> None:
@@ -341,8 +345,8 @@ class ClusterConfig(Strict):
 
     def with_discovered(self, found: list[NodeConfig]) -> ClusterConfig:
         """This cluster with the discovered nodes added, validated again as a whole (they must still
-        fit the model), and discovery done."""
-        data = self.model_dump(exclude={"nodes", "discover"}, exclude_unset=True)
+        fit the model), and discovery done (and the kubernetes: section, whose pods joined by it, left out)."""
+        data = self.model_dump(exclude={"nodes", "discover", "kubernetes"}, exclude_unset=True)
         data["nodes"] = [n.model_dump(exclude_unset=True) for n in self.nodes + found]
         return ClusterConfig.model_validate(_plain(data), strict=False)
 
