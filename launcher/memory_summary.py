@@ -5,9 +5,10 @@ each step (StepMetrics.peak_activation_bytes, peak_used_bytes; in metrics.jsonl 
 "peak_bytes"). The summary keeps, per stage of the final plan, the largest of those reports over
 the run, beside the plan's prediction (StagePlan.memory_bytes: parameters, gradients, AdamW state
 and the schedule's in-flight activations; None for a plan not made from a profile), and per
-pipeline the memory balance: the first stage's peak activation bytes ÷ the last stage's. Under
-1F1B the first stage keeps up to min(S, M) micro-batches' activations and the last one, so the
-figure says how unevenly the schedule loads memory along the pipeline.
+pipeline the memory balance: the first stage's peak activation bytes ÷ the last stage's (where a
+node runs several stages, the first node's ÷ the last node's). Under 1F1B the first stage keeps up
+to min(S, M) micro-batches' activations and the last one, so the figure says how unevenly the
+schedule loads memory along the pipeline.
 
 Measured is what autograd saved and the tensors in use (on a GPU the allocator's peak), never the
 process's RSS: the interpreter, torch and the communication library are not in it.
@@ -49,7 +50,23 @@ def memory_summary(plan: Plan, records: list[StepRecord]) -> dict:
             rows.append({"pipeline": p, "stage": j, "node": stage.node, "layers": [stage.layer_start, stage.layer_end],
                          "predicted_bytes": stage.memory_bytes, "capacity_bytes": stage.capacity_bytes,
                          "peak_used_bytes": used, "peak_activation_bytes": activations})
-        first, last = rows[0]["peak_activation_bytes"], rows[-1]["peak_activation_bytes"]
+        first, last = _ends(rows)
         balance.append(first / last if first is not None and last else None)
         stages.extend(rows)
     return {"stages": stages, "activation_balance": balance}
+
+
+def _ends(rows: list[dict]) -> tuple[int | None, int | None]:
+    """The peak activations at the pipeline's two ends: its first and last stage's, or, where a
+    node runs several stages (interleaved 1F1B, ZB-V: it measures once, on its first stage's row),
+    its first and last node's. ZB-V's first node holds the last stage too: the V-shape's claim is
+    that its nodes' peaks are about equal, where 1F1B's first stage holds min(S, M) micro-batches
+    against the last one's one."""
+    nodes = list(dict.fromkeys(row["node"] for row in rows))
+    if len(nodes) == len(rows):
+        return rows[0]["peak_activation_bytes"], rows[-1]["peak_activation_bytes"]
+    peak = {}
+    for row in rows:
+        if row["peak_activation_bytes"] is not None:
+            peak.setdefault(row["node"], row["peak_activation_bytes"])
+    return peak.get(nodes[0]), peak.get(nodes[-1])

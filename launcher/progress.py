@@ -190,7 +190,9 @@ def _memory_summary(console: Console, memory: dict | None) -> None:
         _say(console, f"    {where}: {format_bytes(s['predicted_bytes'])} → {format_bytes(s['peak_used_bytes'])} "
                       f"({format_bytes(s['peak_activation_bytes'])})")
     balance = ", ".join("-" if b is None else f"{b:.2f}" for b in memory["activation_balance"])
-    _say(console, f"  memory balance (first stage's peak activations ÷ the last's"
+    by_node = len({s["node"] for s in memory["stages"]}) < len(memory["stages"])  # several stages per node
+    ends = "first node's peak activations ÷ the last node's" if by_node else "first stage's peak activations ÷ the last's"
+    _say(console, f"  memory balance ({ends}"
                   f"{', per pipeline' if several else ''}): {balance}")
 
 

@@ -95,6 +95,11 @@ def test_several_stages_per_node_train_to_1f1bs_losses(tmp_path, one_f_one_b_run
     assert len(chain) == 2 and len(nodes) == 4
     where = [0, 1, 1, 0] if schedule == "zb-v" else [0, 1, 0, 1]
     assert nodes == [chain[d] for d in where]
+    # each node measured its peak (on its first stage's row), and the balance is node by node
+    memory = json.loads((tmp_path / f"run-{schedule}" / "summary.json").read_text())["memory"]
+    peaks = {r["node"]: r["peak_activation_bytes"] for r in memory["stages"] if r["peak_activation_bytes"]}
+    assert set(peaks) == set(chain), memory
+    assert memory["activation_balance"] == [pytest.approx(peaks[chain[0]] / peaks[chain[1]])]
     # a row per stage, keyed by its own index (a node's two never collide), with its own compute
     # and bytes: what crosses between two nodes, nothing where both stages are on one node
     for record in metrics:

@@ -42,6 +42,22 @@ def test_the_summary_keeps_each_stages_largest_report_beside_the_prediction():
     assert unmeasured["stages"][0]["peak_used_bytes"] is None and unmeasured["activation_balance"] == [None]
 
 
+def test_where_nodes_run_several_stages_the_balance_is_the_first_nodes_peak_over_the_last_nodes():
+    """ZB-V on two nodes: stages n0, n1, n1, n0. Each node measures once, on its first stage's row
+    (launcher/part_rows.py); the balance is then n0's peak ÷ n1's, not stage 0's ÷ stage 3's (which
+    has no measure of its own)."""
+    nodes = ["n0", "n1", "n1", "n0"]
+    plan = Plan(stages=tuple(StagePlan(n, "r", j, j + 1, memory_bytes=100.0, capacity_bytes=1000.0)
+                             for j, n in enumerate(nodes)),
+                num_layers=4, micro_batch_size=1, num_microbatches=4, schedule="zb-v", source="planned")
+    stages = [{"pipeline": 0, "stage": 0, "node": "n0", "peak_bytes": {"activations": 300, "used": 700}},
+              {"pipeline": 0, "stage": 1, "node": "n1", "peak_bytes": {"activations": 200, "used": 600}},
+              {"pipeline": 0, "stage": 2, "node": "n1"}, {"pipeline": 0, "stage": 3, "node": "n0"}]
+    memory = memory_summary(plan, [StepRecord(step=0, loss=1.0, tokens_per_s=1.0, step_s=1.0, stages=stages)])
+    assert [s["peak_activation_bytes"] for s in memory["stages"]] == [300, 200, None, None]
+    assert memory["activation_balance"] == [1.5]
+
+
 def _activation_bytes_per_microbatch(start: int, end: int, micro_batch_size: int) -> int:
     """What autograd saves for one micro-batch's forward through layers [start, end) of the tiny
     preset (with the loss where the range ends the model), counted here, in this process."""
