@@ -77,11 +77,14 @@ def run(quick: bool, reporter: Reporter | None = None) -> dict:
         def once() -> dict:
             tmp = run_cli("up", cluster(steps, schedule, window), ["--run-dir", "{tmp}/run"], 900, cache)
             records = [json.loads(line) for line in (tmp / "run" / "metrics.jsonl").read_text().splitlines() if line]
-            plan = json.loads((tmp / "run" / "summary.json").read_text())["plan"]
+            summary = json.loads((tmp / "run" / "summary.json").read_text())
+            plan = summary["plan"]
             trace = tmp / "run" / "trace.json"
             return {"step_s": [r["step_s"] for r in records], "loss": [r["loss"] for r in records],
                     "predicted_step_s": plan.get("predicted_step_s"),
                     "nodes_used": len({s["node"] for s in plan["stages"]}), "stages": len(plan["stages"]),
+                    # first stage's peak activations ÷ the last's (ZB-V: first node's ÷ last node's)
+                    "activation_balance": (summary.get("memory") or {}).get("activation_balance", [None])[0],
                     "bubble_fraction": bubble_fractions(trace, from_step=warmup) if trace.exists() else
                     {"measured": [], "predicted": []}}
         title = {"zb-h1": "ZB-H1", "zb-h2": "ZB-H2", "zb-v": "ZB-V", "1f1b": "1F1B"}[schedule]
@@ -139,6 +142,8 @@ def run(quick: bool, reporter: Reporter | None = None) -> dict:
         "bubble_fraction": {**bubbles(measured), **bubbles(measured_h2)},  # from trace.json: bench/_trace.py
         "zb_v": v,  # ZB-V (8 stages, planner's cut) / 1F1B (4 stages, windows 4): tokens/s, ratio, target 1.3
         "zb_v_nodes_used": [r["nodes_used"] for r in measured_v["runs"]["zb-v"]],
+        "activation_balance": {key: [r["activation_balance"] for r in runs]
+                               for m in (measured, measured_h2, measured_v) for key, runs in m["runs"].items()},
         "peak_microbatches_held": held,  # per stage, from the forward to the weight gradients
         # F = 1, B = 2 (I = W = 1), free links, own windows: the bubble's shape; back to back, what a step
         # adds when no barrier stands between the stages (ZB-H2's parallelogram: 3M)
