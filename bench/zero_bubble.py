@@ -5,7 +5,7 @@ at every stage; 1F1B's own windows would hold 4, 3, 2, 1, and the planner would 
 the latency), alternated; then `schedule: zb-h2` ÷ `1f1b` with every window pinned to 7 (ZB-H2
 holds 2S - 1 = 7 at every stage), alternated; then `schedule: zb-v` (the same four nodes, eight
 one-layer stages, two per node in a V, cut by the planner) ÷ 1F1B at windows 4, alternated (target
-≥ 1.3, the issue's; no bubble fraction: ZB-V runs without trace.json); each side's predicted step (the planner prices a
+≥ 1.3, the issue's); each side's predicted step (the planner prices a
 pinned plan by simulating its schedule) against the measured one.
 
 Each stage emulates a device at a tenth of this CPU's speed (`emulate: speed`): nine tenths of
@@ -43,8 +43,9 @@ EQUAL_MEMORY = {"zb-h1": 4, "zb-h2": 7}  # the 1F1B window that holds what each 
 
 def cluster(steps: int, schedule: str, window: int = 0) -> str:
     """The pinned pipeline; `window` (1F1B only) pins every stage's window. ZB-V's 8 stages (two
-    per node, one layer each) are cut by the planner on the same four nodes: it refuses pinned
-    layers and trace.json (bench/results: its bubble fraction is not measured)."""
+    per node, one layer each) are cut by the planner on the same four nodes (it refuses pinned
+    layers); its trace has a track per node, so its bubble fraction is per node, as 1F1B's is per
+    stage (one stage per node)."""
     regions = ["r0", "r1", "r2", "r3"]
     # every pair of regions 20 ms apart, not only the pinned chain's neighbours: ZB-V's planner picks
     # its own chain of the four nodes and would otherwise route around the slow links
@@ -55,12 +56,12 @@ def cluster(steps: int, schedule: str, window: int = 0) -> str:
     nodes = "\n".join(f"  - {{name: n{i}, region: {r}, device: cpu, threads: 1, "
                       + ("" if device else f"layers: [{2 * i}, {2 * i + 2}], ")
                       + f"emulate: {{speed: 0.1}}{window}}}" for i, r in enumerate(regions))
-    observe = "" if device else f"observe: {{trace_every: {TRACE_EVERY}}}\n"
     return f"""name: zero-bubble-{schedule}
 model: {{preset: tiny, n_layers: 6, seq_len: 64, d_model: 128, n_heads: 4}}
 train: {{steps: {steps}, micro_batch_size: 4, num_microbatches: {MICROBATCHES}, schedule: {schedule},
         checkpoint_every: 0, seed: 0}}
-{observe}links:
+observe: {{trace_every: {TRACE_EVERY}}}
+links:
 {links}
 nodes:
 {nodes}
@@ -139,7 +140,7 @@ def run(quick: bool, reporter: Reporter | None = None) -> dict:
                    "1f1b@7": cluster(steps, "1f1b", 7), "zb-v": cluster(steps, "zb-v")},
         **result,
         "measured_over_predicted": {**accuracy(measured), **accuracy(measured_h2), **accuracy(measured_v)},
-        "bubble_fraction": {**bubbles(measured), **bubbles(measured_h2)},  # from trace.json: bench/_trace.py
+        "bubble_fraction": {**bubbles(measured), **bubbles(measured_h2), **bubbles(measured_v)},  # bench/_trace.py
         "zb_v": v,  # ZB-V (8 stages, planner's cut) / 1F1B (4 stages, windows 4): tokens/s, ratio, target 1.3
         "zb_v_nodes_used": [r["nodes_used"] for r in measured_v["runs"]["zb-v"]],
         "activation_balance": {key: [r["activation_balance"] for r in runs]

@@ -5,10 +5,9 @@ These schedules run one pipeline whose nodes each hold several stages (runtime/d
 What is keyed by one stage per node is not lifted for them yet, so it is refused here rather than
 failing mid-run: several pipelines (their gradient sync and islands), pinned `layers:` and
 `window:` (the planner cuts v·D stages itself), a pinned global batch split, live moves and
-restarts on a straggler (`rebalance`, which re-cut one stage per node), trace.json (its tracks are
-one per stage), and pinned codecs (every boundary runs uncompressed; `auto` plans none).
-Left at their defaults, `rebalance` and `observe.trace_every` are off for these schedules;
-evaluation runs after the step (never in its bubbles).
+restarts on a straggler (`rebalance`, which re-cut one stage per node), and pinned codecs (every
+boundary runs uncompressed; `auto` plans none). Left at its default, `rebalance` is off for these
+schedules; evaluation runs after the step (never in its bubbles); trace.json has one track per node.
 """
 
 from __future__ import annotations
@@ -41,8 +40,6 @@ def check_device_schedule(cluster) -> None:
     if "rebalance" in train.model_fields_set and train.rebalance != "off":
         raise FieldError(("train", "rebalance"), f"{train.rebalance} is {what}; live moves and re-cuts are per "
                                                  f"stage: use off)")
-    if "trace_every" in cluster.observe.model_fields_set and cluster.observe.trace_every:
-        raise FieldError(("observe", "trace_every"), f"is {what}; trace.json has one track per node: use 0)")
     policy = cluster.compression
     pinned = {k: v for k, v in (("intra_region", policy.intra_region), ("cross_region", policy.cross_region))
               if v not in ("auto", "none")}

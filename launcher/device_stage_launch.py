@@ -32,7 +32,7 @@ def launch_devices(session: ClusterSession, plan: Plan, spec, restore: Restore, 
     data = pb.DataSpec(path=str(Path(d.path).resolve()) if d.path else "", seed=d.seed, format=d.format, dtype=d.dtype,
                        eval_fraction=d.eval_fraction)
     model = model_spec_to_proto(spec)
-    # Evaluation runs after the step (eval_fill empty), and no trace: its tracks are one per stage.
+    # Evaluation runs after the step (eval_fill empty); trace.json has a track per node (launcher/timeline.py).
     train = pb.TrainSpec(steps=t.steps, micro_batch_size=plan.micro_batch_size, num_microbatches=plan.num_microbatches,
                          schedule=schedule_wire_id(plan.schedule), lr=t.lr, weight_decay=t.weight_decay, seed=t.seed,
                          checkpoint_dir=str(checkpoint_root) if t.checkpoint_every else "",
@@ -40,7 +40,7 @@ def launch_devices(session: ClusterSession, plan: Plan, spec, restore: Restore, 
                          optimizer=t.optimizer, momentum=t.momentum, lr_schedule=t.lr_schedule,
                          warmup_steps=t.warmup_steps, min_lr_ratio=t.min_lr_ratio, grad_clip=t.grad_clip,
                          eval_every=t.eval_every, eval_microbatches=t.eval_microbatches, precision=t.precision,
-                         link_rounding=t.link_rounding, trace_every=0,
+                         link_rounding=t.link_rounding, trace_every=cluster.observe.trace_every,
                          **watchdog_bounds(t.watchdog_s, plan.predicted_step_s))
     session.begin_generation()
     layout = [pb.StagePlace(rank=device_rank(plan, q.node), pipeline=0, layer_start=q.layer_start,

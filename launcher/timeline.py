@@ -8,7 +8,7 @@ different hosts line up on one time axis.
 
 The file is a Chrome trace (open it in https://ui.perfetto.dev or chrome://tracing): one
 process per pipeline, named with its regions, one track per stage ("stage j: node
-(region)"), and for each pipeline a "predicted" process holding the schedule the planner
+(region)"; where a node runs several stages, one per node: "node (region): stages 0, 3"), and for each pipeline a "predicted" process holding the schedule the planner
 priced (runtime/schedules.py simulated_timeline on the plan's stage and link times), placed
 at the start of the same step. The most recent MAX_STEPS sampled steps are kept, so the file
 stays small on long runs; it is rewritten whole after every sampled step.
@@ -25,7 +25,8 @@ from hetlaunch.launcher.planning.topology import Topology
 from hetlaunch.launcher.run_record import write_run_file
 from hetlaunch.launcher.session import JobError
 from hetlaunch.protos import control_pb2 as pb
-from hetlaunch.runtime.schedules import B, E, F, I, W, schedule_for, simulated_timeline
+from hetlaunch.runtime.registry import DEVICE_SCHEDULE_NAMES
+from hetlaunch.runtime.schedules import B, E, F, I, W, device_schedule_named, schedule_for, simulated_timeline
 
 MAX_STEPS = 8
 PREDICTED_PID = 1000  # predicted pipeline p is process PREDICTED_PID + p
@@ -83,9 +84,8 @@ class Timeline:
             for pid, label in ((p, f"pipeline {p} ({regions})"), (PREDICTED_PID + p, f"pipeline {p} predicted")):
                 events.append({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": label}})
                 events.append({"ph": "M", "name": "process_sort_index", "pid": pid, "args": {"sort_index": pid}})
-                for j, s in enumerate(stages):
-                    events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": j,
-                                   "args": {"name": f"stage {j}: {s.node} ({s.region})"}})
+                for j, name in enumerate(_track_names(plan, stages)):
+                    events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": j, "args": {"name": name}})
         where = self._where
         for step, by_node in sorted(self._steps.items()):
             for node, spans in by_node.items():
@@ -108,9 +108,26 @@ class Timeline:
 
 
 def _tracks(plan: Plan) -> dict[str, tuple[int, int]]:
-    """node -> (pipeline, stage index): a stage's trace events name its node."""
+    """node -> (pipeline, track): a stage's trace events name its node. One track per stage, or,
+    where a node runs several stages (interleaved 1F1B, ZB-V: one pipeline), one per node, in the
+    pipeline's order of nodes: its one worker's actions, whichever stage they are of."""
+    if _by_device(plan):
+        return {node: (0, d) for d, node in enumerate(Topology.of(plan).nodes)}
     return {node: (q.pipeline, q.stage)
             for node, q in Topology.of(plan).by_node("trace.json (a stage's events name its node)").items()}
+
+
+def _by_device(plan: Plan) -> bool:
+    return plan.schedule in DEVICE_SCHEDULE_NAMES
+
+
+def _track_names(plan: Plan, stages) -> list[str]:
+    if not _by_device(plan):
+        return [f"stage {j}: {s.node} ({s.region})" for j, s in enumerate(stages)]
+    nodes = list(dict.fromkeys(s.node for s in stages))
+    region = {s.node: s.region for s in stages}
+    held = {n: ", ".join(str(j) for j, s in enumerate(stages) if s.node == n) for n in nodes}
+    return [f"{n} ({region[n]}): stages {held[n]}" for n in nodes]
 
 
 def _span(name: str, start: float, end: float, pid: int, tid: int, step: int, microbatch: int) -> dict:
@@ -127,8 +144,11 @@ def _predicted(plan: Plan, stages, microbatches: int, p: int, step: int, start: 
     if any(s.compute_s is None for s in stages):
         return []
     S = len(stages)
-    per_stage = [schedule_for(plan.schedule, j, S, microbatches, s.window) for j, s in enumerate(stages)]
-    timeline = simulated_timeline(per_stage, [s.compute_s / 3 for s in stages], [2 * s.compute_s / 3 for s in stages],
+    if _by_device(plan):  # one list per node, as the worker runs it; boundaries inside a node are free
+        per_track = device_schedule_named(plan.schedule).actions(len({s.node for s in stages}), microbatches)
+    else:
+        per_track = [schedule_for(plan.schedule, j, S, microbatches, s.window) for j, s in enumerate(stages)]
+    timeline = simulated_timeline(per_track, [s.compute_s / 3 for s in stages], [2 * s.compute_s / 3 for s in stages],
                                   [s.link_s or 0.0 for s in stages[:-1]], [s.latency_s or 0.0 for s in stages[:-1]])
     return [_span(_KIND_NAMES[a.kind], start + t0, start + t1, PREDICTED_PID + p, j, step, a.microbatch)
             for j, actions in enumerate(timeline) for a, t0, t1 in actions]

@@ -17,8 +17,9 @@ own layer range (runtime/checkpoint.py write_part), so a checkpoint is per layer
 stage per node and can be resumed on any cut.
 
 What runs with one stage per node only (live moves, islands, several pipelines, tied parameters
-across stages, evaluation in the bubbles, traces) is refused before launch
-(launcher/device_schedule_checks.py) or here, for a model that ties parameters.
+across stages, evaluation in the bubbles) is refused before launch
+(launcher/device_schedule_checks.py) or here, for a model that ties parameters. A sampled step's
+trace is the node's: its stages' actions in the order it ran them (one track per node in trace.json).
 """
 
 from __future__ import annotations
@@ -192,14 +193,16 @@ def _train(cmd: pb.RunStage, executor: StageExecutor, batches, eval_batches, wri
         if batches is not None:
             microbatches = batches.micro_batches(step, train.micro_batch_size, train.num_microbatches)
         sent_before = _sent_by_part(executor)
+        # a sampled step's timeline: the node's one track, its stages' actions in the order it ran them
+        trace = [] if train.trace_every and step % train.trace_every == 0 else None
         try:
-            result = executor.train_step(actions, microbatches, train.num_microbatches)
+            result = executor.train_step(actions, microbatches, train.num_microbatches, trace)
         except torch.OutOfMemoryError as err:
             if executor.memory is None or not executor.memory.limit_bytes:
                 raise
             raise executor.memory.out_of_memory(err, f"at step {step}") from None
         done = step + 1
-        metrics = _step_metrics(step, stage, result, tokens, 0, None, executor, None)
+        metrics = _step_metrics(step, stage, result, tokens, 0, None, executor, trace)
         for part, before, after in zip(executor.parts, sent_before, _sent_by_part(executor)):
             metrics.parts.add(stage_index=part.stage_index, compute_s=result.part_compute_s.get(part.stage_index, 0.0),
                               forward_raw_bytes=after[0] - before[0], forward_wire_bytes=after[1] - before[1],

@@ -17,6 +17,8 @@ def test_accepted_for_one_pipeline(schedule):
     assert cluster.train.schedule == schedule
     # defaults that would act per stage are simply off for these schedules, not errors
     assert parse_cluster(NODES + f"train: {{schedule: {schedule}, rebalance: off}}\nobserve: {{trace_every: 0}}\n")
+    # trace.json has a track per node for them (launcher/timeline.py)
+    assert parse_cluster(NODES + f"train: {{schedule: {schedule}}}\nobserve: {{trace_every: 5}}\n")
 
 
 @pytest.mark.parametrize("extra, field", [
@@ -24,7 +26,6 @@ def test_accepted_for_one_pipeline(schedule):
     ("train: {schedule: zb-v, outer: {islands: by_region}}\n", "train.outer"),
     ("train: {schedule: interleaved-1f1b, global_batch: 32}\n", "train.global_batch"),
     ("train: {schedule: zb-v, rebalance: live}\n", "train.rebalance"),
-    ("train: {schedule: zb-v}\nobserve: {trace_every: 5}\n", "observe.trace_every"),
     ("train: {schedule: zb-v}\ncompression: {boundaries: {0: int8}}\n", "compression.boundaries"),
     ("train: {schedule: zb-v}\ncompression: {cross_region: int8}\n", "compression.cross_region"),
 ])

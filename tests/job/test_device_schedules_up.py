@@ -14,7 +14,9 @@ keep that well under 1e-5, the tolerance tests/stage/test_device_pipeline.py hol
 from __future__ import annotations
 
 import copy
+import itertools
 import json
+import re
 import shutil
 import signal
 
@@ -22,6 +24,7 @@ import pytest
 import yaml
 
 from conftest import run_hetlaunch
+from hetlaunch.launcher.timeline import PREDICTED_PID
 from fault_run import agent_process, events as fault_events, run_and_hurt
 
 STEPS = 4
@@ -77,7 +80,9 @@ def one_f_one_b(one_f_one_b_run) -> list[float]:
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("schedule", ["zb-v", "interleaved-1f1b"])
 def test_several_stages_per_node_train_to_1f1bs_losses(tmp_path, one_f_one_b_run, one_f_one_b, schedule):
-    metrics, events = _up(tmp_path, schedule, _cluster(schedule))
+    cluster = _cluster(schedule)
+    cluster["observe"]["trace_every"] = 2  # steps 0 and 2 traced: the arithmetic is the same
+    metrics, events = _up(tmp_path, schedule, cluster)
     assert [r["step"] for r in metrics] == list(range(STEPS))  # each step logged once
     losses = [r["loss"] for r in metrics]
     assert _close(losses, one_f_one_b), (losses, one_f_one_b)
@@ -95,6 +100,18 @@ def test_several_stages_per_node_train_to_1f1bs_losses(tmp_path, one_f_one_b_run
     assert len(chain) == 2 and len(nodes) == 4
     where = [0, 1, 1, 0] if schedule == "zb-v" else [0, 1, 0, 1]
     assert nodes == [chain[d] for d in where]
+    # trace.json: a track per node, measured and predicted, each with the forward of every
+    # micro-batch of both its stages in every sampled step
+    trace = json.loads((tmp_path / f"run-{schedule}" / "trace.json").read_text())
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "thread_name"}
+    assert names[(0, 0)].startswith(f"{chain[0]} (default): stages 0, ") and len(names) == 4, names
+    assert trace["otherData"]["sampled_steps"] == [0, 2]
+    spans = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    for pid in (0, PREDICTED_PID):
+        for step, d in itertools.product((0, 2), range(2)):
+            forwards = sorted(e["name"] for e in spans if e["pid"] == pid and e["tid"] == d
+                              and e["args"]["step"] == step and re.fullmatch(r"F\d+", e["name"]))
+            assert forwards == sorted(f"F{m}" for m in range(4) for _ in range(2)), (pid, step, d, forwards)
     # each node measured its peak (on its first stage's row), and the balance is node by node
     memory = json.loads((tmp_path / f"run-{schedule}" / "summary.json").read_text())["memory"]
     peaks = {r["node"]: r["peak_activation_bytes"] for r in memory["stages"] if r["peak_activation_bytes"]}
