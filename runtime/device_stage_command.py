@@ -16,9 +16,10 @@ reports the loss (under ZB-V both are device 0). Checkpoints are one part per st
 own layer range (runtime/checkpoint.py write_part), so a checkpoint is per layer as with one
 stage per node and can be resumed on any cut.
 
-What runs with one stage per node only (live moves, islands, several pipelines, tied parameters
-across stages, evaluation in the bubbles) is refused before launch
-(launcher/device_schedule_checks.py) or here, for a model that ties parameters. A sampled step's
+What runs with one stage per node only (live moves, islands, several pipelines, evaluation in
+the bubbles) is refused before launch (launcher/device_schedule_checks.py). Tied parameters (an
+embedding and the output projection) are summed among their holders as with one stage per node
+(runtime/tied.py); under ZB-V both ends of the model are on the first node, so in its process. A sampled step's
 trace is the node's: its stages' actions in the order it ran them (one track per node in trace.json).
 """
 
@@ -49,6 +50,7 @@ from hetlaunch.runtime.stage_command import (Island, StageReports, _any_over_mod
                                              _sealing, _stage_memory, _step_metrics, _sum_over_model, checkpoint_due,
                                              link_rounding_seed, recipe_of, step_rng_seed)
 from hetlaunch.runtime.step_evaluation import StepEvaluation
+from hetlaunch.runtime.tied import TiedParameters
 from hetlaunch.runtime.wire import model_spec_from_proto, schedule_name
 
 
@@ -65,9 +67,6 @@ def run_device_stages(cmd: pb.RunStage, reports: StageReports, store: wpb.StoreA
     memory = _stage_memory(stage, device)  # before building: on CUDA the allocator's cap must be in place first
     bundles = [build_model_range(spec, p.layer_start, p.layer_end, seed=train.seed) for p in parts]
     bundle = bundles[0]
-    if bundle.tied:
-        raise ValueError(f"{schedule_name(train.schedule)} does not run a model with tied parameters "
-                         f"({', '.join(bundle.tied[0])}): use a one-stage-per-node schedule")
     if parts[-1].stage_index == stage.num_stages - 1 and parts[-1].layer_end != bundle.num_layers:
         raise ValueError(f"the last stage ends at layer {parts[-1].layer_end}, but the model has "
                          f"{bundle.num_layers} layers")
@@ -88,8 +87,14 @@ def run_device_stages(cmd: pb.RunStage, reports: StageReports, store: wpb.StoreA
         executor = _executor(cmd, parts, [layer for b in bundles for layer in b.layers], bundle.loss_fn, device,
                              memory)
         layers = _LayerMap(parts)
+        if bundle.tied:  # after every other group, in the same order on every rank (runtime/tied.py)
+            executor.tied = TiedParameters(bundle.tied, list(cmd.layout), cmd.rendezvous.rank, executor.module, 0,
+                                           wire_device(device, cmd.rendezvous.backend), cmd.rendezvous,
+                                           local_index=lambda index: layers.local_of[index])
         if restored is not None:  # a checkpoint written with islands also holds outer state: not ours to use
             apply_state(executor.module, executor.optimizer, split_outer(layers.to_local(restored))[0], 0)
+        elif executor.tied is not None:
+            executor.tied.share_initial_values()
         writer = (CheckpointWriter(executor.state_lock, lambda: layers.split(stage_state(executor.module, executor.optimizer, 0)),
                                    train.checkpoint_dir, reports)
                   if train.checkpoint_dir and train.checkpoint_every and train.save_part else None)

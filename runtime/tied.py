@@ -15,6 +15,7 @@ regions (or any two, with `all`) exchange sealed copies instead (runtime/sealed_
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -42,7 +43,14 @@ def _member(name: str) -> tuple[int, str]:
 
 class TiedParameters:
     def __init__(self, groups: tuple[tuple[str, ...], ...], layout: list[pb.StagePlace], rank: int,
-                 module: nn.Module, layer_start: int, wire: torch.device, rdzv: pb.Rendezvous | None = None) -> None:
+                 module: nn.Module, layer_start: int, wire: torch.device, rdzv: pb.Rendezvous | None = None,
+                 local_index: Callable[[int], int] | None = None) -> None:
+        """`module`'s layers are the model's from `layer_start` on; or, where a rank runs several
+        stages (interleaved 1F1B, ZB-V: its parts' ranges one after another), `local_index` maps a
+        model layer to its index in `module`. ZB-V's first and last stage share a node, so an
+        embedding tied to the output projection has one holder there: its gradients are summed in
+        the process, with no group."""
+        local_index = local_index or (lambda index: index - layer_start)
         self.wire = wire
         self._held: list[_Held] = []
         self.duplicates: set[int] = set()  # ids of copies left out of the gradient norm
@@ -62,7 +70,7 @@ class TiedParameters:
                 for position, (index, local) in enumerate(members):
                     if holder_of[position] != rank:
                         continue
-                    key = f"{index - layer_start}.{local}"
+                    key = f"{local_index(index)}.{local}"
                     if key not in named:
                         raise ValueError(f"tied parameter {index}.{local} is not a parameter of layer {index}")
                     params.append(named[key])

@@ -123,3 +123,34 @@ def test_a_layer_that_cannot_be_copied_is_refused_in_one_line_naming_the_shared_
     with pytest.raises(ValueError, match=r"^layers share parameters \(0\.weight, 1\.weight\) and layer 1 cannot be "
                                          r"copied .* declare LayeredModel\(tied=\.\.\.\) instead$"):
         untie(layers, shared_groups(layers))
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("schedule", ["zb-v", "interleaved-1f1b"])
+def test_tied_gpt2_with_several_stages_per_node_equals_one_process(tmp_path, schedule):
+    """The same model on two nodes, each holding two of the four one-layer stages. Under ZB-V the
+    embedding (stage 0) and the head (stage 3) are both on the first node: their gradients are summed
+    in its process. Interleaved 1F1B puts them on different nodes: summed over the network, as with
+    one stage per node. Either way the run is the tied model in one process, step by step."""
+    # Unpinned (these schedules cut their own stages); alike nodes at a tenth of their speed keep the
+    # planner on both (tests/job/test_device_schedules_up.py says why)
+    nodes = "\n".join(f"  - {{name: n{i}, device: cpu, threads: 1, emulate: {{speed: 0.1}}}}" for i in range(2))
+    cluster = CLUSTER.replace("SCHEDULE", schedule).split("nodes:")[0] + "nodes:\n" + nodes + "\n"
+    (tmp_path / "cluster.yaml").write_text(cluster.replace("schedule:", "rebalance: off, schedule:"))
+    run_dir = tmp_path / "run"
+    result = run_hetlaunch("up", str(tmp_path / "cluster.yaml"), "--run-dir", str(run_dir), timeout=260)
+    assert result.returncode == 0, result.stderr + result.stdout
+    plan = json.loads((run_dir / "summary.json").read_text())["plan"]
+    where = [s["node"] for s in plan["stages"]]
+    assert len(where) == 4 and len(set(where)) == 2, where
+    assert (where[0] == where[3]) == (schedule == "zb-v"), where  # the tie on one node, or across two
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    want, norms, net = reference()
+    assert [r["step"] for r in lines] == list(range(STEPS))
+    for got, ref in zip(lines, want):
+        assert abs(got["loss"] - ref) / ref <= 1e-5, ([r["loss"] for r in lines], want)
+    for got, ref in zip(lines, norms):
+        assert abs(got["grad_norm"] - ref) / ref <= 1e-5, ([r["grad_norm"] for r in lines], norms)
+    params = final_parameters(run_dir)
+    assert torch.equal(params["layers.0.wte.weight"], params["layers.3.lm_head.weight"])
+    torch.testing.assert_close(params["layers.0.wte.weight"], net[0].wte.weight.detach(), rtol=1e-5, atol=1e-6)
