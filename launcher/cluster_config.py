@@ -22,6 +22,7 @@ from hetlaunch.launcher.device_schedule_checks import check_device_schedule
 from hetlaunch.launcher.config_types import MAX_NAME, Strict, YamlFloat, is_loopback, starts_alnum
 from hetlaunch.launcher.node_config import DataPlaneConfig, DiscoverConfig, LinkConfig, NodeConfig, RegionConfig
 from hetlaunch.launcher.planning.compression import CompressionConfig
+from hetlaunch.launcher.slurm_config import SlurmGroup, check_slurm_groups
 from hetlaunch.launcher.planning.islands import IslandError, island_groups, pipeline_islands
 from hetlaunch.launcher.planning.plan import TilingError, check_layer_tiling
 from hetlaunch.launcher.train_config import CheckpointConfig, ObserveConfig, TrainConfig
@@ -176,6 +177,7 @@ class ClusterConfig(Strict):
     links: Annotated[list[LinkConfig], _none_to(list)] = Field(default_factory=list)  # per region pair
     nodes: Annotated[list[NodeConfig], _none_to(list)] = Field(default_factory=list)  # the machines of the job, by name
     discover: DiscoverConfig | None = None  # and/or agents taken as they come (launcher/node_config.py)
+    slurm: Annotated[list[SlurmGroup], _none_to(list)] = Field(default_factory=list)  # launch: slurm groups (launcher/slurm_config.py)
     data_plane: DataPlaneConfig = Field(default_factory=DataPlaneConfig)  # every node's, unless it sets its own
     # `auto` (default) or codecs pinned per link class / stage boundary: see launcher/planning/compression.py
     compression: Annotated[CompressionConfig, BeforeValidator(_auto_compression)] = Field(
@@ -206,6 +208,7 @@ class ClusterConfig(Strict):
         if tls is not None and tls.ca is not None and tls.agent_cert is None and self.local_nodes:
             raise FieldError(("coordinator", "tls", "agent_cert"), "required with tls.ca and local nodes: under mutual "
                                                                    "TLS the agents `up` starts present it")
+        check_slurm_groups(self)
         self._check_encryption()
         check_device_schedule(self)
         self._check_layers()
