@@ -1,0 +1,251 @@
+"""Agents that `hetlaunch up` starts inside a Slurm allocation (launch: slurm).
+
+Per group of the YAML's top-level `slurm:` list (launcher/slurm_config.py):
+
+1. `salloc --nodes=N [--partition ...] -- sh -c 'echo hetlaunch-allocation $SLURM_JOB_ID ...; cat'`
+   asks for one allocation of as many nodes as the group has. Its command runs here, on the machine
+   of `up`, and holds the allocation for as long as its stdin stays open: when `up` ends — even by
+   SIGKILL, when nobody runs `scancel` — the pipe closes, `cat` ends and salloc gives the
+   allocation back. A job Slurm refuses is one line with Slurm's reason; one that does not start
+   within the group's wait_s is one line with its squeue state.
+2. `srun --jobid=ID --nodes=1 --ntasks=1 --nodelist=HOST PYTHON -m hetlaunch.runtime.agent ...
+   --token-file - --stdin-lifeline` starts each node's agent on its Slurm node; srun forwards our
+   stdin to the task, so the token is stdin's first line (never on a command line or in the job's
+   environment) and the open pipe is the agent's lifeline, as over ssh. srun passes our
+   environment on (PYTHONPATH, ...) and brings the agent's output back into logs/<node>.log.
+3. Stop: close the lifelines (agents stop their workers and exit, their steps end), then `scancel`
+   the job and close salloc's stdin.
+
+A node's `host:` pins the Slurm node it runs on; the others get the allocation's remaining nodes.
+Slurm does not requeue anything here: an agent whose step ends is a lost node to `up`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from hetlaunch.launcher.coordinator import host_port
+from hetlaunch.launcher.job_errors import JobError
+from hetlaunch.launcher.providers.base import AgentProvider, LaunchContext
+from hetlaunch.launcher.providers.processes import AgentProcesses, ProcessProvider, _close, _signal_group
+from hetlaunch.launcher.providers.ssh import advertised_host
+from hetlaunch.launcher.slurm_config import SlurmGroup, slurm_group_of
+from hetlaunch.runtime.auth import TOKEN_ENV_VAR
+
+TOOLS = ("salloc", "srun", "scancel", "squeue", "scontrol")
+QUERY_TIMEOUT_S = 20.0  # one squeue / scontrol / scancel call
+MARK = "hetlaunch-allocation"  # the line the allocation's command prints: MARK JOBID NODELIST
+# Runs on this machine inside salloc: say which job and nodes, then hold the allocation until stdin closes.
+HOLD = f'echo "{MARK} $SLURM_JOB_ID $SLURM_JOB_NODELIST"; exec cat >/dev/null'
+
+
+class SlurmProvider(ProcessProvider, AgentProvider):
+    launch = "slurm"
+    what = "agent started with srun"
+
+    def __init__(self, nodes):
+        super().__init__(nodes)
+        self.processes = AgentProcesses()
+        self.allocations: list[Allocation] = []
+
+    def start(self, ctx: LaunchContext) -> None:
+        missing = [tool for tool in TOOLS if shutil.which(tool) is None]
+        if missing:
+            raise JobError(f"launch: slurm needs Slurm's client commands on PATH on this machine, and "
+                           f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not (install slurm-client)")
+        env = slurm_env()
+        groups: dict[str, tuple[SlurmGroup, list]] = {}
+        for node in self.nodes:
+            group = slurm_group_of(ctx.cluster, node)
+            groups.setdefault(group.name, (group, []))[1].append(node)
+        for group, nodes in groups.values():  # ask for every allocation first: they may wait side by side
+            self.allocations.append(Allocation(group, nodes, ctx.log_dir, env))
+        coord = ctx.cluster.coordinator
+        address = host_port(advertised_host(coord.host, coord.advertise), ctx.port)
+        for allocation in self.allocations:
+            allocation.wait_started(ctx)
+            for node, host in allocation.placement().items():
+                python = allocation.group.python or sys.executable
+                command = ["srun", f"--jobid={allocation.job_id}", "--nodes=1", "--ntasks=1", f"--nodelist={host}",
+                           *allocation.group.srun_options, python, "-m", "hetlaunch.runtime.agent",
+                           "--coordinator", address, f"--name={node}", "--token-file", "-", "--stdin-lifeline",
+                           "--connect-timeout", "30", *ctx.agent_args]
+                self.processes.spawn(node, command, ctx.log_path(node), env=env, stdin_line=ctx.token)
+            ctx.console.print(f"slurm group {allocation.group.name}: job {allocation.job_id}, agents "
+                              + ", ".join(f"{n} on {h}{allocation.gres(h)}" for n, h in allocation.placement().items())
+                              + f", dialing {address}")
+
+    def kill(self, node: str) -> None:
+        """Close the node's lifeline and SIGTERM its srun (which signals the task and ends the step);
+        SIGKILL it if it has not ended within 10s."""
+        agent = self.processes.agents.get(node)
+        if agent is None or agent.process.poll() is not None:
+            return
+        if agent.process.stdin is not None:
+            _close(agent.process.stdin)
+        agent.process.terminate()
+        try:
+            agent.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.processes.kill(node)
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        try:
+            self.processes.stop(grace_s)
+        finally:
+            for allocation in self.allocations:
+                allocation.release()
+
+
+class Allocation:
+    """One group's allocation: a salloc process whose command holds it while its stdin is open."""
+
+    def __init__(self, group: SlurmGroup, nodes: list, log_dir: Path, env: dict[str, str]):
+        self.group = group
+        self.nodes = nodes
+        self.job_id: str | None = None
+        self.hosts: list[str] = []
+        self._gres: dict[str, str] = {}
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = log_dir / f"salloc@{group.name}.log"  # '@' is in no node name: never a node's log
+        self.env = env
+        self.started_at = time.monotonic()
+        with open(self.log_path, "w") as log:
+            self.process = subprocess.Popen(salloc_command(group, nodes), env=env, stdin=subprocess.PIPE,
+                                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    @property
+    def what(self) -> str:
+        asked = [f"{len(self.nodes)} node(s)"]
+        asked += [f"{key} {getattr(self.group, key)}" for key in ("partition", "account") if getattr(self.group, key)]
+        return f"slurm group {self.group.name} ({', '.join(asked)})"
+
+    def _log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def wait_started(self, ctx: LaunchContext) -> None:
+        """Until salloc's command says the allocation runs; JobError (one line) if Slurm refuses it,
+        or it has not started within the group's wait_s."""
+        deadline = self.started_at + self.group.wait_s
+        with ctx.console.status(f"{self.what}: waiting for Slurm to start the allocation") as status:
+            while True:
+                text = self._log()
+                found = re.search(rf"^{MARK} (\S+) (\S+)$", text, re.M)
+                if found:
+                    self.job_id = found.group(1)
+                    self.hosts = self._expand(found.group(2))
+                    self._gres = self._query_gres()
+                    return
+                job = re.search(r"job allocation (\d+)", text)
+                self.job_id = job.group(1) if job else self.job_id
+                if self.process.poll() is not None:
+                    raise JobError(f"{self.what}: Slurm refused the allocation: {salloc_errors(text)}")
+                if time.monotonic() > deadline:
+                    state = self._state() if self.job_id else "not queued yet"
+                    raise JobError(f"{self.what}: Slurm did not start job {self.job_id or '?'} within "
+                                   f"{self.group.wait_s:g}s (slurm wait_s); it is {state}")
+                if self.job_id:
+                    status.update(f"{self.what}: waiting for Slurm to start job {self.job_id}")
+                time.sleep(0.2)
+
+    def placement(self) -> dict[str, str]:
+        """Node name -> Slurm node: pinned ones (`host:`) where they asked, the others in order."""
+        free = [h for h in self.hosts if h not in {n.host for n in self.nodes if n.host}]
+        placed = {}
+        for node in self.nodes:
+            if node.host:
+                if node.host not in self.hosts:
+                    raise JobError(f"{self.what}: node {node.name} asks for host {node.host}, which is not in "
+                                   f"job {self.job_id}'s nodes ({', '.join(self.hosts)})")
+                placed[node.name] = node.host
+            else:
+                placed[node.name] = free.pop(0)
+        return placed
+
+    def gres(self, host: str) -> str:
+        """What Slurm says the node has (", gres gpu:a100:2"), or ""."""
+        found = self._gres.get(host, "")
+        return f" (gres {found})" if found else ""
+
+    def _run(self, *command: str) -> subprocess.CompletedProcess | None:
+        try:
+            return subprocess.run(list(command), capture_output=True, text=True, timeout=QUERY_TIMEOUT_S,
+                                  env=self.env, stdin=subprocess.DEVNULL)
+        except (subprocess.TimeoutExpired, OSError):
+            return None
+
+    def _expand(self, nodelist: str) -> list[str]:
+        done = self._run("scontrol", "show", "hostnames", nodelist)
+        if done is None or done.returncode != 0 or not done.stdout.split():
+            raise JobError(f"{self.what}: cannot read job {self.job_id}'s nodes ({nodelist}) with scontrol")
+        hosts = done.stdout.split()
+        if len(hosts) < len(self.nodes):
+            raise JobError(f"{self.what}: job {self.job_id} got {len(hosts)} node(s) for {len(self.nodes)} agents")
+        return hosts
+
+    def _query_gres(self) -> dict[str, str]:
+        done = self._run("scontrol", "-o", "show", "node", ",".join(self.hosts))
+        gres = {}
+        for line in done.stdout.splitlines() if done is not None else []:
+            fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+            if fields.get("Gres", "(null)") != "(null)":
+                gres[fields.get("NodeName", "")] = fields["Gres"]
+        return gres
+
+    def _state(self) -> str:
+        done = self._run("squeue", "-h", "-j", self.job_id, "-o", "%T (%r)")
+        return (done.stdout.strip() if done is not None and done.returncode == 0 else "") or "in an unknown state"
+
+    def release(self) -> None:
+        """scancel the job, close salloc's stdin (its command ends, it gives the allocation up), and
+        wait for salloc; kill it if it has not ended within QUERY_TIMEOUT_S."""
+        if self.process.poll() is None:
+            if self.job_id is not None:
+                self._run("scancel", self.job_id)
+            if self.process.stdin is not None:
+                _close(self.process.stdin)
+            try:
+                self.process.wait(timeout=QUERY_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                _signal_group(self.process, signal.SIGKILL)
+                self.process.wait(timeout=5)
+
+
+def salloc_command(group: SlurmGroup, nodes: list) -> list[str]:
+    options = [f"--nodes={len(nodes)}", f"--job-name=hetlaunch-{group.name}"]
+    for key, option in (("partition", "--partition"), ("account", "--account"),
+                        ("gpus_per_node", "--gpus-per-node"), ("time", "--time")):
+        if getattr(group, key) is not None:
+            options.append(f"{option}={getattr(group, key)}")
+    pinned = [n.host for n in nodes if n.host]
+    if pinned:
+        options.append(f"--nodelist={','.join(pinned)}")
+    return ["salloc", *options, *group.salloc_options, "--", "sh", "-c", HOLD]
+
+
+def salloc_errors(text: str) -> str:
+    """Slurm's reasons from salloc's output, on one line."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    errors = [re.sub(r"^(salloc: )?error: ", "", line) for line in lines if "error" in line.lower()]
+    reasons = list(dict.fromkeys(errors)) or lines[-1:] or ["salloc exited without a reason"]
+    reason = "; ".join(reasons)
+    return reason if len(reason) <= 300 else reason[:297] + "..."
+
+
+def slurm_env() -> dict[str, str]:
+    """Our environment for salloc and srun (srun passes it on to the agents), never the token, and
+    none of a job's SLURM_* variables when `up` itself runs inside one (srun would take its options)."""
+    env = {k: v for k, v in os.environ.items()
+           if k != TOKEN_ENV_VAR and not (k.startswith("SLURM_") and k != "SLURM_CONF")}
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
