@@ -17,7 +17,9 @@ Per group of the YAML's top-level `slurm:` list (launcher/slurm_config.py):
    the job and close salloc's stdin.
 
 A node's `host:` pins the Slurm node it runs on; the others get the allocation's remaining nodes.
-Slurm does not requeue anything here: an agent whose step ends is a lost node to `up`.
+Slurm does not requeue anything here (an interactive allocation never is): an agent whose step
+ends is a lost node to `up`, which re-plans on the others. The allocation is asked with --no-kill,
+so a node Slurm marks failed ends only its own step instead of the whole group's job.
 """
 
 from __future__ import annotations
@@ -222,7 +224,9 @@ class Allocation:
 
 
 def salloc_command(group: SlurmGroup, nodes: list) -> list[str]:
-    options = [f"--nodes={len(nodes)}", f"--job-name=hetlaunch-{group.name}"]
+    # --no-kill: a failed node ends its own step, not the allocation; `up` declares that node lost
+    # and trains on (a later --no-kill=off in salloc_options undoes it).
+    options = [f"--nodes={len(nodes)}", f"--job-name=hetlaunch-{group.name}", "--no-kill"]
     for key, option in (("partition", "--partition"), ("account", "--account"),
                         ("gpus_per_node", "--gpus-per-node"), ("time", "--time")):
         if getattr(group, key) is not None:

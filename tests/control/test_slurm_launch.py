@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 
-from conftest import hetlaunch_env, popen_hetlaunch, stop_process, wait_for
+from conftest import hetlaunch_env, popen_hetlaunch, session_processes, stop_process, wait_for
 from slurm_cluster import slurm_missing, start_slurm
 
 
@@ -55,12 +55,8 @@ def _no_jobs_within(slurm, seconds: float) -> None:
 
 
 def _slurm_agents() -> list[psutil.Process]:
-    found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        cmd = " ".join(proc.info["cmdline"] or [])
-        if "hetlaunch.runtime.agent" in cmd and "--stdin-lifeline" in cmd:
-            found.append(proc)
-    return found
+    """This test session's agents started through srun, and their srun (never another session's)."""
+    return session_processes("hetlaunch.runtime.agent", "--stdin-lifeline")
 
 
 @pytest.mark.timeout(150)
@@ -149,6 +145,45 @@ def test_sigterm_on_up_cancels_the_allocation_and_stops_the_agents(slurm, tmp_pa
     while _slurm_agents() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not _slurm_agents(), "agents left running after SIGTERM"
+
+
+@pytest.mark.timeout(120)
+def test_sigkill_on_up_still_gives_the_allocation_back(slurm, tmp_path):
+    """Nobody runs scancel: the closed pipes end salloc's holding command and the agents' lifelines."""
+    up, run_dir = _up(slurm, tmp_path, _yaml(["{name: s0, launch: slurm, device: cpu}"], steps=100000))
+    try:
+        wait_for(lambda: (run_dir / "metrics.jsonl").exists() and (run_dir / "metrics.jsonl").read_text().strip(),
+                 90, "a first step", proc=up)
+        up.kill()
+        up.wait(timeout=10)
+    finally:
+        stop_process(up)
+    _no_jobs_within(slurm, 20)
+    deadline = time.monotonic() + 15
+    while _slurm_agents() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _slurm_agents(), "agents left running after SIGKILL of up"
+
+
+@pytest.mark.timeout(150)
+def test_a_failed_slurm_node_is_a_lost_node_and_the_others_train_on(slurm, tmp_path):
+    """The allocation has --no-kill: Slurm ends only the failed node's step, `up` re-plans on the other."""
+    up, run_dir = _up(slurm, tmp_path, _yaml(["{name: s0, launch: slurm, device: cpu}",
+                                              "{name: s1, launch: slurm, device: cpu}"], steps=12))
+    try:
+        wait_for(lambda: (run_dir / "metrics.jsonl").exists() and (run_dir / "metrics.jsonl").read_text().strip(),
+                 90, "a first step", proc=up)
+        down = slurm.run("scontrol", "update", "nodename=n2", "state=down", "reason=hetlaunch-test")
+        assert down.returncode == 0, down.stderr
+        up.wait(timeout=120)
+    finally:
+        out, err = stop_process(up)
+        slurm.run("scontrol", "update", "nodename=n2", "state=resume")
+    assert up.returncode == 0, out + err
+    assert "lost node s1: agent started with srun exited" in out and "Node failure on n2" in out, out
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 12
+    _no_jobs_within(slurm, 15)
+    wait_for(lambda: "n2" in slurm.idle_nodes(), 30, "n2 idle again")
 
 
 @pytest.mark.timeout(30)
