@@ -59,7 +59,7 @@ class CoordinatorConfig(Strict):
     heartbeat_timeout_s: YamlFloat = Field(4.0, gt=0)
     tls: TlsConfig | None = None  # TLS on the control plane (runtime/tls.py)
     insecure: bool = False  # allow a non-loopback host without tls (the token then crosses in clear text)
-    # The host agents started over SSH dial (default: host; this machine's name when host is 0.0.0.0 or ::)
+    # The host agents started over SSH or by Slurm dial (default: host; this machine's name when host is 0.0.0.0 or ::)
     advertise: str | None = Field(None, min_length=1, pattern=r"^[A-Za-z0-9_.:\[\]-]+$")
 
     @model_validator(mode="after")
