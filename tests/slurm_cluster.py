@@ -85,9 +85,11 @@ class SlurmCluster:
                 proc.wait(timeout=5)
 
 
-def start_slurm(root: Path, nodes: tuple[str, ...] = ("n1", "n2"), cpus: int = 2) -> SlurmCluster:
+def start_slurm(root: Path, nodes: tuple[str, ...] = ("n1", "n2"), cpus: int = 2, gpus: int = 1) -> SlurmCluster:
     """Start munged, slurmctld and one slurmd per node; return once sinfo shows them idle (or raise
-    RuntimeError naming what did not come up, with the daemons' log tails)."""
+    RuntimeError naming what did not come up, with the daemons' log tails). Each node has `gpus`
+    GPUs of type `fake` as Slurm sees them (/dev/null their device file in gres.conf): enough for
+    --gpus-per-node and for Gres in `scontrol show node`, while the agents compute on CPU."""
     root.mkdir(parents=True, exist_ok=True)
     root.chmod(0o700)  # munged refuses a socket directory others may write
     name = "t" + secrets.token_hex(3)
@@ -98,7 +100,9 @@ def start_slurm(root: Path, nodes: tuple[str, ...] = ("n1", "n2"), cpus: int = 2
     socket_path = root / "munge.socket"
     ctld_port = _free_port()
     node_lines = "\n".join(f"NodeName={n} NodeHostname=localhost NodeAddr=127.0.0.1 Port={_free_port()} "
-                           f"CPUs={cpus} RealMemory=1000 State=UNKNOWN" for n in nodes)
+                           f"CPUs={cpus} RealMemory=1000 State=UNKNOWN"
+                           + (f" Gres=gpu:fake:{gpus}" if gpus else "") for n in nodes)
+    (root / "gres.conf").write_text(f"AutoDetect=off\nName=gpu Type=fake File=/dev/null Count={gpus}\n" if gpus else "")
     cluster.conf.write_text(f"""\
 ClusterName={name}
 SlurmctldHost=localhost(127.0.0.1)
@@ -121,6 +125,7 @@ SelectTypeParameters=CR_CPU
 SchedulerType=sched/backfill
 MpiDefault=none
 SwitchType=switch/none
+GresTypes=gpu
 JobCompType=jobcomp/none
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none

@@ -238,12 +238,15 @@ def salloc_command(group: SlurmGroup, nodes: list) -> list[str]:
 
 
 def salloc_errors(text: str) -> str:
-    """Slurm's reasons from salloc's output, on one line."""
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    errors = [re.sub(r"^(salloc: )?error: ", "", line) for line in lines if "error" in line.lower()]
-    reasons = list(dict.fromkeys(errors)) or lines[-1:] or ["salloc exited without a reason"]
-    reason = "; ".join(reasons)
+    """Slurm's reasons from salloc's output, on one line (its progress lines and help hints left out)."""
+    lines = [re.sub(r"^(salloc: )?(error: )?", "", line.strip()) for line in text.splitlines() if line.strip()]
+    reasons = [line for line in lines if not re.match(_SALLOC_PROGRESS, line)]
+    reason = "; ".join(dict.fromkeys(reasons)) or "salloc exited without a reason"
     return reason if len(reason) <= 300 else reason[:297] + "..."
+
+
+_SALLOC_PROGRESS = (r"(Pending job allocation|job \d+ queued|Granted job allocation|Relinquishing job allocation|"
+                    r"Waiting for resource configuration|Nodes .* are ready|Try \"salloc --help\"|" + MARK + ")")
 
 
 def slurm_env() -> dict[str, str]:

@@ -33,6 +33,10 @@ def test_slurm_s_reasons_are_one_line():
             "salloc: error: Job submit/allocate failed: Invalid partition name specified\n")
     assert salloc_errors(text) == ("invalid partition specified: nope; "
                                    "Job submit/allocate failed: Invalid partition name specified")
+    assert salloc_errors("salloc: unrecognized option '--bogus'\nTry \"salloc --help\" for more information\n") == \
+        "unrecognized option '--bogus'"
+    assert salloc_errors("salloc: Pending job allocation 4\nsalloc: job 4 queued and waiting for resources\n"
+                         "salloc: Job allocation 4 has been revoked.\n") == "Job allocation 4 has been revoked."
     assert salloc_errors("") == "salloc exited without a reason"
 
 
