@@ -7,7 +7,8 @@
       - {name: a1, launch: slurm, slurm: gpu}
 
 A group asks Slurm for as many nodes as name it (one agent per node); a node's `slurm:` may be
-left out when there is one group. A node's `host:` pins the Slurm node it runs on.
+left out when there is one group. A node's `host:` pins the Slurm node it runs on. Groups that
+name the same `het_job` are asked for as one heterogeneous job (salloc A : B), started together.
 launcher/providers/slurm.py gets the allocation and starts the agents.
 """
 
@@ -52,6 +53,9 @@ class SlurmGroup(Strict):
     # shared filesystem).
     python: str | None = Field(None, min_length=1)
     wait_s: YamlFloat = Field(300.0, gt=0)  # how long `up` waits for Slurm to start the allocation
+    # Groups with the same het_job are one heterogeneous Slurm job, each a component with its own
+    # options (e.g. A100 nodes from one partition, L4 from another), started together.
+    het_job: Name | None = None
 
     def option_errors(self) -> tuple[str, str] | None:
         for key in ("salloc_options", "srun_options"):

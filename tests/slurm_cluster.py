@@ -123,6 +123,7 @@ TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SchedulerType=sched/backfill
+SchedulerParameters=bf_interval=1
 MpiDefault=none
 SwitchType=switch/none
 GresTypes=gpu

@@ -31,6 +31,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from hetlaunch.launcher.coordinator import host_port
@@ -43,9 +44,7 @@ from hetlaunch.runtime.auth import TOKEN_ENV_VAR
 
 TOOLS = ("salloc", "srun", "scancel", "squeue", "scontrol")
 QUERY_TIMEOUT_S = 20.0  # one squeue / scontrol / scancel call
-MARK = "hetlaunch-allocation"  # the line the allocation's command prints: MARK JOBID NODELIST
-# Runs on this machine inside salloc: say which job and nodes, then hold the allocation until stdin closes.
-HOLD = f'echo "{MARK} $SLURM_JOB_ID $SLURM_JOB_NODELIST"; exec cat >/dev/null'
+MARK = "hetlaunch-allocation"  # the line the allocation's command prints: MARK JOBID NODELIST...
 
 
 class SlurmProvider(ProcessProvider, AgentProvider):
@@ -63,26 +62,31 @@ class SlurmProvider(ProcessProvider, AgentProvider):
             raise JobError(f"launch: slurm needs Slurm's client commands on PATH on this machine, and "
                            f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not (install slurm-client)")
         env = slurm_env()
-        groups: dict[str, tuple[SlurmGroup, list]] = {}
+        jobs: dict[str, dict[str, Component]] = {}  # one allocation per het_job (else per group), its groups
         for node in self.nodes:
             group = slurm_group_of(ctx.cluster, node)
-            groups.setdefault(group.name, (group, []))[1].append(node)
-        for group, nodes in groups.values():  # ask for every allocation first: they may wait side by side
-            self.allocations.append(Allocation(group, nodes, ctx.log_dir, env))
+            components = jobs.setdefault(group.het_job or group.name, {})
+            components.setdefault(group.name, Component(group, len(components))).nodes.append(node)
+        for key, components in jobs.items():  # ask for every allocation first: they may wait side by side
+            self.allocations.append(Allocation(key, list(components.values()), ctx.log_dir, env))
         coord = ctx.cluster.coordinator
         address = host_port(advertised_host(coord.host, coord.advertise), ctx.port)
         for allocation in self.allocations:
             allocation.wait_started(ctx)
-            for node, host in allocation.placement().items():
-                python = allocation.group.python or sys.executable
-                command = ["srun", f"--jobid={allocation.job_id}", "--nodes=1", "--ntasks=1", f"--nodelist={host}",
-                           *allocation.group.srun_options, python, "-m", "hetlaunch.runtime.agent",
-                           "--coordinator", address, f"--name={node}", "--token-file", "-", "--stdin-lifeline",
-                           "--connect-timeout", "30", *ctx.agent_args]
-                self.processes.spawn(node, command, ctx.log_path(node), env=env, stdin_line=ctx.token)
-            ctx.console.print(f"slurm group {allocation.group.name}: job {allocation.job_id}, agents "
-                              + ", ".join(f"{n} on {h}{allocation.gres(h)}" for n, h in allocation.placement().items())
-                              + f", dialing {address}")
+            het = len(allocation.components) > 1
+            for part in allocation.components:
+                placed = allocation.placement(part)
+                for node, host in placed.items():
+                    command = ["srun", f"--jobid={allocation.job_id}", *([f"--het-group={part.index}"] if het else []),
+                               "--nodes=1", "--ntasks=1", f"--nodelist={host}", *part.group.srun_options,
+                               part.group.python or sys.executable, "-m", "hetlaunch.runtime.agent",
+                               "--coordinator", address, f"--name={node}", "--token-file", "-", "--stdin-lifeline",
+                               "--connect-timeout", "30", *ctx.agent_args]
+                    self.processes.spawn(node, command, ctx.log_path(node), env=env, stdin_line=ctx.token)
+                ctx.console.print(f"slurm group {part.group.name}: job {allocation.job_id}"
+                                  + (f" (heterogeneous job {allocation.key}, component {part.index})" if het else "")
+                                  + ", agents " + ", ".join(f"{n} on {h}{allocation.gres(h)}" for n, h in placed.items())
+                                  + f", dialing {address}")
 
     def kill(self, node: str) -> None:
         """Close the node's lifeline and SIGTERM its srun (which signals the task and ends the step);
@@ -106,28 +110,45 @@ class SlurmProvider(ProcessProvider, AgentProvider):
                 allocation.release()
 
 
-class Allocation:
-    """One group's allocation: a salloc process whose command holds it while its stdin is open."""
+@dataclass
+class Component:
+    """One group's part of an allocation (the het group `index` of a heterogeneous job)."""
 
-    def __init__(self, group: SlurmGroup, nodes: list, log_dir: Path, env: dict[str, str]):
-        self.group = group
-        self.nodes = nodes
-        self.job_id: str | None = None
-        self.hosts: list[str] = []
-        self._gres: dict[str, str] = {}
-        log_dir.mkdir(parents=True, exist_ok=True)
-        self.log_path = log_dir / f"salloc@{group.name}.log"  # '@' is in no node name: never a node's log
-        self.env = env
-        self.started_at = time.monotonic()
-        with open(self.log_path, "w") as log:
-            self.process = subprocess.Popen(salloc_command(group, nodes), env=env, stdin=subprocess.PIPE,
-                                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    group: SlurmGroup
+    index: int
+    nodes: list = field(default_factory=list)
+    hosts: list[str] = field(default_factory=list)
 
     @property
     def what(self) -> str:
         asked = [f"{len(self.nodes)} node(s)"]
         asked += [f"{key} {getattr(self.group, key)}" for key in ("partition", "account") if getattr(self.group, key)]
-        return f"slurm group {self.group.name} ({', '.join(asked)})"
+        return f"{self.group.name} ({', '.join(asked)})"
+
+
+class Allocation:
+    """One Slurm job (heterogeneous when it has several components): a salloc process whose command
+    holds it while its stdin is open."""
+
+    def __init__(self, key: str, components: list[Component], log_dir: Path, env: dict[str, str]):
+        self.key = key
+        self.components = components
+        self.job_id: str | None = None
+        self._gres: dict[str, str] = {}
+        self.wait_s = max(c.group.wait_s for c in components)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = log_dir / f"salloc@{key}.log"  # '@' is in no node name: never a node's log
+        self.env = env
+        self.started_at = time.monotonic()
+        with open(self.log_path, "w") as log:
+            self.process = subprocess.Popen(salloc_command(components), env=env, stdin=subprocess.PIPE,
+                                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    @property
+    def what(self) -> str:
+        if len(self.components) == 1:
+            return f"slurm group {self.components[0].what}"
+        return f"slurm heterogeneous job {self.key} (groups {'; '.join(c.what for c in self.components)})"
 
     def _log(self) -> str:
         try:
@@ -137,16 +158,18 @@ class Allocation:
 
     def wait_started(self, ctx: LaunchContext) -> None:
         """Until salloc's command says the allocation runs; JobError (one line) if Slurm refuses it,
-        or it has not started within the group's wait_s."""
-        deadline = self.started_at + self.group.wait_s
+        or it has not started within the groups' wait_s."""
+        deadline = self.started_at + self.wait_s
         with ctx.console.status(f"{self.what}: waiting for Slurm to start the allocation") as status:
             while True:
                 text = self._log()
-                found = re.search(rf"^{MARK} (\S+) (\S+)$", text, re.M)
+                found = re.search(rf"^{MARK} (\S+)((?: \S+)+)$", text, re.M)
                 if found:
                     self.job_id = found.group(1)
-                    self.hosts = self._expand(found.group(2))
-                    self._gres = self._query_gres()
+                    nodelists = found.group(2).split()
+                    for part, nodelist in zip(self.components, nodelists):
+                        part.hosts = self._expand(part, nodelist)
+                    self._gres = self._query_gres([h for part in self.components for h in part.hosts])
                     return
                 job = re.search(r"job allocation (\d+)", text)
                 self.job_id = job.group(1) if job else self.job_id
@@ -155,20 +178,20 @@ class Allocation:
                 if time.monotonic() > deadline:
                     state = self._state() if self.job_id else "not queued yet"
                     raise JobError(f"{self.what}: Slurm did not start job {self.job_id or '?'} within "
-                                   f"{self.group.wait_s:g}s (slurm wait_s); it is {state}")
+                                   f"{self.wait_s:g}s (slurm wait_s); it is {state}")
                 if self.job_id:
                     status.update(f"{self.what}: waiting for Slurm to start job {self.job_id}")
                 time.sleep(0.2)
 
-    def placement(self) -> dict[str, str]:
+    def placement(self, part: Component) -> dict[str, str]:
         """Node name -> Slurm node: pinned ones (`host:`) where they asked, the others in order."""
-        free = [h for h in self.hosts if h not in {n.host for n in self.nodes if n.host}]
+        free = [h for h in part.hosts if h not in {n.host for n in part.nodes if n.host}]
         placed = {}
-        for node in self.nodes:
+        for node in part.nodes:
             if node.host:
-                if node.host not in self.hosts:
+                if node.host not in part.hosts:
                     raise JobError(f"{self.what}: node {node.name} asks for host {node.host}, which is not in "
-                                   f"job {self.job_id}'s nodes ({', '.join(self.hosts)})")
+                                   f"job {self.job_id}'s nodes ({', '.join(part.hosts)})")
                 placed[node.name] = node.host
             else:
                 placed[node.name] = free.pop(0)
@@ -186,17 +209,18 @@ class Allocation:
         except (subprocess.TimeoutExpired, OSError):
             return None
 
-    def _expand(self, nodelist: str) -> list[str]:
+    def _expand(self, part: Component, nodelist: str) -> list[str]:
         done = self._run("scontrol", "show", "hostnames", nodelist)
         if done is None or done.returncode != 0 or not done.stdout.split():
             raise JobError(f"{self.what}: cannot read job {self.job_id}'s nodes ({nodelist}) with scontrol")
         hosts = done.stdout.split()
-        if len(hosts) < len(self.nodes):
-            raise JobError(f"{self.what}: job {self.job_id} got {len(hosts)} node(s) for {len(self.nodes)} agents")
+        if len(hosts) < len(part.nodes):
+            raise JobError(f"{self.what}: job {self.job_id} gave group {part.group.name} {len(hosts)} node(s) "
+                           f"for {len(part.nodes)} agents")
         return hosts
 
-    def _query_gres(self) -> dict[str, str]:
-        done = self._run("scontrol", "-o", "show", "node", ",".join(self.hosts))
+    def _query_gres(self, hosts: list[str]) -> dict[str, str]:
+        done = self._run("scontrol", "-o", "show", "node", ",".join(hosts))
         gres = {}
         for line in done.stdout.splitlines() if done is not None else []:
             fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
@@ -206,7 +230,8 @@ class Allocation:
 
     def _state(self) -> str:
         done = self._run("squeue", "-h", "-j", self.job_id, "-o", "%T (%r)")
-        return (done.stdout.strip() if done is not None and done.returncode == 0 else "") or "in an unknown state"
+        lines = [line.strip() for line in done.stdout.splitlines() if line.strip()] if done is not None else []
+        return ", ".join(dict.fromkeys(lines)) or "in an unknown state"  # one per component of a het job
 
     def release(self) -> None:
         """scancel the job, close salloc's stdin (its command ends, it gives the allocation up), and
@@ -223,18 +248,27 @@ class Allocation:
                 self.process.wait(timeout=5)
 
 
-def salloc_command(group: SlurmGroup, nodes: list) -> list[str]:
-    # --no-kill: a failed node ends its own step, not the allocation; `up` declares that node lost
-    # and trains on (a later --no-kill=off in salloc_options undoes it).
-    options = [f"--nodes={len(nodes)}", f"--job-name=hetlaunch-{group.name}", "--no-kill"]
-    for key, option in (("partition", "--partition"), ("account", "--account"),
-                        ("gpus_per_node", "--gpus-per-node"), ("time", "--time")):
-        if getattr(group, key) is not None:
-            options.append(f"{option}={getattr(group, key)}")
-    pinned = [n.host for n in nodes if n.host]
-    if pinned:
-        options.append(f"--nodelist={','.join(pinned)}")
-    return ["salloc", *options, *group.salloc_options, "--", "sh", "-c", HOLD]
+def salloc_command(components: list[Component]) -> list[str]:
+    """One salloc; a heterogeneous job's components separated by ':'. Its command says which job and
+    nodes (one node list per component), then holds the allocation until stdin closes."""
+    parts = []
+    for part in components:
+        group = part.group
+        # --no-kill: a failed node ends its own step, not the allocation; `up` declares that node lost
+        # and trains on (a later --no-kill=off in salloc_options undoes it).
+        options = [f"--nodes={len(part.nodes)}", f"--job-name=hetlaunch-{group.het_job or group.name}", "--no-kill"]
+        for key, option in (("partition", "--partition"), ("account", "--account"),
+                            ("gpus_per_node", "--gpus-per-node"), ("time", "--time")):
+            if getattr(group, key) is not None:
+                options.append(f"{option}={getattr(group, key)}")
+        pinned = [n.host for n in part.nodes if n.host]
+        if pinned:
+            options.append(f"--nodelist={','.join(pinned)}")
+        parts += [":"] * bool(parts) + options + group.salloc_options
+    lists = (["$SLURM_JOB_NODELIST"] if len(components) == 1 else
+             [f"$SLURM_JOB_NODELIST_HET_GROUP_{i}" for i in range(len(components))])
+    hold = f'echo "{MARK} $SLURM_JOB_ID {" ".join(lists)}"; exec cat >/dev/null'
+    return ["salloc", *parts, "--", "sh", "-c", hold]
 
 
 def salloc_errors(text: str) -> str:

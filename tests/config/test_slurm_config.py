@@ -7,7 +7,7 @@ import pytest
 
 from conftest import REPO, error_of
 from hetlaunch.launcher.cluster_yaml import load_cluster, parse_cluster
-from hetlaunch.launcher.providers.slurm import salloc_command, salloc_errors
+from hetlaunch.launcher.providers.slurm import Component, salloc_command, salloc_errors
 
 HEAD = "model: {preset: tiny}\n"
 
@@ -23,9 +23,23 @@ def test_the_allocation_asked_for_a_group():
 slurm: [{name: g, partition: gpu, account: lab, gpus_per_node: 2, time: "1-00:00:00", salloc_options: [--qos=high]}]
 nodes: [{name: a, launch: slurm, host: gpu-07}, {name: b, launch: slurm}]
 """, "c.yaml")
-    assert salloc_command(cfg.slurm[0], cfg.nodes)[:-3] == [
+    assert salloc_command([Component(cfg.slurm[0], 0, cfg.nodes)]) == [
         "salloc", "--nodes=2", "--job-name=hetlaunch-g", "--no-kill", "--partition=gpu", "--account=lab",
-        "--gpus-per-node=2", "--time=1-00:00:00", "--nodelist=gpu-07", "--qos=high", "--"]
+        "--gpus-per-node=2", "--time=1-00:00:00", "--nodelist=gpu-07", "--qos=high", "--",
+        "sh", "-c", 'echo "hetlaunch-allocation $SLURM_JOB_ID $SLURM_JOB_NODELIST"; exec cat >/dev/null']
+
+
+def test_groups_of_one_het_job_are_the_components_of_one_salloc():
+    cfg = parse_cluster(HEAD + """
+slurm: [{name: a, partition: gpu, het_job: j}, {name: b, gpus_per_node: 1, het_job: j}]
+nodes: [{name: x, launch: slurm, slurm: a}, {name: y, launch: slurm, slurm: b}, {name: z, launch: slurm, slurm: b}]
+""", "c.yaml")
+    a, b = cfg.slurm
+    assert salloc_command([Component(a, 0, cfg.nodes[:1]), Component(b, 1, cfg.nodes[1:])]) == [
+        "salloc", "--nodes=1", "--job-name=hetlaunch-j", "--no-kill", "--partition=gpu", ":",
+        "--nodes=2", "--job-name=hetlaunch-j", "--no-kill", "--gpus-per-node=1", "--",
+        "sh", "-c", 'echo "hetlaunch-allocation $SLURM_JOB_ID $SLURM_JOB_NODELIST_HET_GROUP_0 '
+                    '$SLURM_JOB_NODELIST_HET_GROUP_1"; exec cat >/dev/null']
 
 
 def test_slurm_s_reasons_are_one_line():

@@ -103,6 +103,23 @@ def test_a_slurm_node_and_a_local_node_train_together(slurm, tmp_path):
     _no_jobs_within(slurm, 15)
 
 
+@pytest.mark.timeout(150)
+def test_two_groups_of_one_het_job_are_one_heterogeneous_slurm_job(slurm, tmp_path):
+    groups = ("{name: plain, het_job: j, partition: debug}\n"
+              "  - {name: gpus, het_job: j, gpus_per_node: 1}")
+    nodes = ["{name: p0, launch: slurm, slurm: plain, device: cpu}", "{name: g0, launch: slurm, slurm: gpus, device: cpu}"]
+    up, run_dir = _up(slurm, tmp_path, _yaml(nodes, steps=2, group=groups))
+    try:
+        up.wait(timeout=120)
+    finally:
+        out, err = stop_process(up)
+    assert up.returncode == 0, out + err
+    assert "slurm group plain: job " in out and "(heterogeneous job j, component 0), agents p0 on n" in out, out
+    assert "slurm group gpus: job " in out and "(heterogeneous job j, component 1), agents g0 on n" in out, out
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 2
+    _no_jobs_within(slurm, 15)
+
+
 @pytest.mark.timeout(60)
 def test_a_job_slurm_refuses_is_one_line(slurm, tmp_path):
     up, _ = _up(slurm, tmp_path, _yaml(["{name: s0, launch: slurm}"], steps=1,
