@@ -65,7 +65,8 @@ class SlurmProvider(ProcessProvider, AgentProvider):
         jobs: dict[str, dict[str, Component]] = {}  # one allocation per het_job (else per group), its groups
         for node in self.nodes:
             group = slurm_group_of(ctx.cluster, node)
-            components = jobs.setdefault(group.het_job or group.name, {})
+            key = f"het_job@{group.het_job}" if group.het_job else group.name  # '@' is in no name
+            components = jobs.setdefault(key, {})
             components.setdefault(group.name, Component(group, len(components))).nodes.append(node)
         for key, components in jobs.items():  # ask for every allocation first: they may wait side by side
             self.allocations.append(Allocation(key, list(components.values()), ctx.log_dir, env))
@@ -131,13 +132,13 @@ class Allocation:
     holds it while its stdin is open."""
 
     def __init__(self, key: str, components: list[Component], log_dir: Path, env: dict[str, str]):
-        self.key = key
         self.components = components
         self.job_id: str | None = None
         self._gres: dict[str, str] = {}
         self.wait_s = max(c.group.wait_s for c in components)
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = log_dir / f"salloc@{key}.log"  # '@' is in no node name: never a node's log
+        self.key = key.split("@")[-1]
         self.env = env
         self.started_at = time.monotonic()
         with open(self.log_path, "w") as log:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import REPO, error_of
+from conftest import REPO, error_of, run_hetlaunch
 from hetlaunch.launcher.cluster_yaml import load_cluster, parse_cluster
 from hetlaunch.launcher.providers.slurm import Component, salloc_command, salloc_errors
 
@@ -16,6 +16,13 @@ def test_the_example_loads_with_a_slurm_group_and_a_local_node():
     cfg = load_cluster(REPO / "cluster_examples" / "slurm.yaml")
     assert [g.name for g in cfg.slurm] == ["a100"]
     assert [(n.launch, n.slurm) for n in cfg.nodes] == [("slurm", "a100"), ("slurm", "a100"), ("local", None)]
+
+
+def test_validate_counts_the_slurm_nodes():
+    done = run_hetlaunch("validate", str(REPO / "cluster_examples" / "slurm.yaml"), timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"{REPO / 'cluster_examples' / 'slurm.yaml'}: ok (3 nodes, 1 local, 0 remote, "
+                                  "0 over ssh, 2 by slurm)"), done.stdout
 
 
 def test_the_allocation_asked_for_a_group():
