@@ -17,6 +17,8 @@ Per group of the YAML's top-level `slurm:` list (launcher/slurm_config.py):
    the job and close salloc's stdin.
 
 A node's `host:` pins the Slurm node it runs on; the others get the allocation's remaining nodes.
+Groups that name the same `het_job` are the components of one heterogeneous job (salloc A : B),
+and each agent's srun names its --het-group.
 Slurm does not requeue anything here (an interactive allocation never is): an agent whose step
 ends is a lost node to `up`, which re-plans on the others. The allocation is asked with --no-kill,
 so a node Slurm marks failed ends only its own step instead of the whole group's job.
@@ -235,18 +237,23 @@ class Allocation:
         return ", ".join(dict.fromkeys(lines)) or "in an unknown state"  # one per component of a het job
 
     def release(self) -> None:
-        """scancel the job, close salloc's stdin (its command ends, it gives the allocation up), and
-        wait for salloc; kill it if it has not ended within QUERY_TIMEOUT_S."""
-        if self.process.poll() is None:
-            if self.job_id is not None:
-                self._run("scancel", self.job_id)
-            if self.process.stdin is not None:
-                _close(self.process.stdin)
+        """scancel the job and close salloc's stdin (its command ends, it gives the allocation up);
+        SIGTERM a salloc still there (one still waiting for its allocation withdraws the request:
+        SIGKILL would leave the job queued), SIGKILL only as a last resort."""
+        if self.process.poll() is not None:
+            return
+        if self.job_id is not None:
+            self._run("scancel", self.job_id)
+        if self.process.stdin is not None:
+            _close(self.process.stdin)
+        for sig, wait_s in ((None, 5.0), (signal.SIGTERM, QUERY_TIMEOUT_S), (signal.SIGKILL, 5.0)):
+            if sig is not None:
+                _signal_group(self.process, sig)
             try:
-                self.process.wait(timeout=QUERY_TIMEOUT_S)
+                self.process.wait(timeout=wait_s)
+                return
             except subprocess.TimeoutExpired:
-                _signal_group(self.process, signal.SIGKILL)
-                self.process.wait(timeout=5)
+                continue
 
 
 def salloc_command(components: list[Component]) -> list[str]:
