@@ -22,6 +22,7 @@ from hetlaunch.launcher.device_schedule_checks import check_device_schedule
 from hetlaunch.launcher.config_types import MAX_NAME, Strict, YamlFloat, is_loopback, starts_alnum
 from hetlaunch.launcher.node_config import DataPlaneConfig, DiscoverConfig, LinkConfig, NodeConfig, RegionConfig
 from hetlaunch.launcher.planning.compression import CompressionConfig
+from hetlaunch.launcher.slurm_config import SlurmGroup, check_slurm_groups
 from hetlaunch.launcher.planning.islands import IslandError, island_groups, pipeline_islands
 from hetlaunch.launcher.planning.plan import TilingError, check_layer_tiling
 from hetlaunch.launcher.providers.kubernetes import KubernetesConfig, check_cluster as check_kubernetes
@@ -59,7 +60,7 @@ class CoordinatorConfig(Strict):
     heartbeat_timeout_s: YamlFloat = Field(4.0, gt=0)
     tls: TlsConfig | None = None  # TLS on the control plane (runtime/tls.py)
     insecure: bool = False  # allow a non-loopback host without tls (the token then crosses in clear text)
-    # The host agents started over SSH dial (default: host; this machine's name when host is 0.0.0.0 or ::)
+    # The host agents started over SSH or by Slurm dial (default: host; this machine's name when host is 0.0.0.0 or ::)
     advertise: str | None = Field(None, min_length=1, pattern=r"^[A-Za-z0-9_.:\[\]-]+$")
 
     @model_validator(mode="after")
@@ -177,6 +178,7 @@ class ClusterConfig(Strict):
     links: Annotated[list[LinkConfig], _none_to(list)] = Field(default_factory=list)  # per region pair
     nodes: Annotated[list[NodeConfig], _none_to(list)] = Field(default_factory=list)  # the machines of the job, by name
     discover: DiscoverConfig | None = None  # and/or agents taken as they come (launcher/node_config.py)
+    slurm: Annotated[list[SlurmGroup], _none_to(list)] = Field(default_factory=list)  # launch: slurm groups (launcher/slurm_config.py)
     data_plane: DataPlaneConfig = Field(default_factory=DataPlaneConfig)  # every node's, unless it sets its own
     # `auto` (default) or codecs pinned per link class / stage boundary: see launcher/planning/compression.py
     compression: Annotated[CompressionConfig, BeforeValidator(_auto_compression)] = Field(
@@ -208,6 +210,7 @@ class ClusterConfig(Strict):
         if tls is not None and tls.ca is not None and tls.agent_cert is None and self.local_nodes:
             raise FieldError(("coordinator", "tls", "agent_cert"), "required with tls.ca and local nodes: under mutual "
                                                                    "TLS the agents `up` starts present it")
+        check_slurm_groups(self)
         self._check_encryption()
         check_device_schedule(self)
         self._check_layers()

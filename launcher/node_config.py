@@ -94,13 +94,15 @@ class NodeConfig(Strict):
     name: Name  # unique node name
     region: Name = "default"  # nodes in different regions talk over a (possibly emulated) link
     # local: started by `hetlaunch up` on this machine; ssh: started by `up` on `host` through the
-    # system ssh client; remote: the user (or a service) runs `hetlaunch agent` there
-    launch: Literal["local", "remote", "ssh"] = "local"
-    host: str | None = Field(None, min_length=1, pattern=r"^[A-Za-z0-9_\[][A-Za-z0-9_.:\[\]-]*$")  # remote: shown while waiting; ssh: where to log in
+    # system ssh client; remote: the user (or a service) runs `hetlaunch agent` there; slurm: `up`
+    # starts it with srun in its slurm group's allocation (launcher/slurm_config.py)
+    launch: Literal["local", "remote", "ssh", "slurm"] = "local"
+    host: str | None = Field(None, min_length=1, pattern=r"^[A-Za-z0-9_\[][A-Za-z0-9_.:\[\]-]*$")  # remote: shown while waiting; ssh: where to log in; slurm: the Slurm node it runs on
     user: str | None = Field(None, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}$")  # ssh only: login name (default: ssh's)
     port: int | None = Field(None, ge=1, le=65535)  # ssh only: the SSH port (default: ssh's)
     ssh_options: list[str] = Field(default_factory=list)  # ssh only: passed to ssh before the host, e.g. [-i, key]
     remote_python: str = Field("python3", min_length=1)  # ssh only: the remote interpreter that has hetlaunch
+    slurm: Name | None = None  # slurm only: its group in the top-level slurm: list (default: the only one)
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda|cuda:\d+)$")  # auto | cpu | cuda | cuda:N
     threads: int | None = Field(None, ge=1)  # local nodes only: torch intra-op threads (default: cores / local agents)
     # CUDA only: the share of the GPU's memory this node's stage may allocate (the allocator
@@ -134,6 +136,8 @@ class NodeConfig(Strict):
             for key in ("user", "port", "ssh_options", "remote_python"):
                 if key in self.model_fields_set:
                     raise FieldError((key,), f"only with launch: ssh (this node has launch: {self.launch})")
+        if self.launch != "slurm" and self.slurm is not None:
+            raise FieldError(("slurm",), f"only with launch: slurm (this node has launch: {self.launch})")
         if self.memory_fraction is not None and self.device == "cpu":
             raise FieldError(("memory_fraction",), "only for CUDA devices (on CPU use emulate.memory_gb)")
         return self

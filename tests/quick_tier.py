@@ -21,7 +21,7 @@ MODULES = {
     "test_schedules", "test_typed_schedules", "test_split_backward", "test_device_schedules", "test_bubble_fill",  # schedules and the split backward
     "test_wire_rounding",  # bf16 on links
     "test_codecs", "test_registry", "test_link", "test_grad_sync", "test_sealing",  # codecs, links, sync, seals
-    "test_cluster_config", "test_hostile_yaml", "test_cli_errors", "test_memory_limit",  # config
+    "test_cluster_config", "test_hostile_yaml", "test_cli_errors", "test_memory_limit", "test_slurm_config",  # config
     "test_protos", "test_coordinator", "test_move_protocol", "test_rendezvous_store",
     "test_step_reporter",  # the control-plane protocol
     "test_model", "test_data", "test_checkpoint", "test_recipe",  # the model, data, checkpoints, optimizers

@@ -1,0 +1,88 @@
+"""The cluster YAML's slurm: groups and launch: slurm nodes (launcher/slurm_config.py): what they
+accept, and one line naming the field for what they do not."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import REPO, error_of, run_hetlaunch
+from hetlaunch.launcher.cluster_yaml import load_cluster, parse_cluster
+from hetlaunch.launcher.providers.slurm import Component, salloc_command, salloc_errors
+
+HEAD = "model: {preset: tiny}\n"
+
+
+def test_the_example_loads_with_a_slurm_group_and_a_local_node():
+    cfg = load_cluster(REPO / "cluster_examples" / "slurm.yaml")
+    assert [g.name for g in cfg.slurm] == ["a100"]
+    assert [(n.launch, n.slurm) for n in cfg.nodes] == [("slurm", "a100"), ("slurm", "a100"), ("local", None)]
+
+
+def test_validate_counts_the_slurm_nodes():
+    done = run_hetlaunch("validate", str(REPO / "cluster_examples" / "slurm.yaml"), timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"{REPO / 'cluster_examples' / 'slurm.yaml'}: ok (3 nodes, 1 local, 0 remote, "
+                                  "0 over ssh, 2 by slurm)"), done.stdout
+
+
+def test_the_allocation_asked_for_a_group():
+    cfg = parse_cluster(HEAD + """
+slurm: [{name: g, partition: gpu, account: lab, gpus_per_node: 2, time: "1-00:00:00", salloc_options: [--qos=high]}]
+nodes: [{name: a, launch: slurm, host: gpu-07}, {name: b, launch: slurm}]
+""", "c.yaml")
+    assert salloc_command([Component(cfg.slurm[0], 0, cfg.nodes)]) == [
+        "salloc", "--nodes=2", "--job-name=hetlaunch-g", "--no-kill", "--partition=gpu", "--account=lab",
+        "--gpus-per-node=2", "--time=1-00:00:00", "--nodelist=gpu-07", "--qos=high", "--",
+        "sh", "-c", 'echo "hetlaunch-allocation $SLURM_JOB_ID $SLURM_JOB_NODELIST"; exec cat >/dev/null']
+
+
+def test_groups_of_one_het_job_are_the_components_of_one_salloc():
+    cfg = parse_cluster(HEAD + """
+slurm: [{name: a, partition: gpu, het_job: j}, {name: b, gpus_per_node: 1, het_job: j}]
+nodes: [{name: x, launch: slurm, slurm: a}, {name: y, launch: slurm, slurm: b}, {name: z, launch: slurm, slurm: b}]
+""", "c.yaml")
+    a, b = cfg.slurm
+    assert salloc_command([Component(a, 0, cfg.nodes[:1]), Component(b, 1, cfg.nodes[1:])]) == [
+        "salloc", "--nodes=1", "--job-name=hetlaunch-j", "--no-kill", "--partition=gpu", ":",
+        "--nodes=2", "--job-name=hetlaunch-j", "--no-kill", "--gpus-per-node=1", "--",
+        "sh", "-c", 'echo "hetlaunch-allocation $SLURM_JOB_ID $SLURM_JOB_NODELIST_HET_GROUP_0 '
+                    '$SLURM_JOB_NODELIST_HET_GROUP_1"; exec cat >/dev/null']
+
+
+def test_slurm_s_reasons_are_one_line():
+    text = ("salloc: error: invalid partition specified: nope\n"
+            "salloc: error: Job submit/allocate failed: Invalid partition name specified\n")
+    assert salloc_errors(text) == ("invalid partition specified: nope; "
+                                   "Job submit/allocate failed: Invalid partition name specified")
+    assert salloc_errors("salloc: unrecognized option '--bogus'\nTry \"salloc --help\" for more information\n") == \
+        "unrecognized option '--bogus'"
+    assert salloc_errors("salloc: Pending job allocation 4\nsalloc: job 4 queued and waiting for resources\n"
+                         "salloc: Job allocation 4 has been revoked.\n") == "Job allocation 4 has been revoked."
+    assert salloc_errors("") == "salloc exited without a reason"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("nodes: [{name: a, launch: slurm}]",
+     "slurm: node a has launch: slurm: add a top-level slurm: list of groups (partition, account, gpus_per_node, time)"),
+    ("slurm: [{name: g}]\nnodes: [{name: a, launch: slurm, slurm: h}]",
+     "nodes[0].slurm: no slurm group 'h' (groups: g)"),
+    ("slurm: [{name: g}, {name: h}]\nnodes: [{name: a, launch: slurm, slurm: h}, {name: b, launch: slurm}]",
+     "nodes[1].slurm: required with 2 slurm groups (one of g, h)"),
+    ("slurm: [{name: g}, {name: h}]\nnodes: [{name: a, launch: slurm, slurm: h}]",
+     "slurm[0].name: no node has launch: slurm in group 'g'"),
+    ("slurm: [{name: g}, {name: g}]\nnodes: [{name: a, launch: slurm}]", "slurm[1].name: duplicate group 'g'"),
+    ("slurm: [{name: g, srun_options: [qos]}]\nnodes: [{name: a, launch: slurm}]",
+     "slurm[0].srun_options: 'qos' is not an option (each item one option, e.g. --qos=high)"),
+    ("slurm: [{name: g, time: soon}]\nnodes: [{name: a, launch: slurm}]",
+     "slurm[0].time: a Slurm time limit such as 30, 2:00:00 or 1-12:00:00 (got 'soon')"),
+    ("slurm: [{name: g, time: 2:00:00}]\nnodes: [{name: a, launch: slurm}]",
+     'slurm[0].time: quote it, e.g. "2:00:00" (YAML read a number, 7200)'),
+    ("slurm: [{name: g, partition: 'a b'}]\nnodes: [{name: a, launch: slurm}]", "slurm[0].partition: "),
+    ("slurm: [{name: g, gpus_per_node: 0}]\nnodes: [{name: a, launch: slurm}]", "slurm[0].gpus_per_node: "),
+    ("slurm: [{name: g, nodes: 3}]\nnodes: [{name: a, launch: slurm}]", "slurm[0].nodes: unknown key (valid: name, "),
+    ("slurm: [{name: g}]\nnodes: [{name: a, slurm: g}, {name: b, launch: slurm}]",
+     "nodes[0].slurm: only with launch: slurm (this node has launch: local)"),
+    ("slurm: [{name: g}]\nnodes: [{name: a, launch: slurm, threads: 2}]", "nodes[0].threads: only for local nodes"),
+])
+def test_bad_slurm_yaml_is_one_line_naming_the_field(text, message):
+    assert error_of(HEAD + text).startswith(f"cluster.yaml: {message}")
