@@ -14,6 +14,9 @@ def provider_class(launch: str) -> type[AgentProvider]:
     if launch == "ssh":
         from hetlaunch.launcher.providers.ssh import SshProvider
         return SshProvider
+    if launch == "ray":
+        from hetlaunch.launcher.providers.ray import RayProvider
+        return RayProvider
     raise ValueError(f"no provider starts agents for launch: {launch}")
 
 
