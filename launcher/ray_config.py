@@ -4,9 +4,10 @@ section (which Ray cluster, how its placement group is spread, how long to wait)
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from hetlaunch.launcher.config_types import Strict, YamlFloat
 
@@ -18,12 +19,20 @@ class RayConfig(Strict):
     # host:port of the Ray cluster's head (its GCS, as `ray start --head` prints it), or `auto`:
     # the cluster `ray start` runs on this machine (or $RAY_ADDRESS). Ray client (ray://) is not supported:
     # `up` is the driver, so that Ray ends the agents' actors when `up` ends.
-    address: str = Field(pattern=r"^(auto|[A-Za-z0-9_.\[\]:-]+:\d{1,5})$")
+    address: str
     # How the bundles (one per launch: ray node) spread over Ray nodes: SPREAD (default, best
     # effort), STRICT_SPREAD (every agent on a different Ray node, or fail), PACK, STRICT_PACK.
     strategy: Literal["SPREAD", "STRICT_SPREAD", "PACK", "STRICT_PACK"] = "SPREAD"
     connect_timeout_s: YamlFloat = Field(30.0, gt=0)  # for ray.init to reach the cluster
     placement_timeout_s: YamlFloat = Field(120.0, gt=0)  # for the placement group (an autoscaler may add nodes)
+
+    @field_validator("address")
+    @classmethod
+    def _host_port(cls, value: str) -> str:
+        if value != "auto" and not re.fullmatch(r"[A-Za-z0-9_.-]+:\d{1,5}|\[[0-9A-Fa-f:.]+\]:\d{1,5}", value):
+            raise ValueError(f"must be HOST:PORT of the Ray head (as `ray start --head` prints it) or auto; "
+                             f"Ray client (ray://) is not supported (got {value!r})")
+        return value
 
 
 class RayNodeConfig(Strict):

@@ -41,12 +41,13 @@ class RayCluster:
     sessions: list[int] = field(default_factory=list)  # session ids of the `ray start`s: every daemon is in one
 
     def processes(self) -> list[int]:
-        """Pids of the processes this cluster started that are still there."""
+        """Pids of the processes this cluster started that are still running (not zombies)."""
         pids = []
         for entry in os.listdir("/proc"):
             if entry.isdigit():
                 try:
-                    if os.getsid(int(entry)) in self.sessions:
+                    state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                    if os.getsid(int(entry)) in self.sessions and state != "Z":
                         pids.append(int(entry))
                 except OSError:
                     pass

@@ -221,7 +221,7 @@ def test_every_schedule_is_accepted(schedule: str) -> None:
 def test_enumerations_and_patterns() -> None:
     assert "train.schedule: must be '1f1b', 'gpipe', 'zb-h1', 'zb-h2', 'interleaved-1f1b', 'zb-v' or 'auto' (got 'zigzag')" in \
         error_of("train: {schedule: zigzag}\nnodes: [{name: a}]")
-    assert "nodes[0].launch: must be 'local', 'remote' or 'ssh'" in error_of("nodes: [{name: a, launch: rsh}]")
+    assert "nodes[0].launch: must be 'local', 'remote', 'ssh'" in error_of("nodes: [{name: a, launch: rsh}]")
     assert "nodes[0].host: required with launch: ssh" in error_of("nodes: [{name: a, launch: ssh}]")
     assert "nodes[0].host: must match" in error_of("nodes: [{name: a, launch: ssh, host: -oProxyCommand=x}]")
     assert "nodes[0].user: only with launch: ssh" in error_of("nodes: [{name: a, launch: remote, user: bob}]")

@@ -15,7 +15,8 @@ import time
 
 import pytest
 
-from conftest import hetlaunch_env, popen_hetlaunch, run_hetlaunch, session_processes, stop_process, wait_for
+from conftest import (hetlaunch_env, output, popen_hetlaunch, run_hetlaunch, session_processes, stop_process,
+                      wait_for)
 from ray_cluster import free_port, ray_missing, start_ray_cluster
 
 pytestmark = pytest.mark.skipif(ray_missing() is not None, reason=ray_missing() or "")
@@ -165,4 +166,41 @@ def test_a_ray_node_and_a_local_node_train_together(tmp_path, ray_cluster):
     assert summary["steps"] == 3
     for name in names:
         assert f"[agent {name}] registered with" in (run_dir / "logs" / f"{name}.log").read_text()
+    _nothing_left(ray_cluster.address, names)
+
+
+_KILL_ACTOR = """
+import sys, ray
+ray.init(address=sys.argv[1], namespace=sys.argv[2], logging_level="ERROR", log_to_driver=False)
+ray.kill(ray.get_actor(sys.argv[3]), no_restart=True)
+"""
+
+
+STEPS = 200  # ~7 steps/s here: the actor dies well before the end
+
+
+@pytest.mark.timeout(180)
+def test_a_dead_actor_is_a_lost_node_and_the_job_goes_on_without_it(tmp_path, ray_cluster):
+    """Ray does not restart the actor (max_restarts=0); hetlaunch re-plans on the survivor and
+    resumes from the last checkpoint."""
+    names = [f"rs{secrets.token_hex(3)}", f"rd{secrets.token_hex(3)}"]
+    text = _yaml(ray_cluster.address, [_ray_node(names[0], "region_a", "east"), _ray_node(names[1], "region_b", "east")],
+                 steps=STEPS).replace("checkpoint_every: 0", "checkpoint_every: 4")
+    text = text.replace("coordinator: {", "coordinator: {heartbeat_interval_s: 0.5, heartbeat_timeout_s: 10, ")
+    (tmp_path / "c.yaml").write_text(text)
+    run_dir = tmp_path / "run"
+    up = popen_hetlaunch("up", str(tmp_path / "c.yaml"), "--run-dir", str(run_dir))
+    try:
+        wait_for(lambda: (run_dir / "metrics.jsonl").exists() and
+                 len((run_dir / "metrics.jsonl").read_text().splitlines()) >= 6, 90, "six steps", proc=up)
+        namespace = next(w for w in output(up)[0].split() if w.startswith("hetlaunch-")).rstrip("),")
+        subprocess.run([sys.executable, "-c", _KILL_ACTOR, ray_cluster.address, namespace, f"agent-{names[1]}"],
+                       check=True, timeout=60, env=hetlaunch_env(), capture_output=True)
+        up.wait(timeout=150)
+    finally:
+        out, err = stop_process(up)
+    assert up.returncode == 0, out + err
+    assert f"lost node {names[1]}: agent on Ray exited with code 1: its Ray actor died" in out + err, out + err
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert sorted(set(steps)) == list(range(STEPS)), steps
     _nothing_left(ray_cluster.address, names)
