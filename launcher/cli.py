@@ -56,8 +56,10 @@ def validate(cluster_yaml: Path = typer.Argument(..., help="cluster YAML file"))
     cluster = _load(cluster_yaml)
     _check_extras(cluster)
     tokens = _check_tokens(cluster, cluster_yaml, ask_entrypoint=True)
+    on_ray = sum(n.launch == "ray" for n in cluster.nodes)
     print(f"{cluster_yaml}: ok ({len(cluster.nodes)} nodes, {len(cluster.local_nodes)} local, "
-          f"{len(cluster.remote_nodes)} remote, {len(cluster.ssh_nodes)} over ssh)", flush=True)
+          f"{len(cluster.remote_nodes)} remote, {len(cluster.ssh_nodes)} over ssh{f', {on_ray} on Ray' if on_ray else ''})",
+          flush=True)
     if tokens:
         print(f"  {tokens}", flush=True)
     if cluster.discover is not None:

@@ -51,3 +51,43 @@ def test_without_the_ray_package_it_is_one_line(monkeypatch) -> None:
     with pytest.raises(MissingExtra) as info:
         check_extras(cluster)
     assert str(info.value) == "launch: ray needs the ray package: pip install 'hetlaunch[ray]'"
+
+
+class _FakeRay:
+    def __init__(self, nodes: list[dict]):
+        self._nodes = nodes
+
+    def nodes(self) -> list[dict]:
+        return [{"Alive": True, "Resources": r} for r in self._nodes] + [{"Alive": False, "Resources": {"gpu_x": 9}}]
+
+
+def test_why_ray_did_not_place_the_agents() -> None:
+    from hetlaunch.launcher.providers.ray import RayProvider
+
+    cluster = parse_cluster(RAY + "nodes:\n  - {name: a, launch: ray, ray: {resources: {region_a: 1}}}\n"
+                                  "  - {name: b, launch: ray, ray: {num_cpus: 4, resources: {region_b: 1}}}\n")
+    provider = RayProvider(cluster.nodes)
+    bundles = [n.ray.bundle() for n in cluster.nodes]
+    provider.ray = _FakeRay([{"CPU": 2, "region_a": 2}])  # a dead node's resources do not count
+    assert provider._why_unplaced(bundles, "SPREAD") == "no Ray node has resource region_b (node b asks for region_b: 1)"
+    provider.ray = _FakeRay([{"CPU": 2, "region_a": 2}, {"CPU": 2, "region_b": 2}])
+    assert provider._why_unplaced(bundles, "SPREAD") == ("no single Ray node has all that node b asks for "
+                                                         "(CPU: 4, region_b: 1)")
+    provider.ray = _FakeRay([{"CPU": 8, "region_a": 2, "region_b": 2}])
+    assert provider._why_unplaced(bundles, "STRICT_SPREAD") == "STRICT_SPREAD needs 2 Ray nodes, the cluster has 1"
+    assert provider._why_unplaced(bundles, "PACK").startswith("the 1 Ray node(s) have what each agent asks for, but "
+                                                              "not free now or not together (PACK)")
+
+
+def test_a_ray_node_with_other_versions_is_one_line(monkeypatch) -> None:
+    from hetlaunch.launcher.job_errors import JobError
+    from hetlaunch.launcher.providers.ray import RayProvider
+    from hetlaunch.runtime.version import hetlaunch_version, torch_version
+
+    provider = RayProvider(parse_cluster(RAY + "nodes: [{name: a, launch: ray}]").nodes)
+    provider.actors = {}
+    monkeypatch.setattr(provider, "_answers", lambda *_: {"a": {"hetlaunch": "0.0.1", "torch": "1.0", "host": "h1"}})
+    with pytest.raises(JobError) as info:
+        provider._check_versions()
+    assert str(info.value) == (f"node a (Ray node h1): it has hetlaunch 0.0.1, torch 1.0; this machine has hetlaunch "
+                               f"{hetlaunch_version()}, torch {torch_version()}; install the same there")
