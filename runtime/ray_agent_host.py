@@ -8,12 +8,13 @@ The agent gets the join token as the first line of its stdin (never on a command
 Ray node would show it) and keeps stdin open as its lifeline (--stdin-lifeline): the write end
 lives only in this actor's process, so when Ray ends the actor (`up` ended or died and its
 driver went with it, or the actor was killed) the pipe closes and the agent stops its worker and
-exits. --parent-pid names this process too, a second watch on the same thing.
+exits.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -43,8 +44,7 @@ class AgentHost:
         env = dict(os.environ)
         env["OMP_NUM_THREADS"] = str(threads)
         env["PYTHONUNBUFFERED"] = "1"
-        command = [sys.executable, "-m", "hetlaunch.runtime.agent", *args, "--token-file", "-", "--stdin-lifeline",
-                   "--parent-pid", str(os.getpid())]
+        command = [sys.executable, "-m", "hetlaunch.runtime.agent", *args, "--token-file", "-", "--stdin-lifeline"]
         with open(self.log_path, "wb") as log:
             # its own session: a signal for the actor's process group does not skip the lifeline path
             self.process = subprocess.Popen(command, env=env, stdin=subprocess.PIPE, stdout=log,
@@ -89,6 +89,10 @@ class AgentHost:
                 except subprocess.TimeoutExpired:
                     continue
         return process.poll()
+
+    def discard(self) -> None:
+        """Remove the log's directory on the Ray node (`up` has copied the log)."""
+        shutil.rmtree(self.log_path.parent, ignore_errors=True)
 
     def kill(self) -> int | None:
         """SIGKILL the agent and its worker now (the node was declared lost)."""

@@ -37,9 +37,10 @@ from hetlaunch.runtime.ray_agent_host import MAX_CHUNK, AgentHost
 from hetlaunch.runtime.version import hetlaunch_version, torch_version
 
 ACTOR_TIMEOUT_S = 60.0  # for an actor's worker to start and answer (Ray starts Python workers on demand)
-CALL_TIMEOUT_S = 10.0  # for one status/kill call to a running actor
-POLL_INTERVAL_S = 0.5
-ACTOR_DIED = 1  # the exit code reported for an agent whose actor died (log_tail says how)  # exited() asks the actors at most this often (the session asks every 0.1 s)
+CALL_TIMEOUT_S = 10.0  # for one stop/kill call to a running actor
+POLL_TIMEOUT_S = 2.0  # for exited()'s status calls: a slow answer is no verdict (heartbeats judge a hung node)
+POLL_INTERVAL_S = 0.5  # exited() asks the actors at most this often (the session asks every 0.1 s)
+ACTOR_DIED = 1  # the exit code reported for an agent whose actor died (log_tail says how)
 
 
 def _import_ray():
@@ -153,7 +154,7 @@ class RayProvider(AgentProvider):
             self._poll()
         return dict(self.codes)
 
-    def _poll(self, timeout_s: float = CALL_TIMEOUT_S) -> None:
+    def _poll(self, timeout_s: float = POLL_TIMEOUT_S) -> None:
         """Ask every actor whose agent still runs for its exit code and new log bytes."""
         self.polled = time.monotonic()
         ray = self.ray
@@ -221,7 +222,9 @@ class RayProvider(AgentProvider):
             if live:
                 refs = [a.stop.remote(grace_s) for a in live.values()]
                 ray.wait(refs, num_returns=len(refs), timeout=3 * grace_s + CALL_TIMEOUT_S)
-                self._poll()
+                self._poll(CALL_TIMEOUT_S)
+                discards = [a.discard.remote() for a in live.values()]
+                ray.wait(discards, num_returns=len(discards), timeout=CALL_TIMEOUT_S)
             for actor in self.actors.values():
                 try:
                     ray.kill(actor, no_restart=True)

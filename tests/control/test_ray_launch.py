@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import json
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
+import psutil
 import pytest
 
 from conftest import (hetlaunch_env, output, popen_hetlaunch, run_hetlaunch, session_processes, stop_process,
@@ -70,6 +74,9 @@ def _nothing_left(address: str, names: list[str], seconds: float = 20) -> None:
         agents = [p for n in names for p in session_processes("hetlaunch.runtime.agent", f"--name={n}")]
         left = _left_in_ray(address)
         if not agents and not left["actors"] and not left["groups"]:
+            for name in names:  # an actor Ray ended abruptly leaves its agent's log on the Ray node (here, /tmp)
+                for log_dir in Path(tempfile.gettempdir()).glob(f"hetlaunch-{name}-*"):
+                    shutil.rmtree(log_dir, ignore_errors=True)
             return
         if time.monotonic() > deadline:
             for proc in agents:
@@ -89,14 +96,12 @@ def test_two_agents_on_ray_train_and_leave_nothing(tmp_path, ray_cluster):
         token = wait_for(lambda: (run_dir / "token").exists() and (run_dir / "token").read_text().strip(), 60,
                          "the run's token", proc=up)
         seen = set()
-        while up.poll() is None:  # no command line on the machine (the Ray nodes' too) shows the token
-            for proc in session_processes("hetlaunch.runtime.agent"):
-                try:
-                    cmd = " ".join(proc.cmdline())
-                except Exception:  # noqa: BLE001 - gone meanwhile
-                    continue
+        while up.poll() is None:  # no command line on the machine (the Ray nodes' and workers' too) shows the token
+            for proc in psutil.process_iter(["cmdline"]):
+                cmd = " ".join(proc.info["cmdline"] or [])
                 assert token not in cmd, f"the token is on a command line: {cmd[:200]}"
-                seen |= {n for n in names if f"--name={n}" in cmd}
+                if "hetlaunch.runtime.agent" in cmd:
+                    seen |= {n for n in names if f"--name={n}" in cmd}
             time.sleep(0.2)
     finally:
         out, err = stop_process(up)
@@ -200,7 +205,10 @@ def test_a_dead_actor_is_a_lost_node_and_the_job_goes_on_without_it(tmp_path, ra
     finally:
         out, err = stop_process(up)
     assert up.returncode == 0, out + err
-    assert f"lost node {names[1]}: agent on Ray exited with code 1: its Ray actor died" in out + err, out + err
+    # Ray kills a dead worker's child processes, so the agent's stream to the coordinator may break
+    # before `up` polls the actor: either is how the loss is noticed.
+    assert (f"lost node {names[1]}: agent on Ray exited with code 1: its Ray actor died" in out + err or
+            f"lost node {names[1]}: its connection to the coordinator broke" in out + err), out + err
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert sorted(set(steps)) == list(range(STEPS)), steps
     _nothing_left(ray_cluster.address, names)
