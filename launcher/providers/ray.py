@@ -127,7 +127,10 @@ class RayProvider(AgentProvider):
             try:
                 answers[name] = ray.get(ref)
             except ray.exceptions.RayError as err:
-                raise JobError(f"node {name}: its Ray actor failed to {doing}: {_ray_reason(err)}") from None
+                reason = _ray_reason(err)
+                hint = ("; install this hetlaunch on the Ray nodes, in the Python their workers run"
+                        if "No module named 'hetlaunch" in reason else "")
+                raise JobError(f"node {name}: its Ray actor failed to {doing}: {reason}{hint}") from None
         return answers
 
     def _why_unplaced(self, bundles: list[dict[str, float]], strategy: str) -> str:
