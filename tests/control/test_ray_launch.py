@@ -114,7 +114,16 @@ def test_two_agents_on_ray_train_and_leave_nothing(tmp_path, ray_cluster):
     for name in names:  # the agents' logs came back from the Ray nodes
         log = (run_dir / "logs" / f"{name}.log").read_text()
         assert f"[agent {name}] registered with" in log, log
+    written = [p for p in ray_cluster.temp_dir.rglob("*") if p.is_file() and token.encode() in _bytes(p)]
+    assert not written, f"the token is in Ray's files: {written}"  # its logs, its session files
     _nothing_left(ray_cluster.address, names)
+
+
+def _bytes(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:  # a socket, or gone meanwhile
+        return b""
 
 
 @pytest.mark.timeout(150)
