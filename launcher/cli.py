@@ -57,9 +57,10 @@ def validate(cluster_yaml: Path = typer.Argument(..., help="cluster YAML file"))
     _check_extras(cluster)
     tokens = _check_tokens(cluster, cluster_yaml, ask_entrypoint=True)
     slurm = sum(n.launch == "slurm" for n in cluster.nodes)
+    on_ray = sum(n.launch == "ray" for n in cluster.nodes)
     print(f"{cluster_yaml}: ok ({len(cluster.nodes)} nodes, {len(cluster.local_nodes)} local, "
           f"{len(cluster.remote_nodes)} remote, {len(cluster.ssh_nodes)} over ssh"
-          f"{f', {slurm} by slurm' if slurm else ''})", flush=True)
+          f"{f', {slurm} by slurm' if slurm else ''}{f', {on_ray} on Ray' if on_ray else ''})", flush=True)
     if tokens:
         print(f"  {tokens}", flush=True)
     if cluster.discover is not None:

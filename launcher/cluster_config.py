@@ -26,6 +26,7 @@ from hetlaunch.launcher.slurm_config import SlurmGroup, check_slurm_groups
 from hetlaunch.launcher.planning.islands import IslandError, island_groups, pipeline_islands
 from hetlaunch.launcher.planning.plan import TilingError, check_layer_tiling
 from hetlaunch.launcher.providers.kubernetes import KubernetesConfig, check_cluster as check_kubernetes
+from hetlaunch.launcher.ray_config import RayConfig
 from hetlaunch.launcher.train_config import CheckpointConfig, ObserveConfig, TrainConfig
 from hetlaunch.runtime.model_spec import PRESETS, GPTConfig, ModelSpec
 
@@ -179,6 +180,7 @@ class ClusterConfig(Strict):
     nodes: Annotated[list[NodeConfig], _none_to(list)] = Field(default_factory=list)  # the machines of the job, by name
     discover: DiscoverConfig | None = None  # and/or agents taken as they come (launcher/node_config.py)
     slurm: Annotated[list[SlurmGroup], _none_to(list)] = Field(default_factory=list)  # launch: slurm groups (launcher/slurm_config.py)
+    ray: RayConfig | None = None  # the Ray cluster of the launch: ray nodes (launcher/ray_config.py)
     data_plane: DataPlaneConfig = Field(default_factory=DataPlaneConfig)  # every node's, unless it sets its own
     # `auto` (default) or codecs pinned per link class / stage boundary: see launcher/planning/compression.py
     compression: Annotated[CompressionConfig, BeforeValidator(_auto_compression)] = Field(
@@ -206,6 +208,9 @@ class ClusterConfig(Strict):
         if len(self.local_nodes) > MAX_LOCAL_AGENTS:
             raise FieldError(("nodes",), f"{len(self.local_nodes):,} nodes with launch: local, at most {MAX_LOCAL_AGENTS} "
                                          f"(each is an agent process on this host): use launch: ssh or discover for more")
+        if (self.ray is None) != (not any(n.launch == "ray" for n in self.nodes)):
+            raise FieldError(("ray",), "required with launch: ray nodes ({address: HOST:PORT of the Ray head, or auto})"
+                             if self.ray is None else "set, but no node has launch: ray")
         tls = self.coordinator.tls
         if tls is not None and tls.ca is not None and tls.agent_cert is None and self.local_nodes:
             raise FieldError(("coordinator", "tls", "agent_cert"), "required with tls.ca and local nodes: under mutual "

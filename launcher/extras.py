@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 
 EXTRAS = {"tensorboard": ("tensorboard", "observe.tensorboard"),
-          "prometheus_client": ("prometheus", "coordinator.metrics_port")}
+          "prometheus_client": ("prometheus", "coordinator.metrics_port"), "ray": ("ray", "launch: ray")}
 
 
 class MissingExtra(Exception):
@@ -17,12 +17,14 @@ class MissingExtra(Exception):
 
 
 def check_extras(cluster) -> None:
-    """MissingExtra if the YAML asks for TensorBoard or Prometheus and its package is not installed."""
+    """MissingExtra if the YAML asks for TensorBoard, Prometheus or Ray and its package is not installed."""
     wanted = []
     if cluster.observe.tensorboard:
         wanted.append("tensorboard")
     if cluster.coordinator.metrics_port is not None:
         wanted.append("prometheus_client")
+    if cluster.ray is not None:
+        wanted.append("ray")
     for module in wanted:
         try:
             importlib.import_module(module)

@@ -10,6 +10,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, field_validator, mo
 
 from hetlaunch.launcher.config_errors import FieldError
 from hetlaunch.launcher.config_types import Name, Pair, Strict, YamlFloat
+from hetlaunch.launcher.ray_config import RayNodeConfig
 from hetlaunch.runtime.labels import LABEL_KEY
 
 
@@ -95,8 +96,9 @@ class NodeConfig(Strict):
     region: Name = "default"  # nodes in different regions talk over a (possibly emulated) link
     # local: started by `hetlaunch up` on this machine; ssh: started by `up` on `host` through the
     # system ssh client; remote: the user (or a service) runs `hetlaunch agent` there; slurm: `up`
-    # starts it with srun in its slurm group's allocation (launcher/slurm_config.py)
-    launch: Literal["local", "remote", "ssh", "slurm"] = "local"
+    # starts it with srun in its slurm group's allocation (launcher/slurm_config.py); ray: a Ray
+    # actor in the cluster of the top-level `ray:` runs it (launcher/providers/ray.py)
+    launch: Literal["local", "remote", "ssh", "slurm", "ray"] = "local"
     host: str | None = Field(None, min_length=1, pattern=r"^[A-Za-z0-9_\[][A-Za-z0-9_.:\[\]-]*$")  # remote: shown while waiting; ssh: where to log in; slurm: the Slurm node it runs on
     user: str | None = Field(None, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}$")  # ssh only: login name (default: ssh's)
     port: int | None = Field(None, ge=1, le=65535)  # ssh only: the SSH port (default: ssh's)
@@ -113,6 +115,7 @@ class NodeConfig(Strict):
     window: int | None = Field(None, ge=1)  # with pinned layers, 1F1B: micro-batches in flight (default: the planner's)
     emulate: NodeEmulation = Field(default_factory=NodeEmulation)  # local nodes only
     data_plane: DataPlaneConfig | None = None  # this node's own; default: the top-level data_plane
+    ray: RayNodeConfig | None = None  # launch: ray only: what its bundle needs (default: 1 CPU)
 
     @field_validator("layers")
     @classmethod
@@ -138,6 +141,10 @@ class NodeConfig(Strict):
                     raise FieldError((key,), f"only with launch: ssh (this node has launch: {self.launch})")
         if self.launch != "slurm" and self.slurm is not None:
             raise FieldError(("slurm",), f"only with launch: slurm (this node has launch: {self.launch})")
+        if self.launch == "ray" and self.host is not None:
+            raise FieldError(("host",), "not with launch: ray (the placement group picks the Ray node)")
+        if self.ray is not None and self.launch != "ray":
+            raise FieldError(("ray",), f"only with launch: ray (this node has launch: {self.launch})")
         if self.memory_fraction is not None and self.device == "cpu":
             raise FieldError(("memory_fraction",), "only for CUDA devices (on CPU use emulate.memory_gb)")
         return self

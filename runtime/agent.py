@@ -42,11 +42,13 @@ def run_agent(coordinator: str, node_name: str, token: str, connect_timeout_s: f
 
 
 def _exit_when_stdin_closes(agent: Agent) -> None:
-    """Started over SSH by `up`: the connection is our lifeline. When it closes (up ended, was
-    killed, or the network dropped it) stdin ends, and so do we, our worker with us."""
+    """Started over SSH or in a Ray actor by `up`: the connection (or the actor's process) is our
+    lifeline. When it closes (up ended, was killed, or the network dropped it) stdin ends, and so
+    do we, our worker with us."""
     while sys.stdin.buffer.read(4096):
         pass
-    agent.exit(EXIT_LOST_COORDINATOR, "the ssh session that started this agent closed; exiting")
+    agent.exit(EXIT_LOST_COORDINATOR, "stdin closed (the ssh session or Ray actor that started this agent is gone); "
+                                      "exiting")
 
 
 def main(argv: list[str] | None = None) -> int:

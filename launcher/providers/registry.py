@@ -17,6 +17,9 @@ def provider_class(launch: str) -> type[AgentProvider]:
     if launch == "slurm":
         from hetlaunch.launcher.providers.slurm import SlurmProvider
         return SlurmProvider
+    if launch == "ray":
+        from hetlaunch.launcher.providers.ray import RayProvider
+        return RayProvider
     raise ValueError(f"no provider starts agents for launch: {launch}")
 
 
