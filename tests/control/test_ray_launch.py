@@ -7,7 +7,6 @@ a Ray node and a local node train together."""
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import shutil
 import signal
@@ -224,26 +223,3 @@ def test_a_dead_actor_is_a_lost_node_and_the_job_goes_on_without_it(tmp_path, ra
     _nothing_left(ray_cluster.address, names)
 
 
-@pytest.mark.timeout(120)
-def test_a_ray_node_without_this_hetlaunch_is_one_line(tmp_path):
-    """Ray nodes whose workers import another hetlaunch (here: the one installed, not this tree)."""
-    env = hetlaunch_env()
-    env["PYTHONPATH"] = os.pathsep.join(p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p.endswith("tests"))
-    if _imports_this_tree(env):
-        pytest.skip("the installed hetlaunch is this tree: no other hetlaunch to put on the Ray nodes")
-    cluster = start_ray_cluster({"region_a": 1}, {"region_b": 1}, env, cpus=1)
-    try:
-        (tmp_path / "c.yaml").write_text(_yaml(cluster.address, [_ray_node("old", "region_a", "east")], steps=1))
-        done = run_hetlaunch("up", str(tmp_path / "c.yaml"), "--run-dir", str(tmp_path / "r"), timeout=90)
-    finally:
-        cluster.stop()
-    assert done.returncode == 1
-    assert done.stderr.strip() == ("error: node old: its Ray actor failed to report its versions: ModuleNotFoundError: "
-                                   "No module named 'hetlaunch.runtime.ray_agent_host'; install this hetlaunch on the "
-                                   "Ray nodes, in the Python their workers run"), done.stderr
-
-
-def _imports_this_tree(env: dict) -> bool:
-    done = subprocess.run([sys.executable, "-c", "import hetlaunch.runtime.ray_agent_host"], env=env, cwd="/",
-                          capture_output=True, timeout=60)
-    return done.returncode == 0
