@@ -75,7 +75,7 @@ class AgentProcesses:
         """SIGKILL one agent and its worker (its process group), e.g. after it was declared lost."""
         agent = self.agents.get(node)
         if agent is not None and agent.process.poll() is None:
-            _signal_group(agent.process, signal.SIGKILL)
+            signal_group(agent.process, signal.SIGKILL)
             try:
                 agent.process.wait(timeout=5)
             except subprocess.TimeoutExpired:
@@ -86,16 +86,16 @@ class AgentProcesses:
         workers; SIGTERM every agent still running, then SIGKILL what is left after another."""
         lifelines = [a for a in self.agents.values() if a.process.stdin is not None and a.process.poll() is None]
         for agent in lifelines:
-            _close(agent.process.stdin)
+            close_quietly(agent.process.stdin)
         if lifelines:
             self.wait(grace_s)
         for agent in self.agents.values():
             if agent.process.poll() is None:
-                _signal_group(agent.process, signal.SIGTERM)
+                signal_group(agent.process, signal.SIGTERM)
         if not self.wait(grace_s):
             for agent in self.agents.values():
                 if agent.process.poll() is None:
-                    _signal_group(agent.process, signal.SIGKILL)
+                    signal_group(agent.process, signal.SIGKILL)
             self.wait(5.0)
 
 
@@ -120,14 +120,14 @@ class ProcessProvider:
         self.processes.stop(grace_s)
 
 
-def _close(stream) -> None:
+def close_quietly(stream) -> None:
     try:
         stream.close()
     except OSError:  # the pipe broke: the process is gone already
         pass
 
 
-def _signal_group(process: subprocess.Popen, sig: int) -> None:
+def signal_group(process: subprocess.Popen, sig: int) -> None:
     try:
         os.killpg(process.pid, sig)  # the agent leads its own session: reach its children too
     except ProcessLookupError:

@@ -39,7 +39,7 @@ from pathlib import Path
 from hetlaunch.launcher.coordinator import host_port
 from hetlaunch.launcher.job_errors import JobError
 from hetlaunch.launcher.providers.base import AgentProvider, LaunchContext
-from hetlaunch.launcher.providers.processes import AgentProcesses, ProcessProvider, _close, _signal_group
+from hetlaunch.launcher.providers.processes import AgentProcesses, ProcessProvider, close_quietly, signal_group
 from hetlaunch.launcher.providers.ssh import advertised_host
 from hetlaunch.launcher.slurm_config import SlurmGroup, slurm_group_of
 from hetlaunch.runtime.auth import TOKEN_ENV_VAR
@@ -98,7 +98,7 @@ class SlurmProvider(ProcessProvider, AgentProvider):
         if agent is None or agent.process.poll() is not None:
             return
         if agent.process.stdin is not None:
-            _close(agent.process.stdin)
+            close_quietly(agent.process.stdin)
         agent.process.terminate()
         try:
             agent.process.wait(timeout=10)
@@ -245,10 +245,10 @@ class Allocation:
         if self.job_id is not None:
             self._run("scancel", self.job_id)
         if self.process.stdin is not None:
-            _close(self.process.stdin)
+            close_quietly(self.process.stdin)
         for sig, wait_s in ((None, 5.0), (signal.SIGTERM, QUERY_TIMEOUT_S), (signal.SIGKILL, 5.0)):
             if sig is not None:
-                _signal_group(self.process, sig)
+                signal_group(self.process, sig)
             try:
                 self.process.wait(timeout=wait_s)
                 return
