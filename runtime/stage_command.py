@@ -287,17 +287,19 @@ def run_stage(cmd: pb.RunStage, reports: StageReports, store: wpb.StoreAccess) -
         executor = _executor(cmd, bundle, device, memory, restored)
         snapshot = _snapshot_handler(executor, stage.layer_start, stage.layer_end)
         reports.on_snapshot(snapshot)
-        writer = (CheckpointWriter(executor.state_lock, lambda: [(stage.layer_start, stage.layer_end, stage_state(
-                      executor.module, executor.optimizer, stage.layer_start, executor.outer))],
-                                   train.checkpoint_dir, reports)
+        held = [stage.layer_start, stage.layer_end]  # the stage's layers, as live moves change them
+
+        def copy_parts() -> list[tuple[int, int, dict]]:
+            start, end = held
+            return [(start, end, stage_state(executor.module, executor.optimizer, start, executor.outer))]
+        writer = (CheckpointWriter(executor.state_lock, copy_parts, train.checkpoint_dir, reports)
                   if train.checkpoint_dir and train.checkpoint_every and train.save_part else None)
 
         def on_range(start: int, end: int) -> None:  # after a live move
             nonlocal snapshot
             snapshot = _snapshot_handler(executor, start, end)
             reports.on_snapshot(snapshot)
-            if writer is not None:
-                writer.layer_start, writer.layer_end = start, end
+            held[:] = [start, end]  # the next checkpoint is of the new range
         running = RunningStage(executor, spec, train.seed, cmd.rendezvous.rank, list(cmd.layout), stage.layer_start,
                                stage.layer_end, wire_device(device, cmd.rendezvous.backend), bundle.tied, on_range,
                                cmd.rendezvous)

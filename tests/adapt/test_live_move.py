@@ -186,6 +186,10 @@ def _up(tmp_path, name: str, cluster: dict, watch_workers: bool = False):
 @pytest.mark.timeout(400)
 def test_a_node_slowing_to_a_third_gives_layers_away_live_and_the_losses_equal_one_process(tmp_path):
     cluster = _cluster([_node("a", 0.25), _node("b", 0.25, slow=True), _node("c", 0.25)])
+    # Checkpoints every 10 steps, and `rebalance: live` so that a restart from one is never the answer:
+    # a stage's checkpoints after a move hold its new layers (once they held the old range's offset
+    # and the write failed: "key 'layers.4...' does not belong to layers [2, 4)").
+    cluster["train"] = {**TRAIN, "checkpoint_every": 10, "rebalance": "live"}
     metrics, events, summary, seen = _up(tmp_path, "slow", cluster, watch_workers=True)
     # b's straggler and the move that answers it, wherever they land (under load the watch may
     # also see a passing slowdown of another node; the losses below hold whatever moved when).
@@ -208,6 +212,10 @@ def test_a_node_slowing_to_a_third_gives_layers_away_live_and_the_losses_equal_o
     last = [e for e in events if e["event"] == "move"][-1]
     assert {s["node"]: (s["layer_start"], s["layer_end"]) for s in summary["plan"]["stages"]} == \
         {node: (start, end) for node, start, end in last["ranges_after"]}
+    from hetlaunch.runtime.checkpoint_manifest import latest_checkpoint
+    _, manifest = latest_checkpoint(tmp_path / "slow" / "checkpoints")
+    assert manifest.step == STEPS and sorted((p.layer_start, p.layer_end) for p in manifest.parts) == \
+        sorted((s["layer_start"], s["layer_end"]) for s in summary["plan"]["stages"]), manifest
     training = [pids for steps, pids in seen if 0 < steps < STEPS]
     assert training and any(steps > move["step"] + 1 for steps, _ in seen), seen[-3:]
     assert all(pids == training[0] for pids in training) and len(training[0]) == 3, seen
