@@ -75,6 +75,12 @@ def test_hf_gpt2_tied_through_the_layers_form_over_three_stages_equals_one_proce
     run_dir = tmp_path / "run"
     result = run_hetlaunch("up", str(tmp_path / "cluster.yaml"), "--run-dir", str(run_dir), timeout=260)
     assert result.returncode == 0, result.stderr + result.stdout
+    _equals_one_process(run_dir)
+
+
+def _equals_one_process(run_dir) -> None:
+    """Every step's loss and clipped gradient norm, and the final tied weight, are the one-process
+    tied model's (rel 1e-5)."""
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in lines] == list(range(STEPS))
     want, norms, net = reference()
@@ -144,13 +150,4 @@ def test_tied_gpt2_with_several_stages_per_node_equals_one_process(tmp_path, sch
     where = [s["node"] for s in plan["stages"]]
     assert len(where) == 4 and len(set(where)) == 2, where
     assert (where[0] == where[3]) == (schedule == "zb-v"), where  # the tie on one node, or across two
-    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    want, norms, net = reference()
-    assert [r["step"] for r in lines] == list(range(STEPS))
-    for got, ref in zip(lines, want):
-        assert abs(got["loss"] - ref) / ref <= 1e-5, ([r["loss"] for r in lines], want)
-    for got, ref in zip(lines, norms):
-        assert abs(got["grad_norm"] - ref) / ref <= 1e-5, ([r["grad_norm"] for r in lines], norms)
-    params = final_parameters(run_dir)
-    assert torch.equal(params["layers.0.wte.weight"], params["layers.3.lm_head.weight"])
-    torch.testing.assert_close(params["layers.0.wte.weight"], net[0].wte.weight.detach(), rtol=1e-5, atol=1e-6)
+    _equals_one_process(run_dir)
