@@ -119,13 +119,17 @@ class Replanner:
                              source="pinned")
                      for members in pinned.island_members()]
             return price_outer(self.cluster, at, merge(plans, {}))
+        # 1F1B windows the YAML pinned: priced as they will run (the candidates are 1F1B alone then)
+        windows = [tuple(s.window for s in stages) for stages in pinned.pipelines()]
         results = []
         for schedule in candidates:
             if len(chains) == 1:
-                result = plan_fixed_cut(at, *chains[0], pinned.num_microbatches, schedule, self.compression)
+                result = plan_fixed_cut(at, *chains[0], pinned.num_microbatches, schedule, self.compression,
+                                        windows=windows[0])
             else:
                 result = price_pipelines(at, [(nodes, cuts, share) for (nodes, cuts), share
-                                              in zip(chains, pinned.pipeline_microbatches)], schedule, self.compression)
+                                              in zip(chains, pinned.pipeline_microbatches)], schedule, self.compression,
+                                         windows=windows)
             if fits_memory(result) or schedule == candidates[0]:
                 results.append(result)
         best = max(results, key=lambda r: r.tokens_per_s)  # the first (1F1B) on a tie
