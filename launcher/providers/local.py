@@ -6,17 +6,13 @@ import os
 import sys
 
 from hetlaunch.launcher.providers.base import AgentProvider, LaunchContext
-from hetlaunch.launcher.providers.processes import AgentProcesses, ProcessProvider
+from hetlaunch.launcher.providers.processes import ProcessProvider
 from hetlaunch.runtime.auth import TOKEN_ENV_VAR
 
 
 class LocalProvider(ProcessProvider, AgentProvider):
     launch = "local"
     what = "local agent"
-
-    def __init__(self, nodes):
-        super().__init__(nodes)
-        self.processes = AgentProcesses()
 
     def start(self, ctx: LaunchContext) -> None:
         for node in self.nodes:

@@ -102,7 +102,9 @@ class AgentProcesses:
 class ProcessProvider:
     """The AgentProvider methods of a provider whose agents are AgentProcesses (mixed in first)."""
 
-    processes: AgentProcesses
+    def __init__(self, nodes):
+        super().__init__(nodes)
+        self.processes = AgentProcesses()
 
     def exited(self) -> dict[str, int]:
         return self.processes.exited()

@@ -39,7 +39,7 @@ from pathlib import Path
 from hetlaunch.launcher.coordinator import host_port
 from hetlaunch.launcher.job_errors import JobError
 from hetlaunch.launcher.providers.base import AgentProvider, LaunchContext
-from hetlaunch.launcher.providers.processes import AgentProcesses, ProcessProvider, close_quietly, signal_group
+from hetlaunch.launcher.providers.processes import ProcessProvider, close_quietly, signal_group
 from hetlaunch.launcher.providers.ssh import advertised_host
 from hetlaunch.launcher.slurm_config import SlurmGroup, slurm_group_of
 from hetlaunch.runtime.auth import TOKEN_ENV_VAR
@@ -55,7 +55,6 @@ class SlurmProvider(ProcessProvider, AgentProvider):
 
     def __init__(self, nodes):
         super().__init__(nodes)
-        self.processes = AgentProcesses()
         self.allocations: list[Allocation] = []
 
     def start(self, ctx: LaunchContext) -> None:

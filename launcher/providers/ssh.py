@@ -23,7 +23,7 @@ from hetlaunch.launcher.coordinator import host_port
 from hetlaunch.launcher.job_errors import JobError
 from hetlaunch.launcher.node_config import NodeConfig
 from hetlaunch.launcher.providers.base import AgentProvider, LaunchContext
-from hetlaunch.launcher.providers.processes import AgentProcesses, ProcessProvider
+from hetlaunch.launcher.providers.processes import ProcessProvider
 from hetlaunch.runtime.version import hetlaunch_version, torch_version
 
 VERSION_CHECK_TIMEOUT_S = 60.0
@@ -38,10 +38,6 @@ class SshError(Exception):
 class SshProvider(ProcessProvider, AgentProvider):
     launch = "ssh"
     what = "agent started over ssh"
-
-    def __init__(self, nodes):
-        super().__init__(nodes)
-        self.processes = AgentProcesses()
 
     def start(self, ctx: LaunchContext) -> None:
         coord = ctx.cluster.coordinator
