@@ -37,6 +37,7 @@ from hetlaunch.runtime.schedules import (compiled, compiled_stage, schedule_name
 
 
 ORDER_MAX_ACTIONS = 20_000  # actions per schedule up to which simulation orders are remembered (CostModel._simulated)
+MEMO_MAX_STEPS = 200_000  # simulated steps a CostModel remembers before it starts over
 
 
 def in_flight(schedule: str, stage_index: int, num_stages: int, num_microbatches: int) -> int:
@@ -104,6 +105,8 @@ class CostModel:
         self._schedules: dict[tuple[int, int, int], tuple] = {}  # compiled action lists, per stage shape
         self._stage_lists: dict[tuple[int, int, int], tuple | None] = {}  # simulate_stages' lists, per stage shape
         self._orders: dict[tuple[int, ...], tuple] = {}  # per window vector: its actions in an order they can run
+        # per priced input (windows, costs): its simulated step; the search prices equal chains and cuts again
+        self._steps: dict[tuple, float] = {}
         self._shapes: dict[int, list[tuple]] = {}  # per stage count: what sim_floor.py reads of the action lists
         # launcher/planning/chain_cuts.py's dynamic program, remembered across the chains it cuts
         self.suffix_fronts: dict[tuple, dict[int, list[tuple]]] = {}
@@ -170,6 +173,17 @@ class CostModel:
         """The event simulation of stages keeping `windows` in flight (0: their own): by
         simulate_stages where every stage runs only F and B (1F1B, GPipe: the same arithmetic
         without the other kinds' branches), else simulate_compiled."""
+        known = (tuple(windows), tuple(forward), tuple(backward), tuple(link), tuple(latency), tuple(optimizer),
+                 tuple(split[0] or ()), tuple(split[1] or ()))
+        step = self._steps.get(known)
+        if step is None:
+            if len(self._steps) >= MEMO_MAX_STEPS:
+                self._steps.clear()  # a bound on memory; the search rarely asks again after so many
+            step = self._steps[known] = self._simulate(windows, forward, backward, link, latency, optimizer, split)
+        return step
+
+    def _simulate(self, windows: list[int], forward: list[float], backward: list[float], link: list[float],
+                  latency: list[float], optimizer: list[float], split: tuple) -> float:
         S = len(windows)
         key = tuple(windows)
         order = self._orders.get(key)

@@ -26,6 +26,7 @@ between pipelines).
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field, replace
 
@@ -102,7 +103,8 @@ def plan(profile: Profile, num_microbatches: int, schedule: str = "1f1b", max_pi
     best: PipelineSet | None = None
     found_sets: list[PipelineSet] = []
     for count in replica_counts(max_pipelines, len(profile.nodes), num_microbatches):
-        found = replicas.best_set(count)
+        # A set is only of use below the best so far, or within the slack of the contenders below.
+        found = replicas.best_set(count, best.step_s * (1 + EXACT_CONTENDERS_SLACK) if best else math.inf)
         if found is None:
             if count == 1:
                 continue

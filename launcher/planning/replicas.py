@@ -98,8 +98,11 @@ class Replicas:
             self._searches[share] = ChainSearch(self.profile, share, self.schedule, self.compression, self._paths)
         return self._searches[share]
 
-    def best_set(self, count: int) -> PipelineSet | None:
-        """The best set of at most `count` pipelines found (fewer only if the nodes run out)."""
+    def best_set(self, count: int, worth: float = math.inf) -> PipelineSet | None:
+        """The best set of at most `count` pipelines found (fewer only if the nodes run out).
+        `worth`: a step the caller has no use for a set at or above (it has a better one), so the
+        exhaustive pair search prunes against it from the start; the set returned is then the
+        best one only when its step is below `worth`."""
         share = max(1, self.M // count)  # a pipeline with fewer micro-batches pays relatively more bubble
         search = self.search(share)
         if count == 1:
@@ -113,7 +116,7 @@ class Replicas:
         if best is not None and (count > 2 or self.M > SPLIT_ALL_MAX_MICROBATCHES):
             best = self._rebalance(best_chains, best)  # only the winner: each move re-cuts chains
         if count == 2 and len(self.profile.nodes) <= EXHAUSTIVE_MAX_NODES:
-            best = self._best_pair(best)
+            best = self._best_pair(best, worth)
         return None if best is None else self._polish(best)
 
     def price(self, chains: list[list[NodeProfile]], shares: list[int]) -> PipelineSet | None:
@@ -255,9 +258,10 @@ class Replicas:
             current = trial
         return current
 
-    def _best_pair(self, best: PipelineSet | None) -> PipelineSet | None:
+    def _best_pair(self, best: PipelineSet | None, worth: float) -> PipelineSet | None:
         """Every pair of disjoint chains, each at every share (or the proportional one when the
-        micro-batches are many); a pair is skipped when its chains' lower bounds cannot win."""
+        micro-batches are many); a pair is skipped when its chains' lower bounds cannot win, or
+        cannot come under `worth`."""
         chains = list(candidate_chains(self.profile, self.profile.nodes, self.profile.model.num_layers, self.stages))
         names = [frozenset(n.name for n in chain) for chain in chains]
         half = self.search(max(1, self.M // 2))
@@ -278,7 +282,7 @@ class Replicas:
                 if key in seen:
                     continue  # the same node types in the same places: the same cost
                 seen.add(key)
-                bound = best.step_s if best else math.inf
+                bound = min(best.step_s if best else math.inf, worth)
                 first, second = self.search(m1), self.search(m2)
                 if max(first.lower_bound(a), second.lower_bound(b)) >= bound:
                     continue
