@@ -29,6 +29,7 @@ from typing import Callable
 
 from hetlaunch.launcher.adapt.live_moves import move_seconds, same_places
 from hetlaunch.launcher.adapt.calibration import with_link
+from hetlaunch.launcher.device_schedule_checks import auto_refusal
 from hetlaunch.launcher.job_errors import JobError
 from hetlaunch.launcher.planning.batch_sizes import at_size
 from hetlaunch.launcher.planning.island_plans import merge, plan_islands, price_outer, with_outer_memory
@@ -48,7 +49,7 @@ class Replanner:
         """`measured`: the profile the job measured (None: a pinned plan with nothing measured);
         `live_nodes()`: the YAML's nodes that are joined and not lost, in YAML order."""
         self.cluster = cluster
-        self.request = PlanRequest.for_cluster(cluster)
+        self.request = request_for(cluster)
         self._fallbacks: tuple[str, ...] = ()  # schedules a re-plan tries where the request's fits no plan
         self.measured = measured
         self.corrected: Profile | None = None  # once calibrated: what rebalancing prices with
@@ -262,6 +263,12 @@ class Replanner:
     def move_seconds(self, current: Plan, target: Plan) -> float:
         """The predicted time of a live move's transfers from `current` to `target`."""
         return move_seconds(self.corrected, current, target)
+
+
+def request_for(cluster) -> PlanRequest:
+    """The plan request of a whole cluster YAML: its train section and codecs, and whether the rest
+    of it (nodes, islands, rebalance) lets `auto` choose a device schedule."""
+    return PlanRequest.for_train(cluster.train, cluster.compression, auto_refusal(cluster))
 
 
 def kept_family(request: PlanRequest, schedule: str) -> tuple[PlanRequest, tuple[str, ...]]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from hetlaunch.launcher.device_schedule_checks import auto_refusal
 from hetlaunch.launcher.planning.compression import CompressionConfig
 from hetlaunch.launcher.planning.batch_sizes import at_size
 from hetlaunch.launcher.planning.device_plans import plan_devices
@@ -32,7 +31,8 @@ class PlanRequest:
     stages: int | None = None  # stages per pipeline; None: the planner decides
     # With `schedule: auto`: why the job cannot run a device schedule (several stages per node), in
     # a few words, for the plan's note; None: the caller's job can (launcher/device_schedule_checks.py
-    # `auto_refusal`), and auto prices them where its plan is one pipeline.
+    # `auto_refusal` of the whole YAML, launcher/adapt/replanner.py `request_for`), and auto prices
+    # them where its plan is one pipeline.
     device_schedules_refused: str | None = "not offered by the caller"
 
     @classmethod
@@ -43,12 +43,6 @@ class PlanRequest:
                    max_pipelines=None if train.max_pipelines == "auto" else train.max_pipelines,
                    global_batch=train.global_batch, fixed_microbatches=train.fixed_microbatches,
                    device_schedules_refused=device_schedules_refused)
-
-    @classmethod
-    def for_cluster(cls, cluster) -> PlanRequest:
-        """The request of a whole cluster YAML: its train section and codecs, and whether the rest
-        of it (nodes, islands, rebalance) lets `auto` choose a device schedule."""
-        return cls.for_train(cluster.train, cluster.compression, auto_refusal(cluster))
 
 
 def plan_for(profile: Profile, request: PlanRequest) -> PlannerResult:

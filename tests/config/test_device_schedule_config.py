@@ -8,7 +8,7 @@ import pytest
 from conftest import error_of
 from hetlaunch.launcher.cluster_yaml import parse_cluster
 from hetlaunch.launcher.device_schedule_checks import auto_refusal
-from hetlaunch.launcher.planning.request import PlanRequest
+from hetlaunch.launcher.adapt.replanner import request_for
 
 NODES = "nodes:\n  - {name: a, region: r}\n  - {name: b, region: r}\n"
 
@@ -61,7 +61,7 @@ def test_schedule_auto_may_choose_them_where_the_yaml_allows_it(extra, why):
     cluster = parse_cluster(NODES + extra)
     assert cluster.train.schedule == "auto"
     assert auto_refusal(cluster) == why
-    assert PlanRequest.for_cluster(cluster).device_schedules_refused == why
+    assert request_for(cluster).device_schedules_refused == why
 
 
 def test_schedule_auto_with_pinned_layers_does_not_choose_them():

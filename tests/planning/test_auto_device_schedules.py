@@ -17,7 +17,7 @@ import yaml
 from plan_reference import regions_profile
 from rebalance_fixtures import profile as even_profile
 
-from hetlaunch.launcher.adapt.replanner import Replanner
+from hetlaunch.launcher.adapt.replanner import Replanner, request_for
 from hetlaunch.launcher.cluster_yaml import parse_cluster
 from hetlaunch.launcher.planning.compression import CompressionConfig
 from hetlaunch.launcher.planning.device_plans import check_device_priced
@@ -137,7 +137,7 @@ def test_a_replan_keeps_the_family_the_job_started_in():
     one_stage = Replanner(cluster, measured, lambda: ["a", "b"])
     first, _ = one_stage.first()
     assert first.schedule in AUTO_SCHEDULES and len(first.pipelines()) == 3, first.schedule_choice
-    fresh = plan_for(subset(measured, ["a", "b"]), PlanRequest.for_cluster(cluster))
+    fresh = plan_for(subset(measured, ["a", "b"]), request_for(cluster))
     assert fresh.schedule == "zb-v", fresh.schedule_choice  # what the family rule keeps it from
     again = one_stage.replan()
     assert again.schedule in AUTO_SCHEDULES, again.schedule_choice
