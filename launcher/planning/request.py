@@ -8,6 +8,7 @@ of samples whose micro-batch size (and count, unless fixed) the planner chooses
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
 
 from hetlaunch.launcher.planning.compression import CompressionConfig
@@ -76,12 +77,13 @@ def plan_for(profile: Profile, request: PlanRequest) -> PlannerResult:
     note = ", ".join(f"{s} {t:,.0f}" for s, t in priced)
     gain = f"; a schedule holding more micro-batches is kept for {AUTO_MORE_MEMORY_GAIN - 1:.0%} more or better"
     choice = f"auto: the cut searched under {first}, priced tokens/s {note}{gain}"
+    started = time.perf_counter()
     chosen, devices = _device_schedules(profile, request, best)
+    planning_s = best.planning_s + time.perf_counter() - started  # the device schedules' plans too
     if chosen is None:
-        return replace(best, schedule_choice=f"{choice}; {devices}")
+        return replace(best, schedule_choice=f"{choice}; {devices}", planning_s=planning_s)
     return replace(chosen, schedule_choice=f"{choice}; {devices}; {chosen.schedule} chosen ({chosen.schedule_choice}): "
-                                           f"rebalancing is off under it",
-                   planning_s=best.planning_s + chosen.planning_s)
+                                           f"rebalancing is off under it", planning_s=planning_s)
 
 
 def _device_schedules(profile: Profile, request: PlanRequest,
