@@ -57,7 +57,8 @@ def test_auto_takes_zb_v_where_it_beats_one_stage_per_node_by_the_margin(m):
     if m == 1:  # interleaved 1F1B runs micro-batches in rounds of the nodes: no plan for one
         interleaved = "interleaved-1f1b no plan"
     else:
-        interleaved = f"interleaved-1f1b {plan_for(profile, replace(_request(m), schedule='interleaved-1f1b')).tokens_per_s:,.0f}"
+        priced = plan_for(profile, replace(_request(m), schedule="interleaved-1f1b")).tokens_per_s
+        interleaved = f"interleaved-1f1b {priced:,.0f}"
     one_stage = one.schedule_choice.split("; interleaved-1f1b and zb-v not considered")[0]  # 1F1B, ZB-H1, ZB-H2 priced
     assert auto.schedule_choice.startswith(f"{one_stage}; several stages per node")
     assert f"several stages per node priced tokens/s {interleaved}, zb-v {zb_v.tokens_per_s:,.0f}; taken for 10% " \
@@ -119,7 +120,8 @@ def test_up_plans_zb_v_with_rebalance_left_at_its_default_and_not_when_the_yaml_
     assert plan.schedule == result.schedule == "zb-v" and len(plan.stages) == 4, result.schedule_choice
     assert plan.schedule_choice.endswith("zb-v chosen (ZB-V: 4 stages on 2 nodes, 2 each): rebalancing is off under it")
     for rebalance in ("live", "restart"):
-        plan, _ = Replanner(_cluster("ab", 2, max_pipelines=1, rebalance=rebalance), measured, lambda: ["a", "b"]).first()
+        asked = _cluster("ab", 2, max_pipelines=1, rebalance=rebalance)
+        plan, _ = Replanner(asked, measured, lambda: ["a", "b"]).first()
         assert plan.schedule in AUTO_SCHEDULES
         assert f"interleaved-1f1b and zb-v not considered: train.rebalance is {rebalance}" in plan.schedule_choice
 
