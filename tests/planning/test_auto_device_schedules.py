@@ -144,3 +144,21 @@ def test_a_replan_keeps_the_family_the_job_started_in():
     again = one_stage.replan()
     assert again.schedule in AUTO_SCHEDULES, again.schedule_choice
     assert "not considered: the job runs one stage per node" in again.schedule_choice
+
+
+def test_a_job_on_interleaved_1f1b_whose_nodes_left_cannot_run_it_replans_zb_v():
+    """Four equal nodes whose backward split costs half again as much as it whole (each half a
+    layer's full time): ZB-V pays for the split, interleaved 1F1B does not, and auto takes the
+    latter at four micro-batches. With a node lost, three nodes cannot run four micro-batches in
+    rounds of three: the re-plan stays on several stages per node, ZB-V, over the three left."""
+    measured = even_profile({n: 0.01 for n in "abcd"})
+    measured = measured.model_copy(update={"nodes": [
+        n.model_copy(update={"input_grad_seconds": [0.005] * 8, "weight_grad_seconds": [0.005] * 8})
+        for n in measured.nodes]})
+    planner = Replanner(_cluster("abcd", 4, max_pipelines=1), measured, lambda: ["a", "b", "c"])
+    first, _ = planner.first()
+    assert first.schedule == "interleaved-1f1b", first.schedule_choice
+    again = planner.replan()
+    nodes = [s.node for s in again.stages]
+    assert again.schedule == "zb-v" and set(nodes) == {"a", "b", "c"} and len(nodes) == 6
+    assert nodes == nodes[::-1]  # the V: node d holds stages d and 2D - 1 - d
