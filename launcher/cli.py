@@ -205,8 +205,13 @@ def plan(
         if compression not in ("auto", *CODEC_NAMES):
             fail(f"--compression must be auto or one of {', '.join(CODEC_NAMES)} (got {compression!r})", EXIT_BAD_INPUT)
         policy = CompressionConfig(intra_region=compression, cross_region=compression, sync=compression)
+    # what `up` allows auto: device schedules where the YAML's nodes, islands and rebalance let them run
+    # (offline without a YAML, where the request does: launcher/planning/request.py)
+    from hetlaunch.launcher.device_schedule_checks import auto_refusal
+
     request = PlanRequest(num_microbatches=num_mb, schedule=sched, compression=policy, max_pipelines=max_pipelines,
-                          global_batch=global_batch, fixed_microbatches=fixed, stages=stages)
+                          global_batch=global_batch, fixed_microbatches=fixed, stages=stages,
+                          device_schedules_refused=auto_refusal(cluster) if cluster is not None else None)
     if islands or outer_every is not None or (train is not None and train.outer is not None):
         _plan_islands(measured, request, train, outer_every, as_json)
         return

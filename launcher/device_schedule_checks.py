@@ -8,11 +8,14 @@ failing mid-run: several pipelines (their gradient sync and islands), pinned `la
 restarts on a straggler (`rebalance`, which re-cut one stage per node), and pinned codecs (every
 boundary runs uncompressed; `auto` plans none). Left at its default, `rebalance` is off for these
 schedules; evaluation runs after the step (never in its bubbles); trace.json has one track per node.
+
+`schedule: auto` may choose one of them where the same settings allow it (`auto_refusal`), except
+that a rebalance left at its default is not a refusal there: it is off under the schedule chosen.
 """
 
 from __future__ import annotations
 
-from hetlaunch.launcher.config_errors import FieldError
+from hetlaunch.launcher.config_errors import FieldError, yaml_path
 from hetlaunch.runtime.registry import DEVICE_SCHEDULE_NAMES
 
 
@@ -26,23 +29,48 @@ def check_device_schedule(cluster) -> None:
     train = cluster.train
     if not several_stages_per_node(train.schedule):
         return
-    what = f"not supported with train.schedule: {train.schedule} (several stages per node run one pipeline"
-    if isinstance(train.max_pipelines, int) and train.max_pipelines > 1:
-        raise FieldError(("train", "max_pipelines"), f"{train.max_pipelines} is {what}; use 1)")
+    refusal = _refusal(cluster, train.schedule)
+    if refusal is not None:
+        raise refusal
+
+
+def auto_refusal(cluster) -> str | None:
+    """Why `schedule: auto` may not pick a device schedule for `cluster`, in a few words; None
+    where the YAML allows one (the planner still needs its plan to be one pipeline of 2 nodes or
+    more, and the schedule to pay: launcher/planning/request.py). A `rebalance` the YAML sets to
+    anything but off asks for live moves or restarts on stragglers (`true` and `auto` included:
+    written out, it is asked for), which these schedules do not run; left at its default it is off
+    under them."""
+    refusal = _refusal(cluster, DEVICE_SCHEDULE_NAMES[0], pinned=False)
+    if refusal is None:
+        return None
+    if refusal.path == ("train", "rebalance"):
+        return f"train.rebalance is {cluster.train.rebalance}"
+    return f"{yaml_path(refusal.path)} is set"
+
+
+def _refusal(cluster, schedule: str, pinned: bool = True) -> FieldError | None:
+    """The first of `cluster`'s settings `schedule` (several stages per node) cannot run with.
+    `pinned` False (auto's question): a max_pipelines above 1 allows the one pipeline auto needs."""
+    train = cluster.train
+    what = f"not supported with train.schedule: {schedule} (several stages per node run one pipeline"
+    if pinned and isinstance(train.max_pipelines, int) and train.max_pipelines > 1:
+        return FieldError(("train", "max_pipelines"), f"{train.max_pipelines} is {what}; use 1)")
     if train.outer is not None:
-        raise FieldError(("train", "outer"), f"islands are {what})")
+        return FieldError(("train", "outer"), f"islands are {what})")
     if train.global_batch is not None:
-        raise FieldError(("train", "global_batch"), f"is {what} at train.num_microbatches; give that instead)")
+        return FieldError(("train", "global_batch"), f"is {what} at train.num_microbatches; give that instead)")
     for i, node in enumerate(cluster.nodes):
         for key in ("layers", "window", "pipeline"):
             if getattr(node, key) is not None:
-                raise FieldError(("nodes", i, key), f"is {what}, cut by the planner into stages of its own)")
+                return FieldError(("nodes", i, key), f"is {what}, cut by the planner into stages of its own)")
     if "rebalance" in train.model_fields_set and train.rebalance != "off":
-        raise FieldError(("train", "rebalance"), f"{train.rebalance} is {what}; live moves and re-cuts are per "
-                                                 f"stage: use off)")
+        return FieldError(("train", "rebalance"), f"{train.rebalance} is {what}; live moves and re-cuts are per "
+                                                  f"stage: use off)")
     policy = cluster.compression
-    pinned = {k: v for k, v in (("intra_region", policy.intra_region), ("cross_region", policy.cross_region))
+    codecs = {k: v for k, v in (("intra_region", policy.intra_region), ("cross_region", policy.cross_region))
               if v not in ("auto", "none")}
-    if policy.boundaries or pinned:
-        field = "boundaries" if policy.boundaries else next(iter(pinned))
-        raise FieldError(("compression", field), f"a pinned codec is {what} with every boundary uncompressed)")
+    if policy.boundaries or codecs:
+        field = "boundaries" if policy.boundaries else next(iter(codecs))
+        return FieldError(("compression", field), f"a pinned codec is {what} with every boundary uncompressed)")
+    return None

@@ -63,6 +63,12 @@ AUTO_SCHEDULES: tuple[str, ...] = ("1f1b", "zb-h1", "zb-h2")
 # ZB-H1's), so auto moves to a later one only for at least this much more predicted tokens/s:
 # less is inside the cost model's error, and not worth the memory a larger micro-batch could use.
 AUTO_MORE_MEMORY_GAIN = 1.02
+# `schedule: auto` also prices DEVICE_SCHEDULE_NAMES where the job can run them (one pipeline of 2
+# nodes or more; launcher/device_schedule_checks.py `auto_refusal`), and takes one only for at least
+# this much more predicted tokens/s than the best one-stage-per-node schedule: choosing it switches
+# off live moves and restarts on stragglers (they re-cut one stage per node), which a mis-predicted
+# gain or a node slowing down mid-run could need, so a gain inside the cost model's error is not worth it.
+AUTO_DEVICE_SCHEDULE_GAIN = 1.10
 DEFAULT_SCHEDULE = AUTO_SCHEDULE
 
 # Gradient sync between pipelines starts a bucket's all-reduce when its last gradient is final;

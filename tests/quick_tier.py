@@ -28,6 +28,7 @@ MODULES = {
     "test_import_rules", "test_packaging", "test_late_steps", "test_topology", "test_pinned_windows_priced",
     "test_islands_plan",  # islands: grouping, H, the merged plan, the YAML
     "test_device_plans", "test_device_schedule_config",  # several stages per node: plans and the YAML
+    "test_auto_device_schedules",  # ... and schedule: auto choosing them
     "test_k8s_manifests",  # deploy k8s: rendered manifests against Kubernetes' schemas
 }
 

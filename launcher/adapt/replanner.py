@@ -29,6 +29,7 @@ from typing import Callable
 
 from hetlaunch.launcher.adapt.live_moves import move_seconds, same_places
 from hetlaunch.launcher.adapt.calibration import with_link
+from hetlaunch.launcher.device_schedule_checks import auto_refusal
 from hetlaunch.launcher.job_errors import JobError
 from hetlaunch.launcher.planning.batch_sizes import at_size
 from hetlaunch.launcher.planning.island_plans import merge, plan_islands, price_outer, with_outer_memory
@@ -38,7 +39,7 @@ from hetlaunch.launcher.planning.planner import (PlannerResult, PlanningError, f
 from hetlaunch.launcher.planning.profile_edits import scaled, subset
 from hetlaunch.launcher.planning.profile_file import LinkProfile, Profile, ProfileError, with_encryption
 from hetlaunch.launcher.planning.request import PlanRequest, plan_for
-from hetlaunch.runtime.registry import AUTO_SCHEDULE, AUTO_SCHEDULES
+from hetlaunch.runtime.registry import AUTO_SCHEDULE, AUTO_SCHEDULES, DEVICE_SCHEDULE_NAMES
 
 JOIN_GAIN = 0.10  # a (re)joined node is taken in when the planner predicts at least this much more tokens/s
 
@@ -48,7 +49,8 @@ class Replanner:
         """`measured`: the profile the job measured (None: a pinned plan with nothing measured);
         `live_nodes()`: the YAML's nodes that are joined and not lost, in YAML order."""
         self.cluster = cluster
-        self.request = PlanRequest.for_train(cluster.train, cluster.compression)
+        self.request = request_for(cluster)
+        self._fallbacks: tuple[str, ...] = ()  # schedules a re-plan tries where the request's fits no plan
         self.measured = measured
         self.corrected: Profile | None = None  # once calibrated: what rebalancing prices with
         self._live_nodes = live_nodes
@@ -83,13 +85,23 @@ class Replanner:
                                        tokens_per_s=plan.predicted_tokens_per_s or 0.0, method="islands",
                                        planning_s=time.perf_counter() - started)
         result = plan_for(self.measured, self.request)
+        self.request, self._fallbacks = kept_family(self.request, result.schedule)
         return planned(self.cluster, result), result
 
     def _planned(self, profile: Profile, source: str) -> Plan:
         """The planner's plan on `profile` (islands where the YAML asks for them)."""
         if self.cluster.train.outer is not None:
             return plan_islands(self.cluster, profile, self.request, source=source)
-        return planned(self.cluster, plan_for(profile, self.request), source=source)
+        try:
+            return planned(self.cluster, plan_for(profile, self.request), source=source)
+        except PlanningError as err:
+            for schedule in self._fallbacks:
+                try:
+                    return planned(self.cluster, plan_for(profile, replace(self.request, schedule=schedule)),
+                                   source=source)
+                except PlanningError:
+                    continue
+            raise err from None
 
     def plan(self, names: list[str], source: str = "replanned") -> Plan:
         """The planner's plan for `names` on the measured profile; JobError if none fits."""
@@ -251,6 +263,33 @@ class Replanner:
     def move_seconds(self, current: Plan, target: Plan) -> float:
         """The predicted time of a live move's transfers from `current` to `target`."""
         return move_seconds(self.corrected, current, target)
+
+
+def request_for(cluster) -> PlanRequest:
+    """The plan request of a whole cluster YAML: its train section and codecs, and whether the rest
+    of it (nodes, islands, rebalance) lets `auto` choose a device schedule."""
+    return PlanRequest.for_train(cluster.train, cluster.compression, auto_refusal(cluster))
+
+
+def kept_family(request: PlanRequest, schedule: str) -> tuple[PlanRequest, tuple[str, ...]]:
+    """The request every later plan of a job is made with, once its first plan runs `schedule`,
+    and the schedules to try in turn where that request fits no plan.
+
+    A re-plan (after a lost node, a join) keeps the family the job started in: with `auto`, one
+    that started on several stages per node re-plans that same schedule on one pipeline, and one
+    that started on one stage per node no longer considers the device schedules. Either switch
+    would change under a running job what its YAML left to the default: a device schedule turns
+    rebalancing off (the straggler watch is not fed), and a plan switched back to one stage per node
+    would turn it on again mid-run; and a rebalance's re-plan is priced and taken as a move or a
+    restart of one stage per node (launcher/adapt/straggler.py), which a device plan is not.
+    Where the nodes left cannot run the device schedule (interleaved 1F1B needs the micro-batches in
+    rounds of the nodes), the other one is tried: a checkpoint is per layer, so any cut resumes it."""
+    if request.schedule != AUTO_SCHEDULE:
+        return request, ()
+    if schedule in DEVICE_SCHEDULE_NAMES:
+        return (replace(request, schedule=schedule, max_pipelines=1),
+                tuple(s for s in DEVICE_SCHEDULE_NAMES if s != schedule))
+    return replace(request, device_schedules_refused="the job runs one stage per node"), ()
 
 
 def _repriced_islands(replanner: Replanner, plan: Plan) -> Plan:

@@ -8,6 +8,7 @@ of samples whose micro-batch size (and count, unless fixed) the planner chooses
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
 
 from hetlaunch.launcher.planning.compression import CompressionConfig
@@ -16,7 +17,8 @@ from hetlaunch.launcher.planning.device_plans import plan_devices
 from hetlaunch.launcher.planning.planner import (PlannerResult, PlanningError, fits_memory, plan, plan_global_batch,
                                                 price_pipelines)
 from hetlaunch.launcher.planning.profile_file import Profile
-from hetlaunch.runtime.registry import AUTO_MORE_MEMORY_GAIN, AUTO_SCHEDULE, AUTO_SCHEDULES, DEVICE_SCHEDULE_NAMES
+from hetlaunch.runtime.registry import (AUTO_DEVICE_SCHEDULE_GAIN, AUTO_MORE_MEMORY_GAIN, AUTO_SCHEDULE, AUTO_SCHEDULES,
+                                        DEVICE_SCHEDULE_NAMES)
 
 
 @dataclass(frozen=True)
@@ -28,13 +30,20 @@ class PlanRequest:
     global_batch: int | None = None  # samples per step: the planner chooses the micro-batches
     fixed_microbatches: int | None = None  # with a global batch: the count it must use
     stages: int | None = None  # stages per pipeline; None: the planner decides
+    # With `schedule: auto`: why the job cannot run a device schedule (several stages per node), in
+    # a few words, for the plan's note; None: the caller's job can (launcher/device_schedule_checks.py
+    # `auto_refusal` of the whole YAML, launcher/adapt/replanner.py `request_for`), and auto prices
+    # them where its plan is one pipeline.
+    device_schedules_refused: str | None = "not offered by the caller"
 
     @classmethod
-    def for_train(cls, train, compression: CompressionConfig) -> PlanRequest:
+    def for_train(cls, train, compression: CompressionConfig,
+                  device_schedules_refused: str | None = "not offered by the caller") -> PlanRequest:
         """The request of a YAML's `train:` section (launcher/train_config.py) and `compression:`."""
         return cls(num_microbatches=train.num_microbatches, schedule=train.schedule, compression=compression,
                    max_pipelines=None if train.max_pipelines == "auto" else train.max_pipelines,
-                   global_batch=train.global_batch, fixed_microbatches=train.fixed_microbatches)
+                   global_batch=train.global_batch, fixed_microbatches=train.fixed_microbatches,
+                   device_schedules_refused=device_schedules_refused)
 
 
 def plan_for(profile: Profile, request: PlanRequest) -> PlannerResult:
@@ -42,8 +51,11 @@ def plan_for(profile: Profile, request: PlanRequest) -> PlannerResult:
     `schedule: auto`, the cut is searched under AUTO_SCHEDULES[0] (1F1B) and then priced, by
     simulation, under each other candidate; the fastest whose memory fits every stage is kept,
     where a candidate holding more micro-batches than the one kept so far (a later one) must be
-    faster by AUTO_MORE_MEMORY_GAIN. The note names each candidate that fits with the tokens/s it
-    was priced at."""
+    faster by AUTO_MORE_MEMORY_GAIN. Then, where the job can run them and that plan is one pipeline
+    of 2 nodes or more, each of DEVICE_SCHEDULE_NAMES is planned (launcher/planning/device_plans.py,
+    which keeps only cuts that fit each node's memory) and the fastest is taken if it beats the
+    one-stage-per-node plan by AUTO_DEVICE_SCHEDULE_GAIN. The note names each candidate that fits
+    with the tokens/s it was priced at, and each device schedule's price or why it was not priced."""
     if request.schedule != AUTO_SCHEDULE:
         return _plan_for(profile, request)
     first, *others = AUTO_SCHEDULES
@@ -64,7 +76,61 @@ def plan_for(profile: Profile, request: PlanRequest) -> PlannerResult:
                            tokens_per_s=other.tokens_per_s, schedule=schedule, contention=other.contention)
     note = ", ".join(f"{s} {t:,.0f}" for s, t in priced)
     gain = f"; a schedule holding more micro-batches is kept for {AUTO_MORE_MEMORY_GAIN - 1:.0%} more or better"
-    return replace(best, schedule_choice=f"auto: the cut searched under {first}, priced tokens/s {note}{gain}")
+    choice = f"auto: the cut searched under {first}, priced tokens/s {note}{gain}"
+    started = time.perf_counter()
+    chosen, devices = _device_schedules(profile, request, best)
+    planning_s = best.planning_s + time.perf_counter() - started  # the device schedules' plans too
+    if chosen is None:
+        return replace(best, schedule_choice=f"{choice}; {devices}", planning_s=planning_s)
+    return replace(chosen, schedule_choice=f"{choice}; {devices}; {chosen.schedule} chosen ({chosen.schedule_choice}): "
+                                           f"rebalancing is off under it", planning_s=planning_s)
+
+
+def _device_schedules(profile: Profile, request: PlanRequest,
+                      best: PlannerResult) -> tuple[PlannerResult | None, str]:
+    """The device schedule plan `auto` takes over `best` (its one-stage-per-node choice), or None;
+    and the note's words on each device schedule: its tokens/s, or why it was not priced."""
+    names = " and ".join(DEVICE_SCHEDULE_NAMES)
+    refused = device_refusal(request, best)
+    if refused is not None:
+        return None, f"{names} not considered: {refused}"
+    planned, words = [], []
+    for schedule in DEVICE_SCHEDULE_NAMES:
+        try:
+            result = plan_devices(profile, request.num_microbatches, schedule)
+        except PlanningError:  # too few layers, micro-batches that do not suit it, no cut that fits memory
+            words.append(f"{schedule} no plan")
+            continue
+        if len({s.node for s in result.pipelines[0].cost.stages}) < 2:  # 1F1B's one-pipeline chain is one node
+            words.append(f"{schedule} on one node only")
+            continue
+        planned.append(result)
+        words.append(f"{schedule} {result.tokens_per_s:,.0f}")
+    note = (f"several stages per node priced tokens/s {', '.join(words)}; taken for "
+            f"{AUTO_DEVICE_SCHEDULE_GAIN - 1:.0%} more or better")
+    fastest = max(planned, key=lambda r: r.tokens_per_s, default=None)
+    if fastest is None or fastest.tokens_per_s < best.tokens_per_s * AUTO_DEVICE_SCHEDULE_GAIN:
+        return None, note
+    return fastest, note
+
+
+def device_refusal(request: PlanRequest, best: PlannerResult) -> str | None:
+    """Why `auto` does not price the device schedules over `best`, its one-stage-per-node plan for
+    `request` (in a few words), or None where it does."""
+    if request.device_schedules_refused is not None:
+        return request.device_schedules_refused
+    if request.global_batch is not None:
+        return "a global batch"
+    if request.stages is not None:
+        return "a stage count given"
+    policy = request.compression
+    if policy.boundaries or {policy.intra_region, policy.cross_region} - {"auto", "none"}:
+        return "a pinned codec"
+    if len(best.pipelines) != 1:
+        return f"{len(best.pipelines)} pipelines"
+    if len(best.pipelines[0].cost.stages) < 2:
+        return "one node"
+    return None
 
 
 def _plan_for(profile: Profile, request: PlanRequest) -> PlannerResult:

@@ -7,6 +7,8 @@ import pytest
 
 from conftest import error_of
 from hetlaunch.launcher.cluster_yaml import parse_cluster
+from hetlaunch.launcher.device_schedule_checks import auto_refusal
+from hetlaunch.launcher.adapt.replanner import request_for
 
 NODES = "nodes:\n  - {name: a, region: r}\n  - {name: b, region: r}\n"
 
@@ -39,3 +41,29 @@ def test_pinned_layers_and_windows_are_refused():
     pinned = "nodes:\n  - {name: a, region: r, layers: [0, 3]}\n  - {name: b, region: r, layers: [3, 6]}\n"
     message = error_of(pinned + "train: {schedule: zb-v}\n")
     assert "cluster.yaml: nodes[0].layers" in message and "not supported with train.schedule: zb-v" in message
+
+
+@pytest.mark.parametrize("extra, why", [
+    ("train: {}\n", None),  # rebalance left at its default: off under a device schedule auto takes
+    ("train: {rebalance: off}\n", None),
+    ("train: {max_pipelines: 2}\n", None),  # auto prices them only where its plan is one pipeline
+    ("train: {rebalance: live}\n", "train.rebalance is live"),
+    ("train: {rebalance: restart}\n", "train.rebalance is restart"),
+    ("train: {rebalance: true}\n", "train.rebalance is auto"),  # written out: rebalancing asked for
+    ("train: {global_batch: 32}\n", "train.global_batch is set"),
+    ("train: {outer: {islands: [[a], [b]]}}\n", "train.outer is set"),
+    ("train: {}\ncompression: {cross_region: int8}\n", "compression.cross_region is set"),
+    ("train: {}\ncompression: {boundaries: {0: int8}}\n", "compression.boundaries is set"),
+])
+def test_schedule_auto_may_choose_them_where_the_yaml_allows_it(extra, why):
+    """`schedule: auto` (the default) is never refused; whether its planner may take a device
+    schedule is carried to the plan request, with the reason for its note."""
+    cluster = parse_cluster(NODES + extra)
+    assert cluster.train.schedule == "auto"
+    assert auto_refusal(cluster) == why
+    assert request_for(cluster).device_schedules_refused == why
+
+
+def test_schedule_auto_with_pinned_layers_does_not_choose_them():
+    pinned = "nodes:\n  - {name: a, region: r, layers: [0, 3]}\n  - {name: b, region: r, layers: [3, 6]}\n"
+    assert auto_refusal(parse_cluster(pinned + "train: {}\n")) == "nodes[0].layers is set"

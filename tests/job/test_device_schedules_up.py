@@ -196,3 +196,62 @@ def test_a_lost_node_replans_zb_v_on_the_survivors_and_resumes_from_the_checkpoi
     assert victim["node"] not in {s["node"] for s in generations[1]["plan"]["stages"]}
     reference, _ = _up(tmp_path, "1f1b-8", _cluster("1f1b", steps=steps, pinned=True))
     assert _close([r["loss"] for r in records], [r["loss"] for r in reference])
+
+
+@pytest.mark.timeout(600)
+def test_schedule_auto_takes_zb_v_where_the_profile_says_it_pays_and_trains_to_1f1bs_losses(tmp_path, monkeypatch):
+    """`schedule: auto` (the default), rebalance left at its default, one pipeline, two micro-batches
+    over two alike nodes: auto plans ZB-V, runs it on the several-stages-per-node path with
+    rebalancing off, and trains to the losses of 1F1B on a pinned cut.
+
+    The planner's choice must not depend on this machine's load, so the layer timings it plans from
+    are set: the nodes are measured once into a cache of this test's own (one entry, both nodes
+    alike), and the entry's timings are replaced by 100 ms a layer, equal, the backward unsplit
+    (halved by the planner). On 8 equal layers ZB-V is then predicted ~18% over the best
+    one-stage-per-node schedule (ZB-H1): the live link probe would have to read tens of ms a
+    message to bring it under the 10% margin."""
+    monkeypatch.setenv("HETLAUNCH_CACHE_DIR", str(tmp_path / "cache"))
+
+    def cluster(pinned: bool) -> dict:
+        config = _cluster("1f1b" if pinned else "auto", pinned=pinned)
+        config["model"]["n_layers"] = 6  # 8 stage layers: two to each of ZB-V's four stages
+        train = config["train"]
+        train.update(num_microbatches=2, max_pipelines=1)
+        for node in config["nodes"]:
+            del node["emulate"]  # the cache's timings plan; the run goes at the machine's speed
+        if pinned:
+            config["nodes"][0]["layers"], config["nodes"][1]["layers"] = [0, 4], [4, 8]
+        else:
+            del train["schedule"], train["rebalance"]  # both left at their defaults
+        return config
+
+    path = tmp_path / "auto.yaml"
+    path.write_text(yaml.safe_dump(cluster(pinned=False)))
+    measured = run_hetlaunch("profile", str(path), "-o", str(tmp_path / "profile.json"), timeout=120, cwd=tmp_path)
+    assert measured.returncode == 0, measured.stderr + measured.stdout
+    (entry,) = (tmp_path / "cache" / "profiles").glob("*.json")  # one cache key for both nodes
+    timings = json.loads(entry.read_text())
+    layers = len(timings["layer_seconds"])
+    assert layers == 8
+    timings.update(layer_seconds=[0.1] * layers, optimizer_seconds=[1e-4] * layers)
+    timings.pop("input_grad_seconds", None)
+    timings.pop("weight_grad_seconds", None)
+    entry.write_text(json.dumps(timings))
+
+    metrics, events = _up(tmp_path, "auto", cluster(pinned=False))
+    plan = next(e for e in events if e["event"] == "generation")["plan"]
+    assert plan["schedule"] == "zb-v", plan["schedule_choice"]
+    assert plan["schedule_choice"].endswith("zb-v chosen (ZB-V: 4 stages on 2 nodes, 2 each): rebalancing is off "
+                                            "under it"), plan["schedule_choice"]
+    nodes = [s["node"] for s in plan["stages"]]
+    chain = list(dict.fromkeys(nodes))
+    assert len(chain) == 2 and nodes == [chain[d] for d in (0, 1, 1, 0)]
+    assert all(s["layer_end"] - s["layer_start"] == 2 for s in plan["stages"])
+    assert [r["step"] for r in metrics] == list(range(STEPS))
+    # the device path ran: a row per stage, nodes as ZB-V places them
+    assert all([(r["stage"], r["node"]) for r in rec["stages"]] == list(enumerate(nodes)) for rec in metrics)
+    assert not [e for e in events if e["event"] in ("straggler", "rebalance", "restart")]
+    reference, _ = _up(tmp_path, "reference", cluster(pinned=True))
+    assert _close([r["loss"] for r in metrics], [r["loss"] for r in reference])
+    assert _close([r["eval_loss"] for r in metrics if "eval_loss" in r],
+                  [r["eval_loss"] for r in reference if "eval_loss" in r])
