@@ -2,13 +2,16 @@
 
     python bench/run.py overhead vs_torch_pipelining     # by name; `all` runs every benchmark
     python bench/run.py all --quick                      # a short smoke run (results go to bench/results/quick/)
+    python bench/run.py overhead --times 3               # three consecutive runs, all three kept in the JSON
 
 A benchmark is a module bench/<name>.py (not starting with "_", not a *_worker.py) with
 `run(quick: bool, reporter=None) -> dict`. The dict holds its configuration and raw
 measurements, and its headline as "figure": {"name", "value", "target"} plus "met".
 Side-by-side benchmarks also give "sides" {"a", "b"}, "tokens_per_s" per side, "ratio",
 "target" and the ratio of each A/B pair ("pair_ratios"). The runner adds name, date,
-machine and duration, writes the file (atomically) and prints one table.
+machine and duration, writes the file (atomically) and prints one table. With `--times N` a
+benchmark runs N times in a row: the file is the last run's, with every run's figure and verdict
+under "consecutive", and "met" only where all N met their target.
 """
 
 from __future__ import annotations
@@ -71,6 +74,21 @@ def write_result(result: dict, out_dir: Path) -> Path:
     return path
 
 
+def consecutive(runs: list[dict]) -> dict:
+    """N runs of one benchmark in a row as one result: the last run's, with each run's date,
+    figure and verdict, met only if every run met its target."""
+    summary = [{"date": r["date"], "duration_s": r["duration_s"], "figure": (headline(r) or {}).get("value"),
+                "met": r.get("met")} for r in runs]
+    result = {**runs[-1], "consecutive": summary}
+    if all("met" in r for r in runs):
+        result["met"] = all(r["met"] for r in runs)
+    fig = headline(runs[-1])
+    if fig is not None:
+        result["figure"] = {**fig, "value": [s["figure"] for s in summary],
+                            "name": f"{fig['name']}, {len(runs)} runs in a row"}
+    return result
+
+
 def headline(result: dict) -> dict | None:
     if "figure" in result:
         return result["figure"]
@@ -128,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("names", nargs="+", help=f"benchmarks to run: {', '.join(known)}, or all")
     parser.add_argument("--quick", action="store_true", help="short smoke run (results go to bench/results/quick/)")
+    parser.add_argument("--times", type=int, default=1, metavar="N",
+                        help="run each benchmark N times in a row; the JSON keeps every run's figure")
     args = parser.parse_args(argv)
     names = known if args.names == ["all"] else args.names
     unknown = [n for n in names if n not in known]
@@ -138,17 +158,23 @@ def main(argv: list[str] | None = None) -> int:
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console) as progress:
         for name in names:
-            reporter = ProgressReporter(progress, name)
-            started = datetime.datetime.now(datetime.timezone.utc)
-            try:
-                figures = importlib.import_module(name).run(args.quick, reporter)
-            except BenchError as err:
-                progress.console.print(f"[bold red]{name} failed:[/] {err}", soft_wrap=True)
+            runs = []
+            for attempt in range(args.times):
+                reporter = ProgressReporter(progress, name if args.times == 1 else f"{name} ({attempt + 1}/{args.times})")
+                started = datetime.datetime.now(datetime.timezone.utc)
+                try:
+                    figures = importlib.import_module(name).run(args.quick, reporter)
+                except BenchError as err:
+                    progress.console.print(f"[bold red]{name} failed:[/] {err}", soft_wrap=True)
+                    break
+                finished = datetime.datetime.now(datetime.timezone.utc)
+                runs.append({**figures, "name": name, "date": started.isoformat(timespec="seconds"),
+                             "quick": args.quick, "machine": machine(),
+                             "duration_s": round((finished - started).total_seconds(), 1)})
+            if len(runs) < args.times:
                 failed.append(name)
                 continue
-            finished = datetime.datetime.now(datetime.timezone.utc)
-            result = {**figures, "name": name, "date": started.isoformat(timespec="seconds"), "quick": args.quick,
-                      "machine": machine(), "duration_s": round((finished - started).total_seconds(), 1)}
+            result = runs[-1] if args.times == 1 else consecutive(runs)
             path = write_result(result, out_dir)
             results.append(result)
             fig = headline(result)
