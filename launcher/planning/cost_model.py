@@ -37,7 +37,8 @@ from hetlaunch.runtime.schedules import (compiled, compiled_stage, schedule_name
 
 
 ORDER_MAX_ACTIONS = 20_000  # actions per schedule up to which simulation orders are remembered (CostModel._simulated)
-MEMO_MAX_STEPS = 200_000  # simulated steps a CostModel remembers before it starts over
+MEMO_MAX_STEPS = 20_000  # simulated steps a CostModel remembers before it starts over: a key holds every
+# stage's costs (a few KB on long chains), so this keeps the memo under ~100 MB
 
 
 def in_flight(schedule: str, stage_index: int, num_stages: int, num_microbatches: int) -> int:
