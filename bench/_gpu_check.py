@@ -7,7 +7,8 @@
    there are three, else all on one GPU with gloo between them — fp32 and bf16, 60 steps each:
    tokens/s, first and final loss, the data-plane backend the run used;
 4. memory: a stage over its node's memory_fraction stops the job with one line.
-Prints one table; writes the figures to bench/results/gpu_check.json.
+Prints one table; writes the figures to bench/results/gpu_check.json. `--cpu` runs only the
+training jobs, on this machine's CPU, to check them before a GPU is spent on them.
 """
 
 from __future__ import annotations
@@ -62,31 +63,79 @@ def profiler() -> list[tuple[str, str, str]]:
     return rows
 
 
-def training() -> list[tuple[str, str, str]]:
+def _up(name: str, cluster_yaml: str) -> tuple[int, str, dict, list[dict], list[dict]]:
+    """One `hetlaunch up` of a cluster YAML: exit code, stderr's last line, summary, events, metrics."""
+    tmp = Path(tempfile.mkdtemp(prefix=f"hetlaunch-gpu-{name}-"))
+    (tmp / "cluster.yaml").write_text(cluster_yaml)
+    proc = subprocess.run([sys.executable, "-m", "hetlaunch.launcher.cli", "up", str(tmp / "cluster.yaml"),
+                           "--run-dir", str(tmp / "run")], capture_output=True, text=True, timeout=600)
+    last = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"
+    if proc.returncode != 0:
+        return proc.returncode, last, {}, [], []
+    run = tmp / "run"
+    summary = json.loads((run / "summary.json").read_text())
+    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return 0, last, summary, events, metrics
+
+
+def _nodes(devices: list[str], layers: bool = True, regions: list[str] | None = None) -> str:
+    rows = []
+    for i, device in enumerate(devices):
+        fields = [f"name: g{i}", f"device: '{device}'"]
+        if layers:
+            fields.append(f"layers: [{2 * i}, {2 * i + 2}]")
+        if regions:
+            fields.append(f"region: {regions[i]}")
+        rows.append("  - {" + ", ".join(fields) + "}")
+    return "nodes:\n" + "\n".join(rows) + "\n"
+
+
+def _cases(device_list: list[str]) -> list[tuple[str, str]]:
+    """The jobs trained on the GPU: the local example's shape in fp32 and bf16, and this round's
+    paths that move tensors between devices differently: a V-shaped schedule (two stages per
+    node), islands with outer steps, and a sealed data plane."""
+    head = "model: {preset: tiny}\n"
+    return [
+        ("fp32 1f1b", head + "train: {steps: 60, checkpoint_every: 0}\n" + _nodes(device_list)),
+        ("bf16 1f1b", head + "train: {steps: 60, precision: bf16, checkpoint_every: 0}\n" + _nodes(device_list)),
+        ("fp32 zb-v", head + "train: {steps: 60, schedule: zb-v, checkpoint_every: 0}\n"
+         + _nodes(device_list[:2], layers=False)),
+        ("fp32 islands", head + "train: {steps: 60, checkpoint_every: 0, outer: {islands: by_region, every: 5}}\n"
+         + _nodes(device_list, layers=False, regions=["r0", "r0", "r1"])),
+        ("fp32 sealed", head + "data_plane: {encrypt: all}\ntrain: {steps: 60, checkpoint_every: 0}\n"
+         + _nodes(device_list)),
+    ]
+
+
+def training(device: str = "cuda") -> list[tuple[str, str, str]]:
     import torch
 
-    gpus = torch.cuda.device_count()
-    devices = [f"cuda:{i}" for i in range(3)] if gpus >= 3 else ["cuda:0"] * 3
+    gpus = torch.cuda.device_count() if device == "cuda" else 0
+    devices = [f"cuda:{i}" for i in range(3)] if gpus >= 3 else [f"{device}:0" if device == "cuda" else device] * 3
     rows = []
-    for precision in ("fp32", "bf16"):
-        tmp = Path(tempfile.mkdtemp(prefix="hetlaunch-gpu-"))
-        nodes = "\n".join(f"  - {{name: g{i}, device: '{d}', layers: [{2 * i}, {2 * i + 2}]}}"
-                          for i, d in enumerate(devices))
-        (tmp / "cluster.yaml").write_text(f"name: gpu-{precision}\nmodel: {{preset: tiny}}\n"
-                                          f"train: {{steps: 60, precision: {precision}, checkpoint_every: 0}}\n"
-                                          f"nodes:\n{nodes}\n")
-        proc = subprocess.run([sys.executable, "-m", "hetlaunch.launcher.cli", "up", str(tmp / "cluster.yaml"),
-                               "--run-dir", str(tmp / "run")], capture_output=True, text=True, timeout=600)
-        if proc.returncode != 0:
-            rows.append((f"train {precision}", proc.stderr.strip().splitlines()[-1] if proc.stderr else "failed",
-                         "FAILED"))
+    losses_by_case = {}
+    for label, cluster in _cases(devices):
+        rc, last, summary, events, metrics = _up(label.replace(" ", "-"), f"name: gpu-check\n{cluster}")
+        if rc != 0:
+            rows.append((f"train {label}", last[:160], "FAILED"))
             continue
-        summary = json.loads((tmp / "run" / "summary.json").read_text())
-        events = [json.loads(line) for line in (tmp / "run" / "events.jsonl").read_text().splitlines()]
+        losses_by_case[label] = [m["loss"] for m in metrics]
         backend = next((e.get("backend") for e in events if e.get("backend")), "nccl" if gpus >= 3 else "gloo")
-        rows.append((f"train {precision} ({len(set(devices))} GPU, {backend})",
+        rows.append((f"train {label} ({len(set(devices))} {device}, {backend})",
                      f"{summary['mean_tokens_per_s']:.0f} tokens/s, loss {summary['first_loss']:.3f} -> "
                      f"{summary['final_loss']:.3f}", "ok" if summary["final_loss"] < summary["first_loss"] else "WRONG"))
+    if device == "cuda" and "fp32 1f1b" in losses_by_case:
+        # The same job on the CPU: fp32 on CUDA (no TF32 by default) must do the same arithmetic.
+        cpu_yaml = "name: gpu-check\n" + _cases(["cpu"] * 3)[0][1].replace("steps: 60", "steps: 20")
+        rc, last, _, _, metrics = _up("fp32-cpu", cpu_yaml)
+        if rc != 0:
+            rows.append(("fp32 cuda vs cpu", last[:160], "FAILED"))
+        else:
+            cuda_losses, cpu_losses = losses_by_case["fp32 1f1b"][:20], [m["loss"] for m in metrics]
+            worst = max(abs(a - b) / abs(b) for a, b in zip(cuda_losses, cpu_losses))
+            rows.append(("fp32 cuda vs cpu, 20 steps", f"worst relative loss difference {worst:.2e}",
+                         "ok" if worst <= 1e-3 and len(cpu_losses) == 20 else "WRONG"))
     return rows
 
 
@@ -106,12 +155,28 @@ def memory_limit() -> list[tuple[str, str, str]]:
 def main() -> int:
     import torch
 
+    if "--cpu" in sys.argv[1:]:
+        # A dry run of the training jobs on this machine's CPU: checks the YAMLs and the paths
+        # before device time is spent on them. Writes no JSON.
+        rows = training("cpu")
+        for name, value, verdict in rows:
+            print(f"{name}  {verdict}  {value}", flush=True)
+        return 0 if all(r[2] == "ok" for r in rows) else 1
     if not torch.cuda.is_available():
         print("gpu_check: no CUDA device here (torch.cuda.is_available() is False); nothing to check")
         return 2
     names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    rows = [("devices", ", ".join(names), "")] + codecs() + profiler() + training() + memory_limit()
+    rows = [("devices", ", ".join(names), "")]
+    for part in (codecs, profiler, training, memory_limit):
+        try:
+            found = part()
+        except Exception as error:  # one broken part must not hide the others' rows
+            found = [(part.__name__, f"{type(error).__name__}: {error}"[:160], "FAILED")]
+        for row in found:
+            print(f"{row[0]}  {row[2]}  {row[1]}", flush=True)
+        rows += found
     width = max(len(r[0]) for r in rows)
+    print()
     for name, value, verdict in rows:
         print(f"{name:<{width}}  {verdict:<6}  {value}")
     out = REPO / "bench" / "results" / "gpu_check.json"
