@@ -166,8 +166,24 @@ class ClusterSession:
         return "cuda" if any(d.kind == pb.DEVICE_KIND_CUDA for d in info.devices) else "cpu"
 
     def backend_for(self, names: list[str]) -> str:
-        """NCCL only where every rank of the group computes on CUDA."""
-        return "nccl" if all(self.device_of(n).startswith("cuda") for n in names) else "gloo"
+        """NCCL only where every rank of the group computes on a GPU of its own: NCCL refuses two
+        ranks on one GPU ("invalid usage"), so nodes that share one (several agents on a host's
+        single GPU) exchange through host memory with gloo."""
+        if not all(self.device_of(n).startswith("cuda") for n in names):
+            return "gloo"
+        gpus = [self.gpu_of(n) for n in names]
+        return "nccl" if len(set(gpus)) == len(gpus) else "gloo"
+
+    def gpu_of(self, name: str) -> tuple[str, ...]:
+        """Which GPU a CUDA node computes on: its UUID where the agent reported one, else its
+        host and device index ("cuda" alone is index 0, as torch takes it)."""
+        device = self.device_of(name)
+        index = int(device.split(":", 1)[1]) if ":" in device else 0
+        info = self.state.agent_info(name)
+        for gpu in info.devices:
+            if gpu.kind == pb.DEVICE_KIND_CUDA and gpu.index == index and gpu.uuid:
+                return ("uuid", gpu.uuid)
+        return ("host", info.hostname, str(index))
 
     def threads_of(self, name: str) -> int:
         node = self.nodes[name]

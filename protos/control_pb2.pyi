@@ -138,16 +138,18 @@ class DownResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class Device(_message.Message):
-    __slots__ = ("kind", "name", "memory_bytes", "index")
+    __slots__ = ("kind", "name", "memory_bytes", "index", "uuid")
     KIND_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
+    UUID_FIELD_NUMBER: _ClassVar[int]
     kind: DeviceKind
     name: str
     memory_bytes: int
     index: int
-    def __init__(self, kind: _Optional[_Union[DeviceKind, str]] = ..., name: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., index: _Optional[int] = ...) -> None: ...
+    uuid: str
+    def __init__(self, kind: _Optional[_Union[DeviceKind, str]] = ..., name: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., index: _Optional[int] = ..., uuid: _Optional[str] = ...) -> None: ...
 
 class AgentInfo(_message.Message):
     __slots__ = ("node_name", "hostname", "devices", "agent_version", "torch_version", "pid", "region", "labels", "cpu_count")

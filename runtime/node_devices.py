@@ -33,13 +33,20 @@ def gpu_driver_present() -> bool:
     return ctypes.util.find_library("cuda") is not None
 
 
+def _uuid_of(properties) -> str:
+    """The GPU's UUID as the driver gives it (the same whatever CUDA_VISIBLE_DEVICES numbers it),
+    or "" where this torch does not report one."""
+    return str(getattr(properties, "uuid", "") or "")
+
+
 def describe_devices() -> list[pb.Device]:
     if gpu_driver_present():
         import torch  # only here: the driver may expose devices that only torch can describe
 
         if torch.cuda.is_available():
             return [pb.Device(kind=pb.DEVICE_KIND_CUDA, name=torch.cuda.get_device_name(i), index=i,
-                              memory_bytes=torch.cuda.get_device_properties(i).total_memory)
+                              memory_bytes=torch.cuda.get_device_properties(i).total_memory,
+                              uuid=_uuid_of(torch.cuda.get_device_properties(i)))
                     for i in range(torch.cuda.device_count())]
     return [pb.Device(kind=pb.DEVICE_KIND_CPU, name=platform.processor() or platform.machine(), index=0,
                       memory_bytes=psutil.virtual_memory().total)]
