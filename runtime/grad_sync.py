@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -118,28 +119,40 @@ def make_groups(plans: list[SyncGroupPlan]) -> list[object | None]:
     return groups
 
 
+def _not_held(index: int) -> int:
+    raise KeyError(index)
+
+
 class GradientSync:
     """Sums this stage's gradients with the other holders of its layers, bucket by bucket."""
 
     def __init__(self, layers: list[nn.Module], layer_start: int, plans: list[SyncGroupPlan],
-                 groups: list[object | None], wire_device: torch.device, rdzv: pb.Rendezvous | None = None):
+                 groups: list[object | None], wire_device: torch.device, rdzv: pb.Rendezvous | None = None,
+                 local_index: Callable[[int], int] | None = None):
+        """`layers` are the model's from `layer_start` on; or, where a rank runs several stages
+        (interleaved 1F1B, ZB-V: its parts' ranges one after another, not contiguous in the model),
+        `local_index` maps a model layer to its index in `layers` (KeyError for one it does not hold).
+        A sync group lies inside one stage of each pipeline, so inside one part here."""
+        local_index = local_index or (lambda index: index - layer_start if 0 <= index - layer_start < len(layers)
+                                      else _not_held(index))
         self.wire_device = wire_device
         self.stats = SyncStats()  # of the step in progress
         self.buckets: list[_Bucket] = []
         self._armed = False
         self._launched: list[_Bucket] = []
-        layer_end = layer_start + len(layers)
         mine = [(plan, group) for plan, group in zip(plans, groups) if group is not None]
         for plan, group in sorted(mine, key=lambda pg: -pg[0].layer_start):  # backward order
             sealed = SealedGather(rdzv, plan.ranks, f"sync {plan.layer_start}-{plan.layer_end - 1}", group) \
                 if plan.sealed else None
-            if plan.layer_start < layer_start or plan.layer_end > layer_end:
+            try:
+                held = [layers[local_index(index)] for index in range(plan.layer_end - 1, plan.layer_start - 1, -1)]
+            except KeyError as missing:
                 raise ValueError(f"sync group [{plan.layer_start}, {plan.layer_end}) is not inside this stage's "
-                                 f"layers [{layer_start}, {layer_end})")
+                                 f"layers: it does not hold layer {missing.args[0]}") from None
             bucket: list[nn.Parameter] = []
             size = 0
-            for index in range(plan.layer_end - 1, plan.layer_start - 1, -1):
-                for param in reversed([p for p in layers[index - layer_start].parameters() if p.requires_grad]):
+            for layer in held:  # backward order
+                for param in reversed([p for p in layer.parameters() if p.requires_grad]):
                     if bucket and size + param.numel() * param.element_size() > BUCKET_BYTES:
                         self.buckets.append(_Bucket(bucket, group, plan, sealed=sealed))
                         bucket, size = [], 0
