@@ -18,33 +18,72 @@ executor's order obeys (runtime/simulation.py `simulate_devices`):
 
 The cut is a local search: from an even split and from one proportional to the nodes' speed, move
 one boundary by one layer while the simulated step falls (a first-improvement hill climb, every
-candidate simulated). The plan's step is `simulate_devices` of exactly the stages, placement and
-micro-batches returned (`check_device_priced`).
+candidate simulated). Each pipeline's step is `simulate_devices` of exactly the stages, placement
+and micro-batches returned (`check_device_priced`).
+
+Several pipelines (`max_pipelines` above 1): 1F1B's plan with that many pipelines at most chooses
+them (their chains of nodes and their shares of the micro-batches); each is cut as above for its
+own share, and their gradient sync is priced by launcher/planning/sync_cost.py over those cuts
+(codecs as `compression.sync` allows; boundaries stay uncompressed). The plan's step is the later of
+the slowest pipeline's simulated step and the last sync group's end. That sync term keeps 1F1B's
+overlap model (a group ready during its stage's last backward); the device worker starts the sync
+of a node's other stages at its last action, so where sync is exposed the step can run later
+than priced.
 """
 
 from __future__ import annotations
 
 import time
 
-from hetlaunch.launcher.planning.compression import NONE
+from hetlaunch.launcher.planning.compression import NONE, CompressionConfig
 from hetlaunch.launcher.planning.cost_model import CostModel, PipelineCost, StageCost, split_costs
-from hetlaunch.launcher.planning.planner import PlanInvariantError, PlannedPipeline, PlannerResult, plan
+from hetlaunch.launcher.planning.planner import SYNC_PRICING, PlanInvariantError, PlannedPipeline, PlannerResult, plan
 from hetlaunch.launcher.planning.planning_error import PlanningError
 from hetlaunch.launcher.planning.profile_file import NodeProfile, Profile
+from hetlaunch.launcher.planning.sync_cost import plan_step_s, sync_costs
 from hetlaunch.runtime.schedules import (compiled, device_schedule_named, in_flight_by_device, simulate_compiled,
                                          simulate_devices)
 
 MAX_SEARCH_ROUNDS = 10_000  # boundary moves; each lowers the step, so the climb ends long before on real models
 
 
-def plan_devices(profile: Profile, num_microbatches: int, schedule: str) -> PlannerResult:
-    """The plan of `schedule` (interleaved-1f1b or zb-v) on 1F1B's chain of nodes; PlanningError
-    if the model has too few layers for v·D stages, the micro-batches do not suit the schedule, or
-    no cut fits the nodes' memory."""
+def plan_devices(profile: Profile, num_microbatches: int, schedule: str, max_pipelines: int = 1,
+                 compression: CompressionConfig = NONE) -> PlannerResult:
+    """The plan of `schedule` (interleaved-1f1b or zb-v) on 1F1B's chains of nodes, `max_pipelines`
+    of them at most; PlanningError if the model has too few layers for v·D stages, a pipeline's
+    micro-batches do not suit the schedule, or no cut fits the nodes' memory. Of `compression`
+    only the gradient sync's settings apply: every boundary runs uncompressed."""
     started = time.perf_counter()
     placed = device_schedule_named(schedule)
-    base = plan(profile, num_microbatches, "1f1b", max_pipelines=1)
-    chain = [profile.node(s.node) for s in base.pipelines[0].cost.stages]
+    base = plan(profile, num_microbatches, "1f1b", max_pipelines=max_pipelines)
+    several = len(base.pipelines) > 1
+    costs = [_cut(profile, [profile.node(s.node) for s in p.cost.stages], p.cost.num_microbatches, schedule,
+                  f"pipeline {i} takes {p.cost.num_microbatches} of the {num_microbatches} micro-batches: "
+                  if several else "") for i, p in enumerate(base.pipelines)]
+    policy = NONE.model_copy(update={"sync": compression.sync, "sync_topology": compression.sync_topology})
+    sync = sync_costs(profile, costs, policy) if len(costs) > 1 else []
+    step = plan_step_s(costs, sync)
+    tokens = num_microbatches * profile.micro_batch_size * profile.seq_len
+    regions = {n.name: n.region for n in profile.nodes}
+    counts = [len({s.node for s in c.stages}) for c in costs]
+    where = " and ".join(f"{placed.num_stages(d)} stages on {d} nodes" for d in counts)
+    if len(counts) > 1 and len(set(counts)) == 1:
+        where = f"{len(counts)} pipelines, each {placed.num_stages(counts[0])} stages on {counts[0]} nodes"
+    return PlannerResult(pipelines=[PlannedPipeline(c, tuple(regions[s.node] for s in c.stages)) for c in costs],
+                         step_s=step, tokens_per_s=tokens / step, excluded=dict(base.excluded),
+                         method=f"{base.method} (1F1B's nodes), "
+                                f"{' and '.join(str(placed.num_stages(d)) for d in counts)} stages cut by simulation",
+                         planning_s=time.perf_counter() - started, micro_batch_size=profile.micro_batch_size,
+                         schedule=schedule, compression=policy, sync=sync,
+                         sync_pricing=SYNC_PRICING if len(costs) > 1 else "",
+                         schedule_choice=f"{placed.title}: {where}, {placed.stages_per_device} each")
+
+
+def _cut(profile: Profile, chain: list[NodeProfile], num_microbatches: int, schedule: str,
+         share: str = "") -> PipelineCost:
+    """One pipeline of `schedule` over `chain` at its `num_microbatches`, cut by the search;
+    `share` says which pipeline's micro-batches an unsuitable count is (several pipelines)."""
+    placed = device_schedule_named(schedule)
     D, L = len(chain), profile.model.num_layers
     S = placed.num_stages(D)
     if S > L:
@@ -52,7 +91,9 @@ def plan_devices(profile: Profile, num_microbatches: int, schedule: str) -> Plan
     try:
         actions = placed.actions(D, num_microbatches)
     except ValueError as err:
-        raise PlanningError(f"{err} (set train.num_microbatches to one)") from None
+        advice = "set train.num_microbatches or train.max_pipelines to suit it" if share else \
+            "set train.num_microbatches to one"
+        raise PlanningError(f"{share}{err} ({advice})") from None
     search = _CutSearch(CostModel(profile, num_microbatches, "1f1b", NONE), chain, placed, actions)
     best = None
     for start in (_even(L, S), _by_speed(search, L, S)):
@@ -64,14 +105,7 @@ def plan_devices(profile: Profile, num_microbatches: int, schedule: str) -> Plan
                             f"{' -> '.join(n.name for n in chain)} fits the nodes' memory")
     cost = search.cost(best[1])
     check_device_priced(schedule, D, cost)
-    tokens = num_microbatches * profile.micro_batch_size * profile.seq_len
-    regions = {n.name: n.region for n in profile.nodes}
-    return PlannerResult(pipelines=[PlannedPipeline(cost, tuple(regions[s.node] for s in cost.stages))],
-                         step_s=cost.step_s, tokens_per_s=tokens / cost.step_s, excluded=dict(base.excluded),
-                         method=f"{base.method} (1F1B's nodes), {S} stages cut by simulation",
-                         planning_s=time.perf_counter() - started, micro_batch_size=profile.micro_batch_size,
-                         schedule=schedule, compression=NONE,
-                         schedule_choice=f"{placed.title}: {S} stages on {D} nodes, {placed.stages_per_device} each")
+    return cost
 
 
 def check_device_priced(schedule: str, num_devices: int, cost: PipelineCost) -> None:

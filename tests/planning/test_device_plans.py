@@ -95,8 +95,12 @@ def test_refusals_say_why():
     profile = regions_profile(per_region=2, regions=("a",), num_layers=8, layer_s=0.01, output_bytes=2**16)
     with pytest.raises(PlanningError, match="not a multiple of 2"):
         plan_for(profile, _request("interleaved-1f1b", m=3))
-    with pytest.raises(PlanningError, match="one pipeline"):
+    with pytest.raises(PlanningError, match="no global batch"):
         plan_for(profile, _request("zb-v", global_batch=16))
+    # two pipelines of two nodes take 3 micro-batches as 2 + 1: interleaved's rounds of 2 do not fit the 1
+    four = regions_profile(per_region=4, regions=("a",), num_layers=8, layer_s=0.01, output_bytes=2**16)
+    with pytest.raises(PlanningError, match=r"pipeline \d takes \d of the 6 micro-batches: .*not a multiple of 2"):
+        plan_for(four, replace(_request("interleaved-1f1b", m=6), max_pipelines=2))
 
 
 @pytest.mark.parametrize("schedule", ["zb-v", "interleaved-1f1b"])
@@ -123,3 +127,50 @@ def test_random_profiles_plan_honestly_or_say_no_plan(schedule):
             held[stage.node] = held.get(stage.node, 0.0) + stage.memory_bytes
         assert all(held[n] <= profile.node(n).memory_bytes for n in held)
     assert plans > 10 and refusals > 2, (plans, refusals)
+
+
+@pytest.mark.parametrize("schedule", ["zb-v", "interleaved-1f1b"])
+def test_two_pipelines_each_cut_for_its_share_and_priced_with_their_sync(schedule):
+    """Four alike nodes, max_pipelines 2: 1F1B's plan takes two pipelines of two nodes, two
+    micro-batches each; each is cut as one pipeline is, at its share, its step exactly its
+    simulation, and the plan's step is the later of those and the sync groups' ends."""
+    profile = regions_profile(per_region=4, regions=("a",), num_layers=8, layer_s=0.01, output_bytes=2**16)
+    result = plan_for(profile, replace(_request(schedule), max_pipelines=2))
+    assert [p.cost.num_microbatches for p in result.pipelines] == [2, 2]
+    placed = device_schedule_named(schedule)
+    chains = []
+    for pipeline in result.pipelines:
+        cost = pipeline.cost
+        chain = list(dict.fromkeys(s.node for s in cost.stages))
+        assert len(chain) == 2 and [s.node for s in cost.stages] == [chain[placed.stage_device(s, 2)] for s in range(4)]
+        assert cost.step_s == _step(schedule, cost, 2)
+        check_device_priced(schedule, 2, cost)
+        chains.append(chain)
+    assert not set(chains[0]) & set(chains[1])  # a node serves one pipeline
+    # one sync group per layer run with one holder set, holders one node of each pipeline
+    assert result.sync and [(g.layer_start, g.layer_end) for g in result.sync] == [(0, 2), (2, 4), (4, 6), (6, 8)]
+    assert all(g.nodes[0] in chains[0] and g.nodes[1] in chains[1] for g in result.sync)
+    assert result.step_s == max([p.cost.step_s for p in result.pipelines] + [g.end_s for g in result.sync])
+    assert result.schedule_choice.startswith(f"{placed.title}: 2 pipelines, each 4 stages on 2 nodes")
+    # max_pipelines 1 (and auto) plans one pipeline, as before
+    assert len(plan_for(profile, _request(schedule)).pipelines) == 1
+    assert len(plan_for(profile, replace(_request(schedule), max_pipelines=None)).pipelines) == 1
+
+
+def test_random_profiles_with_two_pipelines_plan_honestly_or_say_no_plan():
+    rng = random.Random(11)
+    plans = two = 0
+    for _ in range(30):
+        profile = random_profile(rng, rng.randint(1, 4), rng.randint(1, 2), rng.randint(2, 9), memory_gb=(0.01, 3.0))
+        try:
+            result = plan_for(profile, replace(_request("zb-v", m=rng.choice([2, 4, 6])), max_pipelines=2))
+        except PlanningError as err:
+            assert "\n" not in str(err)
+            continue
+        plans += 1
+        two += len(result.pipelines) == 2
+        for pipeline in result.pipelines:
+            cost = pipeline.cost
+            check_device_priced("zb-v", len(dict.fromkeys(s.node for s in cost.stages)), cost)
+        assert result.step_s >= max(p.cost.step_s for p in result.pipelines)
+    assert plans and two  # some of them two pipelines
