@@ -1,0 +1,108 @@
+"""`hetlaunch up` with two pipelines of a several-stages-per-node schedule: `train.schedule: zb-v`
+(or interleaved-1f1b) and `max_pipelines: 2` on four local nodes trains exactly as one process
+would (tests/single_process_reference.py): per-step losses and final parameters rel <= 1e-5.
+
+The plan must not depend on this machine's load, so the layer timings it plans from are set: the
+nodes are measured once into a profile cache of this module's own (one entry, the four nodes
+alike), and the entry's timings replaced by 100 ms a layer. On 8 equal layers and 4 micro-batches
+1F1B's planner then takes two pipelines of two nodes, two micro-batches each (priced 1.2 s a
+step, where one pipeline over all four nodes is 1.75 s and two pipelines of one node 1.6 s), and
+each pipeline is cut into four stages of two layers by the device planner. The run goes at the
+machine's speed; what it computes does not depend on the timings.
+
+Why 1e-5: every layer computes the same fp32 arithmetic as in one process; what differs is the
+order in which a parameter's gradient sums its micro-batches (each pipeline's two, then the
+pipelines' sums added by the sync) and the clipping norm's sum (over the nodes' parts, halved for
+two replicas), reordered fp32 sums about 1e-7 relative, well under 1e-5 after six AdamW steps.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import yaml
+
+from conftest import final_parameters, hetlaunch_env, run_hetlaunch
+from single_process_reference import (CFG, CLIP, DATA_SEED, LR, MICRO_BATCH, MIN_LR_RATIO, NUM_MICRO, SEED, STEPS,
+                                      WARMUP, WEIGHT_DECAY)
+
+
+def _cluster(schedule: str) -> dict:
+    nodes = [{"name": f"n{i}", "device": "cpu", "threads": 1} for i in range(4)]
+    return {"name": "dev-pipelines",
+            "coordinator": {"host": "127.0.0.1", "port": 0, "join_timeout_s": 60, "heartbeat_timeout_s": 4},
+            "model": {"preset": "tiny", "seq_len": CFG.seq_len, "d_model": CFG.d_model, "n_layers": CFG.n_layers,
+                      "n_heads": CFG.n_heads},
+            "data": {"seed": DATA_SEED},
+            "train": {"steps": STEPS, "micro_batch_size": MICRO_BATCH, "num_microbatches": NUM_MICRO,
+                      "schedule": schedule, "max_pipelines": 2, "lr": LR, "weight_decay": WEIGHT_DECAY, "seed": SEED,
+                      "lr_schedule": "cosine", "warmup_steps": WARMUP, "min_lr_ratio": MIN_LR_RATIO,
+                      "grad_clip": CLIP, "checkpoint_every": STEPS, "rebalance": "off"},
+            "observe": {"trace_every": 0},
+            "compression": {"intra_region": "none", "cross_region": "none", "sync": "none"},
+            "nodes": nodes}
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> dict[str, str]:
+    """The environment of a profile cache whose one entry holds equal, fixed layer timings."""
+    root = tmp_path_factory.mktemp("cache")
+    env = hetlaunch_env(HETLAUNCH_CACHE_DIR=str(root / "cache"))
+    path = root / "profile.yaml"
+    path.write_text(yaml.safe_dump(_cluster("zb-v")))
+    measured = run_hetlaunch("profile", str(path), "-o", str(root / "profile.json"), timeout=240, env=env, cwd=root)
+    assert measured.returncode == 0, measured.stderr + measured.stdout
+    (entry,) = (root / "cache" / "profiles").glob("*.json")  # one cache key for the four nodes
+    timings = json.loads(entry.read_text())
+    layers = len(timings["layer_seconds"])
+    assert layers == CFG.n_layers + 2
+    timings.update(layer_seconds=[0.1] * layers, optimizer_seconds=[1e-4] * layers)
+    timings.pop("input_grad_seconds", None)
+    timings.pop("weight_grad_seconds", None)
+    entry.write_text(json.dumps(timings))
+    return env
+
+
+@pytest.fixture(scope="module")
+def reference():
+    from single_process_reference import reference_training
+
+    return reference_training()
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("schedule", ["zb-v", "interleaved-1f1b"])
+def test_two_pipelines_of_a_device_schedule_equal_single_process_training(tmp_path, cache, reference, schedule):
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(_cluster(schedule)))
+    run_dir = tmp_path / "run"
+    result = run_hetlaunch("up", str(path), "--run-dir", str(run_dir), timeout=400, env=cache, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr + result.stdout
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    plan = next(e for e in events if e["event"] == "generation")["plan"]
+    assert plan["schedule"] == schedule and plan["pipeline_microbatches"] == [2, 2], plan
+    # two pipelines of two nodes, four stages each, placed as the schedule says
+    where = [0, 1, 1, 0] if schedule == "zb-v" else [0, 1, 0, 1]
+    chains = []
+    for p in (0, 1):
+        nodes = [s["node"] for s in plan["stages"] if s["pipeline"] == p]
+        chain = list(dict.fromkeys(nodes))
+        assert len(chain) == 2 and nodes == [chain[d] for d in where], plan["stages"]
+        chains.append(chain)
+    assert sorted(chains[0] + chains[1]) == ["n0", "n1", "n2", "n3"]
+    assert plan["sync"], plan  # the pipelines' gradient sync groups
+    ref_losses, ref_params = reference
+    assert [r["step"] for r in metrics] == list(range(STEPS))
+    for got, want in zip((r["loss"] for r in metrics), ref_losses, strict=True):
+        assert abs(got - want) <= 1e-5 * abs(want), (got, want)
+    assert all(r["grad_norm"] > CLIP for r in metrics)  # the clip acted on the whole model's norm
+    params = final_parameters(run_dir)  # pipeline 0's stages write the checkpoint, a part per stage
+    assert params.keys() == ref_params.keys()
+    for name, want in ref_params.items():
+        torch.testing.assert_close(params[name], want, rtol=1e-5, atol=1e-6, msg=name)
+    # every node synced: each holds layers of some sync group, in whichever of its stages
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert {entry["node"] for entry in summary["gradient_sync"]} == {"n0", "n1", "n2", "n3"}
