@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from conftest import run_gloo_ranks
-from test_device_pipeline import CPU, LAYERS, STEPS, M, _batches, _close, _layers, _loss, _reference
+from device_pipeline_model import CPU, LAYERS, STEPS, M, _batches, _close, _layers, _loss, _reference
 from hetlaunch.launcher.planning.sync_groups import sync_groups
 from hetlaunch.runtime.codecs import codec_by_name
 from hetlaunch.runtime.device_schedules import device_schedule_named
