@@ -75,8 +75,10 @@ def reference():
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("schedule", ["zb-v", "interleaved-1f1b"])
 def test_two_pipelines_of_a_device_schedule_equal_single_process_training(tmp_path, cache, reference, schedule):
+    cluster = _cluster(schedule)
+    cluster["observe"]["trace_every"] = 3  # steps 0 and 3 traced: the arithmetic is the same
     path = tmp_path / "cluster.yaml"
-    path.write_text(yaml.safe_dump(_cluster(schedule)))
+    path.write_text(yaml.safe_dump(cluster))
     run_dir = tmp_path / "run"
     result = run_hetlaunch("up", str(path), "--run-dir", str(run_dir), timeout=400, env=cache, cwd=tmp_path)
     assert result.returncode == 0, result.stderr + result.stdout
@@ -103,6 +105,15 @@ def test_two_pipelines_of_a_device_schedule_equal_single_process_training(tmp_pa
     assert params.keys() == ref_params.keys()
     for name, want in ref_params.items():
         torch.testing.assert_close(params[name], want, rtol=1e-5, atol=1e-6, msg=name)
+    # trace.json: a process per pipeline, a track per node of it, each with its worker's actions
+    trace = json.loads((run_dir / "trace.json").read_text())
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "thread_name"}
+    for p, chain in enumerate(chains):
+        for d, node in enumerate(chain):
+            assert names[(p, d)].startswith(f"{node} (default): stages "), names
+            forwards = [e for e in trace["traceEvents"] if e.get("ph") == "X" and (e["pid"], e["tid"]) == (p, d)
+                        and e["args"]["step"] == 3 and e["name"].startswith("F")]
+            assert len(forwards) == 2 * 2, (p, d, forwards)  # its two stages' forwards of the pipeline's two
     # every node synced: each holds layers of some sync group, in whichever of its stages
     summary = json.loads((run_dir / "summary.json").read_text())
     assert {entry["node"] for entry in summary["gradient_sync"]} == {"n0", "n1", "n2", "n3"}
