@@ -6,10 +6,11 @@ one, or with a `max_pipelines` number up to that many, synced every step (`auto`
 What is keyed by one stage per node is not lifted for them yet, so it is refused here rather than
 failing mid-run: islands (`outer`), pinned `layers:`, `window:` and `pipeline:` (the planner cuts
 v·D stages itself), a global batch, live moves and restarts on a straggler (`rebalance`, which
-re-cut one stage per node), and pinned boundary codecs (every boundary runs uncompressed; `auto`
-plans none; the gradient sync's `compression.sync` applies). Left at its default, `rebalance` is
-off for these schedules; evaluation runs after the step (never in its bubbles); trace.json has
-one track per node.
+re-cut one stage per node), and codecs for a class of links (`intra_region`, `cross_region`):
+every boundary runs uncompressed except those `compression.boundaries` pins, by the index of the
+schedule's own stages (boundary s after stage s, of each pipeline), and the gradient sync's
+`compression.sync` applies. Left at its default, `rebalance` is off for these schedules;
+evaluation runs after the step (never in its bubbles); trace.json has one track per node.
 
 `schedule: auto` may choose one of them where the same settings allow it (`auto_refusal`), except
 that a rebalance left at its default is not a refusal there: it is off under the schedule chosen.
@@ -38,14 +39,15 @@ def check_device_schedule(cluster) -> None:
 
 def auto_refusal(cluster) -> str | None:
     """Why `schedule: auto` may not pick a device schedule for `cluster`, in a few words; None
-    where the YAML allows one (auto plans them as one pipeline, and the planner still needs its plan
-    to be one pipeline of 2 nodes or more, and the schedule to pay: launcher/planning/request.py). A `rebalance` the YAML sets to
-    anything but off asks for live moves or restarts on stragglers (`true` and `auto` included:
-    written out, it is asked for), which these schedules do not run; left at its default it is off
-    under them."""
+    where the YAML allows one (auto plans them as one pipeline, and the planner still needs its
+    plan to be one pipeline of 2 nodes or more, and the schedule to pay: launcher/planning/request.py).
+    A `rebalance` the YAML sets to anything but off asks for live moves or restarts on stragglers
+    (`true` and `auto` included: written out, it is asked for), which these schedules do not run;
+    left at its default it is off under them. Pinned `compression.boundaries` keep auto on one stage
+    per node: their indices are that plan's boundaries, not a device schedule's stages'."""
     refusal = _refusal(cluster, DEVICE_SCHEDULE_NAMES[0])
     if refusal is None:
-        return None
+        return "compression.boundaries is set" if cluster.compression.boundaries else None
     if refusal.path == ("train", "rebalance"):
         return f"train.rebalance is {cluster.train.rebalance}"
     return f"{yaml_path(refusal.path)} is set"
@@ -69,7 +71,8 @@ def _refusal(cluster, schedule: str) -> FieldError | None:
     policy = cluster.compression
     codecs = {k: v for k, v in (("intra_region", policy.intra_region), ("cross_region", policy.cross_region))
               if v not in ("auto", "none")}
-    if policy.boundaries or codecs:
-        field = "boundaries" if policy.boundaries else next(iter(codecs))
-        return FieldError(("compression", field), f"a pinned codec is {what} run every boundary uncompressed)")
+    if codecs:
+        return FieldError(("compression", next(iter(codecs))), f"a codec for a class of links is {what} run "
+                                                               f"uncompressed but for compression.boundaries)")
     return None
+

@@ -52,15 +52,18 @@ def plan_devices(profile: Profile, num_microbatches: int, schedule: str, max_pip
     """The plan of `schedule` (interleaved-1f1b or zb-v) on 1F1B's chains of nodes, `max_pipelines`
     of them at most; PlanningError if the model has too few layers for v·D stages, a pipeline's
     micro-batches do not suit the schedule, or no cut fits the nodes' memory. Of `compression`
-    only the gradient sync's settings apply: every boundary runs uncompressed."""
+    the pinned `boundaries` (after stage s of each pipeline, between two nodes) and the gradient
+    sync's settings apply: every other boundary runs uncompressed."""
     started = time.perf_counter()
     placed = device_schedule_named(schedule)
     base = plan(profile, num_microbatches, "1f1b", max_pipelines=max_pipelines)
     several = len(base.pipelines) > 1
-    costs = [_cut(profile, [profile.node(s.node) for s in p.cost.stages], p.cost.num_microbatches, schedule,
+    # What applies of `compression`: the pinned boundaries (their gradients' codec), the sync's.
+    policy = NONE.model_copy(update={"boundaries": dict(compression.boundaries), "gradients": compression.gradients,
+                                     "sync": compression.sync, "sync_topology": compression.sync_topology})
+    costs = [_cut(profile, [profile.node(s.node) for s in p.cost.stages], p.cost.num_microbatches, schedule, policy,
                   f"pipeline {i} takes {p.cost.num_microbatches} of the {num_microbatches} micro-batches: "
                   if several else "") for i, p in enumerate(base.pipelines)]
-    policy = NONE.model_copy(update={"sync": compression.sync, "sync_topology": compression.sync_topology})
     sync = sync_costs(profile, costs, policy) if len(costs) > 1 else []
     step = plan_step_s(costs, sync)
     tokens = num_microbatches * profile.micro_batch_size * profile.seq_len
@@ -80,7 +83,7 @@ def plan_devices(profile: Profile, num_microbatches: int, schedule: str, max_pip
 
 
 def _cut(profile: Profile, chain: list[NodeProfile], num_microbatches: int, schedule: str,
-         share: str = "") -> PipelineCost:
+         policy: CompressionConfig = NONE, share: str = "") -> PipelineCost:
     """One pipeline of `schedule` over `chain` at its `num_microbatches`, cut by the search;
     `share` says which pipeline's micro-batches an unsuitable count is (several pipelines)."""
     placed = device_schedule_named(schedule)
@@ -94,7 +97,8 @@ def _cut(profile: Profile, chain: list[NodeProfile], num_microbatches: int, sche
         advice = "set train.num_microbatches or train.max_pipelines to suit it" if share else \
             "set train.num_microbatches to one"
         raise PlanningError(f"{share}{err} ({advice})") from None
-    search = _CutSearch(CostModel(profile, num_microbatches, "1f1b", NONE), chain, placed, actions)
+    search = _CutSearch(CostModel(profile, num_microbatches, "1f1b", policy), chain, placed, actions,
+                        policy.boundaries)
     best = None
     for start in (_even(L, S), _by_speed(search, L, S)):
         found = search.climb(start)
@@ -130,11 +134,21 @@ def check_device_priced(schedule: str, num_devices: int, cost: PipelineCost) -> 
 class _CutSearch:
     """Prices cuts (the v·D - 1 boundaries, as layer indices) of one chain under one schedule."""
 
-    def __init__(self, cm: CostModel, chain: list[NodeProfile], placed, actions):
+    def __init__(self, cm: CostModel, chain: list[NodeProfile], placed, actions, codecs: dict[int, str] | None = None):
+        """`codecs`: boundary (after stage s) -> the codec pinned on it; every other boundary none."""
         self.cm, self.chain, self.placed = cm, chain, placed
         self.D = len(chain)
         self.S = placed.num_stages(self.D)
         self.device = [placed.stage_device(s, self.D) for s in range(self.S)]
+        self.codecs = dict(codecs or {})
+        for boundary in self.codecs:
+            if not 0 <= boundary < self.S - 1:
+                raise PlanningError(f"compression.boundaries names boundary {boundary}, but {placed.title} on "
+                                    f"{self.D} nodes has boundaries 0 to {self.S - 2}")
+            if self.device[boundary] == self.device[boundary + 1]:
+                raise PlanningError(f"compression.boundaries pins boundary {boundary}, which {placed.title} keeps "
+                                    f"inside node {chain[self.device[boundary]].name} (an in-memory hand-off, "
+                                    f"no codec)")
         self.actions = actions
         self.plan = compiled(actions)
         self.in_flight = in_flight_by_device(actions)
@@ -147,15 +161,21 @@ class _CutSearch:
             a, b, node = edges[s], edges[s + 1], self.chain[self.device[s]]
             optimizer = self.cm.optimizer_s(node, a, b)
             layers = self.cm.compute_s(node, a, b) - optimizer / self.cm.M
-            link = latency = 0.0
+            link = latency = raw = codec_work = 0.0
+            codec = self.codecs.get(s, "none")
             if s < self.S - 1 and self.device[s + 1] != self.device[s]:
-                link, latency = self.cm.boundary_s(node, self.chain[self.device[s + 1]], b - 1)
+                after = self.chain[self.device[s + 1]]
+                link, latency = self.cm.boundary_s(node, after, b - 1, codec)
+                raw = self.cm.boundary_s(node, after, b - 1)[0]
+                # as CostModel.evaluate: the codec's work on the sending stage, half each way
+                codec_work = self.cm.codec_s(node, b - 1, codec, after)
             static, activation = self.cm.layer_bytes(a, b)
-            backward = 2 * layers / 3
-            i_cost, w_cost = self.cm.split_backward_s(node, a, b, s, backward, 0.0)
-            stages.append(StageCost(node.name, a, b, layers + optimizer / self.cm.M, link, latency,
+            backward = 2 * layers / 3 + codec_work / 2
+            i_cost, w_cost = self.cm.split_backward_s(node, a, b, s, backward, codec_work / 2)
+            stages.append(StageCost(node.name, a, b, layers + codec_work + optimizer / self.cm.M, link, latency,
                                     static + self.in_flight[self.device[s]] * activation, node.memory_bytes,
-                                    link_uncompressed_s=link, forward_s=layers / 3, backward_s=backward,
+                                    codec if s < self.S - 1 else "none", raw,
+                                    forward_s=layers / 3 + codec_work / 2, backward_s=backward,
                                     optimizer_s=optimizer, input_grad_s=i_cost, weight_grad_s=w_cost))
         optimizer = [sum(st.optimizer_s for j, st in enumerate(stages) if self.device[j] == d) for d in range(self.D)]
         step = simulate_compiled(self.plan, [s.forward_s for s in stages], [s.backward_s for s in stages],

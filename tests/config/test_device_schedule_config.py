@@ -18,7 +18,8 @@ def test_accepted_for_one_pipeline_or_several(schedule):
     cluster = parse_cluster(NODES + f"train: {{schedule: {schedule}, max_pipelines: 1, eval_in_bubbles: true}}\n")
     assert cluster.train.schedule == schedule
     # several pipelines, their gradient sync with a codec of its own
-    several = parse_cluster(NODES + f"train: {{schedule: {schedule}, max_pipelines: 2}}\ncompression: {{sync: int8}}\n")
+    several = parse_cluster(NODES + f"train: {{schedule: {schedule}, max_pipelines: 2}}\n"
+                                    f"compression: {{sync: int8, boundaries: {{0: int8}}}}\n")
     assert several.train.max_pipelines == 2
     assert request_for(several).max_pipelines == 2
     # defaults that would act per stage are simply off for these schedules, not errors
@@ -31,7 +32,6 @@ def test_accepted_for_one_pipeline_or_several(schedule):
     ("train: {schedule: zb-v, outer: {islands: by_region}}\n", "train.outer"),
     ("train: {schedule: interleaved-1f1b, global_batch: 32}\n", "train.global_batch"),
     ("train: {schedule: zb-v, rebalance: live}\n", "train.rebalance"),
-    ("train: {schedule: zb-v}\ncompression: {boundaries: {0: int8}}\n", "compression.boundaries"),
     ("train: {schedule: zb-v}\ncompression: {cross_region: int8}\n", "compression.cross_region"),
 ])
 def test_refused_in_one_line_naming_the_field(extra, field):

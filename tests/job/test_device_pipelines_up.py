@@ -18,13 +18,15 @@ two replicas), reordered fp32 sums about 1e-7 relative, well under 1e-5 after si
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
 import torch
 import yaml
 
-from conftest import final_parameters, hetlaunch_env, run_hetlaunch
+from conftest import final_parameters, run_hetlaunch
+from fixed_profile_cache import fixed_timings_env
 from single_process_reference import (CFG, CLIP, DATA_SEED, LR, MICRO_BATCH, MIN_LR_RATIO, NUM_MICRO, SEED, STEPS,
                                       WARMUP, WEIGHT_DECAY)
 
@@ -48,21 +50,7 @@ def _cluster(schedule: str) -> dict:
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory) -> dict[str, str]:
     """The environment of a profile cache whose one entry holds equal, fixed layer timings."""
-    root = tmp_path_factory.mktemp("cache")
-    env = hetlaunch_env(HETLAUNCH_CACHE_DIR=str(root / "cache"))
-    path = root / "profile.yaml"
-    path.write_text(yaml.safe_dump(_cluster("zb-v")))
-    measured = run_hetlaunch("profile", str(path), "-o", str(root / "profile.json"), timeout=240, env=env, cwd=root)
-    assert measured.returncode == 0, measured.stderr + measured.stdout
-    (entry,) = (root / "cache" / "profiles").glob("*.json")  # one cache key for the four nodes
-    timings = json.loads(entry.read_text())
-    layers = len(timings["layer_seconds"])
-    assert layers == CFG.n_layers + 2
-    timings.update(layer_seconds=[0.1] * layers, optimizer_seconds=[1e-4] * layers)
-    timings.pop("input_grad_seconds", None)
-    timings.pop("weight_grad_seconds", None)
-    entry.write_text(json.dumps(timings))
-    return env
+    return fixed_timings_env(tmp_path_factory.mktemp("cache"), yaml.safe_dump(_cluster("zb-v")), CFG.n_layers + 2)
 
 
 @pytest.fixture(scope="module")
@@ -117,3 +105,51 @@ def test_two_pipelines_of_a_device_schedule_equal_single_process_training(tmp_pa
     # every node synced: each holds layers of some sync group, in whichever of its stages
     summary = json.loads((run_dir / "summary.json").read_text())
     assert {entry["node"] for entry in summary["gradient_sync"]} == {"n0", "n1", "n2", "n3"}
+
+
+def _run(tmp_path, name: str, cluster: dict, env: dict | None = None) -> tuple[list[dict], dict, dict]:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cluster))
+    run_dir = tmp_path / f"run-{name}"
+    result = run_hetlaunch("up", str(path), "--run-dir", str(run_dir), timeout=400, env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr + result.stdout
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    plan = json.loads((run_dir / "summary.json").read_text())["plan"]
+    return metrics, plan, final_parameters(run_dir)
+
+
+@pytest.mark.timeout(600)
+def test_two_zb_v_pipelines_with_int8_on_a_boundary_equal_1f1b_with_the_same_codec(tmp_path, cache):
+    """`compression.boundaries: {0: int8}` names ZB-V's boundary after stage 0 (node to node) in
+    each pipeline. The reference is 1F1B with the same arithmetic: two pipelines of two micro-batches
+    each, every pipeline cut after layer 1 with int8 there (its other layers on one node: a link
+    without a codec moves the tensor as it is). int8 rounds each micro-batch's activation and
+    gradient on its own, so where the other cuts are changes nothing it computes, and with two
+    micro-batches a pipeline's gradient sum does not depend on their order. Clipping is off here:
+    its norm sums the nodes' parts, which differ between the two plans, and a last-bit change of a
+    weight can move an int8 rounding, which AdamW carries into the weights past 1e-5 (so it went
+    with clipping on against 1F1B as one pipeline: losses within 1e-5, a few weights up to 3e-5
+    apart). Per-step losses and final parameters rel <= 1e-5, and the boundary ran int8."""
+    zb_v = _cluster("zb-v")
+    zb_v["compression"]["boundaries"] = {0: "int8"}
+    zb_v["train"]["grad_clip"] = 0.0
+    metrics, plan, params = _run(tmp_path, "zb-v", zb_v, cache)
+    assert plan["pipeline_microbatches"] == [2, 2]
+    cuts = [[(s["layer_start"], s["layer_end"]) for s in plan["stages"] if s["pipeline"] == p] for p in (0, 1)]
+    assert cuts[0][0] == cuts[1][0] == (0, 2), cuts
+    assert [s["forward_codec"] for s in plan["stages"]] == ["int8", "none", "none", "none"] * 2
+    one_f_one_b = copy.deepcopy(zb_v)
+    train = one_f_one_b["train"]
+    train.update(schedule="1f1b", pipeline_microbatches=[2, 2])
+    del train["max_pipelines"]
+    for i, node in enumerate(one_f_one_b["nodes"]):
+        node.update(pipeline=i // 2, layers=[0, 2] if i % 2 == 0 else [2, CFG.n_layers + 2])
+    want, _, want_params = _run(tmp_path, "1f1b", one_f_one_b)
+    losses = [r["loss"] for r in metrics]
+    for got, ref in zip(losses, (r["loss"] for r in want), strict=True):
+        assert abs(got - ref) <= 1e-5 * abs(ref), (got, ref)
+    assert params.keys() == want_params.keys()
+    for name, value in want_params.items():
+        torch.testing.assert_close(params[name], value, rtol=1e-5, atol=1e-6, msg=name)
+    sent = [r for r in metrics[-1]["stages"] if r["stage"] == 0]
+    assert all(0 < r["sent_bytes"]["forward"][1] < 0.3 * r["sent_bytes"]["forward"][0] for r in sent), sent

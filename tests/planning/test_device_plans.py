@@ -174,3 +174,22 @@ def test_random_profiles_with_two_pipelines_plan_honestly_or_say_no_plan():
             check_device_priced("zb-v", len(dict.fromkeys(s.node for s in cost.stages)), cost)
         assert result.step_s >= max(p.cost.step_s for p in result.pipelines)
     assert plans and two  # some of them two pipelines
+
+
+def test_a_pinned_boundary_codec_is_priced_on_its_stage_and_refused_inside_a_node():
+    """compression.boundaries names the schedule's own boundaries (after stage s): int8 on ZB-V's
+    boundary 0 (node 0 to node 1) is that stage's codec, its link priced at int8's bytes and its
+    codec work on the stage; boundary 1 is inside ZB-V's second node, and boundary 3 does not exist."""
+    profile = regions_profile(per_region=2, regions=("a",), num_layers=8, layer_s=0.01, output_bytes=2**16)
+    pinned = CompressionConfig(intra_region="none", cross_region="none", sync="none", boundaries={0: "int8"})
+    result = plan_for(profile, replace(_request("zb-v"), compression=pinned))
+    stages = result.pipelines[0].cost.stages
+    assert [s.codec for s in stages] == ["int8", "none", "none", "none"]
+    assert 0 < stages[0].link_s < stages[0].link_uncompressed_s
+    assert stages[2].link_s == stages[2].link_uncompressed_s > 0  # the other boundary between nodes: none
+    check_device_priced("zb-v", 2, result.pipelines[0].cost)
+    assert result.compression.boundaries == {0: "int8"}  # carried to the plan: its links run int8
+    for boundary, why in ((1, "inside node"), (3, "has boundaries 0 to 2")):
+        codec = pinned.model_copy(update={"boundaries": {boundary: "int8"}})
+        with pytest.raises(PlanningError, match=why):
+            plan_for(profile, replace(_request("zb-v"), compression=codec))
