@@ -10,8 +10,9 @@ executor's order obeys (runtime/simulation.py `simulate_devices`):
   thirds (the I and W halves as the node measured them, else halved), as CostModel.evaluate
   prices a one-stage-per-node pipeline; a node's optimizer step is its stages' sum, once;
 * a boundary between two nodes costs what the profiled link takes for the activation after its
-  last layer, uncompressed (these plans use no codec); one inside a node costs nothing (an
-  in-memory hand-off, runtime/local_link.py);
+  last layer, uncompressed unless `compression.boundaries` pins a codec on it (then at the codec's
+  bytes, its work on the sending stage, as CostModel.evaluate prices one); one inside a node costs
+  nothing (an in-memory hand-off, runtime/local_link.py);
 * a node holds its stages' parameters, gradients and AdamW state, and for activations the most
   micro-batch stages its action list holds at once times each stage's activation: an upper bound,
   which must fit the node's memory.
@@ -24,7 +25,7 @@ and micro-batches returned (`check_device_priced`).
 Several pipelines (`max_pipelines` above 1): 1F1B's plan with that many pipelines at most chooses
 them (their chains of nodes and their shares of the micro-batches); each is cut as above for its
 own share, and their gradient sync is priced by launcher/planning/sync_cost.py over those cuts
-(codecs as `compression.sync` allows; boundaries stay uncompressed). The plan's step is the later of
+(codecs as `compression.sync` allows). The plan's step is the later of
 the slowest pipeline's simulated step and the last sync group's end. That sync term keeps 1F1B's
 overlap model (a group ready during its stage's last backward); the device worker starts the sync
 of a node's other stages at its last action, so where sync is exposed the step can run later
@@ -52,15 +53,17 @@ def plan_devices(profile: Profile, num_microbatches: int, schedule: str, max_pip
     """The plan of `schedule` (interleaved-1f1b or zb-v) on 1F1B's chains of nodes, `max_pipelines`
     of them at most; PlanningError if the model has too few layers for v·D stages, a pipeline's
     micro-batches do not suit the schedule, or no cut fits the nodes' memory. Of `compression`
-    the pinned `boundaries` (after stage s of each pipeline, between two nodes) and the gradient
-    sync's settings apply: every other boundary runs uncompressed."""
+    the pinned `boundaries` (after stage s of each pipeline, between two nodes; their gradients
+    take the same codec) and the gradient sync's settings apply: every other boundary runs
+    uncompressed."""
     started = time.perf_counter()
     placed = device_schedule_named(schedule)
     base = plan(profile, num_microbatches, "1f1b", max_pipelines=max_pipelines)
     several = len(base.pipelines) > 1
-    # What applies of `compression`: the pinned boundaries (their gradients' codec), the sync's.
-    policy = NONE.model_copy(update={"boundaries": dict(compression.boundaries), "gradients": compression.gradients,
-                                     "sync": compression.sync, "sync_topology": compression.sync_topology})
+    # What applies of `compression`: the pinned boundaries (their gradients take the same codec:
+    # `gradients` would put a codec on every boundary, which these plans leave uncompressed) and the sync's.
+    policy = NONE.model_copy(update={"boundaries": dict(compression.boundaries), "sync": compression.sync,
+                                     "sync_topology": compression.sync_topology})
     costs = [_cut(profile, [profile.node(s.node) for s in p.cost.stages], p.cost.num_microbatches, schedule, policy,
                   f"pipeline {i} takes {p.cost.num_microbatches} of the {num_microbatches} micro-batches: "
                   if several else "") for i, p in enumerate(base.pipelines)]
@@ -167,8 +170,9 @@ class _CutSearch:
                 after = self.chain[self.device[s + 1]]
                 link, latency = self.cm.boundary_s(node, after, b - 1, codec)
                 raw = self.cm.boundary_s(node, after, b - 1)[0]
-                # as CostModel.evaluate: the codec's work on the sending stage, half each way
-                codec_work = self.cm.codec_s(node, b - 1, codec, after)
+                # as CostModel.evaluate: the codec's work on the sending stage, half each way (an
+                # uncompressed boundary's sealing is left unpriced here, as these plans always did)
+                codec_work = self.cm.codec_s(node, b - 1, codec, after) if codec != "none" else 0.0
             static, activation = self.cm.layer_bytes(a, b)
             backward = 2 * layers / 3 + codec_work / 2
             i_cost, w_cost = self.cm.split_backward_s(node, a, b, s, backward, codec_work / 2)
