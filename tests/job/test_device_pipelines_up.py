@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import copy
 import json
+import signal
 
 import pytest
 import torch
 import yaml
 
 from conftest import final_parameters, run_hetlaunch
+from fault_run import agent_process, events as fault_events, run_and_hurt
 from fixed_profile_cache import fixed_timings_env
 from single_process_reference import (CFG, CLIP, DATA_SEED, LR, MICRO_BATCH, MIN_LR_RATIO, NUM_MICRO, SEED, STEPS,
                                       WARMUP, WEIGHT_DECAY)
@@ -153,3 +155,41 @@ def test_two_zb_v_pipelines_with_int8_on_a_boundary_equal_1f1b_with_the_same_cod
         torch.testing.assert_close(params[name], value, rtol=1e-5, atol=1e-6, msg=name)
     sent = [r for r in metrics[-1]["stages"] if r["stage"] == 0]
     assert all(0 < r["sent_bytes"]["forward"][1] < 0.3 * r["sent_bytes"]["forward"][0] for r in sent), sent
+
+
+@pytest.mark.timeout(600)
+def test_a_lost_node_of_two_zb_v_pipelines_resumes_from_the_checkpoint_on_a_new_plan(tmp_path, cache, reference,
+                                                                                   monkeypatch):
+    """A node of pipeline 1 is killed once step 3 is logged: the job re-plans ZB-V (max_pipelines
+    2) on the three nodes left, resumes from the newest checkpoint (these workers write no replica
+    snapshots), and logs every step once, each the single-process loss."""
+    monkeypatch.setenv("HETLAUNCH_CACHE_DIR", cache["HETLAUNCH_CACHE_DIR"])  # run_and_hurt's `up` reads os.environ
+    cluster = _cluster("zb-v")
+    cluster["train"]["checkpoint_every"] = 2
+    cluster["coordinator"].update(heartbeat_interval_s=0.5, heartbeat_timeout_s=10)
+    # From step 3 on the nodes run at a tenth of their speed (a sleep), so the kill lands before the
+    # last step whatever this machine's load; the profile cache's key is the speed before any change.
+    for node in cluster["nodes"]:
+        node["emulate"] = {"speed_changes": [{"at_step": 3, "speed": 0.1}]}
+    victim = {}
+
+    def kill_a_node_of_pipeline_1() -> None:
+        plan = next(e for e in fault_events(tmp_path / "run") if e["event"] == "generation")["plan"]
+        victim["node"] = [s["node"] for s in plan["stages"] if s["pipeline"] == 1][1]  # its stage 1's node
+        agent_process(victim["node"]).send_signal(signal.SIGKILL)
+    run_dir, rc, output, _ = run_and_hurt(tmp_path, yaml.safe_dump(cluster), kill_a_node_of_pipeline_1, at_step=3,
+                                          timeout=300)
+    assert rc == 0, output
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(STEPS)), "a step is missing or logged twice"
+    events = fault_events(run_dir)
+    assert [e["node"] for e in events if e["event"] == "lost"] == [victim["node"]]
+    generations = [e for e in events if e["event"] == "generation"]
+    assert len(generations) == 2 and generations[1]["plan"]["schedule"] == "zb-v"
+    assert victim["node"] not in {s["node"] for s in generations[1]["plan"]["stages"]}
+    # from the newest checkpoint (step 2 or 4: the steps are quick, step 4's may be written by then)
+    (restore,) = [e for e in events if e["event"] == "restore"]
+    assert restore["source"] == "file" and restore["step"] in (2, 4), restore
+    ref_losses, _ = reference
+    for got, want in zip((r["loss"] for r in records), ref_losses, strict=True):
+        assert abs(got - want) <= 1e-5 * abs(want), (got, want)
