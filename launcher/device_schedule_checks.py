@@ -8,7 +8,8 @@ failing mid-run: islands (`outer`), pinned `layers:`, `window:` and `pipeline:` 
 v·D stages itself), a global batch, live moves and restarts on a straggler (`rebalance`, which
 re-cut one stage per node), and codecs for a class of links (`intra_region`, `cross_region`):
 every boundary runs uncompressed except those `compression.boundaries` pins, by the index of the
-schedule's own stages (boundary s after stage s, of each pipeline), and the gradient sync's
+schedule's own stages (boundary s after stage s, of each pipeline; its gradients in the same codec,
+so `compression.gradients` other than `same` is refused), and the gradient sync's
 `compression.sync` applies. Left at its default, `rebalance` is off for these schedules;
 evaluation runs after the step (never in its bubbles); trace.json has one track per node.
 
@@ -74,5 +75,8 @@ def _refusal(cluster, schedule: str) -> FieldError | None:
     if codecs:
         return FieldError(("compression", next(iter(codecs))), f"a codec for a class of links is {what} run "
                                                                f"uncompressed but for compression.boundaries)")
+    if policy.gradients != "same":
+        return FieldError(("compression", "gradients"), f"{policy.gradients} is {what}: a pinned boundary's "
+                                                        f"gradients take its activations' codec; use same)")
     return None
 

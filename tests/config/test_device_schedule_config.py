@@ -33,6 +33,8 @@ def test_accepted_for_one_pipeline_or_several(schedule):
     ("train: {schedule: interleaved-1f1b, global_batch: 32}\n", "train.global_batch"),
     ("train: {schedule: zb-v, rebalance: live}\n", "train.rebalance"),
     ("train: {schedule: zb-v}\ncompression: {cross_region: int8}\n", "compression.cross_region"),
+    ("train: {schedule: interleaved-1f1b}\ncompression: {boundaries: {0: int8}, gradients: fp16}\n",
+     "compression.gradients"),
 ])
 def test_refused_in_one_line_naming_the_field(extra, field):
     message = error_of(NODES + extra)
