@@ -80,6 +80,7 @@ class _Bucket:
     started_at: torch.Tensor | None = None  # emulated links only: the last holder's launch time
     tiered: HierarchicalBucket | None = None  # a hierarchical group's step in progress
     sealed: SealedGather | None = None  # data_plane.encrypt: exchanged sealed at finish
+    armed: bool = False  # its gradients are final as they land (GradientSync.arm)
 
 
 def sync_group_plans(dp: pb.DataParallel) -> list[SyncGroupPlan]:
@@ -166,17 +167,25 @@ class GradientSync:
             for param in bucket.params:
                 param.register_post_accumulate_grad_hook(self._hook(bucket))
 
-    def arm(self) -> None:
-        """The next backward is the step's last one: its gradients are final as they land."""
-        self._armed = True
-        self._launched = []
-        self.stats = SyncStats()
+    def arm(self, params: set[int] | None = None) -> None:
+        """The next backward is the step's last one: its gradients are final as they land. With
+        `params` (ids), only for the buckets made of those parameters: a rank running several
+        stages arms each stage's buckets before that stage's last weight gradients, so a stage that
+        finishes early syncs while the others compute (a sync group lies inside one stage)."""
+        if not self._armed:  # the step's first arming
+            self._armed = True
+            self._launched = []
+            self.stats = SyncStats()
+            for bucket in self.buckets:
+                bucket.pending = len(bucket.params)
+                bucket.armed = False
         for bucket in self.buckets:
-            bucket.pending = len(bucket.params)
+            if params is None or all(id(p) in params for p in bucket.params):
+                bucket.armed = True
 
     def _hook(self, bucket: _Bucket):
         def ready(_param: nn.Parameter) -> None:
-            if not self._armed:
+            if not bucket.armed:
                 return
             bucket.pending -= 1
             if bucket.pending == 0:
@@ -282,6 +291,8 @@ class GradientSync:
                     param.grad.copy_(piece)
                 offset += n
         self._armed = False
+        for bucket in self.buckets:
+            bucket.armed = False
         self.stats.blocked_s = time.perf_counter() - start
         return self.stats
 

@@ -25,11 +25,12 @@ and micro-batches returned (`check_device_priced`).
 Several pipelines (`max_pipelines` above 1): 1F1B's plan with that many pipelines at most chooses
 them (their chains of nodes and their shares of the micro-batches); each is cut as above for its
 own share, and their gradient sync is priced by launcher/planning/sync_cost.py over those cuts
-(codecs as `compression.sync` allows). The plan's step is the later of
-the slowest pipeline's simulated step and the last sync group's end. That sync term keeps 1F1B's
-overlap model (a group ready during its stage's last backward); the device worker starts the sync
-of a node's other stages at its last action, so where sync is exposed the step can run later
-than priced.
+(codecs as `compression.sync` allows). The plan's step is the later of the slowest pipeline's
+simulated step and the last sync group's end. That sync term keeps 1F1B's overlap model: a group
+is ready during its stage's last backward, dated by the drain of a pipeline of one stage per node
+(sync_cost.py `_drains`), not by the device schedule's simulated order. The worker does start a
+stage's sync at that stage's last backward or weight gradient (runtime/executor.py), but where the
+sync is exposed its end is an estimate, not the simulation.
 """
 
 from __future__ import annotations
