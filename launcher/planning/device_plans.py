@@ -73,9 +73,10 @@ def plan_devices(profile: Profile, num_microbatches: int, schedule: str, max_pip
     tokens = num_microbatches * profile.micro_batch_size * profile.seq_len
     regions = {n.name: n.region for n in profile.nodes}
     counts = [len({s.node for s in c.stages}) for c in costs]
-    where = " and ".join(f"{placed.num_stages(d)} stages on {d} nodes" for d in counts)
+    on = {d: f"{placed.num_stages(d)} stages on {d} node{'s' if d != 1 else ''}" for d in counts}
+    where = " and ".join(on[d] for d in counts)
     if len(counts) > 1 and len(set(counts)) == 1:
-        where = f"{len(counts)} pipelines, each {placed.num_stages(counts[0])} stages on {counts[0]} nodes"
+        where = f"{len(counts)} pipelines, each {on[counts[0]]}"
     return PlannerResult(pipelines=[PlannedPipeline(c, tuple(regions[s.node] for s in c.stages)) for c in costs],
                          step_s=step, tokens_per_s=tokens / step, excluded=dict(base.excluded),
                          method=f"{base.method} (1F1B's nodes), "
