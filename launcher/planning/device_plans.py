@@ -25,12 +25,11 @@ and micro-batches returned (`check_device_priced`).
 Several pipelines (`max_pipelines` above 1): 1F1B's plan with that many pipelines at most chooses
 them (their chains of nodes and their shares of the micro-batches); each is cut as above for its
 own share, and their gradient sync is priced by launcher/planning/sync_cost.py over those cuts
-(codecs as `compression.sync` allows). The plan's step is the later of the slowest pipeline's
-simulated step and the last sync group's end. That sync term keeps 1F1B's overlap model: a group
-is ready during its stage's last backward, dated by the drain of a pipeline of one stage per node
-(sync_cost.py `_drains`), not by the device schedule's simulated order. The worker does start a
-stage's sync at that stage's last backward or weight gradient (runtime/executor.py), but where the
-sync is exposed its end is an estimate, not the simulation.
+(codecs as `compression.sync` allows). A group is ready when, in each holder pipeline's
+simulated step, the stage holding it has ended its last backward or weight gradient (where the
+worker starts that stage's sync, runtime/executor.py); its reduction is priced from there by
+sync_cost.py's closed form, with no overlap credited inside that last action. The plan's step is
+the later of the slowest pipeline's simulated step and the last sync group's end.
 """
 
 from __future__ import annotations
@@ -39,13 +38,18 @@ import time
 
 from hetlaunch.launcher.planning.compression import NONE, CompressionConfig
 from hetlaunch.launcher.planning.cost_model import CostModel, PipelineCost, StageCost, split_costs
-from hetlaunch.launcher.planning.planner import SYNC_PRICING, PlanInvariantError, PlannedPipeline, PlannerResult, plan
+from hetlaunch.launcher.planning.planner import PlanInvariantError, PlannedPipeline, PlannerResult, plan
 from hetlaunch.launcher.planning.planning_error import PlanningError
 from hetlaunch.launcher.planning.profile_file import NodeProfile, Profile
 from hetlaunch.launcher.planning.sync_cost import plan_step_s, sync_costs
-from hetlaunch.runtime.schedules import (compiled, device_schedule_named, in_flight_by_device, simulate_compiled,
-                                         simulate_devices)
+from hetlaunch.runtime.schedules import (B, W, compiled, device_schedule_named, in_flight_by_device,
+                                         simulate_compiled, simulate_devices, simulated_timeline)
 
+# What a several-pipeline device plan's step is made of, said wherever the plan is shown.
+SYNC_PRICING = ("each pipeline's step by event simulation of its device schedule; the gradient sync by the closed "
+                "form of launcher/planning/sync_cost.py from when every holder's stage has ended its last backward "
+                "or weight gradient in that simulation (links shared in ready order); the plan's step is the later "
+                "of the two")
 MAX_SEARCH_ROUNDS = 10_000  # boundary moves; each lowers the step, so the climb ends long before on real models
 
 
@@ -68,7 +72,10 @@ def plan_devices(profile: Profile, num_microbatches: int, schedule: str, max_pip
     costs = [_cut(profile, [profile.node(s.node) for s in p.cost.stages], p.cost.num_microbatches, schedule, policy,
                   f"pipeline {i} takes {p.cost.num_microbatches} of the {num_microbatches} micro-batches: "
                   if several else "") for i, p in enumerate(base.pipelines)]
-    sync = sync_costs(profile, costs, policy) if len(costs) > 1 else []
+    sync = []
+    if len(costs) > 1:
+        done = [_weights_final(schedule, c) for c in costs]
+        sync = sync_costs(profile, costs, policy, ready=lambda g: max(done[p][j] for p, j in g.holders))
     step = plan_step_s(costs, sync)
     tokens = num_microbatches * profile.micro_batch_size * profile.seq_len
     regions = {n.name: n.region for n in profile.nodes}
@@ -115,6 +122,23 @@ def _cut(profile: Profile, chain: list[NodeProfile], num_microbatches: int, sche
     cost = search.cost(best[1])
     check_device_priced(schedule, D, cost)
     return cost
+
+
+def _weights_final(schedule: str, cost: PipelineCost) -> list[float]:
+    """When each stage's last backward or weight gradient ends in the pipeline's simulated step
+    (from its start): the worker starts that stage's gradient sync there (runtime/executor.py)."""
+    placed = device_schedule_named(schedule)
+    stages = cost.stages
+    D = len({s.node for s in stages})
+    timeline = simulated_timeline(placed.actions(D, cost.num_microbatches), [s.forward_s for s in stages],
+                                  [s.backward_s for s in stages], [s.link_s for s in stages[:-1]],
+                                  [s.latency_s for s in stages[:-1]], *split_costs(stages))
+    done = [0.0] * len(stages)
+    for actions in timeline:
+        for action, _, end in actions:
+            if action.kind in (B, W):
+                done[action.stage_index] = max(done[action.stage_index], end)
+    return done
 
 
 def check_device_priced(schedule: str, num_devices: int, cost: PipelineCost) -> None:

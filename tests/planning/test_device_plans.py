@@ -13,7 +13,7 @@ from plan_reference import random_profile, regions_profile
 
 from hetlaunch.launcher.planning.compression import CompressionConfig
 from hetlaunch.launcher.planning.cost_model import CostModel, split_costs
-from hetlaunch.launcher.planning.device_plans import _CutSearch, check_device_priced
+from hetlaunch.launcher.planning.device_plans import _CutSearch, _weights_final, check_device_priced
 from hetlaunch.launcher.planning.planner import PlanInvariantError
 from hetlaunch.launcher.planning.planning_error import PlanningError
 from hetlaunch.launcher.planning.profile_edits import scaled
@@ -151,6 +151,19 @@ def test_two_pipelines_each_cut_for_its_share_and_priced_with_their_sync(schedul
     assert result.sync and [(g.layer_start, g.layer_end) for g in result.sync] == [(0, 2), (2, 4), (4, 6), (6, 8)]
     assert all(g.nodes[0] in chains[0] and g.nodes[1] in chains[1] for g in result.sync)
     assert result.step_s == max([p.cost.step_s for p in result.pipelines] + [g.end_s for g in result.sync])
+    # a group's sync starts when its holders' stages have ended their last backward or weight
+    # gradient in their pipelines' simulated steps, and takes its whole reduction from there
+    done = [_weights_final(schedule, p.cost) for p in result.pipelines]
+    for g in result.sync:
+        holders = [next(j for j, s in enumerate(p.cost.stages) if s.layer_start <= g.layer_start < s.layer_end)
+                   for p in result.pipelines]
+        ready = max(done[p][j] for p, j in enumerate(holders))
+        assert g.allreduce_s > 0 and g.end_s >= ready + g.allreduce_s * (1 - 1e-12), g
+    first = min(result.sync, key=lambda g: g.end_s)  # nothing ahead of it on its links
+    holders = [next(j for j, s in enumerate(p.cost.stages) if s.layer_start <= first.layer_start < s.layer_end)
+               for p in result.pipelines]
+    assert first.end_s == pytest.approx(max(done[p][j] for p, j in enumerate(holders)) + first.allreduce_s, rel=1e-12)
+    assert "last backward or weight gradient" in result.sync_pricing
     assert result.schedule_choice.startswith(f"{placed.title}: 2 pipelines, each 4 stages on 2 nodes")
     # max_pipelines 1 (and auto) plans one pipeline, as before
     assert len(plan_for(profile, _request(schedule)).pipelines) == 1
