@@ -14,6 +14,9 @@ Why 1e-5: every layer computes the same fp32 arithmetic as in one process; what 
 order in which a parameter's gradient sums its micro-batches (each pipeline's two, then the
 pipelines' sums added by the sync) and the clipping norm's sum (over the nodes' parts, halved for
 two replicas), reordered fp32 sums about 1e-7 relative, well under 1e-5 after six AdamW steps.
+
+Also here: int8 pinned on a boundary of both schedules against 1F1B with the same codec at the
+same layer, and a lost node of two ZB-V pipelines re-planned and resumed from the checkpoint.
 """
 
 from __future__ import annotations
@@ -121,9 +124,10 @@ def _run(tmp_path, name: str, cluster: dict, env: dict | None = None) -> tuple[l
 
 
 @pytest.mark.timeout(600)
-def test_two_zb_v_pipelines_with_int8_on_a_boundary_equal_1f1b_with_the_same_codec(tmp_path, cache):
-    """`compression.boundaries: {0: int8}` names ZB-V's boundary after stage 0 (node to node) in
-    each pipeline. The reference is 1F1B with the same arithmetic: two pipelines of two micro-batches
+@pytest.mark.parametrize("schedule", ["zb-v", "interleaved-1f1b"])
+def test_two_pipelines_with_int8_on_a_boundary_equal_1f1b_with_the_same_codec(tmp_path, cache, schedule):
+    """`compression.boundaries: {0: int8}` names the schedule's boundary after stage 0 (node to
+    node) in each pipeline. The reference is 1F1B with the same arithmetic: two pipelines of two micro-batches
     each, every pipeline cut after layer 1 with int8 there (its other layers on one node: a link
     without a codec moves the tensor as it is). int8 rounds each micro-batch's activation and
     gradient on its own, so where the other cuts are changes nothing it computes, and with two
@@ -132,15 +136,15 @@ def test_two_zb_v_pipelines_with_int8_on_a_boundary_equal_1f1b_with_the_same_cod
     weight can move an int8 rounding, which AdamW carries into the weights past 1e-5 (so it went
     with clipping on against 1F1B as one pipeline: losses within 1e-5, a few weights up to 3e-5
     apart). Per-step losses and final parameters rel <= 1e-5, and the boundary ran int8."""
-    zb_v = _cluster("zb-v")
-    zb_v["compression"]["boundaries"] = {0: "int8"}
-    zb_v["train"]["grad_clip"] = 0.0
-    metrics, plan, params = _run(tmp_path, "zb-v", zb_v, cache)
+    device = _cluster(schedule)
+    device["compression"]["boundaries"] = {0: "int8"}
+    device["train"]["grad_clip"] = 0.0
+    metrics, plan, params = _run(tmp_path, schedule, device, cache)
     assert plan["pipeline_microbatches"] == [2, 2]
     cuts = [[(s["layer_start"], s["layer_end"]) for s in plan["stages"] if s["pipeline"] == p] for p in (0, 1)]
     assert cuts[0][0] == cuts[1][0] == (0, 2), cuts
     assert [s["forward_codec"] for s in plan["stages"]] == ["int8", "none", "none", "none"] * 2
-    one_f_one_b = copy.deepcopy(zb_v)
+    one_f_one_b = copy.deepcopy(device)
     train = one_f_one_b["train"]
     train.update(schedule="1f1b", pipeline_microbatches=[2, 2])
     del train["max_pipelines"]
