@@ -1,13 +1,17 @@
 """What `train.schedule: interleaved-1f1b` and `zb-v` (several stages per node) run with, checked
 once in the YAML: each refusal is one line naming the field.
 
-These schedules run one pipeline whose nodes each hold several stages (runtime/device_schedules.py).
+These schedules run pipelines whose nodes each hold several stages (runtime/device_schedules.py):
+one, or with a `max_pipelines` number up to that many, synced every step (`auto` is one here).
 What is keyed by one stage per node is not lifted for them yet, so it is refused here rather than
-failing mid-run: several pipelines (their gradient sync and islands), pinned `layers:` and
-`window:` (the planner cuts v·D stages itself), a pinned global batch split, live moves and
-restarts on a straggler (`rebalance`, which re-cut one stage per node), and pinned codecs (every
-boundary runs uncompressed; `auto` plans none). Left at its default, `rebalance` is off for these
-schedules; evaluation runs after the step (never in its bubbles); trace.json has one track per node.
+failing mid-run: islands (`outer`), pinned `layers:`, `window:` and `pipeline:` (the planner cuts
+v·D stages itself), a global batch, live moves and restarts on a straggler (`rebalance`, which
+re-cut one stage per node), and codecs for a class of links (`intra_region`, `cross_region`):
+every boundary runs uncompressed except those `compression.boundaries` pins, by the index of the
+schedule's own stages (boundary s after stage s, of each pipeline; its gradients in the same codec,
+so `compression.gradients` other than `same` is refused), and the gradient sync's
+`compression.sync` applies. Left at its default, `rebalance` is off for these schedules;
+evaluation runs after the step (never in its bubbles); trace.json has one track per node.
 
 `schedule: auto` may choose one of them where the same settings allow it (`auto_refusal`), except
 that a rebalance left at its default is not a refusal there: it is off under the schedule chosen.
@@ -36,30 +40,28 @@ def check_device_schedule(cluster) -> None:
 
 def auto_refusal(cluster) -> str | None:
     """Why `schedule: auto` may not pick a device schedule for `cluster`, in a few words; None
-    where the YAML allows one (the planner still needs its plan to be one pipeline of 2 nodes or
-    more, and the schedule to pay: launcher/planning/request.py). A `rebalance` the YAML sets to
-    anything but off asks for live moves or restarts on stragglers (`true` and `auto` included:
-    written out, it is asked for), which these schedules do not run; left at its default it is off
-    under them."""
-    refusal = _refusal(cluster, DEVICE_SCHEDULE_NAMES[0], pinned=False)
+    where the YAML allows one (auto plans them as one pipeline, and the planner still needs its
+    plan to be one pipeline of 2 nodes or more, and the schedule to pay: launcher/planning/request.py).
+    A `rebalance` the YAML sets to anything but off asks for live moves or restarts on stragglers
+    (`true` and `auto` included: written out, it is asked for), which these schedules do not run;
+    left at its default it is off under them. Pinned `compression.boundaries` keep auto on one stage
+    per node: their indices are that plan's boundaries, not a device schedule's stages'."""
+    refusal = _refusal(cluster, DEVICE_SCHEDULE_NAMES[0])
     if refusal is None:
-        return None
+        return "compression.boundaries is set" if cluster.compression.boundaries else None
     if refusal.path == ("train", "rebalance"):
         return f"train.rebalance is {cluster.train.rebalance}"
     return f"{yaml_path(refusal.path)} is set"
 
 
-def _refusal(cluster, schedule: str, pinned: bool = True) -> FieldError | None:
-    """The first of `cluster`'s settings `schedule` (several stages per node) cannot run with.
-    `pinned` False (auto's question): a max_pipelines above 1 allows the one pipeline auto needs."""
+def _refusal(cluster, schedule: str) -> FieldError | None:
+    """The first of `cluster`'s settings `schedule` (several stages per node) cannot run with."""
     train = cluster.train
-    what = f"not supported with train.schedule: {schedule} (several stages per node run one pipeline"
-    if pinned and isinstance(train.max_pipelines, int) and train.max_pipelines > 1:
-        return FieldError(("train", "max_pipelines"), f"{train.max_pipelines} is {what}; use 1)")
+    what = f"not supported with train.schedule: {schedule} (several stages per node"
     if train.outer is not None:
-        return FieldError(("train", "outer"), f"islands are {what})")
+        return FieldError(("train", "outer"), f"islands are {what} sync every pipeline every step)")
     if train.global_batch is not None:
-        return FieldError(("train", "global_batch"), f"is {what} at train.num_microbatches; give that instead)")
+        return FieldError(("train", "global_batch"), f"is {what} plan at train.num_microbatches; give that instead)")
     for i, node in enumerate(cluster.nodes):
         for key in ("layers", "window", "pipeline"):
             if getattr(node, key) is not None:
@@ -70,7 +72,11 @@ def _refusal(cluster, schedule: str, pinned: bool = True) -> FieldError | None:
     policy = cluster.compression
     codecs = {k: v for k, v in (("intra_region", policy.intra_region), ("cross_region", policy.cross_region))
               if v not in ("auto", "none")}
-    if policy.boundaries or codecs:
-        field = "boundaries" if policy.boundaries else next(iter(codecs))
-        return FieldError(("compression", field), f"a pinned codec is {what} with every boundary uncompressed)")
+    if codecs:
+        return FieldError(("compression", next(iter(codecs))), f"a codec for a class of links is {what} run "
+                                                               f"uncompressed but for compression.boundaries)")
+    if policy.gradients != "same":
+        return FieldError(("compression", "gradients"), f"{policy.gradients} is {what}: a pinned boundary's "
+                                                        f"gradients take its activations' codec; use same)")
     return None
+

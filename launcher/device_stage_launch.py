@@ -1,11 +1,17 @@
 """The RunStage commands of a generation whose nodes each run several stages (interleaved 1F1B,
 ZB-V): one command per node, carrying all its stages as StageSpec.parts.
 
-A node's agent runs one stage worker, which is one data-plane rank: ranks are the nodes' positions
-in the pipeline (planning/topology.py `device_rank`), not one per stage. Each part's links name
-the rank of the node holding the neighbouring stage, which is the node's own rank where that stage
-is on the same node (the worker hands the activation over in memory, runtime/local_link.py). The
-checkpoint writers are every stage (one part per stage, planning/topology.py checkpoint_writers).
+A node's agent runs one stage worker, which is one data-plane rank: ranks are the nodes in the
+order they first appear, pipeline after pipeline (planning/topology.py `device_rank`), not one per
+stage. Each part's links name the rank of the node holding the neighbouring stage, which is the
+node's own rank where that stage is on the same node (the worker hands the activation over in
+memory, runtime/local_link.py). The checkpoint writers are pipeline 0's stages (one part per
+stage, planning/topology.py checkpoint_writers).
+
+Several pipelines: each node serves one, and every command carries RunStage.data_parallel as with
+one stage per node (launcher/stage_launch.py `data_parallel`), except that a pipeline's size is its
+node count and a sync group's ranks are its holders' nodes: a node syncs every layer it holds in
+whichever of its stages (runtime/device_stage_command.py).
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from hetlaunch.launcher.checkpoint_book import Restore
 from hetlaunch.launcher.planning.plan import Plan
 from hetlaunch.launcher.planning.topology import Placement, Topology, device_rank
 from hetlaunch.launcher.session import ClusterSession
-from hetlaunch.launcher.stage_launch import _link_spec, watchdog_bounds
+from hetlaunch.launcher.stage_launch import _group_spec, _link_spec, watchdog_bounds
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.runtime.wire import model_spec_to_proto, schedule_wire_id
 
@@ -26,8 +32,10 @@ def launch_devices(session: ClusterSession, plan: Plan, spec, restore: Restore, 
     """Push every node its RunStage with all its stages, on a fresh data-plane generation."""
     cluster, t, d = session.cluster, session.cluster.train, session.cluster.data
     topology = Topology.of(plan)
-    (stages,) = topology.pipelines  # one pipeline (launcher/device_schedule_checks.py)
     nodes = topology.nodes
+    chains = [tuple(dict.fromkeys(q.node for q in stages)) for stages in topology.pipelines]
+    if sum(len(chain) for chain in chains) != len(nodes):
+        raise ValueError(f"{plan.schedule} runs each node in one pipeline; the plan puts a node in several")
     backend = session.backend_for(list(nodes))
     data = pb.DataSpec(path=str(Path(d.path).resolve()) if d.path else "", seed=d.seed, format=d.format, dtype=d.dtype,
                        eval_fraction=d.eval_fraction)
@@ -43,18 +51,40 @@ def launch_devices(session: ClusterSession, plan: Plan, spec, restore: Restore, 
                          link_rounding=t.link_rounding, trace_every=cluster.observe.trace_every,
                          **watchdog_bounds(t.watchdog_s, plan.predicted_step_s))
     session.begin_generation()
-    layout = [pb.StagePlace(rank=device_rank(plan, q.node), pipeline=0, layer_start=q.layer_start,
+    layout = [pb.StagePlace(rank=device_rank(plan, q.node), pipeline=q.pipeline, layer_start=q.layer_start,
                             layer_end=q.layer_end, region=getattr(q.source, "region", "") or "", node=q.node)
-              for q in stages]
-    for position, name in enumerate(nodes):
-        command = pb.RunStage(model=model, data=data, train=train, stage=_node_spec(session, plan, stages, name,
-                                                                                     position, boundary_bytes),
-                              rendezvous=session.rendezvous(position, len(nodes), backend, name), layout=layout)
-        command.train.upload_parts = cluster.node(name).launch != "local" and not cluster.checkpoint.dir
-        if restore.directory is not None:
-            command.restore.checkpoint_dir = str(restore.directory)
-        session.state.send(name, pb.Command(run_stage=command))
+              for q in topology.placements]
+    shared = _data_parallel(cluster, plan, chains) if len(chains) > 1 else None
+    offset = 0
+    for p, (stages, chain, share) in enumerate(zip(topology.pipelines, chains, plan.pipeline_microbatches)):
+        for position, name in enumerate(chain):
+            command = pb.RunStage(model=model, data=data, train=train,
+                                  stage=_node_spec(session, plan, stages, name, position, boundary_bytes),
+                                  rendezvous=session.rendezvous(device_rank(plan, name), len(nodes), backend, name),
+                                  layout=layout)
+            command.train.num_microbatches = share
+            command.train.save_part = p == 0  # pipeline 0's stages hold every layer once
+            command.train.upload_parts = cluster.node(name).launch != "local" and not cluster.checkpoint.dir
+            if restore.directory is not None:
+                command.restore.checkpoint_dir = str(restore.directory)
+            if shared is not None:
+                command.data_parallel.CopyFrom(shared)
+                command.data_parallel.pipeline_index = p
+                command.data_parallel.microbatch_offset = offset
+            session.state.send(name, pb.Command(run_stage=command))
+        offset += share
     return topology.checkpoint_writers()
+
+
+def _data_parallel(cluster, plan: Plan, chains: list[tuple[str, ...]]) -> pb.DataParallel:
+    """What every node of a several-pipeline plan shares: the global batch, each pipeline's node
+    count (its ranks, for its barrier) and share, and the sync groups with their holders' ranks."""
+    message = pb.DataParallel(global_microbatches=plan.num_microbatches,
+                              pipeline_sizes=[len(chain) for chain in chains],
+                              pipeline_microbatches=list(plan.pipeline_microbatches))
+    for group in plan.sync_plans():
+        message.sync_groups.append(_group_spec(cluster, None, group, rank_of=lambda node: device_rank(plan, node)))
+    return message
 
 
 def _node_spec(session: ClusterSession, plan: Plan, stages: tuple[Placement, ...], name: str, position: int,
@@ -62,6 +92,7 @@ def _node_spec(session: ClusterSession, plan: Plan, stages: tuple[Placement, ...
     """The node's StageSpec: its device, threads and emulation once, and one part per stage it holds."""
     cluster, node = session.cluster, session.cluster.node(name)
     mine = [q for q in stages if q.node == name]
+    num_devices = len({q.node for q in stages})
     spec = pb.StageSpec(stage_index=mine[0].stage, num_stages=len(stages), layer_start=mine[0].layer_start,
                         layer_end=mine[0].layer_end, device=session.device_of(name), threads=session.threads_of(name),
                         emulate=pb.Emulation(speed=node.emulate.speed,
@@ -69,7 +100,7 @@ def _node_spec(session: ClusterSession, plan: Plan, stages: tuple[Placement, ...
                                                             for c in node.emulate.speed_changes],
                                              memory_gb=node.emulate.memory_gb or 0.0),
                         memory_fraction=node.memory_fraction or 0.0, device_index=position,
-                        num_devices=len(Topology.of(plan).nodes))
+                        num_devices=num_devices)
     for q in mine:
         part = spec.parts.add(stage_index=q.stage, layer_start=q.layer_start, layer_end=q.layer_end)
         j = q.stage

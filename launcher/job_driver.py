@@ -361,7 +361,9 @@ def _abort_and_restore(session: ClusterSession, plan: Plan, book: CheckpointBook
     """End the generation on the survivors and choose the state the next one starts from: the
     survivors' snapshots when they hold every layer at a newer step than the last checkpoint
     (another pipeline stood in for the lost node), else the last committed checkpoint."""
-    several = len(plan.pipelines()) > 1
+    # A device-schedule worker writes no snapshot (runtime/device_stage_command.py): its plan resumes
+    # from the last checkpoint, however many pipelines it has.
+    several = len(plan.pipelines()) > 1 and not several_stages_per_node(plan.schedule)
     snapshot_root = book.root / f"replica-g{session.state.generation}" if several else None
     live = _abort(session, plan, "a node was lost", snapshot_root)
     answered = set(failed)  # a failed stage wrote its snapshot (if any) before it reported its failure

@@ -181,15 +181,17 @@ def data_parallel(cluster, plan: Plan) -> pb.DataParallel:
     return message
 
 
-def _group_spec(cluster, topology: Topology, group) -> pb.SyncGroupSpec:
+def _group_spec(cluster, topology: Topology | None, group, rank_of=None) -> pb.SyncGroupSpec:
+    """A sync group's wire form. Its ranks: each holder node's stage holding these layers, or
+    `rank_of(node)` where a node is one rank whatever it holds (several stages per node)."""
     bw, lat = _slowest_emulated_link(cluster, group.nodes)
+    rank_of = rank_of or (lambda name: topology.holder(name, group.layer_start).rank)
     regions: list[int] = []
     if getattr(group, "hierarchical", False):
         order: dict[str, int] = {}  # region groups numbered by first holder, in pipeline order
         regions = [order.setdefault(cluster.node(name).region, len(order)) for name in group.nodes]
     return pb.SyncGroupSpec(layer_start=group.layer_start, layer_end=group.layer_end,
-                            # a group names nodes: each one's rank is its stage holding these layers
-                            ranks=[topology.holder(name, group.layer_start).rank for name in group.nodes],
+                            ranks=[rank_of(name) for name in group.nodes],
                             codec=codec_wire_id(group.codec), emulate_bandwidth_mbps=bw, emulate_latency_ms=lat,
                             region_of=regions)
 

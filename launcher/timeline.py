@@ -109,10 +109,11 @@ class Timeline:
 
 def _tracks(plan: Plan) -> dict[str, tuple[int, int]]:
     """node -> (pipeline, track): a stage's trace events name its node. One track per stage, or,
-    where a node runs several stages (interleaved 1F1B, ZB-V: one pipeline), one per node, in the
-    pipeline's order of nodes: its one worker's actions, whichever stage they are of."""
+    where a node runs several stages (interleaved 1F1B, ZB-V; a node serves one pipeline), one per
+    node, in its pipeline's order of nodes: its one worker's actions, whichever stage they are of."""
     if _by_device(plan):
-        return {node: (0, d) for d, node in enumerate(Topology.of(plan).nodes)}
+        return {node: (p, d) for p, stages in enumerate(Topology.of(plan).pipelines)
+                for d, node in enumerate(dict.fromkeys(q.node for q in stages))}
     return {node: (q.pipeline, q.stage)
             for node, q in Topology.of(plan).by_node("trace.json (a stage's events name its node)").items()}
 

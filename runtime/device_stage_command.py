@@ -16,11 +16,17 @@ reports the loss (under ZB-V both are device 0). Checkpoints are one part per st
 own layer range (runtime/checkpoint.py write_part), so a checkpoint is per layer as with one
 stage per node and can be resumed on any cut.
 
-What runs with one stage per node only (live moves, islands, several pipelines, evaluation in
-the bubbles) is refused before launch (launcher/device_schedule_checks.py). Tied parameters (an
-embedding and the output projection) are summed among their holders as with one stage per node
-(runtime/tied.py); under ZB-V both ends of the model are on the first node, so in its process. A sampled step's
-trace is the node's: its stages' actions in the order it ran them (one track per node in trace.json).
+Several pipelines (RunStage.data_parallel) run as with one stage per node: each pipeline's nodes
+are ranks of their own, each takes its share of the step's global batch with the loss over the
+global count, and a node's layers, not contiguous in the model, sum their gradients with their
+holders in the other pipelines (runtime/grad_sync.py, by layer index) before a barrier of the
+pipeline and the optimizer step. Tied parameters (an embedding and the output projection) are
+summed among their holders in each pipeline as with one stage per node (runtime/tied.py); under
+ZB-V both ends of the model are on the first node, so in its process. A sampled step's trace is
+the node's: its stages' actions in the order it ran them (one track per node in trace.json).
+
+What runs with one stage per node only (live moves, islands, evaluation in the bubbles) is
+refused before launch (launcher/device_schedule_checks.py).
 """
 
 from __future__ import annotations
@@ -42,13 +48,15 @@ from hetlaunch.runtime.device_schedules import device_schedule_named
 from hetlaunch.runtime.devices import resolve_device
 from hetlaunch.runtime.emulation import WireEmulation, emulated_speed
 from hetlaunch.runtime.executor import StageExecutor, StagePart
+from hetlaunch.runtime.grad_sync import GradientSync, make_groups, sealed_plans, sync_group_plans
 from hetlaunch.runtime.link import Link
 from hetlaunch.runtime.local_link import local_boundary
 from hetlaunch.runtime.model import build_model_range
 from hetlaunch.runtime.sealing import SealingError
 from hetlaunch.runtime.stage_command import (Island, StageReports, _any_over_model, _named_refusal,
-                                             _sealing, _stage_memory, _step_metrics, _sum_over_model, checkpoint_due,
-                                             link_rounding_seed, recipe_of, step_rng_seed)
+                                             _pipeline_barrier, _sealing, _stage_memory, _step_metrics,
+                                             _sum_over_model, checkpoint_due, link_rounding_seed, recipe_of,
+                                             step_rng_seed)
 from hetlaunch.runtime.step_evaluation import StepEvaluation
 from hetlaunch.runtime.tied import TiedParameters
 from hetlaunch.runtime.wire import model_spec_from_proto, schedule_name
@@ -84,9 +92,9 @@ def run_device_stages(cmd: pb.RunStage, reports: StageReports, store: wpb.StoreA
     init_data_plane(cmd.rendezvous, store)
     executor = None
     try:
-        executor = _executor(cmd, parts, [layer for b in bundles for layer in b.layers], bundle.loss_fn, device,
-                             memory)
         layers = _LayerMap(parts)
+        executor = _executor(cmd, parts, [layer for b in bundles for layer in b.layers], bundle.loss_fn, device,
+                             memory, layers)
         if bundle.tied:  # after every other group, in the same order on every rank (runtime/tied.py)
             executor.tied = TiedParameters(bundle.tied, list(cmd.layout), cmd.rendezvous.rank, executor.module, 0,
                                            wire_device(device, cmd.rendezvous.backend), cmd.rendezvous,
@@ -108,15 +116,24 @@ def run_device_stages(cmd: pb.RunStage, reports: StageReports, store: wpb.StoreA
 
 
 def _executor(cmd: pb.RunStage, parts: list[pb.StagePartSpec], layers: list, loss_fn, device: torch.device,
-              memory) -> StageExecutor:
+              memory, layer_map: _LayerMap) -> StageExecutor:
+    """The node's executor on the data plane just joined. Every rank makes the same process groups
+    in the same order (c10d requires it): NCCL's per boundary, the island's, the gradient sync's,
+    the pipelines' barriers; the tied parameters' come after, in run_device_stages."""
     stage, rdzv, train = cmd.stage, cmd.rendezvous, cmd.train
+    dp = cmd.data_parallel if cmd.HasField("data_parallel") else None
     wire = wire_device(device, rdzv.backend)
-    rank_of_stage = [place.rank for place in cmd.layout]  # the layout lists the pipeline's stages in order
+    mine = next(place.pipeline for place in cmd.layout if place.rank == rdzv.rank)
     groups = {}
     if rdzv.backend == "nccl":  # NCCL ignores tags: a group per boundary between two nodes, made by every rank in order
-        for b in range(len(rank_of_stage) - 1):
-            if rank_of_stage[b] != rank_of_stage[b + 1]:
-                groups[b] = dist.new_group(sorted({rank_of_stage[b], rank_of_stage[b + 1]}))
+        for pipeline in sorted({place.pipeline for place in cmd.layout}):
+            # the layout lists each pipeline's stages in order
+            rank_of_stage = [place.rank for place in cmd.layout if place.pipeline == pipeline]
+            for b in range(len(rank_of_stage) - 1):
+                if rank_of_stage[b] != rank_of_stage[b + 1]:
+                    group = dist.new_group(sorted({rank_of_stage[b], rank_of_stage[b + 1]}))
+                    if pipeline == mine:
+                        groups[b] = group
     local: dict[int, tuple] = {}  # boundary -> its two in-memory ends
 
     def link(spec: pb.LinkSpec, boundary: int, upstream: bool):
@@ -134,14 +151,22 @@ def _executor(cmd: pb.RunStage, parts: list[pb.StagePartSpec], layers: list, los
     stage_parts = [StagePart(p.stage_index, p.layer_end - p.layer_start,
                              link(p.prev, p.stage_index - 1, False) if p.HasField("prev") else None,
                              link(p.next, p.stage_index, True) if p.HasField("next") else None) for p in parts]
-    # One entry per rank: the island's members (its clipping norm and fp16 flag sum over all of them).
+    # One entry per rank: the island's members (its clipping norm and fp16 flag sum over all of them;
+    # with several pipelines the norm is divided by their count, as every pipeline holds the model).
     ranks = {place.rank: place for place in cmd.layout}
-    island = Island(None, rdzv.rank, list(ranks.values()), rdzv)
+    island = Island(dp, rdzv.rank, list(ranks.values()), rdzv)
+    grad_sync = None
+    if dp is not None and dp.sync_groups:  # a group's ranks are its holders' nodes
+        plans = sealed_plans(sync_group_plans(dp), cmd.layout, rdzv.data_plane_encrypt)
+        grad_sync = GradientSync(layers, 0, plans, make_groups(plans), wire, rdzv,
+                                 local_index=layer_map.local_of.__getitem__)
+    barrier = _pipeline_barrier(dp, rdzv.rank, device, rdzv.backend, list(ranks.values()), rdzv)
     executor = StageExecutor(layers, loss_fn, is_first=False, is_last=False, device=device, parts=stage_parts,
                              recipe=recipe_of(train), sum_over_model=_sum_over_model(island, device, rdzv.backend),
                              precision=train.precision or "fp32", link_rounding=train.link_rounding or "stochastic",
                              any_over_model=_any_over_model(island, device, rdzv.backend),
-                             emulation=emulated_speed(stage.emulate, train.start_step), memory=memory)
+                             emulation=emulated_speed(stage.emulate, train.start_step), memory=memory,
+                             grad_sync=grad_sync, before_optimizer_step=barrier)
     executor.steps_done = train.start_step
     return executor
 
@@ -180,6 +205,10 @@ def _train(cmd: pb.RunStage, executor: StageExecutor, batches, eval_batches, wri
     checkpoint when due. Evaluation, when due, runs after the step (StageSpec.eval_fill is empty)."""
     stage, train = cmd.stage, cmd.train
     spec = model_spec_from_proto(cmd.model)
+    dp = cmd.data_parallel if cmd.HasField("data_parallel") else None
+    # Several pipelines: this one's share of the step's global batch, each loss over the global count.
+    global_microbatches = dp.global_microbatches if dp else train.num_microbatches
+    first_microbatch = dp.microbatch_offset if dp else 0
     placed = device_schedule_named(schedule_name(train.schedule))
     actions = placed.actions(stage.num_devices, train.num_microbatches)[stage.device_index]
     evaluation = StepEvaluation(train, stage, executor, eval_batches, actions)
@@ -196,18 +225,19 @@ def _train(cmd: pb.RunStage, executor: StageExecutor, batches, eval_batches, wri
                 link.emulation.at_step(link_spec, step)
         microbatches = None
         if batches is not None:
-            microbatches = batches.micro_batches(step, train.micro_batch_size, train.num_microbatches)
+            microbatches = batches.micro_batches(step, train.micro_batch_size, global_microbatches)
+            microbatches = microbatches[first_microbatch:first_microbatch + train.num_microbatches]
         sent_before = _sent_by_part(executor)
         # a sampled step's timeline: the node's one track, its stages' actions in the order it ran them
         trace = [] if train.trace_every and step % train.trace_every == 0 else None
         try:
-            result = executor.train_step(actions, microbatches, train.num_microbatches, trace)
+            result = executor.train_step(actions, microbatches, global_microbatches, trace)
         except torch.OutOfMemoryError as err:
             if executor.memory is None or not executor.memory.limit_bytes:
                 raise
             raise executor.memory.out_of_memory(err, f"at step {step}") from None
         done = step + 1
-        metrics = _step_metrics(step, stage, result, tokens, 0, None, executor, trace)
+        metrics = _step_metrics(step, stage, result, tokens, dp.pipeline_index if dp else 0, None, executor, trace)
         for part, before, after in zip(executor.parts, sent_before, _sent_by_part(executor)):
             metrics.parts.add(stage_index=part.stage_index, compute_s=result.part_compute_s.get(part.stage_index, 0.0),
                               forward_raw_bytes=after[0] - before[0], forward_wire_bytes=after[1] - before[1],

@@ -7,7 +7,8 @@ gradients from the neighbouring stages when an action needs them, send results o
 drain the sends and step the optimizer. Gradients accumulate over micro-batches; the
 last stage computes the loss, scaled by 1/M so a step equals one big-batch step (with
 several pipelines M is the global count, and `grad_sync` sums the pipelines' gradients
-during the last backward, before the optimizer steps).
+during the last backward — each stage's own, where the device runs several — before the
+optimizer steps).
 """
 
 from __future__ import annotations
@@ -203,9 +204,10 @@ class StageExecutor:
         # the last B or W, or where the stage's graph cannot be split (its I does the weights), B or I.
         last = {kinds: max((i for i, a in enumerate(actions) if a.kind in kinds), default=-1)
                 for kinds in ((B, W), (B, I))}
-        # With several stages on the device, the last B or W: one stage's weights may be final
-        # before another's, so the sync arms at the very last (the others' buckets launch in finish).
+        # With several stages on the device, each stage's last B or W arms that stage's buckets:
+        # one stage's weights may be final before another's, and syncing them need not wait.
         several = len(self.parts) > 1
+        last_of_part = {a.stage_index: i for i, a in enumerate(actions) if a.kind in (B, W)} if several else {}
         part_compute: dict[int, float] = {}
         self._receive_ahead(actions)
         for i, action in enumerate(actions):
@@ -231,7 +233,9 @@ class StageExecutor:
                     self._send_input_grads(part, split, isinstance(saved.inputs, torch.Tensor))
                 weights_left[key] = split
             else:  # B or W: the weights' gradients land
-                if self.grad_sync is not None and i == last[(B, I) if self._whole_in_i else (B, W)]:
+                if self.grad_sync is not None and several and i == last_of_part[action.stage_index]:
+                    self.grad_sync.arm({id(p) for p in part.module.parameters()})  # this stage's final now
+                elif self.grad_sync is not None and i == last[(B, I) if self._whole_in_i else (B, W)]:
                     self.grad_sync.arm()  # gradients become final during this backward
                 if action.kind is B:
                     with self._span("backward", mb):

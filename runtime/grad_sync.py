@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -79,6 +80,7 @@ class _Bucket:
     started_at: torch.Tensor | None = None  # emulated links only: the last holder's launch time
     tiered: HierarchicalBucket | None = None  # a hierarchical group's step in progress
     sealed: SealedGather | None = None  # data_plane.encrypt: exchanged sealed at finish
+    armed: bool = False  # its gradients are final as they land (GradientSync.arm)
 
 
 def sync_group_plans(dp: pb.DataParallel) -> list[SyncGroupPlan]:
@@ -118,28 +120,40 @@ def make_groups(plans: list[SyncGroupPlan]) -> list[object | None]:
     return groups
 
 
+def _not_held(index: int) -> int:
+    raise KeyError(index)
+
+
 class GradientSync:
     """Sums this stage's gradients with the other holders of its layers, bucket by bucket."""
 
     def __init__(self, layers: list[nn.Module], layer_start: int, plans: list[SyncGroupPlan],
-                 groups: list[object | None], wire_device: torch.device, rdzv: pb.Rendezvous | None = None):
+                 groups: list[object | None], wire_device: torch.device, rdzv: pb.Rendezvous | None = None,
+                 local_index: Callable[[int], int] | None = None):
+        """`layers` are the model's from `layer_start` on; or, where a rank runs several stages
+        (interleaved 1F1B, ZB-V: its parts' ranges one after another, not contiguous in the model),
+        `local_index` maps a model layer to its index in `layers` (KeyError for one it does not hold).
+        A sync group lies inside one stage of each pipeline, so inside one part here."""
+        local_index = local_index or (lambda index: index - layer_start if 0 <= index - layer_start < len(layers)
+                                      else _not_held(index))
         self.wire_device = wire_device
         self.stats = SyncStats()  # of the step in progress
         self.buckets: list[_Bucket] = []
         self._armed = False
         self._launched: list[_Bucket] = []
-        layer_end = layer_start + len(layers)
         mine = [(plan, group) for plan, group in zip(plans, groups) if group is not None]
         for plan, group in sorted(mine, key=lambda pg: -pg[0].layer_start):  # backward order
             sealed = SealedGather(rdzv, plan.ranks, f"sync {plan.layer_start}-{plan.layer_end - 1}", group) \
                 if plan.sealed else None
-            if plan.layer_start < layer_start or plan.layer_end > layer_end:
+            try:
+                held = [layers[local_index(index)] for index in range(plan.layer_end - 1, plan.layer_start - 1, -1)]
+            except KeyError as missing:
                 raise ValueError(f"sync group [{plan.layer_start}, {plan.layer_end}) is not inside this stage's "
-                                 f"layers [{layer_start}, {layer_end})")
+                                 f"layers: it does not hold layer {missing.args[0]}") from None
             bucket: list[nn.Parameter] = []
             size = 0
-            for index in range(plan.layer_end - 1, plan.layer_start - 1, -1):
-                for param in reversed([p for p in layers[index - layer_start].parameters() if p.requires_grad]):
+            for layer in held:  # backward order
+                for param in reversed([p for p in layer.parameters() if p.requires_grad]):
                     if bucket and size + param.numel() * param.element_size() > BUCKET_BYTES:
                         self.buckets.append(_Bucket(bucket, group, plan, sealed=sealed))
                         bucket, size = [], 0
@@ -153,17 +167,25 @@ class GradientSync:
             for param in bucket.params:
                 param.register_post_accumulate_grad_hook(self._hook(bucket))
 
-    def arm(self) -> None:
-        """The next backward is the step's last one: its gradients are final as they land."""
-        self._armed = True
-        self._launched = []
-        self.stats = SyncStats()
+    def arm(self, params: set[int] | None = None) -> None:
+        """The next backward is the step's last one: its gradients are final as they land. With
+        `params` (ids), only for the buckets made of those parameters: a rank running several
+        stages arms each stage's buckets before that stage's last weight gradients, so a stage that
+        finishes early syncs while the others compute (a sync group lies inside one stage)."""
+        if not self._armed:  # the step's first arming
+            self._armed = True
+            self._launched = []
+            self.stats = SyncStats()
+            for bucket in self.buckets:
+                bucket.pending = len(bucket.params)
+                bucket.armed = False
         for bucket in self.buckets:
-            bucket.pending = len(bucket.params)
+            if params is None or all(id(p) in params for p in bucket.params):
+                bucket.armed = True
 
     def _hook(self, bucket: _Bucket):
         def ready(_param: nn.Parameter) -> None:
-            if not self._armed:
+            if not bucket.armed:
                 return
             bucket.pending -= 1
             if bucket.pending == 0:
@@ -269,6 +291,8 @@ class GradientSync:
                     param.grad.copy_(piece)
                 offset += n
         self._armed = False
+        for bucket in self.buckets:
+            bucket.armed = False
         self.stats.blocked_s = time.perf_counter() - start
         return self.stats
 

@@ -10,41 +10,95 @@ executor's order obeys (runtime/simulation.py `simulate_devices`):
   thirds (the I and W halves as the node measured them, else halved), as CostModel.evaluate
   prices a one-stage-per-node pipeline; a node's optimizer step is its stages' sum, once;
 * a boundary between two nodes costs what the profiled link takes for the activation after its
-  last layer, uncompressed (these plans use no codec); one inside a node costs nothing (an
-  in-memory hand-off, runtime/local_link.py);
+  last layer, uncompressed unless `compression.boundaries` pins a codec on it (then at the codec's
+  bytes, its work on the sending stage, as CostModel.evaluate prices one); one inside a node costs
+  nothing (an in-memory hand-off, runtime/local_link.py);
 * a node holds its stages' parameters, gradients and AdamW state, and for activations the most
   micro-batch stages its action list holds at once times each stage's activation: an upper bound,
   which must fit the node's memory.
 
 The cut is a local search: from an even split and from one proportional to the nodes' speed, move
 one boundary by one layer while the simulated step falls (a first-improvement hill climb, every
-candidate simulated). The plan's step is `simulate_devices` of exactly the stages, placement and
-micro-batches returned (`check_device_priced`).
+candidate simulated). Each pipeline's step is `simulate_devices` of exactly the stages, placement
+and micro-batches returned (`check_device_priced`).
+
+Several pipelines (`max_pipelines` above 1): 1F1B's plan with that many pipelines at most chooses
+them (their chains of nodes and their shares of the micro-batches); each is cut as above for its
+own share, and their gradient sync is priced by launcher/planning/sync_cost.py over those cuts
+(codecs as `compression.sync` allows). A group is ready when, in each holder pipeline's
+simulated step, the stage holding it has ended its last backward or weight gradient (where the
+worker starts that stage's sync, runtime/executor.py); its reduction is priced from there by
+sync_cost.py's closed form, with no overlap credited inside that last action. The plan's step is
+the later of the slowest pipeline's simulated step and the last sync group's end.
 """
 
 from __future__ import annotations
 
 import time
 
-from hetlaunch.launcher.planning.compression import NONE
+from hetlaunch.launcher.planning.compression import NONE, CompressionConfig
 from hetlaunch.launcher.planning.cost_model import CostModel, PipelineCost, StageCost, split_costs
 from hetlaunch.launcher.planning.planner import PlanInvariantError, PlannedPipeline, PlannerResult, plan
 from hetlaunch.launcher.planning.planning_error import PlanningError
 from hetlaunch.launcher.planning.profile_file import NodeProfile, Profile
-from hetlaunch.runtime.schedules import (compiled, device_schedule_named, in_flight_by_device, simulate_compiled,
-                                         simulate_devices)
+from hetlaunch.launcher.planning.sync_cost import plan_step_s, sync_costs
+from hetlaunch.runtime.schedules import (B, W, compiled, device_schedule_named, in_flight_by_device,
+                                         simulate_compiled, simulate_devices, simulated_timeline)
 
+# What a several-pipeline device plan's step is made of, said wherever the plan is shown.
+SYNC_PRICING = ("each pipeline's step by event simulation of its device schedule; the gradient sync by the closed "
+                "form of launcher/planning/sync_cost.py from when every holder's stage has ended its last backward "
+                "or weight gradient in that simulation (links shared in ready order); the plan's step is the later "
+                "of the two")
 MAX_SEARCH_ROUNDS = 10_000  # boundary moves; each lowers the step, so the climb ends long before on real models
 
 
-def plan_devices(profile: Profile, num_microbatches: int, schedule: str) -> PlannerResult:
-    """The plan of `schedule` (interleaved-1f1b or zb-v) on 1F1B's chain of nodes; PlanningError
-    if the model has too few layers for v·D stages, the micro-batches do not suit the schedule, or
-    no cut fits the nodes' memory."""
+def plan_devices(profile: Profile, num_microbatches: int, schedule: str, max_pipelines: int = 1,
+                 compression: CompressionConfig = NONE) -> PlannerResult:
+    """The plan of `schedule` (interleaved-1f1b or zb-v) on 1F1B's chains of nodes, `max_pipelines`
+    of them at most; PlanningError if the model has too few layers for v·D stages, a pipeline's
+    micro-batches do not suit the schedule, or no cut fits the nodes' memory. Of `compression`
+    the pinned `boundaries` (after stage s of each pipeline, between two nodes; their gradients
+    take the same codec) and the gradient sync's settings apply: every other boundary runs
+    uncompressed."""
     started = time.perf_counter()
     placed = device_schedule_named(schedule)
-    base = plan(profile, num_microbatches, "1f1b", max_pipelines=1)
-    chain = [profile.node(s.node) for s in base.pipelines[0].cost.stages]
+    base = plan(profile, num_microbatches, "1f1b", max_pipelines=max_pipelines)
+    several = len(base.pipelines) > 1
+    # What applies of `compression`: the pinned boundaries (their gradients take the same codec:
+    # `gradients` would put a codec on every boundary, which these plans leave uncompressed) and the sync's.
+    policy = NONE.model_copy(update={"boundaries": dict(compression.boundaries), "sync": compression.sync,
+                                     "sync_topology": compression.sync_topology})
+    costs = [_cut(profile, [profile.node(s.node) for s in p.cost.stages], p.cost.num_microbatches, schedule, policy,
+                  f"pipeline {i} takes {p.cost.num_microbatches} of the {num_microbatches} micro-batches: "
+                  if several else "") for i, p in enumerate(base.pipelines)]
+    sync = []
+    if len(costs) > 1:
+        done = [_weights_final(schedule, c) for c in costs]
+        sync = sync_costs(profile, costs, policy, ready=lambda g: max(done[p][j] for p, j in g.holders))
+    step = plan_step_s(costs, sync)
+    tokens = num_microbatches * profile.micro_batch_size * profile.seq_len
+    regions = {n.name: n.region for n in profile.nodes}
+    counts = [len({s.node for s in c.stages}) for c in costs]
+    on = {d: f"{placed.num_stages(d)} stages on {d} node{'s' if d != 1 else ''}" for d in counts}
+    where = " and ".join(on[d] for d in counts)
+    if len(counts) > 1 and len(set(counts)) == 1:
+        where = f"{len(counts)} pipelines, each {on[counts[0]]}"
+    return PlannerResult(pipelines=[PlannedPipeline(c, tuple(regions[s.node] for s in c.stages)) for c in costs],
+                         step_s=step, tokens_per_s=tokens / step, excluded=dict(base.excluded),
+                         method=f"{base.method} (1F1B's nodes), "
+                                f"{' and '.join(str(placed.num_stages(d)) for d in counts)} stages cut by simulation",
+                         planning_s=time.perf_counter() - started, micro_batch_size=profile.micro_batch_size,
+                         schedule=schedule, compression=policy, sync=sync,
+                         sync_pricing=SYNC_PRICING if len(costs) > 1 else "",
+                         schedule_choice=f"{placed.title}: {where}, {placed.stages_per_device} each")
+
+
+def _cut(profile: Profile, chain: list[NodeProfile], num_microbatches: int, schedule: str,
+         policy: CompressionConfig = NONE, share: str = "") -> PipelineCost:
+    """One pipeline of `schedule` over `chain` at its `num_microbatches`, cut by the search;
+    `share` says which pipeline's micro-batches an unsuitable count is (several pipelines)."""
+    placed = device_schedule_named(schedule)
     D, L = len(chain), profile.model.num_layers
     S = placed.num_stages(D)
     if S > L:
@@ -52,8 +106,11 @@ def plan_devices(profile: Profile, num_microbatches: int, schedule: str) -> Plan
     try:
         actions = placed.actions(D, num_microbatches)
     except ValueError as err:
-        raise PlanningError(f"{err} (set train.num_microbatches to one)") from None
-    search = _CutSearch(CostModel(profile, num_microbatches, "1f1b", NONE), chain, placed, actions)
+        advice = "set train.num_microbatches or train.max_pipelines to suit it" if share else \
+            "set train.num_microbatches to one"
+        raise PlanningError(f"{share}{err} ({advice})") from None
+    search = _CutSearch(CostModel(profile, num_microbatches, "1f1b", policy), chain, placed, actions,
+                        policy.boundaries)
     best = None
     for start in (_even(L, S), _by_speed(search, L, S)):
         found = search.climb(start)
@@ -64,14 +121,24 @@ def plan_devices(profile: Profile, num_microbatches: int, schedule: str) -> Plan
                             f"{' -> '.join(n.name for n in chain)} fits the nodes' memory")
     cost = search.cost(best[1])
     check_device_priced(schedule, D, cost)
-    tokens = num_microbatches * profile.micro_batch_size * profile.seq_len
-    regions = {n.name: n.region for n in profile.nodes}
-    return PlannerResult(pipelines=[PlannedPipeline(cost, tuple(regions[s.node] for s in cost.stages))],
-                         step_s=cost.step_s, tokens_per_s=tokens / cost.step_s, excluded=dict(base.excluded),
-                         method=f"{base.method} (1F1B's nodes), {S} stages cut by simulation",
-                         planning_s=time.perf_counter() - started, micro_batch_size=profile.micro_batch_size,
-                         schedule=schedule, compression=NONE,
-                         schedule_choice=f"{placed.title}: {S} stages on {D} nodes, {placed.stages_per_device} each")
+    return cost
+
+
+def _weights_final(schedule: str, cost: PipelineCost) -> list[float]:
+    """When each stage's last backward or weight gradient ends in the pipeline's simulated step
+    (from its start): the worker starts that stage's gradient sync there (runtime/executor.py)."""
+    placed = device_schedule_named(schedule)
+    stages = cost.stages
+    D = len({s.node for s in stages})
+    timeline = simulated_timeline(placed.actions(D, cost.num_microbatches), [s.forward_s for s in stages],
+                                  [s.backward_s for s in stages], [s.link_s for s in stages[:-1]],
+                                  [s.latency_s for s in stages[:-1]], *split_costs(stages))
+    done = [0.0] * len(stages)
+    for actions in timeline:
+        for action, _, end in actions:
+            if action.kind in (B, W):
+                done[action.stage_index] = max(done[action.stage_index], end)
+    return done
 
 
 def check_device_priced(schedule: str, num_devices: int, cost: PipelineCost) -> None:
@@ -96,11 +163,21 @@ def check_device_priced(schedule: str, num_devices: int, cost: PipelineCost) -> 
 class _CutSearch:
     """Prices cuts (the v·D - 1 boundaries, as layer indices) of one chain under one schedule."""
 
-    def __init__(self, cm: CostModel, chain: list[NodeProfile], placed, actions):
+    def __init__(self, cm: CostModel, chain: list[NodeProfile], placed, actions, codecs: dict[int, str] | None = None):
+        """`codecs`: boundary (after stage s) -> the codec pinned on it; every other boundary none."""
         self.cm, self.chain, self.placed = cm, chain, placed
         self.D = len(chain)
         self.S = placed.num_stages(self.D)
         self.device = [placed.stage_device(s, self.D) for s in range(self.S)]
+        self.codecs = dict(codecs or {})
+        for boundary in self.codecs:
+            if not 0 <= boundary < self.S - 1:
+                raise PlanningError(f"compression.boundaries names boundary {boundary}, but {placed.title} on "
+                                    f"{self.D} nodes has boundaries 0 to {self.S - 2}")
+            if self.device[boundary] == self.device[boundary + 1]:
+                raise PlanningError(f"compression.boundaries pins boundary {boundary}, which {placed.title} keeps "
+                                    f"inside node {chain[self.device[boundary]].name} (an in-memory hand-off, "
+                                    f"no codec)")
         self.actions = actions
         self.plan = compiled(actions)
         self.in_flight = in_flight_by_device(actions)
@@ -113,15 +190,22 @@ class _CutSearch:
             a, b, node = edges[s], edges[s + 1], self.chain[self.device[s]]
             optimizer = self.cm.optimizer_s(node, a, b)
             layers = self.cm.compute_s(node, a, b) - optimizer / self.cm.M
-            link = latency = 0.0
+            link = latency = raw = codec_work = 0.0
+            codec = self.codecs.get(s, "none")
             if s < self.S - 1 and self.device[s + 1] != self.device[s]:
-                link, latency = self.cm.boundary_s(node, self.chain[self.device[s + 1]], b - 1)
+                after = self.chain[self.device[s + 1]]
+                link, latency = self.cm.boundary_s(node, after, b - 1, codec)
+                raw = self.cm.boundary_s(node, after, b - 1)[0]
+                # as CostModel.evaluate: the codec's work on the sending stage, half each way (an
+                # uncompressed boundary's sealing is left unpriced here, as these plans always did)
+                codec_work = self.cm.codec_s(node, b - 1, codec, after) if codec != "none" else 0.0
             static, activation = self.cm.layer_bytes(a, b)
-            backward = 2 * layers / 3
-            i_cost, w_cost = self.cm.split_backward_s(node, a, b, s, backward, 0.0)
-            stages.append(StageCost(node.name, a, b, layers + optimizer / self.cm.M, link, latency,
+            backward = 2 * layers / 3 + codec_work / 2
+            i_cost, w_cost = self.cm.split_backward_s(node, a, b, s, backward, codec_work / 2)
+            stages.append(StageCost(node.name, a, b, layers + codec_work + optimizer / self.cm.M, link, latency,
                                     static + self.in_flight[self.device[s]] * activation, node.memory_bytes,
-                                    link_uncompressed_s=link, forward_s=layers / 3, backward_s=backward,
+                                    codec if s < self.S - 1 else "none", raw,
+                                    forward_s=layers / 3 + codec_work / 2, backward_s=backward,
                                     optimizer_s=optimizer, input_grad_s=i_cost, weight_grad_s=w_cost))
         optimizer = [sum(st.optimizer_s for j, st in enumerate(stages) if self.device[j] == d) for d in range(self.D)]
         step = simulate_compiled(self.plan, [s.forward_s for s in stages], [s.backward_s for s in stages],

@@ -134,11 +134,13 @@ def device_refusal(request: PlanRequest, best: PlannerResult) -> str | None:
 
 
 def _plan_for(profile: Profile, request: PlanRequest) -> PlannerResult:
-    if request.schedule in DEVICE_SCHEDULE_NAMES:  # several stages per node: one pipeline, M as given
-        if request.global_batch is not None or request.stages is not None or request.max_pipelines not in (None, 1):
-            raise PlanningError(f"{request.schedule} plans one pipeline at a given micro-batch count and its own "
-                                f"stage count: no global batch, stage count or several pipelines")
-        return plan_devices(profile, request.num_microbatches, request.schedule)
+    if request.schedule in DEVICE_SCHEDULE_NAMES:  # several stages per node: M as given
+        if request.global_batch is not None or request.stages is not None:
+            raise PlanningError(f"{request.schedule} plans at a given micro-batch count and its own stage count: "
+                                f"no global batch or stage count")
+        # max_pipelines auto is one pipeline here: several are planned only where a number asks for them
+        return plan_devices(profile, request.num_microbatches, request.schedule, request.max_pipelines or 1,
+                            request.compression)
     pipelines = len(profile.nodes) if request.max_pipelines is None else request.max_pipelines
     if request.global_batch is None:
         return plan(profile, request.num_microbatches, request.schedule, max_pipelines=pipelines,

@@ -136,9 +136,12 @@ def sealed_gather_s(num_bytes: float, holders: int, bandwidth: float, latency: f
 
 
 def sync_costs(profile: Profile, pipelines: Sequence[PipelineCost],
-               compression: CompressionConfig = NONE) -> list[SyncCost]:
-    """Every sync group's cost, each with its codec chosen by `compression.sync`. [] for one pipeline."""
-    return SyncModel(profile).costs(pipelines, compression)
+               compression: CompressionConfig = NONE, ready=None) -> list[SyncCost]:
+    """Every sync group's cost, each with its codec chosen by `compression.sync`. [] for one pipeline.
+    `ready(group)`, where given, dates when a group's gradients are final on all its holders (a
+    schedule whose order the drains above do not describe: several stages per node); its reduction
+    then starts there, with no overlap credited."""
+    return SyncModel(profile).costs(pipelines, compression, ready)
 
 
 def plan_step_s(pipelines: Sequence[PipelineCost], sync: Sequence[SyncCost]) -> float:
@@ -159,7 +162,8 @@ class SyncModel:
         self._time: dict[tuple[str, int], list[float]] = {}
         self._links: dict[frozenset, tuple[float, float]] = {}
 
-    def costs(self, pipelines: Sequence[PipelineCost], compression: CompressionConfig = NONE) -> list[SyncCost]:
+    def costs(self, pipelines: Sequence[PipelineCost], compression: CompressionConfig = NONE,
+              ready=None) -> list[SyncCost]:
         """sync_costs with this model's memory."""
         if len(pipelines) < 2:
             return []
@@ -169,6 +173,8 @@ class SyncModel:
         options, readies = [], []
         for group in groups:
             described = self.describe(pipelines, drains, group, compression.sync_topology)
+            if ready is not None:  # the caller's date; none of the group's own backward overlaps
+                described = replace(described, ready=ready(group), backward=0.0)
             readies.append(described.ready)
             codecs = sorted(compression.sync_candidates(described.cross_region), key=LOSSINESS.index)
             shapes = _shapes(described, compression.sync_topology)

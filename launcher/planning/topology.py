@@ -10,7 +10,7 @@ pipeline; a node may also serve two pipelines). What is keyed by placement takes
 they are: the layer holders, the checkpoint writers (one per stage), the nodes a plan uses.
 
 The planner makes such plans for the several-stages-per-node schedules (interleaved-1f1b, zb-v;
-one pipeline, launcher/planning/device_plans.py). The control plane addresses a node, not a stage:
+one pipeline or several, each node in one, launcher/planning/device_plans.py). The control plane addresses a node, not a stage:
 a node's agent runs one stage worker per generation, which is one data-plane rank, so under those
 schedules a placement's `rank` (one per stage) is not the data plane's: the node's worker is rank
 `device_rank` (its position in the pipeline), and launcher/device_stage_launch.py sends it all its
@@ -180,19 +180,23 @@ class Topology:
 def node_workers(plan: Plan, feature: str) -> dict[str, Placement]:
     """node -> the placement its one stage worker reports as, for a feature keyed by node.
 
-    Under a several-stages-per-node schedule (interleaved-1f1b, zb-v; one pipeline) a node's one
-    worker runs all its stages and reports once per step, as its first stage, which is its
-    position in the pipeline (both placements put stage d on device d): a report names the node,
+    Under a several-stages-per-node schedule (interleaved-1f1b, zb-v) a node's one worker runs all
+    its stages, of one pipeline, and reports once per step, as its first stage, which is its
+    position in its pipeline (both placements put stage d on device d): a report names the node,
     and two stages of one node never come as two reports. Otherwise `Topology.by_node(feature)`."""
     topology = Topology.of(plan)
     if plan.schedule not in DEVICE_SCHEDULE_NAMES:
         return topology.by_node(feature)
-    if len(topology.pipelines) != 1:
-        raise SeveralStagesError(f"{plan.schedule} runs one pipeline; {feature} got {len(topology.pipelines)}")
-    return {node: topology.stages_of(node)[0] for node in topology.nodes}
+    workers = {node: topology.stages_of(node)[0] for node in topology.nodes}
+    for node, first in workers.items():
+        if any(q.pipeline != first.pipeline for q in topology.stages_of(node)):
+            raise SeveralStagesError(f"node {node} holds stages of several pipelines; {plan.schedule} runs a "
+                                     f"node in one, which {feature} needs")
+    return workers
 
 
 def device_rank(plan: Plan, node: str) -> int:
-    """The data-plane rank of `node`'s worker under a several-stages-per-node schedule: its
-    position in the pipeline (the order the nodes first appear in, stage d being on device d)."""
+    """The data-plane rank of `node`'s worker under a several-stages-per-node schedule: the order
+    the nodes first appear in, pipeline after pipeline, so a pipeline's nodes are consecutive ranks
+    in the order of its devices (stage d being on device d)."""
     return Topology.of(plan).nodes.index(node)

@@ -153,7 +153,7 @@ def test_zb_v_checkpoints_per_stage_and_resumes_on_its_plan_and_on_1f1bs_cut(tmp
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("train, field", [
-    ({"max_pipelines": 2}, "train.max_pipelines"),
+    ({"global_batch": 16}, "train.global_batch"),
     ({"outer": {"islands": "by_region"}}, "train.outer"),
     ({"rebalance": "live"}, "train.rebalance"),
 ])

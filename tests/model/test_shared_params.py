@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from conftest import final_parameters, run_hetlaunch
+from fixed_profile_cache import fixed_timings_env
 from hetlaunch.runtime.data import TokenBatches, stdlib_text_bytes
 from hetlaunch.runtime.model import build_layer, describe_model, load_entrypoint_layers
 from hetlaunch.runtime.model_spec import ModelSpec
@@ -150,4 +151,30 @@ def test_tied_gpt2_with_several_stages_per_node_equals_one_process(tmp_path, sch
     where = [s["node"] for s in plan["stages"]]
     assert len(where) == 4 and len(set(where)) == 2, where
     assert (where[0] == where[3]) == (schedule == "zb-v"), where  # the tie on one node, or across two
+    _equals_one_process(run_dir)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("schedule", ["zb-v", "interleaved-1f1b"])
+def test_tied_gpt2_in_two_pipelines_of_several_stages_per_node_equals_one_process(tmp_path, schedule):
+    """`max_pipelines: 2` on four alike nodes: two pipelines of two nodes, each holding two of its
+    four one-layer stages, two micro-batches each. The tie is summed inside each pipeline (in one
+    process under ZB-V, over the network under interleaved 1F1B), each layer's gradients between the
+    pipelines, and the clipping norm counts the tie once and the model once: the run is the tied
+    model in one process. The layer timings the planner reads are fixed (tests/fixed_profile_cache.py):
+    at 100 ms a layer it takes two pipelines of two nodes (0.6 s a step) over one of four (0.7 s)."""
+    nodes = "\n".join(f"  - {{name: n{i}, device: cpu, threads: 1}}" for i in range(4))
+    cluster = CLUSTER.replace("SCHEDULE", schedule).split("nodes:")[0] + "nodes:\n" + nodes + "\n"
+    cluster = cluster.replace("schedule:", "rebalance: off, max_pipelines: 2, schedule:")
+    env = fixed_timings_env(tmp_path, cluster, 4)
+    (tmp_path / "cluster.yaml").write_text(cluster)
+    run_dir = tmp_path / "run"
+    result = run_hetlaunch("up", str(tmp_path / "cluster.yaml"), "--run-dir", str(run_dir), timeout=400, env=env)
+    assert result.returncode == 0, result.stderr + result.stdout
+    plan = json.loads((run_dir / "summary.json").read_text())["plan"]
+    assert plan["pipeline_microbatches"] == [2, 2], plan
+    for p in (0, 1):
+        where = [s["node"] for s in plan["stages"] if s["pipeline"] == p]
+        assert len(where) == 4 and len(set(where)) == 2, where
+        assert (where[0] == where[3]) == (schedule == "zb-v"), where  # the tie on one node, or across two
     _equals_one_process(run_dir)

@@ -13,7 +13,7 @@ from plan_reference import random_profile, regions_profile
 
 from hetlaunch.launcher.planning.compression import CompressionConfig
 from hetlaunch.launcher.planning.cost_model import CostModel, split_costs
-from hetlaunch.launcher.planning.device_plans import _CutSearch, check_device_priced
+from hetlaunch.launcher.planning.device_plans import _CutSearch, _weights_final, check_device_priced
 from hetlaunch.launcher.planning.planner import PlanInvariantError
 from hetlaunch.launcher.planning.planning_error import PlanningError
 from hetlaunch.launcher.planning.profile_edits import scaled
@@ -95,8 +95,12 @@ def test_refusals_say_why():
     profile = regions_profile(per_region=2, regions=("a",), num_layers=8, layer_s=0.01, output_bytes=2**16)
     with pytest.raises(PlanningError, match="not a multiple of 2"):
         plan_for(profile, _request("interleaved-1f1b", m=3))
-    with pytest.raises(PlanningError, match="one pipeline"):
+    with pytest.raises(PlanningError, match="no global batch"):
         plan_for(profile, _request("zb-v", global_batch=16))
+    # two pipelines of two nodes take 3 micro-batches as 2 + 1: interleaved's rounds of 2 do not fit the 1
+    four = regions_profile(per_region=4, regions=("a",), num_layers=8, layer_s=0.01, output_bytes=2**16)
+    with pytest.raises(PlanningError, match=r"pipeline \d takes \d of the 6 micro-batches: .*not a multiple of 2"):
+        plan_for(four, replace(_request("interleaved-1f1b", m=6), max_pipelines=2))
 
 
 @pytest.mark.parametrize("schedule", ["zb-v", "interleaved-1f1b"])
@@ -123,3 +127,82 @@ def test_random_profiles_plan_honestly_or_say_no_plan(schedule):
             held[stage.node] = held.get(stage.node, 0.0) + stage.memory_bytes
         assert all(held[n] <= profile.node(n).memory_bytes for n in held)
     assert plans > 10 and refusals > 2, (plans, refusals)
+
+
+@pytest.mark.parametrize("schedule", ["zb-v", "interleaved-1f1b"])
+def test_two_pipelines_each_cut_for_its_share_and_priced_with_their_sync(schedule):
+    """Four alike nodes, max_pipelines 2: 1F1B's plan takes two pipelines of two nodes, two
+    micro-batches each; each is cut as one pipeline is, at its share, its step exactly its
+    simulation, and the plan's step is the later of those and the sync groups' ends."""
+    profile = regions_profile(per_region=4, regions=("a",), num_layers=8, layer_s=0.01, output_bytes=2**16)
+    result = plan_for(profile, replace(_request(schedule), max_pipelines=2))
+    assert [p.cost.num_microbatches for p in result.pipelines] == [2, 2]
+    placed = device_schedule_named(schedule)
+    chains = []
+    for pipeline in result.pipelines:
+        cost = pipeline.cost
+        chain = list(dict.fromkeys(s.node for s in cost.stages))
+        assert len(chain) == 2 and [s.node for s in cost.stages] == [chain[placed.stage_device(s, 2)] for s in range(4)]
+        assert cost.step_s == _step(schedule, cost, 2)
+        check_device_priced(schedule, 2, cost)
+        chains.append(chain)
+    assert not set(chains[0]) & set(chains[1])  # a node serves one pipeline
+    # one sync group per layer run with one holder set, holders one node of each pipeline
+    assert result.sync and [(g.layer_start, g.layer_end) for g in result.sync] == [(0, 2), (2, 4), (4, 6), (6, 8)]
+    assert all(g.nodes[0] in chains[0] and g.nodes[1] in chains[1] for g in result.sync)
+    assert result.step_s == max([p.cost.step_s for p in result.pipelines] + [g.end_s for g in result.sync])
+    # a group's sync starts when its holders' stages have ended their last backward or weight
+    # gradient in their pipelines' simulated steps, and takes its whole reduction from there
+    done = [_weights_final(schedule, p.cost) for p in result.pipelines]
+    for g in result.sync:
+        holders = [next(j for j, s in enumerate(p.cost.stages) if s.layer_start <= g.layer_start < s.layer_end)
+                   for p in result.pipelines]
+        ready = max(done[p][j] for p, j in enumerate(holders))
+        assert g.allreduce_s > 0 and g.end_s >= ready + g.allreduce_s * (1 - 1e-12), g
+    first = min(result.sync, key=lambda g: g.end_s)  # nothing ahead of it on its links
+    holders = [next(j for j, s in enumerate(p.cost.stages) if s.layer_start <= first.layer_start < s.layer_end)
+               for p in result.pipelines]
+    assert first.end_s == pytest.approx(max(done[p][j] for p, j in enumerate(holders)) + first.allreduce_s, rel=1e-12)
+    assert "last backward or weight gradient" in result.sync_pricing
+    assert result.schedule_choice.startswith(f"{placed.title}: 2 pipelines, each 4 stages on 2 nodes")
+    # max_pipelines 1 (and auto) plans one pipeline, as before
+    assert len(plan_for(profile, _request(schedule)).pipelines) == 1
+    assert len(plan_for(profile, replace(_request(schedule), max_pipelines=None)).pipelines) == 1
+
+
+def test_random_profiles_with_two_pipelines_plan_honestly_or_say_no_plan():
+    rng = random.Random(11)
+    plans = two = 0
+    for _ in range(30):
+        profile = random_profile(rng, rng.randint(1, 4), rng.randint(1, 2), rng.randint(2, 9), memory_gb=(0.01, 3.0))
+        try:
+            result = plan_for(profile, replace(_request("zb-v", m=rng.choice([2, 4, 6])), max_pipelines=2))
+        except PlanningError as err:
+            assert "\n" not in str(err)
+            continue
+        plans += 1
+        two += len(result.pipelines) == 2
+        for pipeline in result.pipelines:
+            cost = pipeline.cost
+            check_device_priced("zb-v", len(dict.fromkeys(s.node for s in cost.stages)), cost)
+        assert result.step_s >= max(p.cost.step_s for p in result.pipelines)
+    assert plans and two  # some of them two pipelines
+
+
+def test_a_pinned_boundary_codec_is_priced_on_its_stage_and_refused_inside_a_node():
+    """compression.boundaries names the schedule's own boundaries (after stage s): int8 on ZB-V's
+    boundary 0 (node 0 to node 1) is that stage's codec, its link priced at int8's bytes and its
+    codec work on the stage; boundary 1 is inside ZB-V's second node, and boundary 3 does not exist."""
+    profile = regions_profile(per_region=2, regions=("a",), num_layers=8, layer_s=0.01, output_bytes=2**16)
+    pinned = CompressionConfig(intra_region="none", cross_region="none", sync="none", boundaries={0: "int8"})
+    result = plan_for(profile, replace(_request("zb-v"), compression=pinned))
+    stages = result.pipelines[0].cost.stages
+    assert [s.codec for s in stages] == ["int8", "none", "none", "none"]
+    assert 0 < stages[0].link_s < stages[0].link_uncompressed_s
+    assert stages[2].link_s == stages[2].link_uncompressed_s > 0  # the other boundary between nodes: none
+    check_device_priced("zb-v", 2, result.pipelines[0].cost)
+    assert result.compression.boundaries == {0: "int8"}  # carried to the plan: its links run int8
+    for boundary, why in ((1, "inside node"), (3, "has boundaries 0 to 2")):
+        codec = pinned.model_copy(update={"boundaries": {boundary: "int8"}})
+        with pytest.raises(PlanningError, match=why):
+            plan_for(profile, replace(_request("zb-v"), compression=codec))

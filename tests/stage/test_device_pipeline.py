@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
 
 from conftest import run_gloo_ranks
+from device_pipeline_model import CPU, LAYERS, M, STEPS, _batches, _close, _layers, _loss, _reference
 from hetlaunch.runtime.codecs import codec_by_name
 from hetlaunch.runtime.device_schedules import device_schedule_named
 from hetlaunch.runtime.executor import StageExecutor, StagePart
@@ -24,24 +24,6 @@ from hetlaunch.runtime.link import Link
 from hetlaunch.runtime.local_link import local_boundary
 from hetlaunch.runtime.memory_limit import StageMemory
 from hetlaunch.runtime.schedules import schedule_named
-
-CPU = torch.device("cpu")
-WIDTH, LAYERS, M, STEPS = 16, 8, 4, 3
-
-
-def _layers() -> list[nn.Module]:
-    torch.manual_seed(0)
-    return [nn.Linear(WIDTH, WIDTH) if i % 2 == 0 else nn.Tanh() for i in range(LAYERS)]
-
-
-def _batches(step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    g = torch.Generator().manual_seed(100 + step)
-    return [(torch.randn(3, WIDTH, generator=g), torch.randn(3, WIDTH, generator=g)) for _ in range(M)]
-
-
-def _loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    return (out - target).pow(2).mean()
-
 
 def _device(rank: int, out_dir: str, schedule: str, num_devices: int, lossy_boundary: int) -> None:
     """One device: its stages of an even cut, links to the devices of its neighbouring stages."""
@@ -89,22 +71,6 @@ def _run(tmp_path: Path, schedule: str, num_devices: int, lossy_boundary: int = 
     losses = next(r["losses"] for r in results if r["losses"] is not None)
     params = {k: v for r in results for k, v in r["params"].items()}
     return losses, params, [r["peak_activation_bytes"] for r in results]
-
-
-def _reference() -> tuple[list[float], dict]:
-    """One process, the whole model, the same micro-batches, the loss over M, AdamW."""
-    torch.set_num_threads(1)
-    layers = _layers()
-    executor = StageExecutor(layers, _loss, is_first=True, is_last=True, device=CPU)
-    actions = schedule_named("1f1b").stage_actions(0, 1, M)
-    losses = [executor.train_step(actions, _batches(step), M).loss for step in range(STEPS)]
-    params = {f"{i}.{name}": p.detach().flatten().tolist()
-              for i, layer in enumerate(layers) for name, p in layer.named_parameters()}
-    return losses, params
-
-
-def _close(got: list[float], want: list[float], rel: float = 1e-5) -> bool:
-    return all(abs(g - w) <= rel * max(abs(w), 1e-8) for g, w in zip(got, want, strict=True))
 
 
 @pytest.mark.timeout(240)

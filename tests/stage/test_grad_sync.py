@@ -71,6 +71,28 @@ def test_buckets_launch_during_backward_in_backward_order(one_rank_group, monkey
 
 
 @pytest.mark.timeout(60)
+def test_a_rank_with_several_stages_finds_its_layers_by_index_and_arms_each_stage_alone(one_rank_group):
+    """A node running two stages of a pipeline holds layers 2-3 and 10-11 of the model (as ZB-V's
+    first device does): its sync groups find their layers by model index, a group it does not hold
+    is refused, and arming one stage's parameters launches that stage's buckets only, during its
+    backward, while the other's wait for their own arming (or `finish`)."""
+    layers = _layers(4)
+    local_of = {2: 0, 3: 1, 10: 2, 11: 3}
+    plans = [SyncGroupPlan(2, 4, (0,), codec_by_name("none")), SyncGroupPlan(10, 12, (0,), codec_by_name("none"))]
+    sync = GradientSync(layers, 0, plans, make_groups(plans), torch.device("cpu"), local_index=local_of.__getitem__)
+    assert [b.plan.layer_start for b in sync.buckets] == [10, 2]  # backward order, by model index
+    with pytest.raises(ValueError, match="does not hold layer 4"):
+        missing = [SyncGroupPlan(3, 5, (0,), codec_by_name("none"))]
+        GradientSync(layers, 0, missing, make_groups(missing), torch.device("cpu"), local_index=local_of.__getitem__)
+    later = {id(p) for layer in layers[2:] for p in layer.parameters()}  # the stage holding 10-11
+    sync.arm(later)
+    nn.Sequential(*layers)(torch.randn(8, 64)).square().mean().backward()
+    assert [b.plan.layer_start for b in sync._launched] == [10]  # the other stage's wait
+    sync.finish()
+    assert sorted(b.plan.layer_start for b in sync._launched) == [2, 10]
+
+
+@pytest.mark.timeout(60)
 def test_error_feedback_carries_what_the_codec_lost(one_rank_group):
     """With int8, a gradient below a block's quantisation step is lost in one step but comes
     back through the carried error: summed over steps, the synced gradients track the true ones."""
