@@ -25,6 +25,7 @@ from typing import Callable
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.protos import worker_pb2 as wpb
 from hetlaunch.runtime import host_clock
+from hetlaunch.runtime.host_allocator import tune_host_allocator
 from hetlaunch.runtime.worker_pipe import FrameError, FrameWriter, PipeClosed, read_frame
 
 EXIT_AGENT_GONE = 4
@@ -116,6 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="hetlaunch-worker", description="Run tasks for a hetlaunch agent.")
     parser.add_argument("--report-fd", type=int, required=True)
     args = parser.parse_args(argv)
+    # Before any other thread starts and before torch allocates: one arena, memory kept per step.
+    allocator = tune_host_allocator()
+    if not allocator.startswith("glibc malloc: one arena"):
+        _log(allocator)
     writer = FrameWriter(args.report_fd)
     reports = WorkerReports(writer)
     tasks: queue.Queue = queue.Queue()
