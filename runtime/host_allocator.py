@@ -8,13 +8,18 @@ pipe and report threads allocate too), and secondary arenas shrink their heaps o
 
 Measured on the overhead bench's stage (one CPU stage, 0.9M parameters, 2026-12-04): 4,250
 minor page faults and 19 ms of system time per step with the defaults; 919 and 6 ms with one
-arena; 133 and 5 ms with one arena and fixed thresholds. A plain PyTorch loop in one thread
-takes 2,005 and 7 ms. So the worker keeps one arena, serves blocks up to MMAP_THRESHOLD_BYTES
+arena; 3 and 3 ms with one arena and the thresholds below. A plain PyTorch loop in one thread
+takes 2,005 and 7 ms. Asked to, the worker keeps one arena, serves blocks up to MMAP_THRESHOLD_BYTES
 from the heap and keeps up to TRIM_THRESHOLD_BYTES of freed heap (the CUDA caching allocator
 does the same for device memory). Resident memory stays at a step's peak instead of dipping
 between steps.
 
-Only where the C library is glibc (Linux); HETLAUNCH_HOST_MALLOC=default keeps glibc's defaults.
+Opt-in (HETLAUNCH_HOST_MALLOC=tuned in the agent's environment), because the wall-clock
+benchmarks did not bear it out on both shapes: the one-stage `overhead` ratio was 1.037, 0.963,
+1.018 with it (0.953, 0.963, 0.980 the day before without), but two stages over gloo against
+torch.distributed.pipelining measured 0.895, 0.975, 0.905 with it and 1.014 without, run beside
+it (2026-12-04; pair ratios spread 0.79-1.20 within runs, so one run each is not a verdict).
+Only where the C library is glibc (Linux).
 """
 
 from __future__ import annotations
@@ -26,13 +31,13 @@ import platform
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8  # glibc's malloc.h
 MMAP_THRESHOLD_BYTES = 32 << 20  # glibc's ceiling for it on 64-bit (HEAP_MAX_SIZE / 2)
 TRIM_THRESHOLD_BYTES = 1 << 30
-OPT_OUT = "HETLAUNCH_HOST_MALLOC"
+OPT_IN = "HETLAUNCH_HOST_MALLOC"
 
 
 def tune_host_allocator() -> str:
     """Set glibc's malloc for a training loop; what was done, in words (for the worker's log)."""
-    if os.environ.get(OPT_OUT) == "default":
-        return f"glibc malloc defaults kept ({OPT_OUT}=default)"
+    if os.environ.get(OPT_IN) != "tuned":
+        return f"glibc malloc defaults kept ({OPT_IN}=tuned would keep freed memory)"
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return "not glibc: host allocator left as it is"
     try:

@@ -25,6 +25,7 @@ from typing import Callable
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.protos import worker_pb2 as wpb
 from hetlaunch.runtime import host_clock
+from hetlaunch.runtime.host_allocator import OPT_IN as HOST_MALLOC_ENV
 from hetlaunch.runtime.host_allocator import tune_host_allocator
 from hetlaunch.runtime.worker_pipe import FrameError, FrameWriter, PipeClosed, read_frame
 
@@ -119,8 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # Before any other thread starts and before torch allocates: one arena, memory kept per step.
     allocator = tune_host_allocator()
-    if not allocator.startswith("glibc malloc: one arena"):
-        _log(allocator)
+    if os.environ.get(HOST_MALLOC_ENV) and not allocator.startswith("glibc malloc: one arena"):
+        _log(allocator)  # asked for and not done
     writer = FrameWriter(args.report_fd)
     reports = WorkerReports(writer)
     tasks: queue.Queue = queue.Queue()
