@@ -101,6 +101,8 @@ def _cases(device_list: list[str]) -> list[tuple[str, str]]:
         ("bf16 1f1b", head + "train: {steps: 60, precision: bf16, checkpoint_every: 0}\n" + _nodes(device_list)),
         ("fp32 zb-v", head + "train: {steps: 60, schedule: zb-v, checkpoint_every: 0}\n"
          + _nodes(device_list[:2], layers=False)),
+        ("fp32 zb-v 2 pipelines", head + "train: {steps: 60, schedule: zb-v, max_pipelines: 2, checkpoint_every: 0}\n"
+         + _nodes((device_list * 2)[:4], layers=False)),
         ("fp32 islands", head + "train: {steps: 60, checkpoint_every: 0, outer: {islands: by_region, every: 5}}\n"
          + _nodes(device_list, layers=False, regions=["r0", "r0", "r1"])),
         ("fp32 sealed", head + "data_plane: {encrypt: all}\ntrain: {steps: 60, checkpoint_every: 0}\n"
@@ -115,16 +117,22 @@ def training(device: str = "cuda") -> list[tuple[str, str, str]]:
     devices = [f"cuda:{i}" for i in range(3)] if gpus >= 3 else [f"{device}:0" if device == "cuda" else device] * 3
     rows = []
     losses_by_case = {}
+    only = os.environ.get("GPU_CHECK_ONLY", "")  # a label's start: run that job alone (a re-check)
     for label, cluster in _cases(devices):
+        if not label.startswith(only):
+            continue
         rc, last, summary, events, metrics = _up(label.replace(" ", "-"), f"name: gpu-check\n{cluster}")
         if rc != 0:
             rows.append((f"train {label}", last[:160], "FAILED"))
             continue
         losses_by_case[label] = [m["loss"] for m in metrics]
         backend = next((e.get("backend") for e in events if e.get("backend")), "nccl" if gpus >= 3 else "gloo")
+        plan = summary["plan"]
+        pipelines = len({stage["pipeline"] for stage in plan["stages"]})
         rows.append((f"train {label} ({len(set(devices))} {device}, {backend})",
                      f"{summary['mean_tokens_per_s']:.0f} tokens/s, loss {summary['first_loss']:.3f} -> "
-                     f"{summary['final_loss']:.3f}", "ok" if summary["final_loss"] < summary["first_loss"] else "WRONG"))
+                     f"{summary['final_loss']:.3f}, {plan.get('schedule')} x {pipelines} pipeline(s)",
+                     "ok" if summary["final_loss"] < summary["first_loss"] else "WRONG"))
     if device == "cuda" and "fp32 1f1b" in losses_by_case:
         # The same job on the CPU: fp32 on CUDA (no TF32 by default) must do the same arithmetic.
         cpu_yaml = "name: gpu-check\n" + _cases(["cpu"] * 3)[0][1].replace("steps: 60", "steps: 20")
