@@ -110,7 +110,7 @@ class StageExecutor:
     sum_over_model: Callable[[torch.Tensor], torch.Tensor] | None = None
     # fp32, or bf16/fp16 autocast over fp32 master weights (runtime/precision.py).
     precision: str = "fp32"
-    link_rounding: str = "stochastic"  # bf16 on links: runtime/wire_rounding.py
+    link_rounding: str = "nearest"  # bf16 on links: runtime/wire_rounding.py
     # fp16: whether any stage's gradients overflowed (an all-reduce); None in a single process.
     any_over_model: Callable[[bool], bool] | None = None
     # Emulated slowdown: compute that took t seconds is stretched to t / speed.
