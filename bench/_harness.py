@@ -245,7 +245,12 @@ class Side:
 
 
 def alternate(a: Side, b: Side, reps: int, reporter: Reporter, retry_budget_s: float) -> dict:
-    """Run A, B, A, B, ... `reps` times each.
+    """Run A, B, A, B, ... `reps` times each (`rotate` of two sides)."""
+    return rotate([a, b], reps, reporter, retry_budget_s)
+
+
+def rotate(sides: list[Side], reps: int, reporter: Reporter, retry_budget_s: float) -> dict:
+    """Run A, B, C, A, B, C, ... `reps` times each.
 
     Before each run, wait (up to MAX_WAIT_S) for the machine to be quiet; a run during which
     other work kept more than NOISY_CORES busy is repeated (up to MAX_ATTEMPTS), while
@@ -253,11 +258,11 @@ def alternate(a: Side, b: Side, reps: int, reporter: Reporter, retry_budget_s: f
     record of each run (marked "clean" or not), "discarded": per side, what the repeated
     runs measured, "retry_budget_s_used"}.
     """
-    runs: dict[str, list[dict]] = {a.key: [], b.key: []}
-    discarded: dict[str, list[dict]] = {a.key: [], b.key: []}
+    runs: dict[str, list[dict]] = {side.key: [] for side in sides}
+    discarded: dict[str, list[dict]] = {side.key: [] for side in sides}
     spent = 0.0
     for rep in range(reps):
-        for side in (a, b):
+        for side in sides:
             attempt = 0
             while True:
                 attempt += 1
