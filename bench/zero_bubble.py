@@ -16,8 +16,10 @@ ZB-H1's peak activations). Each side's measured peak activation bytes per node i
 History: until 2026-12-04 the 1F1B side had every stage's window pinned to 4 ("equal memory"
 read as equal at every stage); a last stage holding 4 forwards before its first backward
 delays every backward (69 unit steps against its own windows' 33, F = 1, B = 2), so ZB-H1 came
-out 2.0-2.35x a handicapped 1F1B. Against the planner's deepened 1F1B (one run, 2026-12-04)
-ZB-H1 was 0.84x, ZB-H2 0.96x and ZB-V 0.61x, every prediction within 6% of its measured step:
+out 2.0-2.35x a handicapped 1F1B. Against the planner's deepened 1F1B (2026-12-04) ZB-H1 was
+0.84x and 0.94x, ZB-H2 0.96x and 0.99x, ZB-V 0.61x and 0.70x in two runs (predictions within
+6% of the measured steps in the first; 24-33% short on every side in the second, whose profile
+was taken on a busier machine than training then ran on):
 where memory lets 1F1B deepen, it hides 20 ms links better than the zero-bubble schedules at
 their memory, and `schedule: auto`, which prices each, keeps 1F1B.
 

@@ -9,7 +9,8 @@ from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
 from hetlaunch.launcher.config_errors import FieldError, show
 from hetlaunch.launcher.config_types import Name, Strict, YamlFloat
-from hetlaunch.runtime.registry import AUTO_SCHEDULE, DEFAULT_SCHEDULE, DEVICE_SCHEDULE_NAMES, SCHEDULE_NAMES
+from hetlaunch.runtime.registry import (AUTO_SCHEDULE, DEFAULT_LINK_ROUNDING, DEFAULT_SCHEDULE, DEVICE_SCHEDULE_NAMES,
+                                        SCHEDULE_NAMES)
 
 
 def _auto_or_positive(value: Any) -> Any:
@@ -81,10 +82,10 @@ class TrainConfig(Strict):
     # bf16/fp16: autocast over fp32 master weights and optimizer state; activations cross links in
     # the compute dtype; fp16 adds a loss scale kept the same on every stage.
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
-    # bf16: activations and gradients cross links rounded to nearest (within 1.5% of fp32's loss on
-    # every seed of bench/precision.py) or stochastically (unbiased, but noisier: 2.5% above fp32
-    # over 3 seeds); runtime/wire_rounding.py. fp16 always rounds to nearest
-    link_rounding: Literal["nearest", "stochastic"] = "nearest"
+    # bf16: activations and gradients cross links rounded to nearest (0.1% above fp32's loss over 5
+    # seeds of bench/precision.py) or stochastically (unbiased, but noisier: 1.6% above);
+    # runtime/wire_rounding.py. fp16 always rounds to nearest
+    link_rounding: Literal["nearest", "stochastic"] = DEFAULT_LINK_ROUNDING
     optimizer: Literal["adamw", "sgd"] = "adamw"
     lr: YamlFloat = Field(3.0e-3, gt=0)  # peak learning rate
     momentum: YamlFloat = Field(0.9, ge=0, lt=1)  # sgd only

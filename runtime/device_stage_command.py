@@ -59,6 +59,7 @@ from hetlaunch.runtime.stage_command import (Island, StageReports, _any_over_mod
                                              step_rng_seed)
 from hetlaunch.runtime.step_evaluation import StepEvaluation
 from hetlaunch.runtime.tied import TiedParameters
+from hetlaunch.runtime.registry import DEFAULT_LINK_ROUNDING
 from hetlaunch.runtime.wire import model_spec_from_proto, schedule_name
 
 
@@ -163,7 +164,7 @@ def _executor(cmd: pb.RunStage, parts: list[pb.StagePartSpec], layers: list, los
     barrier = _pipeline_barrier(dp, rdzv.rank, device, rdzv.backend, list(ranks.values()), rdzv)
     executor = StageExecutor(layers, loss_fn, is_first=False, is_last=False, device=device, parts=stage_parts,
                              recipe=recipe_of(train), sum_over_model=_sum_over_model(island, device, rdzv.backend),
-                             precision=train.precision or "fp32", link_rounding=train.link_rounding or "nearest",
+                             precision=train.precision or "fp32", link_rounding=train.link_rounding or DEFAULT_LINK_ROUNDING,
                              any_over_model=_any_over_model(island, device, rdzv.backend),
                              emulation=emulated_speed(stage.emulate, train.start_step), memory=memory,
                              grad_sync=grad_sync, before_optimizer_step=barrier)

@@ -32,6 +32,7 @@ from hetlaunch.runtime.memory_limit import StageMemory
 from hetlaunch.runtime.outer_sync import OuterSync
 from hetlaunch.runtime.optim import Recipe, clip_gradients, make_optimizer, set_lr
 from hetlaunch.runtime.precision import LossScaler, autocast, compute_dtype, from_wire, to_wire
+from hetlaunch.runtime.registry import DEFAULT_LINK_ROUNDING
 from hetlaunch.runtime.wire_rounding import WireRounding
 from hetlaunch.runtime.actions import B, E, F, I, W, Action
 from hetlaunch.runtime.split_backward import SplitBackward
@@ -110,7 +111,7 @@ class StageExecutor:
     sum_over_model: Callable[[torch.Tensor], torch.Tensor] | None = None
     # fp32, or bf16/fp16 autocast over fp32 master weights (runtime/precision.py).
     precision: str = "fp32"
-    link_rounding: str = "nearest"  # bf16 on links: runtime/wire_rounding.py
+    link_rounding: str = DEFAULT_LINK_ROUNDING  # bf16 on links: runtime/wire_rounding.py
     # fp16: whether any stage's gradients overflowed (an all-reduce); None in a single process.
     any_over_model: Callable[[bool], bool] | None = None
     # Emulated slowdown: compute that took t seconds is stretched to t / speed.

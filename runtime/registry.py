@@ -71,6 +71,11 @@ AUTO_MORE_MEMORY_GAIN = 1.02
 AUTO_DEVICE_SCHEDULE_GAIN = 1.10
 DEFAULT_SCHEDULE = AUTO_SCHEDULE
 
+# How bf16 rounds what crosses a link (runtime/wire_rounding.py); the default is the one that
+# ended closest to fp32's loss on bench/precision.py.
+LINK_ROUNDINGS: tuple[str, ...] = ("nearest", "stochastic")
+DEFAULT_LINK_ROUNDING = "nearest"
+
 # Gradient sync between pipelines starts a bucket's all-reduce when its last gradient is final;
 # the runtime fills buckets up to this size and the planner prices the same cap.
 SYNC_BUCKET_BYTES = 4 * 2**20

@@ -34,6 +34,7 @@ from hetlaunch.runtime.sealed_exchange import SealedGather, must_seal, regions_o
 from hetlaunch.runtime.sealing import REFUSED, Channel, Opener, Sealer, SealingError
 from hetlaunch.runtime.step_evaluation import StepEvaluation
 from hetlaunch.runtime.tied import TiedParameters
+from hetlaunch.runtime.registry import DEFAULT_LINK_ROUNDING
 from hetlaunch.runtime.wire import model_spec_from_proto, schedule_name
 
 
@@ -370,7 +371,7 @@ def _executor(cmd: pb.RunStage, bundle, device: torch.device, memory: StageMemor
                              is_last=stage.stage_index == stage.num_stages - 1, device=device,
                              prev_link=prev_link, next_link=next_link, recipe=recipe_of(train),
                              sum_over_model=_sum_over_model(island, device, backend),
-                             precision=train.precision or "fp32", link_rounding=train.link_rounding or "nearest",
+                             precision=train.precision or "fp32", link_rounding=train.link_rounding or DEFAULT_LINK_ROUNDING,
                              any_over_model=_any_over_model(island, device, backend),
                              emulation=emulated_speed(stage.emulate, train.start_step), grad_sync=grad_sync,
                              before_optimizer_step=_pipeline_barrier(dp, cmd.rendezvous.rank, device, backend,
