@@ -176,6 +176,10 @@ def plan(
     if cluster_yaml is None and profile_file is None:
         fail("give a cluster YAML (profiles it live), --profile PROFILE.json (offline), or both", EXIT_BAD_INPUT)
     cluster = _load(cluster_yaml) if cluster_yaml else None
+    if cluster is not None and cluster.pinned:
+        _refuse_over_pins({"--microbatches": microbatches, "--global-batch": global_batch, "--schedule": schedule,
+                           "--max-pipelines": max_pipelines, "--stages": stages, "--compression": compression,
+                           "--islands": islands or None, "--outer-every": outer_every})
     train = cluster.train if cluster else None
     global_batch = global_batch or (train.global_batch if train else None)
     fixed = microbatches or (train.fixed_microbatches if train and global_batch == train.global_batch else None)
@@ -209,6 +213,9 @@ def plan(
     # (offline without a YAML, where the request does: launcher/planning/request.py)
     from hetlaunch.launcher.device_schedule_checks import auto_refusal
 
+    if cluster is not None and cluster.pinned:
+        _plan_pinned(cluster, measured, as_json)
+        return
     request = PlanRequest(num_microbatches=num_mb, schedule=sched, compression=policy, max_pipelines=max_pipelines,
                           global_batch=global_batch, fixed_microbatches=fixed, stages=stages,
                           device_schedules_refused=auto_refusal(cluster) if cluster is not None else None)
@@ -220,6 +227,45 @@ def plan(
     except (PlanningError, ProfileError) as err:
         fail(str(err), EXIT_JOB_FAILED)
     print_planner_result(plain_console(), measured, result, as_json=as_json)
+
+
+def _refuse_over_pins(overrides: dict) -> None:
+    """Before anything is measured: options that would plan another cut than the YAML pins."""
+    given = [flag for flag, value in overrides.items() if value is not None]
+    if given:
+        fail(f"{', '.join(given)}: the YAML pins every node's layers, and `up` runs that cut as the YAML gives it; "
+             "change the YAML (or drop its `layers:`) to plan something else", EXIT_BAD_INPUT)
+
+
+def _plan_pinned(cluster, measured, as_json: bool) -> None:
+    """`hetlaunch plan` where the YAML pins `layers:`: the pinned cut priced as `up` prices it
+    (launcher/job_driver.py make_plan), not a plan of the planner's own that `up` would never run."""
+    import json
+    import time
+
+    from hetlaunch.launcher.adapt.replanner import Replanner
+    from hetlaunch.launcher.planning.plan import pinned_num_layers, static_plan
+    from hetlaunch.launcher.progress import print_plan
+
+    from hetlaunch.launcher.planning.plan import TilingError
+    from hetlaunch.launcher.planning.planner import PlanningError
+    from hetlaunch.launcher.planning.profile_file import ProfileError
+
+    started = time.perf_counter()
+    try:
+        plan = Replanner(cluster, measured, lambda: [n.name for n in cluster.nodes]).priced_pins(
+            static_plan(cluster, pinned_num_layers(cluster)))
+    except TilingError as err:
+        fail(str(err), EXIT_BAD_INPUT)
+    except (PlanningError, ProfileError) as err:
+        fail(str(err), EXIT_JOB_FAILED)
+    planning_s = time.perf_counter() - started
+    if as_json:
+        plain_console().print_json(json.dumps({**plan.to_dict(), "planning_s": planning_s}))
+        return
+    console = plain_console()
+    print_plan(console, plan)
+    console.print(f"the YAML's pinned cut, priced in {planning_s:.2f}s")
 
 
 def _plan_islands(measured, request, train, every: int | None, as_json: bool) -> None:

@@ -118,3 +118,38 @@ def test_cli_plan_and_up_plan_through_one_function(tmp_path):
     # offline, without a YAML: the same function with the defaults (auto codecs)
     auto = planned(parsed, plan_for(measured, PlanRequest(4, "1f1b", CompressionConfig())))
     assert auto.compression == CompressionConfig()
+
+
+def test_cli_plan_of_a_yaml_that_pins_layers_prints_the_pinned_cut_up_runs(tmp_path):
+    """`hetlaunch plan` once printed a plan of its own for a YAML with `layers:` pinned (here it
+    would have put all 8 layers on every node, 3 pipelines), which `up` never runs; now it prices
+    the pinned cut as `up` does, and refuses options that would plan another cut, before measuring."""
+    config = {"name": "pins", "model": {"preset": "tiny", "n_layers": 6, "seq_len": 32, "d_model": 32},
+              "train": {"micro_batch_size": 4, "num_microbatches": 4, "schedule": "zb-h1"},
+              "compression": {"intra_region": "none", "cross_region": "none", "sync": "none"},
+              "nodes": [{"name": n, "device": "cpu", "layers": cut} for n, cut in zip(EVEN, ([0, 3], [3, 5], [5, 8]))]}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
+    parsed = parse_cluster(yaml.safe_dump(config))
+    measured = profile(EVEN, layers=8, model=parsed.model.to_spec().describe())
+    save_profile(measured, tmp_path / "p.json")
+    done = run_hetlaunch("plan", str(tmp_path / "c.yaml"), "--profile", str(tmp_path / "p.json"), "--json",
+                         timeout=60, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    printed = json.loads(done.stdout)
+    assert [(s["node"], s["layer_start"], s["layer_end"]) for s in printed["stages"]] == [
+        ("a", 0, 3), ("b", 3, 5), ("c", 5, 8)]
+    assert printed["source"] == "pinned" and printed["schedule"] == "zb-h1"
+    up_plan = Replanner(parsed, measured, lambda: list(EVEN)).priced_pins(printed_plan := _pinned(parsed))
+    assert printed["predicted_step_s"] == up_plan.predicted_step_s and printed_plan.source == "pinned"
+    table = run_hetlaunch("plan", str(tmp_path / "c.yaml"), "--profile", str(tmp_path / "p.json"), timeout=60, cwd=tmp_path)
+    assert table.returncode == 0 and "pinned cut" in table.stdout and "0–2" in table.stdout, table.stdout
+    refused = run_hetlaunch("plan", str(tmp_path / "c.yaml"), "--profile", str(tmp_path / "p.json"), "--stages", "2",
+                            timeout=60, cwd=tmp_path)
+    assert refused.returncode == 2 and refused.stderr.strip().count("\n") == 0, refused.stderr
+    assert "--stages" in refused.stderr and "pins" in refused.stderr
+
+
+def _pinned(parsed) -> Plan:
+    from hetlaunch.launcher.planning.plan import pinned_num_layers, static_plan
+
+    return static_plan(parsed, pinned_num_layers(parsed))
