@@ -24,7 +24,8 @@ def _run(tmp_path, precision: str, steps: int) -> tuple[list[dict], dict]:
     yaml_path = tmp_path / f"{precision}.yaml"
     yaml_path.write_text(f"""name: precision
 model: {{preset: tiny}}
-train: {{steps: {steps}, micro_batch_size: 4, num_microbatches: 2, precision: {precision}, checkpoint_every: 0, seed: 3}}
+train: {{steps: {steps}, micro_batch_size: 4, num_microbatches: 2, precision: {precision}, checkpoint_every: 0, seed: 3,
+        lr: 1.0e-3}}
 compression: {{intra_region: none, cross_region: none}}
 nodes:
   - {{name: a, device: cpu, threads: 1, layers: [0, 3]}}
@@ -38,14 +39,19 @@ nodes:
 
 
 @pytest.mark.timeout(420)
-def test_bf16_and_fp16_end_within_3_percent_of_fp32_and_halve_the_link_bytes(tmp_path):
+def test_bf16_and_fp16_end_within_2_percent_of_fp32_and_halve_the_link_bytes(tmp_path):
+    """At the default lr (3e-3) this tiny model's 150 steps are chaotic: one seed's final loss
+    moved 3-7% between fp32, bf16 and fp16 on a CPU with AMX bf16 kernels (and within 3% on
+    another CPU), so the precision was not what the test measured. At 1e-3 seeds 3, 4 and 5 ended
+    within 0.5% of fp32 in both dtypes on that CPU; the bench (bench/precision.py) measures the
+    default's over 5 seeds."""
     steps = 150
     fp32, fp32_summary = _run(tmp_path, "fp32", steps)
     for precision in ("bf16", "fp16"):
         lines, summary = _run(tmp_path, precision, steps)
         final = sum(r["loss"] for r in lines[-10:]) / 10
         want = sum(r["loss"] for r in fp32[-10:]) / 10
-        assert abs(final - want) / want <= 0.03, (precision, final, want)
+        assert abs(final - want) / want <= 0.02, (precision, final, want)
         assert fp32[0]["loss"] - want > 1.0  # both runs really trained
         # The same activations cross the same links in half the bytes (no codec: "none").
         assert len(summary["links"]) == len(fp32_summary["links"]) == 1
