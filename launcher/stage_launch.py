@@ -79,14 +79,14 @@ def launch(session: ClusterSession, plan: Plan, spec, restore: Restore, checkpoi
 
 def eval_fills(stages, schedule: str, num_microbatches: int, num_eval: int) -> tuple[list[str], FillReport]:
     """Each stage's actions for a step that also evaluates (StageSpec.eval_fill), placed in the idle
-    time of the plan's simulation: the stages' predicted compute (forward a third of it), links and
-    latencies, or unit compute and free links where the plan has no prediction (pinned, even)."""
+    time of the plan's simulation: the stages' priced forward and backward, links and latencies, or
+    unit compute and free links where the plan has no prediction (pinned, even)."""
     S = len(stages)
     priced = all(s.compute_s is not None for s in stages) and \
         all(s.link_s is not None and s.latency_s is not None for s in stages[:-1])
-    compute = [s.compute_s if priced else 1.0 for s in stages]
+    forward, backward = zip(*(s.forward_backward_s() if priced else (1 / 3, 2 / 3) for s in stages))
     actions = [schedule_for(schedule, j, S, num_microbatches, s.window) for j, s in enumerate(stages)]
-    lists, report = fill_bubbles(actions, num_eval, [c / 3 for c in compute], [2 * c / 3 for c in compute],
+    lists, report = fill_bubbles(actions, num_eval, list(forward), list(backward),
                                  [s.link_s if priced else 0.0 for s in stages[:-1]],
                                  [s.latency_s if priced else 0.0 for s in stages[:-1]])
     return [" ".join(a.label for a in stage_actions) for stage_actions in lists], report

@@ -140,8 +140,10 @@ def _span(name: str, start: float, end: float, pid: int, tid: int, step: int, mi
 
 
 def _predicted(plan: Plan, stages, microbatches: int, p: int, step: int, start: float) -> list[dict]:
-    """The pipeline's step as the planner priced it (forward a third, backward two thirds of each
-    stage's time per micro-batch), from `start`; nothing for a plan not priced from a profile."""
+    """The pipeline's step as the planner priced it (each stage's forward, backward and, split, its
+    I and W per micro-batch, as simulated; a plan from before they were kept: forward a third and
+    backward two thirds of the stage's time), from `start`; nothing for a plan not priced from a
+    profile."""
     if any(s.compute_s is None for s in stages):
         return []
     S = len(stages)
@@ -149,7 +151,10 @@ def _predicted(plan: Plan, stages, microbatches: int, p: int, step: int, start: 
         per_track = device_schedule_named(plan.schedule).actions(len({s.node for s in stages}), microbatches)
     else:
         per_track = [schedule_for(plan.schedule, j, S, microbatches, s.window) for j, s in enumerate(stages)]
-    timeline = simulated_timeline(per_track, [s.compute_s / 3 for s in stages], [2 * s.compute_s / 3 for s in stages],
-                                  [s.link_s or 0.0 for s in stages[:-1]], [s.latency_s or 0.0 for s in stages[:-1]])
+    forward, backward = zip(*(s.forward_backward_s() for s in stages))
+    split = [s.split_s() for s in stages]
+    split = list(zip(*split)) if all(split) else (None, None)  # as cost_model.split_costs
+    timeline = simulated_timeline(per_track, list(forward), list(backward), [s.link_s or 0.0 for s in stages[:-1]],
+                                  [s.latency_s or 0.0 for s in stages[:-1]], *(list(c) if c else None for c in split))
     return [_span(_KIND_NAMES[a.kind], start + t0, start + t1, PREDICTED_PID + p, j, step, a.microbatch)
             for j, actions in enumerate(timeline) for a, t0, t1 in actions]

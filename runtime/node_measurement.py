@@ -176,7 +176,7 @@ def _measure_layer(layer: nn.Module, x: Message, loss_fn, targets: torch.Tensor,
 def _split_seconds(layer: nn.Module, inputs: Message, loss_fn, targets: torch.Tensor, device: torch.device,
                    emulation: ComputeEmulation, dtype: torch.dtype | None, params: list, warmup: int,
                    repeats: int) -> tuple[float, float]:
-    """The layer's backward split into I and W (each after an untimed forward): medians."""
+    """The layer's backward split into I and W (each after an untimed, stretched forward): medians."""
     from hetlaunch.runtime.split_backward import SplitBackward
 
     def prepared():
@@ -196,7 +196,13 @@ def _split_seconds(layer: nn.Module, inputs: Message, loss_fn, targets: torch.Te
 
     timings = []
     for i in range(warmup + repeats):
-        input_pass, weight_pass = prepared()
+        # the forward runs as a piece of its own, stretched like any (untimed here): I then starts as
+        # in training, after the node slept out its forward, not straight after it with warm caches;
+        # under `emulate: speed` that start costs I 1.3-1.5x a warm one (tiny GPT blocks on CPU),
+        # which a profile that ran I at once priced as a split costing nothing over the backward
+        made = []
+        _timed(lambda: made.append(prepared()), device, emulation)
+        input_pass, weight_pass = made[0]
         if i < warmup:
             input_pass()
             weight_pass()

@@ -36,10 +36,29 @@ class StagePlan:
     capacity_bytes: float | None = None
     pipeline: int = 0
     window: int = 0  # 1F1B: micro-batches in flight when the planner deepened it; 0: the schedule's own
+    # The parts of compute_s the step was simulated with, per micro-batch (None where not priced): the
+    # predicted trace draws these, so a zero-bubble stage's I and W are the ones its step was priced by
+    forward_s: float | None = None
+    backward_s: float | None = None
+    input_grad_s: float | None = None   # 0 and 0: the node measured no split; the backward is halved
+    weight_grad_s: float | None = None
 
     @property
     def num_layers(self) -> int:
         return self.layer_end - self.layer_start
+
+    def forward_backward_s(self) -> tuple[float, float]:
+        """The forward and backward per micro-batch the step was simulated with (a plan from before
+        they were kept: a third and two thirds of compute_s). Only for a priced stage."""
+        if self.forward_s is not None and self.backward_s is not None:
+            return self.forward_s, self.backward_s
+        return self.compute_s / 3, 2 * self.compute_s / 3
+
+    def split_s(self) -> tuple[float, float] | None:
+        """The I and W the step was simulated with; None where the node measured no split."""
+        if (self.input_grad_s or 0.0) + (self.weight_grad_s or 0.0) > 0:
+            return self.input_grad_s, self.weight_grad_s
+        return None
 
 
 @dataclass(frozen=True)
@@ -292,7 +311,9 @@ def planned(cluster, result, source: str = "planned") -> Plan:
                              compute_s=s.compute_s, link_s=s.link_s, link_uncompressed_s=s.link_uncompressed_s,
                              latency_s=s.latency_s,
                              memory_bytes=s.memory_bytes, capacity_bytes=s.capacity_bytes, pipeline=p,
-                             window=cluster.node(s.node).window or s.window)  # a window pinned in the YAML wins
+                             window=cluster.node(s.node).window or s.window,  # a window pinned in the YAML wins
+                             forward_s=s.forward_s, backward_s=s.backward_s, input_grad_s=s.input_grad_s,
+                             weight_grad_s=s.weight_grad_s)
                    for p, pipeline in enumerate(result.pipelines) for s in pipeline.cost.stages)
     sync = tuple(SyncPlan(g.layer_start, g.layer_end, tuple(g.nodes), g.codec, g.allreduce_s, g.exposed_s,
                           g.hierarchical)

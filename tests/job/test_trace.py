@@ -42,6 +42,32 @@ def test_simulated_timeline_is_the_simulation_action_by_action():
         simulate(per_stage, forward, backward, wire, latency))
 
 
+def test_the_predicted_trace_draws_the_forward_backward_and_split_the_plan_was_priced_with():
+    """A zero-bubble plan's predicted track once drew I and W as a third of each stage's time
+    whatever the planner had priced them at; now each span is the plan's own part, and the track
+    ends where the simulation of those parts does."""
+    from hetlaunch.launcher.planning.plan import Plan, StagePlan
+    from hetlaunch.launcher.timeline import PREDICTED_PID, _predicted
+    from hetlaunch.runtime.schedules import SCHEDULES
+
+    parts = [(0.010, 0.022, 0.0, 0.022), (0.030, 0.055, 0.040, 0.025), (0.020, 0.041, 0.027, 0.019)]
+    stages = tuple(StagePlan(f"n{j}", "r", j, j + 1, compute_s=f + b, link_s=0.001, latency_s=0.02, pipeline=0,
+                             forward_s=f, backward_s=b, input_grad_s=i, weight_grad_s=w)
+                   for j, (f, b, i, w) in enumerate(parts))
+    plan = Plan(stages=stages, num_layers=3, micro_batch_size=1, num_microbatches=6, schedule="zb-h1",
+                source="planned", pipeline_microbatches=(6,))
+    spans = _predicted(plan, stages, 6, 0, 4, 1.0)
+    assert {e["pid"] for e in spans} == {PREDICTED_PID}
+    for e in spans:
+        f, b, i, w = parts[e["tid"]]
+        want = {"F": f, "I": i, "W": w}[e["name"][0]]
+        assert e["dur"] == pytest.approx(want * 1e6, abs=1e-3), e
+    per_stage = [SCHEDULES["zb-h1"].actions(3, 6)[j] for j in range(3)]
+    end = simulate(per_stage, [p[0] for p in parts], [p[1] for p in parts], [0.001] * 2, [0.02] * 2,
+                   input_grad_cost=[p[2] for p in parts], weight_grad_cost=[p[3] for p in parts])
+    assert max(e["ts"] + e["dur"] for e in spans) == pytest.approx((1.0 + end) * 1e6, abs=1e-2)
+
+
 @pytest.mark.timeout(240)
 def test_up_writes_a_chrome_trace_of_every_scheduled_action_on_one_clock(tmp_path):
     cluster = yaml.safe_load((REPO / "cluster_examples" / "tiny_test.yaml").read_text())
