@@ -251,6 +251,10 @@ def _plan_pinned(cluster, measured, as_json: bool) -> None:
     from hetlaunch.launcher.planning.planner import PlanningError
     from hetlaunch.launcher.planning.profile_file import ProfileError
 
+    missing = [n.name for n in cluster.nodes if all(p.name != n.name for p in measured.nodes)]
+    if missing:
+        fail(f"the profile has no node {', '.join(missing)}, which the YAML pins layers on; profile this cluster "
+             "(hetlaunch profile) or plan without --profile", EXIT_BAD_INPUT)
     started = time.perf_counter()
     try:
         plan = Replanner(cluster, measured, lambda: [n.name for n in cluster.nodes]).priced_pins(

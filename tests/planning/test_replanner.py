@@ -147,6 +147,13 @@ def test_cli_plan_of_a_yaml_that_pins_layers_prints_the_pinned_cut_up_runs(tmp_p
                             timeout=60, cwd=tmp_path)
     assert refused.returncode == 2 and refused.stderr.strip().count("\n") == 0, refused.stderr
     assert "--stages" in refused.stderr and "pins" in refused.stderr
+    # a profile of other nodes than the YAML pins: one line, not a traceback
+    config["nodes"][2]["name"] = "d"
+    (tmp_path / "other.yaml").write_text(yaml.safe_dump(config))
+    other = run_hetlaunch("plan", str(tmp_path / "other.yaml"), "--profile", str(tmp_path / "p.json"), timeout=60,
+                          cwd=tmp_path)
+    assert other.returncode == 2 and other.stderr.strip().count("\n") == 0, other.stderr
+    assert "no node d" in other.stderr
 
 
 def _pinned(parsed) -> Plan:
