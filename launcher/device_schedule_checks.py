@@ -40,8 +40,9 @@ def check_device_schedule(cluster) -> None:
 
 def auto_refusal(cluster) -> str | None:
     """Why `schedule: auto` may not pick a device schedule for `cluster`, in a few words; None
-    where the YAML allows one (auto plans them as one pipeline, and the planner still needs its
-    plan to be one pipeline of 2 nodes or more, and the schedule to pay: launcher/planning/request.py).
+    where the YAML allows one (auto plans them with as many pipelines as its one-stage-per-node
+    plan, and the planner still needs a pipeline of 2 nodes or more in that plan, and the schedule
+    to pay: launcher/planning/request.py).
     A `rebalance` the YAML sets to anything but off asks for live moves or restarts on stragglers
     (`true` and `auto` included: written out, it is asked for), which these schedules do not run;
     left at its default it is off under them. Pinned `compression.boundaries` keep auto on one stage

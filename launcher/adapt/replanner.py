@@ -85,7 +85,7 @@ class Replanner:
                                        tokens_per_s=plan.predicted_tokens_per_s or 0.0, method="islands",
                                        planning_s=time.perf_counter() - started)
         result = plan_for(self.measured, self.request)
-        self.request, self._fallbacks = kept_family(self.request, result.schedule)
+        self.request, self._fallbacks = kept_family(self.request, result.schedule, len(result.pipelines))
         return planned(self.cluster, result), result
 
     def _planned(self, profile: Profile, source: str) -> Plan:
@@ -271,12 +271,13 @@ def request_for(cluster) -> PlanRequest:
     return PlanRequest.for_train(cluster.train, cluster.compression, auto_refusal(cluster))
 
 
-def kept_family(request: PlanRequest, schedule: str) -> tuple[PlanRequest, tuple[str, ...]]:
+def kept_family(request: PlanRequest, schedule: str, pipelines: int = 1) -> tuple[PlanRequest, tuple[str, ...]]:
     """The request every later plan of a job is made with, once its first plan runs `schedule`,
     and the schedules to try in turn where that request fits no plan.
 
     A re-plan (after a lost node, a join) keeps the family the job started in: with `auto`, one
-    that started on several stages per node re-plans that same schedule on one pipeline, and one
+    that started on several stages per node re-plans that same schedule on as many pipelines at most
+    as its first plan had (`pipelines`; the YAML's max_pipelines where it gives a number), and one
     that started on one stage per node no longer considers the device schedules. Either switch
     would change under a running job what its YAML left to the default: a device schedule turns
     rebalancing off (the straggler watch is not fed), and a plan switched back to one stage per node
@@ -287,7 +288,7 @@ def kept_family(request: PlanRequest, schedule: str) -> tuple[PlanRequest, tuple
     if request.schedule != AUTO_SCHEDULE:
         return request, ()
     if schedule in DEVICE_SCHEDULE_NAMES:
-        return (replace(request, schedule=schedule, max_pipelines=1),
+        return (replace(request, schedule=schedule, max_pipelines=request.max_pipelines or pipelines),
                 tuple(s for s in DEVICE_SCHEDULE_NAMES if s != schedule))
     return replace(request, device_schedules_refused="the job runs one stage per node"), ()
 

@@ -51,10 +51,10 @@ def plan_for(profile: Profile, request: PlanRequest) -> PlannerResult:
     `schedule: auto`, the cut is searched under AUTO_SCHEDULES[0] (1F1B) and then priced, by
     simulation, under each other candidate; the fastest whose memory fits every stage is kept,
     where a candidate holding more micro-batches than the one kept so far (a later one) must be
-    faster by AUTO_MORE_MEMORY_GAIN. Then, where the job can run them and that plan is one pipeline
-    of 2 nodes or more, each of DEVICE_SCHEDULE_NAMES is planned (launcher/planning/device_plans.py,
-    which keeps only cuts that fit each node's memory) and the fastest is taken if it beats the
-    one-stage-per-node plan by AUTO_DEVICE_SCHEDULE_GAIN. The note names each candidate that fits
+    faster by AUTO_MORE_MEMORY_GAIN. Then, where the job can run them and a pipeline of that plan
+    has 2 nodes or more, each of DEVICE_SCHEDULE_NAMES is planned with as many pipelines at most
+    (launcher/planning/device_plans.py, which keeps only cuts that fit each node's memory) and the
+    fastest is taken if it beats the one-stage-per-node plan by AUTO_DEVICE_SCHEDULE_GAIN. The note names each candidate that fits
     with the tokens/s it was priced at, and each device schedule's price or why it was not priced."""
     if request.schedule != AUTO_SCHEDULE:
         return _plan_for(profile, request)
@@ -96,12 +96,12 @@ def _device_schedules(profile: Profile, request: PlanRequest,
         return None, f"{names} not considered: {refused}"
     planned, words = [], []
     for schedule in DEVICE_SCHEDULE_NAMES:
-        try:
-            result = plan_devices(profile, request.num_microbatches, schedule)
+        try:  # as many pipelines as the one-stage-per-node plan found worth it, at most
+            result = plan_devices(profile, request.num_microbatches, schedule, len(best.pipelines), request.compression)
         except PlanningError:  # too few layers, micro-batches that do not suit it, no cut that fits memory
             words.append(f"{schedule} no plan")
             continue
-        if len({s.node for s in result.pipelines[0].cost.stages}) < 2:  # 1F1B's one-pipeline chain is one node
+        if any(len({s.node for s in p.cost.stages}) < 2 for p in result.pipelines):  # a 1F1B chain of one node
             words.append(f"{schedule} on one node only")
             continue
         planned.append(result)
@@ -126,10 +126,8 @@ def device_refusal(request: PlanRequest, best: PlannerResult) -> str | None:
     policy = request.compression
     if policy.boundaries or {policy.intra_region, policy.cross_region} - {"auto", "none"}:
         return "a pinned codec"
-    if len(best.pipelines) != 1:
-        return f"{len(best.pipelines)} pipelines"
-    if len(best.pipelines[0].cost.stages) < 2:
-        return "one node"
+    if all(len(p.cost.stages) < 2 for p in best.pipelines):
+        return "one node" if len(best.pipelines) == 1 else f"{len(best.pipelines)} pipelines of one node each"
     return None
 
 

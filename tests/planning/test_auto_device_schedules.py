@@ -1,6 +1,6 @@
 """`schedule: auto` and the schedules with several stages per node (launcher/planning/request.py):
-where the job can run them and its plan is one pipeline of 2 nodes or more, auto plans
-interleaved 1F1B and ZB-V too and takes the faster only for AUTO_DEVICE_SCHEDULE_GAIN more
+where the job can run them and a pipeline of its plan has 2 nodes or more, auto plans
+interleaved 1F1B and ZB-V too (with as many pipelines at most) and takes the faster only for AUTO_DEVICE_SCHEDULE_GAIN more
 tokens/s than its best one-stage-per-node plan; the note says what each was priced at, or why it
 was not priced.
 
@@ -82,7 +82,7 @@ def test_auto_keeps_one_stage_per_node_where_zb_v_is_faster_by_less_than_the_mar
     ({"global_batch": 8}, "a global batch"),
     ({"stages": 2}, "a stage count given"),
     ({"compression": CompressionConfig(intra_region="int8", cross_region="none", sync="none")}, "a pinned codec"),
-    ({"max_pipelines": None}, "2 pipelines"),
+    ({"max_pipelines": None}, "2 pipelines of one node each"),
 ])
 def test_not_considered_where_the_request_or_the_plan_rules_them_out(change, why):
     """The same profile and batch where zb-v wins by the margin: not priced when the request asks
@@ -91,8 +91,35 @@ def test_not_considered_where_the_request_or_the_plan_rules_them_out(change, why
     auto = plan_for(_profile(), replace(_request(2), **change))
     assert auto.schedule in AUTO_SCHEDULES
     assert f"interleaved-1f1b and zb-v not considered: {why}" in auto.schedule_choice, auto.schedule_choice
-    if why == "2 pipelines":
+    if why == "2 pipelines of one node each":
         assert len(auto.pipelines) == 2
+
+
+def test_auto_weighs_zb_v_in_as_many_pipelines_as_its_one_stage_per_node_plan():
+    """Four equal nodes, four micro-batches, as many pipelines as pay off: 1F1B's plan is two
+    pipelines of two nodes, and ZB-V in two pipelines (two micro-batches each, four stages on two
+    nodes) beats it by the margin. Auto once priced the device schedules only where its plan was
+    one pipeline, and said "2 pipelines" here. A re-plan after a lost node keeps ZB-V, on at most
+    as many pipelines."""
+    profile = regions_profile(per_region=4, regions=("a",), num_layers=8, layer_s=0.01, output_bytes=2**16)
+    request = replace(_request(4), max_pipelines=None)
+    auto = plan_for(profile, request)
+    one = plan_for(profile, replace(request, device_schedules_refused=REFUSED))
+    zb_v = plan_for(profile, replace(request, schedule="zb-v", max_pipelines=2))
+    assert one.schedule in AUTO_SCHEDULES and [len(p.cost.stages) for p in one.pipelines] == [2, 2], one.schedule_choice
+    assert auto.schedule == "zb-v", auto.schedule_choice
+    assert [len(p.cost.stages) for p in auto.pipelines] == [4, 4]
+    assert auto.tokens_per_s == zb_v.tokens_per_s >= one.tokens_per_s * AUTO_DEVICE_SCHEDULE_GAIN
+    for p in auto.pipelines:
+        check_device_priced("zb-v", 2, p.cost)
+    assert "zb-v chosen (ZB-V: 2 pipelines, each 4 stages on 2 nodes, 2 each)" in auto.schedule_choice
+    # what `up` plans with, on four equal nodes of the YAML's names; then node d is lost
+    planner = Replanner(_cluster("abcd", 4, max_pipelines=2), even_profile({n: 0.01 for n in "abcd"}), lambda: ["a", "b", "c"])
+    first, _ = planner.first()
+    assert first.schedule == "zb-v" and len(first.pipelines()) == 2, first.schedule_choice
+    again = planner.replan()
+    assert again.schedule == "zb-v" and len(again.pipelines()) <= 2, again.schedule_choice
+    assert {s.node for s in again.stages} == {"a", "b", "c"} or len(again.pipelines()) == 1
 
 
 def test_not_considered_where_the_plan_is_one_node():
