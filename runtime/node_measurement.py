@@ -142,21 +142,33 @@ def _measure_layer(layer: nn.Module, x: Message, loss_fn, targets: torch.Tensor,
     optimizer = torch.optim.AdamW(params, lr=1e-9) if params else None
     inputs = map_tensors(lambda t: t.detach().requires_grad_() if t.is_floating_point() or t.is_complex() else t, x)
 
-    def fwd_bwd():
+    held = []
+
+    def forward():
         with autocast(device, dtype):
             out = layer(inputs)
             if loss_fn is not None:
-                loss = loss_fn(out, targets)
+                out = loss_fn(out, targets)
+        held.append(out)
+
+    def backward():
+        out = held.pop()
         if loss_fn is not None:
-            loss.backward()
+            out.backward()
         else:
             outs = [t for t in differentiable(map_tensors(lambda t: to_wire(t, dtype), out)) if t.requires_grad]
             if outs:
                 torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
 
     for _ in range(warmup):
-        fwd_bwd()
-    seconds = statistics.median(_timed(fwd_bwd, device, emulation, meter) for _ in range(repeats))
+        forward()
+        backward()
+    # forward and backward timed as two pieces, as the executor runs them (two actions, each
+    # stretched under `emulate: speed`, each starting after a wait): timed as one, the backward
+    # started warm from its forward, and a small layer's training compute came out 1.2-1.3x its
+    # profile (bench/cost_model_error.py, 2026-12-03)
+    seconds = statistics.median(_timed(forward, device, emulation, meter) + _timed(backward, device, emulation, meter)
+                                for _ in range(repeats))
     input_grad_s, weight_grad_s = _split_seconds(layer, inputs, loss_fn, targets, device, emulation, dtype,
                                                  params, warmup, repeats)
     opt_seconds = 0.0

@@ -166,3 +166,47 @@ def test_the_profiler_measures_the_split_backward():
                             torch.device("cpu"), repeats=2, warmup=1)
     assert layers[0].input_grad_seconds == 0 and layers[0].weight_grad_seconds > 0  # token ids: no input gradient
     assert all(m.input_grad_seconds > 0 and m.weight_grad_seconds > 0 for m in layers[1:])
+
+
+class _ColdStarts:
+    """An emulation whose every piece of compute first pays a fixed start (a stand-in for what a
+    piece pays in training after a wait: caches gone cold), and stretches nothing."""
+
+    START_S = 0.02
+
+    def __init__(self):
+        self.pieces = 0
+
+    def start(self) -> float:
+        import time
+
+        self.pieces += 1
+        time.sleep(self.START_S)
+        return time.perf_counter()
+
+    def stretch(self, started, device) -> None:
+        pass
+
+
+def test_the_profiler_times_each_action_as_a_piece_of_its_own_as_the_executor_runs_it():
+    """The executor runs a forward and a backward (or a forward, an I and a W) as separate actions,
+    each starting after a wait; the profile pays each piece's start as they do. It once timed
+    forward + backward as one piece, and I straight after an unstretched forward: small layers on
+    CPU trained 1.2-1.3x slower than profiled, and a split backward looked free."""
+    import torch
+
+    from hetlaunch.runtime.model_spec import GPTConfig, ModelSpec
+    from hetlaunch.runtime.node_measurement import profile_layers
+
+    torch.set_num_threads(1)
+    cold = _ColdStarts()
+    layers = profile_layers(ModelSpec(gpt=GPTConfig(seq_len=8, d_model=16, n_layers=1, n_heads=2)), 1,
+                            torch.device("cpu"), emulation=cold, repeats=1, warmup=0)
+    start = _ColdStarts.START_S
+    for m in layers:
+        assert m.seconds >= 2 * start, m  # the forward's start and the backward's
+        assert m.weight_grad_seconds >= start
+    assert all(m.input_grad_seconds >= start for m in layers[1:])
+    # per layer: forward and backward, then the split's forward (untimed, stretched), I and W, and
+    # the optimizer step where it has weights (every layer of the GPT has)
+    assert cold.pieces == len(layers) * (2 + 3 + 1)
