@@ -21,6 +21,7 @@ from hetlaunch.launcher.profile_cache import cached_node, node_cache_key, store_
 from hetlaunch.launcher.job_errors import JobError
 from hetlaunch.launcher.session import ClusterSession
 from hetlaunch.protos import control_pb2 as pb
+from hetlaunch.runtime.node_measurement import MEASUREMENT_METHOD
 from hetlaunch.runtime.model_spec import ModelSpec
 from hetlaunch.runtime.wire import model_spec_to_proto
 from hetlaunch.runtime.version import hetlaunch_version
@@ -49,7 +50,8 @@ def _cache_key(session: ClusterSession, name: str, model: str, micro_batch_size:
     devices = [d.name for d in session.state.agent_info(name).devices]
     return node_cache_key(device=session.device_of(name), devices=devices, threads=session.threads_of(name),
                           speed=node.emulate.speed, model=model, micro_batch_size=micro_batch_size,
-                          precision=session.cluster.train.precision, version=hetlaunch_version())
+                          precision=session.cluster.train.precision, version=hetlaunch_version(),
+                          measurement=MEASUREMENT_METHOD)
 
 
 def measure_for_train(session: ClusterSession, spec: ModelSpec, reprofile: bool, console: Console,

@@ -25,6 +25,12 @@ from hetlaunch.runtime.model_spec import ModelSpec
 from hetlaunch.runtime.precision import autocast, compute_dtype, from_wire, to_wire
 
 
+# How layers are timed: part of the profile cache's key (launcher/cluster_measurement.py), so a
+# node's timings cached the old way are measured again. 2: forward, backward, I and W each timed as
+# a piece of its own, as the executor runs them (2026-12-04).
+MEASUREMENT_METHOD = 2
+
+
 @dataclass
 class LayerMeasurement:
     seconds: float            # forward + backward of one micro-batch
