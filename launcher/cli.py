@@ -240,26 +240,32 @@ def _refuse_over_pins(overrides: dict) -> None:
 def _plan_pinned(cluster, measured, as_json: bool) -> None:
     """`hetlaunch plan` where the YAML pins `layers:`: the pinned cut priced as `up` prices it
     (launcher/job_driver.py make_plan), not a plan of the planner's own that `up` would never run."""
-    import json
-    import time
-
     from hetlaunch.launcher.adapt.replanner import Replanner
     from hetlaunch.launcher.planning.plan import pinned_num_layers, static_plan
-    from hetlaunch.launcher.progress import print_plan
-
-    from hetlaunch.launcher.planning.plan import TilingError
-    from hetlaunch.launcher.planning.planner import PlanningError
-    from hetlaunch.launcher.planning.profile_file import ProfileError
 
     missing = [n.name for n in cluster.nodes if all(p.name != n.name for p in measured.nodes)]
     if missing:
         fail(f"the profile has no node {', '.join(missing)}, which the YAML pins layers on; profile this cluster "
              "(hetlaunch profile) or plan without --profile", EXIT_BAD_INPUT)
+    _print_plan_of(lambda: Replanner(cluster, measured, lambda: [n.name for n in cluster.nodes]).priced_pins(
+        static_plan(cluster, pinned_num_layers(cluster))), as_json, "the YAML's pinned cut, priced")
+
+
+def _print_plan_of(make, as_json: bool, done: str) -> None:
+    """Print the Plan `make()` returns, as `up` prints it (or as JSON, with planning_s), and how
+    long it took; the planner's errors in one line."""
+    import json
+    import time
+
+    from hetlaunch.launcher.planning.plan import TilingError
+    from hetlaunch.launcher.planning.planner import PlanningError
+    from hetlaunch.launcher.planning.profile_file import ProfileError
+    from hetlaunch.launcher.progress import print_plan
+
     started = time.perf_counter()
     try:
-        plan = Replanner(cluster, measured, lambda: [n.name for n in cluster.nodes]).priced_pins(
-            static_plan(cluster, pinned_num_layers(cluster)))
-    except TilingError as err:
+        plan = make()
+    except TilingError as err:  # pinned ranges of a model only agents can count
         fail(str(err), EXIT_BAD_INPUT)
     except (PlanningError, ProfileError) as err:
         fail(str(err), EXIT_JOB_FAILED)
@@ -269,18 +275,12 @@ def _plan_pinned(cluster, measured, as_json: bool) -> None:
         return
     console = plain_console()
     print_plan(console, plan)
-    console.print(f"the YAML's pinned cut, priced in {planning_s:.2f}s")
+    console.print(f"{done} in {planning_s:.2f}s")
 
 
 def _plan_islands(measured, request, train, every: int | None, as_json: bool) -> None:
     """`hetlaunch plan` with islands: the plan `up` would run (a table, or the plan as JSON)."""
-    import json
-    import time
-
     from hetlaunch.launcher.planning.island_plans import ProfileCluster, plan_islands
-    from hetlaunch.launcher.planning.planner import PlanningError
-    from hetlaunch.launcher.planning.profile_file import ProfileError
-    from hetlaunch.launcher.progress import print_plan
     from hetlaunch.launcher.train_config import OuterConfig, TrainConfig
 
     outer = train.outer if train is not None and train.outer is not None else OuterConfig()
@@ -291,18 +291,7 @@ def _plan_islands(measured, request, train, every: int | None, as_json: bool) ->
                  else {"num_microbatches": request.num_microbatches})
         train = TrainConfig(micro_batch_size=measured.micro_batch_size, **batch)
     train = train.model_copy(update={"outer": outer})
-    started = time.perf_counter()
-    try:
-        plan = plan_islands(ProfileCluster(measured, train), measured, request)
-    except (PlanningError, ProfileError) as err:
-        fail(str(err), EXIT_JOB_FAILED)
-    planning_s = time.perf_counter() - started
-    if as_json:
-        plain_console().print_json(json.dumps({**plan.to_dict(), "planning_s": planning_s}))
-        return
-    console = plain_console()
-    print_plan(console, plan)
-    console.print(f"planned in {planning_s:.2f}s")
+    _print_plan_of(lambda: plan_islands(ProfileCluster(measured, train), measured, request), as_json, "planned")
 
 
 def _measure_live(cluster, token_file, reprofile):
