@@ -49,8 +49,10 @@ def _scrape(port: int) -> dict[str, float]:
 
 @pytest.mark.timeout(300)
 def test_up_serves_prometheus_writes_tensorboard_and_report_draws_the_run(tmp_path):
+    """The job runs until the test has scraped it and says `hetlaunch down` (it once ran 60 steps,
+    and on a fast machine they were over before the endpoint was scraped at step 5)."""
     port = _free_port()
-    path = _cluster(tmp_path, coordinator__metrics_port=port, observe__tensorboard=True)
+    path = _cluster(tmp_path, coordinator__metrics_port=port, observe__tensorboard=True, train__steps=100_000)
     run_dir = tmp_path / "run"
     up = subprocess.Popen(hetlaunch_cmd("up", path, "--run-dir", str(run_dir)), stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True, env=hetlaunch_env(), cwd=tmp_path)
@@ -69,6 +71,8 @@ def test_up_serves_prometheus_writes_tensorboard_and_report_draws_the_run(tmp_pa
         ages = {k: v for k, v in samples.items() if k.startswith("hetlaunch_heartbeat_age_seconds")}
         assert {k.split('"')[1] for k in ages} == {"n0", "n1", "n2"} and all(0 <= v < 5 for v in ages.values()), ages
         assert any(k.startswith("hetlaunch_node_step_seconds") for k in samples)
+        stopped = run_hetlaunch("down", str(run_dir), timeout=30)
+        assert stopped.returncode == 0, stopped.stderr
         out, err = up.communicate(timeout=200)
     finally:
         if up.poll() is None:
@@ -85,8 +89,9 @@ def test_up_serves_prometheus_writes_tensorboard_and_report_draws_the_run(tmp_pa
     board.Reload()
     tags = board.Tags()["scalars"]
     losses = board.Scalars("loss/train")
-    assert [e.step for e in losses] == list(range(60))
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert 6 <= len(records) < 100_000
+    assert [e.step for e in losses] == [r["step"] for r in records] == list(range(len(records)))
     assert [e.value for e in losses] == pytest.approx([r["loss"] for r in records], rel=1e-6)
     assert {"throughput/tokens_per_s", "run/generation"} <= set(tags)
     assert any(t.startswith("stage_compute_fraction/") for t in tags)
