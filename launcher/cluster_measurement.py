@@ -21,10 +21,9 @@ from hetlaunch.launcher.profile_cache import cached_node, node_cache_key, store_
 from hetlaunch.launcher.job_errors import JobError
 from hetlaunch.launcher.session import ClusterSession
 from hetlaunch.protos import control_pb2 as pb
-from hetlaunch.runtime.node_measurement import MEASUREMENT_METHOD
 from hetlaunch.runtime.model_spec import ModelSpec
 from hetlaunch.runtime.wire import model_spec_to_proto
-from hetlaunch.runtime.version import hetlaunch_version
+from hetlaunch.runtime.version import MEASUREMENT_METHOD, hetlaunch_version
 
 INTRA_REGION_PAIRS = 2
 PROFILE_TIMEOUT_S = 600.0

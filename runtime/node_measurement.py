@@ -25,12 +25,6 @@ from hetlaunch.runtime.model_spec import ModelSpec
 from hetlaunch.runtime.precision import autocast, compute_dtype, from_wire, to_wire
 
 
-# How layers are timed: part of the profile cache's key (launcher/cluster_measurement.py), so a
-# node's timings cached the old way are measured again. 2: forward, backward, I and W each timed as
-# a piece of its own, as the executor runs them (2026-12-04).
-MEASUREMENT_METHOD = 2
-
-
 @dataclass
 class LayerMeasurement:
     seconds: float            # forward + backward of one micro-batch
@@ -169,6 +163,7 @@ def _measure_layer(layer: nn.Module, x: Message, loss_fn, targets: torch.Tensor,
     for _ in range(warmup):
         forward()
         backward()
+    # (how layers are timed is versioned: runtime/version.py MEASUREMENT_METHOD)
     # forward and backward timed as two pieces, as the executor runs them (two actions, each
     # stretched under `emulate: speed`, each starting after a wait): timed as one, the backward
     # started warm from its forward, and a small layer's training compute came out 1.2-1.3x its

@@ -6,6 +6,12 @@ Both are read from the installed packages' metadata, so asking costs no torch im
 from importlib.metadata import PackageNotFoundError, version
 
 
+# How runtime/node_measurement.py times layers: part of the profile cache's key
+# (launcher/cluster_measurement.py), so a node's timings cached another way are measured again.
+# 2: forward, backward, I and W each timed as a piece of its own, as the executor runs them (2026-12-04).
+MEASUREMENT_METHOD = 2
+
+
 def hetlaunch_version() -> str:
     try:
         return version("hetlaunch")
