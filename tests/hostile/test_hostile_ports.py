@@ -12,11 +12,11 @@ import grpc
 import psutil
 import pytest
 
-from conftest import popen_hetlaunch, stop_process, wait_for
+from conftest import popen_hetlaunch, run_hetlaunch, stop_process, wait_for
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.protos import control_pb2_grpc
 
-STEPS = 60
+STEPS = 100_000  # the job runs until the test says `hetlaunch down`: 60 steps could end before its ports were listed
 
 
 def _listening_ports(root: psutil.Process) -> dict[int, str]:
@@ -81,10 +81,15 @@ nodes:
         for port in ports:
             assert _answers_without_token(port) is None, (port, ports[port])
             _garbage(port)
+        after = len(metrics.read_text().splitlines())  # the job trains on after the garbage, then is stopped
+        wait_for(lambda: len(metrics.read_text().splitlines()) >= after + 3, 120, "3 more steps", proc=up)
+        stopped = run_hetlaunch("down", str(run_dir), timeout=30)
+        assert stopped.returncode == 0, stopped.stderr
         up.wait(timeout=150)
     finally:
         out, err = stop_process(up)
     assert up.returncode == 0, out + err
-    assert json.loads((run_dir / "summary.json").read_text())["steps"] == STEPS
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(len(records))) and len(records) < STEPS
     events = [json.loads(line)["event"] for line in (run_dir / "events.jsonl").read_text().splitlines()]
     assert "lost" not in events and "restart" not in events, events
