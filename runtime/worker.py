@@ -25,7 +25,7 @@ from typing import Callable
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.protos import worker_pb2 as wpb
 from hetlaunch.runtime import host_clock
-from hetlaunch.runtime.host_allocator import OPT_IN as HOST_MALLOC_ENV
+from hetlaunch.runtime.host_allocator import CHOICE as HOST_MALLOC_ENV
 from hetlaunch.runtime.host_allocator import tune_host_allocator
 from hetlaunch.runtime.worker_pipe import FrameError, FrameWriter, PipeClosed, read_frame
 
@@ -118,10 +118,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="hetlaunch-worker", description="Run tasks for a hetlaunch agent.")
     parser.add_argument("--report-fd", type=int, required=True)
     args = parser.parse_args(argv)
-    # Before any other thread starts and before torch allocates: one arena, memory kept per step.
+    # Before any other thread starts and before torch allocates: memory kept from step to step.
     allocator = tune_host_allocator()
-    if os.environ.get(HOST_MALLOC_ENV) and not allocator.startswith("glibc malloc: one arena"):
-        _log(allocator)  # asked for and not done
+    if os.environ.get(HOST_MALLOC_ENV) or "refused" in allocator:
+        _log(allocator)  # what was asked for and done, or why not (a refused option, a misspelt choice)
     writer = FrameWriter(args.report_fd)
     reports = WorkerReports(writer)
     tasks: queue.Queue = queue.Queue()

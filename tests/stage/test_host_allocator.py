@@ -1,5 +1,5 @@
-"""The worker's opt-in glibc malloc settings (runtime/host_allocator.py, HETLAUNCH_HOST_MALLOC=tuned):
-a step's freed memory is kept for the next step instead of being faulted in again.
+"""The worker's glibc malloc settings (runtime/host_allocator.py; HETLAUNCH_HOST_MALLOC chooses, kept
+by default): a step's freed memory is kept for the next step instead of being faulted in again.
 
 The probe allocates and frees 4 MB tensors 300 times, in the main thread and in a second thread
 (the worker's pipe and report threads can push the training thread onto a secondary arena).
@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from hetlaunch.runtime.host_allocator import OPT_IN
+from hetlaunch.runtime.host_allocator import CHOICE
 
 pytestmark = [pytest.mark.quick,
               pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
@@ -55,13 +55,20 @@ def _probe(where: str, env: dict) -> tuple[str, int]:
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("where", ["main", "thread"])
-def test_freed_tensors_are_not_faulted_in_again(where):
-    said, faults = _probe(where, {OPT_IN: "tuned"})
-    assert said.startswith("glibc malloc: one arena"), said
+@pytest.mark.parametrize("choice", ["", "one-arena"])  # "": what a worker does unless told otherwise
+def test_freed_tensors_are_not_faulted_in_again(where, choice):
+    said, faults = _probe(where, {CHOICE: choice})
+    assert said == ("glibc malloc: one arena, " if choice else "glibc malloc: ") + "freed memory kept for the next step"
     assert faults < 20_000, faults  # refaulting every iteration would be ~600,000
 
 
 @pytest.mark.timeout(120)
-def test_without_the_opt_in_glibc_keeps_its_defaults():
-    said, _ = _probe("main", {OPT_IN: ""})
-    assert "defaults kept" in said
+def test_asked_for_glibc_keeps_its_defaults():
+    said, _ = _probe("main", {CHOICE: "default"})
+    assert said == "glibc malloc defaults kept"
+
+
+@pytest.mark.timeout(120)
+def test_a_misspelt_choice_says_so_and_changes_nothing():
+    said, _ = _probe("main", {CHOICE: "fast"})
+    assert said == f"{CHOICE}='fast' is not one of kept, one-arena, default: host allocator left as it is"
