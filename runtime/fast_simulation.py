@@ -3,6 +3,10 @@ commonest pipelines: one stage per device, only F and B actions (1F1B at any win
 The same arithmetic in the same order as `simulate_compiled` (tests/stage/test_simulation_fast_path.py
 compares them to the bit); what they save is bookkeeping, since the planner prices thousands of
 candidates. Split backwards and devices holding several stages stay with `simulate_compiled`.
+
+`simulate_in_order` and `simulate_stages` are runtime/_simcore.c's where that extension was built
+(the same arithmetic on the same doubles, 30-60x faster; tests/stage/test_simulation_core.py
+compares them to the bit and whole plans made with each), else the Python loops below.
 """
 
 from __future__ import annotations
@@ -26,11 +30,11 @@ def stage_order(plan: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, int], ...
     only. `simulate_in_order` then prices any costs in one pass without readiness checks."""
     order: list[tuple[int, int]] = []
     zeros = [0.0] * len(plan)
-    simulate_stages(plan, zeros, zeros, zeros, zeros, zeros, order)
+    simulate_stages(plan, zeros, zeros, zeros, zeros, zeros, order)  # the compiled one where built
     return tuple(order)
 
 
-def simulate_in_order(order: tuple[tuple[int, int], ...], num_microbatches: int, forward_cost: list[float],
+def simulate_in_order_python(order: tuple[tuple[int, int], ...], num_microbatches: int, forward_cost: list[float],
                       backward_cost: list[float], link_cost: list[float], latency: list[float],
                       optimizer_cost: list[float]) -> float:
     """simulate_stages' step from its `stage_order`: the same arithmetic in one pass (an action's
@@ -74,7 +78,7 @@ def simulate_in_order(order: tuple[tuple[int, int], ...], num_microbatches: int,
     return max(t + o for t, o in zip(free_at, optimizer_cost))
 
 
-def simulate_stages(plan: tuple[tuple[int, ...], ...], forward_cost: list[float], backward_cost: list[float],
+def simulate_stages_python(plan: tuple[tuple[int, ...], ...], forward_cost: list[float], backward_cost: list[float],
                     link_cost: list[float], latency: list[float], optimizer_cost: list[float],
                     order: list | None = None) -> float:
     """`simulate_compiled` for the planner's commonest case, one stage per device and only F and B
@@ -154,3 +158,12 @@ def simulate_stages(plan: tuple[tuple[int, ...], ...], forward_cost: list[float]
         if not progressed:
             raise ValueError("schedule deadlocks")
     return max(t + o for t, o in zip(free_at, optimizer_cost))
+
+
+try:
+    from hetlaunch.runtime import _simcore
+except ImportError:  # not built (no C compiler at install): the Python loops, same plans
+    _simcore = None
+COMPILED = _simcore is not None
+simulate_in_order = _simcore.simulate_in_order if COMPILED else simulate_in_order_python
+simulate_stages = _simcore.simulate_stages if COMPILED else simulate_stages_python

@@ -1,0 +1,86 @@
+"""The planner's compiled simulation core (runtime/_simcore.c) is its Python loops, faster: the
+same step to the bit, the same recorded order, the same refusal of a deadlocking schedule, and
+whole plans made with each path are the same plans (a user without a C compiler gets the Python
+loops and the plans this suite checks)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from hetlaunch.launcher.planning import cost_model
+from hetlaunch.launcher.planning.compression import NONE, CompressionConfig
+from hetlaunch.launcher.planning.planner import plan
+from hetlaunch.runtime import fast_simulation
+from hetlaunch.runtime.fast_simulation import compiled_stage, simulate_in_order_python, simulate_stages_python
+from hetlaunch.runtime.schedules import schedule_for
+
+
+def test_the_compiled_core_is_built():
+    # pip install -e . builds it wherever a C compiler is found (setup.py); CI must test it, not skip it
+    assert fast_simulation.COMPILED, "runtime/_simcore.c was not built: install a C compiler, then pip install -e ."
+
+
+def _case(rng: random.Random):
+    S, M = rng.randint(1, 8), rng.randint(1, 16)
+    schedule = rng.choice(["1f1b", "gpipe"])
+    own = [min(S - j, M) for j in range(S)]
+    windows, above = [], M
+    for j in range(S):
+        w = own[j] if j == S - 1 or schedule == "gpipe" else max(own[j], min(rng.randint(own[j], M), above))
+        windows.append(w if w > own[j] else 0)
+        above = max(w, own[j])
+    plan_lists = tuple(compiled_stage(schedule_for(schedule, j, S, M, w), j) for j, w in enumerate(windows))
+    costs = ([rng.uniform(0.001, 0.02) for _ in range(S)], [rng.uniform(0.001, 0.04) for _ in range(S)],
+             [rng.choice([0.0, rng.uniform(0, 0.03)]) for _ in range(S - 1)],
+             [rng.uniform(0, 0.05) for _ in range(S - 1)], [rng.uniform(0, 0.01) for _ in range(S)])
+    return plan_lists, M, costs
+
+
+def test_the_compiled_loops_give_the_python_loops_steps_and_order_to_the_bit():
+    rng = random.Random(11)
+    for _ in range(300):
+        plan_lists, M, costs = _case(rng)
+        order_c, order_py = [], []
+        step_c = fast_simulation._simcore.simulate_stages(plan_lists, *costs, order_c)
+        step_py = simulate_stages_python(plan_lists, *costs, order_py)
+        assert step_c == step_py
+        assert order_c == order_py
+        order = tuple(order_py)
+        assert fast_simulation._simcore.simulate_in_order(order, M, *costs) == simulate_in_order_python(order, M, *costs)
+
+
+def test_a_deadlocking_schedule_and_bad_input_are_refused_as_python_refuses_them():
+    core = fast_simulation._simcore
+    costs = ([0.1, 0.1], [0.2, 0.2], [0.0], [0.0], [0.0, 0.0])
+    deadlock = ((~0, 0), (0, ~0))  # stage 0 waits for a gradient before it has sent its forward
+    for simulate in (core.simulate_stages, simulate_stages_python):
+        with pytest.raises(ValueError, match="schedule deadlocks"):
+            simulate(deadlock, *costs)
+    with pytest.raises(IndexError):
+        core.simulate_stages(((0, ~5), (0, ~0)), *costs)  # micro-batch 5 of 1
+    with pytest.raises(TypeError):
+        core.simulate_in_order(((0, "F"),), 1, *costs)
+    with pytest.raises(TypeError):
+        core.simulate_stages(((0, ~0), (0, ~0)), ["fast", 0.1], *costs[1:])
+    assert core.simulate_stages(((0, ~0), (0, ~0)), *costs) == simulate_stages_python(((0, ~0), (0, ~0)), *costs)
+
+
+@pytest.mark.parametrize("compression", [CompressionConfig(), NONE], ids=["auto", "none"])
+def test_plans_made_with_the_python_loops_are_the_plans_made_with_the_compiled_core(monkeypatch, compression):
+    from plan_reference import random_profile
+
+    def plans():
+        out = []
+        for seed in range(3):
+            result = plan(random_profile(random.Random(seed), 5, 2, 8), num_microbatches=6, schedule="1f1b",
+                          max_pipelines=2, compression=compression)
+            out.append((result.tokens_per_s, [p.cost for p in result.pipelines]))  # every stage's every field
+        return out
+
+    compiled = plans()
+    monkeypatch.setattr(cost_model, "simulate_in_order", simulate_in_order_python)
+    monkeypatch.setattr(cost_model, "simulate_stages", simulate_stages_python)
+    monkeypatch.setattr(fast_simulation, "simulate_stages", simulate_stages_python)  # stage_order's
+    assert plans() == compiled
