@@ -6,6 +6,7 @@ node. Before, 21 such calls stopped the heartbeats and ended the job: "no node i
 from __future__ import annotations
 
 import json
+import time
 
 import grpc
 import pytest
@@ -16,7 +17,8 @@ from hetlaunch.launcher.coordinator import SERVICE_NAME
 from hetlaunch.protos import control_pb2 as pb
 from stalled_calls import settle, stall
 
-STEPS = 60
+STEPS = 100_000  # the job trains until the test says `hetlaunch down`: 60 steps could end before the calls stalled
+HEARTBEAT_TIMEOUT_S = 4  # the default, said in the YAML: the calls stay stalled longer than this while the job trains
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +34,7 @@ def _cluster(tmp_path, certs_dir) -> str:
            f"agent_cert: {certs_dir}/agent.pem, agent_key: {certs_dir}/agent.key}}, ") if certs_dir else ""
     path = tmp_path / "cluster.yaml"
     path.write_text(f"""name: stalled
-coordinator: {{{tls}host: 127.0.0.1}}
+coordinator: {{{tls}host: 127.0.0.1, heartbeat_timeout_s: {HEARTBEAT_TIMEOUT_S}}}
 model: {{preset: tiny, n_layers: 2, seq_len: 16, d_model: 32}}
 train: {{steps: {STEPS}, micro_batch_size: 2, num_microbatches: 2, checkpoint_every: 0}}
 nodes:
@@ -66,12 +68,20 @@ def test_a_job_trains_every_step_beside_64_stalled_calls(tmp_path, certs, mode):
         stalled.append(stall(address, "/grpc.health.v1.Health/Check", 8, credentials=credentials,
                              serializer=health_pb2.HealthCheckRequest.SerializeToString,
                              deserializer=health_pb2.HealthCheckResponse.FromString))
-        up.wait(timeout=200)
+        # Stalled for over a heartbeat timeout while the job trains: a node whose heartbeats the
+        # calls held up would be lost by then. Then 3 more steps, and the job is stopped.
+        stalled_at, steps_then = time.monotonic(), len(_steps(run_dir))
+        wait_for(lambda: time.monotonic() - stalled_at > 1.5 * HEARTBEAT_TIMEOUT_S
+                 and len(_steps(run_dir)) >= steps_then + 3, 150, "training on beside the stalled calls", proc=up)
+        stopped = run_hetlaunch("down", str(run_dir), timeout=30)
+        assert stopped.returncode == 0, stopped.stderr
+        up.wait(timeout=150)
     finally:
         for held in stalled:
             settle(*held)
         out, err = stop_process(up)
     assert up.returncode == 0, err + out
-    assert _steps(run_dir) == list(range(STEPS))
+    steps = _steps(run_dir)
+    assert steps == list(range(len(steps))) and len(steps) < STEPS
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     assert not [e for e in events if e["event"] in ("lost", "restart")], events
