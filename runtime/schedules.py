@@ -54,11 +54,21 @@ class Schedule:
 
     def stage_actions(self, stage: int, num_stages: int, num_microbatches: int, window: int = 0) -> list[Action]:
         """Stage `stage`'s actions; `window` (0: the schedule's own) where the schedule deepens."""
+        self._check(stage, num_stages, num_microbatches, window)
+        return self._actions(stage, num_stages, num_microbatches, window)
+
+    def _check(self, stage: int, num_stages: int, num_microbatches: int, window: int) -> None:
         _check_args(stage, num_stages, num_microbatches)
         if window and not self.deepens:
             windowed = ", ".join(s.name for s in SCHEDULES.values() if s.deepens)
             raise ValueError(f"a window is for {windowed} only, not {self.name}")
-        return self._actions(stage, num_stages, num_microbatches, window)
+
+    def compiled_list(self, stage: int, num_stages: int, num_microbatches: int, window: int = 0) -> tuple | None:
+        """compiled_stage(stage_actions(...)): the list simulate_stages runs (m for F(m), ~m for B(m)),
+        or None where the schedule has other kinds of action. 1F1B and GPipe build it from integers:
+        building Action tuples first was a third of planning a global batch of 4,096 (tens of
+        millions of them, a list per window the search tries)."""
+        return compiled_stage(self.stage_actions(stage, num_stages, num_microbatches, window), stage)
 
     def actions(self, num_stages: int, num_microbatches: int,
                 windows: list[int] | tuple[int, ...] | None = None) -> list[list[Action]]:
@@ -114,17 +124,30 @@ class OneFOneB(Schedule):
 
     def _actions(self, stage: int, num_stages: int, num_microbatches: int, window: int) -> list[Action]:
         m_total = num_microbatches
-        warmup = min(num_stages - stage - 1, m_total)
-        if window:
-            own = own_window(stage, num_stages, m_total)
-            if window < own:
-                raise ValueError(f"stage {stage}'s window {window} is below 1F1B's {own}")
-            warmup = min(window - 1, m_total)
+        warmup = self._warmup(stage, num_stages, m_total, window)
         actions = [Action(stage, F, m) for m in range(warmup)]
         for i in range(m_total - warmup):
             actions += [Action(stage, F, warmup + i), Action(stage, B, i)]
         actions += [Action(stage, B, m) for m in range(m_total - warmup, m_total)]
         return actions
+
+    def compiled_list(self, stage: int, num_stages: int, num_microbatches: int, window: int = 0) -> tuple:
+        self._check(stage, num_stages, num_microbatches, window)
+        m_total = num_microbatches
+        warmup = self._warmup(stage, num_stages, m_total, window)
+        steady = [0] * (2 * (m_total - warmup))
+        steady[0::2] = range(warmup, m_total)  # F(warmup + i), then B(i)
+        steady[1::2] = (~i for i in range(m_total - warmup))
+        return (*range(warmup), *steady, *(~m for m in range(m_total - warmup, m_total)))
+
+    @staticmethod
+    def _warmup(stage: int, num_stages: int, m_total: int, window: int) -> int:
+        if window:
+            own = own_window(stage, num_stages, m_total)
+            if window < own:
+                raise ValueError(f"stage {stage}'s window {window} is below 1F1B's {own}")
+            return min(window - 1, m_total)
+        return min(num_stages - stage - 1, m_total)
 
     def in_flight(self, stage: int, num_stages: int, num_microbatches: int, window: int = 0) -> int:
         return min(window, num_microbatches) if window else own_window(stage, num_stages, num_microbatches)
@@ -161,6 +184,10 @@ class GPipe(Schedule):
     def _actions(self, stage: int, num_stages: int, num_microbatches: int, window: int) -> list[Action]:
         return [Action(stage, F, m) for m in range(num_microbatches)] + \
             [Action(stage, B, m) for m in range(num_microbatches)]
+
+    def compiled_list(self, stage: int, num_stages: int, num_microbatches: int, window: int = 0) -> tuple:
+        self._check(stage, num_stages, num_microbatches, window)
+        return (*range(num_microbatches), *(~m for m in range(num_microbatches)))
 
     def in_flight(self, stage: int, num_stages: int, num_microbatches: int, window: int = 0) -> int:
         return num_microbatches

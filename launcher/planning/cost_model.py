@@ -32,7 +32,7 @@ from hetlaunch.launcher.planning.planning_error import PlanningError
 from hetlaunch.launcher.planning.sim_floor import simulation_floor, stage_shapes
 from hetlaunch.launcher.planning.windows import THOROUGH_MAX_ACTIONS, best_windows
 from hetlaunch.runtime.registry import STATIC_BYTES_PER_PARAM_BYTE, must_seal
-from hetlaunch.runtime.schedules import (compiled, compiled_stage, schedule_named, simulate_compiled,
+from hetlaunch.runtime.schedules import (compiled, schedule_named, simulate_compiled,
                                          simulate_in_order, simulate_stages, stage_order)
 
 
@@ -207,8 +207,7 @@ class CostModel:
     def _stage_list(self, stage_index: int, num_stages: int, window: int) -> tuple | None:
         key = (stage_index, num_stages, window)
         if key not in self._stage_lists:
-            self._stage_lists[key] = compiled_stage(self.rules.stage_actions(stage_index, num_stages, self.M, window),
-                                                    stage_index)
+            self._stage_lists[key] = self.rules.compiled_list(stage_index, num_stages, self.M, window)
         return self._stage_lists[key]
 
     def floor(self, cost: PipelineCost) -> float:

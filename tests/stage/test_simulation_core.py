@@ -84,3 +84,23 @@ def test_plans_made_with_the_python_loops_are_the_plans_made_with_the_compiled_c
     monkeypatch.setattr(cost_model, "simulate_stages", simulate_stages_python)
     monkeypatch.setattr(fast_simulation, "simulate_stages", simulate_stages_python)  # stage_order's
     assert plans() == compiled
+
+
+def test_the_lists_1f1b_and_gpipe_build_from_integers_are_their_compiled_actions():
+    from hetlaunch.runtime.fast_simulation import compiled_stage
+    from hetlaunch.runtime.schedules import SCHEDULES
+
+    checked = 0
+    for schedule in SCHEDULES.values():  # the others build theirs from their actions (None: split backwards)
+        for S, M in ((1, 1), (1, 5), (3, 1), (3, 2), (4, 7), (6, 9)):
+            for j in range(S):
+                for window in [0, 1, 2, S, M + 2] if schedule.deepens else [0, 2]:
+                    def outcome(build):
+                        try:
+                            return build(), None
+                        except ValueError as err:  # a window below 1F1B's own, or for GPipe at all
+                            return None, str(err)
+                    want = outcome(lambda: compiled_stage(schedule.stage_actions(j, S, M, window), j))
+                    assert outcome(lambda: schedule.compiled_list(j, S, M, window)) == want, (schedule.name, S, M, j)
+                    checked += 1
+    assert checked > 190
