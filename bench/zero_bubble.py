@@ -26,7 +26,10 @@ with the small model, 8 micro-batches; against the planner's deepened 1F1B 0.94x
 2026-12-04, 3 runs a side (55 min): at 4 micro-batches ZB-H1 1.01x and ZB-V 0.92x 1F1B, at 8
 0.99x and 0.90x, where the planner predicted 1.27x and 1.18x at 4: 1F1B's steps ran 0.95-1.02x
 their prediction, the zero-bubble sides' 1.12-1.54x, though their stages' F, I and W pieces took
-what was priced (the middle stages within 10%, a traced run); their extra is idle time the simulation does not have.
+what was priced on average. The extra was page faults in some pieces (glibc returning a freed
+heap top to the kernel; a split backward's memory varies from step to step), stretched tenfold by
+`emulate: speed`. With workers keeping freed memory (runtime/host_allocator.py), the same day:
+ZB-H1 1.35x and ZB-V 1.12x at 4 (predicted 1.30x and 1.25x), 1.09x and 1.01x at 8.
 
 History: until 2026-12-04 the 1F1B side had every stage's window pinned to 4 ("equal memory"
 read as equal at every stage); a last stage holding 4 forwards before its first backward
