@@ -11,9 +11,10 @@
 
 /* A sequence of numbers as doubles (at least `need` of them); 0 on success, -1 with an error set. */
 static int read_doubles(PyObject *seq, Py_ssize_t need, double **out, Py_ssize_t *len) {
-    PyObject *fast = PySequence_Fast(seq, "costs must be a sequence of numbers");
+    /* A tuple (the same object where it is one): an item's __float__ cannot change what is read. */
+    PyObject *fast = PySequence_Tuple(seq);
     if (!fast) return -1;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    Py_ssize_t n = PyTuple_GET_SIZE(fast);
     if (n < need) {
         Py_DECREF(fast);
         PyErr_Format(PyExc_ValueError, "%zd costs given where %zd are needed", n, need);
@@ -25,9 +26,8 @@ static int read_doubles(PyObject *seq, Py_ssize_t need, double **out, Py_ssize_t
         PyErr_NoMemory();
         return -1;
     }
-    PyObject **items = PySequence_Fast_ITEMS(fast);
     for (Py_ssize_t i = 0; i < n; i++) {
-        values[i] = PyFloat_AsDouble(items[i]);
+        values[i] = PyFloat_AsDouble(PyTuple_GET_ITEM(fast, i));
         if (values[i] == -1.0 && PyErr_Occurred()) {
             PyMem_Free(values);
             Py_DECREF(fast);
@@ -90,10 +90,15 @@ static PyObject *simulate_in_order(PyObject *self, PyObject *args) {
     Py_ssize_t S;
     Costs c;
     if (read_costs(f, b, l, lat, o, &S, &c) < 0) return NULL;
-    PyObject *fast = PySequence_Fast(order, "order must be a sequence of (stage, action) pairs");
+    PyObject *fast = PySequence_Tuple(order);
     if (!fast) {
         free_costs(&c);
         return NULL;
+    }
+    if (M > 0 && S > PY_SSIZE_T_MAX / (Py_ssize_t)sizeof(double) / M) {
+        Py_DECREF(fast);
+        free_costs(&c);
+        return PyErr_NoMemory();
     }
     Py_ssize_t cells = S * (M > 0 ? M : 1);
     double *f_done = PyMem_Calloc(cells, sizeof(double)), *f_in = PyMem_Calloc(cells, sizeof(double));
@@ -104,17 +109,17 @@ static PyObject *simulate_in_order(PyObject *self, PyObject *args) {
         goto done;
     }
     double *down_free = wires, *up_free = wires + S, *free_at = wires + 2 * S;
-    Py_ssize_t last = S - 1, n = PySequence_Fast_GET_SIZE(fast);
-    PyObject **items = PySequence_Fast_ITEMS(fast);
+    Py_ssize_t last = S - 1, n = PyTuple_GET_SIZE(fast);
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *pair = items[i];
+        PyObject *pair = PyTuple_GET_ITEM(fast, i);
         if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
             PyErr_SetString(PyExc_TypeError, "order must hold (stage, action) pairs");
             goto done;
         }
         Py_ssize_t d = PyLong_AsSsize_t(PyTuple_GET_ITEM(pair, 0));
+        if (d == -1 && PyErr_Occurred()) goto done;
         Py_ssize_t m = PyLong_AsSsize_t(PyTuple_GET_ITEM(pair, 1));
-        if (PyErr_Occurred()) goto done;
+        if (m == -1 && PyErr_Occurred()) goto done;
         Py_ssize_t mb = m >= 0 ? m : ~m;
         if (d < 0 || d >= S || mb >= M) {
             PyErr_SetString(PyExc_IndexError, "order names a stage or micro-batch out of range");
@@ -168,16 +173,16 @@ static PyObject *simulate_stages(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_TypeError, "order must be a list or None");
         return NULL;
     }
-    PyObject *stages = PySequence_Fast(plan, "plan must be a sequence of per-stage action lists");
+    PyObject *stages = PySequence_Tuple(plan);
     if (!stages) return NULL;
-    Py_ssize_t S = PySequence_Fast_GET_SIZE(stages);
+    Py_ssize_t S = PyTuple_GET_SIZE(stages);
     Py_ssize_t S_costs;
     Costs c;
     if (read_costs(f, b, l, lat, o, &S_costs, &c) < 0) {
         Py_DECREF(stages);
         return NULL;
     }
-    PyObject *result = NULL;
+    PyObject *result = NULL, *stage_tuples = NULL;
     Py_ssize_t *actions = NULL, *starts = NULL, *next_idx = NULL;
     double *times = NULL;
     unsigned char *known = NULL;
@@ -196,14 +201,21 @@ static PyObject *simulate_stages(PyObject *self, PyObject *args) {
         PyErr_NoMemory();
         goto done;
     }
+    /* Each stage's list as a tuple (read once, so its length is what is read), then as integers. */
+    stage_tuples = PyTuple_New(S);
+    if (!stage_tuples) goto done;
     for (Py_ssize_t d = 0; d < S; d++) {
-        PyObject *stage = PySequence_Fast_GET_ITEM(stages, d);
-        Py_ssize_t n = PyObject_Length(stage);
-        if (n < 0) goto done;
-        starts[d + 1] = starts[d] + n;
+        PyObject *stage = PySequence_Tuple(PyTuple_GET_ITEM(stages, d));
+        if (!stage) goto done;
+        PyTuple_SET_ITEM(stage_tuples, d, stage);
+        starts[d + 1] = starts[d] + PyTuple_GET_SIZE(stage);
     }
     Py_ssize_t total = starts[S];
-    Py_ssize_t num_mb = PyObject_Length(PySequence_Fast_GET_ITEM(stages, 0)) / 2;
+    Py_ssize_t num_mb = PyTuple_GET_SIZE(PyTuple_GET_ITEM(stage_tuples, 0)) / 2;
+    if (num_mb > 0 && S > PY_SSIZE_T_MAX / 3 / (Py_ssize_t)sizeof(double) / num_mb) {
+        PyErr_NoMemory();
+        goto done;
+    }
     actions = PyMem_Malloc(sizeof(Py_ssize_t) * (total ? total : 1));
     Py_ssize_t cells = S * (num_mb ? num_mb : 1);
     times = PyMem_Calloc(3 * cells + 3 * S, sizeof(double));
@@ -213,22 +225,16 @@ static PyObject *simulate_stages(PyObject *self, PyObject *args) {
         goto done;
     }
     for (Py_ssize_t d = 0; d < S; d++) {
-        PyObject *stage = PySequence_Fast(PySequence_Fast_GET_ITEM(stages, d), "a stage's actions must be a sequence");
-        if (!stage) goto done;
-        for (Py_ssize_t i = 0; i < starts[d + 1] - starts[d]; i++) {
-            Py_ssize_t m = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(stage, i));
-            if (m == -1 && PyErr_Occurred()) {
-                Py_DECREF(stage);
-                goto done;
-            }
+        PyObject *stage = PyTuple_GET_ITEM(stage_tuples, d);
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(stage); i++) {
+            Py_ssize_t m = PyLong_AsSsize_t(PyTuple_GET_ITEM(stage, i));
+            if (m == -1 && PyErr_Occurred()) goto done;
             if ((m >= 0 ? m : ~m) >= num_mb) {
-                Py_DECREF(stage);
                 PyErr_SetString(PyExc_IndexError, "list index out of range");
                 goto done;
             }
             actions[starts[d] + i] = m;
         }
-        Py_DECREF(stage);
     }
     /* As in Python: f_done, f_in and b_in per stage and micro-batch, with `known` for "not None". */
     double *f_done = times, *f_in = times + cells, *b_in = times + 2 * cells;
@@ -313,6 +319,7 @@ done:
     PyMem_Free(next_idx);
     PyMem_Free(times);
     PyMem_Free(known);
+    Py_XDECREF(stage_tuples);
     Py_DECREF(stages);
     free_costs(&c);
     return result;
@@ -327,6 +334,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_simcore",
-                                    "runtime/fast_simulation.py's loops, compiled (same arithmetic).", -1, methods};
+                                    "runtime/fast_simulation.py's loops, compiled (same arithmetic).", -1, methods,
+                                    NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__simcore(void) { return PyModule_Create(&module); }

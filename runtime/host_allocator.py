@@ -46,10 +46,10 @@ def tune_host_allocator() -> str:
     choice = CHOICES.get(asked)
     if choice is None:
         return f"{CHOICE}={asked!r} is not one of kept, one-arena, default: host allocator left as it is"
-    if choice == "default":
-        return "glibc malloc defaults kept"
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return "not glibc: host allocator left as it is"
+    if choice == "default":
+        return "glibc malloc defaults kept"
     try:
         libc = ctypes.CDLL("libc.so.6")
     except OSError as err:

@@ -38,6 +38,10 @@ def _case(rng: random.Random):
     return plan_lists, M, costs
 
 
+needs_core = pytest.mark.skipif(not fast_simulation.COMPILED, reason="the core was not built: see test_the_compiled_core_is_built")
+
+
+@needs_core
 def test_the_compiled_loops_give_the_python_loops_steps_and_order_to_the_bit():
     rng = random.Random(11)
     for _ in range(300):
@@ -51,6 +55,7 @@ def test_the_compiled_loops_give_the_python_loops_steps_and_order_to_the_bit():
         assert fast_simulation._simcore.simulate_in_order(order, M, *costs) == simulate_in_order_python(order, M, *costs)
 
 
+@needs_core
 def test_a_deadlocking_schedule_and_bad_input_are_refused_as_python_refuses_them():
     core = fast_simulation._simcore
     costs = ([0.1, 0.1], [0.2, 0.2], [0.0], [0.0], [0.0, 0.0])
@@ -65,8 +70,23 @@ def test_a_deadlocking_schedule_and_bad_input_are_refused_as_python_refuses_them
     with pytest.raises(TypeError):
         core.simulate_stages(((0, ~0), (0, ~0)), ["fast", 0.1], *costs[1:])
     assert core.simulate_stages(((0, ~0), (0, ~0)), *costs) == simulate_stages_python(((0, ~0), (0, ~0)), *costs)
+    with pytest.raises(MemoryError):  # S x M cells past what can be addressed: refused, not wrapped around
+        core.simulate_in_order(((0, 0),), 2**62, [0.1] * 4, [0.2] * 4, [0.0] * 3, [0.0] * 3, [0.0] * 4)
+
+    class Shrinking(list):  # says it holds more than it iterates
+        def __len__(self):
+            return 10
+    assert core.simulate_stages((Shrinking([0, ~0]), (0, ~0)), *costs) == simulate_stages_python(((0, ~0), (0, ~0)), *costs)
+
+    class Meddling:  # a number that empties the caller's list while it is read
+        def __float__(self):
+            held.clear()
+            return 0.1
+    held = [Meddling(), 0.1]
+    assert core.simulate_stages(((0, ~0), (0, ~0)), held, *costs[1:]) > 0
 
 
+@needs_core
 @pytest.mark.parametrize("compression", [CompressionConfig(), NONE], ids=["auto", "none"])
 def test_plans_made_with_the_python_loops_are_the_plans_made_with_the_compiled_core(monkeypatch, compression):
     from plan_reference import random_profile
