@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -111,13 +112,20 @@ def hetlaunch_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "hetlaunch.launcher.cli", *args]
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def popen_hetlaunch(*args: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.Popen:
     """Start the CLI in the background, output to temporary files (a full pipe never blocks it).
 
     Pair with `stop_process` in a `finally`; `output(proc)` reads what it wrote so far."""
     out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+    # SIGINT at its default, as from a terminal: a suite started in the background (`pytest &`) has
+    # it ignored, children inherit that, and Python then installs no KeyboardInterrupt, so the
+    # Ctrl-C tests failed there (2026-12-04) while passing from a terminal.
     proc = subprocess.Popen(hetlaunch_cmd(*args), stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                            text=True, env=env or hetlaunch_env(), cwd=cwd)
+                            text=True, env=env or hetlaunch_env(), cwd=cwd, preexec_fn=_default_sigint)
     proc.out_file, proc.err_file = out, err
     return proc
 
