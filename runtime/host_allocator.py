@@ -19,7 +19,8 @@ in the zero-bubble bench: a ZB-H1 stage's compute thread took 4,000-4,600 minor 
 because a split backward holds a varying number of graphs and the heap's top kept being trimmed
 and faulted in again; under `emulate: speed: 0.1` each such piece cost ten times that, and the
 ZB steps ran 1.2-1.3x their prediction. With the thresholds, past the first three steps no piece
-faulted, and the steps ran 0.98-1.08x the prediction (`python bench/run.py zero_bubble`).
+faulted: a traced run's steps were 0.97-1.08x the prediction, and `python bench/run.py zero_bubble`
+measured ZB-H1 1.35x 1F1B (1.01x before).
 HETLAUNCH_HOST_MALLOC in the agent's environment chooses: `kept` (the default), `one-arena`
 (also a single arena: fewer faults still where other threads allocate, 3 against 919 a step on
 the overhead bench's stage, but `vs_torch_pipelining` measured 0.895, 0.975, 0.905 with it
