@@ -190,7 +190,13 @@ ray.kill(ray.get_actor(sys.argv[3]), no_restart=True)
 """
 
 
-STEPS = 200  # ~7 steps/s here: the actor dies well before the end
+STEPS = 100_000  # the job trains until the test says `hetlaunch down`: 200 steps could end before the actor died
+
+
+def _events(run_dir, kind: str) -> list[dict]:
+    path = run_dir / "events.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [e for e in map(json.loads, lines) if e["event"] == kind]
 
 
 @pytest.mark.timeout(180)
@@ -210,16 +216,26 @@ def test_a_dead_actor_is_a_lost_node_and_the_job_goes_on_without_it(tmp_path, ra
         namespace = next(w for w in output(up)[0].split() if w.startswith("hetlaunch-")).rstrip("),")
         subprocess.run([sys.executable, "-c", _KILL_ACTOR, ray_cluster.address, namespace, f"agent-{names[1]}"],
                        check=True, timeout=60, env=hetlaunch_env(), capture_output=True)
+        # The loss seen, then 3 steps past it on the survivor, then the job is stopped.
+        wait_for(lambda: _events(run_dir, "lost"), 90, "the lost node", proc=up)
+        lost_at = len((run_dir / "metrics.jsonl").read_text().splitlines())
+        wait_for(lambda: len((run_dir / "metrics.jsonl").read_text().splitlines()) >= lost_at + 3, 90,
+                 "3 steps after the loss", proc=up)
+        stopped = run_hetlaunch("down", str(run_dir), timeout=30)
+        assert stopped.returncode == 0, stopped.stderr
         up.wait(timeout=150)
     finally:
         out, err = stop_process(up)
     assert up.returncode == 0, out + err
     # Ray kills a dead worker's child processes, so the agent's stream to the coordinator may break
     # before `up` polls the actor: either is how the loss is noticed.
-    assert (f"lost node {names[1]}: agent on Ray exited with code 1: its Ray actor died" in out + err or
-            f"lost node {names[1]}: its connection to the coordinator broke" in out + err), out + err
+    # (events, not the console: a node the plan left out, which the planner may do when the loopback
+    # link measures slow under load, is lost without a console line)
+    lost = _events(run_dir, "lost")
+    assert [e["node"] for e in lost] == [names[1]] and lost[0]["why"].startswith(
+        ("agent on Ray exited with code 1: its Ray actor died", "its connection to the coordinator broke")), lost
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert sorted(set(steps)) == list(range(STEPS)), steps
+    assert sorted(set(steps)) == list(range(max(steps) + 1)) and max(steps) < STEPS - 1, steps
     _nothing_left(ray_cluster.address, names)
 
 
