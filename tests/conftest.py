@@ -112,8 +112,16 @@ def hetlaunch_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "hetlaunch.launcher.cli", *args]
 
 
-def _default_sigint() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+# SIGINT at its default in the CLIs the tests start, as from a terminal: a suite started in the
+# background (`pytest &`) has it ignored, children inherit that, and Python then installs no
+# KeyboardInterrupt, so the Ctrl-C tests failed there (2026-12-04) while passing from a terminal.
+# Set here, in the suite's own process (a handler, unlike SIG_IGN, is not inherited across exec),
+# never with Popen's preexec_fn: that makes Python fork instead of vfork, and in a test process
+# that has used gRPC, gRPC's fork handler restarts its poller in the child, which then dies of
+# SIGABRT ("epoll_wait: Bad file descriptor") when the child closes its inherited fds before exec
+# (grpc/grpc#43055; seen once in tests/control under load, the CLI's returncode -6).
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def popen_hetlaunch(*args: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.Popen:
@@ -121,11 +129,8 @@ def popen_hetlaunch(*args: str, env: dict | None = None, cwd: Path | None = None
 
     Pair with `stop_process` in a `finally`; `output(proc)` reads what it wrote so far."""
     out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
-    # SIGINT at its default, as from a terminal: a suite started in the background (`pytest &`) has
-    # it ignored, children inherit that, and Python then installs no KeyboardInterrupt, so the
-    # Ctrl-C tests failed there (2026-12-04) while passing from a terminal.
     proc = subprocess.Popen(hetlaunch_cmd(*args), stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                            text=True, env=env or hetlaunch_env(), cwd=cwd, preexec_fn=_default_sigint)
+                            text=True, env=env or hetlaunch_env(), cwd=cwd)
     proc.out_file, proc.err_file = out, err
     return proc
 
