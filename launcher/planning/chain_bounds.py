@@ -5,8 +5,12 @@ memory, so a chain they rule out could not have won.
 * `fills_under`: every closed form (runtime/schedules.py) and every simulation of whole backwards
   is at least M max_j t_j (a stage runs its M micro-batches, its optimizer's share included), so
   a chain can beat `bound` only if some cut keeps every t_j under bound / M. One greedy fill
-  decides it: each stage takes the furthest end that stays under and fits its memory (exact for
-  a fixed node order, since prefix sums only grow).
+  decides it with stages allowed to be empty: each stage takes the furthest end that stays under
+  and fits its memory. Exact for that relaxation (prefix sums only grow), so it rules out only
+  chains that truly cannot. (With every stage kept to at least one layer, the greedy is not
+  exact: a fast first stage that takes the most it can may leave a slow later node a layer it
+  cannot run under the limit, where a shorter first stage would have fit — it once ruled out
+  chains that could win.)
 * `floors_under`, where the chain is priced by simulation: a cut's simulation is at least its
   floor (launcher/planning/sim_floor.py), and stage j's floor is at least
 
@@ -28,27 +32,31 @@ the B these terms charge, so its simulated chains are not ruled out here (ChainS
 from __future__ import annotations
 
 import bisect
+import math
 
 from hetlaunch.launcher.planning.cost_model import CostModel
 from hetlaunch.launcher.planning.profile_file import NodeProfile
 
 SLACK = 1e-9  # only what is clearly at or above the bound is ruled out (rounding stays on the safe side)
+FLOOR_BISECTIONS = 12  # per_microbatch_floor: to 1/4096 of the interval between the shared-work floor and one node's all
 
 
 def fills_under(cm: CostModel, chain: list[NodeProfile], bound: float) -> bool:
     """False when every cut that fits memory has a stage with M t_j >= bound."""
-    S, L = len(chain), cm.num_layers
-    limit = bound / cm.M * (1 + SLACK)
-    start = 0
-    for j, node in enumerate(chain):
-        times, memory = cm.time_prefix(node), cm.memory_prefix(j, S)
-        last = L - (S - 1 - j)  # every later stage keeps at least one layer
-        end = min(bisect.bisect_right(times, times[start] + limit) - 1,
-                  bisect.bisect_right(memory, memory[start] + node.memory_bytes) - 1, last)
-        if end <= start:
-            return False
-        start = end
-    return start == L
+    return _reaches_the_end(chain, [cm.time_prefix(node) for node in chain],
+                            [cm.memory_prefix(j, len(chain)) for j in range(len(chain))], bound / cm.M * (1 + SLACK))
+
+
+def _reaches_the_end(chain: list[NodeProfile], times: list[list[float]], memory: list[list[float]],
+                     limit: float) -> bool:
+    """Whether stages that may be empty, each under `limit` and its node's memory, hold every layer."""
+    start, L = 0, len(times[0]) - 1
+    for node, acc, mem in zip(chain, times, memory):
+        start = min(bisect.bisect_right(acc, acc[start] + limit) - 1,
+                    bisect.bisect_right(mem, mem[start] + node.memory_bytes) - 1)
+        if start == L:
+            return True
+    return False
 
 
 def floors_under(cm: CostModel, chain: list[NodeProfile], bound: float, hops: list[float],
@@ -81,3 +89,29 @@ def floors_under(cm: CostModel, chain: list[NodeProfile], bound: float, hops: li
             return False
         states = grown
     return L in states
+
+
+def per_microbatch_floor(cm: CostModel, chain: list[NodeProfile], least_hop: float) -> float:
+    """A floor on max_j t_j over every cut of the chain that fits memory at cm's share, where t_j
+    is stage j's layer time per micro-batch (no optimizer, no codec: both only add), and on the
+    wire time of the least message (`least_hop`). Every step of the chain at m micro-batches is
+    at least m times it (fills_under's argument), and a cut that fits at cm's share fits at any
+    share at or below it. math.inf when no cut fits. Bisected on fills_under's relaxation (empty
+    stages allowed), whose answer only grows with the limit."""
+    S, L = len(chain), cm.num_layers
+    if S > L:
+        return math.inf
+    layers = [cm.layer_prefix(node) for node in chain]
+    memory = [cm.memory_prefix(j, S) for j in range(S)]
+    hi = max(acc[L] for acc in layers) * (1 + SLACK)
+    if not _reaches_the_end(chain, layers, memory, hi):
+        return math.inf
+    # Every layer at its fastest node, shared perfectly: no cut's bottleneck is lower.
+    lo = sum(min(acc[i + 1] - acc[i] for acc in layers) for i in range(L)) / S * (1 - SLACK)
+    for _ in range(FLOOR_BISECTIONS):
+        mid = (lo + hi) / 2
+        if _reaches_the_end(chain, layers, memory, mid):
+            hi = mid
+        else:
+            lo = mid
+    return max(lo, least_hop)

@@ -14,7 +14,7 @@ import itertools
 import math
 from dataclasses import replace
 
-from hetlaunch.launcher.planning.chain_bounds import fills_under, floors_under
+from hetlaunch.launcher.planning.chain_bounds import fills_under, floors_under, per_microbatch_floor
 from hetlaunch.launcher.planning.chain_cuts import cut_chain, simulated_best_cut
 from hetlaunch.launcher.planning.compression import CompressionConfig
 from hetlaunch.launcher.planning.cost_model import CostModel, PipelineCost
@@ -154,6 +154,8 @@ class ChainSearch:
         self.memo: dict[tuple, tuple[list[tuple[int, int]], list[str], tuple[int, ...], float, bool] | None] = {}
         self._work: dict[frozenset, tuple[float, float]] = {}
         self._bounds: dict[tuple, float] = {}  # chain key -> lower_bound
+        self._floors: dict[tuple, float] = {}  # chain key -> per_microbatch_floor
+        self._beyond: dict[tuple, float] = {}  # chain key -> the loosest bound it was ruled out under
         self._hops: dict[tuple, tuple[float, float]] = {}  # per boundary: (least link time, its fill/drain share)
         self._smallest_output = min((layer.output_bytes for layer in profile.layers[:-1]), default=0)
 
@@ -175,8 +177,13 @@ class ChainSearch:
                 cost = self.cm.with_windows(cost, windows)
             # An equal key is an equal simulation: the remembered step is this chain's, windows and all.
             return replace(cost, step_s=step_s, exact=exact)
+        if bound <= self._beyond.get(key, -math.inf):
+            return None  # ruled out before under a bound at least as loose
         if self.lower_bound(chain) >= bound or not self.may_beat(chain, bound):
-            return None  # cannot beat the best so far; not remembered, a later bound may be looser
+            # Cannot beat the best so far; not priced, as a later bound may be looser, but a
+            # bound this tight or tighter needs no second look.
+            self._beyond[key] = max(bound, self._beyond.get(key, -math.inf))
+            return None
         cost = cut_chain(self.cm, chain)
         if cost is not None and len(chain) * self.cm.M <= SIMULATE_EVERY_CHAIN:
             # Cheap here: every comparison then uses what plans report, and a chain with few
@@ -217,6 +224,19 @@ class ChainSearch:
         drains = all(nb and not ni and sends for _, nb, ni, _, sends in shapes[1:])
         hops = [self._hop(j, a, b)[1] / 2 for j, (a, b) in enumerate(zip(chain, chain[1:]))]
         return floors_under(cm, chain, bound, hops, drains)
+
+    def per_microbatch_floor(self, chain: list[NodeProfile]) -> float:
+        """What the chain's step at m micro-batches is at least m times, at any m whose cuts fit
+        where this search's do (launcher/planning/chain_bounds.py); 0 for a split backward, whose
+        measured I and W need not add up to the B the floor charges."""
+        key = self.key(chain)
+        if key not in self._floors:
+            if any(ni or nw for _, _, ni, nw, _ in self.cm.stage_shapes(len(chain))):
+                self._floors[key] = 0.0
+            else:
+                wire = max((self._hop(j, a, b)[0] for j, (a, b) in enumerate(zip(chain, chain[1:]))), default=0.0)
+                self._floors[key] = per_microbatch_floor(self.cm, chain, wire)
+        return self._floors[key]
 
     def _hop(self, j: int, a: NodeProfile, b: NodeProfile) -> tuple[float, float]:
         """Boundary j between a and b: (least link time, its fill/drain share 2 (link + latency))."""

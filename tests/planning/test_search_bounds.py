@@ -10,8 +10,10 @@ import random
 
 import pytest
 
-from hetlaunch.launcher.planning.chain_search import ChainSearch
+from hetlaunch.launcher.planning.chain_bounds import fills_under
+from hetlaunch.launcher.planning.chain_search import ChainSearch, candidate_chains
 from hetlaunch.launcher.planning.compression import NONE, CompressionConfig
+from hetlaunch.launcher.planning.replicas import _disjoint_pairs, _pair_floor
 from hetlaunch.launcher.planning.windows import admissible
 from plan_reference import random_profile
 
@@ -71,3 +73,79 @@ def test_chain_bounds_never_rule_out_a_chain_that_reaches_the_bound(schedule):
     # The bounds do rule chains out, except under a split backward, which they leave alone (a
     # node's measured I and W need not add up to the B they charge).
     assert ruled_out > 0 if schedule != "zb-h1" else ruled_out == 0
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe", "zb-h1"])
+def test_per_microbatch_floor_times_m_is_below_every_cut_at_every_share(schedule):
+    """The pair search's floor (ChainSearch.per_microbatch_floor, at one micro-batch): every cut
+    that fits, with any codecs and windows, at any share m prices at or above m times it; and
+    it is not a trivial floor (most chains come within 40% of it at M = 8)."""
+    rng = random.Random(5)
+    close = checked = 0
+    for _ in range(25):
+        profile = random_profile(rng, rng.randint(2, 4), rng.randint(1, 3), rng.randint(3, 7), memory_gb=(0.5, 4.0))
+        policy = rng.choice([NONE, CompressionConfig()])
+        chain = rng.sample(profile.nodes, rng.randint(1, min(len(profile.nodes), profile.model.num_layers)))
+        floor = ChainSearch(profile, 1, schedule, policy).per_microbatch_floor(chain)
+        if schedule == "zb-h1":
+            assert floor == 0.0  # a split backward's measured parts need not add up: no floor
+            continue
+        for M in (1, 3, 8):
+            cm, S, best = ChainSearch(profile, M, schedule, policy).cm, len(chain), math.inf
+            for cuts in _cuts(cm.num_layers, S):
+                if any(cm.memory_bytes(a, b, j, S) > n.memory_bytes for j, (n, (a, b)) in enumerate(zip(chain, cuts))):
+                    continue
+                for codecs in itertools.product(*[cm.codec_options(j, a, b) for j, (a, b) in enumerate(zip(chain, chain[1:]))]):
+                    cost = cm.evaluate(chain, cuts, list(codecs))
+                    best = min(best, cost.step_s, cm.exact(chain, cost).step_s, cm.deepen(chain, cost).step_s)
+            assert M * floor <= best * (1 + 1e-12), (M, floor, best)
+            checked += best < math.inf
+            close += M == 8 and best < math.inf and best <= 1.4 * M * floor
+    if schedule != "zb-h1":
+        assert checked > 30 and close > 5, (checked, close)
+
+
+def test_a_chain_without_a_cut_that_fits_has_an_infinite_floor():
+    profile = random_profile(random.Random(3), 2, 1, 4, memory_gb=(0.001, 0.002))
+    assert ChainSearch(profile, 1, "1f1b", NONE).per_microbatch_floor(profile.nodes) == math.inf
+
+
+def test_pair_floor_is_the_least_over_splits():
+    rng = random.Random(2)
+    for _ in range(500):
+        total = rng.randint(2, 70)
+        first, second = (rng.choice([0.0, math.inf, rng.uniform(0.001, 5.0)]) for _ in range(2))
+        want = min(max(m * first, (total - m) * second) for m in range(1, total))
+        assert _pair_floor(first, second, total) == want, (first, second, total)
+    assert _pair_floor(1.0, 1.0, 1) == math.inf  # one micro-batch cannot feed two pipelines
+
+
+def test_disjoint_pairs_are_every_pair_without_a_shared_node():
+    profile = random_profile(random.Random(4), 5, 2, 6)
+    chains = list(candidate_chains(profile, profile.nodes, 6, None))
+    names = [{n.name for n in c} for c in chains]
+    want = {(i, j) for i, j in itertools.combinations(range(len(chains)), 2) if not names[i] & names[j]}
+    got = list(_disjoint_pairs(chains))
+    assert len(got) == len(set(got)) and set(got) == want and len(want) > 100
+
+
+def test_fills_under_keeps_every_chain_with_a_cut_under_the_bound():
+    """fills_under on its own, against every cut: it ruled out chains whose fast first node took
+    the most layers it could and left a slow second node a layer above the limit, while a
+    shorter first stage fit (random_profile seed 5's third draw: n0, n3, n2 at M = 8)."""
+    rng = random.Random(5)
+    kept_tight = 0
+    for _ in range(60):
+        profile = random_profile(rng, rng.randint(2, 4), rng.randint(1, 3), rng.randint(3, 7), memory_gb=(0.5, 4.0))
+        M = rng.choice([1, 3, 8])
+        cm = ChainSearch(profile, M, "1f1b", NONE).cm
+        chain = rng.sample(profile.nodes, rng.randint(1, min(len(profile.nodes), cm.num_layers)))
+        S = len(chain)
+        least = min((max(cm.compute_s(n, a, b) for n, (a, b) in zip(chain, cuts)) for cuts in _cuts(cm.num_layers, S)
+                     if all(cm.memory_bytes(a, b, j, S) <= n.memory_bytes for j, (n, (a, b)) in enumerate(zip(chain, cuts)))),
+                    default=math.inf)
+        if least == math.inf:
+            continue
+        assert fills_under(cm, chain, M * least * (1 + 1e-9)), [n.name for n in chain]
+        kept_tight += not fills_under(cm, chain, M * least * 0.99)
+    assert kept_tight > 10
