@@ -130,8 +130,15 @@ def _pareto(points: list[tuple], one_max: bool) -> list[tuple]:
 
 def most_compressed_codecs(cm: CostModel, chain: list[NodeProfile]) -> list[str]:
     """Per boundary, the allowed codec with the shortest link time; `least_lossy_codecs` relaxes it."""
-    return [min(cm.codec_options(j, a, b), key=lambda codec: cm.boundary_s(a, b, 0, codec)[0])
-            for j, (a, b) in enumerate(zip(chain, chain[1:]))]
+    pinned = bool(cm.compression.boundaries)  # codecs pinned by position: the boundary's place matters
+    chosen = []
+    for j, (a, b) in enumerate(zip(chain, chain[1:])):
+        key = (a.name, b.name, j if pinned else None)
+        codec = cm.squeezed.get(key)
+        if codec is None:  # its boundary_s at layer 0 ranks the codecs as at any layer
+            codec = cm.squeezed[key] = min(cm.codec_options(j, a, b), key=lambda c: cm.boundary_s(a, b, 0, c)[0])
+        chosen.append(codec)
+    return chosen
 
 
 def bottleneck_cuts(cm: CostModel, chain: list[NodeProfile]) -> PipelineCost | None:

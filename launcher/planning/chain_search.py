@@ -152,7 +152,10 @@ class ChainSearch:
                           for n in profile.nodes}
         # key -> (cuts, codecs, windows, step, exact): everything the chain's priced plan carries
         self.memo: dict[tuple, tuple[list[tuple[int, int]], list[str], tuple[int, ...], float, bool] | None] = {}
-        self._work: dict[frozenset, tuple[float, float]] = {}
+        timings: dict[tuple, int] = {}
+        self._timing = {n.name: timings.setdefault((tuple(n.layer_seconds), tuple(n.optimizer_seconds or ())), len(timings))
+                        for n in profile.nodes}  # node -> an id shared by nodes with equal timings
+        self._work: dict[frozenset, tuple[float, float]] = {}  # set of timing ids -> _lower_bound's work terms
         self._bounds: dict[tuple, float] = {}  # chain key -> lower_bound
         self._floors: dict[tuple, float] = {}  # chain key -> per_microbatch_floor
         self._beyond: dict[tuple, float] = {}  # chain key -> the loosest bound it was ruled out under
@@ -260,7 +263,8 @@ class ChainSearch:
 
     def _lower_bound(self, chain: list[NodeProfile]) -> float:
         cm = self.cm
-        distinct = {self.signature[n.name]: n for n in chain}
+        # Compute depends on a node's timings only (not its region or memory): few distinct sets.
+        distinct = {self._timing[n.name]: n for n in chain}
         types = frozenset(distinct)
         if types not in self._work:
             self._work[types] = (sum(min(cm.compute_s(n, i, i + 1) for n in distinct.values())

@@ -112,6 +112,7 @@ class CostModel:
         # launcher/planning/chain_cuts.py's dynamic program, remembered across the chains it cuts
         self.suffix_fronts: dict[tuple, dict[int, list[tuple]]] = {}
         self.crossings: dict[tuple, dict[str, list]] = {}
+        self.squeezed: dict[tuple, str] = {}  # chain_cuts.most_compressed_codecs, per boundary's nodes
 
     def compute_s(self, node: NodeProfile, start: int, end: int) -> float:
         acc = self._time.get(node.name) or self.time_prefix(node)
