@@ -110,13 +110,17 @@ class Replicas:
             chain = search.best(self.profile.nodes, self.stages)
             return None if chain is None else self.price([self._nodes(chain)], [self.M])
         best, best_chains = None, None
-        for chains in self._candidate_sets(count, search):
+        exhaustive = count == 2 and len(self.profile.nodes) <= EXHAUSTIVE_MAX_NODES
+        # The pair search tries every pair at every split there: the greedy and by-region sets
+        # are among them, and its floor-first order finds a good bound without them.
+        candidates = [] if exhaustive and self.M <= SPLIT_ALL_MAX_MICROBATCHES else self._candidate_sets(count, search)
+        for chains in candidates:
             found = self._best_split(chains, search)
             if found is not None and (best is None or found.step_s < best.step_s):
                 best, best_chains = found, chains
         if best is not None and (count > 2 or self.M > SPLIT_ALL_MAX_MICROBATCHES):
             best = self._rebalance(best_chains, best)  # only the winner: each move re-cuts chains
-        if count == 2 and len(self.profile.nodes) <= EXHAUSTIVE_MAX_NODES:
+        if exhaustive:
             best = self._best_pair(best, worth)
         return None if best is None else self._polish(best)
 
