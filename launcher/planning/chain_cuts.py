@@ -154,22 +154,23 @@ def bottleneck_cuts(cm: CostModel, chain: list[NodeProfile]) -> PipelineCost | N
     # boundary_s as one product: fill() runs some 30 times per chain, once per boundary each.
     per_byte = [cm.link_seconds_per_byte(a, b, codec) for a, b, codec in zip(chain, chain[1:], squeezed)]
 
+    # Per stage, what fill() reads: its prefix sums, memory, the last end it may take, and its
+    # outgoing link's seconds per byte (0 on the last stage, which sends nothing).
+    stages = [(times[j], memories[j], node.memory_bytes, L - (S - 1 - j), per_byte[j] if j < S - 1 else 0.0)
+              for j, node in enumerate(chain)]
+    right = bisect.bisect_right
+
     def fill(limit: float) -> list[tuple[int, int]] | None:
         """Give each stage as many layers as fit under the limit (time and memory are monotone in
         the range, so the furthest end is found by bisection on prefix sums)."""
         cuts, start = [], 0
-        for j, node in enumerate(chain):
-            last = L if j == S - 1 else L - (S - 1 - j)
-            acc, mem = times[j], memories[j]
-            end = min(bisect.bisect_right(acc, acc[start] + limit) - 1,
-                      bisect.bisect_right(mem, mem[start] + node.memory_bytes) - 1, last)
-            if end <= start or (j == S - 1 and end < L):
-                return None
-            if j < S - 1 and outputs[end - 1] * per_byte[j] > limit:
+        for acc, mem, capacity, last, link in stages:
+            end = min(right(acc, acc[start] + limit) - 1, right(mem, mem[start] + capacity) - 1, last)
+            if end <= start or outputs[end - 1] * link > limit:
                 return None
             cuts.append((start, end))
             start = end
-        return cuts
+        return cuts if start == L else None
 
     biggest = max(layer.output_bytes for layer in cm.profile.layers)  # uncompressed: an upper bound
     slowest_link = max((biggest / cm.link(a, b)[0] for a, b in zip(chain, chain[1:])), default=0.0)

@@ -116,6 +116,10 @@ def candidate_chains(profile: Profile, nodes: list[NodeProfile], num_layers: int
     if regions not in paths:
         paths[regions] = region_path(profile, list(regions))
     path = paths[regions]
+    # Each region's nodes in the order a chain keeps them (most memory first), sorted once: a
+    # chain's nodes of a region are then that order filtered (a stable sort of the chosen ones).
+    in_order = {r: sorted((n for n in nodes if n.region == r), key=lambda m: (-m.memory_bytes, -node_speed(m)))
+                for r in path}
     for a in range(len(path)):
         for b in range(a + 1, len(path) + 1):
             run = set(path[a:b])
@@ -128,8 +132,7 @@ def candidate_chains(profile: Profile, nodes: list[NodeProfile], num_layers: int
             for k in sizes:
                 chosen = set(id(n) for n in fastest[:k])
                 # Keep each region's nodes together, in region-path order; most memory first.
-                yield [n for r in path[a:b] for n in sorted((m for m in members if m.region == r and id(m) in chosen),
-                                                            key=lambda m: (-m.memory_bytes, -node_speed(m)))]
+                yield [n for r in path[a:b] for n in in_order[r] if id(n) in chosen]
 
 
 class ChainSearch:
@@ -146,10 +149,14 @@ class ChainSearch:
         self.paths = {} if paths is None else paths  # region orders, shareable between searches
         self.cm = CostModel(profile, num_microbatches, schedule, compression)
         linked = {name for link in profile.links if link.nodes for name in link.nodes}
-        self.signature = {n.name: n.name if n.name in linked else
-                          (n.region, n.memory_bytes, tuple(n.layer_seconds), tuple(n.optimizer_seconds or ()),
-                           tuple(sorted((n.codec_seconds_per_byte or {}).items())), n.cipher_seconds_per_byte)
-                          for n in profile.nodes}
+        # Each distinct signature as a small int: a chain's key is hashed on every lookup, and a
+        # key of full signatures (48 layer times each) cost more to hash than most lookups save.
+        ids: dict[object, int] = {}
+        self.signature = {n.name: ids.setdefault(
+            ("node", n.name) if n.name in linked else
+            (n.region, n.memory_bytes, tuple(n.layer_seconds), tuple(n.optimizer_seconds or ()),
+             tuple(sorted((n.codec_seconds_per_byte or {}).items())), n.cipher_seconds_per_byte), len(ids))
+            for n in profile.nodes}
         # key -> (cuts, codecs, windows, step, exact): everything the chain's priced plan carries
         self.memo: dict[tuple, tuple[list[tuple[int, int]], list[str], tuple[int, ...], float, bool] | None] = {}
         timings: dict[tuple, int] = {}
