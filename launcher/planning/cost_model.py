@@ -218,7 +218,15 @@ class CostModel:
     def stage_shapes(self, num_stages: int) -> list[tuple]:
         """What sim_floor.py reads of the schedule's action lists (the same for every window)."""
         if num_stages not in self._shapes:
-            self._shapes[num_stages] = stage_shapes(tuple(self._actions(j, num_stages, 0) for j in range(num_stages)))
+            lists = [self._stage_list(j, num_stages, 0) for j in range(num_stages)]
+            if all(ints is not None for ints in lists):
+                # From the integer lists (m: F(m), ~m: B(m)) where the schedule has them: at
+                # thousands of micro-batches, building Action tuples for this was a tenth of planning.
+                self._shapes[num_stages] = [(len(ints) - backs, backs, 0, 0, bool(ints) and ints[-1] < 0)
+                                            for ints in lists for backs in [sum(1 for m in ints if m < 0)]]
+            else:
+                self._shapes[num_stages] = stage_shapes(tuple(self._actions(j, num_stages, 0)
+                                                              for j in range(num_stages)))
         return self._shapes[num_stages]
 
     def _actions(self, stage_index: int, num_stages: int, window: int) -> tuple:

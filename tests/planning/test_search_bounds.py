@@ -14,6 +14,7 @@ from hetlaunch.launcher.planning.chain_bounds import fills_under
 from hetlaunch.launcher.planning.chain_search import ChainSearch, candidate_chains
 from hetlaunch.launcher.planning.compression import NONE, CompressionConfig
 from hetlaunch.launcher.planning.replicas import _disjoint_pairs, _pair_floor
+from hetlaunch.launcher.planning.sim_floor import stage_shapes
 from hetlaunch.launcher.planning.windows import admissible
 from plan_reference import random_profile
 
@@ -149,3 +150,14 @@ def test_fills_under_keeps_every_chain_with_a_cut_under_the_bound():
         assert fills_under(cm, chain, M * least * (1 + 1e-9)), [n.name for n in chain]
         kept_tight += not fills_under(cm, chain, M * least * 0.99)
     assert kept_tight > 10
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe", "zb-h1", "zb-h2"])
+def test_stage_shapes_from_integer_lists_equal_those_from_actions(schedule):
+    """CostModel.stage_shapes counts 1F1B's and GPipe's integer lists instead of building Actions:
+    the floor must read the same shapes either way (split-backward schedules take the Actions)."""
+    profile = random_profile(random.Random(1), 4, 2, 8)
+    for M in (1, 2, 3, 7, 16, 100):
+        for S in range(1, 9):
+            cm = ChainSearch(profile, M, schedule, NONE).cm
+            assert cm.stage_shapes(S) == stage_shapes(tuple(cm._actions(j, S, 0) for j in range(S))), (M, S)
