@@ -285,7 +285,12 @@ class ChainSearch:
             link_max = max(link_max, hop[0])
             link_sum += hop[1]
             arrivals += (S - 1 - j) * hop[1] / 2  # every stage after hop j waits for it before it starts
-        if S * cm.M <= SIMULATE_EVERY_CHAIN and not cm.rules.closed_form_exact:
+        if S * cm.M <= SIMULATE_EVERY_CHAIN and cm.rules.closed_form_exact:
+            # GPipe's closed form is its simulation without the optimizers; the simulation runs
+            # them side by side after the last backwards, below a closed form that adds them all
+            # up (it priced 2 stages at 1% above their simulation). Bounded without them.
+            return cm.step_s(layers_only / S, link_max, layers_only + link_sum) * (1 - 1e-12)
+        if S * cm.M <= SIMULATE_EVERY_CHAIN:
             # Priced by simulation, which can be below the closed form's fill and drain. Stage j
             # starts no sooner than the first activation has crossed the hops before it, computes
             # its M micro-batches, and the step ends no sooner than its last gradient has crossed

@@ -161,3 +161,22 @@ def test_stage_shapes_from_integer_lists_equal_those_from_actions(schedule):
         for S in range(1, 9):
             cm = ChainSearch(profile, M, schedule, NONE).cm
             assert cm.stage_shapes(S) == stage_shapes(tuple(cm._actions(j, S, 0) for j in range(S))), (M, S)
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe", "zb-h1"])
+def test_a_chains_lower_bound_is_below_its_price(schedule):
+    """ChainSearch.lower_bound orders and skips chains: it must never exceed what price() gives,
+    whether the chain is priced by simulation (few stages x micro-batches) or the closed form."""
+    rng = random.Random(9)
+    regimes = set()
+    for _ in range(120):
+        profile = random_profile(rng, rng.randint(2, 6), rng.randint(1, 3), rng.randint(4, 12), memory_gb=(1.0, 8.0))
+        M = rng.choice([1, 4, 16, 64, 128])
+        search = ChainSearch(profile, M, schedule, rng.choice([NONE, CompressionConfig()]))
+        chain = rng.sample(profile.nodes, rng.randint(1, min(len(profile.nodes), search.cm.num_layers)))
+        cost = search.price(chain, math.inf)
+        if cost is None:
+            continue
+        regimes.add(len(chain) * M <= 256)
+        assert search.lower_bound(chain) <= cost.step_s * (1 + 1e-12), (M, [n.name for n in chain])
+    assert regimes == {True, False}
