@@ -155,6 +155,7 @@ class ChainSearch:
         self.signature = {n.name: ids.setdefault(
             ("node", n.name) if n.name in linked else
             (n.region, n.memory_bytes, tuple(n.layer_seconds), tuple(n.optimizer_seconds or ()),
+             tuple(n.input_grad_seconds or ()), tuple(n.weight_grad_seconds or ()),  # a split backward's parts
              tuple(sorted((n.codec_seconds_per_byte or {}).items())), n.cipher_seconds_per_byte), len(ids))
             for n in profile.nodes}
         # key -> (cuts, codecs, windows, step, exact): everything the chain's priced plan carries

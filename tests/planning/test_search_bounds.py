@@ -16,7 +16,7 @@ from hetlaunch.launcher.planning.compression import NONE, CompressionConfig
 from hetlaunch.launcher.planning.replicas import _disjoint_pairs, _pair_floor
 from hetlaunch.launcher.planning.sim_floor import stage_shapes
 from hetlaunch.launcher.planning.windows import admissible
-from plan_reference import random_profile
+from plan_reference import random_profile, uniform_profile
 
 
 def _cuts(L: int, S: int):
@@ -180,3 +180,20 @@ def test_a_chains_lower_bound_is_below_its_price(schedule):
         regimes.add(len(chain) * M <= 256)
         assert search.lower_bound(chain) <= cost.step_s * (1 + 1e-12), (M, [n.name for n in chain])
     assert regimes == {True, False}
+
+
+def test_nodes_that_differ_only_in_their_split_backward_are_priced_apart():
+    """ChainSearch remembers chains by their nodes' signatures; a signature without the measured
+    input and weight gradients gave a ZB chain of nodes that split cheaply the price of one whose
+    nodes do not (found by a review helper, 2026-12-04)."""
+    profile = uniform_profile([1.0] * 4, ["a"] * 4, num_layers=8)
+    split = [n.model_copy(update={"name": f"x{i}", "input_grad_seconds": [t * 0.05 for t in n.layer_seconds],
+                                  "weight_grad_seconds": [t * 0.05 for t in n.layer_seconds]})
+             for i, n in enumerate(profile.nodes[:2])]
+    plain = [n.model_copy(update={"name": f"y{i}"}) for i, n in enumerate(profile.nodes[2:])]
+    profile = profile.model_copy(update={"nodes": split + plain})
+    alone = ChainSearch(profile, 8, "zb-h1", NONE).price(plain, math.inf).step_s
+    search = ChainSearch(profile, 8, "zb-h1", NONE)
+    assert search.price(split, math.inf).step_s < alone * 0.9  # the split is cheap: it must show
+    assert search.key(split) != search.key(plain)
+    assert search.price(plain, math.inf).step_s == alone
