@@ -161,7 +161,9 @@ class ChainSearch:
         # key -> (cuts, codecs, windows, step, exact): everything the chain's priced plan carries
         self.memo: dict[tuple, tuple[list[tuple[int, int]], list[str], tuple[int, ...], float, bool] | None] = {}
         timings: dict[tuple, int] = {}
-        self._timing = {n.name: timings.setdefault((tuple(n.layer_seconds), tuple(n.optimizer_seconds or ())), len(timings))
+        self._timing = {n.name: timings.setdefault((tuple(n.layer_seconds), tuple(n.optimizer_seconds or ()),
+                                                    tuple(n.input_grad_seconds or ()), tuple(n.weight_grad_seconds or ())),
+                                                   len(timings))
                         for n in profile.nodes}  # node -> an id shared by nodes with equal timings
         self._work: dict[frozenset, tuple[float, float]] = {}  # set of timing ids -> _lower_bound's work terms
         self._bounds: dict[tuple, float] = {}  # chain key -> lower_bound
@@ -274,13 +276,15 @@ class ChainSearch:
         # Compute depends on a node's timings only (not its region or memory): few distinct sets.
         distinct = {self._timing[n.name]: n for n in chain}
         types = frozenset(distinct)
-        if types not in self._work:
-            self._work[types] = (sum(min(cm.compute_s(n, i, i + 1) for n in distinct.values())
-                                     for i in range(cm.num_layers)),
-                                 sum(min(n.layer_seconds[i] for n in distinct.values()) for i in range(cm.num_layers)))
-        work, layers_only = self._work[types]  # per micro-batch: with the optimizer's share, and without it
-        link_max = link_sum = arrivals = 0.0
         S = len(chain)
+        split = any(ni or nw for _, _, ni, nw, _ in cm.stage_shapes(S))
+        if (types, split) not in self._work:
+            with_optimizer = [self._layer_times(n, split, True) for n in distinct.values()]
+            without = [self._layer_times(n, split, False) for n in distinct.values()]
+            self._work[types, split] = (sum(min(column) for column in zip(*with_optimizer)),
+                                        sum(min(column) for column in zip(*without)))
+        work, layers_only = self._work[types, split]  # per micro-batch: with the optimizer's share, and without it
+        link_max = link_sum = arrivals = 0.0
         for j, (a, b) in enumerate(zip(chain, chain[1:])):
             hop = self._hop(j, a, b)  # codecs pinned by position make a hop depend on it
             link_max = max(link_max, hop[0])
@@ -300,6 +304,19 @@ class ChainSearch:
             return max((cm.M * work + arrivals) / S, (cm.M * layers_only + 2 * arrivals) / S,
                        cm.M * link_max) * (1 - 1e-12)
         return cm.step_s(work / len(chain), link_max, work + link_sum) * (1 - 1e-12)  # rounding stays below
+
+    def _layer_times(self, node: NodeProfile, split: bool, optimizer: bool) -> list[float]:
+        """Per layer, the least a micro-batch's compute of it takes on the node (the optimizer's
+        share of a step with it): the layer's time, or under a schedule that splits the backward,
+        its forward third plus the input and weight gradients the node measured where they add up
+        to less than the other two thirds (the simulation prices them, not the backward)."""
+        cm = self.cm
+        times = ([cm.compute_s(node, i, i + 1) for i in range(cm.num_layers)] if optimizer
+                 else list(node.layer_seconds[:cm.num_layers]))
+        if split and node.input_grad_seconds is not None and node.weight_grad_seconds is not None:
+            times = [t - max(0.0, 2 * layer / 3 - (i + w)) for t, layer, i, w
+                     in zip(times, node.layer_seconds, node.input_grad_seconds, node.weight_grad_seconds)]
+        return times
 
     def best(self, nodes: list[NodeProfile], stages: int | None) -> PipelineCost | None:
         """The best chain and cut: searched with the closed form, the EXACT_FINALISTS best of

@@ -163,14 +163,20 @@ def test_stage_shapes_from_integer_lists_equal_those_from_actions(schedule):
             assert cm.stage_shapes(S) == stage_shapes(tuple(cm._actions(j, S, 0) for j in range(S))), (M, S)
 
 
-@pytest.mark.parametrize("schedule", ["1f1b", "gpipe", "zb-h1"])
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe", "zb-h1", "zb-h2"])
 def test_a_chains_lower_bound_is_below_its_price(schedule):
     """ChainSearch.lower_bound orders and skips chains: it must never exceed what price() gives,
-    whether the chain is priced by simulation (few stages x micro-batches) or the closed form."""
+    whether the chain is priced by simulation (few stages x micro-batches) or the closed form,
+    and under a split backward whose measured parts add up to less than the backward (it charged
+    the whole backward there; found by a review helper, 2026-12-04)."""
     rng = random.Random(9)
     regimes = set()
     for _ in range(120):
         profile = random_profile(rng, rng.randint(2, 6), rng.randint(1, 3), rng.randint(4, 12), memory_gb=(1.0, 8.0))
+        if rng.random() < 0.5:  # measured split backwards, their parts adding up to less or more than 2/3
+            profile = profile.model_copy(update={"nodes": [n.model_copy(update={
+                "input_grad_seconds": [t * rng.uniform(0.01, 0.35) for t in n.layer_seconds],
+                "weight_grad_seconds": [t * rng.uniform(0.01, 0.35) for t in n.layer_seconds]}) for n in profile.nodes]})
         M = rng.choice([1, 4, 16, 64, 128])
         search = ChainSearch(profile, M, schedule, rng.choice([NONE, CompressionConfig()]))
         chain = rng.sample(profile.nodes, rng.randint(1, min(len(profile.nodes), search.cm.num_layers)))
