@@ -320,12 +320,16 @@ class Replicas:
         return best
 
     def _rough_floors(self, chains: list[list[NodeProfile]]) -> list[float]:
-        """Per chain, a floor below its per_microbatch_floor that depends on its node set only:
+        """Per chain, a floor at or below its per_microbatch_floor that depends on its node set only:
         each layer at the set's fastest node, the work shared perfectly among them (the layers'
         times alone, which every stage's per-micro-batch time includes)."""
         by_set: dict[frozenset, float] = {}
         out = []
+        shapes = self.search(1).cm.stage_shapes
         for chain in chains:
+            if any(ni or nw for _, _, ni, nw, _ in shapes(len(chain))):
+                out.append(0.0)  # a split backward: per_microbatch_floor has none either
+                continue
             names = frozenset(n.name for n in chain)
             if names not in by_set:
                 L = self.profile.model.num_layers

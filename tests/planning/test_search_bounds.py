@@ -13,7 +13,7 @@ import pytest
 from hetlaunch.launcher.planning.chain_bounds import fills_under
 from hetlaunch.launcher.planning.chain_search import ChainSearch, candidate_chains
 from hetlaunch.launcher.planning.compression import NONE, CompressionConfig
-from hetlaunch.launcher.planning.replicas import _disjoint_pairs, _pair_floor
+from hetlaunch.launcher.planning.replicas import Replicas, _disjoint_pairs, _pair_floor
 from hetlaunch.launcher.planning.sim_floor import stage_shapes
 from hetlaunch.launcher.planning.windows import admissible
 from plan_reference import random_profile, uniform_profile
@@ -203,3 +203,19 @@ def test_nodes_that_differ_only_in_their_split_backward_are_priced_apart():
     assert search.price(split, math.inf).step_s < alone * 0.9  # the split is cheap: it must show
     assert search.key(split) != search.key(plain)
     assert search.price(plain, math.inf).step_s == alone
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe", "zb-h1"])
+def test_the_pair_searchs_rough_floor_is_at_or_below_the_refined_one(schedule):
+    """The pair search orders pairs by a rough floor per node set and ends at the first that
+    cannot win, so it must stay at or below each chain's refined floor (0 under a split backward,
+    where it had charged the whole backward; found by a review helper, 2026-12-04)."""
+    rng = random.Random(12)
+    for _ in range(20):
+        profile = random_profile(rng, rng.randint(2, 5), rng.randint(1, 3), rng.randint(3, 8), memory_gb=(0.5, 4.0))
+        replicas = Replicas(profile, 8, schedule, NONE, None)
+        chains = list(candidate_chains(profile, profile.nodes, profile.model.num_layers, None))
+        one = replicas.search(1)
+        for chain, rough in zip(chains, replicas._rough_floors(chains)):
+            assert rough <= one.per_microbatch_floor(chain), [n.name for n in chain]
+            assert rough > 0 or schedule == "zb-h1"
