@@ -8,7 +8,11 @@ For a replica count c the candidates are sets of c disjoint chains:
   gets its best chain. This keeps each replica, and so its activations, inside its regions,
   at the price of a gradient sync across them;
 * for c = 2 on clusters of up to EXHAUSTIVE_MAX_NODES nodes: every pair of disjoint chains,
-  skipping a pair when the larger of the two chains' lower bounds cannot beat the best.
+  cheapest floor first (each chain's least busiest-stage time per micro-batch over the cuts that
+  fit, times its share; launcher/planning/chain_bounds.py per_microbatch_floor), ending at the
+  first pair whose floor cannot beat the best, and skipping a split when the larger of the two
+  chains' lower bounds cannot. With up to SPLIT_ALL_MAX_MICROBATCHES micro-batches this search
+  alone gives the pairs (the greedy and by-region sets are among the pairs it tries).
 
 Each set gets micro-batches in proportion to throughput (split_microbatches); for c = 2
 with up to SPLIT_ALL_MAX_MICROBATCHES micro-batches every split is tried, otherwise the
