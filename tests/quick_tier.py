@@ -18,6 +18,7 @@ import pytest
 MODULES = {
     "test_planner", "test_exact_pricing", "test_plan_output", "test_planner_dp", "test_batch_sizes",
     "test_contention", "test_hierarchical_sync_cost", "test_sealed_cost", "test_schedule_choice",  # the planner
+    "test_search_bounds",  # the search's bounds against brute force
     "test_simulation_core",  # the planner's compiled simulation core against its Python loops
     "test_schedules", "test_typed_schedules", "test_split_backward", "test_device_schedules", "test_bubble_fill",  # schedules and the split backward
     "test_wire_rounding",  # bf16 on links
