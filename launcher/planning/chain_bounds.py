@@ -91,6 +91,13 @@ def floors_under(cm: CostModel, chain: list[NodeProfile], bound: float, hops: li
     return L in states
 
 
+def shared_work_floor(layers: list[list[float]]) -> float:
+    """Every layer at its fastest node (each node's per-layer prefix sums), shared perfectly among
+    the nodes: no cut's busiest stage is lower, whatever the order and memory."""
+    L = len(layers[0]) - 1
+    return sum(min(acc[i + 1] - acc[i] for acc in layers) for i in range(L)) / len(layers) * (1 - SLACK)
+
+
 def per_microbatch_floor(cm: CostModel, chain: list[NodeProfile], least_hop: float) -> float:
     """A floor on max_j t_j over every cut of the chain that fits memory at cm's share, where t_j
     is stage j's layer time per micro-batch (no optimizer, no codec: both only add), and on the
@@ -106,8 +113,7 @@ def per_microbatch_floor(cm: CostModel, chain: list[NodeProfile], least_hop: flo
     hi = max(acc[L] for acc in layers) * (1 + SLACK)
     if not _reaches_the_end(chain, layers, memory, hi):
         return math.inf
-    # Every layer at its fastest node, shared perfectly: no cut's bottleneck is lower.
-    lo = sum(min(acc[i + 1] - acc[i] for acc in layers) for i in range(L)) / S * (1 - SLACK)
+    lo = shared_work_floor(layers)
     for _ in range(FLOOR_BISECTIONS):
         mid = (lo + hi) / 2
         if _reaches_the_end(chain, layers, memory, mid):

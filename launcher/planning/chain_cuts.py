@@ -245,7 +245,7 @@ def simulated_best_cut(cm: CostModel, chain: list[NodeProfile], found: PipelineC
     times = [cm.time_prefix(node) for node in chain]
     # A stage's M micro-batches alone at or above the best: its floor is too, where a backward is
     # one B (a split one is priced from the I and W measured, which need not add up to it).
-    whole = all(not ni and not nw for _, _, ni, nw, _ in cm.stage_shapes(S))
+    whole = not cm.splits_backward(S)
     limit = best.step_s / cm.M if whole else math.inf
     for bounds in itertools.combinations(range(1, L), S - 1):
         edges = (0, *bounds, L)

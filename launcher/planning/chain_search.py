@@ -165,7 +165,7 @@ class ChainSearch:
                                                     tuple(n.input_grad_seconds or ()), tuple(n.weight_grad_seconds or ())),
                                                    len(timings))
                         for n in profile.nodes}  # node -> an id shared by nodes with equal timings
-        self._work: dict[frozenset, tuple[float, float]] = {}  # set of timing ids -> _lower_bound's work terms
+        self._work: dict[tuple, tuple[float, float]] = {}  # (timing ids, splits) -> _lower_bound's work terms
         self._bounds: dict[tuple, float] = {}  # chain key -> lower_bound
         self._floors: dict[tuple, float] = {}  # chain key -> per_microbatch_floor
         self._beyond: dict[tuple, float] = {}  # chain key -> the loosest bound it was ruled out under
@@ -229,9 +229,9 @@ class ChainSearch:
             # Priced by the closed form, which `best` ranks with FINALIST_SLACK and then simulates:
             # a chain above the bound there can still simulate fastest, so none is ruled out.
             return True
-        shapes = cm.stage_shapes(S)
-        if any(ni or nw for _, _, ni, nw, _ in shapes):
+        if cm.splits_backward(S):
             return True  # a split backward is simulated from the I and W measured, which need not add up to B
+        shapes = cm.stage_shapes(S)
         if not fills_under(cm, chain, bound):
             return False
         drains = all(nb and not ni and sends for _, nb, ni, _, sends in shapes[1:])
@@ -244,7 +244,7 @@ class ChainSearch:
         measured I and W need not add up to the B the floor charges."""
         key = self.key(chain)
         if key not in self._floors:
-            if any(ni or nw for _, _, ni, nw, _ in self.cm.stage_shapes(len(chain))):
+            if self.cm.splits_backward(len(chain)):
                 self._floors[key] = 0.0
             else:
                 wire = max((self._hop(j, a, b)[0] for j, (a, b) in enumerate(zip(chain, chain[1:]))), default=0.0)
@@ -277,7 +277,7 @@ class ChainSearch:
         distinct = {self._timing[n.name]: n for n in chain}
         types = frozenset(distinct)
         S = len(chain)
-        split = any(ni or nw for _, _, ni, nw, _ in cm.stage_shapes(S))
+        split = cm.splits_backward(S)
         if (types, split) not in self._work:
             with_optimizer = [self._layer_times(n, split, True) for n in distinct.values()]
             without = [self._layer_times(n, split, False) for n in distinct.values()]

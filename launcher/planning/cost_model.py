@@ -229,6 +229,11 @@ class CostModel:
                                                               for j in range(num_stages)))
         return self._shapes[num_stages]
 
+    def splits_backward(self, num_stages: int) -> bool:
+        """Whether the schedule runs some stage's backward as I and W: priced from the I and W a
+        node measured, which need not add up to the B that bounds on whole backwards charge."""
+        return any(ni or nw for _, _, ni, nw, _ in self.stage_shapes(num_stages))
+
     def _actions(self, stage_index: int, num_stages: int, window: int) -> tuple:
         key = (stage_index, num_stages, window)
         if key not in self._schedules:

@@ -34,6 +34,7 @@ import itertools
 import math
 from dataclasses import dataclass
 
+from hetlaunch.launcher.planning.chain_bounds import shared_work_floor
 from hetlaunch.launcher.planning.chain_cuts import most_compressed_codecs
 from hetlaunch.launcher.planning.chain_search import (EXHAUSTIVE_MAX_NODES, ChainSearch, candidate_chains, node_speed,
                                                       region_path)
@@ -329,15 +330,14 @@ class Replicas:
         times alone, which every stage's per-micro-batch time includes)."""
         by_set: dict[frozenset, float] = {}
         out = []
-        shapes = self.search(1).cm.stage_shapes
+        cm = self.search(1).cm
         for chain in chains:
-            if any(ni or nw for _, _, ni, nw, _ in shapes(len(chain))):
+            if cm.splits_backward(len(chain)):
                 out.append(0.0)  # a split backward: per_microbatch_floor has none either
                 continue
             names = frozenset(n.name for n in chain)
             if names not in by_set:
-                L = self.profile.model.num_layers
-                by_set[names] = sum(min(n.layer_seconds[i] for n in chain) for i in range(L)) / len(chain) * (1 - 1e-9)
+                by_set[names] = shared_work_floor([cm.layer_prefix(n) for n in chain])
             out.append(by_set[names])
         return out
 
