@@ -175,8 +175,8 @@ class Allocation:
                     return
                 job = re.search(r"job allocation (\d+)", text)
                 self.job_id = job.group(1) if job else self.job_id
-                if self.process.poll() is not None:
-                    raise JobError(f"{self.what}: Slurm refused the allocation: {salloc_errors(text)}")
+                if self.process.poll() is not None:  # read again: it may have written its reason since `text`
+                    raise JobError(f"{self.what}: Slurm refused the allocation: {salloc_errors(self._log())}")
                 if time.monotonic() > deadline:
                     state = self._state() if self.job_id else "not queued yet"
                     raise JobError(f"{self.what}: Slurm did not start job {self.job_id or '?'} within "
