@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 
-from conftest import hetlaunch_env, popen_hetlaunch, session_processes, stop_process, wait_for
+from conftest import hetlaunch_env, popen_hetlaunch, run_hetlaunch, session_processes, stop_process, wait_for
 from slurm_cluster import slurm_missing, start_slurm
 
 
@@ -184,25 +184,44 @@ def test_sigkill_on_up_still_gives_the_allocation_back(slurm, tmp_path):
     assert not _slurm_agents(), "agents left running after SIGKILL of up"
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(300)
 def test_a_failed_slurm_node_is_a_lost_node_and_the_others_train_on(slurm, tmp_path):
-    """The allocation has --no-kill: Slurm ends only the failed node's step, `up` re-plans on the other."""
+    """The allocation has --no-kill: Slurm ends only the failed node's step, `up` re-plans on the other.
+    The job trains until the loss is recorded and 3 steps past it, then `hetlaunch down` (12 steps
+    could end first). Under load the planner may leave s1 out (the loopback link measured slow):
+    its loss is then an event, not a console line, and the job trains on all the same."""
     up, run_dir = _up(slurm, tmp_path, _yaml(["{name: s0, launch: slurm, device: cpu}",
-                                              "{name: s1, launch: slurm, device: cpu}"], steps=12))
+                                              "{name: s1, launch: slurm, device: cpu}"], steps=100_000))
+    metrics = run_dir / "metrics.jsonl"
     try:
-        wait_for(lambda: (run_dir / "metrics.jsonl").exists() and (run_dir / "metrics.jsonl").read_text().strip(),
-                 90, "a first step", proc=up)
+        wait_for(lambda: metrics.exists() and metrics.read_text().strip(), 90, "a first step", proc=up)
         down = slurm.run("scontrol", "update", "nodename=n2", "state=down", "reason=hetlaunch-test")
         assert down.returncode == 0, down.stderr
+        wait_for(lambda: _lost(run_dir), 90, "the lost node", proc=up)
+        lost_at = len(metrics.read_text().splitlines())
+        wait_for(lambda: len(metrics.read_text().splitlines()) >= lost_at + 3, 90, "3 steps after the loss", proc=up)
+        stopped = run_hetlaunch("down", str(run_dir), timeout=30)
+        assert stopped.returncode == 0, stopped.stderr
         up.wait(timeout=120)
     finally:
         out, err = stop_process(up)
         slurm.run("scontrol", "update", "nodename=n2", "state=resume")
     assert up.returncode == 0, out + err
-    assert "lost node s1: agent started with srun exited" in out and "Node failure on n2" in out, out
-    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 12
+    lost = _lost(run_dir)
+    assert [e["node"] for e in lost] == ["s1"], lost
+    assert lost[0]["why"].startswith("agent started with srun exited") and "Node failure on n2" in lost[0]["why"], lost
+    if lost[0]["in_plan"]:
+        assert "lost node s1: agent started with srun exited" in out, out
+    steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+    assert sorted(set(steps)) == list(range(max(steps) + 1)) and max(steps) >= lost_at + 1, steps
     _no_jobs_within(slurm, 15)
     wait_for(lambda: "n2" in slurm.idle_nodes(), 30, "n2 idle again")
+
+
+def _lost(run_dir) -> list[dict]:
+    path = run_dir / "events.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [e for e in map(json.loads, lines) if e["event"] == "lost"]
 
 
 @pytest.mark.timeout(30)
