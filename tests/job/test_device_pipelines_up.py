@@ -171,10 +171,14 @@ def test_a_lost_node_of_two_zb_v_pipelines_resumes_from_the_checkpoint_on_a_new_
     cluster = _cluster("zb-v")
     cluster["train"]["checkpoint_every"] = 2
     cluster["coordinator"].update(heartbeat_interval_s=0.5, heartbeat_timeout_s=10)
-    # From step 3 on the nodes run at a tenth of their speed (a sleep), so the kill lands before the
-    # last step whatever this machine's load; the profile cache's key is the speed before any change.
+    # Steps 3 and 4 run at 1/200 of the nodes' speed (a sleep, seconds a step), so the kill, made
+    # once step 3 is logged, lands before the last step even when the coordinator logs steps late:
+    # at a tenth of the speed CI once logged step 3 after step 5 had ended, and the kill found the
+    # job done. The stretch scales with the time compute took, so a load that delays the log
+    # lengthens these steps too. Step 5 is quick again (the resumed generation re-runs 2 or 4 on).
+    # The profile cache's key is the speed before any change.
     for node in cluster["nodes"]:
-        node["emulate"] = {"speed_changes": [{"at_step": 3, "speed": 0.1}]}
+        node["emulate"] = {"speed_changes": [{"at_step": 3, "speed": 0.005}, {"at_step": 5, "speed": 1.0}]}
     victim = {}
 
     def kill_a_node_of_pipeline_1() -> None:

@@ -178,6 +178,10 @@ def test_a_lost_node_replans_zb_v_on_the_survivors_and_resumes_from_the_checkpoi
     cluster = _cluster("zb-v", steps=steps, checkpoint_every=2)
     cluster["coordinator"].update(heartbeat_interval_s=0.5, heartbeat_timeout_s=10)
     cluster["nodes"].append({**copy.deepcopy(cluster["nodes"][0]), "name": "n2"})
+    # Steps 3 and 4 at 1/200 of the speed (a sleep), so the kill made once step 3 is logged lands
+    # before the job ends even when the coordinator logs steps late (see test_device_pipelines_up).
+    for node in cluster["nodes"]:
+        node["emulate"]["speed_changes"] = [{"at_step": 3, "speed": 0.005}, {"at_step": 5, "speed": 0.1}]
     victim = {}
 
     def kill_a_planned_node() -> None:
