@@ -80,7 +80,7 @@ def _follow(session: ClusterSession, running: _Running, record: RunRecord, book:
             if committed is not None:
                 gen.catch_up(committed, progress, observers)
             return Outcome(down=True, message=f"stopped by `hetlaunch down` {where}: {session.state.down_requested}")
-        ended = gen.losses()
+        ended = gen.losses(progress)
         if ended is not None:
             return ended
         gen.take_joins()
@@ -168,14 +168,16 @@ class _Reports:
                     self.died.add(node)
         return failed
 
-    def losses(self) -> Outcome | None:
+    def losses(self, progress: TrainingProgress) -> Outcome | None:
         """How the generation ends if a stage failed or a node of the plan was lost; None: it goes on."""
         failures = dict(self.new_failures())
         lost = self.session.lost_nodes(self.finished)
         for node, why in lost.items():
-            if node not in self.in_plan:  # a spare the plan did not use: note it, carry on
+            if node not in self.in_plan:  # a spare the plan did not use: say so, carry on
                 self.session.declare_lost(node, why)
                 self.events.write("lost", node=node, why=why, in_plan=False)
+                progress.console.print(Text(f"lost node {node}, which the plan does not use ({why}): "
+                                            "training goes on without it"))
         lost = {n: why for n, why in lost.items() if n in self.in_plan}
         if failures:
             self._refuse_tampered_links(failures)

@@ -261,3 +261,41 @@ def test_loss_no_survivor_can_hold_ends_with_one_line_naming_the_shortfall(tmp_p
     line = errors[0]
     assert "n0" in line and "short" in line and "MiB" in line, line
     assert "Traceback" not in stderr
+
+
+@pytest.mark.timeout(300)
+def test_a_lost_node_the_plan_does_not_use_is_said_and_training_goes_on(tmp_path):
+    """n2 reports 1 KiB of memory, so no plan can give it a layer: it is a spare. Its agent is
+    killed once a step is logged; the console says so, the generation goes on (no restart), and
+    the job trains 3 more steps before `hetlaunch down` stops it (it has steps enough not to end first)."""
+    yaml_path = tmp_path / "cluster.yaml"
+    yaml_path.write_text(f"""name: spare
+coordinator: {{heartbeat_interval_s: 0.5, heartbeat_timeout_s: {HEARTBEAT_TIMEOUT_S}}}
+model: {{preset: tiny, n_layers: 2, seq_len: 32, d_model: 32}}
+train: {{steps: 100000, micro_batch_size: 4, num_microbatches: 4, checkpoint_every: 0}}
+nodes:
+  - {{name: n0, device: cpu, threads: 1}}
+  - {{name: n1, device: cpu, threads: 1}}
+  - {{name: n2, device: cpu, threads: 1, emulate: {{memory_gb: 0.000001}}}}
+""")
+    run_dir = tmp_path / "run"
+    up = popen_hetlaunch("up", str(yaml_path), "--run-dir", str(run_dir))
+    try:
+        wait_for(lambda: steps_done(run_dir) >= 1, 120, "a first step", up)
+        plan = next(e for e in events(run_dir) if e["event"] == "generation")["plan"]
+        assert "n2" in plan["excluded"] and "n2" not in {s["node"] for s in plan["stages"]}, plan
+        agent_process("n2").send_signal(signal.SIGKILL)
+        wait_for(lambda: [e for e in events(run_dir) if e["event"] == "lost"], 60, "the loss of n2", up)
+        lost_at = steps_done(run_dir)
+        wait_for(lambda: steps_done(run_dir) >= lost_at + 3, 90, "3 steps after the loss", up)
+        stopped = run_hetlaunch("down", str(run_dir), timeout=30)
+        assert stopped.returncode == 0, stopped.stderr
+        up.wait(timeout=120)
+    finally:
+        out, err = stop_process(up)
+    assert up.returncode == 0, out + err
+    assert [(e["node"], e["in_plan"]) for e in events(run_dir) if e["event"] == "lost"] == [("n2", False)]
+    assert "lost node n2, which the plan does not use (local agent was killed by SIGKILL)" in out, out
+    assert [e["event"] for e in events(run_dir)].count("generation") == 1
+    steps = [r["step"] for r in metrics(run_dir)]
+    assert steps == list(range(len(steps))) and len(steps) >= lost_at + 3, steps
