@@ -1,7 +1,9 @@
-"""The one thing pyproject.toml cannot say: the planner's compiled simulation core
-(runtime/_simcore.c). Optional: where no C compiler is found the install goes on and
-runtime/fast_simulation.py runs its Python loops, which give the same plans, slower."""
+"""The one thing pyproject.toml cannot say: the planner's compiled loops, its simulation core
+(runtime/_simcore.c) and its cut program's 1F1B front (launcher/planning/_cutfront.c). Optional:
+where no C compiler is found the install goes on and runtime/fast_simulation.py and
+launcher/planning/cut_front.py run their Python loops, which give the same plans, slower."""
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("hetlaunch.runtime._simcore", ["runtime/_simcore.c"], optional=True)])
+setup(ext_modules=[Extension("hetlaunch.runtime._simcore", ["runtime/_simcore.c"], optional=True),
+                   Extension("hetlaunch.launcher.planning._cutfront", ["launcher/planning/_cutfront.c"], optional=True)])

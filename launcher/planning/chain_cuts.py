@@ -18,6 +18,7 @@ import math
 
 from hetlaunch.launcher.planning.compression import CODEC_SLACK, LOSSINESS
 from hetlaunch.launcher.planning.cost_model import CostModel, PipelineCost, in_flight
+from hetlaunch.launcher.planning.cut_front import one_bottleneck_front
 from hetlaunch.launcher.planning.profile_file import NodeProfile
 
 EXACT_MAX_WORK = 20_000  # stages x layers^2 up to which a chain's cut is found by the exact DP
@@ -75,24 +76,32 @@ def _front(cm: CostModel, chain: list[NodeProfile], j: int, S: int, keys: list[t
         return front
     window = in_flight(cm.schedule, j, S, cm.M) if one_max else 0  # what cm.window_term divides by
     crossing = _crossing(cm, node, chain[j + 1], j)
-    candidates = []
+    rows = []  # (end, the stage's compute, the following state's front) per end that can follow
     for end in range(i + 1, L - (S - j - 1) + 1):
         if cm.memory_bytes(i, end, j, S) > node.memory_bytes:
             break  # memory only grows with the range
         following = _front(cm, chain, j + 1, S, keys, end)
-        if not following:
-            continue
-        t = cm.compute_s(node, i, end)
+        if following:
+            rows.append((end, cm.compute_s(node, i, end), following))
+    if one_max:
+        front = one_bottleneck_front(rows, list(crossing.values()), window)
+    else:
+        front = _two_terms_front(rows, crossing)
+    fronts[i] = front
+    return front
+
+
+def _two_terms_front(rows: list[tuple], crossing: dict[str, list]) -> list[tuple]:
+    """GPipe's state: no window term, compute and link maxima priced apart."""
+    candidates = []
+    for end, t, following in rows:
         for per_end in crossing.values():
             c, lat, work, codec = per_end[end]
             tc = t + work
             for k, (mt, mc, w, s, *_) in enumerate(following):
                 total = s + tc + 2 * (lat + c)
-                candidates.append((max(mt, tc), max(mc, c), max(w, total / window) if window else w, total,
-                                   end, k, codec))
-    front = _pareto(candidates, one_max) if candidates else []
-    fronts[i] = front
-    return front
+                candidates.append((max(mt, tc), max(mc, c), w, total, end, k, codec))
+    return _pareto(candidates) if candidates else []
 
 
 def _crossing(cm: CostModel, node: NodeProfile, next_node: NodeProfile, j: int) -> dict[str, list]:
@@ -107,19 +116,9 @@ def _crossing(cm: CostModel, node: NodeProfile, next_node: NodeProfile, j: int) 
     return cm.crossings[key]
 
 
-def _pareto(points: list[tuple], one_max: bool) -> list[tuple]:
-    """Drop every point another point beats or ties on all of (compute max, link max, window max, sum).
-
-    Under 1F1B only max(compute, link, window) matters, which makes the front
-    two-dimensional; GPipe has no window term and prices compute and link apart."""
-    if one_max:
-        points.sort(key=lambda p: (max(p[0], p[1], p[2]), p[3]))
-        kept, best_sum = [], math.inf
-        for p in points:
-            if p[3] < best_sum:
-                kept.append(p)
-                best_sum = p[3]
-        return kept
+def _pareto(points: list[tuple]) -> list[tuple]:
+    """Drop every point another point beats or ties on all of (compute max, link max, sum): GPipe
+    has no window term and prices compute and link apart (1F1B's front: cut_front.py)."""
     points.sort(key=lambda p: (p[0], p[1], p[3]))
     kept: list[tuple] = []
     for p in points:

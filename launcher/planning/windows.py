@@ -39,8 +39,15 @@ def admissible_count(own: list[int], caps: list[int]) -> int:
     S = len(own)
     ways = {own[-1]: 1}  # window of stage j -> vectors of stages j..S-1 starting with it
     for j in range(S - 2, -1, -1):
-        ways = {w: sum(n for below, n in ways.items() if below <= w) for w in range(own[j], caps[j] + 1)}
-        ways = {w: n for w, n in ways.items() if n}
+        below, counted, upto = sorted(ways), 0, 0  # running sum of the ways of windows <= w
+        deeper = {}
+        for w in range(own[j], caps[j] + 1):
+            while counted < len(below) and below[counted] <= w:
+                upto += ways[below[counted]]
+                counted += 1
+            if upto:
+                deeper[w] = upto
+        ways = deeper
         if sum(ways.values()) > 10 * EXHAUSTIVE_VECTORS:
             return sum(ways.values())  # enough to know it is too many
     return sum(ways.values())

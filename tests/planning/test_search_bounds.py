@@ -15,7 +15,7 @@ from hetlaunch.launcher.planning.chain_search import ChainSearch, candidate_chai
 from hetlaunch.launcher.planning.compression import NONE, CompressionConfig
 from hetlaunch.launcher.planning.replicas import Replicas, _disjoint_pairs, _pair_floor
 from hetlaunch.launcher.planning.sim_floor import stage_shapes
-from hetlaunch.launcher.planning.windows import admissible
+from hetlaunch.launcher.planning.windows import EXHAUSTIVE_VECTORS, admissible, admissible_count
 from plan_reference import random_profile, uniform_profile
 
 
@@ -219,3 +219,20 @@ def test_the_pair_searchs_rough_floor_is_at_or_below_the_refined_one(schedule):
         for chain, rough in zip(chains, replicas._rough_floors(chains)):
             assert rough <= one.per_microbatch_floor(chain), [n.name for n in chain]
             assert rough > 0 or schedule == "zb-h1"
+
+
+def test_admissible_count_is_how_many_vectors_admissible_yields_or_says_too_many():
+    """The window search prices every vector exhaustively only when admissible_count says there
+    are at most EXHAUSTIVE_VECTORS: the count must be exact there, and above it wherever the
+    vectors are more (it may stop counting early, at ten times the limit)."""
+    rng = random.Random(3)
+    for _ in range(3000):
+        S, M = rng.randint(1, 7), rng.randint(1, 24)
+        own = [min(S - j, M) for j in range(S)]
+        caps = [max(o, min(M, o + rng.randint(0, 10))) for o in own]
+        count = sum(1 for _ in admissible(own, caps))
+        counted = admissible_count(own, caps)
+        if counted <= EXHAUSTIVE_VECTORS or count <= EXHAUSTIVE_VECTORS:
+            assert counted == count, (own, caps)
+        else:
+            assert counted > EXHAUSTIVE_VECTORS and count > EXHAUSTIVE_VECTORS, (own, caps)

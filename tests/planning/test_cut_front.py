@@ -1,0 +1,93 @@
+"""The cut program's compiled 1F1B front (launcher/planning/_cutfront.c) is its Python loop,
+faster: the same points to the bit, in the same order, ties broken the same way, bad input
+refused; and whole plans made with each are the same plans (a user without a C compiler gets
+the Python loop)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from hetlaunch.launcher.planning import chain_cuts, cut_front
+from hetlaunch.launcher.planning.compression import NONE, CompressionConfig
+from hetlaunch.launcher.planning.cut_front import one_bottleneck_front_python
+from hetlaunch.launcher.planning.planner import plan
+
+
+def test_the_compiled_front_is_built():
+    # pip install -e . builds it wherever a C compiler is found (setup.py); CI must test it, not skip it
+    assert cut_front.COMPILED, "launcher/planning/_cutfront.c was not built: install a C compiler, then pip install -e ."
+
+
+needs_core = pytest.mark.skipif(not cut_front.COMPILED, reason="not built: see test_the_compiled_front_is_built")
+
+
+def _state(rng: random.Random, coarse: bool):
+    """A random state: rows of (end, compute, following front) and per-codec crossings. `coarse`
+    draws from a few values, so that many points tie on their max term and on their sum."""
+    value = (lambda: rng.choice([0.0, 0.25, 0.5, 1.0])) if coarse else (lambda: rng.uniform(0.0, 1.0))
+    L = rng.randint(2, 12)
+    crossings = [[None] + [(value(), value(), value(), codec) for _ in range(L)]
+                 for codec in rng.sample(["none", "int8", "topk"], rng.randint(1, 3))]
+    rows = []
+    for end in sorted(rng.sample(range(1, L + 1), rng.randint(0, L))):
+        following = [(value(), value(), value(), value(), end + 1, k - 1, "none") for k in range(rng.randint(1, 6))]
+        rows.append((end, value(), following))
+    return rows, crossings, rng.choice([0, 1, 2, 3, 7])
+
+
+@needs_core
+def test_the_compiled_front_gives_the_python_front_to_the_bit():
+    rng = random.Random(5)
+    for case in range(2000):
+        rows, crossings, window = _state(rng, coarse=case % 2 == 0)
+        want = one_bottleneck_front_python(rows, crossings, window)
+        got = cut_front._cutfront.one_bottleneck_front(rows, crossings, float(window))
+        assert got == want, (rows, crossings, window)
+        assert [type(v) for p in got for v in p[4:6]] == [int] * (2 * len(got))
+    assert one_bottleneck_front_python([], [], 1) == cut_front._cutfront.one_bottleneck_front([], [], 1.0) == []
+
+
+@needs_core
+def test_points_that_tie_on_both_terms_keep_the_first_made_as_pythons_stable_sort_does():
+    point = [(0.1, 0.0, 0.0, 1.0, 9, 0, "none")]
+    crossings = [[None] + [(0.2, 0.01, 0.0, codec)] * 3 for codec in ("int8", "none")]
+    rows = [(end, 0.5, point) for end in (1, 2, 3)]  # every end, every codec: the same two terms
+    for core in (cut_front._cutfront.one_bottleneck_front, one_bottleneck_front_python):
+        (kept,) = core(rows, crossings, 2)
+        assert kept[4:] == (1, 0, "int8")  # the first end, the first codec
+
+
+@needs_core
+def test_bad_input_is_refused_not_read_past():
+    core = cut_front._cutfront.one_bottleneck_front
+    crossings = [[None, (0.1, 0.0, 0.0, "none")]]
+    with pytest.raises(TypeError):
+        core([(1, 0.5)], crossings, 1.0)  # a row without its following front
+    with pytest.raises(TypeError):
+        core([(5, 0.5, [(0.1, 0.1, 0.1, 0.1)])], crossings, 1.0)  # an end past the crossings
+    with pytest.raises(TypeError):
+        core([(1, 0.5, [(0.1, 0.1)])], crossings, 1.0)  # a point of two numbers
+    with pytest.raises(TypeError):
+        core([(1, 0.5, [("fast", 0.1, 0.1, 0.1)])], crossings, 1.0)
+    assert core([(1, 0.5, [(0.1, 0.1, 0.1, 0.1)])], crossings, 1.0) == \
+        one_bottleneck_front_python([(1, 0.5, [(0.1, 0.1, 0.1, 0.1)])], crossings, 1)
+
+
+@needs_core
+@pytest.mark.parametrize("compression", [CompressionConfig(), NONE], ids=["auto", "none"])
+def test_plans_made_with_the_python_front_are_the_plans_made_with_the_compiled_one(monkeypatch, compression):
+    from plan_reference import random_profile
+
+    def plans():
+        out = []
+        for seed in range(4):
+            result = plan(random_profile(random.Random(seed), 5, 2, 10), num_microbatches=8, schedule="1f1b",
+                          max_pipelines=2, compression=compression)
+            out.append((result.tokens_per_s, [p.cost for p in result.pipelines]))  # every stage's every field
+        return out
+
+    compiled = plans()
+    monkeypatch.setattr(chain_cuts, "one_bottleneck_front", one_bottleneck_front_python)
+    assert plans() == compiled
