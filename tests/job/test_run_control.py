@@ -12,6 +12,7 @@ import pytest
 from conftest import popen_hetlaunch, run_hetlaunch, stop_process, wait_for
 
 STEPS = 400
+SLOW = "{speed_changes: [{at_step: 5, speed: 0.01}, {at_step: 20, speed: 1.0}]}"
 
 
 def steps_done(run_dir) -> int:
@@ -26,11 +27,13 @@ def test_status_logs_and_down_of_a_running_job(tmp_path):
     yaml = tmp_path / "cluster.yaml"
     yaml.write_text(f"""name: control
 model: {{preset: tiny, n_layers: 2, seq_len: 16, d_model: 32}}
-train: {{steps: {STEPS}, micro_batch_size: 2, num_microbatches: 2, checkpoint_every: 20}}
+train: {{steps: {STEPS}, micro_batch_size: 2, num_microbatches: 2, checkpoint_every: 20, rebalance: off}}
 nodes:
-  - {{name: a, device: cpu, threads: 1, layers: [0, 2]}}
-  - {{name: b, device: cpu, threads: 1, layers: [2, 4]}}
+  - {{name: a, device: cpu, threads: 1, layers: [0, 2], emulate: {SLOW}}}
+  - {{name: b, device: cpu, threads: 1, layers: [2, 4], emulate: {SLOW}}}
 """)  # pinned: both nodes train whatever the machine's load makes the planner think
+    # From step 5 to 19 at 1/100 of the speed (a sleep): status, logs and down (three CLI starts on a
+    # loaded machine) come while the job runs; the steps were ~10 ms and a step is logged late.
     run_dir = tmp_path / "run"
     up = popen_hetlaunch("up", str(yaml), "--run-dir", str(run_dir))
     try:

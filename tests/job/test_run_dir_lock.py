@@ -16,8 +16,9 @@ STEPS = 40
 CLUSTER = f"""name: locked
 model: {{preset: tiny, n_layers: 2, seq_len: 16, d_model: 32}}
 train: {{steps: {STEPS}, micro_batch_size: 2, num_microbatches: 2, checkpoint_every: 2}}
-nodes: [{{name: a, device: cpu, threads: 1, layers: [0, 4]}}]
-"""
+nodes: [{{name: a, device: cpu, threads: 1, layers: [0, 4],
+          emulate: {{speed_changes: [{{at_step: 3, speed: 0.01}}, {{at_step: 7, speed: 1.0}}]}}}}]
+"""  # steps 3-6 slow (a sleep): `up` is still running when it is stopped, though steps are logged late
 
 
 def _steps(run_dir) -> list[int]:
