@@ -16,6 +16,7 @@ import time
 import pytest
 import torch
 
+from hetlaunch.runtime import emulation
 from hetlaunch.runtime.emulation import ComputeEmulation
 
 CPU = torch.device("cpu")
@@ -98,35 +99,59 @@ def test_half_speed_takes_twice_as_long_on_a_busy_machine(one_thread, busy_machi
     assert 1.6 <= statistics.median(ratios) <= 2.6, ratios
 
 
-@pytest.mark.timeout(30)
-def test_wall_time_spent_waiting_inside_the_compute_is_stretched_too():
+class _Clock:
+    """runtime/emulation.py's `time` for a test: a wall clock that moves only when the test waits
+    (`wait`) or the emulation sleeps (recorded), so what is stretched is checked to the bit
+    instead of against a loaded machine's timing."""
+
+    def __init__(self):
+        self.now, self.sleeps = 1000.0, []
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def wait(self, seconds: float) -> None:
+        self.now += seconds
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+@pytest.fixture
+def clock(monkeypatch) -> _Clock:
+    clock = _Clock()
+    monkeypatch.setattr(emulation, "time", clock)
+    return clock
+
+
+def test_wall_time_spent_waiting_inside_the_compute_is_stretched_too(clock):
     # Work that waits (CUDA kernels, a thread pool, a busy core) is stretched by its wall time:
-    # speed 0.25 makes 20 ms last 80 ms.
-    emulation = ComputeEmulation(0.25)
-    start = time.perf_counter()
-    mark = emulation.start()
-    time.sleep(0.02)
-    emulation.stretch(mark, CPU)
-    assert 0.075 <= time.perf_counter() - start <= 0.2
+    # speed 0.25 makes 20 ms of waiting last 80 ms.
+    compute = ComputeEmulation(0.25)
+    mark = compute.start()
+    clock.wait(0.02)
+    compute.stretch(mark, CPU)
+    assert clock.sleeps == [pytest.approx(0.06, abs=1e-12)]
+    assert clock.now - mark == pytest.approx(0.08, abs=1e-12)
 
 
-def test_full_speed_adds_nothing():
-    emulation = ComputeEmulation(1.0)
-    start = time.perf_counter()
-    mark = emulation.start()
-    time.sleep(0.02)
-    emulation.stretch(mark, CPU)
-    assert time.perf_counter() - start < 0.06
+def test_full_speed_adds_nothing(clock):
+    compute = ComputeEmulation(1.0)
+    mark = compute.start()
+    clock.wait(0.02)
+    compute.stretch(mark, CPU)
+    assert clock.sleeps == [] and clock.now - mark == pytest.approx(0.02, abs=1e-12)
 
 
-def test_cuda_kernels_are_waited_for_before_the_work_is_measured(monkeypatch):
+def test_cuda_kernels_are_waited_for_before_the_work_is_measured(monkeypatch, clock):
     # No GPU needed: stand in for a CUDA stream whose queued kernels take 20 ms to finish.
     synced = []
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: (synced.append(device), time.sleep(0.02)))
-    emulation = ComputeEmulation(0.5)
-    start = time.perf_counter()
-    emulation.stretch(emulation.start(), torch.device("cuda", 0))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: (synced.append(device), clock.wait(0.02)))
+    compute = ComputeEmulation(0.5)
+    mark = compute.start()
+    compute.stretch(mark, torch.device("cuda", 0))
     assert synced == [torch.device("cuda", 0)]
-    assert 0.038 <= time.perf_counter() - start <= 0.15  # the kernels' 20 ms, stretched to 40 ms
-    emulation.stretch(emulation.start(), CPU)
+    assert clock.sleeps == [pytest.approx(0.02, abs=1e-12)]  # the kernels' 20 ms, stretched to 40 ms
+    compute.stretch(compute.start(), CPU)
     assert len(synced) == 1, "a CPU stage never synchronises CUDA"

@@ -88,15 +88,19 @@ def test_remote_parts_are_uploaded_and_downloaded_for_a_restore(tmp_path):
         assert abs(g - w) / w <= 1e-5, (g, w)
 
 
+# Steps 10-29 of the slow nodes at a quarter of their speed (a sleep): the generation without
+# `fast` is still running when its agent is back (an agent's start takes seconds on a loaded
+# machine, and ~75 steps at speed 0.2 took 6-11 s). Rebalancing off: both slowing at once is no
+# straggler to act on, and the restart this test waits for is the join's.
 ELASTIC = """
 name: elastic
 coordinator: {host: 127.0.0.1, join_timeout_s: 60, heartbeat_interval_s: 0.5, heartbeat_timeout_s: 3}
 model: {preset: tiny, n_layers: 2, seq_len: 32, d_model: 64}
-train: {steps: 80, micro_batch_size: 4, num_microbatches: 4, checkpoint_every: 5, max_pipelines: 1}
+train: {steps: 80, micro_batch_size: 4, num_microbatches: 4, checkpoint_every: 5, max_pipelines: 1, rebalance: off}
 compression: {intra_region: none, cross_region: none}
 nodes:
-  - {name: slow0, device: cpu, threads: 1, emulate: {speed: 0.2}}
-  - {name: slow1, device: cpu, threads: 1, emulate: {speed: 0.2}}
+  - {name: slow0, device: cpu, threads: 1, emulate: {speed: 0.2, speed_changes: [{at_step: 10, speed: 0.05}, {at_step: 30, speed: 0.2}]}}
+  - {name: slow1, device: cpu, threads: 1, emulate: {speed: 0.2, speed_changes: [{at_step: 10, speed: 0.05}, {at_step: 30, speed: 0.2}]}}
   - {name: fast, launch: remote, host: box-1, device: cpu}
 """
 
