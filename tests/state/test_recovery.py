@@ -70,6 +70,22 @@ def assert_every_step_once(run_dir: Path, steps: int = STEPS) -> list[dict]:
     return records
 
 
+def assert_every_step_recorded_or_said(run_dir: Path, output: str, steps: int = STEPS) -> None:
+    """Where an agent is lost (killed or stopped, not only its worker), the step reports it had
+    not yet sent (agents send them every 0.5 s) go with it: a step the survivors' state includes
+    may then have no line. Each step is recorded once or named in an `unrecorded` event and on
+    the console, those are few and before the restored step, and none is recorded twice."""
+    recorded = [r["step"] for r in metrics(run_dir)]
+    log = events(run_dir)
+    unrecorded = [s for e in log if e["event"] == "unrecorded" for s in e["steps"]]
+    assert sorted(recorded + unrecorded) == list(range(steps)) and len(set(recorded)) == len(recorded), \
+        (recorded, unrecorded)
+    if unrecorded:
+        restored = max(e["step"] for e in log if e["event"] == "restore")
+        assert len(unrecorded) <= 3 and max(unrecorded) < restored, (unrecorded, restored)
+        assert f"no report came of step(s) {', '.join(map(str, unrecorded))}" in output, output
+
+
 def resume_on(tmp_path: Path, source_run: Path, checkpoint: Path, plan: dict, name: str, steps: int = STEPS,
               train_extra: str = "") -> Path:
     """A fault-free run that starts from `checkpoint` on `plan`'s cut: a run directory holding only
@@ -150,7 +166,7 @@ def test_killed_agent_run_finishes_on_the_survivors(tmp_path):
     run_dir, rc, stderr, _ = run_and_hurt(tmp_path, cluster_yaml(TWO_PIPELINES, slow_at=12),
                                           lambda: agent_process("n1").send_signal(signal.SIGKILL), at_step=12)
     assert rc == 0, stderr
-    assert_every_step_once(run_dir)
+    assert_every_step_recorded_or_said(run_dir, stderr)
     lost = [e for e in events(run_dir) if e["event"] == "lost"]
     assert [e["node"] for e in lost] == ["n1"], lost
     assert "recovering: lost node n1" in stderr, stderr  # the progress output says the job is recovering
@@ -173,7 +189,7 @@ def test_sigstopped_agent_is_detected_within_the_heartbeat_timeout(tmp_path):
             if agent.is_running():
                 agent.send_signal(signal.SIGCONT)
     assert rc == 0, stderr
-    assert_every_step_once(run_dir)
+    assert_every_step_recorded_or_said(run_dir, stderr)
     lost = [e for e in events(run_dir) if e["event"] == "lost"]
     assert [e["node"] for e in lost] == ["n3"] and "no heartbeat" in lost[0]["why"], lost
     # heartbeat_timeout_s is 4: declared lost once the coordinator heard nothing for longer (its own
