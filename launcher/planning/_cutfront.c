@@ -1,7 +1,8 @@
 /* The cut dynamic program's inner loop under 1F1B, compiled: launcher/planning/cut_front.py's
  * one_bottleneck_front_python, the same arithmetic in the same order on the same doubles and the
  * same tie-breaking (a stable sort by (max term, round-trip sum), then the points whose sum drops),
- * so the fronts agree to the bit; tests/planning/test_cut_front.py compares them. A 6-node plan
+ * so the fronts agree to the bit for finite numbers (a profile holds no other: profile_file.py);
+ * tests/planning/test_cut_front.py compares them. A 6-node plan
  * spends a third to a half of its time in this loop. Built as an optional extension (setup.py):
  * where it cannot be built, cut_front.py keeps its Python loop.
  */
@@ -27,9 +28,20 @@ static int by_key_then_total(const void *a, const void *b) {
 /* Python's max(a, b): a unless b is greater. */
 static inline double pmax(double a, double b) { return b > a ? b : a; }
 
+/* A float or an int only: converting anything else could run Python code (__float__) that changes
+ * the lists being read while their sizes and borrowed items are held. */
 static int read_float(PyObject *tuple, Py_ssize_t i, double *out) {
-    *out = PyFloat_AsDouble(PyTuple_GET_ITEM(tuple, i));
-    return (*out == -1.0 && PyErr_Occurred()) ? -1 : 0;
+    PyObject *item = PyTuple_GET_ITEM(tuple, i);
+    if (PyFloat_Check(item)) {
+        *out = PyFloat_AS_DOUBLE(item);
+        return 0;
+    }
+    if (PyLong_Check(item)) {
+        *out = PyLong_AsDouble(item);
+        return (*out == -1.0 && PyErr_Occurred()) ? -1 : 0;
+    }
+    PyErr_SetString(PyExc_TypeError, "a cut front's numbers are floats or ints");
+    return -1;
 }
 
 /* one_bottleneck_front(rows, crossings, window) -> the front, as a list of
@@ -85,6 +97,10 @@ static PyObject *one_bottleneck_front(PyObject *self, PyObject *args) {
                 if (read_float(p, 0, &mt) < 0 || read_float(p, 1, &mc) < 0 || read_float(p, 2, &w) < 0 ||
                     read_float(p, 3, &s) < 0)
                     goto fail;
+                if (n >= count) { /* cannot happen: nothing above runs Python code; kept as a guard */
+                    PyErr_SetString(PyExc_RuntimeError, "a front changed while it was read");
+                    goto fail;
+                }
                 Point *q = &points[n];
                 q->total = s + tc + 2 * (latency + link);
                 q->compute = pmax(mt, tc);

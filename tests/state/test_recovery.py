@@ -9,7 +9,6 @@ from the same checkpoint on the same plan.
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import signal
 from pathlib import Path
@@ -192,12 +191,10 @@ def test_sigstopped_agent_is_detected_within_the_heartbeat_timeout(tmp_path):
     assert_every_step_recorded_or_said(run_dir, stderr)
     lost = [e for e in events(run_dir) if e["event"] == "lost"]
     assert [e["node"] for e in lost] == ["n3"] and "no heartbeat" in lost[0]["why"], lost
-    # heartbeat_timeout_s is 4: declared lost once the coordinator heard nothing for longer (its own
-    # measure, in the reason), and not much after the stop. Not timed from the stop from below: a
-    # loaded machine can leave a healthy agent's last beat seconds old when it is stopped.
-    silent = int(re.search(r"no heartbeat for (\d+)s", lost[0]["why"]).group(1))
-    assert silent >= 4, lost[0]["why"]
-    assert lost[0]["time"] - stopped_at <= 4 + 10, lost[0]["time"] - stopped_at
+    # heartbeat_timeout_s is 4: declared lost after the stop and not much later (the slack is the
+    # coordinator's polling and a loaded machine's scheduling). Not 4 s after the stop at the least:
+    # a loaded machine can leave a healthy agent's last beat seconds old when it is stopped.
+    assert 0 <= lost[0]["time"] - stopped_at <= 4 + 10, lost[0]["time"] - stopped_at
 
 
 WATCHDOG_S = 5
