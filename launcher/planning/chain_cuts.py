@@ -18,7 +18,7 @@ import math
 
 from hetlaunch.launcher.planning.compression import CODEC_SLACK, LOSSINESS
 from hetlaunch.launcher.planning.cost_model import CostModel, PipelineCost, in_flight
-from hetlaunch.launcher.planning.cut_front import one_bottleneck_front
+from hetlaunch.launcher.planning.cut_front import one_bottleneck_front, state_points
 from hetlaunch.launcher.planning.profile_file import NodeProfile
 
 EXACT_MAX_WORK = 20_000  # stages x layers^2 up to which a chain's cut is found by the exact DP
@@ -85,23 +85,10 @@ def _front(cm: CostModel, chain: list[NodeProfile], j: int, S: int, keys: list[t
             rows.append((end, cm.compute_s(node, i, end), following))
     if one_max:
         front = one_bottleneck_front(rows, list(crossing.values()), window)
-    else:
-        front = _two_terms_front(rows, crossing)
+    else:  # GPipe: no window term, compute and link maxima priced apart
+        front = _pareto(state_points(rows, list(crossing.values()), 0))
     fronts[i] = front
     return front
-
-
-def _two_terms_front(rows: list[tuple], crossing: dict[str, list]) -> list[tuple]:
-    """GPipe's state: no window term, compute and link maxima priced apart."""
-    candidates = []
-    for end, t, following in rows:
-        for per_end in crossing.values():
-            c, lat, work, codec = per_end[end]
-            tc = t + work
-            for k, (mt, mc, w, s, *_) in enumerate(following):
-                total = s + tc + 2 * (lat + c)
-                candidates.append((max(mt, tc), max(mc, c), w, total, end, k, codec))
-    return _pareto(candidates) if candidates else []
 
 
 def _crossing(cm: CostModel, node: NodeProfile, next_node: NodeProfile, j: int) -> dict[str, list]:

@@ -12,20 +12,26 @@ from __future__ import annotations
 import math
 
 
-def one_bottleneck_front_python(rows: list[tuple], crossings: list[list], window: float) -> list[tuple]:
-    """rows: [(end, the stage's compute, the following state's front)]; crossings: per codec, a
-    list indexed by end of (link, latency, codec work, codec). Points are (compute max, link max,
-    window max, round-trip sum, end, index in the following front, codec)."""
-    candidates = []
+def state_points(rows: list[tuple], crossings: list[list], window: float) -> list[tuple]:
+    """Every point of a state before the front is taken. rows: [(end, the stage's compute, the
+    following state's front)]; crossings: per codec, a list indexed by end of (link, latency, codec
+    work, codec); window: what the window term divides by (0: no window term, GPipe). Points are
+    (compute max, link max, window max, round-trip sum, end, index in the following front, codec)."""
+    points = []
     for end, t, following in rows:
         for per_end in crossings:
             c, lat, work, codec = per_end[end]
             tc = t + work
             for k, (mt, mc, w, s, *_) in enumerate(following):
                 total = s + tc + 2 * (lat + c)
-                candidates.append((max(mt, tc), max(mc, c), max(w, total / window) if window else w, total,
-                                   end, k, codec))
-    return one_bottleneck_pareto(candidates)
+                points.append((max(mt, tc), max(mc, c), max(w, total / window) if window else w, total,
+                               end, k, codec))
+    return points
+
+
+def one_bottleneck_front_python(rows: list[tuple], crossings: list[list], window: float) -> list[tuple]:
+    """The front of state_points under 1F1B (what _cutfront.c computes)."""
+    return one_bottleneck_pareto(state_points(rows, crossings, window))
 
 
 def one_bottleneck_pareto(points: list[tuple]) -> list[tuple]:
