@@ -19,7 +19,7 @@ MODULES = {
     "test_planner", "test_exact_pricing", "test_plan_output", "test_planner_dp", "test_batch_sizes",
     "test_contention", "test_hierarchical_sync_cost", "test_sealed_cost", "test_schedule_choice",  # the planner
     "test_search_bounds",  # the search's bounds against brute force
-    "test_simulation_core", "test_cut_front",  # the planner's compiled loops against their Python ones
+    "test_simulation_core", "test_cut_front", "test_compiled_cut_loops",  # the planner's compiled loops against their Python ones
     "test_schedules", "test_typed_schedules", "test_split_backward", "test_device_schedules", "test_bubble_fill",  # schedules and the split backward
     "test_wire_rounding",  # bf16 on links
     "test_codecs", "test_registry", "test_link", "test_grad_sync", "test_sealing",  # codecs, links, sync, seals

@@ -64,26 +64,35 @@ def floors_under(cm: CostModel, chain: list[NodeProfile], bound: float, hops: li
     """False when every cut that fits memory has a stage whose floor term (above) is >= bound.
     `hops[k]`: the least time a message takes on boundary k; `drains`: every stage after the
     first ends on a full backward."""
-    S, L, M = len(chain), cm.num_layers, cm.M
-    limit = bound * (1 + SLACK)
+    S = len(chain)
     g, h = (2 / 3, 1.0) if drains else (0.0, 0.0)
+    return floors_program([cm.layer_prefix(node) for node in chain], [cm.memory_prefix(j, S) for j in range(S)],
+                          [node.memory_bytes for node in chain], cm.optimizer_prefix(chain[0]), list(hops), cm.M,
+                          bound * (1 + SLACK), g, h)
+
+
+def floors_program_python(layers: list[list[float]], memory: list[list[float]], capacities: list[int],
+                          optimizer: list[float], hops: list[float], M: int, limit: float, g: float, h: float) -> bool:
+    """floors_under's dynamic program over (stage, end) on plain lists: per stage its node's layer
+    and memory prefix sums and its node's memory; the first stage's optimizer prefix sums; the
+    hops. What launcher/planning/_floors.c computes."""
+    S, L = len(layers), len(optimizer) - 1
     states = {0: 0.0}  # end of the stages so far -> least A over the cuts reaching it
-    for j, node in enumerate(chain):
-        layers, memory = cm.layer_prefix(node), cm.memory_prefix(j, S)
-        # Stage 0's floor ends with its optimizer (nothing climbs back to it).
-        opt = cm.optimizer_prefix(node) if j == 0 else None
+    for j in range(S):
+        acc, mem, capacity = layers[j], memory[j], capacities[j]
+        opt = optimizer if j == 0 else None  # stage 0's floor ends with its optimizer (nothing climbs back to it)
         last = L if j == S - 1 else L - (S - 1 - j)
         grown: dict[int, float] = {}
         for start, a in states.items():
             for end in range(start + 1, last + 1):
-                work = layers[end] - layers[start]
+                work = acc[end] - acc[start]
                 term = a + M * work + (opt[end] - opt[start] if opt else 0.0)
-                if term > limit or memory[end] - memory[start] > node.memory_bytes:
+                if term > limit or mem[end] - mem[start] > capacity:
                     break  # both only grow with the range
                 if j == S - 1 and end < L:
                     continue
                 nxt = a + work / 3 + g * work + ((1 + h) * hops[j] if j < S - 1 else 0.0)
-                if nxt < grown.get(end, float("inf")):
+                if nxt < grown.get(end, math.inf):
                     grown[end] = nxt
         if not grown:
             return False
@@ -121,3 +130,11 @@ def per_microbatch_floor(cm: CostModel, chain: list[NodeProfile], least_hop: flo
         else:
             lo = mid
     return max(lo, least_hop)
+
+
+try:
+    from hetlaunch.launcher.planning import _floors
+except ImportError:  # not built (no C compiler at install): the Python loop, same answers
+    _floors = None
+COMPILED = _floors is not None
+floors_program = _floors.floors_under if COMPILED else floors_program_python

@@ -12,10 +12,10 @@
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import math
 
+from hetlaunch.launcher.planning.bottleneck_fill import bottleneck_bisect
 from hetlaunch.launcher.planning.compression import CODEC_SLACK, LOSSINESS
 from hetlaunch.launcher.planning.cost_model import CostModel, PipelineCost, in_flight
 from hetlaunch.launcher.planning.cut_front import one_bottleneck_front, state_points
@@ -133,44 +133,19 @@ def bottleneck_cuts(cm: CostModel, chain: list[NodeProfile]) -> PipelineCost | N
     if S > L:
         return None
 
-    times = [cm.time_prefix(node) for node in chain]
     squeezed = most_compressed_codecs(cm, chain)
-    memories = [cm.memory_prefix(j, S) for j in range(S)]
     outputs = [layer.output_bytes for layer in cm.profile.layers]
-    # boundary_s as one product: fill() runs some 30 times per chain, once per boundary each.
-    per_byte = [cm.link_seconds_per_byte(a, b, codec) for a, b, codec in zip(chain, chain[1:], squeezed)]
-
-    # Per stage, what fill() reads: its prefix sums, memory, the last end it may take, and its
+    # Per stage, what each fill reads: its prefix sums, memory, the last end it may take, and its
     # outgoing link's seconds per byte (0 on the last stage, which sends nothing).
-    stages = [(times[j], memories[j], node.memory_bytes, L - (S - 1 - j), per_byte[j] if j < S - 1 else 0.0)
-              for j, node in enumerate(chain)]
-    right = bisect.bisect_right
-
-    def fill(limit: float) -> list[tuple[int, int]] | None:
-        """Give each stage as many layers as fit under the limit (time and memory are monotone in
-        the range, so the furthest end is found by bisection on prefix sums)."""
-        cuts, start = [], 0
-        for acc, mem, capacity, last, link in stages:
-            end = min(right(acc, acc[start] + limit) - 1, right(mem, mem[start] + capacity) - 1, last)
-            if end <= start or outputs[end - 1] * link > limit:
-                return None
-            cuts.append((start, end))
-            start = end
-        return cuts if start == L else None
-
-    biggest = max(layer.output_bytes for layer in cm.profile.layers)  # uncompressed: an upper bound
+    per_byte = [cm.link_seconds_per_byte(a, b, codec) for a, b, codec in zip(chain, chain[1:], squeezed)]
+    stages = [(cm.time_prefix(node), cm.memory_prefix(j, S), node.memory_bytes, L - (S - 1 - j),
+               per_byte[j] if j < S - 1 else 0.0) for j, node in enumerate(chain)]
+    biggest = max(outputs)  # uncompressed: an upper bound
     slowest_link = max((biggest / cm.link(a, b)[0] for a, b in zip(chain, chain[1:])), default=0.0)
-    lo, hi = 0.0, max(cm.compute_s(n, 0, L) for n in chain) + slowest_link
-    best = fill(hi)
+    best = bottleneck_bisect(stages, outputs, 0.0, max(cm.compute_s(n, 0, L) for n in chain) + slowest_link,
+                             BISECTIONS)
     if best is None:
         return None
-    for _ in range(BISECTIONS):
-        mid = (lo + hi) / 2
-        cuts = fill(mid)
-        if cuts is None:
-            lo = mid
-        else:
-            hi, best = mid, cuts
     return cm.evaluate(chain, best, squeezed)
 
 

@@ -1,0 +1,113 @@
+/* The dynamic program that decides whether any cut of a chain keeps every stage's floor term under
+ * a bound, compiled: launcher/planning/chain_bounds.py's floors_under_python, the same arithmetic in
+ * the same order on the same doubles (each end keeps the least A reaching it, whatever order the
+ * starts are visited in), so the answer agrees; tests/planning/test_compiled_cut_loops.py compares
+ * them. Built as an optional extension (setup.py): where it cannot be built, chain_bounds.py keeps
+ * its Python loop.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+/* A float or an int only: converting anything else could run Python code (__float__) that changes
+ * the lists being read while their sizes and borrowed items are held. */
+static int as_double(PyObject *item, double *out) {
+    if (PyFloat_Check(item)) {
+        *out = PyFloat_AS_DOUBLE(item);
+        return 0;
+    }
+    if (PyLong_Check(item)) {
+        *out = PyLong_AsDouble(item);
+        return (*out == -1.0 && PyErr_Occurred()) ? -1 : 0;
+    }
+    PyErr_SetString(PyExc_TypeError, "a floor's numbers are floats or ints");
+    return -1;
+}
+
+/* A list of exactly n numbers into out[0..n-1]. */
+static int read_list(PyObject *list, Py_ssize_t n, double *out) {
+    if (!PyList_Check(list) || PyList_GET_SIZE(list) != n) {
+        PyErr_SetString(PyExc_TypeError, "a floor's lists have one number per layer boundary, stage or hop");
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (as_double(PyList_GET_ITEM(list, i), &out[i]) < 0) return -1;
+    return 0;
+}
+
+/* floors_under(layers, memory, capacities, optimizer, hops, M, limit, g, h) -> bool.
+ * layers, memory: per stage, prefix sums over the layers (L + 1 each); capacities: per stage;
+ * optimizer: the first stage's optimizer prefix sums (L + 1); hops: per boundary (S - 1). */
+static PyObject *floors_under(PyObject *self, PyObject *args) {
+    PyObject *layer_lists, *memory_lists, *capacity_list, *optimizer_list, *hop_list;
+    double M, limit, g, h;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O!dddd", &PyList_Type, &layer_lists, &PyList_Type, &memory_lists,
+                          &PyList_Type, &capacity_list, &PyList_Type, &optimizer_list, &PyList_Type, &hop_list, &M,
+                          &limit, &g, &h))
+        return NULL;
+    Py_ssize_t S = PyList_GET_SIZE(layer_lists), L = PyList_GET_SIZE(optimizer_list) - 1;
+    if (S < 1 || L < 1 || PyList_GET_SIZE(memory_lists) != S) {
+        PyErr_SetString(PyExc_TypeError, "a floor needs at least one stage and one layer, with memory per stage");
+        return NULL;
+    }
+    /* layers, memory: S x (L + 1); optimizer: L + 1; capacities: S; hops: S - 1; two rows of states */
+    Py_ssize_t size = 2 * S * (L + 1) + (L + 1) + S + (S - 1) + 2 * (L + 1);
+    double *numbers = PyMem_Malloc(sizeof(double) * size);
+    if (!numbers) return PyErr_NoMemory();
+    double *layers = numbers, *memory = layers + S * (L + 1), *optimizer = memory + S * (L + 1);
+    double *capacities = optimizer + L + 1, *hops = capacities + S, *states = hops + S - 1, *grown = states + L + 1;
+    PyObject *result = NULL;
+    for (Py_ssize_t j = 0; j < S; j++)
+        if (read_list(PyList_GET_ITEM(layer_lists, j), L + 1, layers + j * (L + 1)) < 0 ||
+            read_list(PyList_GET_ITEM(memory_lists, j), L + 1, memory + j * (L + 1)) < 0)
+            goto done;
+    if (read_list(optimizer_list, L + 1, optimizer) < 0 || read_list(capacity_list, S, capacities) < 0 ||
+        read_list(hop_list, S - 1, hops) < 0)
+        goto done;
+    /* states[end]: the least A over the cuts whose stages so far end there; +inf where none does */
+    for (Py_ssize_t i = 0; i <= L; i++) states[i] = Py_HUGE_VAL;
+    states[0] = 0.0;
+    int reached = 1;
+    for (Py_ssize_t j = 0; j < S && reached; j++) {
+        const double *acc = layers + j * (L + 1), *mem = memory + j * (L + 1);
+        Py_ssize_t last = j == S - 1 ? L : L - (S - 1 - j);
+        double hop = j < S - 1 ? (1 + h) * hops[j] : 0.0;
+        for (Py_ssize_t i = 0; i <= L; i++) grown[i] = Py_HUGE_VAL;
+        reached = 0;
+        for (Py_ssize_t start = 0; start <= L; start++) {
+            double a = states[start];
+            if (a == Py_HUGE_VAL) continue;
+            for (Py_ssize_t end = start + 1; end <= last; end++) {
+                double work = acc[end] - acc[start];
+                /* Stage 0's floor ends with its optimizer (nothing climbs back to it). */
+                double term = a + M * work + (j == 0 ? optimizer[end] - optimizer[start] : 0.0);
+                if (term > limit || mem[end] - mem[start] > capacities[j]) break; /* both only grow */
+                if (j == S - 1 && end < L) continue;
+                double next = a + work / 3 + g * work + hop;
+                if (next < grown[end]) {
+                    grown[end] = next;
+                    reached = 1;
+                }
+            }
+        }
+        double *swap = states;
+        states = grown;
+        grown = swap;
+    }
+    result = PyBool_FromLong(reached && states[L] != Py_HUGE_VAL);
+done:
+    PyMem_Free(numbers);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"floors_under", floors_under, METH_VARARGS,
+     "floors_under(layers, memory, capacities, optimizer, hops, M, limit, g, h) -> whether some cut's floors stay "
+     "under the limit"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_floors",
+                                    "launcher/planning/chain_bounds.py's floor program, compiled (same arithmetic).",
+                                    -1, methods, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__floors(void) { return PyModule_Create(&module); }
