@@ -51,6 +51,9 @@ class Schedule:
     deepens = False  # takes per-stage windows deeper than its own (more micro-batches in flight)
     one_bottleneck = False  # closed form depends on max(compute, link, window) only, not on each apart
     closed_form_exact = False  # closed form equals the simulation (so it bounds what a simulation prices)
+    # Every stage runs each micro-batch once forward and once backward (no other kind of action)
+    # and ends on a backward: the planner's floor reads that without building the lists.
+    forward_backward_only = False
 
     def stage_actions(self, stage: int, num_stages: int, num_microbatches: int, window: int = 0) -> list[Action]:
         """Stage `stage`'s actions; `window` (0: the schedule's own) where the schedule deepens."""
@@ -120,7 +123,7 @@ class OneFOneB(Schedule):
     bandwidth, is what limits 1F1B.
     """
 
-    name, title, deepens, one_bottleneck = "1f1b", "1F1B", True, True
+    name, title, deepens, one_bottleneck, forward_backward_only = "1f1b", "1F1B", True, True, True
 
     def _actions(self, stage: int, num_stages: int, num_microbatches: int, window: int) -> list[Action]:
         m_total = num_microbatches
@@ -178,7 +181,7 @@ class GPipe(Schedule):
     not. No window limits it.
     """
 
-    name, title = "gpipe", "GPipe"
+    name, title, forward_backward_only = "gpipe", "GPipe", True
     closed_form_exact = True  # each phase streams at its slowest resource; tests/planning/test_exact_pricing.py checks it
 
     def _actions(self, stage: int, num_stages: int, num_microbatches: int, window: int) -> list[Action]:

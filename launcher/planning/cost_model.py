@@ -218,12 +218,11 @@ class CostModel:
     def stage_shapes(self, num_stages: int) -> list[tuple]:
         """What sim_floor.py reads of the schedule's action lists (the same for every window)."""
         if num_stages not in self._shapes:
-            lists = [self._stage_list(j, num_stages, 0) for j in range(num_stages)]
-            if all(ints is not None for ints in lists):
-                # From the integer lists (m: F(m), ~m: B(m)) where the schedule has them: at
-                # thousands of micro-batches, building Action tuples for this was a tenth of planning.
-                self._shapes[num_stages] = [(len(ints) - backs, backs, 0, 0, bool(ints) and ints[-1] < 0)
-                                            for ints in lists for backs in [sum(1 for m in ints if m < 0)]]
+            if self.rules.forward_backward_only:
+                # Each stage: M forwards, M backwards, the last action a backward. Counting the
+                # lists instead was a fifth of planning a global batch of 4,096 (a list per stage
+                # at every micro-batch share); tests/planning/test_search_bounds.py holds it to them.
+                self._shapes[num_stages] = [(self.M, self.M, 0, 0, True)] * num_stages
             else:
                 self._shapes[num_stages] = stage_shapes(tuple(self._actions(j, num_stages, 0)
                                                               for j in range(num_stages)))
@@ -384,28 +383,41 @@ class CostModel:
     def evaluate(self, chain: list[NodeProfile], cuts: list[tuple[int, int]],
                  codecs: list[str] | None = None) -> PipelineCost:
         """The full cost of a chain with given layer ranges and boundary codecs (default none)."""
-        S = len(chain)
+        S, M = len(chain), self.M
         codecs = codecs or ["none"] * (S - 1)
         stages, compute_max, link_max, sum_term = [], 0.0, 0.0, 0.0
         slowest_stage = slowest_link = ""
+        # compute_s, boundary_s and optimizer_s inlined (the same arithmetic): the search
+        # evaluates thousands of chains of up to 48 stages, and the calls were most of the time.
+        outputs = [layer.output_bytes for layer in self.profile.layers]
+        static, activation = self._static, self._activation
+        raw_ratio = max(self._ratio["none"], self._ratio[self.compression.gradient_codec("none")])
         for j, (node, (start, end)) in enumerate(zip(chain, cuts)):
-            t = self.compute_s(node, start, end)
+            acc = self._time.get(node.name) or self.time_prefix(node)
+            layers_and_optimizer = acc[end] - acc[start]
+            t = layers_and_optimizer
             c = lat = raw_c = 0.0
             if j < S - 1:
-                t += self.codec_s(node, end - 1, codecs[j], chain[j + 1])
-                c, lat = self.boundary_s(node, chain[j + 1], end - 1, codecs[j])
-                raw_c = self.boundary_s(node, chain[j + 1], end - 1)[0]
+                receiver = chain[j + 1]
+                t += self.codec_s(node, end - 1, codecs[j], receiver)
+                bandwidth, lat = self.link(node, receiver)
+                ratio = max(self._ratio[codecs[j]], self._ratio[self.compression.gradient_codec(codecs[j])])
+                c = outputs[end - 1] * ratio / bandwidth
+                raw_c = outputs[end - 1] * raw_ratio / bandwidth
             if t > compute_max:
                 compute_max, slowest_stage = t, f"compute on {node.name}"
             if c > link_max:
                 link_max, slowest_link = c, f"link {node.name} -> {chain[j + 1].name}"
             sum_term += t + 2 * (lat + c)
-            optimizer = self.optimizer_s(node, start, end)
-            layers = self.compute_s(node, start, end) - optimizer / self.M
-            codec_work = t - self.compute_s(node, start, end)
+            opt = self._optimizer.get(node.name) or self.optimizer_prefix(node)
+            optimizer = opt[end] - opt[start]
+            layers = layers_and_optimizer - optimizer / M
+            codec_work = t - layers_and_optimizer
             input_grad, weight_grad = self.split_backward_s(node, start, end, j, 2 * layers / 3 + codec_work / 2,
                                                             codec_work / 2)
-            stages.append(StageCost(node.name, start, end, t, c, lat, self.memory_bytes(start, end, j, S),
+            window = self.rules.in_flight(j, S, M)
+            memory = (static[end] - static[start]) + window * (activation[end] - activation[start])
+            stages.append(StageCost(node.name, start, end, t, c, lat, memory,
                                     node.memory_bytes, codecs[j] if j < S - 1 else "none", raw_c,
                                     forward_s=layers / 3 + codec_work / 2, backward_s=2 * layers / 3 + codec_work / 2,
                                     optimizer_s=optimizer, input_grad_s=input_grad, weight_grad_s=weight_grad))

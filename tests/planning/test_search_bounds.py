@@ -154,13 +154,17 @@ def test_fills_under_keeps_every_chain_with_a_cut_under_the_bound():
 
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe", "zb-h1", "zb-h2"])
 def test_stage_shapes_from_integer_lists_equal_those_from_actions(schedule):
-    """CostModel.stage_shapes counts 1F1B's and GPipe's integer lists instead of building Actions:
-    the floor must read the same shapes either way (split-backward schedules take the Actions)."""
+    """CostModel.stage_shapes takes 1F1B's and GPipe's shapes from what they are (every micro-batch
+    once forward and once backward, a backward last) instead of building Actions: the floor must
+    read the same shapes either way, with deeper windows too (split-backward schedules take the Actions)."""
     profile = random_profile(random.Random(1), 4, 2, 8)
     for M in (1, 2, 3, 7, 16, 100):
         for S in range(1, 9):
             cm = ChainSearch(profile, M, schedule, NONE).cm
             assert cm.stage_shapes(S) == stage_shapes(tuple(cm._actions(j, S, 0) for j in range(S))), (M, S)
+            if cm.rules.deepens:
+                windows = [min(M, S - j + 3) for j in range(S)]  # the floor is read for any window vector
+                assert cm.stage_shapes(S) == stage_shapes(tuple(cm._actions(j, S, w) for j, w in enumerate(windows)))
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe", "zb-h1", "zb-h2"])
