@@ -22,6 +22,8 @@ re-exported here for it.
 
 from __future__ import annotations
 
+import functools
+
 from hetlaunch.runtime.actions import B, E, F, I, W, Action, Kind, max_in_flight, parse_actions, validate_actions
 from hetlaunch.runtime.device_schedules import DEVICE_SCHEDULES, device_schedule_named, in_flight_by_device
 from hetlaunch.runtime.fast_simulation import compiled_stage, simulate_in_order, simulate_stages, stage_order
@@ -136,12 +138,7 @@ class OneFOneB(Schedule):
 
     def compiled_list(self, stage: int, num_stages: int, num_microbatches: int, window: int = 0) -> tuple:
         self._check(stage, num_stages, num_microbatches, window)
-        m_total = num_microbatches
-        warmup = self._warmup(stage, num_stages, m_total, window)
-        steady = [0] * (2 * (m_total - warmup))
-        steady[0::2] = range(warmup, m_total)  # F(warmup + i), then B(i)
-        steady[1::2] = (~i for i in range(m_total - warmup))
-        return (*range(warmup), *steady, *(~m for m in range(m_total - warmup, m_total)))
+        return _one_f_one_b_list(self._warmup(stage, num_stages, num_microbatches, window), num_microbatches)
 
     @staticmethod
     def _warmup(stage: int, num_stages: int, m_total: int, window: int) -> int:
@@ -162,6 +159,17 @@ class OneFOneB(Schedule):
     def window_term(self, round_trip: float, stage: int, num_stages: int, num_microbatches: int) -> float:
         # Stage j starts one micro-batch per round_trip / w_j: its window's worth per round trip.
         return round_trip / own_window(stage, num_stages, num_microbatches)
+
+
+@functools.lru_cache(maxsize=512)
+def _one_f_one_b_list(warmup: int, m_total: int) -> tuple:
+    """1F1B's integer list for a warm-up and micro-batch count, which is all it depends on: the
+    planner asks for it for every stage of every chain and window it prices (the same few
+    warm-ups each time), and at thousands of micro-batches building it was a tenth of planning."""
+    steady = [0] * (2 * (m_total - warmup))
+    steady[0::2] = range(warmup, m_total)  # F(warmup + i), then B(i)
+    steady[1::2] = (~i for i in range(m_total - warmup))
+    return (*range(warmup), *steady, *(~m for m in range(m_total - warmup, m_total)))
 
 
 class GPipe(Schedule):

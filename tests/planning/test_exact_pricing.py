@@ -96,3 +96,27 @@ def test_the_planner_deepens_windows_over_a_distant_link_as_far_as_memory_allows
     tight = plan_fixed_cut(_distant_pair(7.5 * 2**20), ["n0", "n1"], [(0, 1), (1, 2)], 8)
     first = tight.pipelines[0].cost.stages[0]
     assert first.window == 3 and first.memory_bytes <= first.capacity_bytes
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe", "zb-h1"])
+def test_a_pipeline_whose_report_is_not_its_simulation_is_refused_as_a_planner_bug(schedule):
+    """check_priced simulates the schedule's fresh action lists (the compiled sweep for forward
+    and backward only, the Python simulation for a split backward): a step, a window or a stage's
+    cost that does not match what it reports is caught."""
+    from dataclasses import replace
+
+    from plan_reference import random_profile
+
+    from hetlaunch.launcher.planning.planner import PlanInvariantError, check_priced, plan
+
+    result = plan(random_profile(random.Random(2), 4, 2, 8), num_microbatches=8, schedule=schedule)
+    cost = max((p.cost for p in result.pipelines), key=lambda c: len(c.stages))
+    assert len(cost.stages) >= 2
+    check_priced(schedule, cost)  # what the planner returned passes
+    with pytest.raises(PlanInvariantError, match="simulate to"):
+        check_priced(schedule, replace(cost, step_s=cost.step_s * 0.9))
+    slower = replace(cost.stages[0], forward_s=cost.stages[0].forward_s * 3)
+    with pytest.raises(PlanInvariantError, match="simulate to"):
+        check_priced(schedule, replace(cost, stages=(slower, *cost.stages[1:])))
+    with pytest.raises(PlanInvariantError):
+        check_priced(schedule, replace(cost, exact=False))  # a closed-form figure is not a plan's
