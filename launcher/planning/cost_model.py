@@ -24,7 +24,7 @@ adding to it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 from hetlaunch.launcher.planning.compression import LOSSINESS, NONE, CompressionConfig, wire_ratio
 from hetlaunch.launcher.planning.profile_file import NodeProfile, Profile
@@ -68,6 +68,26 @@ class StageCost:
     # not measured, and the simulation takes half the backward each.
     input_grad_s: float = 0.0
     weight_grad_s: float = 0.0
+
+
+_STAGE_FIELDS = frozenset(f.name for f in fields(StageCost))
+
+
+def _made(**values) -> StageCost:
+    """StageCost(**values) with every field given, without the frozen dataclass's __init__ (one
+    object.__setattr__ per field): the search makes hundreds of thousands of them, and that
+    __init__ was a tenth of planning 256 nodes. Still frozen once made; equal to one built by
+    StageCost(...) (tests/planning/test_exact_pricing.py)."""
+    if values.keys() != _STAGE_FIELDS:
+        raise TypeError(f"a StageCost needs exactly its fields, got {sorted(values)}")
+    stage = object.__new__(StageCost)
+    stage.__dict__.update(values)
+    return stage
+
+
+def _copied(stage: StageCost, **changes) -> StageCost:
+    """dataclasses.replace(stage, **changes), the way _made builds one."""
+    return _made(**{**stage.__dict__, **changes})
 
 
 @dataclass(frozen=True)
@@ -243,7 +263,7 @@ class CostModel:
         """The same stages holding `windows` micro-batches in flight (0 where a stage keeps its own),
         their memory with them; not priced (exact is cleared)."""
         S = len(cost.stages)
-        stages = tuple(replace(stage, window=w if w > self.rules.in_flight(j, S, self.M) else 0,
+        stages = tuple(_copied(stage, window=w if w > self.rules.in_flight(j, S, self.M) else 0,
                                memory_bytes=self.memory_bytes(stage.layer_start, stage.layer_end, j, S, w))
                        for j, (stage, w) in enumerate(zip(cost.stages, windows)))
         return replace(cost, stages=stages, exact=False)
@@ -417,10 +437,11 @@ class CostModel:
                                                             codec_work / 2)
             window = self.rules.in_flight(j, S, M)
             memory = (static[end] - static[start]) + window * (activation[end] - activation[start])
-            stages.append(StageCost(node.name, start, end, t, c, lat, memory,
-                                    node.memory_bytes, codecs[j] if j < S - 1 else "none", raw_c,
-                                    forward_s=layers / 3 + codec_work / 2, backward_s=2 * layers / 3 + codec_work / 2,
-                                    optimizer_s=optimizer, input_grad_s=input_grad, weight_grad_s=weight_grad))
+            stages.append(_made(node=node.name, layer_start=start, layer_end=end, compute_s=t, link_s=c, latency_s=lat,
+                                memory_bytes=memory, capacity_bytes=node.memory_bytes,
+                                codec=codecs[j] if j < S - 1 else "none", link_uncompressed_s=raw_c, window=0,
+                                forward_s=layers / 3 + codec_work / 2, backward_s=2 * layers / 3 + codec_work / 2,
+                                optimizer_s=optimizer, input_grad_s=input_grad, weight_grad_s=weight_grad))
         # The schedule's in-flight window (1F1B's): the round trip from each stage to the end and back.
         window_max, window_stage, round_trip = 0.0, "", 0.0
         for j in range(S - 1, -1, -1):

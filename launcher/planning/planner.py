@@ -42,7 +42,7 @@ from hetlaunch.launcher.planning.replicas import PipelineSet, Replicas, replica_
 from hetlaunch.launcher.planning.sync_cost import SyncCost, plan_step_s, sync_costs
 from hetlaunch.launcher.planning.topology import Topology
 from hetlaunch.runtime.registry import STATIC_BYTES_PER_PARAM_BYTE
-from hetlaunch.runtime.schedules import compiled_stage, schedule_for, simulate, simulate_stages
+from hetlaunch.runtime.schedules import schedule_for, schedule_named, simulate, simulate_stages
 
 
 
@@ -248,18 +248,19 @@ def check_priced(schedule: str, cost: PipelineCost) -> None:
     windows, codecs and micro-batches, with action lists built afresh from the schedule (what
     the executor walks): a figure the plan cannot reproduce is a bug, caught where plans are made."""
     S, M = len(cost.stages), cost.num_microbatches
-    actions = [schedule_for(schedule, j, S, M, s.window) for j, s in enumerate(cost.stages)]
+    rules = schedule_named(schedule)
     costs = ([s.forward_s for s in cost.stages], [s.backward_s for s in cost.stages],
              [s.link_s for s in cost.stages[:-1]], [s.latency_s for s in cost.stages[:-1]],
              [s.optimizer_s for s in cost.stages])
-    lists = tuple(compiled_stage(stage_actions, j) for j, stage_actions in enumerate(actions))
-    if all(one is not None for one in lists):
-        # Forwards and backwards only (1F1B, GPipe): the compiled sweep over those same fresh
-        # lists (tests/stage/test_simulation_fast_path.py holds it to `simulate`); the Python
-        # simulation was a quarter of planning a global batch of 4,096.
-        want = simulate_stages(lists, *costs)
+    if rules.forward_backward_only:
+        # 1F1B, GPipe: their integer lists (tests/stage/test_simulation_core.py holds them to the
+        # actions) through the compiled sweep (tests/stage/test_simulation_fast_path.py holds it to
+        # `simulate`); Action lists and the Python simulation were a third of planning a global batch of 4,096.
+        want = simulate_stages(tuple(rules.compiled_list(j, S, M, s.window) for j, s in enumerate(cost.stages)),
+                               *costs)
     else:
-        want = simulate(actions, *costs, *split_costs(cost.stages))
+        want = simulate([schedule_for(schedule, j, S, M, s.window) for j, s in enumerate(cost.stages)], *costs,
+                        *split_costs(cost.stages))
     if not cost.exact or abs(want - cost.step_s) > 1e-9 * max(want, 1e-12):
         raise PlanInvariantError(f"planner bug: a pipeline over {', '.join(s.node for s in cost.stages)} reports "
                                  f"{cost.step_s:.6g} s per step but its stages simulate to {want:.6g} s")

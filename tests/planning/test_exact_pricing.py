@@ -100,9 +100,9 @@ def test_the_planner_deepens_windows_over_a_distant_link_as_far_as_memory_allows
 
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe", "zb-h1"])
 def test_a_pipeline_whose_report_is_not_its_simulation_is_refused_as_a_planner_bug(schedule):
-    """check_priced simulates the schedule's fresh action lists (the compiled sweep for forward
-    and backward only, the Python simulation for a split backward): a step, a window or a stage's
-    cost that does not match what it reports is caught."""
+    """check_priced simulates the schedule's lists afresh (the compiled sweep for forwards and
+    backwards only, the Python simulation of the actions for a split backward): a step or a
+    stage's cost that does not match what it reports is caught."""
     from dataclasses import replace
 
     from plan_reference import random_profile
@@ -120,3 +120,33 @@ def test_a_pipeline_whose_report_is_not_its_simulation_is_refused_as_a_planner_b
         check_priced(schedule, replace(cost, stages=(slower, *cost.stages[1:])))
     with pytest.raises(PlanInvariantError):
         check_priced(schedule, replace(cost, exact=False))  # a closed-form figure is not a plan's
+
+
+def test_stages_the_cost_model_makes_without_init_are_the_stages_init_makes():
+    """CostModel.evaluate and with_windows build StageCost without its frozen __init__ (a tenth of
+    planning): what they make must equal, hash and print like StageCost(...), stay frozen, and
+    refuse a missing or unknown field."""
+    import dataclasses
+
+    from hetlaunch.launcher.planning.cost_model import StageCost, _copied, _made
+
+    values = dict(node="n1", layer_start=2, layer_end=5, compute_s=0.5, link_s=0.1, latency_s=0.02,
+                  memory_bytes=3e9, capacity_bytes=8 * 2**30, codec="int8", link_uncompressed_s=0.4, window=3,
+                  forward_s=0.15, backward_s=0.3, optimizer_s=0.01, input_grad_s=0.0, weight_grad_s=0.0)
+    made, built = _made(**values), StageCost(**values)
+    assert made == built and hash(made) == hash(built) and repr(made) == repr(built)
+    assert dataclasses.asdict(made) == values
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.window = 4
+    assert _copied(made, window=0, memory_bytes=1.0) == dataclasses.replace(built, window=0, memory_bytes=1.0)
+    with pytest.raises(TypeError):
+        _made(**{k: v for k, v in values.items() if k != "codec"})
+    with pytest.raises(TypeError):
+        _made(**values, colour="red")
+    # and a plan's stages are those: a whole evaluate compared field by field with StageCost(...)
+    from plan_reference import random_profile
+
+    profile = random_profile(random.Random(3), 4, 2, 8)
+    cm = CostModel(profile, 4, "1f1b")
+    cost = cm.evaluate(profile.nodes[:3], [(0, 3), (3, 5), (5, 8)], ["none", "none"])
+    assert all(stage == StageCost(**dataclasses.asdict(stage)) for stage in cost.stages)
