@@ -129,10 +129,12 @@ def candidate_chains(profile: Profile, nodes: list[NodeProfile], num_layers: int
             sizes = sorted({k for k in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, limit) if k <= limit})
             if stages is not None:
                 sizes = [stages] if stages <= limit else []
+            # Each node with its place among the fastest, in chain order: each region's nodes
+            # together, in region-path order, most memory first; the k fastest are those placed below k.
+            place = {id(n): i for i, n in enumerate(fastest)}
+            ordered = [(n, place[id(n)]) for r in path[a:b] for n in in_order[r]]
             for k in sizes:
-                chosen = set(id(n) for n in fastest[:k])
-                # Keep each region's nodes together, in region-path order; most memory first.
-                yield [n for r in path[a:b] for n in in_order[r] if id(n) in chosen]
+                yield [n for n, i in ordered if i < k]
 
 
 class ChainSearch:

@@ -128,7 +128,8 @@ class CostModel:
         self._orders: dict[tuple[int, ...], tuple] = {}  # per window vector: its actions in an order they can run
         # per priced input (windows, costs): its simulated step; the search prices equal chains and cuts again
         self._steps: dict[tuple, float] = {}
-        self._shapes: dict[int, list[tuple]] = {}  # per stage count: what sim_floor.py reads of the action lists
+        self._shapes: dict[int, list[tuple]] = {}
+        self._own: dict[int, tuple[int, ...]] = {}  # per stage count: the schedule's own in-flight counts  # per stage count: what sim_floor.py reads of the action lists
         # launcher/planning/chain_cuts.py's dynamic program, remembered across the chains it cuts
         self.suffix_fronts: dict[tuple, dict[int, list[tuple]]] = {}
         self.crossings: dict[tuple, dict[str, list]] = {}
@@ -263,8 +264,9 @@ class CostModel:
         """The same stages holding `windows` micro-batches in flight (0 where a stage keeps its own),
         their memory with them; not priced (exact is cleared)."""
         S = len(cost.stages)
-        stages = tuple(_copied(stage, window=w if w > self.rules.in_flight(j, S, self.M) else 0,
-                               memory_bytes=self.memory_bytes(stage.layer_start, stage.layer_end, j, S, w))
+        own = self.own_windows(S)
+        stages = tuple(_copied(stage, window=w if w > own[j] else 0,
+                               memory_bytes=self.memory_bytes(stage.layer_start, stage.layer_end, j, S, w or own[j]))
                        for j, (stage, w) in enumerate(zip(cost.stages, windows)))
         return replace(cost, stages=stages, exact=False)
 
@@ -277,7 +279,7 @@ class CostModel:
         shaped ones are priced."""
         S = len(cost.stages)
         thorough = S * self.M <= THOROUGH_MAX_ACTIONS if thorough is None else thorough
-        own = [self.rules.in_flight(j, S, self.M) for j in range(S)]
+        own = list(self.own_windows(S))
         plain = self.exact(chain, self.with_windows(cost, tuple(own)) if any(s.window for s in cost.stages) else cost)
         if not self.rules.deepens or S == 1:
             return plain
@@ -316,6 +318,13 @@ class CostModel:
         return replace(self.exact(chain, self.with_windows(cost, windows)),
                        bottleneck=f"{plain.bottleneck}; {self.rules.title} windows {list(windows)} keep more "
                                   "micro-batches in flight")
+
+    def own_windows(self, num_stages: int) -> tuple[int, ...]:
+        """Each stage's in-flight count under the schedule itself (its memory's window), per stage count."""
+        own = self._own.get(num_stages)
+        if own is None:
+            own = self._own[num_stages] = tuple(self.rules.in_flight(j, num_stages, self.M) for j in range(num_stages))
+        return own
 
     def memory_prefix(self, stage_index: int, num_stages: int) -> list[float]:
         """prefix[i] = memory of layers [0, i) for a stage at this position (its in-flight window)."""
@@ -412,6 +421,7 @@ class CostModel:
         outputs = [layer.output_bytes for layer in self.profile.layers]
         static, activation = self._static, self._activation
         raw_ratio = max(self._ratio["none"], self._ratio[self.compression.gradient_codec("none")])
+        own = self.own_windows(S)
         for j, (node, (start, end)) in enumerate(zip(chain, cuts)):
             acc = self._time.get(node.name) or self.time_prefix(node)
             layers_and_optimizer = acc[end] - acc[start]
@@ -435,7 +445,7 @@ class CostModel:
             codec_work = t - layers_and_optimizer
             input_grad, weight_grad = self.split_backward_s(node, start, end, j, 2 * layers / 3 + codec_work / 2,
                                                             codec_work / 2)
-            window = self.rules.in_flight(j, S, M)
+            window = own[j]
             memory = (static[end] - static[start]) + window * (activation[end] - activation[start])
             stages.append(_made(node=node.name, layer_start=start, layer_end=end, compute_s=t, link_s=c, latency_s=lat,
                                 memory_bytes=memory, capacity_bytes=node.memory_bytes,

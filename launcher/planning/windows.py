@@ -71,10 +71,26 @@ def admissible(own: list[int], caps: list[int]) -> Iterator[tuple[int, ...]]:
 def _clamped(target: list[float], own: list[int], caps: list[int]) -> tuple[int, ...]:
     """target rounded up into [own_j, caps_j] and made non-increasing (each stage at most the one
     before; own_j never grows down the pipeline, so the floor keeps the order)."""
-    S, out = len(target), []
+    # max/min written out as comparisons (the same integers): the search clamps some ten vectors
+    # per cut it deepens, and the builtins' calls were most of the time.
+    last, out, above = len(target) - 1, [], None
     for j, t in enumerate(target):
-        w = own[j] if j == S - 1 else max(own[j], min(caps[j], math.ceil(t - 1e-9)))
-        out.append(max(own[j], min(w, out[-1])) if out else w)
+        floor = own[j]
+        if j == last:
+            w = floor
+        else:
+            w = math.ceil(t - 1e-9)
+            if w > caps[j]:
+                w = caps[j]
+            if w < floor:
+                w = floor
+        if above is not None:
+            if w > above:
+                w = above
+            if w < floor:
+                w = floor
+        out.append(w)
+        above = w
     return tuple(out)
 
 
