@@ -129,6 +129,12 @@ def most_compressed_codecs(cm: CostModel, chain: list[NodeProfile]) -> list[str]
 
 def bottleneck_cuts(cm: CostModel, chain: list[NodeProfile]) -> PipelineCost | None:
     """Heuristic for long chains: bisect the bottleneck, greedily filling each stage under it."""
+    found = bottleneck_cut(cm, chain)
+    return None if found is None else cm.evaluate(chain, *found)
+
+
+def bottleneck_cut(cm: CostModel, chain: list[NodeProfile]) -> tuple[list[tuple[int, int]], list[str]] | None:
+    """bottleneck_cuts' (cuts, codecs), not yet evaluated; None if no cut fits."""
     S, L = len(chain), cm.num_layers
     if S > L:
         return None
@@ -144,16 +150,18 @@ def bottleneck_cuts(cm: CostModel, chain: list[NodeProfile]) -> PipelineCost | N
     slowest_link = max((biggest / cm.link(a, b)[0] for a, b in zip(chain, chain[1:])), default=0.0)
     best = bottleneck_bisect(stages, outputs, 0.0, max(cm.compute_s(n, 0, L) for n in chain) + slowest_link,
                              BISECTIONS)
-    if best is None:
-        return None
-    return cm.evaluate(chain, best, squeezed)
+    return None if best is None else (best, squeezed)
+
+
+def bisected(cm: CostModel, chain: list[NodeProfile]) -> bool:
+    """Whether cut_chain cuts this chain by bisection (too long for the exact program)."""
+    return len(chain) * cm.num_layers ** 2 > EXACT_MAX_WORK
 
 
 def cut_chain(cm: CostModel, chain: list[NodeProfile]) -> PipelineCost | None:
     """The chain's best cut with each boundary's most effective codec; the plan relaxes the
     codecs of the pipelines it keeps (least_lossy_codecs), not every chain the search prices."""
-    exact = len(chain) * cm.num_layers ** 2 <= EXACT_MAX_WORK
-    return best_cuts(cm, chain) if exact else bottleneck_cuts(cm, chain)
+    return bottleneck_cuts(cm, chain) if bisected(cm, chain) else best_cuts(cm, chain)
 
 
 def least_lossy_codecs(cm: CostModel, chain: list[NodeProfile], cost: PipelineCost) -> PipelineCost:

@@ -15,7 +15,7 @@ import math
 from dataclasses import replace
 
 from hetlaunch.launcher.planning.chain_bounds import fills_under, floors_under, per_microbatch_floor
-from hetlaunch.launcher.planning.chain_cuts import cut_chain, simulated_best_cut
+from hetlaunch.launcher.planning.chain_cuts import bisected, bottleneck_cut, cut_chain, simulated_best_cut
 from hetlaunch.launcher.planning.compression import CompressionConfig
 from hetlaunch.launcher.planning.cost_model import CostModel, PipelineCost
 from hetlaunch.launcher.planning.profile_file import NodeProfile, Profile
@@ -192,12 +192,7 @@ class ChainSearch:
                 cost = self.cm.with_windows(cost, windows)
             # An equal key is an equal simulation: the remembered step is this chain's, windows and all.
             return replace(cost, step_s=step_s, exact=exact)
-        if bound <= self._beyond.get(key, -math.inf):
-            return None  # ruled out before under a bound at least as loose
-        if self.lower_bound(chain) >= bound or not self.may_beat(chain, bound):
-            # Cannot beat the best so far; not priced, as a later bound may be looser, but a
-            # bound this tight or tighter needs no second look.
-            self._beyond[key] = max(bound, self._beyond.get(key, -math.inf))
+        if self._ruled_out(chain, key, bound):
             return None
         cost = cut_chain(self.cm, chain)
         if cost is not None and len(chain) * self.cm.M <= SIMULATE_EVERY_CHAIN:
@@ -206,6 +201,36 @@ class ChainSearch:
             cost = simulated_best_cut(self.cm, chain, cost, EVERY_CHAIN_MAX_CUTS)
         self.remember(chain, cost)
         return cost
+
+    def _ruled_out(self, chain: list[NodeProfile], key: tuple, bound: float) -> bool:
+        """True when the chain cannot beat `bound` (not priced: a later bound may be looser, but a
+        bound this tight or tighter needs no second look)."""
+        if bound <= self._beyond.get(key, -math.inf):
+            return True  # ruled out before under a bound at least as loose
+        if self.lower_bound(chain) >= bound or not self.may_beat(chain, bound):
+            self._beyond[key] = max(bound, self._beyond.get(key, -math.inf))
+            return True
+        return False
+
+    def _ranked(self, chain: list[NodeProfile], bound: float) -> tuple[float, PipelineCost | None] | None:
+        """(step, cost) as price(chain, bound) gives, for ranking chains: a long chain priced by the
+        closed form and cut by bisection gets its step only, its cost None (price() builds it from
+        what is remembered, the same cost, for the few chains that go on): building the stages of
+        every such chain was a third of planning a global batch of 4,096."""
+        key, cm = self.key(chain), self.cm
+        if key not in self.memo and len(chain) * cm.M > SIMULATE_EVERY_CHAIN and bisected(cm, chain):
+            if self._ruled_out(chain, key, bound):
+                return None
+            found = bottleneck_cut(cm, chain)
+            if found is None:
+                self.memo[key] = None
+                return None
+            cuts, codecs = found
+            step = cm.closed_form_step(chain, cuts, codecs)
+            self.memo[key] = (cuts, codecs, (0,) * len(chain), step, False)  # as remember() keeps evaluate's
+            return step, None
+        cost = self.price(chain, bound)
+        return None if cost is None else (cost.step_s, cost)
 
     def remember(self, chain: list[NodeProfile], cost: PipelineCost | None) -> None:
         self.memo[self.key(chain)] = None if cost is None else (
@@ -323,26 +348,27 @@ class ChainSearch:
     def best(self, nodes: list[NodeProfile], stages: int | None) -> PipelineCost | None:
         """The best chain and cut: searched with the closed form, the EXACT_FINALISTS best of
         them ranked by the event simulation (CostModel.exact), which is what the plan reports."""
-        best, priced = None, []
+        best_step, priced = math.inf, []
         chains = list(candidate_chains(self.profile, nodes, self.cm.num_layers, stages, self.paths))
         # Most promising first: an early good bound lets the lower bound skip the rest uncut.
         bounds = [self.lower_bound(chain) for chain in chains]
         for k in sorted(range(len(chains)), key=bounds.__getitem__):
-            if best is not None and bounds[k] >= best.step_s * FINALIST_SLACK:
+            if best_step < math.inf and bounds[k] >= best_step * FINALIST_SLACK:
                 break
-            cost = self.price(chains[k], best.step_s * FINALIST_SLACK if best else math.inf)
-            if cost is not None:
-                priced.append((cost, chains[k]))
-                if best is None or cost.step_s < best.step_s:
-                    best = cost
+            ranked = self._ranked(chains[k], best_step * FINALIST_SLACK)
+            if ranked is not None:
+                priced.append((*ranked, chains[k]))
+                best_step = min(best_step, ranked[0])
         # Priced by the closed form (long chains), priced again by simulation while the budget
         # lasts; the EXACT_FINALISTS best then try every cut they have.
         simulated, spent = [], 0
-        for cost, chain in sorted(priced, key=lambda pair: pair[0].step_s):
+        for _, cost, chain in sorted(priced, key=lambda entry: entry[0]):
             if len(simulated) >= EXACT_FINALISTS and spent > SIMULATION_BUDGET:
                 break
-            if simulated and not cost.exact and len(chain) * self.cm.M > LARGE_SIMULATION:
+            if simulated and (cost is None or not cost.exact) and len(chain) * self.cm.M > LARGE_SIMULATION:
                 break  # long pipelines of many micro-batches: the closed form's best alone is simulated here
+            if cost is None:
+                cost = self.price(chain, math.inf)  # remembered by _ranked: its cost built only now
             simulated.append((cost if cost.exact else self.cm.deepen(chain, cost, thorough=False), chain))
             spent += 0 if cost.exact else 2 * len(chain) * self.cm.M
         best = None

@@ -119,6 +119,7 @@ class CostModel:
         per_byte = STATIC_BYTES_PER_PARAM_BYTE + (profile.static_extra_per_param_byte or 0.0)
         self._static = _prefix([per_byte * layer.param_bytes for layer in profile.layers])
         self._activation = _prefix([layer.activation_bytes for layer in profile.layers])
+        self._outputs = [layer.output_bytes for layer in profile.layers]
         self._links: dict[tuple[str, str], tuple[float, float]] = {}
         self._memory_prefix: dict[int, list[float]] = {}
         self._optimizer: dict[str, list[float]] = {}
@@ -414,57 +415,90 @@ class CostModel:
         """The full cost of a chain with given layer ranges and boundary codecs (default none)."""
         S, M = len(chain), self.M
         codecs = codecs or ["none"] * (S - 1)
-        stages, compute_max, link_max, sum_term = [], 0.0, 0.0, 0.0
-        slowest_stage = slowest_link = ""
-        # compute_s, boundary_s and optimizer_s inlined (the same arithmetic): the search
-        # evaluates thousands of chains of up to 48 stages, and the calls were most of the time.
-        outputs = [layer.output_bytes for layer in self.profile.layers]
+        ts, cs, lats = self._terms(chain, cuts, codecs)
+        step, slowest_stage, slowest_link, window_stage = self._closed(ts, cs, lats)
+        stages = []
+        # optimizer_s and memory_bytes inlined (the same arithmetic): the search evaluates
+        # thousands of chains of up to 48 stages, and the calls were most of the time.
         static, activation = self._static, self._activation
         raw_ratio = max(self._ratio["none"], self._ratio[self.compression.gradient_codec("none")])
         own = self.own_windows(S)
         for j, (node, (start, end)) in enumerate(zip(chain, cuts)):
             acc = self._time.get(node.name) or self.time_prefix(node)
             layers_and_optimizer = acc[end] - acc[start]
-            t = layers_and_optimizer
-            c = lat = raw_c = 0.0
-            if j < S - 1:
-                receiver = chain[j + 1]
-                t += self.codec_s(node, end - 1, codecs[j], receiver)
-                bandwidth, lat = self.link(node, receiver)
-                ratio = max(self._ratio[codecs[j]], self._ratio[self.compression.gradient_codec(codecs[j])])
-                c = outputs[end - 1] * ratio / bandwidth
-                raw_c = outputs[end - 1] * raw_ratio / bandwidth
-            if t > compute_max:
-                compute_max, slowest_stage = t, f"compute on {node.name}"
-            if c > link_max:
-                link_max, slowest_link = c, f"link {node.name} -> {chain[j + 1].name}"
-            sum_term += t + 2 * (lat + c)
+            t, c = ts[j], cs[j]
+            raw_c = self._outputs[end - 1] * raw_ratio / self.link(node, chain[j + 1])[0] if j < S - 1 else 0.0
             opt = self._optimizer.get(node.name) or self.optimizer_prefix(node)
             optimizer = opt[end] - opt[start]
             layers = layers_and_optimizer - optimizer / M
             codec_work = t - layers_and_optimizer
             input_grad, weight_grad = self.split_backward_s(node, start, end, j, 2 * layers / 3 + codec_work / 2,
                                                             codec_work / 2)
-            window = own[j]
-            memory = (static[end] - static[start]) + window * (activation[end] - activation[start])
-            stages.append(_made(node=node.name, layer_start=start, layer_end=end, compute_s=t, link_s=c, latency_s=lat,
-                                memory_bytes=memory, capacity_bytes=node.memory_bytes,
+            memory = (static[end] - static[start]) + own[j] * (activation[end] - activation[start])
+            stages.append(_made(node=node.name, layer_start=start, layer_end=end, compute_s=t, link_s=c,
+                                latency_s=lats[j], memory_bytes=memory, capacity_bytes=node.memory_bytes,
                                 codec=codecs[j] if j < S - 1 else "none", link_uncompressed_s=raw_c, window=0,
                                 forward_s=layers / 3 + codec_work / 2, backward_s=2 * layers / 3 + codec_work / 2,
                                 optimizer_s=optimizer, input_grad_s=input_grad, weight_grad_s=weight_grad))
+        compute_max = ts[slowest_stage] if slowest_stage >= 0 else 0.0
+        link_max = cs[slowest_link] if slowest_link >= 0 else 0.0
+        bottleneck = (f"link {chain[slowest_link].name} -> {chain[slowest_link + 1].name}" if link_max > compute_max
+                      else f"compute on {chain[slowest_stage].name}" if slowest_stage >= 0 else "")
+        if window_stage >= 0:  # never where no window limits: its term is 0
+            bottleneck = (f"{self.rules.title} window on {chain[window_stage].name} "
+                          "(too few micro-batches in flight for the round trip)")
+        return PipelineCost(tuple(stages), self.M, step, bottleneck)
+
+    def closed_form_step(self, chain: list[NodeProfile], cuts: list[tuple[int, int]], codecs: list[str]) -> float:
+        """evaluate(chain, cuts, codecs).step_s, the same arithmetic, without building its stages:
+        the search ranks most long chains by this alone."""
+        return self._closed(*self._terms(chain, cuts, codecs))[0]
+
+    def _terms(self, chain: list[NodeProfile], cuts: list[tuple[int, int]],
+               codecs: list[str]) -> tuple[list[float], list[float], list[float]]:
+        """Per stage, the closed form's inputs: t_j (its layers, its optimizer share and its
+        outgoing boundary's codec work), c_j and lat_j of its outgoing link (0 on the last stage).
+        compute_s and boundary_s inlined (the same arithmetic)."""
+        S, outputs = len(chain), self._outputs
+        ts, cs, lats = [], [], []
+        for j, (node, (start, end)) in enumerate(zip(chain, cuts)):
+            acc = self._time.get(node.name) or self.time_prefix(node)
+            t = acc[end] - acc[start]
+            c = lat = 0.0
+            if j < S - 1:
+                receiver, codec = chain[j + 1], codecs[j]
+                t += self.codec_s(node, end - 1, codec, receiver)
+                bandwidth, lat = self.link(node, receiver)
+                c = outputs[end - 1] * max(self._ratio[codec], self._ratio[self.compression.gradient_codec(codec)]) \
+                    / bandwidth
+            ts.append(t)
+            cs.append(c)
+            lats.append(lat)
+        return ts, cs, lats
+
+    def _closed(self, ts: list[float], cs: list[float], lats: list[float]) -> tuple[float, int, int, int]:
+        """The closed form's step from the stages' terms, and the stages holding the compute
+        maximum, the link maximum and (where it is the largest term) the window's (-1: none)."""
+        S = len(ts)
+        compute_max = link_max = sum_term = 0.0
+        slowest_stage = slowest_link = -1
+        for j in range(S):
+            t, c = ts[j], cs[j]
+            if t > compute_max:
+                compute_max, slowest_stage = t, j
+            if c > link_max:
+                link_max, slowest_link = c, j
+            sum_term += t + 2 * (lats[j] + c)
         # The schedule's in-flight window (1F1B's): the round trip from each stage to the end and back.
-        window_max, window_stage, round_trip = 0.0, "", 0.0
+        window_max, window_stage, round_trip = 0.0, -1, 0.0
         for j in range(S - 1, -1, -1):
-            round_trip += stages[j].compute_s + 2 * (stages[j].latency_s + stages[j].link_s)
+            round_trip += ts[j] + 2 * (lats[j] + cs[j])
             w = self.window_term(round_trip, j, S)
             if w > window_max:
-                window_max, window_stage = w, stages[j].node
-        bottleneck = slowest_link if link_max > compute_max else slowest_stage
-        if window_max > max(compute_max, link_max):  # never where no window limits: its term is 0
-            bottleneck = (f"{self.rules.title} window on {window_stage} "
-                          "(too few micro-batches in flight for the round trip)")
-        return PipelineCost(tuple(stages), self.M, self.step_s(compute_max, link_max, sum_term, window_max),
-                            bottleneck)
+                window_max, window_stage = w, j
+        if not window_max > max(compute_max, link_max):
+            window_stage = -1
+        return self.step_s(compute_max, link_max, sum_term, window_max), slowest_stage, slowest_link, window_stage
 
 
 def split_costs(stages) -> tuple[list[float] | None, list[float] | None]:

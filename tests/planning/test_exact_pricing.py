@@ -150,3 +150,26 @@ def test_stages_the_cost_model_makes_without_init_are_the_stages_init_makes():
     cm = CostModel(profile, 4, "1f1b")
     cost = cm.evaluate(profile.nodes[:3], [(0, 3), (3, 5), (5, 8)], ["none", "none"])
     assert all(stage == StageCost(**dataclasses.asdict(stage)) for stage in cost.stages)
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+def test_the_closed_form_step_alone_is_the_evaluated_step(schedule):
+    """The chain search ranks long chains by CostModel.closed_form_step without building their
+    stages; it must be evaluate's step to the bit, so that which chain wins does not change."""
+    from plan_reference import random_profile
+
+    from hetlaunch.launcher.planning.compression import NONE, CompressionConfig
+
+    rng, limited = random.Random(6), 0
+    for case in range(300):
+        profile = random_profile(random.Random(case), 6, 3, 12)
+        cm = CostModel(profile, rng.choice([1, 2, 8, 64]), schedule, rng.choice([CompressionConfig(), NONE]))
+        S = rng.randint(1, 6)
+        chain = rng.sample(profile.nodes, S)
+        edges = [0, *sorted(rng.sample(range(1, cm.num_layers), S - 1)), cm.num_layers]
+        cuts = list(zip(edges, edges[1:]))
+        codecs = [rng.choice(cm.codec_options(j, a, b)) for j, (a, b) in enumerate(zip(chain, chain[1:]))]
+        cost = cm.evaluate(chain, cuts, codecs)
+        assert cm.closed_form_step(chain, cuts, codecs).hex() == cost.step_s.hex()
+        limited += "window" in cost.bottleneck
+    assert schedule == "gpipe" or limited > 10  # the window term is exercised, not only compute and links
