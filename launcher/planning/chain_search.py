@@ -118,13 +118,14 @@ def candidate_chains(profile: Profile, nodes: list[NodeProfile], num_layers: int
     path = paths[regions]
     # Each region's nodes in the order a chain keeps them (most memory first), sorted once: a
     # chain's nodes of a region are then that order filtered (a stable sort of the chosen ones).
-    in_order = {r: sorted((n for n in nodes if n.region == r), key=lambda m: (-m.memory_bytes, -node_speed(m)))
+    speed = {id(n): node_speed(n) for n in nodes}  # a sum over every layer: worked out once, not per sort
+    in_order = {r: sorted((n for n in nodes if n.region == r), key=lambda m: (-m.memory_bytes, -speed[id(m)]))
                 for r in path}
     for a in range(len(path)):
         for b in range(a + 1, len(path) + 1):
             run = set(path[a:b])
             members = [n for n in nodes if n.region in run]
-            fastest = sorted(members, key=node_speed, reverse=True)
+            fastest = sorted(members, key=lambda n: speed[id(n)], reverse=True)
             limit = min(len(members), num_layers)
             sizes = sorted({k for k in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, limit) if k <= limit})
             if stages is not None:

@@ -460,6 +460,8 @@ class CostModel:
         outgoing boundary's codec work), c_j and lat_j of its outgoing link (0 on the last stage).
         compute_s and boundary_s inlined (the same arithmetic)."""
         S, outputs = len(chain), self._outputs
+        # codec_s is 0.0 for a raw boundary both ways that nothing seals: not called there
+        sealing, gradients = self.profile.data_plane_encrypt is not None, self.compression.gradient_codec
         ts, cs, lats = [], [], []
         for j, (node, (start, end)) in enumerate(zip(chain, cuts)):
             acc = self._time.get(node.name) or self.time_prefix(node)
@@ -467,8 +469,9 @@ class CostModel:
             c = lat = 0.0
             if j < S - 1:
                 receiver, codec = chain[j + 1], codecs[j]
-                t += self.codec_s(node, end - 1, codec, receiver)
-                bandwidth, lat = self.link(node, receiver)
+                if sealing or codec != "none" or gradients(codec) != "none":
+                    t += self.codec_s(node, end - 1, codec, receiver)
+                bandwidth, lat = self._links.get((node.name, receiver.name)) or self.link(node, receiver)
                 c = outputs[end - 1] * max(self._ratio[codec], self._ratio[self.compression.gradient_codec(codec)]) \
                     / bandwidth
             ts.append(t)
