@@ -5,10 +5,21 @@ bisection on a long chain's bottleneck (launcher/planning/_bottleneck.c) and its
 runtime/fast_simulation.py, launcher/planning/cut_front.py, launcher/planning/bottleneck_fill.py and
 launcher/planning/chain_bounds.py run their Python loops, which give the same plans, slower."""
 
+import sys
+
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("hetlaunch.runtime._simcore", ["runtime/_simcore.c"], optional=True),
-                   Extension("hetlaunch.launcher.planning._cutfront", ["launcher/planning/_cutfront.c"], optional=True),
-                   Extension("hetlaunch.launcher.planning._bottleneck", ["launcher/planning/_bottleneck.c"],
-                             optional=True),
-                   Extension("hetlaunch.launcher.planning._floors", ["launcher/planning/_floors.c"], optional=True)])
+# Each multiply and add rounded on its own, as Python rounds them: a compiler may otherwise fuse
+# a * b + c into one instruction (GCC does by default on aarch64, and on x86 with -march=native),
+# and a loop would no longer give its Python fallback's answers to the bit.
+SAME_ROUNDING = [] if sys.platform == "win32" else ["-ffp-contract=off"]  # MSVC contracts only under /fp:fast
+
+
+def compiled(name: str, source: str) -> Extension:
+    return Extension(name, [source], optional=True, extra_compile_args=SAME_ROUNDING)
+
+
+setup(ext_modules=[compiled("hetlaunch.runtime._simcore", "runtime/_simcore.c"),
+                   compiled("hetlaunch.launcher.planning._cutfront", "launcher/planning/_cutfront.c"),
+                   compiled("hetlaunch.launcher.planning._bottleneck", "launcher/planning/_bottleneck.c"),
+                   compiled("hetlaunch.launcher.planning._floors", "launcher/planning/_floors.c")])

@@ -161,7 +161,7 @@ class OneFOneB(Schedule):
         return round_trip / own_window(stage, num_stages, num_microbatches)
 
 
-@functools.lru_cache(maxsize=512)
+@functools.lru_cache(maxsize=64)  # a list at thousands of micro-batches holds megabytes of ints
 def _one_f_one_b_list(warmup: int, m_total: int) -> tuple:
     """1F1B's integer list for a warm-up and micro-batch count, which is all it depends on: the
     planner asks for it for every stage of every chain and window it prices (the same few

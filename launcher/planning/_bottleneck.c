@@ -84,6 +84,13 @@ static PyObject *bottleneck_bisect(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_TypeError, "a chain has at least one stage");
         return NULL;
     }
+    /* the sizes below cannot overflow: a list holds fewer than PY_SSIZE_T_MAX / sizeof(void *) items, but
+     * S stages may share one prefix list, so the product is checked */
+    Py_ssize_t most = PY_SSIZE_T_MAX / (Py_ssize_t)sizeof(double) / 4;
+    if (L + 1 > most || S > most / (L + 1)) {
+        PyErr_SetString(PyExc_MemoryError, "a chain too long to cut");
+        return NULL;
+    }
     double *numbers = PyMem_Malloc(sizeof(double) * (L + 2 * S * (L + 1)));
     Stage *stages = PyMem_Malloc(sizeof(Stage) * S);
     Py_ssize_t *ends = PyMem_Malloc(sizeof(Py_ssize_t) * 2 * S), *best = ends + S;

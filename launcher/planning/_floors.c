@@ -49,6 +49,12 @@ static PyObject *floors_under(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_TypeError, "a floor needs at least one stage and one layer, with memory per stage");
         return NULL;
     }
+    /* the sizes below cannot overflow: S stages may share one prefix list, so the product is checked */
+    Py_ssize_t most = PY_SSIZE_T_MAX / (Py_ssize_t)sizeof(double) / 8;
+    if (L + 1 > most || S > most / (L + 1)) {
+        PyErr_SetString(PyExc_MemoryError, "a chain too long to bound");
+        return NULL;
+    }
     /* layers, memory: S x (L + 1); optimizer: L + 1; capacities: S; hops: S - 1; two rows of states */
     Py_ssize_t size = 2 * S * (L + 1) + (L + 1) + S + (S - 1) + 2 * (L + 1);
     double *numbers = PyMem_Malloc(sizeof(double) * size);

@@ -129,8 +129,8 @@ class CostModel:
         self._orders: dict[tuple[int, ...], tuple] = {}  # per window vector: its actions in an order they can run
         # per priced input (windows, costs): its simulated step; the search prices equal chains and cuts again
         self._steps: dict[tuple, float] = {}
-        self._shapes: dict[int, list[tuple]] = {}
-        self._own: dict[int, tuple[int, ...]] = {}  # per stage count: the schedule's own in-flight counts  # per stage count: what sim_floor.py reads of the action lists
+        self._shapes: dict[int, list[tuple]] = {}  # per stage count: what sim_floor.py reads of the action lists
+        self._own: dict[int, tuple[int, ...]] = {}  # per stage count: the schedule's own in-flight counts
         # launcher/planning/chain_cuts.py's dynamic program, remembered across the chains it cuts
         self.suffix_fronts: dict[tuple, dict[int, list[tuple]]] = {}
         self.crossings: dict[tuple, dict[str, list]] = {}

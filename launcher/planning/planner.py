@@ -80,6 +80,11 @@ SYNC_PRICING = ("each pipeline's step by event simulation of its stages and wind
 EXACT_CONTENDERS_SLACK = 0.15  # sets estimated within this of the best are priced exactly before choosing
 
 
+# Actions per pipeline up to which check_priced simulates Action lists in Python (apart from the
+# compiled sweep the planner prices with); beyond, the compiled sweep over the schedule's lists.
+INDEPENDENT_CHECK_ACTIONS = 20_000
+
+
 class PlanInvariantError(RuntimeError):
     """A plan whose reported step is not the simulation of what it returns: a planner bug."""
 
@@ -252,10 +257,12 @@ def check_priced(schedule: str, cost: PipelineCost) -> None:
     costs = ([s.forward_s for s in cost.stages], [s.backward_s for s in cost.stages],
              [s.link_s for s in cost.stages[:-1]], [s.latency_s for s in cost.stages[:-1]],
              [s.optimizer_s for s in cost.stages])
-    if rules.forward_backward_only:
-        # 1F1B, GPipe: their integer lists (tests/stage/test_simulation_core.py holds them to the
-        # actions) through the compiled sweep (tests/stage/test_simulation_fast_path.py holds it to
-        # `simulate`); Action lists and the Python simulation were a third of planning a global batch of 4,096.
+    if rules.forward_backward_only and 2 * S * M > INDEPENDENT_CHECK_ACTIONS:
+        # Long 1F1B and GPipe schedules: their integer lists (tests/stage/test_simulation_core.py
+        # holds them to the actions) through the compiled sweep (tests/stage/test_simulation_fast_path.py
+        # holds it to `simulate`), which the planner priced with too; Action lists and the Python
+        # simulation were a third of planning a global batch of 4,096. Shorter ones (every plan of
+        # the suite's clusters) are checked apart from the planner's own pricing, as below.
         want = simulate_stages(tuple(rules.compiled_list(j, S, M, s.window) for j, s in enumerate(cost.stages)),
                                *costs)
     else:

@@ -98,17 +98,23 @@ def test_the_planner_deepens_windows_over_a_distant_link_as_far_as_memory_allows
     assert first.window == 3 and first.memory_bytes <= first.capacity_bytes
 
 
+@pytest.mark.parametrize("independent", [True, False], ids=["python", "compiled"])
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe", "zb-h1"])
-def test_a_pipeline_whose_report_is_not_its_simulation_is_refused_as_a_planner_bug(schedule):
-    """check_priced simulates the schedule's lists afresh (the compiled sweep for forwards and
-    backwards only, the Python simulation of the actions for a split backward): a step or a
-    stage's cost that does not match what it reports is caught."""
+def test_a_pipeline_whose_report_is_not_its_simulation_is_refused_as_a_planner_bug(schedule, independent,
+                                                                                  monkeypatch):
+    """check_priced simulates the schedule's lists afresh (Python's simulation of the actions, or
+    for long forward-and-backward schedules the compiled sweep): a step or a stage's cost that does
+    not match what it reports is caught either way."""
     from dataclasses import replace
 
     from plan_reference import random_profile
 
     from hetlaunch.launcher.planning.planner import PlanInvariantError, check_priced, plan
 
+    from hetlaunch.launcher.planning import planner
+
+    if not independent:  # as for long schedules
+        monkeypatch.setattr(planner, "INDEPENDENT_CHECK_ACTIONS", 0)
     result = plan(random_profile(random.Random(2), 4, 2, 8), num_microbatches=8, schedule=schedule)
     cost = max((p.cost for p in result.pipelines), key=lambda c: len(c.stages))
     assert len(cost.stages) >= 2
