@@ -17,7 +17,8 @@ import math
 
 from hetlaunch.launcher.planning.bottleneck_fill import bottleneck_bisect
 from hetlaunch.launcher.planning.compression import CODEC_SLACK, LOSSINESS
-from hetlaunch.launcher.planning.cost_model import CostModel, PipelineCost, in_flight
+from hetlaunch.launcher.planning.cost_model import CostModel, in_flight
+from hetlaunch.launcher.planning.pipeline_cost import PipelineCost
 from hetlaunch.launcher.planning.cut_front import one_bottleneck_front, state_points
 from hetlaunch.launcher.planning.profile_file import NodeProfile
 

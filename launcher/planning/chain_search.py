@@ -17,7 +17,8 @@ from dataclasses import replace
 from hetlaunch.launcher.planning.chain_bounds import fills_under, floors_under, per_microbatch_floor
 from hetlaunch.launcher.planning.chain_cuts import bisected, bottleneck_cut, cut_chain, simulated_best_cut
 from hetlaunch.launcher.planning.compression import CompressionConfig
-from hetlaunch.launcher.planning.cost_model import CostModel, PipelineCost
+from hetlaunch.launcher.planning.cost_model import CostModel
+from hetlaunch.launcher.planning.pipeline_cost import PipelineCost
 from hetlaunch.launcher.planning.profile_file import NodeProfile, Profile
 
 EXHAUSTIVE_MAX_NODES = 6

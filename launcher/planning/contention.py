@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from hetlaunch.launcher.planning.cost_model import PipelineCost
+from hetlaunch.launcher.planning.pipeline_cost import PipelineCost
 from hetlaunch.launcher.planning.profile_edits import scaled
 from hetlaunch.launcher.planning.profile_file import Profile
 

@@ -24,9 +24,10 @@ adding to it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import replace
 
 from hetlaunch.launcher.planning.compression import LOSSINESS, NONE, CompressionConfig, wire_ratio
+from hetlaunch.launcher.planning.pipeline_cost import PipelineCost, copied_stage, made_stage, split_costs
 from hetlaunch.launcher.planning.profile_file import NodeProfile, Profile
 from hetlaunch.launcher.planning.planning_error import PlanningError
 from hetlaunch.launcher.planning.sim_floor import simulation_floor, stage_shapes
@@ -44,59 +45,6 @@ MEMO_MAX_STEPS = 20_000  # simulated steps a CostModel remembers before it start
 def in_flight(schedule: str, stage_index: int, num_stages: int, num_microbatches: int) -> int:
     """Micro-batches the schedule itself keeps in flight at this stage (its memory)."""
     return schedule_named(schedule).in_flight(stage_index, num_stages, num_microbatches)
-
-
-@dataclass(frozen=True)
-class StageCost:
-    node: str
-    layer_start: int
-    layer_end: int
-    compute_s: float     # t_j, per micro-batch (with the codec work of its incoming boundary)
-    link_s: float        # c_j of the outgoing link (0 on the last stage)
-    latency_s: float     # lat_j of the outgoing link
-    memory_bytes: float
-    capacity_bytes: float
-    codec: str = "none"              # codec of the outgoing link's activations
-    link_uncompressed_s: float = 0.0  # c_j had the outgoing link sent raw bytes
-    window: int = 0                  # 1F1B: micro-batches in flight when deeper than the schedule's own; 0: its own
-    # What the event simulation charges per micro-batch (CostModel.exact): a third of the layers'
-    # time forward, two thirds backward, half the boundary's codec work each way; the optimizer once.
-    forward_s: float = 0.0
-    backward_s: float = 0.0
-    optimizer_s: float = 0.0
-    # A split backward's two parts (zero-bubble schedules), where the node measured them; both 0:
-    # not measured, and the simulation takes half the backward each.
-    input_grad_s: float = 0.0
-    weight_grad_s: float = 0.0
-
-
-_STAGE_FIELDS = frozenset(f.name for f in fields(StageCost))
-
-
-def _made(**values) -> StageCost:
-    """StageCost(**values) with every field given, without the frozen dataclass's __init__ (one
-    object.__setattr__ per field): the search makes hundreds of thousands of them, and that
-    __init__ was a tenth of planning 256 nodes. Still frozen once made; equal to one built by
-    StageCost(...) (tests/planning/test_exact_pricing.py)."""
-    if values.keys() != _STAGE_FIELDS:
-        raise TypeError(f"a StageCost needs exactly its fields, got {sorted(values)}")
-    stage = object.__new__(StageCost)
-    stage.__dict__.update(values)
-    return stage
-
-
-def _copied(stage: StageCost, **changes) -> StageCost:
-    """dataclasses.replace(stage, **changes), the way _made builds one."""
-    return _made(**{**stage.__dict__, **changes})
-
-
-@dataclass(frozen=True)
-class PipelineCost:
-    stages: tuple[StageCost, ...]
-    num_microbatches: int
-    step_s: float
-    bottleneck: str      # "compute on <node>" or "link <a> -> <b>"
-    exact: bool = False  # step_s from the event simulation (CostModel.exact), not the closed form
 
 
 class CostModel:
@@ -266,7 +214,7 @@ class CostModel:
         their memory with them; not priced (exact is cleared)."""
         S = len(cost.stages)
         own = self.own_windows(S)
-        stages = tuple(_copied(stage, window=w if w > own[j] else 0,
+        stages = tuple(copied_stage(stage, window=w if w > own[j] else 0,
                                memory_bytes=self.memory_bytes(stage.layer_start, stage.layer_end, j, S, w or own[j]))
                        for j, (stage, w) in enumerate(zip(cost.stages, windows)))
         return replace(cost, stages=stages, exact=False)
@@ -435,7 +383,7 @@ class CostModel:
             input_grad, weight_grad = self.split_backward_s(node, start, end, j, 2 * layers / 3 + codec_work / 2,
                                                             codec_work / 2)
             memory = (static[end] - static[start]) + own[j] * (activation[end] - activation[start])
-            stages.append(_made(node=node.name, layer_start=start, layer_end=end, compute_s=t, link_s=c,
+            stages.append(made_stage(node=node.name, layer_start=start, layer_end=end, compute_s=t, link_s=c,
                                 latency_s=lats[j], memory_bytes=memory, capacity_bytes=node.memory_bytes,
                                 codec=codecs[j] if j < S - 1 else "none", link_uncompressed_s=raw_c, window=0,
                                 forward_s=layers / 3 + codec_work / 2, backward_s=2 * layers / 3 + codec_work / 2,
@@ -502,14 +450,6 @@ class CostModel:
         if not window_max > max(compute_max, link_max):
             window_stage = -1
         return self.step_s(compute_max, link_max, sum_term, window_max), slowest_stage, slowest_link, window_stage
-
-
-def split_costs(stages) -> tuple[list[float] | None, list[float] | None]:
-    """The stages' measured (I, W) for the simulation, or (None, None) where a node measured none
-    (the simulation then halves each backward)."""
-    if all(s.input_grad_s + s.weight_grad_s > 0 for s in stages):
-        return [s.input_grad_s for s in stages], [s.weight_grad_s for s in stages]
-    return None, None
 
 
 def _prefix(values: list[float]) -> list[float]:

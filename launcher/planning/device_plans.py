@@ -37,7 +37,8 @@ from __future__ import annotations
 import time
 
 from hetlaunch.launcher.planning.compression import NONE, CompressionConfig
-from hetlaunch.launcher.planning.cost_model import CostModel, PipelineCost, StageCost, split_costs
+from hetlaunch.launcher.planning.cost_model import CostModel
+from hetlaunch.launcher.planning.pipeline_cost import PipelineCost, StageCost, split_costs
 from hetlaunch.launcher.planning.planner import PlanInvariantError, PlannedPipeline, PlannerResult, plan
 from hetlaunch.launcher.planning.planning_error import PlanningError
 from hetlaunch.launcher.planning.profile_file import NodeProfile, Profile

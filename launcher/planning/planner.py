@@ -35,7 +35,8 @@ from hetlaunch.launcher.planning.chain_cuts import cut_chain, least_lossy_codecs
 from hetlaunch.launcher.planning.chain_search import EXHAUSTIVE_MAX_NODES
 from hetlaunch.launcher.planning.compression import CODEC_SLACK, NONE, CompressionConfig
 from hetlaunch.launcher.planning.contention import host_factors, stretched
-from hetlaunch.launcher.planning.cost_model import CostModel, PipelineCost, in_flight, split_costs
+from hetlaunch.launcher.planning.cost_model import CostModel, in_flight
+from hetlaunch.launcher.planning.pipeline_cost import PipelineCost, split_costs
 from hetlaunch.launcher.planning.planning_error import PlanningError
 from hetlaunch.launcher.planning.profile_file import NodeProfile, Profile
 from hetlaunch.launcher.planning.replicas import PipelineSet, Replicas, replica_counts

@@ -39,7 +39,7 @@ from hetlaunch.launcher.planning.chain_cuts import most_compressed_codecs
 from hetlaunch.launcher.planning.chain_search import (EXHAUSTIVE_MAX_NODES, ChainSearch, candidate_chains, node_speed,
                                                       region_path)
 from hetlaunch.launcher.planning.compression import CompressionConfig
-from hetlaunch.launcher.planning.cost_model import PipelineCost
+from hetlaunch.launcher.planning.pipeline_cost import PipelineCost
 from hetlaunch.launcher.planning.profile_file import NodeProfile, Profile
 from hetlaunch.launcher.planning.sync_cost import SyncCost, SyncModel, plan_step_s
 

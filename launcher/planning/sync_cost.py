@@ -74,7 +74,7 @@ from functools import lru_cache
 from typing import Sequence
 
 from hetlaunch.launcher.planning.compression import CODEC_SLACK, LOSSINESS, NONE, CompressionConfig
-from hetlaunch.launcher.planning.cost_model import PipelineCost
+from hetlaunch.launcher.planning.pipeline_cost import PipelineCost
 from hetlaunch.launcher.planning.profile_file import NodeProfile, Profile
 from hetlaunch.launcher.planning.sync_groups import SyncGroup, hierarchy_applies, sync_groups
 from hetlaunch.runtime.registry import SYNC_BUCKET_BYTES, codec_info, must_seal, sync_hops

@@ -12,7 +12,8 @@ import pytest
 from plan_reference import random_profile, regions_profile
 
 from hetlaunch.launcher.planning.compression import CompressionConfig
-from hetlaunch.launcher.planning.cost_model import CostModel, split_costs
+from hetlaunch.launcher.planning.cost_model import CostModel
+from hetlaunch.launcher.planning.pipeline_cost import split_costs
 from hetlaunch.launcher.planning.device_plans import _CutSearch, _weights_final, check_device_priced
 from hetlaunch.launcher.planning.planner import PlanInvariantError
 from hetlaunch.launcher.planning.planning_error import PlanningError

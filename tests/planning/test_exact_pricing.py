@@ -134,21 +134,21 @@ def test_stages_the_cost_model_makes_without_init_are_the_stages_init_makes():
     refuse a missing or unknown field."""
     import dataclasses
 
-    from hetlaunch.launcher.planning.cost_model import StageCost, _copied, _made
+    from hetlaunch.launcher.planning.pipeline_cost import StageCost, copied_stage, made_stage
 
     values = dict(node="n1", layer_start=2, layer_end=5, compute_s=0.5, link_s=0.1, latency_s=0.02,
                   memory_bytes=3e9, capacity_bytes=8 * 2**30, codec="int8", link_uncompressed_s=0.4, window=3,
                   forward_s=0.15, backward_s=0.3, optimizer_s=0.01, input_grad_s=0.0, weight_grad_s=0.0)
-    made, built = _made(**values), StageCost(**values)
+    made, built = made_stage(**values), StageCost(**values)
     assert made == built and hash(made) == hash(built) and repr(made) == repr(built)
     assert dataclasses.asdict(made) == values
     with pytest.raises(dataclasses.FrozenInstanceError):
         made.window = 4
-    assert _copied(made, window=0, memory_bytes=1.0) == dataclasses.replace(built, window=0, memory_bytes=1.0)
+    assert copied_stage(made, window=0, memory_bytes=1.0) == dataclasses.replace(built, window=0, memory_bytes=1.0)
     with pytest.raises(TypeError):
-        _made(**{k: v for k, v in values.items() if k != "codec"})
+        made_stage(**{k: v for k, v in values.items() if k != "codec"})
     with pytest.raises(TypeError):
-        _made(**values, colour="red")
+        made_stage(**values, colour="red")
     # and a plan's stages are those: a whole evaluate compared field by field with StageCost(...)
     from plan_reference import random_profile
 
