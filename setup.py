@@ -15,11 +15,14 @@ from setuptools import Extension, setup
 SAME_ROUNDING = [] if sys.platform == "win32" else ["-ffp-contract=off"]  # MSVC contracts only under /fp:fast
 
 
-def compiled(name: str, source: str) -> Extension:
-    return Extension(name, [source], optional=True, extra_compile_args=SAME_ROUNDING)
+NUMBERS = ["launcher/planning/_py_numbers.h"]  # how the planner's loops read Python numbers
+
+
+def compiled(name: str, source: str, depends: list[str] | None = None) -> Extension:
+    return Extension(name, [source], depends=depends or [], optional=True, extra_compile_args=SAME_ROUNDING)
 
 
 setup(ext_modules=[compiled("hetlaunch.runtime._simcore", "runtime/_simcore.c"),
-                   compiled("hetlaunch.launcher.planning._cutfront", "launcher/planning/_cutfront.c"),
-                   compiled("hetlaunch.launcher.planning._bottleneck", "launcher/planning/_bottleneck.c"),
-                   compiled("hetlaunch.launcher.planning._floors", "launcher/planning/_floors.c")])
+                   compiled("hetlaunch.launcher.planning._cutfront", "launcher/planning/_cutfront.c", NUMBERS),
+                   compiled("hetlaunch.launcher.planning._bottleneck", "launcher/planning/_bottleneck.c", NUMBERS),
+                   compiled("hetlaunch.launcher.planning._floors", "launcher/planning/_floors.c", NUMBERS)])

@@ -8,20 +8,9 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-/* A float or an int only: converting anything else could run Python code (__float__) that changes
- * the lists being read while their sizes and borrowed items are held. */
-static int as_double(PyObject *item, double *out) {
-    if (PyFloat_Check(item)) {
-        *out = PyFloat_AS_DOUBLE(item);
-        return 0;
-    }
-    if (PyLong_Check(item)) {
-        *out = PyLong_AsDouble(item);
-        return (*out == -1.0 && PyErr_Occurred()) ? -1 : 0;
-    }
-    PyErr_SetString(PyExc_TypeError, "a bottleneck fill's numbers are floats or ints");
-    return -1;
-}
+#include "_py_numbers.h"
+
+#define NUMBERS "a bottleneck fill's" /* as TypeErrors name them */
 
 /* A list of n + 1 numbers into out[0..n]. */
 static int read_prefix(PyObject *list, Py_ssize_t n, double *out) {
@@ -30,7 +19,7 @@ static int read_prefix(PyObject *list, Py_ssize_t n, double *out) {
         return -1;
     }
     for (Py_ssize_t i = 0; i <= n; i++)
-        if (as_double(PyList_GET_ITEM(list, i), &out[i]) < 0) return -1;
+        if (as_double(PyList_GET_ITEM(list, i), &out[i], NUMBERS) < 0) return -1;
     return 0;
 }
 
@@ -101,7 +90,7 @@ static PyObject *bottleneck_bisect(PyObject *self, PyObject *args) {
     }
     double *outputs = numbers;
     for (Py_ssize_t i = 0; i < L; i++)
-        if (as_double(PyList_GET_ITEM(output_list, i), &outputs[i]) < 0) goto done;
+        if (as_double(PyList_GET_ITEM(output_list, i), &outputs[i], NUMBERS) < 0) goto done;
     for (Py_ssize_t j = 0; j < S; j++) {
         PyObject *t = PyList_GET_ITEM(stage_list, j);
         if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 5) {
@@ -112,7 +101,8 @@ static PyObject *bottleneck_bisect(PyObject *self, PyObject *args) {
         s->acc = numbers + L + 2 * j * (L + 1);
         s->mem = s->acc + L + 1;
         if (read_prefix(PyTuple_GET_ITEM(t, 0), L, s->acc) < 0 || read_prefix(PyTuple_GET_ITEM(t, 1), L, s->mem) < 0 ||
-            as_double(PyTuple_GET_ITEM(t, 2), &s->capacity) < 0 || as_double(PyTuple_GET_ITEM(t, 4), &s->link) < 0)
+            as_double(PyTuple_GET_ITEM(t, 2), &s->capacity, NUMBERS) < 0 ||
+            as_double(PyTuple_GET_ITEM(t, 4), &s->link, NUMBERS) < 0)
             goto done;
         s->last = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 3));
         if (s->last == -1 && PyErr_Occurred()) goto done;

@@ -10,6 +10,8 @@
 #include <Python.h>
 #include <stdlib.h>
 
+#include "_py_numbers.h"
+
 typedef struct {
     double compute, link, window, total, key;
     Py_ssize_t end, next, order;
@@ -28,20 +30,9 @@ static int by_key_then_total(const void *a, const void *b) {
 /* Python's max(a, b): a unless b is greater. */
 static inline double pmax(double a, double b) { return b > a ? b : a; }
 
-/* A float or an int only: converting anything else could run Python code (__float__) that changes
- * the lists being read while their sizes and borrowed items are held. */
+/* The tuple's i-th number (see _py_numbers.h). */
 static int read_float(PyObject *tuple, Py_ssize_t i, double *out) {
-    PyObject *item = PyTuple_GET_ITEM(tuple, i);
-    if (PyFloat_Check(item)) {
-        *out = PyFloat_AS_DOUBLE(item);
-        return 0;
-    }
-    if (PyLong_Check(item)) {
-        *out = PyLong_AsDouble(item);
-        return (*out == -1.0 && PyErr_Occurred()) ? -1 : 0;
-    }
-    PyErr_SetString(PyExc_TypeError, "a cut front's numbers are floats or ints");
-    return -1;
+    return as_double(PyTuple_GET_ITEM(tuple, i), out, "a cut front's");
 }
 
 /* one_bottleneck_front(rows, crossings, window) -> the front, as a list of

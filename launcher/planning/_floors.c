@@ -8,20 +8,9 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-/* A float or an int only: converting anything else could run Python code (__float__) that changes
- * the lists being read while their sizes and borrowed items are held. */
-static int as_double(PyObject *item, double *out) {
-    if (PyFloat_Check(item)) {
-        *out = PyFloat_AS_DOUBLE(item);
-        return 0;
-    }
-    if (PyLong_Check(item)) {
-        *out = PyLong_AsDouble(item);
-        return (*out == -1.0 && PyErr_Occurred()) ? -1 : 0;
-    }
-    PyErr_SetString(PyExc_TypeError, "a floor's numbers are floats or ints");
-    return -1;
-}
+#include "_py_numbers.h"
+
+#define NUMBERS "a floor's" /* as TypeErrors name them */
 
 /* A list of exactly n numbers into out[0..n-1]. */
 static int read_list(PyObject *list, Py_ssize_t n, double *out) {
@@ -30,7 +19,7 @@ static int read_list(PyObject *list, Py_ssize_t n, double *out) {
         return -1;
     }
     for (Py_ssize_t i = 0; i < n; i++)
-        if (as_double(PyList_GET_ITEM(list, i), &out[i]) < 0) return -1;
+        if (as_double(PyList_GET_ITEM(list, i), &out[i], NUMBERS) < 0) return -1;
     return 0;
 }
 
