@@ -166,10 +166,11 @@ def _one_f_one_b_list(warmup: int, m_total: int) -> tuple:
     """1F1B's integer list for a warm-up and micro-batch count, which is all it depends on: the
     planner asks for it for every stage of every chain and window it prices (the same few
     warm-ups each time), and at thousands of micro-batches building it was a tenth of planning."""
+    # B(m) is ~m = -m - 1: the backwards are descending ranges of negatives
     steady = [0] * (2 * (m_total - warmup))
     steady[0::2] = range(warmup, m_total)  # F(warmup + i), then B(i)
-    steady[1::2] = (~i for i in range(m_total - warmup))
-    return (*range(warmup), *steady, *(~m for m in range(m_total - warmup, m_total)))
+    steady[1::2] = range(-1, -(m_total - warmup) - 1, -1)
+    return (*range(warmup), *steady, *range(-(m_total - warmup) - 1, -m_total - 1, -1))
 
 
 class GPipe(Schedule):

@@ -139,6 +139,29 @@ def candidate_chains(profile: Profile, nodes: list[NodeProfile], num_layers: int
                 yield [n for n, i in ordered if i < k]
 
 
+def node_classes(profile: Profile) -> tuple[dict[str, int], dict[str, int]]:
+    """Per node, two small ints: its signature's (region, memory and timings: nodes alike in all of
+    them are interchangeable in a chain unless a link was measured for the node itself) and its
+    timings' (what compute depends on). Shareable by every search of one profile (ChainSearch's
+    `classes`): a search per micro-batch share worked them out again, hashing every node's layer times."""
+    linked = {name for link in profile.links if link.nodes for name in link.nodes}
+    # Each distinct signature as a small int: a chain's key is hashed on every lookup, and a
+    # key of full signatures (48 layer times each) cost more to hash than most lookups save.
+    ids: dict[object, int] = {}
+    signature = {n.name: ids.setdefault(
+        ("node", n.name) if n.name in linked else
+        (n.region, n.memory_bytes, tuple(n.layer_seconds), tuple(n.optimizer_seconds or ()),
+         tuple(n.input_grad_seconds or ()), tuple(n.weight_grad_seconds or ()),  # a split backward's parts
+         tuple(sorted((n.codec_seconds_per_byte or {}).items())), n.cipher_seconds_per_byte), len(ids))
+        for n in profile.nodes}
+    timings: dict[tuple, int] = {}
+    timing = {n.name: timings.setdefault((tuple(n.layer_seconds), tuple(n.optimizer_seconds or ()),
+                                          tuple(n.input_grad_seconds or ()), tuple(n.weight_grad_seconds or ())),
+                                         len(timings))
+              for n in profile.nodes}  # node -> an id shared by nodes with equal timings
+    return signature, timing
+
+
 class ChainSearch:
     """Prices chains for one micro-batch count, remembering chains it has seen.
 
@@ -148,27 +171,14 @@ class ChainSearch:
     """
 
     def __init__(self, profile: Profile, num_microbatches: int, schedule: str, compression: CompressionConfig,
-                 paths: dict[tuple[str, ...], list[str]] | None = None):
+                 paths: dict[tuple[str, ...], list[str]] | None = None,
+                 classes: tuple[dict[str, int], dict[str, int]] | None = None):
         self.profile = profile
         self.paths = {} if paths is None else paths  # region orders, shareable between searches
         self.cm = CostModel(profile, num_microbatches, schedule, compression)
-        linked = {name for link in profile.links if link.nodes for name in link.nodes}
-        # Each distinct signature as a small int: a chain's key is hashed on every lookup, and a
-        # key of full signatures (48 layer times each) cost more to hash than most lookups save.
-        ids: dict[object, int] = {}
-        self.signature = {n.name: ids.setdefault(
-            ("node", n.name) if n.name in linked else
-            (n.region, n.memory_bytes, tuple(n.layer_seconds), tuple(n.optimizer_seconds or ()),
-             tuple(n.input_grad_seconds or ()), tuple(n.weight_grad_seconds or ()),  # a split backward's parts
-             tuple(sorted((n.codec_seconds_per_byte or {}).items())), n.cipher_seconds_per_byte), len(ids))
-            for n in profile.nodes}
         # key -> (cuts, codecs, windows, step, exact): everything the chain's priced plan carries
         self.memo: dict[tuple, tuple[list[tuple[int, int]], list[str], tuple[int, ...], float, bool] | None] = {}
-        timings: dict[tuple, int] = {}
-        self._timing = {n.name: timings.setdefault((tuple(n.layer_seconds), tuple(n.optimizer_seconds or ()),
-                                                    tuple(n.input_grad_seconds or ()), tuple(n.weight_grad_seconds or ())),
-                                                   len(timings))
-                        for n in profile.nodes}  # node -> an id shared by nodes with equal timings
+        self.signature, self._timing = classes or node_classes(profile)
         self._work: dict[tuple, tuple[float, float]] = {}  # (timing ids, splits) -> _lower_bound's work terms
         self._bounds: dict[tuple, float] = {}  # chain key -> lower_bound
         self._floors: dict[tuple, float] = {}  # chain key -> per_microbatch_floor

@@ -68,6 +68,7 @@ class CostModel:
         self._static = _prefix([per_byte * layer.param_bytes for layer in profile.layers])
         self._activation = _prefix([layer.activation_bytes for layer in profile.layers])
         self._outputs = [layer.output_bytes for layer in profile.layers]
+        self._codec_terms: dict[tuple[str, str], tuple[float | None, float]] = {}  # _codec_term's, per (node, codec)
         self._links: dict[tuple[str, str], tuple[float, float]] = {}
         self._memory_prefix: dict[int, list[float]] = {}
         self._optimizer: dict[str, list[float]] = {}
@@ -92,9 +93,10 @@ class CostModel:
         """prefix[i] = compute of layers [0, i) on node; a stage's time is a difference of two entries."""
         acc = self._time.get(node.name)
         if acc is None:
-            acc, total = [0.0], 0.0
+            acc, total, M = [0.0], 0.0, self.M
+            optimizer = node.optimizer_seconds or [0.0] * self.num_layers  # node.optimizer(i), read once
             for i in range(self.num_layers):
-                total += node.layer_seconds[i] + node.optimizer(i) / self.M
+                total += node.layer_seconds[i] + optimizer[i] / M
                 acc.append(total)
             self._time[node.name] = acc
         return acc
@@ -408,8 +410,7 @@ class CostModel:
         outgoing boundary's codec work), c_j and lat_j of its outgoing link (0 on the last stage).
         compute_s and boundary_s inlined (the same arithmetic)."""
         S, outputs = len(chain), self._outputs
-        # codec_s is 0.0 for a raw boundary both ways that nothing seals: not called there
-        sealing, gradients = self.profile.data_plane_encrypt is not None, self.compression.gradient_codec
+        sealing = self.profile.data_plane_encrypt is not None
         ts, cs, lats = [], [], []
         for j, (node, (start, end)) in enumerate(zip(chain, cuts)):
             acc = self._time.get(node.name) or self.time_prefix(node)
@@ -417,15 +418,26 @@ class CostModel:
             c = lat = 0.0
             if j < S - 1:
                 receiver, codec = chain[j + 1], codecs[j]
-                if sealing or codec != "none" or gradients(codec) != "none":
+                per_byte, ratio = self._codec_terms.get((node.name, codec)) or self._codec_term(node, codec)
+                if sealing:
                     t += self.codec_s(node, end - 1, codec, receiver)
+                elif per_byte is not None:  # codec_s's raw * (encode + decode), without the seal
+                    t += outputs[end - 1] * per_byte
                 bandwidth, lat = self._links.get((node.name, receiver.name)) or self.link(node, receiver)
-                c = outputs[end - 1] * max(self._ratio[codec], self._ratio[self.compression.gradient_codec(codec)]) \
-                    / bandwidth
+                c = outputs[end - 1] * ratio / bandwidth
             ts.append(t)
             cs.append(c)
             lats.append(lat)
         return ts, cs, lats
+
+    def _codec_term(self, sender: NodeProfile, codec: str) -> tuple[float | None, float]:
+        """(codec_s's work per raw byte without sealing — None where it is none both ways, which
+        codec_s prices 0 —, the wire ratio boundary_s charges) for a sender and codec, remembered."""
+        backward = self.compression.gradient_codec(codec)
+        per_byte = None if codec == "none" and backward == "none" else \
+            sender.codec_cost(codec) + sender.codec_cost(backward)
+        term = self._codec_terms[sender.name, codec] = (per_byte, max(self._ratio[codec], self._ratio[backward]))
+        return term
 
     def _closed(self, ts: list[float], cs: list[float], lats: list[float]) -> tuple[float, int, int, int]:
         """The closed form's step from the stages' terms, and the stages holding the compute

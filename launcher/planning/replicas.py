@@ -36,8 +36,8 @@ from dataclasses import dataclass
 
 from hetlaunch.launcher.planning.chain_bounds import shared_work_floor
 from hetlaunch.launcher.planning.chain_cuts import most_compressed_codecs
-from hetlaunch.launcher.planning.chain_search import (EXHAUSTIVE_MAX_NODES, ChainSearch, candidate_chains, node_speed,
-                                                      region_path)
+from hetlaunch.launcher.planning.chain_search import (EXHAUSTIVE_MAX_NODES, ChainSearch, candidate_chains,
+                                                      node_classes, node_speed, region_path)
 from hetlaunch.launcher.planning.compression import CompressionConfig
 from hetlaunch.launcher.planning.pipeline_cost import PipelineCost
 from hetlaunch.launcher.planning.profile_file import NodeProfile, Profile
@@ -95,13 +95,15 @@ class Replicas:
         self.compression, self.stages = compression, stages
         self._searches: dict[int, ChainSearch] = {}
         self._paths: dict[tuple[str, ...], list[str]] = {}  # region orders, shared by every search
+        self._classes = node_classes(profile)  # node signatures, shared by every search
         self._sync = SyncModel(profile)
         self._index = {n.name: n for n in profile.nodes}
         self._by_regions: dict[tuple[int, frozenset[str]], list[NodeProfile] | None] = {}
 
     def search(self, share: int) -> ChainSearch:
         if share not in self._searches:
-            self._searches[share] = ChainSearch(self.profile, share, self.schedule, self.compression, self._paths)
+            self._searches[share] = ChainSearch(self.profile, share, self.schedule, self.compression, self._paths,
+                                                self._classes)
         return self._searches[share]
 
     def best_set(self, count: int, worth: float = math.inf) -> PipelineSet | None:
