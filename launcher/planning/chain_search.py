@@ -131,12 +131,14 @@ def candidate_chains(profile: Profile, nodes: list[NodeProfile], num_layers: int
             sizes = sorted({k for k in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, limit) if k <= limit})
             if stages is not None:
                 sizes = [stages] if stages <= limit else []
-            # Each node with its place among the fastest, in chain order: each region's nodes
-            # together, in region-path order, most memory first; the k fastest are those placed below k.
-            place = {id(n): i for i, n in enumerate(fastest)}
-            ordered = [(n, place[id(n)]) for r in path[a:b] for n in in_order[r]]
+            # Chain order: each region's nodes together, in region-path order, most memory first.
+            # The k fastest are the first k of `fastest`; each one's index in chain order, so that
+            # a chain is those k indices sorted (not a pass over every member per size).
+            ordered = [n for r in path[a:b] for n in in_order[r]]
+            at = {id(n): i for i, n in enumerate(ordered)}
+            by_speed = [at[id(n)] for n in fastest]
             for k in sizes:
-                yield [n for n, i in ordered if i < k]
+                yield [ordered[i] for i in sorted(by_speed[:k])]
 
 
 def node_classes(profile: Profile) -> tuple[dict[str, int], dict[str, int]]:

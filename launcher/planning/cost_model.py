@@ -70,6 +70,8 @@ class CostModel:
         self._outputs = [layer.output_bytes for layer in profile.layers]
         self._codec_terms: dict[tuple[str, str], tuple[float | None, float]] = {}  # _codec_term's, per (node, codec)
         self._links: dict[tuple[str, str], tuple[float, float]] = {}
+        self._region_links: dict[tuple[str, str], tuple[float, float]] = {}  # link() between unnamed nodes
+        self._linked = {name for link in profile.links if link.nodes for name in link.nodes}  # nodes a link names
         self._memory_prefix: dict[int, list[float]] = {}
         self._optimizer: dict[str, list[float]] = {}
         self._layers: dict[str, list[float]] = {}
@@ -296,10 +298,19 @@ class CostModel:
     def link(self, a: NodeProfile, b: NodeProfile) -> tuple[float, float]:
         """(bandwidth bytes/s, latency s) between two nodes."""
         key = (a.name, b.name)
-        if key not in self._links:
-            link = self.profile.link(a, b)
-            self._links[key] = (link.bandwidth_bytes_per_s, link.latency_s)
-        return self._links[key]
+        found = self._links.get(key)
+        if found is None:
+            # Between nodes no link names, the regions' link (Profile.link's second pass): looked
+            # up once per pair of regions, not per pair of nodes (a scan of every link each).
+            by_regions = a.name not in self._linked and b.name not in self._linked
+            found = self._region_links.get((a.region, b.region)) if by_regions else None
+            if found is None:
+                link = self.profile.link(a, b)
+                found = (link.bandwidth_bytes_per_s, link.latency_s)
+                if by_regions:
+                    self._region_links[a.region, b.region] = found
+            self._links[key] = found
+        return found
 
     def codec_options(self, boundary: int, a: NodeProfile, b: NodeProfile) -> tuple[str, ...]:
         return self.compression.candidates(boundary, a.region == b.region)

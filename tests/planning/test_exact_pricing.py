@@ -179,3 +179,23 @@ def test_the_closed_form_step_alone_is_the_evaluated_step(schedule):
         assert cm.closed_form_step(chain, cuts, codecs).hex() == cost.step_s.hex()
         limited += "window" in cost.bottleneck
     assert schedule == "gpipe" or limited > 10  # the window term is exercised, not only compute and links
+
+
+def test_links_between_nodes_a_link_names_are_not_taken_from_their_regions_link():
+    """CostModel.link looks a regions' link up once per pair of regions: a node-pair link must still
+    win for its two nodes, whatever pair was asked first, and only for them."""
+    from plan_reference import uniform_profile
+
+    from hetlaunch.launcher.planning.profile_file import LinkProfile
+
+    base = uniform_profile([1, 1, 1, 1], ["a", "a", "b", "b"], cross_bandwidth=1e9, cross_latency=0.01)
+    profile = base.model_copy(update={"links": [*base.links, LinkProfile(nodes=("n0", "n2"),
+                                                                         bandwidth_bytes_per_s=5e7, latency_s=0.2)]})
+    n0, n1, n2, n3 = profile.nodes
+    for order in ([(n1, n3), (n0, n2), (n0, n3), (n2, n0)], [(n0, n2), (n1, n3), (n2, n0), (n0, n3)]):
+        cm = CostModel(profile, 4)
+        got = {(a.name, b.name): cm.link(a, b) for a, b in order}
+        assert got[("n0", "n2")] == got[("n2", "n0")] == (5e7, 0.2)
+        assert got[("n1", "n3")] == got[("n0", "n3")] == (1e9, 0.01)
+        assert all(link == (lambda found: (found.bandwidth_bytes_per_s, found.latency_s))(profile.link(a, b))
+                   for (a, b), link in zip(order, got.values()))
