@@ -122,7 +122,8 @@ class CostModel:
     def optimizer_prefix(self, node: NodeProfile) -> list[float]:
         acc = self._optimizer.get(node.name)
         if acc is None:
-            acc = self._optimizer[node.name] = _prefix([node.optimizer(i) for i in range(self.num_layers)])
+            acc = self._optimizer[node.name] = _prefix((node.optimizer_seconds or [0.0] * self.num_layers)
+                                                       [:self.num_layers])  # node.optimizer(i) per layer
         return acc
 
     def layer_prefix(self, node: NodeProfile) -> list[float]:

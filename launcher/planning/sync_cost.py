@@ -250,8 +250,9 @@ class SyncModel:
         acc = self._time.get(key)
         if acc is None:
             acc, total = [0.0], 0.0
-            for i, seconds in enumerate(node.layer_seconds):
-                total += seconds + node.optimizer(i) / num_microbatches
+            optimizer = node.optimizer_seconds or [0.0] * len(node.layer_seconds)  # node.optimizer(i), read once
+            for seconds, step in zip(node.layer_seconds, optimizer):
+                total += seconds + step / num_microbatches
                 acc.append(total)
             self._time[key] = acc
         return acc[end] - acc[start]
