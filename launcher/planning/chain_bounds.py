@@ -44,7 +44,7 @@ FLOOR_BISECTIONS = 12  # per_microbatch_floor: to 1/4096 of the interval between
 def fills_under(cm: CostModel, chain: list[NodeProfile], bound: float) -> bool:
     """False when every cut that fits memory has a stage with M t_j >= bound."""
     return _reaches_the_end(chain, [cm.time_prefix(node) for node in chain],
-                            [cm.memory_prefix(j, len(chain)) for j in range(len(chain))], bound / cm.M * (1 + SLACK))
+                            cm.memory_prefixes(len(chain)), bound / cm.M * (1 + SLACK))
 
 
 def _reaches_the_end(chain: list[NodeProfile], times: list[list[float]], memory: list[list[float]],
@@ -66,7 +66,7 @@ def floors_under(cm: CostModel, chain: list[NodeProfile], bound: float, hops: li
     first ends on a full backward."""
     S = len(chain)
     g, h = (2 / 3, 1.0) if drains else (0.0, 0.0)
-    return floors_program([cm.layer_prefix(node) for node in chain], [cm.memory_prefix(j, S) for j in range(S)],
+    return floors_program([cm.layer_prefix(node) for node in chain], cm.memory_prefixes(S),
                           [node.memory_bytes for node in chain], cm.optimizer_prefix(chain[0]), list(hops), cm.M,
                           bound * (1 + SLACK), g, h)
 
@@ -118,7 +118,7 @@ def per_microbatch_floor(cm: CostModel, chain: list[NodeProfile], least_hop: flo
     if S > L:
         return math.inf
     layers = [cm.layer_prefix(node) for node in chain]
-    memory = [cm.memory_prefix(j, S) for j in range(S)]
+    memory = cm.memory_prefixes(S)
     hi = max(acc[L] for acc in layers) * (1 + SLACK)
     if not _reaches_the_end(chain, layers, memory, hi):
         return math.inf

@@ -145,7 +145,8 @@ def bottleneck_cut(cm: CostModel, chain: list[NodeProfile]) -> tuple[list[tuple[
     # Per stage, what each fill reads: its prefix sums, memory, the last end it may take, and its
     # outgoing link's seconds per byte (0 on the last stage, which sends nothing).
     per_byte = [cm.link_seconds_per_byte(a, b, codec) for a, b, codec in zip(chain, chain[1:], squeezed)]
-    stages = [(cm.time_prefix(node), cm.memory_prefix(j, S), node.memory_bytes, L - (S - 1 - j),
+    memory = cm.memory_prefixes(S)
+    stages = [(cm.time_prefix(node), memory[j], node.memory_bytes, L - (S - 1 - j),
                per_byte[j] if j < S - 1 else 0.0) for j, node in enumerate(chain)]
     biggest = max(outputs)  # uncompressed: an upper bound
     slowest_link = max((biggest / cm.link(a, b)[0] for a, b in zip(chain, chain[1:])), default=0.0)

@@ -73,6 +73,7 @@ class CostModel:
         self._region_links: dict[tuple[str, str], tuple[float, float]] = {}  # link() between unnamed nodes
         self._linked = {name for link in profile.links if link.nodes for name in link.nodes}  # nodes a link names
         self._memory_prefix: dict[int, list[float]] = {}
+        self._memory_prefixes: dict[int, list[list[float]]] = {}  # per stage count: memory_prefixes
         self._optimizer: dict[str, list[float]] = {}
         self._layers: dict[str, list[float]] = {}
         self._schedules: dict[tuple[int, int, int], tuple] = {}  # compiled action lists, per stage shape
@@ -286,6 +287,13 @@ class CostModel:
         if window not in self._memory_prefix:
             self._memory_prefix[window] = [s + window * a for s, a in zip(self._static, self._activation)]
         return self._memory_prefix[window]
+
+    def memory_prefixes(self, num_stages: int) -> list[list[float]]:
+        """memory_prefix of every position of a pipeline of num_stages stages, made once per count."""
+        found = self._memory_prefixes.get(num_stages)
+        if found is None:
+            found = self._memory_prefixes[num_stages] = [self.memory_prefix(j, num_stages) for j in range(num_stages)]
+        return found
 
     def layer_bytes(self, start: int, end: int) -> tuple[float, float]:
         """(static bytes, one micro-batch's activation bytes) of layers [start, end), whatever the schedule."""

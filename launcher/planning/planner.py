@@ -83,7 +83,7 @@ EXACT_CONTENDERS_SLACK = 0.15  # sets estimated within this of the best are pric
 
 # Actions per pipeline up to which check_priced simulates Action lists in Python (apart from the
 # compiled sweep the planner prices with); beyond, the compiled sweep over the schedule's lists.
-INDEPENDENT_CHECK_ACTIONS = 20_000
+INDEPENDENT_CHECK_ACTIONS = 5_000
 
 
 class PlanInvariantError(RuntimeError):
