@@ -68,7 +68,7 @@ class CostModel:
         self._static = _prefix([per_byte * layer.param_bytes for layer in profile.layers])
         self._activation = _prefix([layer.activation_bytes for layer in profile.layers])
         self._outputs = [layer.output_bytes for layer in profile.layers]
-        self._codec_terms: dict[tuple[str, str], tuple[float | None, float]] = {}  # _codec_term's, per (node, codec)
+        self._codec_terms: dict[tuple[str, str], tuple[float | None, float]] = {}  # codec_terms, per (node, codec)
         self._links: dict[tuple[str, str], tuple[float, float]] = {}
         self._region_links: dict[tuple[str, str], tuple[float, float]] = {}  # link() between unnamed nodes
         self._linked = {name for link in profile.links if link.nodes for name in link.nodes}  # nodes a link names
@@ -331,13 +331,11 @@ class CostModel:
         full-duplex link the busier direction is what occupies it.
         """
         bandwidth, latency = self.link(a, b)
-        ratio = max(self._ratio[codec], self._ratio[self.compression.gradient_codec(codec)])
-        return self.profile.layers[after_layer].output_bytes * ratio / bandwidth, latency
+        return self._outputs[after_layer] * self.codec_terms(a, codec)[1] / bandwidth, latency
 
     def link_seconds_per_byte(self, a: NodeProfile, b: NodeProfile, codec: str = "none") -> float:
         """boundary_s's transfer time per raw byte crossing between a and b."""
-        ratio = max(self._ratio[codec], self._ratio[self.compression.gradient_codec(codec)])
-        return ratio / self.link(a, b)[0]
+        return self.codec_terms(a, codec)[1] / self.link(a, b)[0]
 
     def codec_s(self, sender: NodeProfile, after_layer: int, codec: str, receiver: NodeProfile | None = None) -> float:
         """Encode + decode work of both directions of a boundary, per micro-batch, and where
@@ -347,13 +345,25 @@ class CostModel:
         Charged to the stage before the boundary (a simplification: in truth each side encodes
         what it sends and decodes what it receives), using that node's measured codec and cipher speed.
         """
-        backward = self.compression.gradient_codec(codec)
-        raw = self.profile.layers[after_layer].output_bytes
-        work = 0.0 if codec == "none" and backward == "none" else \
-            raw * (sender.codec_cost(codec) + sender.codec_cost(backward))
+        per_byte = self.codec_terms(sender, codec)[0]
+        raw = self._outputs[after_layer]
+        work = 0.0 if per_byte is None else raw * per_byte
         if receiver is not None and self.seals(sender, receiver):
+            backward = self.compression.gradient_codec(codec)
             work += raw * (self._ratio[codec] + self._ratio[backward]) * (sender.cipher_seconds_per_byte or 0.0)
         return work
+
+    def codec_terms(self, sender: NodeProfile, codec: str) -> tuple[float | None, float]:
+        """(encode + decode work of both directions per raw byte on the sender — None where the
+        boundary is raw both ways, which costs none —, wire bytes per raw byte of the busier
+        direction), remembered per sender and codec: codec_s and boundary_s are built on them."""
+        terms = self._codec_terms.get((sender.name, codec))
+        if terms is None:
+            backward = self.compression.gradient_codec(codec)
+            per_byte = None if codec == "none" and backward == "none" else \
+                sender.codec_cost(codec) + sender.codec_cost(backward)
+            terms = self._codec_terms[sender.name, codec] = (per_byte, max(self._ratio[codec], self._ratio[backward]))
+        return terms
 
     def seals(self, a: NodeProfile, b: NodeProfile) -> bool:
         """Does the job's data_plane.encrypt (the profile's, as the planner's caller set it) seal a-b?"""
@@ -438,7 +448,7 @@ class CostModel:
             c = lat = 0.0
             if j < S - 1:
                 receiver, codec = chain[j + 1], codecs[j]
-                per_byte, ratio = self._codec_terms.get((node.name, codec)) or self._codec_term(node, codec)
+                per_byte, ratio = self._codec_terms.get((node.name, codec)) or self.codec_terms(node, codec)
                 if sealing:
                     t += self.codec_s(node, end - 1, codec, receiver)
                 elif per_byte is not None:  # codec_s's raw * (encode + decode), without the seal
@@ -449,15 +459,6 @@ class CostModel:
             cs.append(c)
             lats.append(lat)
         return ts, cs, lats
-
-    def _codec_term(self, sender: NodeProfile, codec: str) -> tuple[float | None, float]:
-        """(codec_s's work per raw byte without sealing — None where it is none both ways, which
-        codec_s prices 0 —, the wire ratio boundary_s charges) for a sender and codec, remembered."""
-        backward = self.compression.gradient_codec(codec)
-        per_byte = None if codec == "none" and backward == "none" else \
-            sender.codec_cost(codec) + sender.codec_cost(backward)
-        term = self._codec_terms[sender.name, codec] = (per_byte, max(self._ratio[codec], self._ratio[backward]))
-        return term
 
     def _closed(self, ts: list[float], cs: list[float], lats: list[float]) -> tuple[float, int, int, int]:
         """The closed form's step from the stages' terms, and the stages holding the compute
