@@ -74,7 +74,7 @@ def _follow(session: ClusterSession, running: _Running, record: RunRecord, book:
     watch = observers.stragglers if observers is not None else None
     while True:
         gen.take_step(progress, observers)
-        committed = gen.take_checkpoints(book)
+        committed = gen.take_checkpoints(book, progress, observers)
         if session.state.down_requested and (committed is not None or not session.cluster.train.checkpoint_every):
             where = f"at the checkpoint of step {committed}" if committed is not None else "(checkpoints are off)"
             if committed is not None:
@@ -148,10 +148,17 @@ class _Reports:
         while self.record.next_step < step and time.monotonic() < deadline:
             self.take_step(progress, observers)
 
-    def take_checkpoints(self, book: CheckpointBook) -> int | None:
+    def take_checkpoints(self, book: CheckpointBook, progress: TrainingProgress,
+                         observers: Observers | None) -> int | None:
         """The step of a checkpoint the parts reported since the last call committed, if any."""
         committed = None
         for node, part in self.state.checkpoints():
+            if part.error:
+                # A part that could not be written ends the run (CheckpointBook.add): the steps
+                # before it are recorded first. Its node sent their reports ahead of the part, but
+                # another stage's may still be on their way, and a step is recorded once every stage
+                # reported it (under load, a run that failed at step 5's checkpoint recorded fewer).
+                self.catch_up(part.step, progress, observers)
             committed = book.add(node, part) or committed
         if committed is not None:
             self.events.write("checkpoint", step=committed, directory=str(book.latest[1]), source="file")
