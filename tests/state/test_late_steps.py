@@ -12,12 +12,15 @@ from __future__ import annotations
 import io
 from types import SimpleNamespace
 
+import pytest
 from rich.console import Console
 
+from hetlaunch.launcher.checkpoint_book import CheckpointBook
 from hetlaunch.launcher.coordinator_state import CoordinatorState
 from hetlaunch.launcher.events import EventLog
 from hetlaunch.launcher.generation import _Reports
 from hetlaunch.launcher.job_driver import _late_steps, _record_late_steps
+from hetlaunch.launcher.job_errors import JobError
 from hetlaunch.launcher.planning.plan import Plan, StagePlan
 from hetlaunch.launcher.progress import TrainingProgress
 from hetlaunch.launcher.run_record import RunRecord
@@ -91,6 +94,33 @@ def test_a_generation_ending_at_a_checkpoint_first_records_the_steps_before_it(t
         # Nothing more to come after step 5: it waits its bound and records only what came.
         reports.catch_up(9, progress, None, timeout_s=0.5)
         assert [r.step for r in record.records] == list(range(6))
+
+
+def test_a_checkpoint_part_that_could_not_be_written_ends_the_run_after_the_steps_before_it(tmp_path):
+    """A full disk at the checkpoint of step 5: node a's error part came before b's report of
+    step 4 (each agent's reports travel on their own thread, coalesced). The run ends on the
+    error, but only once step 4 is recorded: a full suite under load once recorded steps 0-3."""
+    import threading
+
+    state = CoordinatorState(NODES)
+    generation = state.begin_generation()
+    record = RunRecord(tmp_path / "run")
+    reports = _Reports(SimpleNamespace(state=state), _plan(), record, EventLog(tmp_path / "run"))
+    for step in range(5):
+        for node in NODES:
+            if (node, step) != ("b", 4):
+                state.report_step(node, generation, _metrics(node, step))
+    state.report_checkpoint("a", generation, pb.CheckpointPart(step=5, error="No space left on device"))
+    late = threading.Timer(0.3, lambda: state.report_step("b", generation, _metrics("b", 4)))
+    late.start()
+    book = CheckpointBook(tmp_path / "run" / "checkpoints", keep=2, num_layers=4, extra={})
+    try:
+        with TrainingProgress(Console(file=io.StringIO()), 10) as progress:
+            with pytest.raises(JobError, match="cannot write the checkpoint of step 5 on node a: No space left"):
+                reports.take_checkpoints(book, progress, None)
+    finally:
+        late.join()
+    assert [r.step for r in record.records] == [0, 1, 2, 3, 4]
 
 
 def test_a_resumed_run_accounts_for_steps_its_checkpoint_holds_but_its_metrics_do_not(tmp_path):
