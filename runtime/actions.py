@@ -24,6 +24,7 @@ refuses anything else.
 
 from __future__ import annotations
 
+import re
 from enum import Enum
 from typing import NamedTuple
 
@@ -65,6 +66,22 @@ def parse_actions(text: str, stage_index: int) -> list[Action]:
     except (ValueError, IndexError):
         raise ValueError(f"cannot read actions {text!r}: each is a kind (F, B, I, W, E) and a micro-batch, "
                          f"e.g. F0 B0") from None
+
+
+_DEVICE_TOKEN = re.compile(r"(\d+)([FBIWE])(\d+)")
+
+
+def parse_device_actions(text: str) -> list[Action]:
+    """A device's actions from ``"0F0 3F0 3I0"``: stage index, kind, micro-batch, as Action prints them
+    (a node holding several stages; runtime/device_schedules.py)."""
+    actions = []
+    for token in text.split():
+        match = _DEVICE_TOKEN.fullmatch(token)
+        if match is None:
+            raise ValueError(f"cannot read action {token[:40]!r}: a stage index, a kind (F, B, I, W, E) and a "
+                             f"micro-batch, e.g. 3F0")
+        actions.append(Action(int(match[1]), Kind(match[2]), int(match[3])))
+    return actions
 
 
 def validate_actions(actions: list[Action], num_microbatches: int, stage_index: int | None = None,

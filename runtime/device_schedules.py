@@ -24,15 +24,17 @@ greedy list scheduler at unit costs (F = I = W = 1, free links) under a memory c
 half-stage activations per device, 1F1B's peak: a free device runs the input gradient that is
 ready (what the device upstream waits for), else a forward while under the cap, else a held
 weight gradient. The order it produces is then fixed data, priced with the real costs by the
-simulation like any other schedule.
+simulation like any other schedule. `timed_zb_v` builds the same way at the stages' real costs
+(links and latency included); the planner runs whichever of the two simulates faster for its cut,
+and ships the timed one to the nodes (launcher/planning/device_plans.py).
 """
 
 from __future__ import annotations
 
-from hetlaunch.runtime.actions import B, F, I, W, Action, max_in_flight
+from hetlaunch.runtime.actions import B, F, I, W, Action, max_in_flight, parse_device_actions, validate_actions
 
 __all__ = ["DeviceSchedule", "Interleaved1F1B", "ZeroBubbleV", "DEVICE_SCHEDULES", "device_schedule_named",
-           "in_flight_by_device"]
+           "in_flight_by_device", "reordered", "timed_zb_v"]
 
 
 class DeviceSchedule:
@@ -172,6 +174,99 @@ class ZeroBubbleV(DeviceSchedule):
                 if m < M and (s == 0 or ready(Action(s - 1, F, m))):
                     return Action(s, F, m)
         return held[0] if held else None
+
+
+def timed_zb_v(num_devices: int, num_microbatches: int, forward: list[float], input_grad: list[float],
+               weight_grad: list[float], wire: list[float]) -> list[list[Action]]:
+    """ZB-V's order built at the stages' own costs: what the unit-cost builder does when a
+    forward, an input gradient and a weight gradient take the same time and links are free, here
+    with each stage's F, I and W and each boundary's time on the wire (`wire[j]`: transfer plus
+    latency from stage j to j + 1; 0 inside a device). Each device, once free, starts what can start
+    soonest; among what can start at the same moment an input gradient first (oldest micro-batch,
+    then the later stage), then a forward (the deeper stage), then the oldest held weight gradient.
+    A device holds at most 2D half-stage activations, 1F1B's peak, as the unit builder; a forward
+    of the V's first leg leaves the last place to the second (else every device could fill with
+    first-leg activations that wait for a second-leg one nobody has room for).
+
+    Where a link's latency is a good part of a forward, or F, I and W differ, the unit order leaves
+    devices waiting: on the zero_bubble bench's 4 nodes with 20 ms links at 4 micro-batches it is
+    priced 3.52 s a step, this order 3.11 s (tests/stage/test_device_schedules.py). RuntimeError if
+    it cannot go on (not seen; the planner then keeps the unit order)."""
+    D, M, S = num_devices, num_microbatches, 2 * num_devices
+    if len(forward) != S or len(input_grad) != S or len(weight_grad) != S or len(wire) != S - 1:
+        raise ValueError(f"ZB-V on {D} devices needs {S} stage costs and {S - 1} boundaries")
+    placed = ZeroBubbleV()
+    cap = placed.memory_cap(D)
+    stages = [placed.device_stages(d, D) for d in range(D)]
+    forward_end: dict[tuple[int, int], float] = {}
+    input_end: dict[tuple[int, int], float] = {}
+    forwarded, input_next = [0] * S, [0] * S  # per stage: next micro-batch to forward, to input-gradient
+    held: list[list[Action]] = [[] for _ in range(D)]
+    live, free = [0] * D, [0.0] * D
+    per_device: list[list[Action]] = [[] for _ in range(D)]
+
+    def forward_ready(s: int, m: int) -> float | None:
+        if s == 0:
+            return 0.0
+        done = forward_end.get((s - 1, m))
+        return None if done is None else done + wire[s - 1]
+
+    def input_ready(s: int, m: int) -> float | None:
+        done = forward_end.get((s, m))
+        if done is None or s == S - 1:
+            return done
+        later = input_end.get((s + 1, m))
+        return None if later is None else max(done, later + wire[s])
+
+    def pick(d: int) -> tuple | None:
+        """(start, rank..., action) of what device d would start next."""
+        options = []
+        for s in stages[d]:
+            m = input_next[s]
+            if m < forwarded[s] and (ready := input_ready(s, m)) is not None:
+                options.append((max(ready, free[d]), 0, m, -s, Action(s, I, m)))
+            m = forwarded[s]
+            if m < M and live[d] < (cap if s >= D else cap - 1) and (ready := forward_ready(s, m)) is not None:
+                options.append((max(ready, free[d]), 1, -s, 0, Action(s, F, m)))
+        if held[d]:
+            options.append((free[d], 2, 0, 0, held[d][0]))
+        return min(options, key=lambda o: o[:4]) if options else None
+
+    for _ in range(3 * S * M):
+        picks = [(p, d) for d in range(D) if (p := pick(d)) is not None]
+        if not picks:
+            raise RuntimeError(f"ZB-V's timed builder is stuck (D={D}, M={M})")
+        (start, *_, action), d = min(picks, key=lambda pd: (pd[0][0], pd[1]))
+        s, m = action.stage_index, action.microbatch
+        cost = (forward if action.kind is F else input_grad if action.kind is I else weight_grad)[s]
+        free[d] = start + cost
+        per_device[d].append(action)
+        if action.kind is F:
+            forward_end[s, m] = free[d]
+            forwarded[s] += 1
+            live[d] += 1
+        elif action.kind is I:
+            input_end[s, m] = free[d]
+            input_next[s] += 1
+            held[d].append(Action(s, W, m))
+        else:
+            held[d].remove(action)
+            live[d] -= 1
+    return per_device
+
+
+def reordered(own: list[Action], order: str, num_microbatches: int) -> list[Action]:
+    """A device's actions in the planner's `order` (StageSpec.device_order, "0F0 3F0 3I0 ..."):
+    ValueError unless they are exactly `own`, the schedule's, in another order that keeps each
+    stage's own rules (a forward before its gradients, an I before its W). The planner priced it;
+    this only makes sure a wrong one fails at once rather than training on other work."""
+    given = parse_device_actions(order)
+    if sorted(given) != sorted(own):
+        raise ValueError(f"the planned order of this node's actions ({len(given)}) is not a reordering of its "
+                         f"schedule's ({len(own)})")
+    for stage in sorted({a.stage_index for a in own}):
+        validate_actions([a for a in given if a.stage_index == stage], num_microbatches, stage)
+    return given
 
 
 def in_flight_by_device(per_device: list[list[Action]]) -> list[int]:

@@ -25,15 +25,17 @@ from __future__ import annotations
 import functools
 
 from hetlaunch.runtime.actions import B, E, F, I, W, Action, Kind, max_in_flight, parse_actions, validate_actions
-from hetlaunch.runtime.device_schedules import DEVICE_SCHEDULES, device_schedule_named, in_flight_by_device
+from hetlaunch.runtime.device_schedules import DEVICE_SCHEDULES, device_schedule_named, in_flight_by_device, timed_zb_v
 from hetlaunch.runtime.fast_simulation import compiled_stage, simulate_in_order, simulate_stages, stage_order
-from hetlaunch.runtime.simulation import compiled, simulate, simulate_compiled, simulate_devices, simulated_timeline
+from hetlaunch.runtime.simulation import (compiled, simulate, simulate_compiled, simulate_devices, simulated_timeline,
+                                         split_backward)
 
 __all__ = ["B", "E", "F", "I", "W", "Action", "Kind", "max_in_flight", "parse_actions", "validate_actions", "compiled",
            "compiled_stage", "simulate", "simulate_compiled", "simulate_stages", "simulate_in_order", "stage_order",
            "simulated_timeline", "Schedule", "OneFOneB", "GPipe", "SCHEDULES",
            "schedule_named", "schedule_for", "own_window", "one_f_one_b", "gpipe", "ZeroBubbleH1",
-           "ZeroBubbleH2", "DEVICE_SCHEDULES", "device_schedule_named", "in_flight_by_device", "simulate_devices"]
+           "ZeroBubbleH2", "DEVICE_SCHEDULES", "device_schedule_named", "in_flight_by_device", "simulate_devices",
+           "split_backward", "timed_zb_v"]
 
 
 def _check_args(stage: int, num_stages: int, num_microbatches: int) -> None:
