@@ -19,6 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hetlaunch.launcher.checkpoint_book import Restore
+from hetlaunch.launcher.planning.device_plans import device_lists
 from hetlaunch.launcher.planning.plan import Plan
 from hetlaunch.launcher.planning.topology import Placement, Topology, device_rank
 from hetlaunch.launcher.session import ClusterSession
@@ -59,7 +60,7 @@ def launch_devices(session: ClusterSession, plan: Plan, spec, restore: Restore, 
     for p, (stages, chain, share) in enumerate(zip(topology.pipelines, chains, plan.pipeline_microbatches)):
         for position, name in enumerate(chain):
             command = pb.RunStage(model=model, data=data, train=train,
-                                  stage=_node_spec(session, plan, stages, name, position, boundary_bytes),
+                                  stage=_node_spec(session, plan, stages, name, position, share, boundary_bytes),
                                   rendezvous=session.rendezvous(device_rank(plan, name), len(nodes), backend, name),
                                   layout=layout)
             command.train.num_microbatches = share
@@ -88,7 +89,7 @@ def _data_parallel(cluster, plan: Plan, chains: list[tuple[str, ...]]) -> pb.Dat
 
 
 def _node_spec(session: ClusterSession, plan: Plan, stages: tuple[Placement, ...], name: str, position: int,
-               boundary_bytes: list[int] | None) -> pb.StageSpec:
+               share: int, boundary_bytes: list[int] | None) -> pb.StageSpec:
     """The node's StageSpec: its device, threads and emulation once, and one part per stage it holds."""
     cluster, node = session.cluster, session.cluster.node(name)
     mine = [q for q in stages if q.node == name]
@@ -101,6 +102,10 @@ def _node_spec(session: ClusterSession, plan: Plan, stages: tuple[Placement, ...
                                              memory_gb=node.emulate.memory_gb or 0.0),
                         memory_fraction=node.memory_fraction or 0.0, device_index=position,
                         num_devices=num_devices)
+    order = getattr(mine[0].source, "device_order", "")  # a StagePlan's (a planner's StageCost has none)
+    if order:  # the order the planner priced, built from the pipeline's stages as it built it
+        lists = device_lists(plan.schedule, num_devices, share, order, [q.source for q in stages])
+        spec.device_order = " ".join(str(a) for a in lists[position])
     for q in mine:
         part = spec.parts.add(stage_index=q.stage, layer_start=q.layer_start, layer_end=q.layer_end)
         j = q.stage

@@ -20,13 +20,14 @@ import json
 import sys
 from pathlib import Path
 
+from hetlaunch.launcher.planning.device_plans import device_lists
 from hetlaunch.launcher.planning.plan import Plan
 from hetlaunch.launcher.planning.topology import Topology
 from hetlaunch.launcher.run_record import write_run_file
 from hetlaunch.launcher.session import JobError
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.runtime.registry import DEVICE_SCHEDULE_NAMES
-from hetlaunch.runtime.schedules import B, E, F, I, W, device_schedule_named, schedule_for, simulated_timeline
+from hetlaunch.runtime.schedules import B, E, F, I, W, schedule_for, simulated_timeline
 
 MAX_STEPS = 8
 PREDICTED_PID = 1000  # predicted pipeline p is process PREDICTED_PID + p
@@ -148,7 +149,8 @@ def _predicted(plan: Plan, stages, microbatches: int, p: int, step: int, start: 
         return []
     S = len(stages)
     if _by_device(plan):  # one list per node, as the worker runs it; boundaries inside a node are free
-        per_track = device_schedule_named(plan.schedule).actions(len({s.node for s in stages}), microbatches)
+        per_track = device_lists(plan.schedule, len({s.node for s in stages}), microbatches, stages[0].device_order,
+                                 stages)
     else:
         per_track = [schedule_for(plan.schedule, j, S, microbatches, s.window) for j, s in enumerate(stages)]
     forward, backward = zip(*(s.forward_backward_s() for s in stages))

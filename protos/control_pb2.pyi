@@ -465,7 +465,7 @@ class BandwidthChange(_message.Message):
     def __init__(self, at_step: _Optional[int] = ..., bandwidth_mbps: _Optional[float] = ...) -> None: ...
 
 class StageSpec(_message.Message):
-    __slots__ = ("stage_index", "num_stages", "layer_start", "layer_end", "prev", "next", "device", "threads", "emulate", "memory_fraction", "window", "eval_fill", "parts", "device_index", "num_devices")
+    __slots__ = ("stage_index", "num_stages", "layer_start", "layer_end", "prev", "next", "device", "threads", "emulate", "memory_fraction", "window", "eval_fill", "parts", "device_index", "num_devices", "device_order")
     STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
     NUM_STAGES_FIELD_NUMBER: _ClassVar[int]
     LAYER_START_FIELD_NUMBER: _ClassVar[int]
@@ -481,6 +481,7 @@ class StageSpec(_message.Message):
     PARTS_FIELD_NUMBER: _ClassVar[int]
     DEVICE_INDEX_FIELD_NUMBER: _ClassVar[int]
     NUM_DEVICES_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_ORDER_FIELD_NUMBER: _ClassVar[int]
     stage_index: int
     num_stages: int
     layer_start: int
@@ -496,7 +497,8 @@ class StageSpec(_message.Message):
     parts: _containers.RepeatedCompositeFieldContainer[StagePartSpec]
     device_index: int
     num_devices: int
-    def __init__(self, stage_index: _Optional[int] = ..., num_stages: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., prev: _Optional[_Union[LinkSpec, _Mapping]] = ..., next: _Optional[_Union[LinkSpec, _Mapping]] = ..., device: _Optional[str] = ..., threads: _Optional[int] = ..., emulate: _Optional[_Union[Emulation, _Mapping]] = ..., memory_fraction: _Optional[float] = ..., window: _Optional[int] = ..., eval_fill: _Optional[str] = ..., parts: _Optional[_Iterable[_Union[StagePartSpec, _Mapping]]] = ..., device_index: _Optional[int] = ..., num_devices: _Optional[int] = ...) -> None: ...
+    device_order: str
+    def __init__(self, stage_index: _Optional[int] = ..., num_stages: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., prev: _Optional[_Union[LinkSpec, _Mapping]] = ..., next: _Optional[_Union[LinkSpec, _Mapping]] = ..., device: _Optional[str] = ..., threads: _Optional[int] = ..., emulate: _Optional[_Union[Emulation, _Mapping]] = ..., memory_fraction: _Optional[float] = ..., window: _Optional[int] = ..., eval_fill: _Optional[str] = ..., parts: _Optional[_Iterable[_Union[StagePartSpec, _Mapping]]] = ..., device_index: _Optional[int] = ..., num_devices: _Optional[int] = ..., device_order: _Optional[str] = ...) -> None: ...
 
 class StagePartSpec(_message.Message):
     __slots__ = ("stage_index", "layer_start", "layer_end", "prev", "next")

@@ -44,7 +44,7 @@ from hetlaunch.runtime.checkpoint_writer import CheckpointWriter
 from hetlaunch.runtime.codecs import codec_by_id
 from hetlaunch.runtime.data import open_data
 from hetlaunch.runtime.data_plane import init_data_plane, wire_device
-from hetlaunch.runtime.device_schedules import device_schedule_named
+from hetlaunch.runtime.device_schedules import device_schedule_named, reordered
 from hetlaunch.runtime.devices import resolve_device
 from hetlaunch.runtime.emulation import WireEmulation, emulated_speed
 from hetlaunch.runtime.executor import StageExecutor, StagePart
@@ -212,6 +212,8 @@ def _train(cmd: pb.RunStage, executor: StageExecutor, batches, eval_batches, wri
     first_microbatch = dp.microbatch_offset if dp else 0
     placed = device_schedule_named(schedule_name(train.schedule))
     actions = placed.actions(stage.num_devices, train.num_microbatches)[stage.device_index]
+    if stage.device_order:  # the order the planner priced (ZB-V's built at the stages' costs)
+        actions = reordered(actions, stage.device_order, train.num_microbatches)
     evaluation = StepEvaluation(train, stage, executor, eval_batches, actions)
     tokens = train.micro_batch_size * train.num_microbatches * spec.seq_len
     links = [(link, spec) for part, p in zip(executor.parts, sorted(stage.parts, key=lambda p: p.stage_index))

@@ -58,6 +58,9 @@ class PipelineCost:
     step_s: float
     bottleneck: str      # "compute on <node>" or "link <a> -> <b>"
     exact: bool = False  # step_s from the event simulation (CostModel.exact), not the closed form
+    # Several stages per node: "timed" where the devices' order was built at these stages' costs
+    # (launcher/planning/device_plans.py device_lists); "": the schedule's own order.
+    device_order: str = ""
 
 
 def split_costs(stages) -> tuple[list[float] | None, list[float] | None]:

@@ -42,6 +42,9 @@ class StagePlan:
     backward_s: float | None = None
     input_grad_s: float | None = None   # 0 and 0: the node measured no split; the backward is halved
     weight_grad_s: float | None = None
+    # Several stages per node: "timed" where the node's actions run in the order built at these
+    # stages' costs (launcher/planning/device_plans.py device_lists); "": the schedule's own order.
+    device_order: str = ""
 
     @property
     def num_layers(self) -> int:
@@ -313,7 +316,7 @@ def planned(cluster, result, source: str = "planned") -> Plan:
                              memory_bytes=s.memory_bytes, capacity_bytes=s.capacity_bytes, pipeline=p,
                              window=cluster.node(s.node).window or s.window,  # a window pinned in the YAML wins
                              forward_s=s.forward_s, backward_s=s.backward_s, input_grad_s=s.input_grad_s,
-                             weight_grad_s=s.weight_grad_s)
+                             weight_grad_s=s.weight_grad_s, device_order=pipeline.cost.device_order)
                    for p, pipeline in enumerate(result.pipelines) for s in pipeline.cost.stages)
     sync = tuple(SyncPlan(g.layer_start, g.layer_end, tuple(g.nodes), g.codec, g.allreduce_s, g.exposed_s,
                           g.hierarchical)

@@ -18,7 +18,7 @@ import torch
 from conftest import run_gloo_ranks
 from device_pipeline_model import CPU, LAYERS, M, STEPS, _batches, _close, _layers, _loss, _reference
 from hetlaunch.runtime.codecs import codec_by_name
-from hetlaunch.runtime.device_schedules import device_schedule_named
+from hetlaunch.runtime.device_schedules import device_schedule_named, reordered, timed_zb_v
 from hetlaunch.runtime.executor import StageExecutor, StagePart
 from hetlaunch.runtime.link import Link
 from hetlaunch.runtime.local_link import local_boundary
@@ -32,9 +32,11 @@ def _device(rank: int, out_dir: str, schedule: str, num_devices: int, lossy_boun
         num_stages, where = num_devices, (lambda s: s)
         actions = schedule_named(schedule).stage_actions(rank, num_devices, M)
     else:
-        placed = device_schedule_named(schedule)
+        placed = device_schedule_named(schedule.removesuffix("-timed"))
         num_stages, where = placed.num_stages(num_devices), (lambda s: placed.stage_device(s, num_devices))
         actions = placed.actions(num_devices, M)[rank]
+        if schedule == "zb-v-timed":  # the planner's order, sent as text and read as an agent reads it
+            actions = reordered(actions, " ".join(map(str, _timed_lists(num_devices)[rank])), M)
     mine = [s for s in range(num_stages) if where(s) == rank]
     per_stage = LAYERS // num_stages
     layers = _layers()
@@ -63,6 +65,16 @@ def _device(rank: int, out_dir: str, schedule: str, num_devices: int, lossy_boun
         "peak_activation_bytes": memory.peak_activation_bytes}))
 
 
+def _timed_lists(num_devices: int) -> list:
+    """ZB-V's order built at costs where it differs from the unit order: a first stage whose whole
+    backward is W, 20 ms links between devices."""
+    S = 2 * num_devices
+    input_grad = [0.0] + [0.1] * (S - 1)
+    weight_grad = [0.2] + [0.1] * (S - 1)
+    wire = [0.0 if j == num_devices - 1 else 0.02 for j in range(S - 1)]
+    return timed_zb_v(num_devices, M, [0.1] * S, input_grad, weight_grad, wire)
+
+
 def _run(tmp_path: Path, schedule: str, num_devices: int, lossy_boundary: int = -1) -> tuple[list[float], dict, list]:
     out = tmp_path / f"{schedule}-{num_devices}-{lossy_boundary}"
     out.mkdir()
@@ -74,8 +86,11 @@ def _run(tmp_path: Path, schedule: str, num_devices: int, lossy_boundary: int = 
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("schedule", ["zb-v", "interleaved-1f1b"])
+@pytest.mark.parametrize("schedule", ["zb-v", "zb-v-timed", "interleaved-1f1b"])
 def test_several_stages_per_device_equal_single_process_training(tmp_path, schedule):
+    """zb-v-timed: ZB-V in the order built at stage costs (another order than the unit one)."""
+    if schedule == "zb-v-timed":
+        assert _timed_lists(2) != device_schedule_named("zb-v").actions(2, M)
     losses, params = _reference()
     got_losses, got_params, _ = _run(tmp_path, schedule, 2)
     assert _close(got_losses, losses), (got_losses, losses)
