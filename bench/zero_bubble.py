@@ -29,7 +29,10 @@ their prediction, the zero-bubble sides' 1.12-1.54x, though their stages' F, I a
 what was priced on average. The extra was page faults in some pieces (glibc returning a freed
 heap top to the kernel; a split backward's memory varies from step to step), stretched tenfold by
 `emulate: speed`. With workers keeping freed memory (runtime/host_allocator.py), the same day:
-ZB-H1 1.35x and ZB-V 1.12x at 4 (predicted 1.30x and 1.25x), 1.09x and 1.01x at 8.
+ZB-H1 1.35x and ZB-V 1.12x at 4 (predicted 1.30x and 1.25x), 1.09x and 1.01x at 8. 2026-12-05,
+ZB-V in the order built at the plan's stage costs (runtime/device_schedules.py timed_zb_v): ZB-H1
+1.28x and ZB-V 1.40x at 4 (ZB-V measured 0.95x its prediction, where the unit order ran 1.26x),
+1.14x and 1.16x at 8.
 
 History: until 2026-12-04 the 1F1B side had every stage's window pinned to 4 ("equal memory"
 read as equal at every stage); a last stage holding 4 forwards before its first backward
