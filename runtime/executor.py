@@ -139,6 +139,7 @@ class StageExecutor:
     steps_done: int = field(init=False, default=0)
     _trace: list | None = field(init=False, default=None)  # this step's timeline, when it is traced
     _whole_in_i: bool = field(init=False, default=False)  # the graph cannot be split: an I does the weights too
+    _ahead: bool = field(init=False, default=False)  # this step receives training messages ahead (_receive_ahead)
     state_lock: threading.Lock = field(init=False, default_factory=threading.Lock)
 
     def __post_init__(self):
@@ -325,15 +326,23 @@ class StageExecutor:
                     if link is not None])
 
     def _receive_ahead(self, actions: list[Action]) -> None:
-        """Post the step's evaluation receives on the evaluation links' own threads, so an E can see
-        whether its input has come (Link.ready). Training's receives stay on this thread: received
-        ahead the same way, interleaved 1F1B ran 1.00-1.06x torch's instead of 0.93x, but ZB-V
-        0.87-0.90x instead of 1.03x (bench/vs_torch_device_schedules.py; the receiving thread
-        competes for the GIL with the split backward's Python)."""
+        """Post the step's receives on the links' own threads, so their bytes move while this
+        thread computes (gloo moves a message only once its receive is posted).
+
+        Evaluation receives always: an E sees whether its input has come (Link.ready). Training
+        receives only where the device's order has no split backward: received ahead, interleaved
+        1F1B ran 1.00-1.06x torch's instead of 0.93x, but ZB-V 0.87-0.90x instead of 1.03x
+        (bench/vs_torch_device_schedules.py; the receiving thread competes for the GIL with the
+        split backward's Python). Counts are exact, so nothing waits on the wire after the step:
+        an activation per F of a stage that is not first, and a gradient per F whose output has a
+        floating element (posted by _forward, which knows; the next stage sends one exactly then)."""
+        self._ahead = not any(a.kind is I or a.kind is W for a in actions)
         for part in self.parts:
+            mine = [a for a in actions if self._part(a.stage_index) is part]
             if part.prev_eval_link is not None:
-                mine = [a for a in actions if self._part(a.stage_index) is part]
                 part.prev_eval_link.expect(sum(1 for a in mine if a.kind is E))
+            if self._ahead and not part.is_first:
+                part.prev_link.expect(sum(1 for a in mine if a.kind is F))
 
     def _links(self) -> list[Link | LocalLink]:
         return [link for part in self.parts for link in (part.prev_link, part.next_link, part.next_eval_link)
@@ -393,6 +402,8 @@ class StageExecutor:
             return _InFlight(inputs, scaled)
         output = map_tensors(self.wire.send, output)
         part.next_link.send(output)
+        if self._ahead and differentiable(output):
+            part.next_link.expect(1)  # its gradient: the next stage sends one for this output
         return _InFlight(inputs, output)
 
     def _backward(self, part: StagePart, saved: _InFlight) -> None:

@@ -60,9 +60,14 @@ def _device(rank: int, out_dir: str, schedule: str, num_devices: int, lossy_boun
         for offset, layer in enumerate(layers[s * per_stage:(s + 1) * per_stage]):
             for name, p in layer.named_parameters():
                 params[f"{s * per_stage + offset}.{name}"] = p.detach().flatten().tolist()
+    between = [link for part in parts for link in (part.prev_link, part.next_link) if isinstance(link, Link)]
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps({
         "losses": losses if executor.is_last else None, "params": params,
-        "peak_activation_bytes": memory.peak_activation_bytes}))
+        "peak_activation_bytes": memory.peak_activation_bytes,
+        # Whether each link between devices received on a thread of its own, and what it still
+        # had posted after the last step (the counts posted ahead must be exact).
+        "received_ahead": [link._receiver is not None for link in between],
+        "left_posted": sum(len(link._coming) for link in between)}))
 
 
 def _timed_lists(num_devices: int) -> list:
@@ -75,11 +80,15 @@ def _timed_lists(num_devices: int) -> list:
     return timed_zb_v(num_devices, M, [0.1] * S, input_grad, weight_grad, wire)
 
 
-def _run(tmp_path: Path, schedule: str, num_devices: int, lossy_boundary: int = -1) -> tuple[list[float], dict, list]:
+def _results(tmp_path: Path, schedule: str, num_devices: int, lossy_boundary: int = -1) -> list[dict]:
     out = tmp_path / f"{schedule}-{num_devices}-{lossy_boundary}"
     out.mkdir()
     run_gloo_ranks(_device, num_devices, out, timeout_s=120, args=(schedule, num_devices, lossy_boundary))
-    results = [json.loads((out / f"rank{r}.json").read_text()) for r in range(num_devices)]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(num_devices)]
+
+
+def _run(tmp_path: Path, schedule: str, num_devices: int, lossy_boundary: int = -1) -> tuple[list[float], dict, list]:
+    results = _results(tmp_path, schedule, num_devices, lossy_boundary)
     losses = next(r["losses"] for r in results if r["losses"] is not None)
     params = {k: v for r in results for k, v in r["params"].items()}
     return losses, params, [r["peak_activation_bytes"] for r in results]
@@ -98,6 +107,20 @@ def test_several_stages_per_device_equal_single_process_training(tmp_path, sched
     for name, want in params.items():
         assert _close(got_params[name], want), name
     assert got_losses[-1] < got_losses[0]  # it trained
+
+
+@pytest.mark.timeout(240)
+def test_receives_go_ahead_on_link_threads_only_without_a_split_backward(tmp_path):
+    """Interleaved 1F1B receives each link's messages ahead on the link's own thread, exactly as
+    many as the step takes (none left posted after it); ZB-V, whose split backward's Python the
+    receiving thread would slow, receives on the step's thread (runtime/executor.py _receive_ahead).
+    Equal training either way is the test above."""
+    interleaved = _results(tmp_path, "interleaved-1f1b", 2)
+    assert all(r["received_ahead"] and all(r["received_ahead"]) for r in interleaved), interleaved
+    assert [r["left_posted"] for r in interleaved] == [0, 0]
+    v_shape = _results(tmp_path, "zb-v", 2)
+    assert all(r["received_ahead"] and not any(r["received_ahead"]) for r in v_shape), v_shape
+    assert [r["left_posted"] for r in v_shape] == [0, 0]
 
 
 @pytest.mark.timeout(300)
