@@ -8,7 +8,8 @@ ScheduleInterleaved1F1B, the looping placement; "zb-v": ScheduleZBVZeroBubble, t
 Each rank builds its stages' layer ranges with hetlaunch's build_model_range (the same weights
 either side), then steps AdamW. hetlaunch's side is its StageExecutor holding StageParts: links
 between ranks (a tag per boundary), the in-device hand-off of a V's middle stages, the order of
-runtime/device_schedules.py. torch's side is PipelineStage x 2 with its schedule (scale_grads: the
+runtime/device_schedules.py, host memory kept from step to step as a stage worker keeps it
+(runtime/host_allocator.py). torch's side is PipelineStage x 2 with its schedule (scale_grads: the
 gradient of the mean loss, as hetlaunch's loss / M). A step is timed from the schedule's start to
 the end of the optimizer step, the batch drawn first.
 """
@@ -26,6 +27,10 @@ import torch.distributed as dist
 
 def main(config_json: str, rank: int, store_port: int, out_path: str) -> None:
     cfg = json.loads(config_json)
+    if cfg["side"] == "hetlaunch":
+        # As a stage worker starts (runtime/worker.py), before anything allocates: what users get.
+        from hetlaunch.runtime.host_allocator import tune_host_allocator
+        tune_host_allocator()
     torch.set_num_threads(1)
     from hetlaunch.runtime.data import TokenBatches, stdlib_text_bytes
     from hetlaunch.runtime.device_schedules import device_schedule_named
