@@ -3,8 +3,9 @@
 ScheduleZBVZeroBubble, on the same model, 4-stage cut, weights, batches and micro-batches, two
 ranks of one thread each over gloo (bench/device_schedule_worker.py).
 
-What it measures is the engine: `hetlaunch up` does not yet place several stages on one node, so
-the hetlaunch side is its executor driven directly, as a stage worker would drive it. A step's
+What it measures is the engine: the hetlaunch side is its executor driven directly, without
+`up`'s control plane, as a stage worker would drive it (host
+memory kept from step to step as a worker keeps it, runtime/host_allocator.py). A step's
 time is the slower rank's; the sides alternate A, B, A, B per schedule, and their per-step losses
 must agree (max_loss_gap). Target: hetlaunch ÷ torch ≥ 1.0 tokens/s for each schedule.
 """
@@ -59,7 +60,8 @@ def run(quick: bool, reporter: Reporter | None = None) -> dict:
     return {
         "description": "hetlaunch's executor with two stages per rank / torch.distributed.pipelining, "
                        "ScheduleZBVZeroBubble and ScheduleInterleaved1F1B, 2 ranks x 1 thread, gloo, same 4-stage "
-                       "cut, weights, batches, micro-batches; step = slower rank's; alternated per schedule",
+                       "cut, weights, batches, micro-batches; step = slower rank's; alternated per schedule; the "
+                       "hetlaunch side keeps host memory from step to step as a stage worker does",
         "sides": {"a": "hetlaunch", "b": "torch_pipelining"},
         "config": {"model": MODEL, "train": TRAIN, "ranges": RANGES, "devices": DEVICES,
                    "tokens_per_step": tokens_per_step, **s},
