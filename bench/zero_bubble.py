@@ -32,7 +32,8 @@ heap top to the kernel; a split backward's memory varies from step to step), str
 ZB-H1 1.35x and ZB-V 1.12x at 4 (predicted 1.30x and 1.25x), 1.09x and 1.01x at 8. 2026-12-05,
 ZB-V in the order built at the plan's stage costs (runtime/device_schedules.py timed_zb_v): ZB-H1
 1.28x and ZB-V 1.40x at 4 (ZB-V measured 0.95x its prediction, where the unit order ran 1.26x),
-1.14x and 1.16x at 8.
+1.14x and 1.16x at 8; that afternoon, 1F1B's links receiving ahead (runtime/executor.py
+_receive_ahead), 1.31x and 1.31x at 4 (every side slower than that morning), 1.03x and 1.10x at 8.
 
 History: until 2026-12-04 the 1F1B side had every stage's window pinned to 4 ("equal memory"
 read as equal at every stage); a last stage holding 4 forwards before its first backward

@@ -331,7 +331,8 @@ class StageExecutor:
 
         Evaluation receives always: an E sees whether its input has come (Link.ready). Training
         receives only where the device's order has no split backward: received ahead, interleaved
-        1F1B ran 1.00-1.06x torch's instead of 0.93x, but ZB-V 0.87-0.90x instead of 1.03x
+        1F1B ran 1.00-1.06x torch's instead of 0.93x on 2026-12-03 (0.985x against 0.935x,
+        alternated, on 2026-12-05), but ZB-V 0.87-0.90x instead of 1.03x
         (bench/vs_torch_device_schedules.py; the receiving thread competes for the GIL with the
         split backward's Python). Counts are exact, so nothing waits on the wire after the step:
         an activation per F of a stage that is not first, and a gradient per F whose output has a
