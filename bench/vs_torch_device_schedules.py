@@ -5,8 +5,8 @@ ranks of one thread each over gloo (bench/device_schedule_worker.py).
 
 What it measures is the engine: the hetlaunch side is its executor driven directly, without
 `up`'s control plane, as a stage worker would drive it (host memory kept from step to step as a
-worker keeps it, runtime/host_allocator.py). A step's time is the slower rank's; the sides alternate A, B, A, B per schedule, and their per-step losses
-must agree (max_loss_gap). Target: hetlaunch ÷ torch ≥ 1.0 tokens/s for each schedule.
+worker keeps it, runtime/host_allocator.py). A step's time is the slower rank's; the sides
+alternate A, B, A, B per schedule, and their per-step losses must agree (max_loss_gap). Target: hetlaunch ÷ torch ≥ 1.0 tokens/s for each schedule.
 """
 
 from __future__ import annotations
