@@ -200,29 +200,36 @@ def least_lossy_codecs(cm: CostModel, chain: list[NodeProfile], cost: PipelineCo
 
 
 def simulated_best_cut(cm: CostModel, chain: list[NodeProfile], found: PipelineCost,
-                       most: int = ENUMERATE_MAX_CUTS) -> PipelineCost:
+                       most: int = ENUMERATE_MAX_CUTS, bound: float = math.inf) -> PipelineCost | None:
     """The cut and codecs of this chain that the event simulation prices best, when there are at
     most `most` to try (else `found`, priced exactly): the closed form the DP minimises is
     off by up to ~40%, so its best cut need not be the simulation's. Each cut with the 1F1B
     windows its simulation prices best (CostModel.deepen: shaped families per cut, the full
-    window search for the one that wins)."""
+    window search for the one that wins).
+
+    `bound`: a step the caller has no use for a chain at or above. None when no cut comes under
+    it; otherwise the same cut as without it. Only cuts whose floor (a step no windows can beat)
+    is at or above the bound are left out, and such a cut could not be the one under it."""
     S, L = len(chain), cm.num_layers
     options = [cm.codec_options(j, a, b) for j, (a, b) in enumerate(zip(chain, chain[1:]))]
-    best = cm.deepen(chain, found)
+    best = cm.deepen(chain, found) if bound == math.inf or cm.floor(found) < bound else None
     if math.comb(L - 1, S - 1) * math.prod(len(o) for o in options) > most:
-        return best
+        return best if best is not None and best.step_s < bound else None
     tried = {_shape(found)}
     candidates = []
     times = [cm.time_prefix(node) for node in chain]
     # A stage's M micro-batches alone at or above the best: its floor is too, where a backward is
     # one B (a split one is priced from the I and W measured, which need not add up to it).
     whole = not cm.splits_backward(S)
-    limit = best.step_s / cm.M if whole else math.inf
+    limit = min(bound, best.step_s if best else math.inf) / cm.M if whole else math.inf
+    fill = _FillAndDrain(cm, chain, limit * cm.M) if cm.rules.forward_backward_only else None
     for bounds in itertools.combinations(range(1, L), S - 1):
         edges = (0, *bounds, L)
         cuts = list(zip(edges, edges[1:]))
         if any(acc[b] - acc[a] >= limit for acc, (a, b) in zip(times, cuts)):
             continue  # ruled out before its costs are built (most cuts are far from balanced)
+        if fill is not None and fill.reaches(cuts):
+            continue  # ... and with the pipeline's fill and drain (9 in 10 of the rest on 6 nodes)
         if any(cm.memory_bytes(a, b, j, S) > node.memory_bytes for j, (node, (a, b)) in enumerate(zip(chain, cuts))):
             continue
         for codecs in itertools.product(*options):
@@ -233,15 +240,46 @@ def simulated_best_cut(cm: CostModel, chain: list[NodeProfile], found: PipelineC
     # win (a simulation never beats its floor), so most cuts are never simulated.
     candidates.sort(key=lambda c: c[:2])
     for floor, _, cost in candidates:
-        if floor >= best.step_s:
+        if floor >= min(bound, best.step_s if best else math.inf):
             break
         # Windows by their families only where there are many cuts of long schedules to try.
         cost = cm.deepen(chain, cost, thorough=S * cm.M <= THOROUGH_EVERY_CUT)
-        if cost.step_s < best.step_s * (1 - 1e-12):
+        if best is None or cost.step_s < best.step_s * (1 - 1e-12):
             best = cost
+    if best is None or best.step_s >= bound:
+        return None
     if _shape(best) not in tried:
         best = min(best, cm.deepen(chain, best), key=lambda c: c.step_s)  # the winner's windows searched again
     return best
+
+
+class _FillAndDrain:
+    """A floor on a cut's simulation_floor (launcher/planning/sim_floor.py) from the chain's prefix
+    sums alone, for schedules whose stages run M forwards and M whole backwards (1F1B, GPipe), so
+    that a cut it puts at or above `limit` is never evaluated: building a cut's costs to read its
+    floor was most of pricing a short chain, and most cuts' floors are above the best step.
+
+    Stage j > 0 starts no sooner than the first activation has crossed every stage before it
+    (a forward, a third of l_k, and at least the latency lat_k each), runs M micro-batches of
+    its layers (l_j each, codec work only adds) and its last gradient then still crosses back
+    (at least lat_k and a backward, two thirds of l_k, each): sum_{k<j} (l_k + 2 lat_k) + M l_j.
+    Stage 0: M l_0 and its optimizer."""
+
+    def __init__(self, cm: CostModel, chain: list[NodeProfile], limit: float):
+        self.layers = [cm.layer_prefix(node) for node in chain]
+        self.latency = [cm.link(a, b)[1] for a, b in zip(chain, chain[1:])]
+        self.optimizer = cm.optimizer_prefix(chain[0])
+        self.M, self.limit = cm.M, limit * (1 + 1e-12)  # rounding keeps a cut at its floor in
+
+    def reaches(self, cuts: list[tuple[int, int]]) -> bool:
+        M, limit, before = self.M, self.limit, 0.0
+        for j, (acc, (a, b)) in enumerate(zip(self.layers, cuts)):
+            layers = acc[b] - acc[a]
+            if before + M * layers + (self.optimizer[b] - self.optimizer[a] if j == 0 else 0.0) >= limit:
+                return True
+            if j < len(self.latency):
+                before += layers + 2 * self.latency[j]
+        return False
 
 
 def _shape(cost: PipelineCost) -> tuple:

@@ -211,8 +211,12 @@ class ChainSearch:
         cost = cut_chain(self.cm, chain)
         if cost is not None and len(chain) * self.cm.M <= SIMULATE_EVERY_CHAIN:
             # Cheap here: every comparison then uses what plans report, and a chain with few
-            # cuts gets the simulation's best one.
-            cost = simulated_best_cut(self.cm, chain, cost, EVERY_CHAIN_MAX_CUTS)
+            # cuts gets the simulation's best one. Under a bound, cuts that cannot come under it
+            # are not simulated; a chain none of whose cuts does is ruled out, not remembered.
+            cost = simulated_best_cut(self.cm, chain, cost, EVERY_CHAIN_MAX_CUTS, bound)
+            if cost is None:
+                self._beyond[key] = max(bound, self._beyond.get(key, -math.inf))
+                return None
         self.remember(chain, cost)
         return cost
 

@@ -12,7 +12,11 @@ For a replica count c the candidates are sets of c disjoint chains:
   fit, times its share; launcher/planning/chain_bounds.py per_microbatch_floor), ending at the
   first pair whose floor cannot beat the best, and skipping a split when the larger of the two
   chains' lower bounds cannot. With up to SPLIT_ALL_MAX_MICROBATCHES micro-batches this search
-  alone gives the pairs (the greedy and by-region sets are among the pairs it tries).
+  alone gives the pairs (the greedy and by-region sets are among the pairs it tries), and only
+  the splits that leave each chain at most the micro-batches its bounds allow under the best
+  (_most_microbatches); beyond, a pair whose chains cannot both come under the best at half
+  (_half_steps) is not priced. Chains are priced under the best (ChainSearch.price's bound),
+  which skips the cuts that cannot come under it and rules out a chain none of whose cuts can.
 
 Each set gets micro-batches in proportion to throughput (split_microbatches); for c = 2
 with up to SPLIT_ALL_MAX_MICROBATCHES micro-batches every split is tried, otherwise the
@@ -36,8 +40,8 @@ from dataclasses import dataclass
 
 from hetlaunch.launcher.planning.chain_bounds import shared_work_floor
 from hetlaunch.launcher.planning.chain_cuts import most_compressed_codecs
-from hetlaunch.launcher.planning.chain_search import (EXHAUSTIVE_MAX_NODES, ChainSearch, candidate_chains,
-                                                      node_classes, node_speed, region_path)
+from hetlaunch.launcher.planning.chain_search import (EXHAUSTIVE_MAX_NODES, SIMULATE_EVERY_CHAIN, ChainSearch,
+                                                      candidate_chains, node_classes, node_speed, region_path)
 from hetlaunch.launcher.planning.compression import CompressionConfig
 from hetlaunch.launcher.planning.pipeline_cost import PipelineCost
 from hetlaunch.launcher.planning.profile_file import NodeProfile, Profile
@@ -99,6 +103,7 @@ class Replicas:
         self._sync = SyncModel(profile)
         self._index = {n.name: n for n in profile.nodes}
         self._by_regions: dict[tuple[int, frozenset[str]], list[NodeProfile] | None] = {}
+        self._most: dict[tuple, tuple[float, int]] = {}  # chain key -> (bound, _most_microbatches under it)
 
     def search(self, share: int) -> ChainSearch:
         if share not in self._searches:
@@ -298,10 +303,12 @@ class Replicas:
                 continue
             a, b = chains[i], chains[j]
             if self.M <= SPLIT_ALL_MAX_MICROBATCHES:
-                splits = [(m, self.M - m) for m in range(1, self.M)]
+                bound = min(best.step_s if best else math.inf, worth)
+                most_a, most_b = self._most_microbatches(a, bound), self._most_microbatches(b, bound)
+                splits = [(m, self.M - m) for m in range(max(1, self.M - most_b), most_a + 1)]
             else:
-                steps = [half.step(a, math.inf), half.step(b, math.inf)]
-                if None in steps:
+                steps = self._half_steps(half, a, b, min(best.step_s if best else math.inf, worth))
+                if steps is None:
                     continue
                 splits = [tuple(split_microbatches(self.M, [1 / s for s in steps]))]
             for m1, m2 in splits:
@@ -325,6 +332,71 @@ class Replicas:
                 if found is not None and found.step_s < bound:
                     best = found
         return best
+
+    def _most_microbatches(self, chain: list[NodeProfile], bound: float) -> int:
+        """The most micro-batches, of 1 .. M - 1, at which the chain's bounds (ChainSearch
+        lower_bound and may_beat, each over every cut that fits) leave it a chance to come under
+        `bound`; 0 at none. A pair can win only at a split that gives each chain at most its
+        most, so pairs of two chains that together cannot take M are never priced: at 64
+        micro-batches the pair search priced hundreds of chains, each fine at half, for pairs
+        whose other chain could not take the rest. Both bounds only grow with the micro-batches,
+        so the most is bisected, apart in the two ranges where may_beat simulates and where it
+        rules nothing out; and it only shrinks with the bound, so a tighter bound bisects below
+        the last answer."""
+        if math.isinf(bound):
+            return self.M - 1
+        key = self.search(1).key(chain)
+        known = self._most.get(key)
+        if known is not None and known[0] == bound:
+            return known[1]
+        S, top = len(chain), self.M - 1 if known is None else known[1]
+
+        def may(m: int) -> bool:
+            search = self.search(m)
+            return search.cm.splits_backward(S) or (search.lower_bound(chain) < bound and search.may_beat(chain, bound))
+
+        simulated = min(top, SIMULATE_EVERY_CHAIN // S)
+        most = 0
+        for low, high in ((simulated + 1, top), (1, simulated)):
+            if low > high or not may(low):
+                continue
+            while low < high:  # may(low) holds; the last m in [low, high] where it does
+                mid = (low + high + 1) // 2
+                low, high = (mid, high) if may(mid) else (low, mid - 1)
+            most = max(most, low)
+        self._most[key] = (bound, most)
+        return most
+
+    def _half_steps(self, half: ChainSearch, a: list[NodeProfile], b: list[NodeProfile],
+                    bound: float) -> list[float] | None:
+        """Both chains' steps at half the micro-batches, which split them in proportion; None when
+        a chain has no cut that fits, or when the pair cannot come under `bound` at that split.
+        Asked under the bound first, so that a chain the bound rules out is priced in full only
+        when the pair may still win (on 6 nodes at 64 micro-batches most chains the pair search
+        meets are ruled out, and pricing them was most of its time):
+        * neither under the bound at half: one of them takes at least half of any split, and a
+          chain's step only grows with its micro-batches;
+        * one, x, ruled out at half (its step s_x >= bound): the other, y, then gets at least
+          M s_x / (s_x + s_y) >= M bound / (bound + s_y) micro-batches of the proportional
+          split (rounded down), and if y's bounds rule it out there, at every share above too."""
+        chains = (a, b)
+        steps = [half.step(chain, bound) for chain in chains]
+        if any(s is None and half.key(chain) in half.memo for s, chain in zip(steps, chains)):
+            return None  # no cut of it fits (remembered as None), as the full pricing would find
+        if all(s is None or s >= bound for s in steps):
+            return None
+        for k, chain in enumerate(chains):
+            if steps[k] is not None:
+                continue
+            other, at_other = chains[1 - k], steps[1 - k]
+            least = min(self.M - 1, max(1, int(self.M * bound / (bound + at_other) * (1 - 1e-12))))
+            search = self.search(least)
+            if search.lower_bound(other) >= bound or not search.may_beat(other, bound):
+                return None
+            steps[k] = half.step(chain, math.inf)
+            if steps[k] is None:
+                return None
+        return steps
 
     def _rough_floors(self, chains: list[list[NodeProfile]]) -> list[float]:
         """Per chain, a floor at or below its per_microbatch_floor that depends on its node set only:

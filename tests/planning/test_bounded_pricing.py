@@ -1,0 +1,141 @@
+"""Pricing under a bound skips only work that could not come under it (2026-12-05): a chain priced
+under a bound is priced as without it or ruled out, and the pair search's two new tests
+(Replicas._most_microbatches, Replicas._half_steps) never drop a pair that could win."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+import pytest
+
+from hetlaunch.launcher.planning.chain_cuts import _FillAndDrain, cut_chain, simulated_best_cut
+from hetlaunch.launcher.planning.chain_search import ChainSearch, candidate_chains
+from hetlaunch.launcher.planning.compression import NONE, CompressionConfig
+from hetlaunch.launcher.planning.replicas import Replicas, split_microbatches
+from plan_reference import random_profile
+
+
+def _shape(cost):
+    return [(s.layer_start, s.layer_end, s.codec, s.window) for s in cost.stages]
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe", "zb-h1"])
+def test_a_chain_priced_under_a_bound_is_priced_as_without_it_or_ruled_out(schedule):
+    rng = random.Random(5)
+    under = over = 0
+    for _ in range(12):
+        profile = random_profile(rng, rng.randint(2, 4), rng.randint(1, 3), rng.randint(3, 7), memory_gb=(0.5, 4.0))
+        M = rng.choice([2, 4, 8, 16])
+        compression = rng.choice([NONE, CompressionConfig()])
+        chains = list(candidate_chains(profile, profile.nodes, profile.model.num_layers, None))
+        for chain in rng.sample(chains, min(6, len(chains))):
+            free = ChainSearch(profile, M, schedule, compression)
+            found = cut_chain(free.cm, chain)
+            if found is None:
+                continue
+            full = simulated_best_cut(free.cm, chain, found, 128)
+            for bound in (full.step_s * 0.9, full.step_s, full.step_s * (1 + 1e-9), full.step_s * 1.3):
+                bounded_search = ChainSearch(profile, M, schedule, compression)
+                bounded = simulated_best_cut(bounded_search.cm, chain, cut_chain(bounded_search.cm, chain), 128, bound)
+                if full.step_s < bound:
+                    assert bounded is not None and bounded.step_s == full.step_s, (bound, full.step_s)
+                    assert _shape(bounded) == _shape(full)
+                    under += 1
+                else:
+                    assert bounded is None
+                    over += 1
+                # ChainSearch.price: the same, and a chain ruled out is not remembered as priced.
+                priced = bounded_search.price(chain, bound)
+                assert (priced is None) == (full.step_s >= bound)
+                if priced is None:
+                    assert bounded_search.price(chain, math.inf).step_s == full.step_s
+    assert under > 20 and over > 20
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+def test_most_microbatches_is_at_least_every_share_where_the_chain_comes_under_the_bound(schedule):
+    """A pair is dropped when its chains' most micro-batches add up to less than M, so a chain's
+    most must never be below a share at which it prices under the bound."""
+    rng = random.Random(9)
+    below_top = 0
+    for _ in range(8):
+        profile = random_profile(rng, rng.randint(3, 4), rng.randint(1, 3), rng.randint(3, 6), memory_gb=(0.5, 4.0))
+        M = rng.choice([6, 12, 24])
+        replicas = Replicas(profile, M, schedule, rng.choice([NONE, CompressionConfig()]), None)
+        chains = list(candidate_chains(profile, profile.nodes, profile.model.num_layers, None))
+        for chain in rng.sample(chains, min(8, len(chains))):
+            steps = {m: replicas.search(m).step(chain, math.inf) for m in range(1, M)}
+            priced = sorted(s for s in steps.values() if s is not None)
+            if not priced:
+                continue
+            # Tighter and tighter, as in the pair search (a tighter bound bisects below the last answer).
+            for bound in sorted({priced[0] * 0.99, priced[len(priced) // 2], priced[-1] * 1.01}, reverse=True):
+                most = replicas._most_microbatches(chain, bound)
+                under = [m for m, s in steps.items() if s is not None and s < bound]
+                assert most >= max(under, default=0), (bound, most, under)
+                below_top += most < M - 1
+    assert below_top > 10  # it does rule shares out
+
+
+def test_half_steps_drop_only_pairs_that_cannot_come_under_the_bound():
+    """Where _half_steps drops a pair, the pair at its proportional split (from both chains' true
+    steps at half the micro-batches) prices at or above the bound, or one of its chains has no
+    cut that fits; where it keeps one, it gives those true steps."""
+    rng = random.Random(4)
+    dropped = kept = 0
+    for _ in range(6):
+        profile = random_profile(rng, 4, rng.randint(1, 3), rng.randint(4, 7), memory_gb=(0.5, 4.0))
+        M = rng.choice([40, 48, 64])
+        chains = list(candidate_chains(profile, profile.nodes, profile.model.num_layers, None))
+        truth = Replicas(profile, M, "1f1b", NONE, None)
+        half_truth = truth.search(M // 2)
+        pairs = [(a, b) for a in chains for b in chains if not {n.name for n in a} & {n.name for n in b}]
+        for a, b in rng.sample(pairs, min(40, len(pairs))):
+            steps = [half_truth.step(a, math.inf), half_truth.step(b, math.inf)]
+            if None not in steps:
+                split = split_microbatches(M, [1 / s for s in steps])
+                priced = truth.price([a, b], split)
+                at_split = math.inf if priced is None else max(p.step_s for p in priced.pipelines)
+            for bound in (min(s for s in steps if s is not None) * 1.05 if any(steps) else 1.0,
+                          max((s for s in steps if s is not None), default=1.0) * 1.5):
+                replicas = Replicas(profile, M, "1f1b", NONE, None)
+                found = replicas._half_steps(replicas.search(M // 2), a, b, bound)
+                if found is None:
+                    assert None in steps or at_split >= bound, (steps, bound, at_split)
+                    dropped += 1
+                else:
+                    assert found == steps
+                    kept += 1
+    assert dropped > 10 and kept > 10
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+def test_the_fill_and_drain_prefilter_never_rules_out_a_cut_below_its_floor(schedule):
+    """simulated_best_cut skips a cut that _FillAndDrain puts at or above the limit without
+    building its costs: that must only ever be a cut whose own floor (sim_floor.py) is there too."""
+    rng = random.Random(21)
+    skipped = 0
+    for _ in range(25):
+        profile = random_profile(rng, rng.randint(2, 4), rng.randint(1, 3), rng.randint(3, 7), memory_gb=(0.5, 4.0))
+        M = rng.choice([1, 2, 4, 8, 16])
+        cm = ChainSearch(profile, M, schedule, rng.choice([NONE, CompressionConfig()])).cm
+        chain = rng.sample(profile.nodes, rng.randint(2, len(profile.nodes)))
+        if len(chain) > cm.num_layers:
+            continue
+        for cuts in itertools.islice(_cuts(cm.num_layers, len(chain)), 40):
+            codecs = [rng.choice(cm.codec_options(j, a, b)) for j, (a, b) in enumerate(zip(chain, chain[1:]))]
+            floor = cm.floor(cm.evaluate(chain, cuts, codecs))
+            for limit in (floor * 0.5, floor * (1 - 1e-9), floor, floor * 1.5):
+                if _FillAndDrain(cm, chain, limit).reaches(cuts):
+                    assert floor >= limit * (1 - 1e-12), (cuts, floor, limit)
+                    skipped += 1
+            assert not _FillAndDrain(cm, chain, floor * 1.000001).reaches(cuts)
+    assert skipped > 50
+
+
+def _cuts(L: int, S: int):
+    for bounds in itertools.combinations(range(1, L), S - 1):
+        edges = (0, *bounds, L)
+        yield list(zip(edges, edges[1:]))
