@@ -11,9 +11,10 @@ For a replica count c the candidates are sets of c disjoint chains:
   cheapest floor first (each chain's least busiest-stage time per micro-batch over the cuts that
   fit, times its share; launcher/planning/chain_bounds.py per_microbatch_floor), ending at the
   first pair whose floor cannot beat the best, and skipping a split when the larger of the two
-  chains' lower bounds cannot. With up to SPLIT_ALL_MAX_MICROBATCHES micro-batches this search
-  alone gives the pairs (the greedy and by-region sets are among the pairs it tries), and only
-  the splits that leave each chain at most the micro-batches its bounds allow under the best
+  chains' lower bounds cannot. This search alone gives the pairs (the greedy and by-region sets
+  are among the pairs it tries; beyond SPLIT_ALL_MAX_MICROBATCHES its winner is then
+  rebalanced). With up to SPLIT_ALL_MAX_MICROBATCHES micro-batches it tries only the splits
+  that leave each chain at most the micro-batches its bounds allow under the best
   (_most_microbatches); beyond, a pair whose chains cannot both come under the best at half
   (_half_steps) is not priced. Chains are priced under the best (ChainSearch.price's bound),
   which skips the cuts that cannot come under it and rules out a chain none of whose cuts can.
@@ -123,9 +124,10 @@ class Replicas:
             return None if chain is None else self.price([self._nodes(chain)], [self.M])
         best, best_chains = None, None
         exhaustive = count == 2 and len(self.profile.nodes) <= EXHAUSTIVE_MAX_NODES
-        # The pair search tries every pair at every split there: the greedy and by-region sets
-        # are among them, and its floor-first order finds a good bound without them.
-        candidates = [] if exhaustive and self.M <= SPLIT_ALL_MAX_MICROBATCHES else self._candidate_sets(count, search)
+        # The pair search tries every pair there (at every split, or the proportional one): the
+        # greedy and by-region sets are among them, and its floor-first order finds a good bound
+        # without them (pricing them first cost a third of planning 6 nodes at 64 micro-batches).
+        candidates = [] if exhaustive else self._candidate_sets(count, search)
         for chains in candidates:
             found = self._best_split(chains, search)
             if found is not None and (best is None or found.step_s < best.step_s):
@@ -134,6 +136,8 @@ class Replicas:
             best = self._rebalance(best_chains, best)  # only the winner: each move re-cuts chains
         if exhaustive:
             best = self._best_pair(best, worth)
+            if best is not None and self.M > SPLIT_ALL_MAX_MICROBATCHES:
+                best = self._rebalance([self._nodes(p) for p in best.pipelines], best)
         return None if best is None else self._polish(best)
 
     def price(self, chains: list[list[NodeProfile]], shares: list[int]) -> PipelineSet | None:
