@@ -209,11 +209,17 @@ def simulated_best_cut(cm: CostModel, chain: list[NodeProfile], found: PipelineC
 
     `bound`: a step the caller has no use for a chain at or above. None when no cut comes under
     it; otherwise the same cut as without it. Only cuts whose floor (a step no windows can beat)
-    is at or above the bound are left out, and such a cut could not be the one under it."""
+    is at or above the bound are left out, and such a cut could not be the one under it. Not
+    applied to a chain with more than `most` cuts but at most ENUMERATE_MAX_CUTS: kept at its
+    program's cut here, it may still become a finalist of ChainSearch.best whose every cut is
+    tried, so "none under the bound" would be said of one cut only."""
     S, L = len(chain), cm.num_layers
     options = [cm.codec_options(j, a, b) for j, (a, b) in enumerate(zip(chain, chain[1:]))]
+    cuts_to_try = math.comb(L - 1, S - 1) * math.prod(len(o) for o in options)
+    if most < cuts_to_try <= ENUMERATE_MAX_CUTS:
+        bound = math.inf
     best = cm.deepen(chain, found) if bound == math.inf or cm.floor(found) < bound else None
-    if math.comb(L - 1, S - 1) * math.prod(len(o) for o in options) > most:
+    if cuts_to_try > most:
         return best if best is not None and best.step_s < bound else None
     tried = {_shape(found)}
     candidates = []

@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from hetlaunch.launcher.planning.chain_cuts import _FillAndDrain, cut_chain, simulated_best_cut
+from hetlaunch.launcher.planning.chain_cuts import ENUMERATE_MAX_CUTS, _FillAndDrain, cut_chain, simulated_best_cut
 from hetlaunch.launcher.planning.chain_search import ChainSearch, candidate_chains
 from hetlaunch.launcher.planning.compression import NONE, CompressionConfig
 from hetlaunch.launcher.planning.replicas import Replicas, split_microbatches
@@ -36,10 +36,13 @@ def test_a_chain_priced_under_a_bound_is_priced_as_without_it_or_ruled_out(sched
             if found is None:
                 continue
             full = simulated_best_cut(free.cm, chain, found, 128)
+            options = [free.cm.codec_options(j, a, b) for j, (a, b) in enumerate(zip(chain, chain[1:]))]
+            cuts = math.comb(free.cm.num_layers - 1, len(chain) - 1) * math.prod(len(o) for o in options)
+            unbounded = 128 < cuts <= ENUMERATE_MAX_CUTS  # see the test below
             for bound in (full.step_s * 0.9, full.step_s, full.step_s * (1 + 1e-9), full.step_s * 1.3):
                 bounded_search = ChainSearch(profile, M, schedule, compression)
                 bounded = simulated_best_cut(bounded_search.cm, chain, cut_chain(bounded_search.cm, chain), 128, bound)
-                if full.step_s < bound:
+                if full.step_s < bound or unbounded:
                     assert bounded is not None and bounded.step_s == full.step_s, (bound, full.step_s)
                     assert _shape(bounded) == _shape(full)
                     under += 1
@@ -48,7 +51,10 @@ def test_a_chain_priced_under_a_bound_is_priced_as_without_it_or_ruled_out(sched
                     over += 1
                 # ChainSearch.price: the same, and a chain ruled out is not remembered as priced.
                 priced = bounded_search.price(chain, bound)
-                assert (priced is None) == (full.step_s >= bound)
+                if full.step_s < bound:
+                    assert priced is not None and priced.step_s == full.step_s
+                elif not unbounded:  # else the chain bounds (exact over every cut) may still rule it out
+                    assert priced is None
                 if priced is None:
                     assert bounded_search.price(chain, math.inf).step_s == full.step_s
     assert under > 20 and over > 20
@@ -139,3 +145,23 @@ def _cuts(L: int, S: int):
     for bounds in itertools.combinations(range(1, L), S - 1):
         edges = (0, *bounds, L)
         yield list(zip(edges, edges[1:]))
+
+
+def test_a_chain_kept_at_its_programs_cut_is_not_ruled_out_by_that_cut_alone():
+    """Pricing tries every cut of a chain with up to 128; ChainSearch.best's finalists try up to
+    ENUMERATE_MAX_CUTS. A chain between the two is priced at its dynamic program's cut, so a bound
+    that rules that one cut out says nothing of the cuts a finalist would try: it is priced as
+    without a bound (it had been ruled out, found by a review of this change)."""
+    rng = random.Random(2)
+    profile = random_profile(rng, 4, 2, 12, memory_gb=(4.0, 8.0))
+    chain = profile.nodes[:4]  # 165 cuts of 12 layers into 4 stages, one codec each
+    search = ChainSearch(profile, 8, "1f1b", NONE)
+    found = cut_chain(search.cm, chain)
+    full = simulated_best_cut(search.cm, chain, found, 128)
+    bounded = simulated_best_cut(search.cm, chain, found, 128, bound=full.step_s * 0.5)
+    assert bounded is not None and bounded.step_s == full.step_s
+    # Beyond ENUMERATE_MAX_CUTS no finalist tries more cuts: there the bound applies.
+    many = random_profile(rng, 6, 2, 12, memory_gb=(4.0, 8.0))
+    six = ChainSearch(many, 8, "1f1b", NONE)
+    long_chain = many.nodes[:6]  # 462 cuts
+    assert simulated_best_cut(six.cm, long_chain, cut_chain(six.cm, long_chain), 128, bound=1e-9) is None
