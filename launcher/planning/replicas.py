@@ -7,17 +7,9 @@ For a replica count c the candidates are sets of c disjoint chains:
   MAX_REGION_SPLITS, else regions dealt by speed to the slowest group so far) and each group
   gets its best chain. This keeps each replica, and so its activations, inside its regions,
   at the price of a gradient sync across them;
-* for c = 2 on clusters of up to EXHAUSTIVE_MAX_NODES nodes: every pair of disjoint chains,
-  cheapest floor first (each chain's least busiest-stage time per micro-batch over the cuts that
-  fit, times its share; launcher/planning/chain_bounds.py per_microbatch_floor), ending at the
-  first pair whose floor cannot beat the best, and skipping a split when the larger of the two
-  chains' lower bounds cannot. This search alone gives the pairs (the greedy and by-region sets
-  are among the pairs it tries; beyond SPLIT_ALL_MAX_MICROBATCHES its winner is then
-  rebalanced). With up to SPLIT_ALL_MAX_MICROBATCHES micro-batches it tries only the splits
-  that leave each chain at most the micro-batches its bounds allow under the best
-  (_most_microbatches); beyond, a pair whose chains cannot both come under the best at half
-  (_half_steps) is not priced. Chains are priced under the best (ChainSearch.price's bound),
-  which skips the cuts that cannot come under it and rules out a chain none of whose cuts can.
+* for c = 2 on clusters of up to EXHAUSTIVE_MAX_NODES nodes, instead: every pair of disjoint
+  chains (launcher/planning/pair_search.py; the greedy and by-region sets are among them), its
+  winner rebalanced beyond SPLIT_ALL_MAX_MICROBATCHES.
 
 Each set gets micro-batches in proportion to throughput (split_microbatches); for c = 2
 with up to SPLIT_ALL_MAX_MICROBATCHES micro-batches every split is tried, otherwise the
@@ -34,50 +26,27 @@ that chain's best cut for its own step can be missed (tests/planning/test_planne
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import math
-from dataclasses import dataclass
 
-from hetlaunch.launcher.planning.chain_bounds import shared_work_floor
 from hetlaunch.launcher.planning.chain_cuts import most_compressed_codecs
-from hetlaunch.launcher.planning.chain_search import (EXHAUSTIVE_MAX_NODES, SIMULATE_EVERY_CHAIN, ChainSearch,
-                                                      candidate_chains, node_classes, node_speed, region_path)
+from hetlaunch.launcher.planning.chain_search import (EXHAUSTIVE_MAX_NODES, ChainSearch, node_classes, node_speed,
+                                                      region_path)
 from hetlaunch.launcher.planning.compression import CompressionConfig
+from hetlaunch.launcher.planning.pair_search import SPLIT_ALL_MAX_MICROBATCHES, PairSearch
 from hetlaunch.launcher.planning.pipeline_cost import PipelineCost
+from hetlaunch.launcher.planning.pipeline_set import PipelineSet, split_microbatches
 from hetlaunch.launcher.planning.profile_file import NodeProfile, Profile
-from hetlaunch.launcher.planning.sync_cost import SyncCost, SyncModel, plan_step_s
+from hetlaunch.launcher.planning.sync_cost import SyncModel, plan_step_s
 
-SPLIT_ALL_MAX_MICROBATCHES = 32  # two pipelines: every split tried up to this many micro-batches
+__all__ = ["PipelineSet", "Replicas", "replica_counts", "split_microbatches"]  # the last two from pipeline_set.py
+
 POLISH_MAX_STAGES = 16  # sets with up to this many stages in all get their cuts polished for the sync
 # Every split of the regions among the replicas is tried while there are at most this many
 # (2 replicas over 7 regions: 63; 4 over 6: 65); beyond, regions are dealt by speed. Each split
 # costs a chain search per new group of regions: all 350 splits of 7 regions into 4 about
 # tripled the time to plan 256 nodes.
 MAX_REGION_SPLITS = 100
-
-
-@dataclass
-class PipelineSet:
-    pipelines: list[PipelineCost]  # each at its own share of the micro-batches
-    sync: list[SyncCost]
-    step_s: float
-
-
-def split_microbatches(total: int, throughputs: list[float]) -> list[int]:
-    """Micro-batches per pipeline in proportion to throughput, each at least 1, summing to total."""
-    if total < len(throughputs):
-        raise ValueError(f"{total} micro-batches cannot give each of {len(throughputs)} pipelines one")
-    raw = [total * t / sum(throughputs) for t in throughputs]
-    counts = [max(1, int(r)) for r in raw]
-    while sum(counts) > total:  # taken from those above one: a pipeline never drops to 0 (a slow one
-        # whose raw share rounds to 1 while a fast one rounds down once made a 0 there: cost_model's ÷ 0)
-        i = max((k for k in range(len(counts)) if counts[k] > 1), key=lambda k: counts[k] - raw[k])
-        counts[i] -= 1
-    while sum(counts) < total:
-        i = max(range(len(counts)), key=lambda k: raw[k] - counts[k])
-        counts[i] += 1
-    return counts
 
 
 def replica_counts(max_pipelines: int, num_nodes: int, num_microbatches: int) -> list[int]:
@@ -104,7 +73,6 @@ class Replicas:
         self._sync = SyncModel(profile)
         self._index = {n.name: n for n in profile.nodes}
         self._by_regions: dict[tuple[int, frozenset[str]], list[NodeProfile] | None] = {}
-        self._most: dict[tuple, tuple[float, int]] = {}  # chain key -> (bound, _most_microbatches under it)
 
     def search(self, share: int) -> ChainSearch:
         if share not in self._searches:
@@ -135,7 +103,7 @@ class Replicas:
         if best is not None and (count > 2 or self.M > SPLIT_ALL_MAX_MICROBATCHES):
             best = self._rebalance(best_chains, best)  # only the winner: each move re-cuts chains
         if exhaustive:
-            best = self._best_pair(best, worth)
+            best = PairSearch(self).best(best, worth)
             if best is not None and self.M > SPLIT_ALL_MAX_MICROBATCHES:
                 best = self._rebalance([self._nodes(p) for p in best.pipelines], best)
         return None if best is None else self._polish(best)
@@ -279,146 +247,6 @@ class Replicas:
             current = trial
         return current
 
-    def _best_pair(self, best: PipelineSet | None, worth: float) -> PipelineSet | None:
-        """Every pair of disjoint chains, each at every share (or the proportional one when the
-        micro-batches are many), most promising first. A pair's floor is the least, over its
-        splits, of the larger of its chains' per-micro-batch floors times their shares; the
-        search ends at the first pair whose floor cannot win or come under `worth`, and skips a
-        split whose floor or whose chains' lower bounds cannot."""
-        chains = list(candidate_chains(self.profile, self.profile.nodes, self.profile.model.num_layers, self.stages))
-        one = self.search(1)  # its cuts fit wherever a larger share's do
-        floors: dict[int, float] = {}
-        rough = self._rough_floors(chains)
-        # Pairs by a cheap floor first, refined to the chains' own floors when the pair comes up
-        # (a refined floor is never lower), so only the chains of promising pairs pay for theirs.
-        queue = [(_pair_floor(rough[i], rough[j], self.M), False, i, j) for i, j in _disjoint_pairs(chains)]
-        heapq.heapify(queue)
-        half = self.search(max(1, self.M // 2))
-        seen: set[tuple] = set()
-        while queue:
-            floor, refined, i, j = heapq.heappop(queue)
-            if floor >= min(best.step_s if best else math.inf, worth):
-                break
-            if not refined:
-                for k in (i, j):
-                    if k not in floors:
-                        floors[k] = one.per_microbatch_floor(chains[k])
-                heapq.heappush(queue, (_pair_floor(floors[i], floors[j], self.M), True, i, j))
-                continue
-            a, b = chains[i], chains[j]
-            if self.M <= SPLIT_ALL_MAX_MICROBATCHES:
-                bound = min(best.step_s if best else math.inf, worth)
-                most_a, most_b = self._most_microbatches(a, bound), self._most_microbatches(b, bound)
-                splits = [(m, self.M - m) for m in range(max(1, self.M - most_b), most_a + 1)]
-            else:
-                steps = self._half_steps(half, a, b, min(best.step_s if best else math.inf, worth))
-                if steps is None:
-                    continue
-                splits = [tuple(split_microbatches(self.M, [1 / s for s in steps]))]
-            for m1, m2 in splits:
-                bound = min(best.step_s if best else math.inf, worth)
-                if max(m1 * floors[i], m2 * floors[j]) >= bound:
-                    continue
-                key = (self.search(m1).key(a), m1, self.search(m2).key(b), m2)
-                if key in seen:
-                    continue  # the same node types in the same places: the same cost
-                seen.add(key)
-                first, second = self.search(m1), self.search(m2)
-                if max(first.lower_bound(a), second.lower_bound(b)) >= bound:
-                    continue
-                step_a = first.step(a, bound)
-                if step_a is None or step_a >= bound:
-                    continue
-                step_b = second.step(b, bound)
-                if step_b is None or step_b >= bound:
-                    continue
-                found = self.price([a, b], [m1, m2])
-                if found is not None and found.step_s < bound:
-                    best = found
-        return best
-
-    def _most_microbatches(self, chain: list[NodeProfile], bound: float) -> int:
-        """The most micro-batches, of 1 .. M - 1, at which the chain's bounds (ChainSearch
-        lower_bound and may_beat, each over every cut that fits) leave it a chance to come under
-        `bound`; 0 at none. A pair can win only at a split that gives each chain at most its
-        most, so pairs of two chains that together cannot take M are never priced: at 64
-        micro-batches the pair search priced hundreds of chains, each fine at half, for pairs
-        whose other chain could not take the rest. Both bounds only grow with the micro-batches,
-        so the most is bisected, apart in the two ranges where may_beat simulates and where it
-        rules nothing out; and it only shrinks with the bound, so a tighter bound bisects below
-        the last answer."""
-        if math.isinf(bound):
-            return self.M - 1
-        key = self.search(1).key(chain)
-        known = self._most.get(key)
-        if known is not None and known[0] == bound:
-            return known[1]
-        S, top = len(chain), self.M - 1 if known is None else known[1]
-
-        def may(m: int) -> bool:
-            search = self.search(m)
-            return search.cm.splits_backward(S) or (search.lower_bound(chain) < bound and search.may_beat(chain, bound))
-
-        simulated = min(top, SIMULATE_EVERY_CHAIN // S)
-        most = 0
-        for low, high in ((simulated + 1, top), (1, simulated)):
-            if low > high or not may(low):
-                continue
-            while low < high:  # may(low) holds; the last m in [low, high] where it does
-                mid = (low + high + 1) // 2
-                low, high = (mid, high) if may(mid) else (low, mid - 1)
-            most = max(most, low)
-        self._most[key] = (bound, most)
-        return most
-
-    def _half_steps(self, half: ChainSearch, a: list[NodeProfile], b: list[NodeProfile],
-                    bound: float) -> list[float] | None:
-        """Both chains' steps at half the micro-batches, which split them in proportion; None when
-        a chain has no cut that fits, or when the pair cannot come under `bound` at that split.
-        Asked under the bound first, so that a chain the bound rules out is priced in full only
-        when the pair may still win (on 6 nodes at 64 micro-batches most chains the pair search
-        meets are ruled out, and pricing them was most of its time):
-        * neither under the bound at half: one of them takes at least half of any split, and a
-          chain's step only grows with its micro-batches;
-        * one, x, ruled out at half (its step s_x >= bound): the other, y, then gets at least
-          M s_x / (s_x + s_y) >= M bound / (bound + s_y) micro-batches of the proportional
-          split (rounded down), and if y's bounds rule it out there, at every share above too."""
-        chains = (a, b)
-        steps = [half.step(chain, bound) for chain in chains]
-        if any(s is None and half.key(chain) in half.memo for s, chain in zip(steps, chains)):
-            return None  # no cut of it fits (remembered as None), as the full pricing would find
-        if all(s is None or s >= bound for s in steps):
-            return None
-        for k, chain in enumerate(chains):
-            if steps[k] is not None:
-                continue
-            other, at_other = chains[1 - k], steps[1 - k]
-            least = min(self.M - 1, max(1, int(self.M * bound / (bound + at_other) * (1 - 1e-12))))
-            search = self.search(least)
-            if search.lower_bound(other) >= bound or not search.may_beat(other, bound):
-                return None
-            steps[k] = half.step(chain, math.inf)
-            if steps[k] is None:
-                return None
-        return steps
-
-    def _rough_floors(self, chains: list[list[NodeProfile]]) -> list[float]:
-        """Per chain, a floor at or below its per_microbatch_floor that depends on its node set only:
-        each layer at the set's fastest node, the work shared perfectly among them (the layers'
-        times alone, which every stage's per-micro-batch time includes)."""
-        by_set: dict[frozenset, float] = {}
-        out = []
-        cm = self.search(1).cm
-        for chain in chains:
-            if cm.splits_backward(len(chain)):
-                out.append(0.0)  # a split backward: per_microbatch_floor has none either
-                continue
-            names = frozenset(n.name for n in chain)
-            if names not in by_set:
-                by_set[names] = shared_work_floor([cm.layer_prefix(n) for n in chain])
-            out.append(by_set[names])
-        return out
-
     def _polish(self, current: PipelineSet) -> PipelineSet:
         """Each pipeline was cut for its own step; the sync groups follow the cuts, so move single
         stage boundaries by one layer while that lowers the plan step (small sets only)."""
@@ -451,40 +279,6 @@ class Replicas:
         sync = self._sync.costs(costs, self.compression)
         step = plan_step_s(costs, sync)
         return PipelineSet(costs, sync, step) if step < current.step_s * (1 - 1e-12) else None
-
-
-def _disjoint_pairs(chains: list[list[NodeProfile]]):
-    """(i, j), i < j, for every two chains without a node in common: by node set, so the pairs
-    that share a node are never looked at (six nodes have some 1,900 chains, 1.9 million pairs
-    and 4,000 disjoint ones)."""
-    bits: dict[str, int] = {}
-    by_mask: dict[int, list[int]] = {}
-    for i, chain in enumerate(chains):
-        mask = 0
-        for n in chain:
-            mask |= 1 << bits.setdefault(n.name, len(bits))
-        by_mask.setdefault(mask, []).append(i)
-    masks = sorted(by_mask)
-    for x, first in enumerate(masks):
-        for second in masks[x + 1:]:
-            if first & second:
-                continue
-            for i in by_mask[first]:
-                for j in by_mask[second]:
-                    yield (i, j) if i < j else (j, i)
-
-
-def _pair_floor(first: float, second: float, total: int) -> float:
-    """The least, over splits m + (total - m) with each at least 1, of max(m first, (total - m) second)."""
-    if total < 2:
-        return math.inf
-    balanced = total * second / (first + second) if first + second > 0 else 1.0
-    if math.isnan(balanced):  # both floors infinite
-        return math.inf
-    candidates = {1, total - 1}
-    if math.isfinite(balanced):
-        candidates |= {min(max(int(balanced) + k, 1), total - 1) for k in (0, 1)}
-    return min(max(m * first, (total - m) * second) for m in candidates)
 
 
 def _stirling2(n: int, k: int) -> int:

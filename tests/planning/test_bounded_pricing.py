@@ -1,6 +1,6 @@
 """Pricing under a bound skips only work that could not come under it (2026-12-05): a chain priced
 under a bound is priced as without it or ruled out, and the pair search's two new tests
-(Replicas._most_microbatches, Replicas._half_steps) never drop a pair that could win."""
+(launcher/planning/pair_search.py most_microbatches, half_steps) never drop a pair that could win."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 from hetlaunch.launcher.planning.chain_cuts import ENUMERATE_MAX_CUTS, _FillAndDrain, cut_chain, simulated_best_cut
 from hetlaunch.launcher.planning.chain_search import ChainSearch, candidate_chains
 from hetlaunch.launcher.planning.compression import NONE, CompressionConfig
+from hetlaunch.launcher.planning.pair_search import PairSearch
 from hetlaunch.launcher.planning.replicas import Replicas, split_microbatches
 from plan_reference import random_profile
 
@@ -70,6 +71,7 @@ def test_most_microbatches_is_at_least_every_share_where_the_chain_comes_under_t
         profile = random_profile(rng, rng.randint(3, 4), rng.randint(1, 3), rng.randint(3, 6), memory_gb=(0.5, 4.0))
         M = rng.choice([6, 12, 24])
         replicas = Replicas(profile, M, schedule, rng.choice([NONE, CompressionConfig()]), None)
+        pairs = PairSearch(replicas)
         chains = list(candidate_chains(profile, profile.nodes, profile.model.num_layers, None))
         for chain in rng.sample(chains, min(8, len(chains))):
             steps = {m: replicas.search(m).step(chain, math.inf) for m in range(1, M)}
@@ -78,7 +80,7 @@ def test_most_microbatches_is_at_least_every_share_where_the_chain_comes_under_t
                 continue
             # Tighter and tighter, as in the pair search (a tighter bound bisects below the last answer).
             for bound in sorted({priced[0] * 0.99, priced[len(priced) // 2], priced[-1] * 1.01}, reverse=True):
-                most = replicas._most_microbatches(chain, bound)
+                most = pairs.most_microbatches(chain, bound)
                 under = [m for m, s in steps.items() if s is not None and s < bound]
                 assert most >= max(under, default=0), (bound, most, under)
                 below_top += most < M - 1
@@ -86,7 +88,7 @@ def test_most_microbatches_is_at_least_every_share_where_the_chain_comes_under_t
 
 
 def test_half_steps_drop_only_pairs_that_cannot_come_under_the_bound():
-    """Where _half_steps drops a pair, the pair at its proportional split (from both chains' true
+    """Where half_steps drops a pair, the pair at its proportional split (from both chains' true
     steps at half the micro-batches) prices at or above the bound, or one of its chains has no
     cut that fits; where it keeps one, it gives those true steps."""
     rng = random.Random(4)
@@ -107,7 +109,7 @@ def test_half_steps_drop_only_pairs_that_cannot_come_under_the_bound():
             for bound in (min(s for s in steps if s is not None) * 1.05 if any(steps) else 1.0,
                           max((s for s in steps if s is not None), default=1.0) * 1.5):
                 replicas = Replicas(profile, M, "1f1b", NONE, None)
-                found = replicas._half_steps(replicas.search(M // 2), a, b, bound)
+                found = PairSearch(replicas).half_steps(replicas.search(M // 2), a, b, bound)
                 if found is None:
                     assert None in steps or at_split >= bound, (steps, bound, at_split)
                     dropped += 1

@@ -13,7 +13,8 @@ import pytest
 from hetlaunch.launcher.planning.chain_bounds import fills_under
 from hetlaunch.launcher.planning.chain_search import ChainSearch, candidate_chains
 from hetlaunch.launcher.planning.compression import NONE, CompressionConfig
-from hetlaunch.launcher.planning.replicas import Replicas, _disjoint_pairs, _pair_floor
+from hetlaunch.launcher.planning.pair_search import PairSearch, _disjoint_pairs, _pair_floor
+from hetlaunch.launcher.planning.replicas import Replicas
 from hetlaunch.launcher.planning.sim_floor import stage_shapes
 from hetlaunch.launcher.planning.windows import EXHAUSTIVE_VECTORS, admissible, admissible_count
 from plan_reference import random_profile, uniform_profile
@@ -220,7 +221,7 @@ def test_the_pair_searchs_rough_floor_is_at_or_below_the_refined_one(schedule):
         replicas = Replicas(profile, 8, schedule, NONE, None)
         chains = list(candidate_chains(profile, profile.nodes, profile.model.num_layers, None))
         one = replicas.search(1)
-        for chain, rough in zip(chains, replicas._rough_floors(chains)):
+        for chain, rough in zip(chains, PairSearch(replicas).rough_floors(chains)):
             assert rough <= one.per_microbatch_floor(chain), [n.name for n in chain]
             assert rough > 0 or schedule == "zb-h1"
 

@@ -1,0 +1,215 @@
+"""Two pipelines on a small cluster: every pair of disjoint chains, most promising first.
+
+For c = 2 on clusters of up to EXHAUSTIVE_MAX_NODES nodes (launcher/planning/replicas.py) the
+pair search tries every pair of disjoint chains, cheapest floor first (each chain's least
+busiest-stage time per micro-batch over the cuts that fit, times its share;
+launcher/planning/chain_bounds.py per_microbatch_floor), ending at the first pair whose floor
+cannot beat the best, and skipping a split when the larger of the two chains' lower bounds
+cannot. With up to SPLIT_ALL_MAX_MICROBATCHES micro-batches it tries every split that leaves
+each chain at most the micro-batches its bounds allow under the best (most_microbatches);
+beyond, the proportional split of the chains' steps at half the micro-batches, and a pair
+whose chains cannot both come under the best there (half_steps) is not priced. Chains are
+priced under the best (ChainSearch.price's bound), which skips the cuts that cannot come
+under it and rules out a chain none of whose cuts can.
+
+Without sync cost (no parameters) the search is exact for up to SPLIT_ALL_MAX_MICROBATCHES
+micro-batches; with sync, a plan whose best cut of a chain is not that chain's best cut for
+its own step can be missed (tests/planning/test_planner_dp.py measures it).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from typing import TYPE_CHECKING
+
+from hetlaunch.launcher.planning.chain_bounds import shared_work_floor
+from hetlaunch.launcher.planning.chain_search import SIMULATE_EVERY_CHAIN, ChainSearch, candidate_chains
+from hetlaunch.launcher.planning.pipeline_set import PipelineSet, split_microbatches
+from hetlaunch.launcher.planning.profile_file import NodeProfile
+
+if TYPE_CHECKING:  # replicas.py runs the search and imports this module
+    from hetlaunch.launcher.planning.replicas import Replicas
+
+SPLIT_ALL_MAX_MICROBATCHES = 32  # two pipelines: every split tried up to this many micro-batches
+
+
+class PairSearch:
+    """The pair search of one Replicas (its chain searches by share and its pricing with sync)."""
+
+    def __init__(self, replicas: Replicas):
+        self.replicas, self.M = replicas, replicas.M
+        self._most: dict[tuple, tuple[float, int]] = {}  # chain key -> (bound, most_microbatches under it)
+
+    def best(self, best: PipelineSet | None, worth: float) -> PipelineSet | None:
+        """Every pair of disjoint chains, each at every share (or the proportional one when the
+        micro-batches are many), most promising first. A pair's floor is the least, over its
+        splits, of the larger of its chains' per-micro-batch floors times their shares; the
+        search ends at the first pair whose floor cannot win or come under `worth`, and skips a
+        split whose floor or whose chains' lower bounds cannot."""
+        chains = list(candidate_chains(self.replicas.profile, self.replicas.profile.nodes, self.replicas.profile.model.num_layers, self.replicas.stages))
+        one = self.replicas.search(1)  # its cuts fit wherever a larger share's do
+        floors: dict[int, float] = {}
+        rough = self.rough_floors(chains)
+        # Pairs by a cheap floor first, refined to the chains' own floors when the pair comes up
+        # (a refined floor is never lower), so only the chains of promising pairs pay for theirs.
+        queue = [(_pair_floor(rough[i], rough[j], self.M), False, i, j) for i, j in _disjoint_pairs(chains)]
+        heapq.heapify(queue)
+        half = self.replicas.search(max(1, self.M // 2))
+        seen: set[tuple] = set()
+        while queue:
+            floor, refined, i, j = heapq.heappop(queue)
+            if floor >= min(best.step_s if best else math.inf, worth):
+                break
+            if not refined:
+                for k in (i, j):
+                    if k not in floors:
+                        floors[k] = one.per_microbatch_floor(chains[k])
+                heapq.heappush(queue, (_pair_floor(floors[i], floors[j], self.M), True, i, j))
+                continue
+            a, b = chains[i], chains[j]
+            if self.M <= SPLIT_ALL_MAX_MICROBATCHES:
+                bound = min(best.step_s if best else math.inf, worth)
+                most_a, most_b = self.most_microbatches(a, bound), self.most_microbatches(b, bound)
+                splits = [(m, self.M - m) for m in range(max(1, self.M - most_b), most_a + 1)]
+            else:
+                steps = self.half_steps(half, a, b, min(best.step_s if best else math.inf, worth))
+                if steps is None:
+                    continue
+                splits = [tuple(split_microbatches(self.M, [1 / s for s in steps]))]
+            for m1, m2 in splits:
+                bound = min(best.step_s if best else math.inf, worth)
+                if max(m1 * floors[i], m2 * floors[j]) >= bound:
+                    continue
+                key = (self.replicas.search(m1).key(a), m1, self.replicas.search(m2).key(b), m2)
+                if key in seen:
+                    continue  # the same node types in the same places: the same cost
+                seen.add(key)
+                first, second = self.replicas.search(m1), self.replicas.search(m2)
+                if max(first.lower_bound(a), second.lower_bound(b)) >= bound:
+                    continue
+                step_a = first.step(a, bound)
+                if step_a is None or step_a >= bound:
+                    continue
+                step_b = second.step(b, bound)
+                if step_b is None or step_b >= bound:
+                    continue
+                found = self.replicas.price([a, b], [m1, m2])
+                if found is not None and found.step_s < bound:
+                    best = found
+        return best
+
+    def most_microbatches(self, chain: list[NodeProfile], bound: float) -> int:
+        """The most micro-batches, of 1 .. M - 1, at which the chain's bounds (ChainSearch
+        lower_bound and may_beat, each over every cut that fits) leave it a chance to come under
+        `bound`; 0 at none. A pair can win only at a split that gives each chain at most its
+        most, so pairs of two chains that together cannot take M are never priced: at 64
+        micro-batches the pair search priced hundreds of chains, each fine at half, for pairs
+        whose other chain could not take the rest. Both bounds only grow with the micro-batches,
+        so the most is bisected, apart in the two ranges where may_beat simulates and where it
+        rules nothing out; and it only shrinks with the bound, so a tighter bound bisects below
+        the last answer."""
+        if math.isinf(bound):
+            return self.M - 1
+        key = self.replicas.search(1).key(chain)
+        known = self._most.get(key)
+        if known is not None and known[0] == bound:
+            return known[1]
+        S, top = len(chain), self.M - 1 if known is None else known[1]
+
+        def may(m: int) -> bool:
+            search = self.replicas.search(m)
+            return search.cm.splits_backward(S) or (search.lower_bound(chain) < bound and search.may_beat(chain, bound))
+
+        simulated = min(top, SIMULATE_EVERY_CHAIN // S)
+        most = 0
+        for low, high in ((simulated + 1, top), (1, simulated)):
+            if low > high or not may(low):
+                continue
+            while low < high:  # may(low) holds; the last m in [low, high] where it does
+                mid = (low + high + 1) // 2
+                low, high = (mid, high) if may(mid) else (low, mid - 1)
+            most = max(most, low)
+        self._most[key] = (bound, most)
+        return most
+
+    def half_steps(self, half: ChainSearch, a: list[NodeProfile], b: list[NodeProfile],
+                    bound: float) -> list[float] | None:
+        """Both chains' steps at half the micro-batches, which split them in proportion; None when
+        a chain has no cut that fits, or when the pair cannot come under `bound` at that split.
+        Asked under the bound first, so that a chain the bound rules out is priced in full only
+        when the pair may still win (on 6 nodes at 64 micro-batches most chains the pair search
+        meets are ruled out, and pricing them was most of its time):
+        * neither under the bound at half: one of them takes at least half of any split, and a
+          chain's step only grows with its micro-batches;
+        * one, x, ruled out at half (its step s_x >= bound): the other, y, then gets at least
+          M s_x / (s_x + s_y) >= M bound / (bound + s_y) micro-batches of the proportional
+          split (rounded down), and if y's bounds rule it out there, at every share above too."""
+        chains = (a, b)
+        steps = [half.step(chain, bound) for chain in chains]
+        if any(s is None and half.key(chain) in half.memo for s, chain in zip(steps, chains)):
+            return None  # no cut of it fits (remembered as None), as the full pricing would find
+        if all(s is None or s >= bound for s in steps):
+            return None
+        for k, chain in enumerate(chains):
+            if steps[k] is not None:
+                continue
+            other, at_other = chains[1 - k], steps[1 - k]
+            least = min(self.M - 1, max(1, int(self.M * bound / (bound + at_other) * (1 - 1e-12))))
+            search = self.replicas.search(least)
+            if search.lower_bound(other) >= bound or not search.may_beat(other, bound):
+                return None
+            steps[k] = half.step(chain, math.inf)
+            if steps[k] is None:
+                return None
+        return steps
+
+    def rough_floors(self, chains: list[list[NodeProfile]]) -> list[float]:
+        """Per chain, a floor at or below its per_microbatch_floor that depends on its node set only:
+        each layer at the set's fastest node, the work shared perfectly among them (the layers'
+        times alone, which every stage's per-micro-batch time includes)."""
+        by_set: dict[frozenset, float] = {}
+        out = []
+        cm = self.replicas.search(1).cm
+        for chain in chains:
+            if cm.splits_backward(len(chain)):
+                out.append(0.0)  # a split backward: per_microbatch_floor has none either
+                continue
+            names = frozenset(n.name for n in chain)
+            if names not in by_set:
+                by_set[names] = shared_work_floor([cm.layer_prefix(n) for n in chain])
+            out.append(by_set[names])
+        return out
+
+def _disjoint_pairs(chains: list[list[NodeProfile]]):
+    """(i, j), i < j, for every two chains without a node in common: by node set, so the pairs
+    that share a node are never looked at (six nodes have some 1,900 chains, 1.9 million pairs
+    and 4,000 disjoint ones)."""
+    bits: dict[str, int] = {}
+    by_mask: dict[int, list[int]] = {}
+    for i, chain in enumerate(chains):
+        mask = 0
+        for n in chain:
+            mask |= 1 << bits.setdefault(n.name, len(bits))
+        by_mask.setdefault(mask, []).append(i)
+    masks = sorted(by_mask)
+    for x, first in enumerate(masks):
+        for second in masks[x + 1:]:
+            if first & second:
+                continue
+            for i in by_mask[first]:
+                for j in by_mask[second]:
+                    yield (i, j) if i < j else (j, i)
+
+
+def _pair_floor(first: float, second: float, total: int) -> float:
+    """The least, over splits m + (total - m) with each at least 1, of max(m first, (total - m) second)."""
+    if total < 2:
+        return math.inf
+    balanced = total * second / (first + second) if first + second > 0 else 1.0
+    if math.isnan(balanced):  # both floors infinite
+        return math.inf
+    candidates = {1, total - 1}
+    if math.isfinite(balanced):
+        candidates |= {min(max(int(balanced) + k, 1), total - 1) for k in (0, 1)}
+    return min(max(m * first, (total - m) * second) for m in candidates)
