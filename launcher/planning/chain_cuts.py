@@ -207,32 +207,60 @@ def simulated_best_cut(cm: CostModel, chain: list[NodeProfile], found: PipelineC
     windows its simulation prices best (CostModel.deepen: shaped families per cut, the full
     window search for the one that wins).
 
-    `bound`: a step the caller has no use for a chain at or above. None when no cut comes under
-    it; otherwise the same cut as without it. Only cuts whose floor (a step no windows can beat)
-    is at or above the bound are left out, and such a cut could not be the one under it. Not
-    applied to a chain with more than `most` cuts but at most ENUMERATE_MAX_CUTS: kept at its
-    program's cut here, it may still become a finalist of ChainSearch.best whose every cut is
-    tried, so "none under the bound" would be said of one cut only."""
+    `bound`: a step the caller has no use for a chain at or above: None when the result would be
+    there, else the same result as without it. Only what cannot change the result is skipped: a
+    chain every one of whose cuts has its floor (a step no windows can beat) at or above the
+    bound is ruled out unsimulated; any other is searched as without the bound, since a cut above
+    it can still decide which cut wins before the winner's full window search brings it under
+    (a review found the bound applied inside the search ruling out chains that came under it).
+    A chain with more than `most` cuts but at most ENUMERATE_MAX_CUTS is priced as without a
+    bound: kept at its program's cut here, it may become a finalist of ChainSearch.best, whose
+    every cut is tried."""
     S, L = len(chain), cm.num_layers
     options = [cm.codec_options(j, a, b) for j, (a, b) in enumerate(zip(chain, chain[1:]))]
     cuts_to_try = math.comb(L - 1, S - 1) * math.prod(len(o) for o in options)
-    if most < cuts_to_try <= ENUMERATE_MAX_CUTS:
-        bound = math.inf
-    best = cm.deepen(chain, found) if bound == math.inf or cm.floor(found) < bound else None
     if cuts_to_try > most:
-        return best if best is not None and best.step_s < bound else None
+        if most < cuts_to_try <= ENUMERATE_MAX_CUTS:
+            return cm.deepen(chain, found)
+        if cm.floor(found) >= bound:
+            return None  # its one cut's price is at least its floor
+        best = cm.deepen(chain, found)
+        return None if best.step_s >= bound else best  # a NaN step goes on to the caller, as unbounded
+    if bound < math.inf and cm.floor(found) >= bound and all(
+            floor >= bound for floor, _ in _cut_floors(cm, chain, options, bound)):
+        return None
+    best = cm.deepen(chain, found)
     tried = {_shape(found)}
-    candidates = []
+    candidates = [(floor, k, cost) for k, (floor, cost) in enumerate(_cut_floors(cm, chain, options, best.step_s))
+                  if _shape(cost) not in tried]
+    # Most promising floor first: once a floor reaches the best simulated step, no later cut can
+    # win (a simulation never beats its floor), so most cuts are never simulated.
+    candidates.sort(key=lambda c: c[:2])
+    for floor, _, cost in candidates:
+        if floor >= best.step_s:
+            break
+        # Windows by their families only where there are many cuts of long schedules to try.
+        cost = cm.deepen(chain, cost, thorough=S * cm.M <= THOROUGH_EVERY_CUT)
+        if cost.step_s < best.step_s * (1 - 1e-12):
+            best = cost
+    if _shape(best) not in tried:
+        best = min(best, cm.deepen(chain, best), key=lambda c: c.step_s)  # the winner's windows searched again
+    return None if best.step_s >= bound else best
+
+
+def _cut_floors(cm: CostModel, chain: list[NodeProfile], options: list[list[str]], limit: float):
+    """(floor, cost) of every cut and codecs of the chain that fits memory, but cuts whose floor
+    is surely at or above `limit`: those are never built."""
+    S, L = len(chain), cm.num_layers
     times = [cm.time_prefix(node) for node in chain]
-    # A stage's M micro-batches alone at or above the best: its floor is too, where a backward is
+    # A stage's M micro-batches alone at or above the limit: its floor is too, where a backward is
     # one B (a split one is priced from the I and W measured, which need not add up to it).
-    whole = not cm.splits_backward(S)
-    limit = min(bound, best.step_s if best else math.inf) / cm.M if whole else math.inf
-    fill = _FillAndDrain(cm, chain, limit * cm.M) if cm.rules.forward_backward_only else None
+    per_microbatch = limit / cm.M if not cm.splits_backward(S) else math.inf
+    fill = _FillAndDrain(cm, chain, limit) if cm.rules.forward_backward_only else None
     for bounds in itertools.combinations(range(1, L), S - 1):
         edges = (0, *bounds, L)
         cuts = list(zip(edges, edges[1:]))
-        if any(acc[b] - acc[a] >= limit for acc, (a, b) in zip(times, cuts)):
+        if any(acc[b] - acc[a] >= per_microbatch for acc, (a, b) in zip(times, cuts)):
             continue  # ruled out before its costs are built (most cuts are far from balanced)
         if fill is not None and fill.reaches(cuts):
             continue  # ... and with the pipeline's fill and drain (9 in 10 of the rest on 6 nodes)
@@ -240,23 +268,7 @@ def simulated_best_cut(cm: CostModel, chain: list[NodeProfile], found: PipelineC
             continue
         for codecs in itertools.product(*options):
             cost = cm.evaluate(chain, cuts, list(codecs))
-            if _shape(cost) not in tried:
-                candidates.append((cm.floor(cost), len(candidates), cost))
-    # Most promising floor first: once a floor reaches the best simulated step, no later cut can
-    # win (a simulation never beats its floor), so most cuts are never simulated.
-    candidates.sort(key=lambda c: c[:2])
-    for floor, _, cost in candidates:
-        if floor >= min(bound, best.step_s if best else math.inf):
-            break
-        # Windows by their families only where there are many cuts of long schedules to try.
-        cost = cm.deepen(chain, cost, thorough=S * cm.M <= THOROUGH_EVERY_CUT)
-        if best is None or cost.step_s < best.step_s * (1 - 1e-12):
-            best = cost
-    if best is None or best.step_s >= bound:
-        return None
-    if _shape(best) not in tried:
-        best = min(best, cm.deepen(chain, best), key=lambda c: c.step_s)  # the winner's windows searched again
-    return best
+            yield cm.floor(cost), cost
 
 
 class _FillAndDrain:

@@ -7,10 +7,9 @@ launcher/planning/chain_bounds.py per_microbatch_floor), ending at the first pai
 cannot beat the best, and skipping a split when the larger of the two chains' lower bounds
 cannot. With up to SPLIT_ALL_MAX_MICROBATCHES micro-batches it tries every split that leaves
 each chain at most the micro-batches its bounds allow under the best (most_microbatches);
-beyond, the proportional split of the chains' steps at half the micro-batches, and a pair
-whose chains cannot both come under the best there (half_steps) is not priced. Chains are
-priced under the best (ChainSearch.price's bound), which skips the cuts that cannot come
-under it and rules out a chain none of whose cuts can.
+beyond, the proportional split of the chains' steps at half the micro-batches. Chains are
+priced under the best (ChainSearch.price's bound), which rules out unsimulated a chain every
+one of whose cuts has its floor at or above it.
 
 Without sync cost (no parameters) the search is exact for up to SPLIT_ALL_MAX_MICROBATCHES
 micro-batches; with sync, a plan whose best cut of a chain is not that chain's best cut for
@@ -24,7 +23,7 @@ import math
 from typing import TYPE_CHECKING
 
 from hetlaunch.launcher.planning.chain_bounds import shared_work_floor
-from hetlaunch.launcher.planning.chain_search import SIMULATE_EVERY_CHAIN, ChainSearch, candidate_chains
+from hetlaunch.launcher.planning.chain_search import SIMULATE_EVERY_CHAIN, candidate_chains
 from hetlaunch.launcher.planning.pipeline_set import PipelineSet, split_microbatches
 from hetlaunch.launcher.planning.profile_file import NodeProfile
 
@@ -73,8 +72,8 @@ class PairSearch:
                 most_a, most_b = self.most_microbatches(a, bound), self.most_microbatches(b, bound)
                 splits = [(m, self.M - m) for m in range(max(1, self.M - most_b), most_a + 1)]
             else:
-                steps = self.half_steps(half, a, b, min(best.step_s if best else math.inf, worth))
-                if steps is None:
+                steps = [half.step(a, math.inf), half.step(b, math.inf)]
+                if None in steps:
                     continue
                 splits = [tuple(split_microbatches(self.M, [1 / s for s in steps]))]
             for m1, m2 in splits:
@@ -103,9 +102,7 @@ class PairSearch:
         """The most micro-batches, of 1 .. M - 1, at which the chain's bounds (ChainSearch
         lower_bound and may_beat, each over every cut that fits) leave it a chance to come under
         `bound`; 0 at none. A pair can win only at a split that gives each chain at most its
-        most, so pairs of two chains that together cannot take M are never priced: at 64
-        micro-batches the pair search priced hundreds of chains, each fine at half, for pairs
-        whose other chain could not take the rest. Both bounds only grow with the micro-batches,
+        most, so the splits outside are never priced. Both bounds only grow with the micro-batches,
         so the most is bisected, apart in the two ranges where may_beat simulates and where it
         rules nothing out; and it only shrinks with the bound, so a tighter bound bisects below
         the last answer."""
@@ -132,37 +129,6 @@ class PairSearch:
             most = max(most, low)
         self._most[key] = (bound, most)
         return most
-
-    def half_steps(self, half: ChainSearch, a: list[NodeProfile], b: list[NodeProfile],
-                    bound: float) -> list[float] | None:
-        """Both chains' steps at half the micro-batches, which split them in proportion; None when
-        a chain has no cut that fits, or when the pair cannot come under `bound` at that split.
-        Asked under the bound first, so that a chain the bound rules out is priced in full only
-        when the pair may still win (on 6 nodes at 64 micro-batches most chains the pair search
-        meets are ruled out, and pricing them was most of its time):
-        * neither under the bound at half: one of them takes at least half of any split, and a
-          chain's step only grows with its micro-batches;
-        * one, x, ruled out at half (its step s_x >= bound): the other, y, then gets at least
-          M s_x / (s_x + s_y) >= M bound / (bound + s_y) micro-batches of the proportional
-          split (rounded down), and if y's bounds rule it out there, at every share above too."""
-        chains = (a, b)
-        steps = [half.step(chain, bound) for chain in chains]
-        if any(s is None and half.key(chain) in half.memo for s, chain in zip(steps, chains)):
-            return None  # no cut of it fits (remembered as None), as the full pricing would find
-        if all(s is None or s >= bound for s in steps):
-            return None
-        for k, chain in enumerate(chains):
-            if steps[k] is not None:
-                continue
-            other, at_other = chains[1 - k], steps[1 - k]
-            least = min(self.M - 1, max(1, int(self.M * bound / (bound + at_other) * (1 - 1e-12))))
-            search = self.replicas.search(least)
-            if search.lower_bound(other) >= bound or not search.may_beat(other, bound):
-                return None
-            steps[k] = half.step(chain, math.inf)
-            if steps[k] is None:
-                return None
-        return steps
 
     def rough_floors(self, chains: list[list[NodeProfile]]) -> list[float]:
         """Per chain, a floor at or below its per_microbatch_floor that depends on its node set only:

@@ -7,9 +7,9 @@ For a replica count c the candidates are sets of c disjoint chains:
   MAX_REGION_SPLITS, else regions dealt by speed to the slowest group so far) and each group
   gets its best chain. This keeps each replica, and so its activations, inside its regions,
   at the price of a gradient sync across them;
-* for c = 2 on clusters of up to EXHAUSTIVE_MAX_NODES nodes, instead: every pair of disjoint
-  chains (launcher/planning/pair_search.py; the greedy and by-region sets are among them), its
-  winner rebalanced beyond SPLIT_ALL_MAX_MICROBATCHES.
+* for c = 2 on clusters of up to EXHAUSTIVE_MAX_NODES nodes: every pair of disjoint chains
+  (launcher/planning/pair_search.py). With up to SPLIT_ALL_MAX_MICROBATCHES micro-batches this
+  search alone gives the pairs (the greedy and by-region sets are among the pairs it tries).
 
 Each set gets micro-batches in proportion to throughput (split_microbatches); for c = 2
 with up to SPLIT_ALL_MAX_MICROBATCHES micro-batches every split is tried, otherwise the
@@ -95,7 +95,7 @@ class Replicas:
         # The pair search tries every pair there (at every split, or the proportional one): the
         # greedy and by-region sets are among them, and its floor-first order finds a good bound
         # without them (pricing them first cost a third of planning 6 nodes at 64 micro-batches).
-        candidates = [] if exhaustive else self._candidate_sets(count, search)
+        candidates = [] if exhaustive and self.M <= SPLIT_ALL_MAX_MICROBATCHES else self._candidate_sets(count, search)
         for chains in candidates:
             found = self._best_split(chains, search)
             if found is not None and (best is None or found.step_s < best.step_s):
@@ -104,8 +104,6 @@ class Replicas:
             best = self._rebalance(best_chains, best)  # only the winner: each move re-cuts chains
         if exhaustive:
             best = PairSearch(self).best(best, worth)
-            if best is not None and self.M > SPLIT_ALL_MAX_MICROBATCHES:
-                best = self._rebalance([self._nodes(p) for p in best.pipelines], best)
         return None if best is None else self._polish(best)
 
     def price(self, chains: list[list[NodeProfile]], shares: list[int]) -> PipelineSet | None:
