@@ -25,9 +25,10 @@ nodes:
   - {name: slow, region: west, device: cpu, threads: 1, emulate: {speed: 0.5, memory_gb: 3}}
 """
 
-# Local nodes are timed one after another, in the order listed: three pairs of a speed-1 and a
-# speed-0.5 node, each pair back to back and the order alternating, so load drifting during a profile
-# favours neither side.
+# Local nodes are timed one after another, in the order listed: three pairs of a node and one at
+# half its speed, each pair back to back and the order alternating, so load drifting during a profile
+# favours neither side. Each pair at its own speeds: alike local nodes are timed once
+# (launcher/cluster_measurement.py alike_local_nodes), and the pairs must be timed apart.
 PAIRS = [("fast", "slow"), ("fast2", "slow2"), ("fast3", "slow3")]
 RATIO_CLUSTER = """
 name: speed-ratio
@@ -36,10 +37,19 @@ train: {micro_batch_size: 8, num_microbatches: 4}
 nodes:
   - {name: fast, region: east, device: cpu, threads: 1}
   - {name: slow, region: east, device: cpu, threads: 1, emulate: {speed: 0.5}}
-  - {name: slow2, region: east, device: cpu, threads: 1, emulate: {speed: 0.5}}
-  - {name: fast2, region: east, device: cpu, threads: 1}
-  - {name: fast3, region: east, device: cpu, threads: 1}
-  - {name: slow3, region: east, device: cpu, threads: 1, emulate: {speed: 0.5}}
+  - {name: slow2, region: east, device: cpu, threads: 1, emulate: {speed: 0.45}}
+  - {name: fast2, region: east, device: cpu, threads: 1, emulate: {speed: 0.9}}
+  - {name: fast3, region: east, device: cpu, threads: 1, emulate: {speed: 0.8}}
+  - {name: slow3, region: east, device: cpu, threads: 1, emulate: {speed: 0.4}}
+"""
+ALIKE_CLUSTER = """
+name: alike
+model: {preset: tiny, n_layers: 2, seq_len: 32, d_model: 32}
+train: {micro_batch_size: 4, num_microbatches: 2}
+nodes:
+  - {name: one, region: east, device: cpu, threads: 1, emulate: {speed: 0.5}}
+  - {name: other, region: east, device: cpu, threads: 1}
+  - {name: twin, region: west, device: cpu, threads: 1, emulate: {speed: 0.5, memory_gb: 2}}
 """
 
 
@@ -109,6 +119,25 @@ def test_second_profile_uses_the_cache_unless_asked(measured):
     assert fresh.returncode == 0, fresh.stderr
     third = json.loads((tmp / "p3.json").read_text())
     assert third["nodes"][0]["layer_seconds"] != first["nodes"][0]["layer_seconds"]
+
+
+@pytest.mark.solo
+@pytest.mark.timeout(200)
+def test_alike_local_nodes_are_timed_once_and_priced_alike(tmp_path):
+    # one and twin: one device of this machine at one emulated speed (memory and region do not
+    # change a layer's time), so one timing serves both, as the cache serves both on the next run
+    (tmp_path / "cluster.yaml").write_text(ALIKE_CLUSTER)
+    env = hetlaunch_env(HETLAUNCH_CACHE_DIR=str(tmp_path / "cache"))
+    result = run_hetlaunch("profile", str(tmp_path / "cluster.yaml"), "-o", str(tmp_path / "p.json"), "--run-dir",
+                           str(tmp_path / "run"), env=env, timeout=170)
+    assert result.returncode == 0, result.stderr + result.stdout
+    nodes = {n["name"]: n for n in json.loads((tmp_path / "p.json").read_text())["nodes"]}
+    for field in ("layer_seconds", "optimizer_seconds", "input_grad_seconds", "weight_grad_seconds",
+                  "codec_seconds_per_byte", "cpu_per_wall"):
+        assert nodes["one"][field] == nodes["twin"][field], field
+    assert nodes["one"]["layer_seconds"] != nodes["other"]["layer_seconds"]
+    assert nodes["twin"]["memory_bytes"] == 2 * 2**30 != nodes["one"]["memory_bytes"]  # its own report
+    assert len(list((tmp_path / "cache" / "profiles").glob("*.json"))) == 2
 
 
 @pytest.mark.solo
