@@ -68,4 +68,5 @@ def up(cluster_yaml: str, steps: int, warmup: int, cache_dir: Path) -> dict:
             "pipeline_microbatches": summary["plan"].get("pipeline_microbatches"),
             "sync": summary["plan"].get("sync"), "gradient_sync": summary.get("gradient_sync"),
             "excluded": summary["plan"].get("excluded"), "final_loss": summary.get("final_loss"),
+            "contention_note": summary["plan"].get("contention_note"),  # the sharing of cores priced
             "calibration": summary.get("calibration")}

@@ -335,7 +335,7 @@ def planned(cluster, result, source: str = "planned") -> Plan:
                 bottleneck=bottleneck, excluded=dict(result.excluded),
                 pipeline_microbatches=tuple(p.cost.num_microbatches for p in result.pipelines), sync=sync,
                 batch_note=describe(result.batch) if result.batch else "",
-                contention_note="; ".join(f"nodes on host {host} ask for {factor:.2f}x its cores while they compute: "
-                                          f"priced {factor:.2f}x slower than profiled"
+                contention_note="; ".join(f"nodes on host {host} share its cores: their compute priced {factor:.2f}x "
+                                          f"slower than profiled"
                                           for host, factor in sorted(result.contention.items())),
                 compression=policy)

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from hetlaunch.launcher.planning.contention import host_factors
+import itertools
+import random
+
+from hetlaunch.launcher.planning.contention import host_factors, shared_core_stretch
 from hetlaunch.launcher.planning.planner import plan, price_pipelines
 from plan_reference import uniform_profile
 
@@ -38,13 +41,49 @@ def test_a_lightly_loaded_stage_asks_for_part_of_a_core():
     assert result.contention["h"] == pytest.approx(sum(c * m / busiest for c, m in stages) / 1, rel=1e-3)
 
 
-def test_enough_cores_a_node_alone_or_one_that_mostly_waits_costs_nothing():
+def test_enough_cores_or_a_node_alone_costs_nothing():
     alone = uniform_profile([1.0, 1.0], ["r", "r"])
     base = plan(alone, 8).step_s
-    for hosts, cores, cpu in ((["h", "h"], 2, [1.0, 1.0]), (["h", "g"], 1, [1.0, 1.0]), (["h", "h"], 1, [0.3, 0.3]),
+    for hosts, cores, cpu in ((["h", "h"], 2, [1.0, 1.0]), (["h", "g"], 1, [1.0, 1.0]), (["h", "h"], 2, [0.3, 0.3]),
                               ([None, None], 1, [1.0, 1.0])):
         result = plan(_on_hosts(alone, hosts, cores, cpu), 8)
         assert result.contention == {} and result.step_s == pytest.approx(base, rel=1e-9), (hosts, cores, cpu)
+
+
+def test_stages_that_mostly_wait_are_priced_for_the_moments_they_compute_at_once():
+    # two stages on one core, each computing 30% of the time: the busiest shares the core while
+    # the other computes, which the sum of their asks (0.6 of a core) would price as free
+    alone = uniform_profile([1.0, 1.0], ["r", "r"])
+    base = plan(alone, 8)
+    result = plan(_on_hosts(alone, ["h", "h"], 1, [0.3, 0.3]), 8)
+    work = sorted(s.compute_s * p.cost.num_microbatches for p in base.pipelines for s in p.cost.stages)
+    assert result.contention["h"] == pytest.approx(1 + 0.3 * work[0] / work[1], abs=1e-4)
+    assert result.step_s == pytest.approx(base.step_s * result.contention["h"], rel=0.05)
+
+
+def _brute_force(threads, others, cores):
+    total = 0.0
+    for asks in itertools.product((0, 1), repeat=len(others)):
+        chance = 1.0
+        for (_, p), x in zip(others, asks):
+            chance *= p if x else 1 - p
+        total += chance * max(1.0, (threads + sum(t for (t, _), x in zip(others, asks) if x)) / cores)
+    return total
+
+
+def test_shared_core_stretch_is_the_expected_share_of_the_cores():
+    rng = random.Random(7)
+    for _ in range(200):
+        others = [(rng.choice([1.0, 1.0, 1.5, 2.0, 3.25]), rng.random()) for _ in range(rng.randint(0, 7))]
+        threads, cores = rng.choice([1.0, 2.0, 2.5]), rng.randint(1, 8)
+        assert shared_core_stretch(threads, others, cores) == pytest.approx(_brute_force(threads, others, cores),
+                                                                            rel=1e-9), (threads, others, cores)
+    # every stage asking all the time: the cores asked for over the cores, as a sum prices it
+    assert shared_core_stretch(1.0, [(1.0, 1.0)] * 3, 2) == pytest.approx(2.0)
+    assert shared_core_stretch(1.8, [(1.8, 1.0)], 2) == pytest.approx(1.8)
+    # four agents asking a quarter of a core each on 2 cores (bench/cost_model_error.py's emulated nodes)
+    assert shared_core_stretch(1.0, [(1.0, 0.25)] * 3, 2) == pytest.approx(1 + 3 * 0.25**2 * 0.75 * 0.5 + 0.25**3)
+    assert shared_core_stretch(1.0, [(1.0, 0.9)] * 7, 8) == pytest.approx(1.0, abs=1e-12)  # never more than the cores
 
 
 def test_repricing_a_contended_plan_gives_the_same_step():
