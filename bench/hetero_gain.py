@@ -19,7 +19,7 @@ from dataclasses import replace
 from _clusters import BASE_SPEED, NUM_LAYERS, cluster, node, profile, up
 from _harness import NullReporter, Reporter, temporary_dir
 
-from hetlaunch.launcher.planning.contention import host_factors, stretched
+from hetlaunch.launcher.planning.contention import host_factors, node_factors, stretched
 from hetlaunch.launcher.planning.cost_model import CostModel
 from hetlaunch.launcher.planning.profile_file import Profile
 
@@ -35,14 +35,14 @@ def settings(quick: bool) -> dict:
 def ideal_and_even(prof: Profile) -> tuple[float, float, dict]:
     """Predicted step time of the even split and of a perfectly balanced (fractional) cut, each
     priced with the contention the plan itself is priced with (launcher/planning/contention.py:
-    agents on one host share its cores, their compute stretched by what they ask of them), and
-    the stretch of each host for each."""
+    agents on one host share its cores, each stage's compute stretched by processor sharing
+    with the others' asks), and the stretch of each host for each."""
     chain = [prof.node(n) for n in SPEEDS]
     per = NUM_LAYERS // len(chain)
     cuts = [(i * per, (i + 1) * per) for i in range(len(chain))]
     even = CostModel(prof, MICROBATCHES, "1f1b").evaluate(chain, cuts)
     even_factors = host_factors(prof, [even])
-    shared = stretched(prof, even_factors)
+    shared = stretched(prof, node_factors(prof, [even]))
     even_s = CostModel(shared, MICROBATCHES, "1f1b").evaluate([shared.node(n) for n in SPEEDS], cuts).step_s
     # Balanced: node j runs a fraction of the model proportional to its speed (1 / its full-model
     # time), so every stage computes t per micro-batch and counts whole in the contention model.
@@ -50,7 +50,8 @@ def ideal_and_even(prof: Profile) -> tuple[float, float, dict]:
     t = 1.0 / sum(1.0 / cm.compute_s(n, 0, NUM_LAYERS) for n in chain)
     balanced = replace(even, stages=tuple(replace(s, compute_s=t) for s in even.stages))
     ideal_factors = host_factors(prof, [balanced])
-    stretch = max((ideal_factors.get(n.host, 1.0) for n in chain), default=1.0)  # one host here: one factor
+    # one host here, and equal stages: each is stretched by the host's factor
+    stretch = max((ideal_factors.get(n.host, 1.0) for n in chain), default=1.0)
     links = [(s.link_s, s.latency_s) for s in even.stages]
     t *= stretch
     ideal = cm.step_s(t, max(c for c, _ in links), len(chain) * t + sum(2 * (c + lat) for c, lat in links))
@@ -88,8 +89,8 @@ def run(quick: bool, reporter: Reporter | None = None) -> dict:
         "gain": gain,
         "ideal_gain": ideal_gain,
         "ideal_priced_with": "the plan's contention model (launcher/planning/contention.py): the compute of agents "
-                             "on one host stretched by the cores they ask / the host's cores, for the even split "
-                             "and for the balanced cut alike",
+                             "on one host stretched by processor sharing of its cores, each stage asking with the "
+                             "chance it computes in the steady part, for the even split and the balanced cut alike",
         "host_stretch": contention,
         "figure": {"name": "gain / ideal gain", "value": gain / ideal_gain, "target": f">= {TARGET}"},
         "met": gain / ideal_gain >= TARGET,

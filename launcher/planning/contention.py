@@ -39,48 +39,103 @@ from hetlaunch.launcher.planning.profile_file import Profile
 
 
 def host_factors(profile: Profile, pipelines: Sequence[PipelineCost]) -> dict[str, float]:
-    """host -> how much longer its stages' compute takes than profiled (only hosts where it is > 1%)."""
-    asking: dict[str, list[tuple[float, float, float]]] = {}  # host -> (busy, threads asked, probability)
+    """host -> how much longer its steady part takes than unshared: the longest stretched work of
+    its stages over the longest unstretched one (only hosts where it is > 1%); what the plan says."""
+    return {host: factor for host, (factor, _) in _hosts(profile, pipelines).items() if factor > 1.01}
+
+
+def node_factors(profile: Profile, pipelines: Sequence[PipelineCost]) -> dict[str, float]:
+    """node -> how much longer its compute takes than profiled, on the hosts host_factors names:
+    each stage's own stretch, which the plan is priced with."""
+    return {node: stretch for factor, by_node in _hosts(profile, pipelines).values() if factor > 1.01
+            for node, stretch in by_node.items()}
+
+
+def _hosts(profile: Profile, pipelines: Sequence[PipelineCost]) -> dict[str, tuple[float, dict[str, float]]]:
+    """host -> (its factor, node -> stretch) for hosts with two stages or more.
+
+    The steady part of a step lasts P = max over its stages of W_k x stretch_k; stage j asks for
+    its cores a share min(1, W_j x stretch_j / P) of it (times the share of a core it keeps busy),
+    and each stretch follows from the others' asks (shared_core_stretch). Iterated from nothing
+    stretched until it settles. Every stage's own stretch counts (one that mostly waits, beside
+    stages that ask whole cores, is stretched most), so nothing depends on the nodes' order."""
+    work: dict[str, list[tuple[str, float, float]]] = {}  # host -> (node, work in a step, cores kept busy)
     cores: dict[str, int] = {}
-    busiest = max((s.compute_s * c.num_microbatches for c in pipelines for s in c.stages), default=0.0)
     for cost in pipelines:
         for stage in cost.stages:
             node = profile.node(stage.node)
-            if node.host is None or node.host_cores is None or busiest <= 0:
+            if node.host is None or node.host_cores is None:
                 continue
-            busy = stage.compute_s * cost.num_microbatches / busiest
-            cpu = node.cpu_per_wall or 1.0
-            asking.setdefault(node.host, []).append((busy, max(1.0, cpu), busy * min(1.0, cpu)))
+            work.setdefault(node.host, []).append((node.name, stage.compute_s * cost.num_microbatches,
+                                                   node.cpu_per_wall or 1.0))
             cores[node.host] = node.host_cores
-    factors = {}
-    for host, stages in asking.items():
-        if len(stages) < 2:
+    out = {}
+    for host, stages in work.items():
+        top = max(w for _, w, _ in stages)
+        if len(stages) < 2 or not top > 0:
             continue
-        i = max(range(len(stages)), key=lambda k: stages[k][0])
-        factor = shared_core_stretch(stages[i][1], [(t, p) for k, (_, t, p) in enumerate(stages) if k != i],
-                                     cores[host])
-        if factor > 1.01:  # within 1% of alone: none
-            factors[host] = round(factor, 4)
-    return factors
+        stretch = _steady_stretches([(w / top, cpu) for _, w, cpu in stages], cores[host])
+        period = max(w / top * s for (_, w, _), s in zip(stages, stretch))
+        out[host] = (round(period, 4), {name: round(s, 4) for (name, _, _), s in zip(stages, stretch)})
+    return out
+
+
+def _steady_stretches(stages: list[tuple[float, float]], cores: int) -> list[float]:
+    """Each stage's stretch at the fixed point of _hosts, for (W, cpu_per_wall) with max W = 1."""
+    stretch = [1.0] * len(stages)
+    for _ in range(50):
+        period = max(w * s for (w, _), s in zip(stages, stretch))
+        asks = [(max(1.0, cpu), min(1.0, w * s / period) * min(1.0, cpu)) for (w, cpu), s in zip(stages, stretch)]
+        known: dict[tuple, float] = {}
+        new = []
+        for k, (t, p) in enumerate(asks):
+            # stages asking alike (to a 20th of a core and a 100th of the time) share one stretch: a
+            # host of 64 stages all different took 2.5 s, where real hosts hold a few alike agents
+            key = (round(t * 20), round(p * 100))
+            if key not in known:
+                known[key] = shared_core_stretch(t, asks[:k] + asks[k + 1:], cores)
+            new.append(known[key])
+        settled = max(abs(a - b) for a, b in zip(new, stretch)) < 1e-9
+        stretch = new
+        if settled:
+            break
+    return stretch
 
 
 def shared_core_stretch(threads: float, others: list[tuple[float, float]], cores: int) -> float:
     """E[max(1, (threads + sum t X) / cores)] over the others' (t, p), X ~ Bernoulli(p), independent:
-    how much longer a stage asking `threads` cores computes beside them under processor sharing."""
-    # the others' total ask, in hundredths of a core, and its probability
-    total: dict[int, float] = {0: 1.0}
+    how much longer a stage asking `threads` cores computes beside them under processor sharing.
+
+    The others' total ask is tracked exactly (in steps of a 400th of the cores at most) only
+    while it leaves the stage alone on fewer than all the cores: beyond, max(1, x) is x, so
+    what the later stages add counts by its mean. That keeps at most ~400 totals, however many
+    stages share the host."""
+    unit = max(cores, 1) / 400 if cores > 4 else 0.01  # cores per step of the total
+    free = max(cores - threads, 0.0) / unit  # totals below this leave the stage its own share
+    exact: dict[int, list[float]] = {0: [1.0, 0.0]} if free > 0 else {}  # step -> [probability, its x total]
+    beyond_mass = 0.0 if free > 0 else 1.0  # probability the total is already past `free`...
+    beyond_sum = 0.0  # ... and the mean of (the total asked by others) x that probability, in cores
     for t, p in others:
-        step, p = round(t * 100), min(max(p, 0.0), 1.0)
-        grown: dict[int, float] = {}
-        for asked, q in total.items():
-            grown[asked] = grown.get(asked, 0.0) + q * (1 - p)
-            grown[asked + step] = grown.get(asked + step, 0.0) + q * p
-        total = grown
-    return sum(q * max(1.0, (threads + asked / 100) / cores) for asked, q in total.items())
+        step, p = round(t / unit), min(max(p, 0.0), 1.0)
+        beyond_sum += beyond_mass * p * t
+        grown: dict[int, list[float]] = {}
+        for asked, (q, q_total) in exact.items():
+            stay = grown.setdefault(asked, [0.0, 0.0])
+            stay[0] += q * (1 - p)
+            stay[1] += q_total * (1 - p)
+            if asked + step < free:
+                more = grown.setdefault(asked + step, [0.0, 0.0])
+                more[0] += q * p
+                more[1] += (q_total + q * t) * p
+            else:
+                beyond_mass += q * p
+                beyond_sum += (q_total + q * t) * p
+        exact = grown
+    return (sum(max(q, (q * threads + q_total) / cores) for q, q_total in exact.values())
+            + (beyond_mass * threads + beyond_sum) / cores)
 
 
 def stretched(profile: Profile, factors: dict[str, float]) -> Profile:
-    """The profile with every node of a contended host computing `factor` times as long; its
-    nodes forget their host, so pricing the result again does not stretch it twice."""
-    by_node = {n.name: factors[n.host] for n in profile.nodes if n.host is not None and n.host in factors}
-    return scaled(profile, by_node, forget_hosts=True)
+    """The profile with each node named in `factors` (node_factors) computing that many times as
+    long; its nodes forget their host, so pricing the result again does not stretch it twice."""
+    return scaled(profile, factors, forget_hosts=True)

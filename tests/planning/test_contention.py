@@ -8,7 +8,7 @@ import pytest
 import itertools
 import random
 
-from hetlaunch.launcher.planning.contention import host_factors, shared_core_stretch
+from hetlaunch.launcher.planning.contention import _steady_stretches, host_factors, node_factors, shared_core_stretch
 from hetlaunch.launcher.planning.planner import plan, price_pipelines
 from plan_reference import uniform_profile
 
@@ -76,8 +76,10 @@ def test_shared_core_stretch_is_the_expected_share_of_the_cores():
     for _ in range(200):
         others = [(rng.choice([1.0, 1.0, 1.5, 2.0, 3.25]), rng.random()) for _ in range(rng.randint(0, 7))]
         threads, cores = rng.choice([1.0, 2.0, 2.5]), rng.randint(1, 8)
+        # exact to a hundredth of a core up to 4 cores; beyond, totals are kept to a 400th of the cores
         assert shared_core_stretch(threads, others, cores) == pytest.approx(_brute_force(threads, others, cores),
-                                                                            rel=1e-9), (threads, others, cores)
+                                                                            rel=1e-9 if cores <= 4 else 2e-3), \
+            (threads, others, cores)
     # every stage asking all the time: the cores asked for over the cores, as a sum prices it
     assert shared_core_stretch(1.0, [(1.0, 1.0)] * 3, 2) == pytest.approx(2.0)
     assert shared_core_stretch(1.8, [(1.8, 1.0)], 2) == pytest.approx(1.8)
@@ -93,3 +95,35 @@ def test_repricing_a_contended_plan_gives_the_same_step():
     again = price_pipelines(profile, [([n for n, _, _ in cuts], [(a, b) for _, a, b in cuts], 8)])
     assert again.contention == planned.contention and again.step_s == pytest.approx(planned.step_s, rel=1e-6)
     assert host_factors(profile, []) == {}
+
+
+def _on_host(cpus: list[float], cores: int):
+    return _on_hosts(uniform_profile([1.0] * len(cpus), ["r"] * len(cpus)), ["h"] * len(cpus), cores, cpus)
+
+
+def test_the_price_follows_the_nodes_and_not_their_order():
+    # a stage that mostly waits (cpu 0.1) beside one asking its whole core: it is the one stretched most
+    for cpus, cores in (([1.0, 0.1], 1), ([1.0, 1.0, 0.25, 0.25], 2)):
+        forward = plan(_on_host(cpus, cores), 8)
+        backward = plan(_on_host(cpus[::-1], cores), 8)
+        assert forward.contention == backward.contention and forward.contention["h"] > 1.01
+        profile = _on_host(cpus, cores)
+        stretch = node_factors(profile, [p.cost for p in forward.pipelines])
+        waiting = [n.name for n in profile.nodes if n.cpu_per_wall < 1]
+        busy = [n.name for n in profile.nodes if n.cpu_per_wall == 1]
+        assert min(stretch[n] for n in waiting) > max(stretch[n] for n in busy)
+
+
+def test_a_slower_stage_never_shortens_the_hosts_steady_part():
+    rng = random.Random(3)
+    for _ in range(300):
+        n, cores = rng.randint(2, 6), rng.randint(1, 4)
+        stages = [(rng.uniform(0.2, 1.0), rng.choice([1.0, 1.0, 0.5, 0.25, 0.1, 2.0])) for _ in range(n)]
+        k = rng.randrange(n)
+        slower = [(w * 1.03 if j == k else w, cpu) for j, (w, cpu) in enumerate(stages)]
+        periods = []
+        for case in (stages, slower):
+            top = max(w for w, _ in case)
+            stretch = _steady_stretches([(w / top, cpu) for w, cpu in case], cores)
+            periods.append(max(w * s for (w, _), s in zip(case, stretch)))
+        assert periods[1] >= periods[0] * (1 - 1e-6), (stages, k, cores, periods)
