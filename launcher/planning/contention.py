@@ -9,20 +9,24 @@ slower device).
 
 Priced as processor sharing over the steady part of a step, where every stage of a pipeline
 computes at once. A stage j asks for t_j = max(1, cpu_per_wall_j) cores, at any moment with
-probability p_j = busy_j x min(1, cpu_per_wall_j), where busy_j is its compute in a step over the
-busiest stage's (the bottleneck computes throughout the steady part, a lightly loaded stage for
-part of it). Taking the stages as asking independently, the host's busiest stage i, while it
-computes, shares the cores with the others that ask at that moment, and takes
+probability p_j = min(1, W_j s_j / P) x min(1, cpu_per_wall_j): W_j its compute in a step, s_j
+its stretch, P = max_k W_k s_k the steady part's length. Taking the stages as asking
+independently, stage i, while it computes, shares the cores with the others that ask at that
+moment, and takes
 
-    E[ max(1, (t_i + sum over the others j of t_j X_j) / cores) ],   X_j ~ Bernoulli(p_j)
+    s_i = E[ max(1, (t_i + sum over the others j of t_j X_j) / cores) ],   X_j ~ Bernoulli(p_j)
 
-times as long as alone. That factor stretches the layer and optimizer times of every node on
-the host, and the plan is priced again with them. Where every stage asks all the time, it is the
-cores asked for over the cores (sum t_j / cores); below that, it prices the moments when more
-stages compute than there are cores, which a sum of averages calls free: four emulated agents
-asking a quarter of a core each on 2 cores computed with 11-19% of each piece's wall time spent
-runnable but not running (thread CPU time against wall time in the executor, 2026-12-05) where
-the sum priced none and this prices 9%; one or two agents on the 2 cores waited 0-4%.
+times as long as alone. The stretches and P are iterated from nothing stretched until they
+settle; each node's layer and optimizer times are stretched by its own s (node_factors) and the
+plan priced again, and the plan says P over the longest unstretched work (host_factors). Where
+every stage asks all the time this is the cores asked for over the cores (sum t_j / cores);
+below that it prices the moments when more stages compute than there are cores, which a sum of
+averages calls free: four emulated agents asking a quarter of a core each on 2 cores computed
+with 11-19% of each piece's wall time spent runnable but not running (thread CPU time against
+wall time in the executor, 2026-12-05) where the sum priced none and this prices 9%; one or two
+agents on the 2 cores waited 0-4%. A stage that mostly waits, beside stages asking whole cores,
+is stretched most; with the busiest stage's stretch for all (a first version), the price
+depended on the nodes' order, and a node 3% slower priced a step 24% faster.
 Averaging over the whole step instead, bubbles included, priced four one-thread agents on two
 cores 1.08x where their compute measured 1.5-1.9x.
 What this leaves out (a scheduler's preference for threads that slept, memory bandwidth, PCIe)
