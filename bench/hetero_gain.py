@@ -19,7 +19,7 @@ from dataclasses import replace
 from _clusters import BASE_SPEED, NUM_LAYERS, cluster, node, profile, up
 from _harness import NullReporter, Reporter, temporary_dir
 
-from hetlaunch.launcher.planning.contention import host_factors, node_factors, stretched
+from hetlaunch.launcher.planning.contention import host_factors, shared_cores, stretched
 from hetlaunch.launcher.planning.cost_model import CostModel
 from hetlaunch.launcher.planning.profile_file import Profile
 
@@ -41,8 +41,8 @@ def ideal_and_even(prof: Profile) -> tuple[float, float, dict]:
     per = NUM_LAYERS // len(chain)
     cuts = [(i * per, (i + 1) * per) for i in range(len(chain))]
     even = CostModel(prof, MICROBATCHES, "1f1b").evaluate(chain, cuts)
-    even_factors = host_factors(prof, [even])
-    shared = stretched(prof, node_factors(prof, [even]))
+    even_factors, by_node = shared_cores(prof, [even])
+    shared = stretched(prof, by_node)
     even_s = CostModel(shared, MICROBATCHES, "1f1b").evaluate([shared.node(n) for n in SPEEDS], cuts).step_s
     # Balanced: node j runs a fraction of the model proportional to its speed (1 / its full-model
     # time), so every stage computes t per micro-batch and counts whole in the contention model.

@@ -42,17 +42,23 @@ from hetlaunch.launcher.planning.profile_edits import scaled
 from hetlaunch.launcher.planning.profile_file import Profile
 
 
+def shared_cores(profile: Profile, pipelines: Sequence[PipelineCost]) -> tuple[dict[str, float], dict[str, float]]:
+    """(host_factors, node_factors) from one solve."""
+    hosts = {host: solved for host, solved in _hosts(profile, pipelines).items() if solved[0] > 1.01}
+    return ({host: factor for host, (factor, _) in hosts.items()},
+            {node: stretch for _, by_node in hosts.values() for node, stretch in by_node.items()})
+
+
 def host_factors(profile: Profile, pipelines: Sequence[PipelineCost]) -> dict[str, float]:
     """host -> how much longer its steady part takes than unshared: the longest stretched work of
     its stages over the longest unstretched one (only hosts where it is > 1%); what the plan says."""
-    return {host: factor for host, (factor, _) in _hosts(profile, pipelines).items() if factor > 1.01}
+    return shared_cores(profile, pipelines)[0]
 
 
 def node_factors(profile: Profile, pipelines: Sequence[PipelineCost]) -> dict[str, float]:
     """node -> how much longer its compute takes than profiled, on the hosts host_factors names:
     each stage's own stretch, which the plan is priced with."""
-    return {node: stretch for factor, by_node in _hosts(profile, pipelines).values() if factor > 1.01
-            for node, stretch in by_node.items()}
+    return shared_cores(profile, pipelines)[1]
 
 
 def _hosts(profile: Profile, pipelines: Sequence[PipelineCost]) -> dict[str, tuple[float, dict[str, float]]]:

@@ -34,7 +34,7 @@ from hetlaunch.launcher.planning.batch_sizes import BatchChoice, at_size, candid
 from hetlaunch.launcher.planning.chain_cuts import cut_chain, least_lossy_codecs, most_compressed_codecs
 from hetlaunch.launcher.planning.chain_search import EXHAUSTIVE_MAX_NODES
 from hetlaunch.launcher.planning.compression import CODEC_SLACK, NONE, CompressionConfig
-from hetlaunch.launcher.planning.contention import host_factors, node_factors, stretched
+from hetlaunch.launcher.planning.contention import shared_cores, stretched
 from hetlaunch.launcher.planning.cost_model import CostModel, in_flight
 from hetlaunch.launcher.planning.pipeline_cost import PipelineCost, split_costs
 from hetlaunch.launcher.planning.planning_error import PlanningError
@@ -211,10 +211,10 @@ def _result(profile: Profile, costs: list[PipelineCost], sync: list[SyncCost], m
     priced again against those steps; then, where nodes share a host's cores, priced again with
     their compute stretched by that contention (launcher/planning/contention.py)."""
     result = _priced(profile, costs, sync, method, started, schedule, compression, excluded, windows)
-    factors = host_factors(profile, [p.cost for p in result.pipelines])
+    factors, by_node = shared_cores(profile, [p.cost for p in result.pipelines])
     if not factors:
         return result
-    shared = stretched(profile, node_factors(profile, [p.cost for p in result.pipelines]))
+    shared = stretched(profile, by_node)
     costs = [CostModel(shared, p.cost.num_microbatches, schedule, compression).evaluate(
         [shared.node(s.node) for s in p.cost.stages], [(s.layer_start, s.layer_end) for s in p.cost.stages],
         [s.codec for s in p.cost.stages]) for p in result.pipelines]
