@@ -88,8 +88,11 @@ class Agent:
         finally:
             self.finished.set()
             self.step_reports.close()
-            if self.in_service:  # nothing of this job may outlive it: its workers, its channel
-                self.tasks.close()
+            # Nothing of this job may outlive it. The worker that ran the last task idles as the
+            # spare: reaped here, not left to exit as an orphan once our pipe closes (its CPU time
+            # then never reached whoever waits for us, and `up` ended before it did).
+            self.tasks.close()
+            if self.in_service:  # a service goes on: this job's channel ends with the job
                 self.channel.close()
 
     def end(self, code: int, why: str) -> None:
@@ -245,5 +248,5 @@ class Agent:
             self.end(code, why)
             return
         _log(self.node, why)
-        self.tasks.stop()
+        self.tasks.close()  # the running worker killed, the spare reaped
         os._exit(code)
