@@ -227,20 +227,20 @@ def simulated_best_cut(cm: CostModel, chain: list[NodeProfile], found: PipelineC
         best = cm.deepen(chain, found)
         return None if best.step_s >= bound else best  # a NaN step goes on to the caller, as unbounded
     if bound < math.inf and cm.floor(found) >= bound and all(
-            floor >= bound for floor, _ in _cut_floors(cm, chain, options, bound)):
+            floor >= bound for floor, _, _ in _cut_floors(cm, chain, options, bound)):
         return None
     best = cm.deepen(chain, found)
     tried = {_shape(found)}
-    candidates = [(floor, k, cost) for k, (floor, cost) in enumerate(_cut_floors(cm, chain, options, best.step_s))
-                  if _shape(cost) not in tried]
+    candidates = [(floor, k, cuts, codecs) for k, (floor, cuts, codecs)
+                  in enumerate(_cut_floors(cm, chain, options, best.step_s)) if _cut_shape(cuts, codecs) not in tried]
     # Most promising floor first: once a floor reaches the best simulated step, no later cut can
-    # win (a simulation never beats its floor), so most cuts are never simulated.
+    # win (a simulation never beats its floor), so most cuts are never simulated, nor built.
     candidates.sort(key=lambda c: c[:2])
-    for floor, _, cost in candidates:
+    for floor, _, cuts, codecs in candidates:
         if floor >= best.step_s:
             break
         # Windows by their families only where there are many cuts of long schedules to try.
-        cost = cm.deepen(chain, cost, thorough=S * cm.M <= THOROUGH_EVERY_CUT)
+        cost = cm.deepen(chain, cm.evaluate(chain, cuts, codecs), thorough=S * cm.M <= THOROUGH_EVERY_CUT)
         if cost.step_s < best.step_s * (1 - 1e-12):
             best = cost
     if _shape(best) not in tried:
@@ -249,8 +249,9 @@ def simulated_best_cut(cm: CostModel, chain: list[NodeProfile], found: PipelineC
 
 
 def _cut_floors(cm: CostModel, chain: list[NodeProfile], options: list[list[str]], limit: float):
-    """(floor, cost) of every cut and codecs of the chain that fits memory, but cuts whose floor
-    is surely at or above `limit`: those are never built."""
+    """(floor, cuts, codecs) of every cut and codecs of the chain that fits memory, but cuts whose
+    floor is surely at or above `limit`: those are never looked at further. The floor is read
+    without building the cut's costs where the schedule allows (CostModel.cut_floor)."""
     S, L = len(chain), cm.num_layers
     times = [cm.time_prefix(node) for node in chain]
     # A stage's M micro-batches alone at or above the limit: its floor is too, where a backward is
@@ -267,8 +268,9 @@ def _cut_floors(cm: CostModel, chain: list[NodeProfile], options: list[list[str]
         if any(cm.memory_bytes(a, b, j, S) > node.memory_bytes for j, (node, (a, b)) in enumerate(zip(chain, cuts))):
             continue
         for codecs in itertools.product(*options):
-            cost = cm.evaluate(chain, cuts, list(codecs))
-            yield cm.floor(cost), cost
+            codecs = list(codecs)
+            yield (cm.cut_floor(chain, cuts, codecs) if fill is not None
+                   else cm.floor(cm.evaluate(chain, cuts, codecs))), cuts, codecs
 
 
 class _FillAndDrain:
@@ -303,3 +305,8 @@ class _FillAndDrain:
 def _shape(cost: PipelineCost) -> tuple:
     """A cut and its codecs, windows aside."""
     return tuple((s.layer_start, s.layer_end, s.codec) for s in cost.stages)
+
+
+def _cut_shape(cuts: list[tuple[int, int]], codecs: list[str]) -> tuple:
+    """_shape of the cost evaluate(chain, cuts, codecs) would build (the last stage sends nothing)."""
+    return tuple((a, b, codecs[j] if j < len(codecs) else "none") for j, (a, b) in enumerate(cuts))

@@ -30,7 +30,7 @@ from hetlaunch.launcher.planning.compression import LOSSINESS, NONE, Compression
 from hetlaunch.launcher.planning.pipeline_cost import PipelineCost, copied_stage, made_stage, split_costs
 from hetlaunch.launcher.planning.profile_file import NodeProfile, Profile
 from hetlaunch.launcher.planning.planning_error import PlanningError
-from hetlaunch.launcher.planning.sim_floor import simulation_floor, stage_shapes
+from hetlaunch.launcher.planning.sim_floor import floor_of, simulation_floor, stage_shapes
 from hetlaunch.launcher.planning.windows import THOROUGH_MAX_ACTIONS, best_windows
 from hetlaunch.runtime.registry import STATIC_BYTES_PER_PARAM_BYTE, must_seal
 from hetlaunch.runtime.schedules import (compiled, schedule_named, simulate_compiled,
@@ -190,6 +190,27 @@ class CostModel:
     def floor(self, cost: PipelineCost) -> float:
         """A step no simulation of this cut can beat, whatever its windows (launcher/planning/sim_floor.py)."""
         return simulation_floor(self.stage_shapes(len(cost.stages)), cost.stages)
+
+    def cut_floor(self, chain: list[NodeProfile], cuts: list[tuple[int, int]], codecs: list[str]) -> float:
+        """floor(evaluate(chain, cuts, codecs)), the same arithmetic, without building the stages:
+        the search reads the floor of every cut that passes its cheaper tests and simulates only
+        the few below its best step. Schedules that run M forwards and M whole backwards per stage
+        (forward_backward_only: their shapes count no I or W, so those terms are 0 times a value)."""
+        S, M = len(chain), self.M
+        ts, cs, lats = self._terms(chain, cuts, codecs)
+        f, b, opt = [], [], []
+        for j, (node, (start, end)) in enumerate(zip(chain, cuts)):
+            acc = self._time.get(node.name) or self.time_prefix(node)
+            layers_and_optimizer = acc[end] - acc[start]
+            prefix = self._optimizer.get(node.name) or self.optimizer_prefix(node)
+            optimizer = prefix[end] - prefix[start]
+            layers = layers_and_optimizer - optimizer / M
+            codec_work = ts[j] - layers_and_optimizer
+            f.append(layers / 3 + codec_work / 2)  # evaluate's forward_s, backward_s and optimizer_s
+            b.append(2 * layers / 3 + codec_work / 2)
+            opt.append(optimizer)
+        half = [x / 2 for x in b]
+        return floor_of(self.stage_shapes(S), f, b, half, half, opt, cs, lats)
 
     def stage_shapes(self, num_stages: int) -> list[tuple]:
         """What sim_floor.py reads of the schedule's action lists (the same for every window)."""

@@ -41,14 +41,20 @@ def stage_shapes(actions: tuple) -> list[tuple[int, int, int, int, bool]]:
 def simulation_floor(shapes: list[tuple[int, int, int, int, bool]], stages) -> float:
     """The floor above for stages (StageCost: forward_s, backward_s, input_grad_s, weight_grad_s,
     optimizer_s, link_s, latency_s) run by actions of these shapes."""
-    S = len(stages)
     split = all(s.input_grad_s + s.weight_grad_s > 0 for s in stages)  # as the simulation splits a backward
-    f = [s.forward_s for s in stages]
-    b = [s.backward_s for s in stages]
-    i = [s.input_grad_s if split else s.backward_s / 2 for s in stages]
-    w = [s.weight_grad_s if split else s.backward_s / 2 for s in stages]
-    opt = [s.optimizer_s for s in stages]
-    hop = [s.link_s + s.latency_s for s in stages]
+    return floor_of(shapes, [s.forward_s for s in stages], [s.backward_s for s in stages],
+                    [s.input_grad_s if split else s.backward_s / 2 for s in stages],
+                    [s.weight_grad_s if split else s.backward_s / 2 for s in stages],
+                    [s.optimizer_s for s in stages], [s.link_s for s in stages], [s.latency_s for s in stages])
+
+
+def floor_of(shapes: list[tuple[int, int, int, int, bool]], f: list[float], b: list[float], i: list[float],
+             w: list[float], opt: list[float], link: list[float], latency: list[float]) -> float:
+    """simulation_floor from per-stage lists: forward, backward, input and weight gradient,
+    optimizer, outgoing link and its latency (0 on the last stage). The search reads the floors
+    of thousands of cuts it never builds (CostModel.cut_floor)."""
+    S = len(f)
+    hop = [link[j] + latency[j] for j in range(S)]
     grad = [i[j] if shapes[j][2] else b[j] for j in range(S)]  # the action whose end sends the gradient up
     # drain[j]: from the end of stage j's gradient action to the end of the step, at least
     # (the gradient crosses every boundary before j, each stage runs its gradient action, then
@@ -62,14 +68,14 @@ def simulation_floor(shapes: list[tuple[int, int, int, int, bool]], stages) -> f
             best = max(best, up_to + opt[k])
         drain[j] = best
     floor, before = 0.0, 0.0
-    for j, stage in enumerate(stages):
+    for j in range(S):
         nf, nb, ni, nw, sends = shapes[j]
         end = before + nf * f[j] + nb * b[j] + ni * i[j] + nw * w[j]
         floor = max(floor, end + (drain[j] if sends and j > 0 else opt[j]))
         if j < S - 1:
             # The last activation on link j reaches stage j + 1, is computed forward and back
             # there, and its gradient goes back up to stage 0.
-            last_in = before + f[j] + nf * stage.link_s + stage.latency_s
+            last_in = before + f[j] + nf * link[j] + latency[j]
             floor = max(floor, last_in + f[j + 1] + grad[j + 1] + hop[j] + grad[j] + drain[j])
         before += f[j] + hop[j]
     return floor

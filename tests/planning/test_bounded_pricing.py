@@ -111,6 +111,32 @@ def test_the_fill_and_drain_prefilter_never_rules_out_a_cut_below_its_floor(sche
     assert skipped > 50
 
 
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+def test_a_cuts_floor_read_without_its_costs_is_the_floor_of_its_costs(schedule):
+    """simulated_best_cut reads each cut's floor with CostModel.cut_floor and builds the costs only
+    of the cuts it simulates: the same number, to the bit, as the floor of the evaluated cut, so
+    the cuts are ranked, ruled out and tried exactly as before."""
+    rng = random.Random(8)
+    compared = 0
+    for _ in range(60):
+        profile = random_profile(rng, rng.randint(1, 5), rng.randint(1, 3), rng.randint(2, 9), memory_gb=(0.5, 4.0))
+        # Codec work and sealing add to a stage's compute, split between its forward and backward.
+        nodes = [n.model_copy(update={"codec_seconds_per_byte": {"fp16": rng.uniform(0, 1e-9),
+                                                                 "int8": rng.uniform(0, 2e-9)},
+                                      "cipher_seconds_per_byte": rng.uniform(0, 1e-9)}) for n in profile.nodes]
+        profile = profile.model_copy(update={"nodes": nodes,
+                                             "data_plane_encrypt": rng.choice([None, "cross_region", "all"])})
+        cm = ChainSearch(profile, rng.choice([1, 2, 4, 8, 16]), schedule, rng.choice([NONE, CompressionConfig()])).cm
+        chain = rng.sample(profile.nodes, rng.randint(1, len(profile.nodes)))
+        if len(chain) > cm.num_layers:
+            continue
+        for cuts in itertools.islice(_cuts(cm.num_layers, len(chain)), 40):
+            codecs = [rng.choice(cm.codec_options(j, a, b)) for j, (a, b) in enumerate(zip(chain, chain[1:]))]
+            assert cm.cut_floor(chain, cuts, codecs) == cm.floor(cm.evaluate(chain, cuts, codecs)), (cuts, codecs)
+            compared += 1
+    assert compared > 200
+
+
 def _cuts(L: int, S: int):
     for bounds in itertools.combinations(range(1, L), S - 1):
         edges = (0, *bounds, L)
