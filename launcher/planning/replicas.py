@@ -8,11 +8,12 @@ For a replica count c the candidates are sets of c disjoint chains:
   gets its best chain. This keeps each replica, and so its activations, inside its regions,
   at the price of a gradient sync across them;
 * for c = 2 on clusters of up to EXHAUSTIVE_MAX_NODES nodes: every pair of disjoint chains
-  (launcher/planning/pair_search.py). With up to SPLIT_ALL_MAX_MICROBATCHES micro-batches this
-  search alone gives the pairs (the greedy and by-region sets are among the pairs it tries).
+  (launcher/planning/pair_search.py). This search alone gives the pairs (the greedy and
+  by-region sets are among the pairs it tries).
 
 Each set gets micro-batches in proportion to throughput (split_microbatches); for c = 2
-with up to SPLIT_ALL_MAX_MICROBATCHES micro-batches every split is tried, otherwise the
+with up to SPLIT_ALL_MAX_MICROBATCHES micro-batches every split is tried (on small clusters,
+beyond, the pair search's splits either side of where the two steps cross), otherwise the
 winning set moves single micro-batches off its slowest pipeline while that helps. Every
 pipeline is cut for its own share (the remembered best cut of that chain at that count),
 the gradient sync is priced (launcher/planning/sync_cost.py), and the set with the smallest plan
@@ -92,10 +93,11 @@ class Replicas:
             return None if chain is None else self.price([self._nodes(chain)], [self.M])
         best, best_chains = None, None
         exhaustive = count == 2 and len(self.profile.nodes) <= EXHAUSTIVE_MAX_NODES
-        # The pair search tries every pair there (at every split, or the proportional one): the
-        # greedy and by-region sets are among them, and its floor-first order finds a good bound
-        # without them (pricing them first cost a third of planning 6 nodes at 64 micro-batches).
-        candidates = [] if exhaustive and self.M <= SPLIT_ALL_MAX_MICROBATCHES else self._candidate_sets(count, search)
+        # The pair search tries every pair there (at every split, or those either side of where
+        # the two steps cross): the greedy and by-region sets are among them, and its floor-first
+        # order finds a good bound without them (pricing them first cost a third of planning 6
+        # nodes at 8 micro-batches, and 5-25% at 48 and 64).
+        candidates = [] if exhaustive else self._candidate_sets(count, search)
         for chains in candidates:
             found = self._best_split(chains, search)
             if found is not None and (best is None or found.step_s < best.step_s):
