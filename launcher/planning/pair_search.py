@@ -8,8 +8,8 @@ cannot beat the best, and skipping a split when the larger of the two chains' lo
 cannot. With up to SPLIT_ALL_MAX_MICROBATCHES micro-batches it tries every split that leaves
 each chain at most the micro-batches its bounds allow under the best (most_microbatches);
 beyond, the two splits either side of where the chains' steps cross (`crossing`: a chain's
-step only grows with its share, so the split that minimises the slower one is found by
-bisection). Chains are priced under the best (ChainSearch.price's bound), which rules out
+step only grows with its share, so the split that minimises the slower one is searched for
+outwards from the split of the two chains' floors, then by bisection). Chains are priced under the best (ChainSearch.price's bound), which rules out
 unsimulated a chain every one of whose cuts has its floor at or above it.
 
 Without sync cost (no parameters) the search is exact for up to SPLIT_ALL_MAX_MICROBATCHES
@@ -78,7 +78,8 @@ class PairSearch:
                 splits = [(m, self.M - m) for m in range(max(1, self.M - most_b), most_a + 1)]
             else:
                 bound = min(best.step_s if best else math.inf, worth)
-                splits = self.crossing(a, b, bound)
+                guess = self.M * floors[j] / (floors[i] + floors[j]) if floors[i] + floors[j] > 0 else self.M / 2
+                splits = self.crossing(a, b, bound, guess if math.isfinite(guess) else self.M / 2)
             for m1, m2 in splits:
                 bound = min(best.step_s if best else math.inf, worth)
                 if max(m1 * floors[i], m2 * floors[j]) >= bound:
@@ -101,27 +102,68 @@ class PairSearch:
                     best = found
         return best
 
-    def crossing(self, a: list[NodeProfile], b: list[NodeProfile], bound: float) -> list[tuple[int, int]]:
+    def crossing(self, a: list[NodeProfile], b: list[NodeProfile], bound: float,
+                 guess: float) -> list[tuple[int, int]]:
         """The splits (m, M - m) either side of where a's step at m meets b's at M - m: the first m
         at which a is no longer the faster, and the one before. A chain's step only grows with its
-        share, so the slower of the two is least at one of them, and the first is found by
-        bisection over the shares the bounds leave (most_microbatches), each chain priced under
-        `bound`: a chain at or above it counts as the slower. [] where no split can come under it."""
+        share, so the slower of the two is least at one of them. The first is searched for from
+        `guess` (a's share by the chains' per-micro-batch floors) outwards, by steps that double,
+        then by bisection, within the shares the bounds leave (most_microbatches), each chain
+        priced under `bound`: a chain at or above it counts as the slower. Pairs mostly cross near
+        their floors' split, so few shares far from it are priced. [] where no split comes under."""
         M = self.M
         low, high = max(1, M - self.most_microbatches(b, bound)), self.most_microbatches(a, bound)
         if low > high:
             return []
-        while low < high:
-            mid = (low + high) // 2
-            step_a = self.replicas.search(mid).step(a, bound)
-            step_b = self.replicas.search(M - mid).step(b, bound)
+
+        def a_faster(m: int) -> bool | None:
+            """Whether a is the faster at split m; None where neither comes under the bound (then no
+            split does: a share above m only slows a, one below only slows b)."""
+            step_a = self.replicas.search(m).step(a, bound)
+            step_b = self.replicas.search(M - m).step(b, bound)
             a_under, b_under = step_a is not None and step_a < bound, step_b is not None and step_b < bound
             if not (a_under or b_under):
-                return []  # a share above mid only slows a, one below only slows b: no split comes under
-            if a_under and (not b_under or step_a < step_b):
-                low = mid + 1  # a is the faster here: it can take more
-            else:
-                high = mid
+                return None
+            return a_under and (not b_under or step_a < step_b)
+
+        # The first m in [low, high + 1] where a is not the faster (high + 1: a is faster throughout).
+        at = min(max(round(guess), low), high)
+        faster = a_faster(at)
+        if faster is None:
+            return []
+        stride = 1
+        if faster:  # the crossing is above `at`
+            while True:
+                probe = at + stride
+                if probe > high:
+                    low, high = at + 1, high + 1
+                    break
+                found = a_faster(probe)
+                if found is None:
+                    return []
+                if not found:
+                    low, high = at + 1, probe
+                    break
+                at, stride = probe, 2 * stride
+        else:  # at or below `at`
+            while True:
+                probe = at - stride
+                if probe < low:
+                    high = at
+                    break
+                found = a_faster(probe)
+                if found is None:
+                    return []
+                if found:
+                    low, high = probe + 1, at
+                    break
+                at, stride = probe, 2 * stride
+        while low < high:  # a is faster below `low`, not the faster at `high` (or high is past the range)
+            mid = (low + high) // 2
+            found = a_faster(mid)
+            if found is None:
+                return []
+            low, high = (mid + 1, high) if found else (low, mid)
         return [(m, M - m) for m in (low - 1, low) if 1 <= m <= M - 1]
 
     def most_microbatches(self, chain: list[NodeProfile], bound: float) -> int:
