@@ -248,5 +248,7 @@ class Agent:
             self.end(code, why)
             return
         _log(self.node, why)
-        self.tasks.close()  # the running worker killed, the spare reaped
-        os._exit(code)
+        try:
+            self.tasks.close()  # the running worker killed, the spare reaped
+        finally:
+            os._exit(code)  # whatever closing met, the agent never outlives its job

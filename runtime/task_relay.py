@@ -15,6 +15,7 @@ to measure the survivors while the abort sent to their stages may still be on it
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -28,6 +29,9 @@ from hetlaunch.runtime.stage_watchdog import StageWatchdog
 from hetlaunch.runtime.step_reporter import StepReporter
 from hetlaunch.runtime.supervisor import WorkerProcess
 from hetlaunch.runtime.worker_pipe import FrameError
+
+
+CLOSE_WAIT_S = 5.0  # a killed spare is waited for this long (then SIGKILL again and 5 s more) as the agent ends
 
 
 def _log(node: str, message: str) -> None:
@@ -55,6 +59,8 @@ class TaskRelay:
         self.worker: WorkerProcess | None = None  # the task running now, in its own process
         self.watchdog = StageWatchdog(0, 0.0, 0.0)  # the running stage's progress watch (off until one runs)
         self._worker_lock = threading.Lock()
+        self._close_lock = threading.Lock()
+        self._closed = False
 
     def warm_up(self) -> None:
         """Start the first task's worker now: it loads torch while the cluster is still joining."""
@@ -211,8 +217,19 @@ class TaskRelay:
                 id=move.id, phase=move.phase, ok=False, error="no stage of this generation is running")))
 
     def close(self) -> None:
-        """End every worker of this job: the running one and the spare."""
+        """End every worker of this job: the running one killed, the spare killed and waited for.
+        Once, and never raising: the lifeline's or heartbeat's exit (Agent.exit) can call it while
+        the main thread leaves Agent.run, and the agent must end either way."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
         self.stop()
-        if self.spare is not None:
-            self.spare.kill()
-            self.spare.wait()
+        with self._worker_lock:  # _take_worker hands the spare to a task under this lock
+            spare, self.spare = self.spare, None
+        if spare is not None:
+            spare.kill()
+            try:
+                spare.wait(CLOSE_WAIT_S)
+            except (subprocess.TimeoutExpired, OSError) as err:  # stuck in the kernel: left to init
+                _log(self.node, f"the spare worker {spare.pid} did not exit after SIGKILL: {err}")

@@ -58,3 +58,56 @@ def test_up_leaves_no_process_for_anyone_else_to_reap(tmp_path):
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["rc"] == 0, report["stderr"]
     assert report["reaped"] == 0, f"left for the subreaper to wait for: {report['orphans']} ({report['reaped']} in all)"
+
+
+@pytest.mark.timeout(60)
+def test_closing_from_two_threads_at_once_reaps_the_spare_once_and_raises_nothing(tmp_path):
+    """The lifeline's exit (Agent.exit) and the main thread leaving Agent.run can close the relay
+    together: the spare is killed and waited for once, and neither caller raises (a raise in exit()
+    had skipped its os._exit, leaving an agent without its job)."""
+    import threading
+
+    from hetlaunch.protos import worker_pb2 as wpb
+    from hetlaunch.runtime.task_relay import TaskRelay
+
+    relay = TaskRelay("n0", lambda method, request: None, None, wpb.StoreAccess(), None, [], tmp_path)
+    relay.warm_up()  # a real worker process, as an agent starts one
+    spare = relay.spare
+    errors: list[BaseException] = []
+
+    def close():
+        try:
+            relay.close()
+        except BaseException as err:  # the test's own record of a raise
+            errors.append(err)
+
+    threads = [threading.Thread(target=close) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert errors == [] and relay.spare is None
+    assert spare.process.returncode is not None, "the spare was not waited for"
+    relay.close()  # a third call finds nothing to do
+
+
+def test_a_spare_that_will_not_die_is_logged_not_raised(tmp_path, capsys):
+    import subprocess as sp
+
+    from hetlaunch.protos import worker_pb2 as wpb
+    from hetlaunch.runtime.task_relay import TaskRelay
+
+    class Stuck:
+        """Stands in for a worker in uninterruptible sleep: SIGKILL does not end it."""
+        pid = 4242
+
+        def kill(self):
+            pass
+
+        def wait(self, timeout_s):
+            raise sp.TimeoutExpired(["worker"], timeout_s)
+
+    relay = TaskRelay("n0", lambda method, request: None, None, wpb.StoreAccess(), None, [], tmp_path)
+    relay.spare = Stuck()
+    relay.close()
+    assert "spare worker 4242 did not exit" in capsys.readouterr().err
