@@ -13,7 +13,10 @@ outwards from the split of the two chains' floors, then by bisection). Chains ar
 unsimulated a chain every one of whose cuts has its floor at or above it.
 
 Without sync cost (no parameters) the search is exact for up to SPLIT_ALL_MAX_MICROBATCHES
-micro-batches, and beyond wherever a chain's step grows with its share; with sync, a plan
+micro-batches, and beyond wherever a chain's step grows with its share (not always: a chain's
+best cut and windows change with its share, and a review found a step that fell with one more
+micro-batch in about 8 of 2,500 random pairs under 1F1B, though no plan lost against every
+split); with sync, a plan
 whose best cut of a chain is not that chain's best cut for its own step, or whose sync favours
 a split off the crossing, can be missed (tests/planning/test_planner_dp.py and
 tests/planning/test_pair_splits.py measure it). Beyond SPLIT_ALL_MAX_MICROBATCHES the search
