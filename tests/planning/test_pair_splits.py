@@ -11,8 +11,6 @@ ran up to 7.8% below that reference on the planning bench's 6-node clusters (202
 from __future__ import annotations
 
 import random
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -22,8 +20,10 @@ from hetlaunch.launcher.planning.compression import NONE
 from hetlaunch.launcher.planning.planner import plan
 from plan_reference import random_profile
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from planning_time import small_profile  # noqa: E402  (the bench's own 6-node clusters)
+
+def small_profile(seed: int):
+    """bench/planning_time.py's 6-node clusters (its small_profile)."""
+    return random_profile(random.Random(seed), 6, 3, 12)
 
 
 def every_split(monkeypatch, profile, M, schedule):
