@@ -28,7 +28,7 @@ import time
 
 from _harness import REPO, NullReporter, Reporter
 
-from hetlaunch.launcher.planning import pair_search, replicas
+from hetlaunch.launcher.planning import pair_search
 from hetlaunch.launcher.planning.compression import NONE, CompressionConfig
 from hetlaunch.launcher.planning.pair_search import SPLIT_ALL_MAX_MICROBATCHES
 from hetlaunch.launcher.planning.planner import plan, plan_global_batch
@@ -76,12 +76,12 @@ def small_profile(seed: int) -> Profile:
 def every_split_tried():
     """The exhaustive search with every split of two pipelines tried at any micro-batch count: the
     reference its splits beyond SPLIT_ALL_MAX_MICROBATCHES (pair_search.py `crossing`) must match."""
-    saved = pair_search.SPLIT_ALL_MAX_MICROBATCHES, replicas.SPLIT_ALL_MAX_MICROBATCHES
-    pair_search.SPLIT_ALL_MAX_MICROBATCHES = replicas.SPLIT_ALL_MAX_MICROBATCHES = 10**6
+    saved = pair_search.SPLIT_ALL_MAX_MICROBATCHES  # on up to 6 nodes the pair search alone picks the splits
+    pair_search.SPLIT_ALL_MAX_MICROBATCHES = 10**6
     try:
         yield
     finally:
-        pair_search.SPLIT_ALL_MAX_MICROBATCHES, replicas.SPLIT_ALL_MAX_MICROBATCHES = saved
+        pair_search.SPLIT_ALL_MAX_MICROBATCHES = saved
 
 
 def _timed(profile: Profile, microbatches: int, max_pipelines: int, compression,

@@ -17,7 +17,7 @@ moment, and takes
     s_i = E[ max(1, (t_i + sum over the others j of t_j X_j) / cores) ],   X_j ~ Bernoulli(p_j)
 
 times as long as alone. The stretches and P are iterated from nothing stretched until they
-settle; each node's layer and optimizer times are stretched by its own s (node_factors) and the
+settle; each node's layer and optimizer times are stretched by its own s (shared_cores) and the
 plan priced again, and the plan says P over the longest unstretched work (host_factors). Where
 every stage asks all the time this is the cores asked for over the cores (sum t_j / cores);
 below that it prices the moments when more stages compute than there are cores, which a sum of
@@ -43,7 +43,8 @@ from hetlaunch.launcher.planning.profile_file import Profile
 
 
 def shared_cores(profile: Profile, pipelines: Sequence[PipelineCost]) -> tuple[dict[str, float], dict[str, float]]:
-    """(host_factors, node_factors) from one solve."""
+    """From one solve: (host -> what host_factors says; node -> its own stretch s, which the plan
+    is priced with), on the hosts where the steady part is more than 1% longer than unshared."""
     hosts = {host: solved for host, solved in _hosts(profile, pipelines).items() if solved[0] > 1.01}
     return ({host: factor for host, (factor, _) in hosts.items()},
             {node: stretch for _, by_node in hosts.values() for node, stretch in by_node.items()})
@@ -53,12 +54,6 @@ def host_factors(profile: Profile, pipelines: Sequence[PipelineCost]) -> dict[st
     """host -> how much longer its steady part takes than unshared: the longest stretched work of
     its stages over the longest unstretched one (only hosts where it is > 1%); what the plan says."""
     return shared_cores(profile, pipelines)[0]
-
-
-def node_factors(profile: Profile, pipelines: Sequence[PipelineCost]) -> dict[str, float]:
-    """node -> how much longer its compute takes than profiled, on the hosts host_factors names:
-    each stage's own stretch, which the plan is priced with."""
-    return shared_cores(profile, pipelines)[1]
 
 
 def _hosts(profile: Profile, pipelines: Sequence[PipelineCost]) -> dict[str, tuple[float, dict[str, float]]]:
@@ -146,6 +141,6 @@ def shared_core_stretch(threads: float, others: list[tuple[float, float]], cores
 
 
 def stretched(profile: Profile, factors: dict[str, float]) -> Profile:
-    """The profile with each node named in `factors` (node_factors) computing that many times as
-    long; its nodes forget their host, so pricing the result again does not stretch it twice."""
+    """The profile with each node named in `factors` (shared_cores' second) computing that many
+    times as long; its nodes forget their host, so pricing the result again does not stretch it twice."""
     return scaled(profile, factors, forget_hosts=True)

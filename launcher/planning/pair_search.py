@@ -130,37 +130,22 @@ class PairSearch:
             return a_under and (not b_under or step_a < step_b)
 
         # The first m in [low, high + 1] where a is not the faster (high + 1: a is faster throughout).
+        # From `at`, probes step away by doubling strides (up where a is the faster there, else
+        # down) until one answers otherwise or leaves the range; the crossing lies between.
         at = min(max(round(guess), low), high)
         faster = a_faster(at)
         if faster is None:
             return []
-        stride = 1
-        if faster:  # the crossing is above `at`
-            while True:
-                probe = at + stride
-                if probe > high:
-                    low, high = at + 1, high + 1
-                    break
-                found = a_faster(probe)
-                if found is None:
-                    return []
-                if not found:
-                    low, high = at + 1, probe
-                    break
-                at, stride = probe, 2 * stride
-        else:  # at or below `at`
-            while True:
-                probe = at - stride
-                if probe < low:
-                    high = at
-                    break
-                found = a_faster(probe)
-                if found is None:
-                    return []
-                if found:
-                    low, high = probe + 1, at
-                    break
-                at, stride = probe, 2 * stride
+        direction, stride = (1 if faster else -1), 1
+        while True:
+            probe = at + direction * stride
+            found = a_faster(probe) if low <= probe <= high else not faster  # past the range: as if it changed
+            if found is None:
+                return []
+            if found != faster:
+                break
+            at, stride = probe, 2 * stride
+        low, high = (at + 1, min(probe, high + 1)) if faster else (max(probe, low - 1) + 1, at)
         while low < high:  # a is faster below `low`, not the faster at `high` (or high is past the range)
             mid = (low + high) // 2
             found = a_faster(mid)

@@ -8,7 +8,7 @@ import pytest
 import itertools
 import random
 
-from hetlaunch.launcher.planning.contention import _steady_stretches, host_factors, node_factors, shared_core_stretch
+from hetlaunch.launcher.planning.contention import _steady_stretches, host_factors, shared_core_stretch, shared_cores
 from hetlaunch.launcher.planning.planner import plan, price_pipelines
 from plan_reference import uniform_profile
 
@@ -108,7 +108,7 @@ def test_the_price_follows_the_nodes_and_not_their_order():
         backward = plan(_on_host(cpus[::-1], cores), 8)
         assert forward.contention == backward.contention and forward.contention["h"] > 1.01
         profile = _on_host(cpus, cores)
-        stretch = node_factors(profile, [p.cost for p in forward.pipelines])
+        stretch = shared_cores(profile, [p.cost for p in forward.pipelines])[1]
         waiting = [n.name for n in profile.nodes if n.cpu_per_wall < 1]
         busy = [n.name for n in profile.nodes if n.cpu_per_wall == 1]
         assert min(stretch[n] for n in waiting) > max(stretch[n] for n in busy)

@@ -15,7 +15,6 @@ import random
 import pytest
 
 import hetlaunch.launcher.planning.pair_search as pair_search
-import hetlaunch.launcher.planning.replicas as replicas
 from hetlaunch.launcher.planning.compression import NONE
 from hetlaunch.launcher.planning.planner import plan
 from plan_reference import random_profile
@@ -27,10 +26,10 @@ def small_profile(seed: int):
 
 
 def every_split(monkeypatch, profile, M, schedule):
-    """plan() with every split of the two pipelines tried, however many micro-batches."""
+    """plan() with every split of the two pipelines tried, however many micro-batches (on clusters
+    this small the pair search alone picks the pairs and their splits)."""
     with monkeypatch.context() as patched:
         patched.setattr(pair_search, "SPLIT_ALL_MAX_MICROBATCHES", 10**6)
-        patched.setattr(replicas, "SPLIT_ALL_MAX_MICROBATCHES", 10**6)
         return plan(profile, M, schedule, max_pipelines=2, compression=NONE)
 
 

@@ -79,6 +79,31 @@ def test_every_plan_reports_the_simulation_of_what_it_returns_on_200_random_inst
     assert planned >= 37 and multi >= 4 and windowed >= 4, (planned, multi, windowed)
 
 
+@pytest.mark.timeout(300)
+def test_plans_past_32_micro_batches_report_the_simulation_of_what_they_return():
+    """The pair search's crossing (more than SPLIT_ALL_MAX_MICROBATCHES micro-batches) through
+    plan(): 3 to 6 nodes, some sharing a host's cores (their compute priced with contention)."""
+    planned = multi = shared = 0
+    for seed in range(40):
+        rng = random.Random(5000 + seed)
+        profile = random_profile(rng, rng.randint(3, 6), rng.randint(1, 3), rng.randint(3, 8), memory_gb=(0.4, 4.0),
+                                 slow_links=rng.random() < 0.7)
+        if seed % 3 == 0:
+            profile = profile.model_copy(update={"nodes": [
+                n.model_copy(update={"host": f"h{i % 2}", "host_cores": rng.choice([1, 2]),
+                                     "cpu_per_wall": rng.uniform(0.25, 2.0)}) for i, n in enumerate(profile.nodes)]})
+        try:
+            result = plan(profile, rng.randint(33, 64), rng.choice(["1f1b", "1f1b", "gpipe"]),
+                          max_pipelines=rng.choice([2, 2, 4]), compression=rng.choice([NONE, CompressionConfig()]))
+        except PlanningError:
+            continue
+        check_plan_json(json.loads(json.dumps(planner_result_dict(result))))
+        planned += 1
+        multi += len(result.pipelines) > 1
+        shared += bool(result.contention)
+    assert planned >= 30 and multi >= 20 and shared >= 3, (planned, multi, shared)
+
+
 @pytest.mark.timeout(600)
 def test_the_planner_is_within_1pct_of_a_brute_force_over_chains_cuts_and_windows():
     ratios = {}
