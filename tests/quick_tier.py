@@ -18,7 +18,7 @@ import pytest
 MODULES = {
     "test_planner", "test_exact_pricing", "test_plan_output", "test_planner_dp", "test_batch_sizes",
     "test_contention", "test_hierarchical_sync_cost", "test_sealed_cost", "test_schedule_choice",  # the planner
-    "test_search_bounds", "test_bounded_pricing", "test_pair_splits",  # the search's bounds against brute force
+    "test_search_bounds", "test_bounded_pricing", "test_pair_splits", "test_window_cuts",  # the search's bounds against brute force
     "test_simulation_core", "test_cut_front", "test_compiled_cut_loops",  # the planner's compiled loops against their Python ones
     "test_schedules", "test_typed_schedules", "test_split_backward", "test_device_schedules", "test_bubble_fill",  # schedules and the split backward
     "test_wire_rounding",  # bf16 on links

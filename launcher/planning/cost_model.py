@@ -14,6 +14,8 @@ For a chain of S stages, stage j holding layers [a_j, b_j) on node n_j, M micro-
             (one micro-batch's forward down and backward up the chain) and, where a window
             limits the schedule, max_j window_term(RT_j), RT_j = sum_{k>=j} t_k
             + sum_{k>=j, k<S-1} 2 (lat_k + c_k) the round trip from stage j to the end and back
+            (its own window's; the cut program of launcher/planning/chain_cuts.py divides by the
+            window memory allows the stage, window_cap, the one a deepening schedule gives it)
 
 The schedule object owns its closed form and its in-flight counts; nothing here tests a
 schedule's name. Stage j holds parameters, gradients and AdamW state (4 x param_bytes) plus
@@ -259,12 +261,8 @@ class CostModel:
         plain = self.exact(chain, self.with_windows(cost, tuple(own)) if any(s.window for s in cost.stages) else cost)
         if not self.rules.deepens or S == 1:
             return plain
-        caps = []
-        for j, (node, stage) in enumerate(zip(chain, cost.stages)):
-            a, b = stage.layer_start, stage.layer_end
-            static, per_mb = self._static[b] - self._static[a], self._activation[b] - self._activation[a]
-            fits = int((node.memory_bytes - static) // per_mb) if per_mb > 0 else self.M
-            caps.append(own[j] if j == S - 1 else max(own[j], min(self.M, fits)))
+        caps = [self.window_cap(node, stage.layer_start, stage.layer_end, j, S)
+                for j, (node, stage) in enumerate(zip(chain, cost.stages))]
         if caps == own:
             return plain
         round_trip, total = [0.0] * S, 0.0
@@ -294,6 +292,22 @@ class CostModel:
         return replace(self.exact(chain, self.with_windows(cost, windows)),
                        bottleneck=f"{plain.bottleneck}; {self.rules.title} windows {list(windows)} keep more "
                                   "micro-batches in flight")
+
+    def window_cap(self, node: NodeProfile, start: int, end: int, stage_index: int, num_stages: int) -> int:
+        """The deepest window a deepening schedule may give layers [start, end) at this position on
+        this node: as many micro-batches as its memory holds, at most M, at least its own (the
+        last stage keeps its own: nothing comes back to it later than its own backward). Its own
+        where the schedule does not deepen."""
+        own = self.rules.in_flight(stage_index, num_stages, self.M)
+        if not self.rules.deepens or stage_index == num_stages - 1:
+            return own
+        static, per_mb = self._static[end] - self._static[start], self._activation[end] - self._activation[start]
+        fits = int((node.memory_bytes - static) // per_mb) if per_mb > 0 else self.M
+        return max(own, min(self.M, fits))
+
+    def layer_prefixes(self) -> tuple[list[float], list[float]]:
+        """(static bytes, one micro-batch's activation bytes) of layers [0, i), per i."""
+        return self._static, self._activation
 
     def own_windows(self, num_stages: int) -> tuple[int, ...]:
         """Each stage's in-flight count under the schedule itself (its memory's window), per stage count."""
