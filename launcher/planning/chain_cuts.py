@@ -211,8 +211,13 @@ def least_lossy_codecs(cm: CostModel, chain: list[NodeProfile], cost: PipelineCo
         latency[j] = cm.link(chain[j], chain[j + 1])[1]
     # The program chose the codecs with each range's deepest window, where a faster codec may buy
     # nothing; under the stages' own windows (this closed form) one may: each boundary first
-    # takes the most effective codec here, which the slack is measured from.
+    # takes the most effective codec here, which the slack is measured from. Not where the
+    # boundary already has its most compressing codec (long chains' cuts all do, and planning a
+    # global batch relaxes thousands of boundaries).
+    squeezed = most_compressed_codecs(cm, chain)
     for j in range(S - 1):
+        if codecs[j] == squeezed[j]:
+            continue
         for codec in cm.codec_options(j, chain[j], chain[j + 1]):
             kept = compute[j], link[j]
             step = cm.closed_step(compute, link, latency)
