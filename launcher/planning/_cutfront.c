@@ -35,19 +35,18 @@ static int read_float(PyObject *tuple, Py_ssize_t i, double *out) {
     return as_double(PyTuple_GET_ITEM(tuple, i), out, "a cut front's");
 }
 
-/* one_bottleneck_front(rows, crossings, window) -> the front, as a list of
+/* one_bottleneck_front(rows, crossings) -> the front, as a list of
  * (compute max, link max, window max, total, end, next point, codec) tuples.
- * rows: [(end, stage compute, following front)], crossings: per codec, a list indexed by end of
- * (link, latency, codec work, codec). */
+ * rows: [(end, stage compute, following front, window)], window what the row's window term divides
+ * by (0: none); crossings: per codec, a list indexed by end of (link, latency, codec work, codec). */
 static PyObject *one_bottleneck_front(PyObject *self, PyObject *args) {
     PyObject *rows, *crossings;
-    double window;
-    if (!PyArg_ParseTuple(args, "O!O!d", &PyList_Type, &rows, &PyList_Type, &crossings, &window)) return NULL;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyList_Type, &rows, &PyList_Type, &crossings)) return NULL;
     Py_ssize_t num_rows = PyList_GET_SIZE(rows), num_codecs = PyList_GET_SIZE(crossings), count = 0;
     for (Py_ssize_t r = 0; r < num_rows; r++) {
         PyObject *row = PyList_GET_ITEM(rows, r);
-        if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) != 3 || !PyList_Check(PyTuple_GET_ITEM(row, 2))) {
-            PyErr_SetString(PyExc_TypeError, "a row is (end, compute, following front list)");
+        if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) != 4 || !PyList_Check(PyTuple_GET_ITEM(row, 2))) {
+            PyErr_SetString(PyExc_TypeError, "a row is (end, compute, following front list, window)");
             return NULL;
         }
         count += PyList_GET_SIZE(PyTuple_GET_ITEM(row, 2)) * num_codecs;
@@ -63,8 +62,8 @@ static PyObject *one_bottleneck_front(PyObject *self, PyObject *args) {
     for (Py_ssize_t r = 0; r < num_rows; r++) {
         PyObject *row = PyList_GET_ITEM(rows, r), *following = PyTuple_GET_ITEM(row, 2);
         Py_ssize_t end = PyLong_AsSsize_t(PyTuple_GET_ITEM(row, 0));
-        double t;
-        if ((end == -1 && PyErr_Occurred()) || read_float(row, 1, &t) < 0) goto fail;
+        double t, window;
+        if ((end == -1 && PyErr_Occurred()) || read_float(row, 1, &t) < 0 || read_float(row, 3, &window) < 0) goto fail;
         for (Py_ssize_t c = 0; c < num_codecs; c++) {
             PyObject *per_end = PyList_GET_ITEM(crossings, c), *crossing;
             if (!PyList_Check(per_end) || end < 0 || end >= PyList_GET_SIZE(per_end) ||
@@ -129,7 +128,7 @@ fail:
 
 static PyMethodDef methods[] = {
     {"one_bottleneck_front", one_bottleneck_front, METH_VARARGS,
-     "one_bottleneck_front(rows, crossings, window) -> the Pareto front of a cut state under 1F1B"},
+     "one_bottleneck_front(rows, crossings) -> the Pareto front of a cut state under 1F1B"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -19,7 +19,7 @@ from hetlaunch.launcher.planning.bottleneck_fill import bottleneck_bisect
 from hetlaunch.launcher.planning.compression import CODEC_SLACK, LOSSINESS
 from hetlaunch.launcher.planning.cost_model import CostModel, in_flight
 from hetlaunch.launcher.planning.pipeline_cost import PipelineCost
-from hetlaunch.launcher.planning.cut_front import one_bottleneck_front, one_bottleneck_pareto, state_points
+from hetlaunch.launcher.planning.cut_front import one_bottleneck_front, state_points
 from hetlaunch.launcher.planning.profile_file import NodeProfile
 
 EXACT_MAX_WORK = 20_000  # stages x layers^2 up to which a chain's cut is found by the exact DP
@@ -77,44 +77,44 @@ def _front(cm: CostModel, chain: list[NodeProfile], j: int, S: int, keys: list[t
         fronts[i] = front
         return front
     crossing = _crossing(cm, node, chain[j + 1], j)
-    rows = []  # (end, the stage's compute, the following state's front) per end that can follow
+    window = _windows(cm, node, i, j, S)
+    rows = []  # (end, the stage's compute, the following state's front, its window) per end that can follow
     for end in range(i + 1, L - (S - j - 1) + 1):
         if cm.memory_bytes(i, end, j, S) > node.memory_bytes:
             break  # memory only grows with the range
         following = _front(cm, chain, j + 1, S, keys, end)
         if following:
-            rows.append((end, cm.compute_s(node, i, end), following))
+            rows.append((end, cm.compute_s(node, i, end), following, window(end)))
     if one_max:
-        front = _window_front(cm, node, i, j, S, rows, list(crossing.values()))
+        front = one_bottleneck_front(rows, list(crossing.values()))
     else:  # GPipe: no window term, compute and link maxima priced apart
-        front = _pareto(state_points(rows, list(crossing.values()), 0))
+        front = _pareto(state_points(rows, list(crossing.values())))
     fronts[i] = front
     return front
 
 
-def _window_front(cm: CostModel, node: NodeProfile, i: int, j: int, S: int, rows: list[tuple],
-                  crossings: list[list]) -> list[tuple]:
-    """The front of state (stage j, first layer i) under 1F1B, each end's window term divided by
-    the window the plan will give that range (CostModel.window_cap): a deepening schedule keeps as
-    many micro-batches in flight as memory holds, and windows only ever deepen (CostModel.deepen).
-    Dividing by the schedule's own window instead priced a cut as if its round trip limited it
-    where the deepened windows hide that round trip, so the program chose cuts that shorten round
-    trips over cuts that balance compute: on a 4-node chain across regions at 38 micro-batches
-    its cut simulated 2.00 s where the best cut did 1.29 s."""
+def _windows(cm: CostModel, node: NodeProfile, i: int, j: int, S: int):
+    """end -> what the window term of stage j holding layers [i, end) divides by (0: none, GPipe).
+
+    Under a deepening schedule (1F1B) the window the plan will give that range: as many
+    micro-batches as memory holds (CostModel.window_cap, inlined: once per row of every state),
+    since windows only ever deepen (CostModel.deepen). Dividing by the schedule's own window
+    instead priced a cut as if its round trip limited it where the deepened windows hide that
+    round trip, so the program chose cuts that shorten round trips over cuts that balance
+    compute: on a 4-node chain across regions at 38 micro-batches its cut simulated 2.00 s where
+    the best cut did 1.29 s."""
+    if not cm.rules.one_bottleneck:
+        return lambda end: 0
     own = in_flight(cm.schedule, j, S, cm.M)
     if not cm.rules.deepens:
-        return one_bottleneck_front(rows, crossings, own)
-    by_window: dict[int, list[tuple]] = {}
+        return lambda end: own
     static, activation = cm.layer_prefixes()
-    for row in rows:  # CostModel.window_cap inlined (the same arithmetic): once per row of every state
-        per_mb = activation[row[0]] - activation[i]
-        fits = int((node.memory_bytes - (static[row[0]] - static[i])) // per_mb) if per_mb > 0 else cm.M
-        by_window.setdefault(max(own, min(cm.M, fits)), []).append(row)
-    if len(by_window) == 1:
-        (window, same), = by_window.items()
-        return one_bottleneck_front(same, crossings, window)
-    return one_bottleneck_pareto([point for window, same in by_window.items()
-                                  for point in one_bottleneck_front(same, crossings, window)])
+    memory, M = node.memory_bytes, cm.M
+
+    def deepest(end: int) -> int:
+        per_mb = activation[end] - activation[i]
+        return max(own, min(M, int((memory - (static[end] - static[i])) // per_mb) if per_mb > 0 else M))
+    return deepest
 
 
 def _crossing(cm: CostModel, node: NodeProfile, next_node: NodeProfile, j: int) -> dict[str, list]:

@@ -12,13 +12,14 @@ from __future__ import annotations
 import math
 
 
-def state_points(rows: list[tuple], crossings: list[list], window: float) -> list[tuple]:
+def state_points(rows: list[tuple], crossings: list[list]) -> list[tuple]:
     """Every point of a state before the front is taken. rows: [(end, the stage's compute, the
-    following state's front)]; crossings: per codec, a list indexed by end of (link, latency, codec
-    work, codec); window: what the window term divides by (0: no window term, GPipe). Points are
-    (compute max, link max, window max, round-trip sum, end, index in the following front, codec)."""
+    following state's front, window)], window what the row's window term divides by (0: no window
+    term, GPipe); crossings: per codec, a list indexed by end of (link, latency, codec work, codec).
+    Points are (compute max, link max, window max, round-trip sum, end, index in the following
+    front, codec)."""
     points = []
-    for end, t, following in rows:
+    for end, t, following, window in rows:
         for per_end in crossings:
             c, lat, work, codec = per_end[end]
             tc = t + work
@@ -29,9 +30,9 @@ def state_points(rows: list[tuple], crossings: list[list], window: float) -> lis
     return points
 
 
-def one_bottleneck_front_python(rows: list[tuple], crossings: list[list], window: float) -> list[tuple]:
+def one_bottleneck_front_python(rows: list[tuple], crossings: list[list]) -> list[tuple]:
     """The front of state_points under 1F1B (what _cutfront.c computes)."""
-    return one_bottleneck_pareto(state_points(rows, crossings, window))
+    return one_bottleneck_pareto(state_points(rows, crossings))
 
 
 def one_bottleneck_pareto(points: list[tuple]) -> list[tuple]:

@@ -24,8 +24,8 @@ needs_core = pytest.mark.skipif(not cut_front.COMPILED, reason="not built: see t
 
 
 def _state(rng: random.Random, coarse: bool):
-    """A random state: rows of (end, compute, following front) and per-codec crossings. `coarse`
-    draws from a few values, so that many points tie on their max term and on their sum."""
+    """A random state: rows of (end, compute, following front, window) and per-codec crossings.
+    `coarse` draws from a few values, so that many points tie on their max term and on their sum."""
     value = (lambda: rng.choice([0.0, 0.25, 0.5, 1.0])) if coarse else (lambda: rng.uniform(0.0, 1.0))
     L = rng.randint(2, 12)
     crossings = [[None] + [(value(), value(), value(), codec) for _ in range(L)]
@@ -33,8 +33,8 @@ def _state(rng: random.Random, coarse: bool):
     rows = []
     for end in sorted(rng.sample(range(1, L + 1), rng.randint(0, L))):
         following = [(value(), value(), value(), value(), end + 1, k - 1, "none") for k in range(rng.randint(1, 6))]
-        rows.append((end, value(), following))
-    return rows, crossings, rng.choice([0, 1, 2, 3, 7])
+        rows.append((end, value(), following, rng.choice([0, 1, 2, 3, 7])))  # windows differ by end
+    return rows, crossings
 
 
 def _bits(front: list[tuple]) -> list:
@@ -46,20 +46,20 @@ def _bits(front: list[tuple]) -> list:
 def test_the_compiled_front_gives_the_python_front_to_the_bit():
     rng = random.Random(5)
     for case in range(2000):
-        rows, crossings, window = _state(rng, coarse=case % 2 == 0)
-        want = one_bottleneck_front_python(rows, crossings, window)
-        got = cut_front._cutfront.one_bottleneck_front(rows, crossings, float(window))
-        assert _bits(got) == _bits(want), (rows, crossings, window)
-    assert one_bottleneck_front_python([], [], 1) == cut_front._cutfront.one_bottleneck_front([], [], 1.0) == []
+        rows, crossings = _state(rng, coarse=case % 2 == 0)
+        want = one_bottleneck_front_python(rows, crossings)
+        got = cut_front._cutfront.one_bottleneck_front(rows, crossings)
+        assert _bits(got) == _bits(want), (rows, crossings)
+    assert one_bottleneck_front_python([], []) == cut_front._cutfront.one_bottleneck_front([], []) == []
 
 
 @needs_core
 def test_points_that_tie_on_both_terms_keep_the_first_made_as_pythons_stable_sort_does():
     point = [(0.1, 0.0, 0.0, 1.0, 9, 0, "none")]
     crossings = [[None] + [(0.2, 0.01, 0.0, codec)] * 3 for codec in ("int8", "none")]
-    rows = [(end, 0.5, point) for end in (1, 2, 3)]  # every end, every codec: the same two terms
+    rows = [(end, 0.5, point, 2) for end in (1, 2, 3)]  # every end, every codec: the same two terms
     for core in (cut_front._cutfront.one_bottleneck_front, one_bottleneck_front_python):
-        (kept,) = core(rows, crossings, 2)
+        (kept,) = core(rows, crossings)
         assert kept[4:] == (1, 0, "int8")  # the first end, the first codec
 
 
@@ -68,13 +68,17 @@ def test_bad_input_is_refused_not_read_past():
     core = cut_front._cutfront.one_bottleneck_front
     crossings = [[None, (0.1, 0.0, 0.0, "none")]]
     with pytest.raises(TypeError):
-        core([(1, 0.5)], crossings, 1.0)  # a row without its following front
+        core([(1, 0.5)], crossings)  # a row without its following front
     with pytest.raises(TypeError):
-        core([(5, 0.5, [(0.1, 0.1, 0.1, 0.1)])], crossings, 1.0)  # an end past the crossings
+        core([(1, 0.5, [(0.1, 0.1, 0.1, 0.1)])], crossings)  # a row without its window
     with pytest.raises(TypeError):
-        core([(1, 0.5, [(0.1, 0.1)])], crossings, 1.0)  # a point of two numbers
+        core([(1, 0.5, [(0.1, 0.1, 0.1, 0.1)], "deep")], crossings)  # a window that is not a number
     with pytest.raises(TypeError):
-        core([(1, 0.5, [("fast", 0.1, 0.1, 0.1)])], crossings, 1.0)
+        core([(5, 0.5, [(0.1, 0.1, 0.1, 0.1)], 1.0)], crossings)  # an end past the crossings
+    with pytest.raises(TypeError):
+        core([(1, 0.5, [(0.1, 0.1)], 1.0)], crossings)  # a point of two numbers
+    with pytest.raises(TypeError):
+        core([(1, 0.5, [("fast", 0.1, 0.1, 0.1)], 1.0)], crossings)
 
     class Growing(float):  # a number whose conversion would lengthen the front being read
         def __float__(self):
@@ -87,12 +91,12 @@ def test_bad_input_is_refused_not_read_past():
             return 0.1
     following = [(Number(), 0.1, 0.1, 0.1)]
     with pytest.raises(TypeError):  # refused before any Python code runs, not read past its end
-        core([(1, 0.5, following)], crossings, 1.0)
+        core([(1, 0.5, following, 1.0)], crossings)
     assert len(following) == 1
     following = [(Growing(0.1), 0.1, 0.1, 0.1)]  # a float subclass is read as the float it is
-    assert core([(1, 0.5, following)], crossings, 1.0)[0][0] == 0.5 and len(following) == 1
-    assert core([(1, 0.5, [(0.1, 0.1, 0.1, 0.1)])], crossings, 1.0) == \
-        one_bottleneck_front_python([(1, 0.5, [(0.1, 0.1, 0.1, 0.1)])], crossings, 1)
+    assert core([(1, 0.5, following, 1.0)], crossings)[0][0] == 0.5 and len(following) == 1
+    assert core([(1, 0.5, [(0.1, 0.1, 0.1, 0.1)], 1.0)], crossings) == \
+        one_bottleneck_front_python([(1, 0.5, [(0.1, 0.1, 0.1, 0.1)], 1)], crossings)
 
 
 @needs_core
