@@ -64,3 +64,24 @@ def test_plans_equal_the_plan_of_every_cut_on_the_benchs_clusters(monkeypatch, s
         patched.setattr(chain_cuts, "ENUMERATE_MAX_CUTS", 10**6)
         want = plan(profile, 8, "1f1b", max_pipelines=6, compression=NONE)
     assert got.tokens_per_s >= want.tokens_per_s * (1 - 1e-9), (got.tokens_per_s, want.tokens_per_s)
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe", "zb-h1"])
+def test_the_programs_windows_are_the_caps_deepen_searches_up_to(schedule):
+    """Each range's window in the program (inlined for speed) is CostModel.window_cap, the deepest
+    window CostModel.deepen may give it, where the program prices a window term at all (1F1B's
+    one-bottleneck closed form; GPipe's and ZB-H1's fronts keep every term apart, without one)."""
+    rng = random.Random(7)
+    for _ in range(20):
+        profile = random_profile(rng, rng.randint(2, 5), rng.randint(1, 3), rng.randint(4, 12),
+                                 memory_gb=(0.05, 4.0))  # some ranges fit fewer than their own window
+        M = rng.randint(1, 40)
+        cm = CostModel(profile, M, schedule, NONE)
+        S, L = len(profile.nodes), cm.num_layers
+        for node in profile.nodes:
+            for j in range(S - 1):
+                for i in range(L):
+                    window = chain_cuts._windows(cm, node, i, j, S)
+                    for end in range(i + 1, L + 1):
+                        want = cm.window_cap(node, i, end, j, S) if cm.rules.one_bottleneck else 0
+                        assert window(end) == want, (schedule, M, node.name, i, end, j, S)
