@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 from hetlaunch.launcher.planning.bottleneck_fill import bottleneck_bisect
 from hetlaunch.launcher.planning.compression import CODEC_SLACK, LOSSINESS
@@ -51,14 +52,20 @@ def best_cuts(cm: CostModel, chain: list[NodeProfile]) -> PipelineCost | None:
     start = _front(cm, chain, 0, S, keys, 0)
     if not start:
         return None
-    k = min(range(len(start)), key=lambda n: cm.step_s(start[n][0], start[n][1], start[n][3], start[n][2]))
+    steps = [cm.step_s(point[0], point[1], point[3], point[2]) for point in start]
+    k = min(range(len(start)), key=steps.__getitem__)
+    step = steps[k]
     cuts, codecs, i = [], [], 0
     for j in range(S):
         *_, end, next_k, codec = cm.suffix_fronts[keys[j]][i][k]
         cuts.append((i, end))
         codecs.append(codec)
         i, k = end, next_k
-    return cm.evaluate(chain, cuts, codecs[:-1])
+    # The step the program minimised (each range's window term over the window memory allows it,
+    # _windows), not evaluate's over 1F1B's own windows: chains are ranked by it where they are
+    # not simulated (ChainSearch.best's finalists), and ranked by the other formula a cut that
+    # simulated 3.72 s lost its place to a chain that simulated 4.04 s.
+    return replace(cm.evaluate(chain, cuts, codecs[:-1]), step_s=step)
 
 
 def _front(cm: CostModel, chain: list[NodeProfile], j: int, S: int, keys: list[tuple], i: int) -> list[tuple]:
@@ -96,13 +103,17 @@ def _front(cm: CostModel, chain: list[NodeProfile], j: int, S: int, keys: list[t
 def _windows(cm: CostModel, node: NodeProfile, i: int, j: int, S: int):
     """end -> what the window term of stage j holding layers [i, end) divides by (0: none, GPipe).
 
-    Under a deepening schedule (1F1B) the window the plan will give that range: as many
-    micro-batches as memory holds (CostModel.window_cap, inlined: once per row of every state),
-    since windows only ever deepen (CostModel.deepen). Dividing by the schedule's own window
-    instead priced a cut as if its round trip limited it where the deepened windows hide that
-    round trip, so the program chose cuts that shorten round trips over cuts that balance
-    compute: on a 4-node chain across regions at 38 micro-batches its cut simulated 2.00 s where
-    the best cut did 1.29 s."""
+    Under a deepening schedule (1F1B) the deepest window memory allows that range
+    (CostModel.window_cap, inlined: once per row of every state), the cap up to which
+    CostModel.deepen searches the plan's windows. A stage may get fewer in the plan: windows never
+    grow down the pipeline (launcher/planning/windows.py), so below a stage that holds fewer it
+    holds at most as many. Its term is then below that stage's, whose round trip is longer, so
+    the largest term, the one the closed form takes, is the same either way.
+
+    Dividing by the schedule's own window instead priced a cut as if its round trip limited it
+    where the deepened windows hide that round trip, so the program chose cuts that shorten
+    round trips over cuts that balance compute: on a 4-node chain across regions at 38
+    micro-batches its cut simulated 2.00 s where the best cut did 1.29 s."""
     if not cm.rules.one_bottleneck:
         return lambda end: 0
     own = in_flight(cm.schedule, j, S, cm.M)
@@ -193,7 +204,8 @@ def cut_chain(cm: CostModel, chain: list[NodeProfile]) -> PipelineCost | None:
 
 def least_lossy_codecs(cm: CostModel, chain: list[NodeProfile], cost: PipelineCost) -> PipelineCost:
     """Per boundary, the least lossy allowed codec that keeps the link off the critical path:
-    the closed form's step stays within CODEC_SLACK of the most effective choice. `none` wherever the raw link is fast enough; a lossier codec only where it really
+    the closed form's step stays within CODEC_SLACK of the given codecs' (the most effective
+    choice). `none` wherever the raw link is fast enough; a lossier codec only where it really
     buys time. Each trial changes one boundary, so it is priced from plain per-stage numbers."""
     S = len(chain)
     cuts = [(s.layer_start, s.layer_end) for s in cost.stages]
@@ -209,23 +221,6 @@ def least_lossy_codecs(cm: CostModel, chain: list[NodeProfile], cost: PipelineCo
     for j in range(S - 1):
         compute[j], link[j] = terms(j, codecs[j])
         latency[j] = cm.link(chain[j], chain[j + 1])[1]
-    # The program chose the codecs with each range's deepest window, where a faster codec may buy
-    # nothing; under the stages' own windows (this closed form) one may: each boundary first
-    # takes the most effective codec here, which the slack is measured from. Not where the
-    # boundary already has its most compressing codec (long chains' cuts all do, and planning a
-    # global batch relaxes thousands of boundaries).
-    squeezed = most_compressed_codecs(cm, chain)
-    for j in range(S - 1):
-        if codecs[j] == squeezed[j]:
-            continue
-        for codec in cm.codec_options(j, chain[j], chain[j + 1]):
-            kept = compute[j], link[j]
-            step = cm.closed_step(compute, link, latency)
-            compute[j], link[j] = terms(j, codec)
-            if cm.closed_step(compute, link, latency) < step:
-                codecs[j] = codec
-            else:
-                compute[j], link[j] = kept
     limit = cm.closed_step(compute, link, latency) * (1 + CODEC_SLACK)
     for j in range(S - 1):
         kept = compute[j], link[j]
@@ -241,7 +236,7 @@ def least_lossy_codecs(cm: CostModel, chain: list[NodeProfile], cost: PipelineCo
 
 
 def simulated_best_cut(cm: CostModel, chain: list[NodeProfile], found: PipelineCost,
-                       most: int = ENUMERATE_MAX_CUTS, bound: float = math.inf) -> PipelineCost | None:
+                       most: int | None = None, bound: float = math.inf) -> PipelineCost | None:
     """The cut and codecs of this chain that the event simulation prices best, when there are at
     most `most` to try (else `found`, priced exactly): the closed form the DP minimises is
     off by up to ~40%, so its best cut need not be the simulation's. Each cut with the 1F1B
@@ -258,6 +253,7 @@ def simulated_best_cut(cm: CostModel, chain: list[NodeProfile], found: PipelineC
     bound: kept at its program's cut here, it may become a finalist of ChainSearch.best, whose
     every cut is tried."""
     S, L = len(chain), cm.num_layers
+    most = ENUMERATE_MAX_CUTS if most is None else most  # read at the call: a reference may lift it
     options = [cm.codec_options(j, a, b) for j, (a, b) in enumerate(zip(chain, chain[1:]))]
     cuts_to_try = math.comb(L - 1, S - 1) * math.prod(len(o) for o in options)
     if cuts_to_try > most:

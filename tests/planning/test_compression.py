@@ -62,7 +62,11 @@ def test_auto_leaves_a_fast_link_uncompressed():
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
 def test_auto_picks_the_least_lossy_codec_within_slack(bandwidth, schedule):
     """Each boundary's codec is the least lossy one whose step is within CODEC_SLACK of the best
-    codec for that boundary (others fixed): a lossier codec is used only where it buys time."""
+    codec for that boundary (others fixed): a lossier codec is used only where it buys time. The
+    step is what the plan is priced with where the closed form is not: 1F1B's simulation with its
+    windows searched (the cut program picks codecs under the windows memory allows, where the
+    own-window closed form would have taken int4_rotated over int8 at 2e8 for 1.9% of simulated
+    step, inside the slack); GPipe's closed form."""
     profile = two_region_profile(bandwidth)
     policy = CompressionConfig()
     result = plan(profile, 8, schedule, compression=policy)
@@ -71,9 +75,13 @@ def test_auto_picks_the_least_lossy_codec_within_slack(bandwidth, schedule):
     chain = [profile.node(s.node) for s in cost.stages]
     cuts = [(s.layer_start, s.layer_end) for s in cost.stages]
     codecs = [s.codec for s in cost.stages[:-1]]
+
+    def step(codecs: list[str]) -> float:
+        closed = cm.evaluate(chain, cuts, codecs)
+        return cm.deepen(chain, closed).step_s if cm.rules.deepens else closed.step_s
+
     for j in range(len(codecs)):
-        steps = {c: cm.evaluate(chain, cuts, codecs[:j] + [c] + codecs[j + 1:]).step_s
-                 for c in cm.codec_options(j, chain[j], chain[j + 1])}
+        steps = {c: step(codecs[:j] + [c] + codecs[j + 1:]) for c in cm.codec_options(j, chain[j], chain[j + 1])}
         good_enough = [c for c in LOSSINESS if c in steps and steps[c] <= min(steps.values()) * (1 + CODEC_SLACK)]
         assert codecs[j] == good_enough[0], (j, codecs[j], steps)
 
