@@ -234,7 +234,9 @@ class ChainSearch:
         """(step, cost) as price(chain, bound) gives, for ranking chains: a long chain priced by the
         closed form and cut by bisection gets its step only, its cost None (price() builds it from
         what is remembered, the same cost, for the few chains that go on): building the stages of
-        every such chain was a third of planning a global batch of 4,096."""
+        every such chain was a third of planning a global batch of 4,096. A chain remembered
+        unsimulated gets its step only too: rebuilding the cost of every such chain ranked again
+        (long chains are, at every micro-batch count a global batch tries) was a tenth of it."""
         key, cm = self.key(chain), self.cm
         if key not in self.memo and len(chain) * cm.M > SIMULATE_EVERY_CHAIN and bisected(cm, chain):
             if self._ruled_out(chain, key, bound):
@@ -247,6 +249,9 @@ class ChainSearch:
             step = cm.closed_form_step(chain, cuts, codecs)
             self.memo[key] = (cuts, codecs, (0,) * len(chain), step, False)  # as remember() keeps evaluate's
             return step, None
+        known = self.memo.get(key, ())
+        if known and not known[4]:
+            return known[3], None  # remembered unsimulated: its step; price() rebuilds the cost if it goes on
         cost = self.price(chain, bound)
         return None if cost is None else (cost.step_s, cost)
 
