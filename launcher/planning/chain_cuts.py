@@ -62,9 +62,9 @@ def best_cuts(cm: CostModel, chain: list[NodeProfile]) -> PipelineCost | None:
         codecs.append(codec)
         i, k = end, next_k
     # The step the program minimised (each range's window term over the window memory allows it,
-    # _windows), not evaluate's over 1F1B's own windows: chains are ranked by it where they are
-    # not simulated (ChainSearch.best's finalists), and ranked by the other formula a cut that
-    # simulated 3.72 s lost its place to a chain that simulated 4.04 s.
+    # _windows), not evaluate's over 1F1B's own windows: ChainSearch.best ranks the chains it does
+    # not simulate each by it, and ranked by the other formula the program's cut of a 5-node chain
+    # that simulates 3.77 s was never a finalist and the plan ran 4.26 s (test_window_cuts.py).
     return replace(cm.evaluate(chain, cuts, codecs[:-1]), step_s=step)
 
 

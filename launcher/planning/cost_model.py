@@ -15,7 +15,7 @@ For a chain of S stages, stage j holding layers [a_j, b_j) on node n_j, M micro-
             limits the schedule, max_j window_term(RT_j), RT_j = sum_{k>=j} t_k
             + sum_{k>=j, k<S-1} 2 (lat_k + c_k) the round trip from stage j to the end and back
             (its own window's; the cut program of launcher/planning/chain_cuts.py divides by the
-            window memory allows the stage, window_cap, the one a deepening schedule gives it)
+            window memory allows the stage, window_cap, the deepest a deepening schedule may give it)
 
 The schedule object owns its closed form and its in-flight counts; nothing here tests a
 schedule's name. Stage j holds parameters, gradients and AdamW state (4 x param_bytes) plus
