@@ -90,7 +90,7 @@ def every_split_tried():
 def every_cut_tried():
     """The search with every cut of every chain simulated (each with its windows searched), where
     it otherwise simulates only the cut program's choice for chains of many cuts: the reference
-    for the cut program (launcher/planning/chain_cuts.py _window_front)."""
+    for the cut program (launcher/planning/chain_cuts.py _windows)."""
     saved = chain_search.EVERY_CHAIN_MAX_CUTS, chain_cuts.ENUMERATE_MAX_CUTS
     chain_search.EVERY_CHAIN_MAX_CUTS = chain_cuts.ENUMERATE_MAX_CUTS = 10**6
     try:

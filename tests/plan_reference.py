@@ -24,8 +24,11 @@ GiB, MiB = 2**30, 2**20
 
 def reference_step(schedule: str, stages: list[dict], num_microbatches: int) -> float:
     """The step of one pipeline from its JSON stages (`hetlaunch plan --json`): forward_s,
-    backward_s, optimizer_s, link_s, latency_s and window each."""
+    backward_s, optimizer_s, link_s, latency_s and window each, and for a split backward (ZB)
+    input_grad_s and weight_grad_s: an I sends the gradient upstream as a B does, a W follows its
+    I; where some stage measured neither, each of I and W costs half a backward."""
     S, M = len(stages), num_microbatches
+    measured = all(s.get("input_grad_s", 0.0) + s.get("weight_grad_s", 0.0) > 0 for s in stages)
     lists = [[(a.kind.value, a.microbatch) for a in schedule_for(schedule, j, S, M, s["window"])]
              for j, s in enumerate(stages)]
     position = [{action: i for i, action in enumerate(actions)} for actions in lists]
@@ -35,7 +38,19 @@ def reference_step(schedule: str, stages: list[dict], num_microbatches: int) -> 
     sys.setrecursionlimit(max(sys.getrecursionlimit(), 20 * S * M + 1000))
 
     def cost(j: int, op: str) -> float:
-        return stages[j]["forward_s"] if op == "F" else stages[j]["backward_s"]
+        if op in ("F", "B"):
+            return stages[j]["forward_s" if op == "F" else "backward_s"]
+        if measured:
+            return stages[j]["input_grad_s" if op == "I" else "weight_grad_s"]
+        return stages[j]["backward_s"] / 2
+
+    def direction(op: str) -> str:
+        """The wire a message takes: forwards down, gradients (a B's or an I's) up; W sends nothing."""
+        return "down" if op == "F" else "up"
+
+    def gradient(j: int, m: int) -> str:
+        """Which action of stage j sends micro-batch m's gradient upstream."""
+        return "I" if ("I", m) in position[j] else "B"
 
     def end(j: int, i: int) -> float:
         if (j, i) in ends:
@@ -47,10 +62,12 @@ def reference_step(schedule: str, stages: list[dict], num_microbatches: int) -> 
         start = end(j, i - 1) if i else 0.0
         if op == "F" and j > 0:
             start = max(start, arrival(j - 1, "F", m, j - 1))
-        if op == "B":
+        if op in ("B", "I"):
             start = max(start, end(j, position[j][("F", m)]))
             if j < S - 1:
-                start = max(start, arrival(j + 1, "B", m, j))
+                start = max(start, arrival(j + 1, gradient(j + 1, m), m, j))
+        if op == "W":
+            start = max(start, end(j, position[j][("I", m)]))
         visiting.discard((j, i))
         ends[(j, i)] = start + cost(j, op)
         return ends[(j, i)]
@@ -60,7 +77,7 @@ def reference_step(schedule: str, stages: list[dict], num_microbatches: int) -> 
         key = (j, op, m)
         if key not in leaves:
             i = position[j][(op, m)]
-            previous = [k for k in range(i) if lists[j][k][0] == op]
+            previous = [k for k in range(i) if lists[j][k][0] != "W" and direction(lists[j][k][0]) == direction(op)]
             queue = left(j, op, lists[j][previous[-1]][1], wire) if previous else 0.0
             leaves[key] = max(end(j, i), queue) + stages[wire]["link_s"]
         return leaves[key]

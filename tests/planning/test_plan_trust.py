@@ -164,3 +164,27 @@ def test_a_large_cluster_of_few_node_kinds_keeps_the_windows_it_priced(tmp_path)
     check_plan_json(d)
     assert d["method"] == "region heuristic"
     assert any(s["window"] for p in d["pipelines"] for s in p["stages"]), "distant links: deeper windows pay here"
+
+
+@pytest.mark.timeout(300)
+def test_zero_bubble_plans_report_the_simulation_of_what_they_return():
+    """ZB-H1 and ZB-H2 through plan(), their split backward priced from the I and W each node
+    measured (half the profiles) or from halves of its backward: the reference simulates I and W
+    apart (an I sends the gradient upstream, a W follows its I)."""
+    planned = measured = 0
+    for seed in range(24):
+        rng = random.Random(7000 + seed)
+        profile = random_profile(rng, rng.randint(2, 5), rng.randint(1, 3), rng.randint(3, 10), memory_gb=(0.4, 4.0))
+        if seed % 2:
+            profile = profile.model_copy(update={"nodes": [n.model_copy(update={
+                "input_grad_seconds": [t * rng.uniform(0.25, 0.45) for t in n.layer_seconds],
+                "weight_grad_seconds": [t * rng.uniform(0.2, 0.4) for t in n.layer_seconds]}) for n in profile.nodes]})
+        try:
+            result = plan(profile, rng.choice([2, 4, 8, 33, 64, 128]), rng.choice(["zb-h1", "zb-h2"]),
+                          max_pipelines=rng.choice([1, 2, 3]), compression=rng.choice([NONE, CompressionConfig()]))
+        except PlanningError:
+            continue
+        check_plan_json(json.loads(json.dumps(planner_result_dict(result))))
+        planned += 1
+        measured += seed % 2
+    assert planned >= 18 and measured >= 8, (planned, measured)
