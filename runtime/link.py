@@ -2,7 +2,18 @@
 
 What crosses is a fixed-size int64 header tensor (format version, codec, dtype, shape)
 followed by the codec's payload tensors, sent with point-to-point isend/irecv. Only
-tensors cross: nothing is pickled. A boundary may carry a tuple of tensors (a hidden state and
+tensors cross: nothing is pickled.
+
+gloo moves a message only once the receiver has posted its receive and told the sender so, a
+round trip. A receiver that posted the header alone and the payloads once it had read the header
+paid that round trip twice per message, the second on the critical path: a whole link round trip
+per activation on a cross-region link, which neither the probe's latency nor the emulated wire
+priced. So the receiver posts the header and the payloads together, sized as the last message at
+that tuple position was (`_received_layout`), and the sender, who keeps the same record
+(`_sent_layout`), sends a notice first when a message's payload sizes differ: a header that
+announces the next message's layout, with zero payloads of the sizes the receiver posted. A
+link's first message, and one after its shape or codec changed, pays the round trip once more;
+every other message is received in one. A boundary may carry a tuple of tensors (a hidden state and
 a mask, say): each element is one such message, its header saying which of how many it is.
 Each element gets the link's codec, which leaves integer and boolean tensors exact; a complex
 tensor crosses as its real view and is made complex again on arrival. Sends are asynchronous so the sender's compute goes
@@ -14,7 +25,10 @@ not even its shape — crosses in clear, and the receiver checks the announced l
 link's bound before allocating, then authenticates, then reads the header from the plaintext.
 The sealing and the sends run on the link's own thread (runtime/serial_worker.py, in order), so
 the stage computes its next micro-batch while the cipher works (it releases the GIL); opening
-stays on the receiving thread, which needs the plaintext before it can go on.
+stays on the receiving thread, which needs the plaintext before it can go on. The receiver posts
+the envelope and the sealed bytes together at the plaintext length of the last message at that
+tuple position (`_received_sealed`; the first at a position is read envelope first), and a notice,
+sealed like any message and of the length the receiver posted, announces a new one.
 """
 
 from __future__ import annotations
@@ -34,9 +48,10 @@ from hetlaunch.runtime.sealed_exchange import bytes_tensor, recv_sealed, tensor_
 from hetlaunch.runtime.sealing import ENVELOPE_BYTES, TAG_BYTES, Opener, Sealer, SealingError
 from hetlaunch.runtime.serial_worker import SerialWorker
 
-HEADER_VERSION = 2  # 2: tuple position and count, complex flag
+HEADER_VERSION = 3  # 2: tuple position and count, complex flag; 3: notice of the next layout
 MAX_DIMS = 8
-HEADER_LEN = 8 + MAX_DIMS  # version, codec, dtype, send time (us), position, count, complex, ndim, dims...
+# version, codec, dtype, send time (us), position, count, complex, notice, ndim, dims...
+HEADER_LEN = 9 + MAX_DIMS
 # A message's count: 0 for a lone tensor, n for element `position` of an n-tuple.
 Message = torch.Tensor | tuple[torch.Tensor, ...]
 
@@ -61,7 +76,7 @@ DTYPES_BY_CODE = {code: dtype for dtype, code in DTYPE_CODES.items()}
 
 
 def encode_header(codec: Codec, shape: tuple[int, ...], dtype: torch.dtype, sent_at: float = 0.0,
-                  position: int = 0, count: int = 0, complex_: bool = False) -> torch.Tensor:
+                  position: int = 0, count: int = 0, complex_: bool = False, notice: bool = False) -> torch.Tensor:
     if len(shape) > MAX_DIMS:
         raise ValueError(f"tensors of more than {MAX_DIMS} dims cannot cross a link (got {len(shape)})")
     if dtype not in DTYPE_CODES:
@@ -74,9 +89,10 @@ def encode_header(codec: Codec, shape: tuple[int, ...], dtype: torch.dtype, sent
     header[4] = position
     header[5] = count
     header[6] = int(complex_)
-    header[7] = len(shape)
+    header[7] = int(notice)  # this header only announces the layout of the next message at its position
+    header[8] = len(shape)
     if shape:
-        header[8 : 8 + len(shape)] = torch.tensor(shape, dtype=torch.int64)
+        header[9 : 9 + len(shape)] = torch.tensor(shape, dtype=torch.int64)
     return header
 
 
@@ -89,18 +105,24 @@ class Header:
     position: int = 0
     count: int = 0
     complex_: bool = False
+    notice: bool = False
 
 
 def decode_header(header: torch.Tensor) -> Header:
     values = header.tolist()
     if values[0] != HEADER_VERSION:
         raise ValueError(f"link header version {values[0]} (expected {HEADER_VERSION}): peers run different hetlaunch versions")
-    position, count, complex_, ndim = values[4:8]
-    if (not 0 <= ndim <= MAX_DIMS or any(d < 0 for d in values[8 : 8 + ndim]) or values[2] not in DTYPES_BY_CODE or not 0 <= count <= MAX_TUPLE
-            or not (position == 0 if count == 0 else 0 <= position < count) or complex_ not in (0, 1)):
+    position, count, complex_, notice, ndim = values[4:9]
+    if (not 0 <= ndim <= MAX_DIMS or any(d < 0 for d in values[9 : 9 + ndim]) or values[2] not in DTYPES_BY_CODE or not 0 <= count <= MAX_TUPLE
+            or not (position == 0 if count == 0 else 0 <= position < count) or complex_ not in (0, 1) or notice not in (0, 1)):
         raise ValueError(f"corrupt link header {values}")
-    return Header(codec_by_id(values[1]), tuple(values[8 : 8 + ndim]), DTYPES_BY_CODE[values[2]], values[3] / 1e6,
-                  position, count, bool(complex_))
+    return Header(codec_by_id(values[1]), tuple(values[9 : 9 + ndim]), DTYPES_BY_CODE[values[2]], values[3] / 1e6,
+                  position, count, bool(complex_), bool(notice))
+
+
+def payload_layout(head: Header) -> tuple[int, ...]:
+    """The byte size of each payload the header's message carries: what the receiver posts."""
+    return tuple(dtype.itemsize * _numel(shape) for shape, dtype in head.codec.payload_specs(head.shape, head.dtype))
 
 
 def check_message_size(head: Header, max_bytes: int, peer_rank: int) -> None:
@@ -118,6 +140,7 @@ class LinkStats:
     raw_bytes: int = 0
     wire_bytes: int = 0
     messages: int = 0
+    notices: int = 0  # layout notices sent: each costs the receiver a round trip (module docstring)
 
 
 @dataclass
@@ -166,6 +189,14 @@ class Link:
         # first asked): gloo's irecv never reports itself complete before wait(), so no poll could.
         self._coming: deque[Future] = deque()
         self._receiver: SerialWorker | None = None
+        # Payload sizes (bytes) of the last message sent / received at each tuple position (module
+        # docstring): the receiver posts these with the header; both sides update them in step.
+        self._sent_layout: dict[int, tuple[int, ...]] = {}
+        self._received_layout: dict[int, tuple[int, ...]] = {}
+        # A sealed link's: the plaintext length of the last message at each position (none yet: the
+        # receiver reads the envelope first, as for any sealed message, and learns it).
+        self._sent_sealed: dict[int, int] = {}
+        self._received_sealed: dict[int, int] = {}
 
     def retarget(self, send_codec: Codec, max_message_bytes: int) -> None:
         """A live move changed the layer at this boundary: its codec and size bound follow it.
@@ -196,14 +227,32 @@ class Link:
         self.stats.raw_bytes += tensor.numel() * tensor.element_size()
         if self.sealing is not None:
             plain = tensor_bytes([header, *payloads])  # copied now: the caller may reuse its tensors
+            posted = self._sent_sealed.get(position)
+            if posted is not None and posted != len(plain):  # the receiver posted another length
+                notice = encode_header(self.send_codec, tuple(tensor.shape), tensor.dtype, 0.0, position, count,
+                                       complex_, notice=True)
+                self._sealing_sends.append(self._sealer_thread.submit(
+                    self._seal_and_send, tensor_bytes([notice]) + bytes(posted - HEADER_LEN * 8)))
+                self.stats.notices += 1
+                self.stats.wire_bytes += ENVELOPE_BYTES + posted + TAG_BYTES
+            self._sent_sealed[position] = len(plain)
             self._sealing_sends.append(self._sealer_thread.submit(self._seal_and_send, plain))
             # What crosses: the envelope and the sealed header + payloads + tag.
             self.stats.wire_bytes += ENVELOPE_BYTES + len(plain) + TAG_BYTES
             self._sealing_sends = [f for f in self._sealing_sends if not f.done() or f.exception() is not None]
             return
-        to_wire = [header.to(self.wire_device)] + [p.to(self.wire_device).contiguous() for p in payloads]
-        self._isend(to_wire)
-        self.stats.wire_bytes += sum(p.numel() * p.element_size() for p in payloads)
+        to_wire = [p.to(self.wire_device).contiguous() for p in payloads]
+        layout = tuple(p.numel() * p.element_size() for p in to_wire)
+        posted = self._sent_layout.get(position, ())
+        if layout != posted:  # the receiver posted other sizes: tell it this message's first
+            notice = encode_header(self.send_codec, tuple(tensor.shape), tensor.dtype, 0.0, position, count,
+                                   complex_, notice=True)
+            self._isend([notice.to(self.wire_device)]
+                        + [torch.zeros(size, dtype=torch.uint8, device=self.wire_device) for size in posted])
+            self._sent_layout[position] = layout
+            self.stats.notices += 1
+        self._isend([header.to(self.wire_device)] + to_wire)
+        self.stats.wire_bytes += sum(layout)
         self._pending = [(w, ts) for w, ts in self._pending if not w.is_completed()]
 
     def _isend(self, to_wire: list[torch.Tensor]) -> None:
@@ -266,7 +315,7 @@ class Link:
     def _receive(self) -> _Arrived:
         """One whole message: each element's header and payloads, decoded; the emulated wire's
         arrival counted once per element, in order."""
-        head, first, part = self._recv_one()
+        head, first, part = self._recv_one(0)
         parts, due = [part], self._due(head, part)
         if head.count == 0:
             return _Arrived(first, due, parts)
@@ -274,7 +323,7 @@ class Link:
             raise ValueError(f"link message starts at tuple position {head.position}, not 0")
         items = [first]
         for expected in range(1, head.count):
-            more, tensor, part = self._recv_one()
+            more, tensor, part = self._recv_one(expected)
             if (more.position, more.count) != (expected, head.count):
                 raise ValueError(f"link tuple out of order: got {more.position} of {more.count}, "
                                  f"expected {expected} of {head.count}")
@@ -286,32 +335,62 @@ class Link:
     def _due(self, head: Header, part: tuple[float, float, int]) -> float | None:
         return None if self.emulation is None else self.emulation.arrival(head.sent_at, part[2])
 
-    def _recv_one(self) -> tuple[Header, torch.Tensor, tuple[float, float, int]]:
-        if self.sealing is not None:
-            head, payloads = self._recv_sealed()
-        else:
-            header = torch.empty(HEADER_LEN, dtype=torch.int64, device=self.wire_device)
-            dist.recv(header, src=self.peer_rank, group=self.group, tag=self.tag)
-            head = decode_header(header.cpu())
-            check_message_size(head, self.max_message_bytes, self.peer_rank)
-            specs = head.codec.payload_specs(head.shape, head.dtype)
-            payloads = [torch.empty(s, dtype=d, device=self.wire_device) for s, d in specs]
-            works = [dist.irecv(p, src=self.peer_rank, group=self.group, tag=self.tag) for p in payloads]
-            for work in works:
-                work.wait()
+    def _recv_one(self, position: int) -> tuple[Header, torch.Tensor, tuple[float, float, int]]:
+        """The element at tuple `position` of the message being received."""
+        head, payloads = self._recv_sealed(position) if self.sealing is not None else self._recv_plain(position)
         received_at = host_clock.now()
         wire_bytes = head.codec.wire_bytes(head.shape, head.dtype)
         tensor = head.codec.decode([p.to(self.device) for p in payloads], head.shape, head.dtype)
         tensor = torch.view_as_complex(tensor.contiguous()) if head.complex_ else tensor
         return head, tensor, (head.sent_at, received_at, wire_bytes)
 
-    def _recv_sealed(self) -> tuple[Header, list[torch.Tensor]]:
-        """Envelope, then the sealed message (its length checked first); the header and payloads
-        are read from the authenticated plaintext only."""
-        bound = self.max_message_bytes + self.max_message_bytes // 8 + HEADER_LEN * 8 + 2**16  # codec scales
-        plain = recv_sealed(self.sealing[1], self.peer_rank, self.group, self.wire_device, bound, self.tag)
-        head = decode_header(torch.frombuffer(bytearray(plain[:HEADER_LEN * 8]), dtype=torch.int64))
+    def _recv_plain(self, position: int) -> tuple[Header, list[torch.Tensor]]:
+        """Header and payloads posted together, sized as the last message at this position; after a
+        notice (checked against the link's bound before anything is allocated), as it announced."""
+        head, raw = self._recv_frame(position)
+        if head.notice:
+            check_message_size(head, self.max_message_bytes, self.peer_rank)
+            self._received_layout[position] = payload_layout(head)
+            head, raw = self._recv_frame(position)
+            if head.notice:
+                raise ValueError(f"rank {self.peer_rank} sent two layout notices in a row")
         check_message_size(head, self.max_message_bytes, self.peer_rank)
+        if payload_layout(head) != tuple(r.numel() for r in raw):
+            raise ValueError(f"rank {self.peer_rank} sent a message of payload sizes {list(payload_layout(head))} "
+                             f"without announcing them (expected {[r.numel() for r in raw]})")
+        specs = head.codec.payload_specs(head.shape, head.dtype)
+        return head, [r.view(dtype).reshape(shape) for r, (shape, dtype) in zip(raw, specs)]
+
+    def _recv_frame(self, position: int) -> tuple[Header, list[torch.Tensor]]:
+        header = torch.empty(HEADER_LEN, dtype=torch.int64, device=self.wire_device)
+        raw = [torch.empty(size, dtype=torch.uint8, device=self.wire_device)
+               for size in self._received_layout.get(position, ())]
+        works = [dist.irecv(t, src=self.peer_rank, group=self.group, tag=self.tag) for t in (header, *raw)]
+        for work in works:
+            work.wait()
+        head = decode_header(header.cpu())
+        if head.position != position:
+            raise ValueError(f"link message at tuple position {head.position}, expected {position}")
+        return head, raw
+
+    def _recv_sealed(self, position: int) -> tuple[Header, list[torch.Tensor]]:
+        """Envelope, then the sealed message (its length checked first), or both at once at the
+        length agreed for this position; the header and payloads are read from the authenticated
+        plaintext only. A notice, sealed like any message, announces the next length."""
+        bound = self.max_message_bytes + self.max_message_bytes // 8 + HEADER_LEN * 8 + 2**16  # codec scales
+        plain = recv_sealed(self.sealing[1], self.peer_rank, self.group, self.wire_device, bound, self.tag,
+                            self._received_sealed.get(position))
+        head = _sealed_header(plain)
+        check_message_size(head, self.max_message_bytes, self.peer_rank)
+        if head.notice:
+            self._received_sealed[position] = HEADER_LEN * 8 + sum(payload_layout(head))
+            plain = recv_sealed(self.sealing[1], self.peer_rank, self.group, self.wire_device, bound, self.tag,
+                                self._received_sealed[position])
+            head = _sealed_header(plain)
+            check_message_size(head, self.max_message_bytes, self.peer_rank)
+            if head.notice:
+                raise SealingError(f"rank {self.peer_rank} sent two layout notices in a row")
+        self._received_sealed[position] = len(plain)
         payloads, offset = [], HEADER_LEN * 8
         for shape, dtype in head.codec.payload_specs(head.shape, head.dtype):
             count = dtype.itemsize * _numel(shape)
@@ -335,6 +414,12 @@ class Link:
             work.wait()
         self._pending.clear()
         return time.perf_counter() - start
+
+
+def _sealed_header(plain: bytes) -> Header:
+    if len(plain) < HEADER_LEN * 8:
+        raise SealingError(f"a sealed link message of {len(plain)} bytes is shorter than a header")
+    return decode_header(torch.frombuffer(bytearray(plain[:HEADER_LEN * 8]), dtype=torch.int64))
 
 
 def _numel(shape) -> int:

@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.runtime.registry import must_seal
-from hetlaunch.runtime.sealing import ENVELOPE_BYTES, Channel, Opener, Sealer, SealingError
+from hetlaunch.runtime.sealing import ENVELOPE_BYTES, TAG_BYTES, Channel, Opener, Sealer, SealingError
 
 
 def regions_of(layout: Sequence[pb.StagePlace], ranks: Sequence[int]) -> list[str]:
@@ -39,15 +39,41 @@ def bytes_tensor(data: bytes, device: torch.device) -> torch.Tensor:
 
 
 def recv_sealed(opener: Opener, peer: int, group: object | None, device: torch.device, max_bytes: int,
-                tag: int = 0) -> bytes:
+                tag: int = 0, length: int | None = None) -> bytes:
     """The next sealed message from `peer`: its envelope, its length checked against `max_bytes`
-    before anything is allocated, then the sealed bytes, opened (SealingError if they fail)."""
+    before anything is allocated, then the sealed bytes, opened (SealingError if they fail).
+
+    With `length` (the plaintext's, agreed with the sender beforehand: runtime/link.py), the
+    envelope and the sealed bytes are received together, one round trip of the link instead of two.
+    gloo delivers a shorter message into the posted buffer, so the envelope's length, checked
+    before the sealed bytes are read, says how much of it is the message; a longer one is refused."""
     envelope = torch.empty(ENVELOPE_BYTES, dtype=torch.uint8, device=device)
-    dist.recv(envelope, src=peer, group=group, tag=tag)
+    if length is None:
+        dist.recv(envelope, src=peer, group=group, tag=tag)
+        envelope_bytes = envelope.cpu().numpy().tobytes()
+        sealed = torch.empty(opener.expected_length(envelope_bytes, max_bytes), dtype=torch.uint8, device=device)
+        dist.recv(sealed, src=peer, group=group, tag=tag)
+        return opener.open(envelope_bytes, sealed.cpu().numpy().data)
+    sealed = torch.empty(length + TAG_BYTES, dtype=torch.uint8, device=device)
+    envelope_work, sealed_work = (dist.irecv(t, src=peer, group=group, tag=tag) for t in (envelope, sealed))
+    envelope_work.wait()
     envelope_bytes = envelope.cpu().numpy().tobytes()
-    sealed = torch.empty(opener.expected_length(envelope_bytes, max_bytes), dtype=torch.uint8, device=device)
-    dist.recv(sealed, src=peer, group=group, tag=tag)
-    return opener.open(envelope_bytes, sealed.cpu().numpy().data)
+    try:
+        announced = opener.expected_length(envelope_bytes, max_bytes)
+        if announced > sealed.numel():
+            raise SealingError(f"refused a message of {announced - TAG_BYTES} bytes on {opener.channel} (the "
+                               f"{length} agreed)", opener.channel)
+    except SealingError:
+        _REFUSED_BUFFERS.append(sealed)  # its receive is still posted: gloo may write into it later
+        raise
+    sealed_work.wait()
+    return opener.open(envelope_bytes, sealed[:announced].cpu().numpy().data)
+
+
+# Buffers of receives posted for messages refused on their envelope. gloo cannot cancel a posted
+# receive and writes into its buffer if bytes ever come, so they must never be freed; a refusal
+# ends the stage (the job recovers or stops), so this holds a few at most.
+_REFUSED_BUFFERS: list[torch.Tensor] = []
 
 
 class SealedGather:

@@ -46,6 +46,9 @@ def _sender(out_dir: str) -> None:
     link.send_codec = codec_by_name("int8")
     link.send(_messages()[3])
     link.drain()
+    # Position 0 changed length three times after its first message (each a sealed notice first);
+    # the tuple's positions 1 and 2 were each read envelope first, once.
+    assert link.stats.notices == 3, link.stats
     # The hostile cases: bytes written to the wire by hand.
     thief = Sealer(SECRET, FORWARD)  # a second instance: its message 0 is accepted once
     envelope, sealed = thief.seal(_raw(torch.ones(2)))
