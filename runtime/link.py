@@ -140,7 +140,9 @@ class LinkStats:
     raw_bytes: int = 0
     wire_bytes: int = 0
     messages: int = 0
-    notices: int = 0  # layout notices sent: each costs the receiver a round trip (module docstring)
+    # Layout notices sent (module docstring), each a round trip more; not in wire_bytes, which
+    # counts what the messages themselves took (a notice comes once per change of layout).
+    notices: int = 0
 
 
 @dataclass
@@ -234,7 +236,6 @@ class Link:
                 self._sealing_sends.append(self._sealer_thread.submit(
                     self._seal_and_send, tensor_bytes([notice]) + bytes(posted - HEADER_LEN * 8)))
                 self.stats.notices += 1
-                self.stats.wire_bytes += ENVELOPE_BYTES + posted + TAG_BYTES
             self._sent_sealed[position] = len(plain)
             self._sealing_sends.append(self._sealer_thread.submit(self._seal_and_send, plain))
             # What crosses: the envelope and the sealed header + payloads + tag.
