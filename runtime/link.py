@@ -242,8 +242,9 @@ class Link:
             self.stats.wire_bytes += ENVELOPE_BYTES + len(plain) + TAG_BYTES
             self._sealing_sends = [f for f in self._sealing_sends if not f.done() or f.exception() is not None]
             return
-        to_wire = [p.to(self.wire_device).contiguous() for p in payloads]
-        layout = tuple(p.numel() * p.element_size() for p in to_wire)
+        # As bytes, as the receiver posts them: NCCL matches a send to a receive by dtype and count.
+        to_wire = [p.to(self.wire_device).contiguous().reshape(-1).view(torch.uint8) for p in payloads]
+        layout = tuple(p.numel() for p in to_wire)
         posted = self._sent_layout.get(position, ())
         if layout != posted:  # the receiver posted other sizes: tell it this message's first
             notice = encode_header(self.send_codec, tuple(tensor.shape), tensor.dtype, 0.0, position, count,
