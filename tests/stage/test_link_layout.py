@@ -58,57 +58,39 @@ def test_only_a_change_of_layout_costs_a_notice_and_every_message_arrives_bit_ex
     run_gloo_ranks(_layout_rank, 2, tmp_path)
 
 
-def _unannounced_rank(rank: int, out_dir: str) -> None:
-    """Rank 0 announces 6 floats (24 bytes), then sends a header of 2 floats with 24 bytes."""
+def _raw_peer_sends(case: str) -> list[torch.Tensor]:
+    """What a raw rank 0 writes to the wire in each refused case (headers built by hand)."""
+    if case == "unannounced":  # announces 6 floats (24 bytes), then a header of 2 floats with 24 bytes
+        return [encode_header(NONE, (6,), torch.float32, notice=True), encode_header(NONE, (2,), torch.float32),
+                torch.zeros(24, dtype=torch.uint8)]
+    if case == "huge notice":  # 4 GB to a link that accepts 1 MB: the receiver posts nothing more
+        return [encode_header(NONE, (2**30,), torch.float32, notice=True)]
+    notice = encode_header(NONE, (0,), torch.float32, notice=True)  # the second with the (empty) payload announced
+    return [notice, notice, torch.empty(0, dtype=torch.uint8)]
+
+
+REFUSALS = {
+    "unannounced": r"rank 0 sent a message of payload sizes \[8\] without announcing",
+    "huge notice": r"rank 0 announced a 4,294,967,296-byte tensor",  # before anything is allocated
+    "two notices": "two layout notices in a row",
+}
+
+
+def _raw_peer_rank(rank: int, out_dir: str, case: str) -> None:
     if rank == 0:
-        notice = encode_header(NONE, (6,), torch.float32, notice=True)
-        lying = encode_header(NONE, (2,), torch.float32)
-        for tensor in (notice, lying, torch.zeros(24, dtype=torch.uint8)):
+        for tensor in _raw_peer_sends(case):
             dist.send(tensor, dst=1, tag=2)
-    else:
-        link = Link(0, NONE, CPU, CPU, tag=2)
-        with pytest.raises(ValueError, match=r"rank 0 sent a message of payload sizes \[8\] without announcing"):
-            link.recv()
-    dist.barrier()
-
-
-@pytest.mark.timeout(90)
-def test_a_message_whose_header_disagrees_with_its_notice_is_refused(tmp_path):
-    run_gloo_ranks(_unannounced_rank, 2, tmp_path)
-
-
-def _huge_notice_rank(rank: int, out_dir: str) -> None:
-    """A notice of a 4 GB tensor to a link that accepts 1 MB: refused before anything is allocated
-    (the receiver then posts nothing more, so the peer sends nothing more)."""
-    if rank == 0:
-        dist.send(encode_header(NONE, (2**30,), torch.float32, notice=True), dst=1, tag=2)
     else:
         link = Link(0, NONE, CPU, CPU, max_message_bytes=2**20, tag=2)
-        with pytest.raises(ValueError, match=r"rank 0 announced a 4,294,967,296-byte tensor"):
+        with pytest.raises(ValueError, match=REFUSALS[case]):
             link.recv()
     dist.barrier()
 
 
 @pytest.mark.timeout(90)
-def test_a_notice_over_the_links_bound_is_refused_before_allocating(tmp_path):
-    run_gloo_ranks(_huge_notice_rank, 2, tmp_path)
-
-
-def _two_notices_rank(rank: int, out_dir: str) -> None:
-    if rank == 0:  # the second notice comes with the (empty) payload the first announced
-        notice = encode_header(NONE, (0,), torch.float32, notice=True)
-        for tensor in (notice, notice, torch.empty(0, dtype=torch.uint8)):
-            dist.send(tensor, dst=1, tag=2)
-    else:
-        link = Link(0, NONE, CPU, CPU, tag=2)
-        with pytest.raises(ValueError, match="two layout notices in a row"):
-            link.recv()
-    dist.barrier()
-
-
-@pytest.mark.timeout(90)
-def test_two_notices_in_a_row_are_refused(tmp_path):
-    run_gloo_ranks(_two_notices_rank, 2, tmp_path)
+@pytest.mark.parametrize("case", sorted(REFUSALS))
+def test_a_raw_peer_breaking_the_layout_protocol_is_refused_in_one_line(tmp_path, case):
+    run_gloo_ranks(_raw_peer_rank, 2, tmp_path, args=(case,))
 
 
 SECRET = bytes(range(32))
