@@ -91,10 +91,12 @@ def test_remote_parts_are_uploaded_and_downloaded_for_a_restore(tmp_path):
 # Steps 10-29 of the slow nodes at a quarter of their speed (a sleep): the generation without
 # `fast` is still running when its agent is back (an agent's start takes seconds on a loaded
 # machine, and ~75 steps at speed 0.2 took 6-11 s). Rebalancing off: both slowing at once is no
-# straggler to act on, and the restart this test waits for is the join's.
+# straggler to act on, and the restart this test waits for is the join's. The killed agent is lost
+# when its command stream breaks, at once; a heartbeat timeout of 3 s once lost a slow node while it
+# profiled, in a full suite beside a busy loop (2026-12-06), so it is long here.
 ELASTIC = """
 name: elastic
-coordinator: {host: 127.0.0.1, join_timeout_s: 60, heartbeat_interval_s: 0.5, heartbeat_timeout_s: 3}
+coordinator: {host: 127.0.0.1, join_timeout_s: 60, heartbeat_interval_s: 0.5, heartbeat_timeout_s: 20}
 model: {preset: tiny, n_layers: 2, seq_len: 32, d_model: 64}
 train: {steps: 80, micro_batch_size: 4, num_microbatches: 4, checkpoint_every: 5, max_pipelines: 1, rebalance: off}
 compression: {intra_region: none, cross_region: none}
