@@ -357,10 +357,11 @@ class Link:
             if head.notice:
                 raise ValueError(f"rank {self.peer_rank} sent two layout notices in a row")
         check_message_size(head, self.max_message_bytes, self.peer_rank)
-        if payload_layout(head) != tuple(r.numel() for r in raw):
-            raise ValueError(f"rank {self.peer_rank} sent a message of payload sizes {list(payload_layout(head))} "
-                             f"without announcing them (expected {[r.numel() for r in raw]})")
         specs = head.codec.payload_specs(head.shape, head.dtype)
+        layout = [dtype.itemsize * _numel(shape) for shape, dtype in specs]
+        if layout != [r.numel() for r in raw]:
+            raise ValueError(f"rank {self.peer_rank} sent a message of payload sizes {layout} "
+                             f"without announcing them (expected {[r.numel() for r in raw]})")
         return head, [r.view(dtype).reshape(shape) for r, (shape, dtype) in zip(raw, specs)]
 
     def _recv_frame(self, position: int) -> tuple[Header, list[torch.Tensor]]:
