@@ -125,14 +125,23 @@ def payload_layout(head: Header) -> tuple[int, ...]:
     return tuple(dtype.itemsize * _numel(shape) for shape, dtype in head.codec.payload_specs(head.shape, head.dtype))
 
 
-def check_message_size(head: Header, max_bytes: int, peer_rank: int) -> None:
-    """Refuse a header whose tensor is larger than this link accepts, before allocating for it."""
-    size = head.dtype.itemsize
+def check_message_size(head: Header, max_bytes: int, peer_rank: int, used: int = 0) -> int:
+    """Refuse a header whose tensor would take its message past the `max_bytes` this link accepts
+    (`used`: what the message's earlier tuple elements took), before allocating for it; its size
+    in bytes. The bound holds for a whole tuple, not each element: a 64-tuple of tensors each
+    at the bound was 64 times it. A zero dim counts as 1 here, so an empty tensor cannot announce
+    dims that model code dropping the zero would then allocate (0 x 2**62 arrived as valid)."""
+    size = spread = head.dtype.itemsize
     for dim in head.shape:
         size *= dim
-    if size > max_bytes:
-        raise ValueError(f"rank {peer_rank} announced a {size:,}-byte tensor {list(head.shape)}, over the "
-                         f"{max_bytes:,} bytes this link accepts (the profiled boundary, with room)")
+        spread *= max(dim, 1)
+    if used + spread > max_bytes:
+        counted = " (a zero dim counted as 1)" if spread != size else ""
+        before = f" after {used:,} bytes of its message" if used else ""
+        raise ValueError(f"rank {peer_rank} announced a {spread:,}-byte tensor {list(head.shape)}{counted}{before}, "
+                         f"over the {max_bytes:,} bytes this link accepts in a message (the profiled boundary, "
+                         f"with room)")
+    return size
 
 
 @dataclass
@@ -143,6 +152,18 @@ class LinkStats:
     # Layout notices sent (module docstring), each a round trip more; not in wire_bytes, which
     # counts what the messages themselves took (a notice comes once per change of layout).
     notices: int = 0
+
+
+@dataclass(frozen=True)
+class _Encoded:
+    """One element of a message, encoded and checked, not yet sent."""
+
+    tensor: torch.Tensor  # the real view, for a complex tensor
+    payloads: list[torch.Tensor]
+    header: torch.Tensor
+    position: int
+    count: int
+    complex_: bool
 
 
 @dataclass
@@ -207,34 +228,38 @@ class Link:
         self.max_message_bytes = max_message_bytes or HARD_MAX_MESSAGE_BYTES
 
     def send(self, message: Message) -> None:
-        """Start sending a tensor or a tuple of tensors; returns without waiting for the bytes to leave."""
+        """Start sending a tensor or a tuple of tensors; returns without waiting for the bytes to leave.
+        A tuple is sent whole or not at all: every element is encoded (and so checked) before the
+        first leaves, as a refused second element left the receiver holding half a message."""
         if isinstance(message, torch.Tensor):
-            self._send_one(message, 0, 0)
+            self._send_one(self._encoded(message, 0, 0))
             return
         if not 1 <= len(message) <= MAX_TUPLE or not all(isinstance(t, torch.Tensor) for t in message):
             raise TypeError(f"a stage boundary carries a tensor or a tuple of 1 to {MAX_TUPLE} tensors, "
                             f"got {type(message).__name__} of {len(message)}")
-        for position, tensor in enumerate(message):
-            self._send_one(tensor, position, len(message))
+        for encoded in [self._encoded(tensor, position, len(message)) for position, tensor in enumerate(message)]:
+            self._send_one(encoded)
 
-    def _send_one(self, tensor: torch.Tensor, position: int, count: int) -> None:
+    def _encoded(self, tensor: torch.Tensor, position: int, count: int) -> _Encoded:
+        """The element at tuple `position` as it will cross: raises what cannot (dtype, dims)."""
         tensor = tensor.detach()
         complex_ = tensor.is_complex()
         if complex_:
             tensor = torch.view_as_real(tensor.resolve_conj())
-        payloads = self.send_codec.encode(tensor)
         header = encode_header(self.send_codec, tuple(tensor.shape), tensor.dtype, host_clock.now(), position, count,
                                complex_)
+        return _Encoded(tensor, self.send_codec.encode(tensor), header, position, count, complex_)
+
+    def _send_one(self, encoded: _Encoded) -> None:
+        tensor, payloads, header, position = encoded.tensor, encoded.payloads, encoded.header, encoded.position
         self.stats.messages += 1
         self.stats.raw_bytes += tensor.numel() * tensor.element_size()
         if self.sealing is not None:
             plain = tensor_bytes([header, *payloads])  # copied now: the caller may reuse its tensors
             posted = self._sent_sealed.get(position)
             if posted is not None and posted != len(plain):  # the receiver posted another length
-                notice = encode_header(self.send_codec, tuple(tensor.shape), tensor.dtype, 0.0, position, count,
-                                       complex_, notice=True)
                 self._sealing_sends.append(self._sealer_thread.submit(
-                    self._seal_and_send, tensor_bytes([notice]) + bytes(posted - HEADER_LEN * 8)))
+                    self._seal_and_send, tensor_bytes([self._notice(encoded)]) + bytes(posted - HEADER_LEN * 8)))
                 self.stats.notices += 1
             self._sent_sealed[position] = len(plain)
             self._sealing_sends.append(self._sealer_thread.submit(self._seal_and_send, plain))
@@ -247,15 +272,18 @@ class Link:
         layout = tuple(p.numel() for p in to_wire)
         posted = self._sent_layout.get(position, ())
         if layout != posted:  # the receiver posted other sizes: tell it this message's first
-            notice = encode_header(self.send_codec, tuple(tensor.shape), tensor.dtype, 0.0, position, count,
-                                   complex_, notice=True)
-            self._isend([notice.to(self.wire_device)]
+            self._isend([self._notice(encoded).to(self.wire_device)]
                         + [torch.zeros(size, dtype=torch.uint8, device=self.wire_device) for size in posted])
             self._sent_layout[position] = layout
             self.stats.notices += 1
         self._isend([header.to(self.wire_device)] + to_wire)
         self.stats.wire_bytes += sum(layout)
         self._pending = [(w, ts) for w, ts in self._pending if not w.is_completed()]
+
+    def _notice(self, encoded: _Encoded) -> torch.Tensor:
+        """The header that announces `encoded`'s layout (module docstring)."""
+        return encode_header(self.send_codec, tuple(encoded.tensor.shape), encoded.tensor.dtype, 0.0, encoded.position,
+                             encoded.count, encoded.complex_, notice=True)
 
     def _isend(self, to_wire: list[torch.Tensor]) -> None:
         for t in to_wire:
@@ -291,7 +319,17 @@ class Link:
     def recv(self) -> Message:
         """The peer's next tensor (or tuple) on the compute device: received ahead (`expect`), or
         now; on an emulated wire, not before it is due."""
-        arrived = self._coming.popleft().result() if self._coming else self._receive()
+        if self._coming:
+            coming = self._coming[0]
+            try:
+                arrived = coming.result()
+            finally:
+                # Still listed while it runs: a wait cut short (an exception raised in this thread,
+                # Ctrl-C) must leave stop_receiving seeing it, or the group is torn down under it.
+                if coming.done() and self._coming and self._coming[0] is coming:
+                    self._coming.popleft()
+        else:
+            arrived = self._receive()
         wait = arrived.due - host_clock.now() if arrived.due is not None else 0.0
         if wait > 0:  # one reading of the clock: time passes between two (a loaded run once slept "-0.0001 s")
             time.sleep(wait)
@@ -317,7 +355,7 @@ class Link:
     def _receive(self) -> _Arrived:
         """One whole message: each element's header and payloads, decoded; the emulated wire's
         arrival counted once per element, in order."""
-        head, first, part = self._recv_one(0)
+        head, first, part, used = self._recv_one(0, 0)
         parts, due = [part], self._due(head, part)
         if head.count == 0:
             return _Arrived(first, due, parts)
@@ -325,7 +363,8 @@ class Link:
             raise ValueError(f"link message starts at tuple position {head.position}, not 0")
         items = [first]
         for expected in range(1, head.count):
-            more, tensor, part = self._recv_one(expected)
+            more, tensor, part, size = self._recv_one(expected, used)
+            used += size
             if (more.position, more.count) != (expected, head.count):
                 raise ValueError(f"link tuple out of order: got {more.position} of {more.count}, "
                                  f"expected {expected} of {head.count}")
@@ -335,38 +374,46 @@ class Link:
         return _Arrived(tuple(items), due, parts)
 
     def _due(self, head: Header, part: tuple[float, float, int]) -> float | None:
-        return None if self.emulation is None else self.emulation.arrival(head.sent_at, part[2])
+        # Sent no later than it was received: a send time the peer put in the future would hold
+        # this receiver asleep for as long as it liked.
+        return None if self.emulation is None else self.emulation.arrival(min(head.sent_at, part[1]), part[2])
 
-    def _recv_one(self, position: int) -> tuple[Header, torch.Tensor, tuple[float, float, int]]:
-        """The element at tuple `position` of the message being received."""
-        head, payloads = self._recv_sealed(position) if self.sealing is not None else self._recv_plain(position)
+    def _recv_one(self, position: int, used: int) -> tuple[Header, torch.Tensor, tuple[float, float, int], int]:
+        """The element at tuple `position` of the message being received, and its size in bytes;
+        `used`: the bytes its message's earlier elements took (check_message_size)."""
+        receive = self._recv_sealed if self.sealing is not None else self._recv_plain
+        head, payloads, size = receive(position, used)
         received_at = host_clock.now()
         wire_bytes = head.codec.wire_bytes(head.shape, head.dtype)
         tensor = head.codec.decode([p.to(self.device) for p in payloads], head.shape, head.dtype)
         tensor = torch.view_as_complex(tensor.contiguous()) if head.complex_ else tensor
-        return head, tensor, (head.sent_at, received_at, wire_bytes)
+        return head, tensor, (head.sent_at, received_at, wire_bytes), size
 
-    def _recv_plain(self, position: int) -> tuple[Header, list[torch.Tensor]]:
+    def _recv_plain(self, position: int, used: int) -> tuple[Header, list[torch.Tensor], int]:
         """Header and payloads posted together, sized as the last message at this position; after a
         notice (checked against the link's bound before anything is allocated), as it announced."""
         head, raw = self._recv_frame(position)
         if head.notice:
-            check_message_size(head, self.max_message_bytes, self.peer_rank)
+            check_message_size(head, self.max_message_bytes, self.peer_rank, used)
             self._received_layout[position] = payload_layout(head)
             head, raw = self._recv_frame(position)
             if head.notice:
                 raise ValueError(f"rank {self.peer_rank} sent two layout notices in a row")
-        check_message_size(head, self.max_message_bytes, self.peer_rank)
+        size = check_message_size(head, self.max_message_bytes, self.peer_rank, used)
         specs = head.codec.payload_specs(head.shape, head.dtype)
         layout = [dtype.itemsize * _numel(shape) for shape, dtype in specs]
         if layout != [r.numel() for r in raw]:
             raise ValueError(f"rank {self.peer_rank} sent a message of payload sizes {layout} "
                              f"without announcing them (expected {[r.numel() for r in raw]})")
-        return head, [r.view(dtype).reshape(shape) for r, (shape, dtype) in zip(raw, specs)]
+        return head, [r.view(dtype).reshape(shape) for r, (shape, dtype) in zip(raw, specs)], size
 
     def _recv_frame(self, position: int) -> tuple[Header, list[torch.Tensor]]:
-        header = torch.empty(HEADER_LEN, dtype=torch.int64, device=self.wire_device)
-        raw = [torch.empty(size, dtype=torch.uint8, device=self.wire_device)
+        # Zeroed, not empty: gloo delivers a shorter message into a posted buffer without saying how
+        # much came, so a peer that sends less than its header announces would otherwise hand this
+        # process's stale memory to the model (and back to the peer in gradients). A clear link
+        # cannot tell; a sealed one can (its envelope's length is authenticated).
+        header = torch.zeros(HEADER_LEN, dtype=torch.int64, device=self.wire_device)
+        raw = [torch.zeros(size, dtype=torch.uint8, device=self.wire_device)
                for size in self._received_layout.get(position, ())]
         works = [dist.irecv(t, src=self.peer_rank, group=self.group, tag=self.tag) for t in (header, *raw)]
         for work in works:
@@ -376,21 +423,22 @@ class Link:
             raise ValueError(f"link message at tuple position {head.position}, expected {position}")
         return head, raw
 
-    def _recv_sealed(self, position: int) -> tuple[Header, list[torch.Tensor]]:
+    def _recv_sealed(self, position: int, used: int) -> tuple[Header, list[torch.Tensor], int]:
         """Envelope, then the sealed message (its length checked first), or both at once at the
         length agreed for this position; the header and payloads are read from the authenticated
         plaintext only. A notice, sealed like any message, announces the next length."""
-        bound = self.max_message_bytes + self.max_message_bytes // 8 + HEADER_LEN * 8 + 2**16  # codec scales
+        left = self.max_message_bytes - used
+        bound = left + left // 8 + HEADER_LEN * 8 + 2**16  # codec scales
         plain = recv_sealed(self.sealing[1], self.peer_rank, self.group, self.wire_device, bound, self.tag,
                             self._received_sealed.get(position))
         head = _sealed_header(plain)
-        check_message_size(head, self.max_message_bytes, self.peer_rank)
+        size = check_message_size(head, self.max_message_bytes, self.peer_rank, used)
         if head.notice:
             self._received_sealed[position] = HEADER_LEN * 8 + sum(payload_layout(head))
             plain = recv_sealed(self.sealing[1], self.peer_rank, self.group, self.wire_device, bound, self.tag,
                                 self._received_sealed[position])
             head = _sealed_header(plain)
-            check_message_size(head, self.max_message_bytes, self.peer_rank)
+            size = check_message_size(head, self.max_message_bytes, self.peer_rank, used)
             if head.notice:
                 raise SealingError(f"rank {self.peer_rank} sent two layout notices in a row")
         self._received_sealed[position] = len(plain)
@@ -404,7 +452,7 @@ class Link:
             offset += count
         if offset != len(plain):
             raise SealingError(f"a sealed message from rank {self.peer_rank} is longer than its header says")
-        return head, payloads
+        return head, payloads, size
 
     def drain(self) -> float:
         """Wait for every send still in flight (sealed ones handed to c10d first); return the seconds

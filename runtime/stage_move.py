@@ -106,6 +106,18 @@ class RunningStage:
     sealed_transfers: SealedTransfers | None = None  # made at the first move, kept for the generation
 
 
+def retarget_links(executor: StageExecutor, spec: pb.StageSpec) -> None:
+    """A move changed the layers at this stage's boundaries: every link across them, training's and
+    evaluation's (runtime/bubble_fill.py), takes the new boundary's codec and size bound."""
+    prev_eval, next_eval = executor.eval_links
+    for link in (executor.prev_link, prev_eval):
+        if link is not None:
+            link.retarget(codec_by_id(spec.prev.backward_codec), spec.prev.max_message_bytes)
+    for link in (executor.next_link, next_eval):
+        if link is not None:
+            link.retarget(codec_by_id(spec.next.forward_codec), spec.next.max_message_bytes)
+
+
 def move_stage(stage: RunningStage, move: pb.Move) -> pb.MoveReport:
     """Make the move on this rank (every rank of the data plane makes it at the same boundary)."""
     start = time.perf_counter()
@@ -135,10 +147,7 @@ def move_stage(stage: RunningStage, move: pb.Move) -> pb.MoveReport:
     if stage.tied_groups:
         executor.tied = TiedParameters(stage.tied_groups, new_layout, stage.rank, executor.module,
                                        mine.layer_start, stage.wire, stage.rdzv)
-    if executor.prev_link is not None:
-        executor.prev_link.retarget(codec_by_id(move.stage.prev.backward_codec), move.stage.prev.max_message_bytes)
-    if executor.next_link is not None:
-        executor.next_link.retarget(codec_by_id(move.stage.next.forward_codec), move.stage.next.max_message_bytes)
+    retarget_links(executor, move.stage)
     stage.layout, stage.layer_start, stage.layer_end = new_layout, mine.layer_start, mine.layer_end
     stage.on_range(mine.layer_start, mine.layer_end)
     return pb.MoveReport(id=move.id, phase=pb.MOVE_PHASE_GO, step=move.at_step, ok=True, bytes_sent=sent,

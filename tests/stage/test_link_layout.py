@@ -65,6 +65,12 @@ def _raw_peer_sends(case: str) -> list[torch.Tensor]:
                 torch.zeros(24, dtype=torch.uint8)]
     if case == "huge notice":  # 4 GB to a link that accepts 1 MB: the receiver posts nothing more
         return [encode_header(NONE, (2**30,), torch.float32, notice=True)]
+    if case == "empty with huge dims":  # no bytes, but dims a model dropping the zero would allocate
+        return [encode_header(NONE, (0, 2**40), torch.float32)]
+    if case == "tuple over the bound":  # each element 600 KB, under the 1 MB bound; the two over it
+        element = lambda k, notice: encode_header(NONE, (150_000,), torch.float32, position=k, count=2,  # noqa: E731
+                                                  notice=notice)
+        return [element(0, True), element(0, False), torch.zeros(600_000, dtype=torch.uint8), element(1, True)]
     notice = encode_header(NONE, (0,), torch.float32, notice=True)  # the second with the (empty) payload announced
     return [notice, notice, torch.empty(0, dtype=torch.uint8)]
 
@@ -73,6 +79,9 @@ REFUSALS = {
     "unannounced": r"rank 0 sent a message of payload sizes \[8\] without announcing",
     "huge notice": r"rank 0 announced a 4,294,967,296-byte tensor",  # before anything is allocated
     "two notices": "two layout notices in a row",
+    "empty with huge dims": r"announced a 4,398,046,511,104-byte tensor \[0, 1099511627776\] \(a zero dim counted",
+    "tuple over the bound": r"announced a 600,000-byte tensor \[150000\] after 600,000 bytes of its message, "
+                            r"over the 1,048,576 bytes",
 }
 
 
