@@ -511,6 +511,7 @@ def deploy_k8s(
                                                          "else a new one written to OUTPUT/token)"),
 ) -> None:
     """Render Kubernetes manifests that run the YAML's node groups as agents (kubectl apply -f OUTPUT)."""
+    from hetlaunch.launcher.plain_text import one_line
     from hetlaunch.launcher.providers.kubernetes import DeployError, deploy
 
     cluster = _load(cluster_yaml)
@@ -519,12 +520,13 @@ def deploy_k8s(
     except DeployError as err:
         fail(str(err), EXIT_BAD_INPUT)
     for path in done.written:
-        print(f"{path}" + (" (overwritten)" if path in done.overwritten else ""), flush=True)
+        print(one_line(str(path)) + (" (overwritten)" if path in done.overwritten else ""), flush=True)
     if done.others:
-        print(f"note: kubectl apply -f {output} also applies files this render did not write: "
-              f"{', '.join(p.name for p in done.others)}", flush=True)
-    token = f" --token-file {done.new_token}" if done.new_token else " (with the same token)"
-    print(f"next: kubectl apply -f {output} && hetlaunch up {cluster_yaml}{token}", flush=True)
+        print(f"note: kubectl apply -f {one_line(str(output))} also applies files this render did not write: "
+              f"{', '.join(one_line(p.name) for p in done.others)}", flush=True)
+    token = f" --token-file {one_line(str(done.new_token))}" if done.new_token else " (with the same token)"
+    print(f"next: kubectl apply -f {one_line(str(output))} && hetlaunch up {one_line(str(cluster_yaml))}{token}",
+          flush=True)
 
 
 app.add_typer(deploy_app, name="deploy")

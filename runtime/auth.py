@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from hetlaunch.runtime.files import UnreadableFile, read_regular_file
+
 TOKEN_METADATA_KEY = "x-hetlaunch-token"
 TOKEN_ENV_VAR = "HETLAUNCH_TOKEN"
 MAX_TOKEN_CHARS = 4096
@@ -22,13 +24,14 @@ def read_token(token_file: str | None) -> str:
         path = Path(token_file)
         if path.is_dir():
             raise ValueError(f"token file {token_file} is a directory")
-        if not path.is_file():
-            raise ValueError(f"token file {token_file} does not exist")
-        try:
-            with open(path, "rb") as f:
-                raw = f.read(MAX_TOKEN_CHARS + 1)
-        except OSError as err:
-            raise ValueError(f"token file {token_file}: cannot read ({err.strerror or err})") from None
+        try:  # a FIFO or a device is refused, not waited on
+            raw = read_regular_file(path, MAX_TOKEN_CHARS)
+        except FileNotFoundError:
+            raise ValueError(f"token file {token_file} does not exist") from None
+        except UnreadableFile as err:
+            if str(err).startswith("larger"):
+                raise ValueError(f"token file {token_file}: a token is at most {MAX_TOKEN_CHARS} characters") from None
+            raise ValueError(f"token file {token_file}: {err}") from None
         return _checked(raw, f"token file {token_file}")
     return _checked(os.environ.get(TOKEN_ENV_VAR, "").encode("utf-8", "surrogateescape"), f"${TOKEN_ENV_VAR}",
                     missing=f"no join token: pass --token-file FILE or set ${TOKEN_ENV_VAR}")

@@ -56,11 +56,10 @@ class UnreadableFile(ValueError):
     """One-line reason a file another program (or host, or a past crash) left is not usable."""
 
 
-def read_json(path: Path, max_bytes: int) -> object:
-    """Parse a JSON file that may be hostile: never blocks (a FIFO), never reads more than
-    max_bytes, and turns everything Python's json would raise on (NaN and Infinity, an integer
-    of thousands of digits, deep nesting, bytes that are not UTF-8) into UnreadableFile.
-    FileNotFoundError passes through; other OSErrors become UnreadableFile."""
+def read_regular_file(path: str | Path, max_bytes: int) -> bytes:
+    """A small file's bytes, read as if it may be hostile: never blocks (a FIFO, a device such as
+    /dev/zero is refused as not a regular file) and never reads more than max_bytes.
+    FileNotFoundError passes through; any other failure is UnreadableFile."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -70,10 +69,21 @@ def read_json(path: Path, max_bytes: int) -> object:
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise UnreadableFile("not a regular file")
-    with os.fdopen(fd, "rb") as f:
-        raw = f.read(max_bytes + 1)
+    try:
+        with os.fdopen(fd, "rb") as f:
+            raw = f.read(max_bytes + 1)
+    except OSError as err:
+        raise UnreadableFile(f"cannot read ({err.strerror or err})") from None
     if len(raw) > max_bytes:
         raise UnreadableFile(f"larger than {max_bytes:,} bytes")
+    return raw
+
+
+def read_json(path: Path, max_bytes: int) -> object:
+    """Parse a JSON file that may be hostile: read by read_regular_file, and everything Python's
+    json would raise on (NaN and Infinity, an integer of thousands of digits, deep nesting, bytes
+    that are not UTF-8) turned into UnreadableFile. FileNotFoundError passes through."""
+    raw = read_regular_file(path, max_bytes)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import grpc
 
+from hetlaunch.runtime.files import UnreadableFile, read_regular_file
+
 MAX_PEM_BYTES = 1 << 20
 
 
@@ -25,13 +27,11 @@ class TlsError(ValueError):
 def read_pem(path: str | Path, what: str) -> bytes:
     p = Path(path)
     try:
-        if p.stat().st_size > MAX_PEM_BYTES:
-            raise TlsError(f"{what} {p}: larger than {MAX_PEM_BYTES} bytes, not a PEM file")
-        data = p.read_bytes()
+        data = read_regular_file(p, MAX_PEM_BYTES)  # a FIFO in its place once held `up` forever
     except FileNotFoundError:
         raise TlsError(f"{what} {p}: no such file") from None
-    except OSError as err:
-        raise TlsError(f"{what} {p}: {err.strerror or err}") from None
+    except UnreadableFile as err:
+        raise TlsError(f"{what} {p}: {err}") from None
     if b"-----BEGIN " not in data:
         raise TlsError(f"{what} {p}: not a PEM file")
     return data

@@ -33,7 +33,9 @@ from pydantic import AfterValidator, Field, StringConstraints, field_validator, 
 from hetlaunch.launcher.config_errors import FieldError
 from hetlaunch.launcher.config_types import Name, Strict, is_loopback
 from hetlaunch.runtime.auth import TOKEN_ENV_VAR, read_token
-from hetlaunch.runtime.files import write_whole
+from hetlaunch.launcher.plain_text import one_line
+from hetlaunch.runtime.files import UnreadableFile, read_regular_file, write_whole
+from hetlaunch.runtime.tls import MAX_PEM_BYTES
 from hetlaunch.runtime.labels import LABEL_KEY, MAX_LABEL_VALUE
 
 _K8S_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
@@ -309,24 +311,54 @@ def deploy(cluster, directory: Path, token_file: Path | None, source: str) -> De
         raise DeployError(str(err)) from None
     pems = {}
     for key, (field, path) in tls_sources(cluster).items():
-        try:
-            pems[key] = Path(path).read_text(encoding="ascii")
-        except (OSError, UnicodeDecodeError) as err:
-            why = getattr(err, "strerror", None) or "not a PEM text file"
-            raise DeployError(f"{field}: cannot read {path} ({why})") from None
-    header = f"# rendered by `hetlaunch deploy k8s {source}`: kubectl apply -f {directory}\n"
+        try:  # never blocks on a FIFO, never reads /dev/zero to the end
+            pems[key] = read_regular_file(path, MAX_PEM_BYTES).decode("ascii")
+        except FileNotFoundError:
+            raise DeployError(f"{field}: cannot read {one_line(path)} (no such file)") from None
+        except (UnreadableFile, UnicodeDecodeError) as err:
+            why = str(err) if isinstance(err, UnreadableFile) else "not a PEM text file"
+            raise DeployError(f"{field}: cannot read {one_line(path)} ({why})") from None
+    header = f"# rendered by `hetlaunch deploy k8s {one_line(source)}`: kubectl apply -f {one_line(str(directory))}\n"
     texts = {name: header + yaml.safe_dump_all(docs, sort_keys=False)
              for name, docs in render(cluster, token, pems).items()}
     if new_token is not None:
         texts[new_token.name] = token + "\n"
+    paths = [directory / name for name in texts]
+    _check_targets(paths, Path(source))
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        paths = [directory / name for name in texts]
         overwritten = [p for p in paths if p.exists()]
         others = sorted(p for p in directory.iterdir() if p.suffix in (".yaml", ".yml", ".json") and p not in paths)
-        for path in paths:
-            secret = path.name in ("secret.yaml", "token")
-            write_whole(path, texts[path.name], mode=0o600 if secret else 0o644)
     except OSError as err:
-        raise DeployError(f"-o {directory}: cannot write ({err.strerror or err})") from None
+        raise DeployError(f"-o {one_line(str(directory))}: cannot write ({err.strerror or err})") from None
+    # Every file in full beside its place first, then each renamed over it: a failure part way
+    # (a full disk) leaves none of this render, so never a Secret with a token nobody has.
+    written: list[tuple[Path, Path]] = []
+    try:
+        for path in paths:
+            staged = path.with_name(f".{path.name}.{secrets.token_hex(4)}.staged")
+            write_whole(staged, texts[path.name], mode=0o600 if path.name in ("secret.yaml", "token") else 0o644)
+            written.append((staged, path))
+        for staged, path in written:
+            os.replace(staged, path)
+    except OSError as err:
+        for staged, _ in written:
+            staged.unlink(missing_ok=True)
+        raise DeployError(f"-o {one_line(str(directory))}: cannot write {path.name} ({err.strerror or err})") from None
     return Deployed(paths, overwritten, others, new_token)
+
+
+def _check_targets(paths: list[Path], source: Path) -> None:
+    """Refuse, before anything is written, a render that would replace its own cluster YAML or
+    write where a directory stands."""
+    for path in paths:
+        if path.is_dir():
+            raise DeployError(f"-o {one_line(str(path.parent))}: {path.name} is a directory; the render writes a "
+                              f"file there")
+        try:
+            same = path.exists() and source.exists() and path.samefile(source)
+        except OSError:
+            same = False
+        if same:
+            raise DeployError(f"-o {one_line(str(path.parent))}: the render would overwrite its own cluster YAML "
+                              f"{one_line(str(source))} ({path.name}); render into another directory")

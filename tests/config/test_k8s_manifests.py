@@ -165,8 +165,64 @@ def test_tls_puts_the_ca_and_the_agents_pair_in_the_secret(tmp_path):
         "--key", "/etc/hetlaunch/agent-key.pem"]
     assert args[args.index("--coordinator") + 1] == "coord.example.org:29400"
     (tmp_path / "agent.key").unlink()
-    with pytest.raises(DeployError, match=r"^coordinator.tls.agent_key: cannot read .*agent.key \(No such file"):
+    with pytest.raises(DeployError, match=r"^coordinator.tls.agent_key: cannot read .*agent.key \(no such file\)"):
         deploy(cluster_from_dict(data), tmp_path / "k8s", None, "cluster.yaml")
+
+
+def _tls_cluster(tmp_path, agent_key) -> dict:
+    for name in ("ca.pem", "server.pem", "server.key", "agent.pem"):
+        (tmp_path / name).write_text(f"-----BEGIN X-----\n{name}\n-----END X-----\n")
+    data = copy.deepcopy(CLUSTER)
+    data["coordinator"] = {"host": "0.0.0.0", "advertise": "coord.example.org", "port": 29400,
+                           "tls": {"cert": str(tmp_path / "server.pem"), "key": str(tmp_path / "server.key"),
+                                   "ca": str(tmp_path / "ca.pem"), "agent_cert": str(tmp_path / "agent.pem"),
+                                   "agent_key": str(agent_key)}}
+    return data
+
+
+@pytest.mark.timeout(30)
+def test_a_tls_file_that_is_a_fifo_or_a_device_is_refused_unread(tmp_path):
+    """A FIFO nobody writes to held the render (and `up`) forever; /dev/zero read until memory ran out."""
+    from hetlaunch.runtime.tls import TlsError, read_pem
+
+    fifo = tmp_path / "agent.key"
+    os.mkfifo(fifo)
+    for key in (fifo, "/dev/zero"):
+        with pytest.raises(DeployError, match=rf"^coordinator.tls.agent_key: cannot read {key} \(not a regular file\)$"):
+            deploy(cluster_from_dict(_tls_cluster(tmp_path, key)), tmp_path / "k8s", None, "cluster.yaml")
+        with pytest.raises(TlsError, match=rf"^coordinator.tls.key {key}: not a regular file$"):
+            read_pem(key, "coordinator.tls.key")
+    assert not (tmp_path / "k8s").exists() or not list((tmp_path / "k8s").iterdir())
+
+
+def test_a_render_that_cannot_write_one_file_writes_none(tmp_path, monkeypatch):
+    """A directory where a manifest goes: refused before anything is written, so no Secret is left
+    holding a token that was saved nowhere."""
+    monkeypatch.delenv("HETLAUNCH_TOKEN", raising=False)
+    out = tmp_path / "k8s"
+    (out / "group-a100.yaml").mkdir(parents=True)
+    with pytest.raises(DeployError, match=r"group-a100.yaml is a directory"):
+        deploy(cluster_from_dict(CLUSTER), out, None, "cluster.yaml")
+    assert [p.name for p in out.iterdir()] == ["group-a100.yaml"]
+
+
+def test_a_render_never_overwrites_its_own_cluster_yaml(tmp_path):
+    out = tmp_path / "k8s"
+    out.mkdir()
+    source = write_cluster(out, name="secret.yaml")
+    before = source.read_text()
+    with pytest.raises(DeployError, match=r"would overwrite its own cluster YAML .*secret.yaml"):
+        deploy(cluster_from_dict(CLUSTER), out, None, str(source))
+    assert source.read_text() == before and [p.name for p in out.iterdir()] == ["secret.yaml"]
+
+
+def test_a_newline_in_a_path_stays_inside_the_manifests_comment(tmp_path):
+    """A cluster YAML named with a newline put a `kind:` line of its own into every manifest."""
+    source = write_cluster(tmp_path, name="x\nkind: Evil\n#.yaml")
+    deploy(cluster_from_dict(CLUSTER), tmp_path / "k8s", None, str(source))
+    secret = (tmp_path / "k8s" / "secret.yaml").read_text()
+    assert secret.splitlines()[0].startswith("# rendered by") and "x\\x0akind: Evil\\x0a#.yaml" in secret.splitlines()[0]
+    assert [doc["kind"] for doc in yaml.safe_load_all(secret)] == ["Secret"]
 
 
 def _yaml(**changes) -> str:

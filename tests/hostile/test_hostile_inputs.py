@@ -229,11 +229,14 @@ def test_a_coordinator_port_in_use_is_one_line(tmp_path):
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("content,reason", [(None, "is a directory"), (b"", "is empty"),
                                             (b"\xff\xfe token", "printable ASCII"), ("tökén".encode(), "printable ASCII"),
-                                            (b"has space\n", "printable ASCII")])
+                                            (b"has space\n", "printable ASCII"),
+                                            ("fifo", "not a regular file")])  # was "does not exist"
 def test_a_bad_token_file_is_named_in_one_line(tmp_path, content, reason):
     path = tmp_path / "token"
     if content is None:
         path.mkdir()
+    elif content == "fifo":
+        os.mkfifo(path)
     else:
         path.write_bytes(content)
     result = run_hetlaunch("agent", "--coordinator", "127.0.0.1:1", "--name", "a", "--token-file", str(path),
