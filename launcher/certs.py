@@ -53,6 +53,12 @@ def init_certs(directory: Path, hosts: list[str]) -> Issued:
     for host in hosts:
         if not host or any(c.isspace() for c in host) or len(host) > 253:
             raise CertError(f"--host {host!r} is not a host name or an IP address")
+        if not host.isascii():  # a certificate names hosts in ASCII (IDNA); cryptography raised a traceback
+            try:
+                ascii_form = f": give its ASCII form, {host.encode('idna').decode('ascii')}"
+            except UnicodeError:
+                ascii_form = ""
+            raise CertError(f"--host {host!r} is not ASCII{ascii_form}")
     if (directory / "ca.key").exists():
         raise CertError(f"{directory / 'ca.key'} exists: a second CA would not sign what the first trusts "
                         "(remove the directory to start over)")

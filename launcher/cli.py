@@ -20,7 +20,7 @@ import typer
 
 from hetlaunch.launcher.cli_common import EXIT_BAD_INPUT, EXIT_JOB_FAILED, fail, plain_console
 from hetlaunch.launcher.cli_run_commands import certs_app, down, logs, status
-from hetlaunch.runtime.registry import AUTO_SCHEDULE, DEVICE_SCHEDULE_NAMES, SCHEDULE_NAMES
+from hetlaunch.runtime.registry import AUTO_SCHEDULE, DEVICE_SCHEDULE_NAMES, MAX_MICROBATCHES, SCHEDULE_NAMES
 
 # gRPC's C core logs its own copy of an error (a failed bind, say) to stderr before Python sees it;
 # the user gets our one line instead. GRPC_VERBOSITY=debug in the environment brings the logs back.
@@ -175,6 +175,8 @@ def plan(
 
     if cluster_yaml is None and profile_file is None:
         fail("give a cluster YAML (profiles it live), --profile PROFILE.json (offline), or both", EXIT_BAD_INPUT)
+    if microbatches is not None and microbatches > MAX_MICROBATCHES:
+        fail(f"--microbatches {microbatches}: at most {MAX_MICROBATCHES:,} per step", EXIT_BAD_INPUT)
     cluster = _load(cluster_yaml) if cluster_yaml else None
     if cluster is not None and cluster.pinned:
         _refuse_over_pins({"--microbatches": microbatches, "--global-batch": global_batch, "--schedule": schedule,
@@ -511,7 +513,7 @@ def deploy_k8s(
                                                          "else a new one written to OUTPUT/token)"),
 ) -> None:
     """Render Kubernetes manifests that run the YAML's node groups as agents (kubectl apply -f OUTPUT)."""
-    from hetlaunch.launcher.plain_text import one_line
+    from hetlaunch.launcher.plain_text import escape_controls
     from hetlaunch.launcher.providers.kubernetes import DeployError, deploy
 
     cluster = _load(cluster_yaml)
@@ -520,13 +522,13 @@ def deploy_k8s(
     except DeployError as err:
         fail(str(err), EXIT_BAD_INPUT)
     for path in done.written:
-        print(one_line(str(path)) + (" (overwritten)" if path in done.overwritten else ""), flush=True)
+        print(escape_controls(str(path)) + (" (overwritten)" if path in done.overwritten else ""), flush=True)
+    out, source = escape_controls(str(output)), escape_controls(str(cluster_yaml))
     if done.others:
-        print(f"note: kubectl apply -f {one_line(str(output))} also applies files this render did not write: "
-              f"{', '.join(one_line(p.name) for p in done.others)}", flush=True)
-    token = f" --token-file {one_line(str(done.new_token))}" if done.new_token else " (with the same token)"
-    print(f"next: kubectl apply -f {one_line(str(output))} && hetlaunch up {one_line(str(cluster_yaml))}{token}",
-          flush=True)
+        print(f"note: kubectl apply -f {out} also applies files this render did not write: "
+              f"{', '.join(escape_controls(p.name) for p in done.others)}", flush=True)
+    token = f" --token-file {escape_controls(str(done.new_token))}" if done.new_token else " (with the same token)"
+    print(f"next: kubectl apply -f {out} && hetlaunch up {source}{token}", flush=True)
 
 
 app.add_typer(deploy_app, name="deploy")

@@ -19,7 +19,8 @@ from pydantic import AfterValidator, BeforeValidator, Field, field_validator, mo
 
 from hetlaunch.launcher.config_errors import FieldError, show
 from hetlaunch.launcher.device_schedule_checks import check_device_schedule
-from hetlaunch.launcher.config_types import MAX_NAME, Strict, YamlFloat, is_loopback, starts_alnum
+from hetlaunch.launcher.config_types import (MAX_MODEL_DIM, MAX_NAME, Seed, Strict, YamlFloat, is_loopback,
+                                              starts_alnum)
 from hetlaunch.launcher.node_config import DataPlaneConfig, DiscoverConfig, LinkConfig, NodeConfig, RegionConfig
 from hetlaunch.launcher.planning.compression import CompressionConfig
 from hetlaunch.launcher.slurm_config import SlurmGroup, check_slurm_groups
@@ -85,12 +86,12 @@ _SIZE_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "seq_len", "d_ff
 
 class ModelConfig(Strict):
     preset: str | None = "tiny"  # a name in hetlaunch.runtime.model_spec.PRESETS; the sizes below override it
-    vocab_size: int | None = Field(None, ge=1)  # token ids the model takes (256: bytes; a tokenizer's size for token files)
-    d_model: int | None = Field(None, ge=1)  # width of the residual stream
-    n_layers: int | None = Field(None, ge=1)  # transformer blocks (stage layers = n_layers + 2: embedding, head)
-    n_heads: int | None = Field(None, ge=1)  # attention heads; must divide d_model
-    seq_len: int | None = Field(None, ge=1)  # tokens per sample
-    d_ff: int | None = Field(None, ge=1)  # MLP hidden width (default 4 * d_model)
+    vocab_size: int | None = Field(None, ge=1, le=MAX_MODEL_DIM)  # token ids the model takes (256: bytes; a tokenizer's size for token files)
+    d_model: int | None = Field(None, ge=1, le=MAX_MODEL_DIM)  # width of the residual stream
+    n_layers: int | None = Field(None, ge=1, le=MAX_MODEL_DIM)  # transformer blocks (stage layers = n_layers + 2: embedding, head)
+    n_heads: int | None = Field(None, ge=1, le=MAX_MODEL_DIM)  # attention heads; must divide d_model
+    seq_len: int | None = Field(None, ge=1, le=MAX_MODEL_DIM)  # tokens per sample
+    d_ff: int | None = Field(None, ge=1, le=MAX_MODEL_DIM)  # MLP hidden width (default 4 * d_model)
     entrypoint: str | None = Field(None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")  # "package.module:function" instead of the built-in GPT
     kwargs: dict[str, Any] = Field(default_factory=dict)  # passed to the entrypoint (needs seq_len); only with entrypoint
 
@@ -144,7 +145,7 @@ class DataConfig(Strict):
     format: Literal["text", "tokens"] = "text"
     path: str | None = Field(None, min_length=1)  # the file; default (text only): the Python standard library's own sources
     dtype: Literal["uint16", "uint32"] = "uint16"  # tokens: the ids' width
-    seed: int = 0  # shuffling / sampling seed
+    seed: Seed = 0  # shuffling / sampling seed
     eval_fraction: YamlFloat = Field(0.1, gt=0, lt=1)  # with train.eval_every: the data's tail held out, never trained on
 
     @model_validator(mode="after")

@@ -81,7 +81,19 @@ def cluster_from_dict(data: Any, source: str = "<dict>") -> ClusterConfig:
     except ValidationError as exc:
         errors = exc.errors()
         more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
-        raise ConfigError(f"{source}: {describe(errors[0], ClusterConfig)}{more}") from None
+        raise ConfigError(f"{source}: {describe(_first_to_say(errors), ClusterConfig)}{more}") from None
+
+
+def _first_to_say(errors: list[dict]) -> dict:
+    """The error to show of several: the first, unless it is a required key missing beside an
+    unknown key in the same mapping, most likely its misspelling, which is then said instead with
+    its suggestion (`nodes: [{nme: a}]` said only that `name` was required)."""
+    first = errors[0]
+    if first["type"] == "missing":
+        for err in errors[1:]:
+            if err["type"] == "extra_forbidden" and tuple(err["loc"][:-1]) == tuple(first["loc"][:-1]):
+                return err
+    return first
 
 
 def _too_big(source: str, size: int | None) -> str:

@@ -37,6 +37,17 @@ def starts_alnum(value: str) -> str:
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$", max_length=MAX_NAME), AfterValidator(starts_alnum)]
 
 
+# Upper bounds on the YAML's integers. Each lands in a protocol field (uint32 counts, int64 seeds)
+# and sizes something: without them a number past the field's range passed `validate` and ended
+# `up` in a traceback ("Value out of range"), and a model dimension in the billions in an
+# allocation. Generous for any real job.
+MAX_STEPS = 10**9  # steps, and every "every N steps" and "at step N"
+MAX_COUNT = 1 << 20  # samples in a micro-batch, nodes, pipelines, restarts, checkpoints kept
+MAX_MODEL_DIM = 1 << 24  # vocabulary, widths, layers, heads, sequence length
+MAX_THREADS = 4096  # torch threads of one agent (micro-batches in a step: runtime/registry.py MAX_MICROBATCHES)
+Seed = Annotated[int, Field(ge=-(1 << 63), le=(1 << 63) - 1)]  # the protocol's int64
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 

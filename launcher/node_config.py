@@ -9,10 +9,10 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BeforeValidator, Field, field_validator, model_validator
 
 from hetlaunch.launcher.config_errors import FieldError
-from hetlaunch.launcher.config_types import Name, Pair, Strict, YamlFloat
+from hetlaunch.launcher.config_types import MAX_COUNT, MAX_STEPS, MAX_THREADS, Name, Pair, Strict, YamlFloat
 from hetlaunch.launcher.ray_config import RayNodeConfig
 from hetlaunch.runtime.labels import LABEL_KEY
-
+from hetlaunch.runtime.registry import MAX_MICROBATCHES
 
 
 class RegionConfig(Strict):
@@ -28,7 +28,7 @@ def _steps_increase(changes: list) -> list:
 
 
 class BandwidthChange(Strict):
-    at_step: int = Field(ge=0)
+    at_step: int = Field(ge=0, le=MAX_STEPS)
     bandwidth_mbps: YamlFloat = Field(gt=0)
 
 
@@ -53,7 +53,7 @@ class LinkConfig(Strict):
 
 
 class SpeedChange(Strict):
-    at_step: int = Field(ge=0)
+    at_step: int = Field(ge=0, le=MAX_STEPS)
     speed: YamlFloat = Field(gt=0, le=1)
 
 
@@ -106,13 +106,13 @@ class NodeConfig(Strict):
     remote_python: str = Field("python3", min_length=1)  # ssh only: the remote interpreter that has hetlaunch
     slurm: Name | None = None  # slurm only: its group in the top-level slurm: list (default: the only one)
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda|cuda:\d+)$")  # auto | cpu | cuda | cuda:N
-    threads: int | None = Field(None, ge=1)  # local nodes only: torch intra-op threads (default: cores / local agents)
+    threads: int | None = Field(None, ge=1, le=MAX_THREADS)  # local nodes only: torch intra-op threads (default: cores / local agents)
     # CUDA only: the share of the GPU's memory this node's stage may allocate (the allocator
     # refuses more; the planner fits stages under it); null: all that is free.
     memory_fraction: YamlFloat | None = Field(None, gt=0, le=1)
     layers: Annotated[tuple[int, int], Pair] | None = None  # [start, end) pinned layer range
-    pipeline: int | None = Field(None, ge=0)  # with pinned layers: which data-parallel pipeline (0, 1, ...); default 0
-    window: int | None = Field(None, ge=1)  # with pinned layers, 1F1B: micro-batches in flight (default: the planner's)
+    pipeline: int | None = Field(None, ge=0, le=MAX_COUNT)  # with pinned layers: which data-parallel pipeline (0, 1, ...); default 0
+    window: int | None = Field(None, ge=1, le=MAX_MICROBATCHES)  # with pinned layers, 1F1B: micro-batches in flight (default: the planner's)
     emulate: NodeEmulation = Field(default_factory=NodeEmulation)  # local nodes only
     data_plane: DataPlaneConfig | None = None  # this node's own; default: the top-level data_plane
     ray: RayNodeConfig | None = None  # launch: ray only: what its bundle needs (default: 1 CPU)
@@ -153,8 +153,8 @@ class NodeConfig(Strict):
 class DiscoverConfig(Strict):
     # Take agents that are not listed under `nodes`: any agent with the token (and, under mutual TLS,
     # a valid certificate) that matches joins, under the name, region and devices it announces.
-    min_nodes: int = Field(1, ge=1)  # `up` fails unless at least this many discovered agents joined by wait_s
-    max_nodes: int | None = Field(None, ge=1)  # take no more than this many (default: no limit)
+    min_nodes: int = Field(1, ge=1, le=MAX_COUNT)  # `up` fails unless at least this many discovered agents joined by wait_s
+    max_nodes: int | None = Field(None, ge=1, le=MAX_COUNT)  # take no more than this many (default: no limit)
     wait_s: YamlFloat = Field(60.0, gt=0)  # start once max_nodes joined, or after this long with >= min_nodes
     regions: list[Name] = Field(default_factory=list)  # only agents started with one of these --region (default: any)
     labels: dict[Annotated[str, Field(pattern=LABEL_KEY)], str] = Field(default_factory=dict)  # every one must match an agent --label

@@ -21,7 +21,7 @@ def plain(text: str, limit: int = 4000) -> str:
 _ANY_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
-def one_line(text: str) -> str:
+def escape_controls(text: str) -> str:
     """`text` (a path, a name) with every control character escaped, newline and tab included: for
     a line of output or a comment in a written file, where a newline in a file name would start a
     line of its own (a `kind:` of its own, in a rendered manifest)."""

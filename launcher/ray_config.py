@@ -32,6 +32,8 @@ class RayConfig(Strict):
         if value != "auto" and not re.fullmatch(r"[A-Za-z0-9_.-]+:\d{1,5}|\[[0-9A-Fa-f:.]+\]:\d{1,5}", value):
             raise ValueError(f"must be HOST:PORT of the Ray head (as `ray start --head` prints it) or auto; "
                              f"Ray client (ray://) is not supported (got {value!r})")
+        if value != "auto" and not 1 <= int(value.rsplit(":", 1)[1]) <= 65535:  # 99999 was dialled as 34463
+            raise ValueError(f"port {value.rsplit(':', 1)[1]} is not a TCP port (1-65535)")
         return value
 
 

@@ -35,7 +35,7 @@ def _quoted(value):
 
 
 def _slurm_time(value: str) -> str:
-    if not re.match(_SLURM_TIME, value):
+    if not re.fullmatch(_SLURM_TIME, value):  # re.match's `$` let a trailing newline through
         raise ValueError(f"a Slurm time limit such as 30, 2:00:00 or 1-12:00:00 (got {value!r})")
     return value
 
@@ -44,7 +44,7 @@ class SlurmGroup(Strict):
     name: Name  # what nodes' `slurm:` names
     partition: str | None = Field(None, pattern=_SLURM_WORD)  # default: the cluster's default partition
     account: str | None = Field(None, pattern=_SLURM_WORD)  # default: the user's default account
-    gpus_per_node: int | None = Field(None, ge=1)  # --gpus-per-node (default: no GPUs requested)
+    gpus_per_node: int | None = Field(None, ge=1, le=1024)  # --gpus-per-node (default: no GPUs requested)
     time: Annotated[str, BeforeValidator(_quoted), AfterValidator(_slurm_time)] | None = None  # the allocation's time limit (default: the partition's)
     # More options for the allocation (salloc takes sbatch's), and for each agent's srun step.
     salloc_options: list[str] = Field(default_factory=list)

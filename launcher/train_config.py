@@ -8,21 +8,25 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
 from hetlaunch.launcher.config_errors import FieldError, show
-from hetlaunch.launcher.config_types import Name, Strict, YamlFloat
+from hetlaunch.launcher.config_types import MAX_COUNT, MAX_STEPS, Name, Seed, Strict, YamlFloat
 from hetlaunch.runtime.registry import (AUTO_SCHEDULE, DEFAULT_LINK_ROUNDING, DEFAULT_SCHEDULE, DEVICE_SCHEDULE_NAMES,
-                                        SCHEDULE_NAMES)
+                                        MAX_MICROBATCHES, SCHEDULE_NAMES)
 
 
 def _auto_or_positive(value: Any) -> Any:
-    if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+    if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_STEPS):
         return value
-    raise ValueError(f"must be auto or an integer >= 1 (got {show(value)})")
+    raise ValueError(f"must be auto or an integer from 1 to {MAX_STEPS:,} (got {show(value)})")
+
+
+MAX_WATCHDOG_S = 10**7  # about 4 months: a longer wait is `off` (and a timeout that large overflows)
 
 
 def _watchdog(value: Any) -> Any:
-    if value in ("auto", "off") or (isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 5):
+    if value in ("auto", "off") or (isinstance(value, (int, float)) and not isinstance(value, bool)
+                                    and 5 <= value <= MAX_WATCHDOG_S):
         return value
-    raise ValueError(f"must be auto, off or a number of seconds >= 5 (got {show(value)})")
+    raise ValueError(f"must be auto, off or a number of seconds from 5 to {MAX_WATCHDOG_S:,} (got {show(value)})")
 
 
 def _rebalance(value: Any) -> Any:
@@ -48,7 +52,7 @@ class OuterConfig(Strict):
     momentum: YamlFloat = Field(0.9, ge=0, lt=1)
     codec: Literal["none", "bf16", "int8", "int4"] = "int8"  # for the exchanged deltas, with error feedback
     fragments: int = Field(1, ge=1, le=1024)  # streaming: layer fragments exchanged in turn, spread over H
-    delay: int = Field(0, ge=0)               # inner steps an exchange overlaps before it is applied
+    delay: int = Field(0, ge=0, le=MAX_STEPS)  # inner steps an exchange overlaps before it is applied
     alpha: YamlFloat = Field(0.0, ge=0, lt=1)  # with a delay: the local parameters' weight when applying
 
     @model_validator(mode="after")
@@ -70,9 +74,9 @@ class OuterConfig(Strict):
 
 
 class TrainConfig(Strict):
-    steps: int = Field(300, ge=1)  # optimizer steps
-    micro_batch_size: int = Field(8, ge=1)  # samples per micro-batch
-    num_microbatches: int = Field(4, ge=1)  # micro-batches per step (global batch = the product)
+    steps: int = Field(300, ge=1, le=MAX_STEPS)  # optimizer steps
+    micro_batch_size: int = Field(8, ge=1, le=MAX_COUNT)  # samples per micro-batch
+    num_microbatches: int = Field(4, ge=1, le=MAX_MICROBATCHES)  # micro-batches per step (global batch = the product)
     # Samples per step. Set, the planner chooses the micro-batch size (micro_batch_size is then the
     # largest it tries and the size profiled) and the count; a num_microbatches given too fixes the count.
     global_batch: int | None = Field(None, ge=1, le=1 << 24)
@@ -91,24 +95,24 @@ class TrainConfig(Strict):
     momentum: YamlFloat = Field(0.9, ge=0, lt=1)  # sgd only
     weight_decay: YamlFloat = Field(0.0, ge=0)  # decoupled (AdamW) or L2 (SGD); only on weights of >= 2 dimensions
     lr_schedule: Literal["constant", "cosine", "linear"] = "constant"  # after warm-up, down to lr * min_lr_ratio by the end of the run
-    warmup_steps: int = Field(0, ge=0)  # linear warm-up from lr / warmup_steps
+    warmup_steps: int = Field(0, ge=0, le=MAX_STEPS)  # linear warm-up from lr / warmup_steps
     min_lr_ratio: YamlFloat = Field(0.1, ge=0, le=1)
     grad_clip: YamlFloat = Field(0.0, ge=0)  # max norm of the whole model's gradient (all stages, all pipelines); 0: off
-    eval_every: int = Field(0, ge=0)  # held-out loss every this many steps and after the last; 0: never
-    eval_microbatches: int = Field(4, ge=1)  # micro-batches (of micro_batch_size) per evaluation
+    eval_every: int = Field(0, ge=0, le=MAX_STEPS)  # held-out loss every this many steps and after the last; 0: never
+    eval_microbatches: int = Field(4, ge=1, le=MAX_MICROBATCHES)  # micro-batches (of micro_batch_size) per evaluation
     # Run the evaluation due after a step inside the next step's idle time (runtime/bubble_fill.py),
     # where the plan's simulation predicts it; false: after the step, training stopped.
     eval_in_bubbles: bool = True
-    seed: int = 0  # parameter-init seed
+    seed: Seed = 0  # parameter-init seed
     # Save parameters and AdamW state every this many steps (and after the last) under
     # <run dir>/checkpoints/ (or checkpoint.dir): what a restart after a lost node resumes from.
     # 0: never (a lost node then restarts the job from step 0, unless a replica stands in).
-    checkpoint_every: int = Field(50, ge=0)
+    checkpoint_every: int = Field(50, ge=0, le=MAX_STEPS)
     # When a node stays off its calibrated speed (launcher/adapt/straggler.py): auto (true) moves layers
     # live in the running stages or restarts on a new plan at the next checkpoint, whichever pays
     # more; live / restart: only that way; off (false): only report it (events.jsonl `straggler`).
     rebalance: Annotated[Literal["auto", "live", "restart", "off"], BeforeValidator(_rebalance)] = "auto"
-    max_restarts: int = Field(3, ge=0)  # generations restarted after lost nodes before the job gives up
+    max_restarts: int = Field(3, ge=0, le=MAX_COUNT)  # generations restarted after lost nodes before the job gives up
     # The progress watchdog (runtime/stage_watchdog.py): a stage with no step for this many seconds
     # is stalled (a frozen worker, a hung collective, a cut link): its agent kills the worker and the
     # job recovers as from a lost node. auto: max(10 x the plan's step, 60 s); off: never.
@@ -116,13 +120,18 @@ class TrainConfig(Strict):
     # Data-parallel pipelines the planner may use (each its own chain of nodes and cut): auto = as many as pay off
     max_pipelines: Annotated[int | Literal["auto"], BeforeValidator(_auto_or_positive)] = "auto"
     # With pinned layers over several pipelines: each pipeline's micro-batches per step (default: as planned)
-    pipeline_microbatches: list[int] | None = Field(None, min_length=1)
+    pipeline_microbatches: list[int] | None = Field(None, min_length=1, max_length=MAX_MICROBATCHES)
     # Islands that meet every H steps (DiLoCo) instead of syncing every step; unset: synchronous.
     outer: OuterConfig | None = None
 
     @model_validator(mode="after")
     def _shares(self) -> TrainConfig:
         given = self.model_fields_set
+        if self.global_batch is not None and -(-self.global_batch // self.micro_batch_size) > MAX_MICROBATCHES:
+            raise FieldError(("global_batch",), f"{self.global_batch} samples at micro_batch_size "
+                                                f"{self.micro_batch_size} (the largest the planner tries) are more "
+                                                f"than the {MAX_MICROBATCHES:,} micro-batches a step may have: "
+                                                f"raise micro_batch_size")
         if self.global_batch is not None and "num_microbatches" in given:
             if self.global_batch % self.num_microbatches:
                 raise FieldError(("num_microbatches",), f"{self.num_microbatches} micro-batches do not divide "
@@ -165,7 +174,7 @@ class TrainConfig(Strict):
 
 class ObserveConfig(Strict):
     # Record a timeline (runs/<id>/trace.json, launcher/timeline.py) of every this many steps; 0: never.
-    trace_every: int = Field(25, ge=0)
+    trace_every: int = Field(25, ge=0, le=MAX_STEPS)
     # Scalars for TensorBoard in runs/<id>/tensorboard/ (launcher/observers.py; the tensorboard extra).
     tensorboard: bool = False
 
@@ -188,4 +197,4 @@ class CheckpointConfig(Strict):
     # Where checkpoints go; null = <run dir>/checkpoints. A path every node can write (a shared
     # file system) when some agents are remote: each stage writes its part there itself.
     dir: Annotated[str | None, AfterValidator(_checkpoint_dir)] = Field(None, min_length=1)
-    keep: int = Field(2, ge=1)  # committed checkpoints kept; older ones are deleted
+    keep: int = Field(2, ge=1, le=MAX_COUNT)  # committed checkpoints kept; older ones are deleted

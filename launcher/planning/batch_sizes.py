@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from hetlaunch.launcher.planning.profile_file import NodeProfile, Profile
+from hetlaunch.runtime.registry import MAX_MICROBATCHES
 
 MAX_SIZES = 4  # micro-batch sizes tried: each is a plan of its own
 
@@ -54,8 +55,11 @@ def measured_sizes(profile: Profile) -> list[int]:
 
 
 def candidate_sizes(global_batch: int, profile_size: int) -> list[int]:
-    """Divisors of the global batch up to the profile's micro-batch size, largest first."""
-    divisors = [b for b in range(min(global_batch, profile_size), 0, -1) if global_batch % b == 0]
+    """Divisors of the global batch up to the profile's micro-batch size, largest first, each
+    leaving at most MAX_MICROBATCHES micro-batches (more is past what a step may have and what
+    the search can plan: a global batch of 2**24 at size 1 ran out of memory)."""
+    divisors = [b for b in range(min(global_batch, profile_size), 0, -1)
+                if global_batch % b == 0 and global_batch // b <= MAX_MICROBATCHES]
     return divisors[:MAX_SIZES]
 
 

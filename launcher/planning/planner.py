@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from hetlaunch.launcher.planning.batch_sizes import BatchChoice, at_size, candidate_sizes, measured_sizes, per_token_error
+from hetlaunch.runtime.registry import MAX_MICROBATCHES
 from hetlaunch.launcher.planning.chain_cuts import cut_chain, least_lossy_codecs, most_compressed_codecs
 from hetlaunch.launcher.planning.chain_search import EXHAUSTIVE_MAX_NODES
 from hetlaunch.launcher.planning.compression import CODEC_SLACK, NONE, CompressionConfig
@@ -99,6 +100,8 @@ def plan(profile: Profile, num_microbatches: int, schedule: str = "1f1b", max_pi
     none anywhere).
     """
     started = time.perf_counter()
+    if not 1 <= num_microbatches <= MAX_MICROBATCHES:
+        raise PlanningError(f"{num_microbatches} micro-batches per step: from 1 to {MAX_MICROBATCHES:,}")
     num_layers = profile.model.num_layers
     if stages is not None and stages > num_layers:
         raise PlanningError(f"{stages} stages requested but the model has only {num_layers} layers")
@@ -144,6 +147,9 @@ def plan_global_batch(profile: Profile, global_batch: int, schedule: str = "1f1b
         raise PlanningError(f"{num_microbatches} micro-batches do not divide the global batch of {global_batch}")
     sizes = ([global_batch // num_microbatches] if num_microbatches is not None
              else candidate_sizes(global_batch, profile.micro_batch_size))
+    if not sizes:
+        raise PlanningError(f"a global batch of {global_batch} at micro-batch sizes up to {profile.micro_batch_size} "
+                            f"(the profile's) is more than the {MAX_MICROBATCHES:,} micro-batches a step may have")
     best, failure = None, None
     for size in sizes:
         try:

@@ -33,7 +33,7 @@ from pydantic import AfterValidator, Field, StringConstraints, field_validator, 
 from hetlaunch.launcher.config_errors import FieldError
 from hetlaunch.launcher.config_types import Name, Strict, is_loopback
 from hetlaunch.runtime.auth import TOKEN_ENV_VAR, read_token
-from hetlaunch.launcher.plain_text import one_line
+from hetlaunch.launcher.plain_text import escape_controls
 from hetlaunch.runtime.files import UnreadableFile, read_regular_file, write_whole
 from hetlaunch.runtime.tls import MAX_PEM_BYTES
 from hetlaunch.runtime.labels import LABEL_KEY, MAX_LABEL_VALUE
@@ -293,7 +293,7 @@ class Deployed:
 
 
 def deploy(cluster, directory: Path, token_file: Path | None, source: str) -> Deployed:
-    """Render the manifests of `cluster` into `directory` (made if missing), each file written whole.
+    """Render the manifests of `cluster` into `directory` (made if missing): every file whole, or none.
     The token: --token-file, else $HETLAUNCH_TOKEN, else a new one, written to DIRECTORY/token (not a
     manifest: kubectl apply -f DIR reads only .yaml, .yml and .json) for `hetlaunch up --token-file`."""
     if cluster.kubernetes is None:
@@ -314,23 +314,24 @@ def deploy(cluster, directory: Path, token_file: Path | None, source: str) -> De
         try:  # never blocks on a FIFO, never reads /dev/zero to the end
             pems[key] = read_regular_file(path, MAX_PEM_BYTES).decode("ascii")
         except FileNotFoundError:
-            raise DeployError(f"{field}: cannot read {one_line(path)} (no such file)") from None
+            raise DeployError(f"{field}: cannot read {escape_controls(path)} (no such file)") from None
         except (UnreadableFile, UnicodeDecodeError) as err:
             why = str(err) if isinstance(err, UnreadableFile) else "not a PEM text file"
-            raise DeployError(f"{field}: cannot read {one_line(path)} ({why})") from None
-    header = f"# rendered by `hetlaunch deploy k8s {one_line(source)}`: kubectl apply -f {one_line(str(directory))}\n"
+            raise DeployError(f"{field}: cannot read {escape_controls(path)} ({why})") from None
+    out = escape_controls(str(directory))
+    header = f"# rendered by `hetlaunch deploy k8s {escape_controls(source)}`: kubectl apply -f {out}\n"
     texts = {name: header + yaml.safe_dump_all(docs, sort_keys=False)
              for name, docs in render(cluster, token, pems).items()}
     if new_token is not None:
         texts[new_token.name] = token + "\n"
     paths = [directory / name for name in texts]
-    _check_targets(paths, Path(source))
+    _check_targets(paths, Path(source), out)
     try:
         directory.mkdir(parents=True, exist_ok=True)
         overwritten = [p for p in paths if p.exists()]
         others = sorted(p for p in directory.iterdir() if p.suffix in (".yaml", ".yml", ".json") and p not in paths)
     except OSError as err:
-        raise DeployError(f"-o {one_line(str(directory))}: cannot write ({err.strerror or err})") from None
+        raise DeployError(f"-o {out}: cannot write ({err.strerror or err})") from None
     # Every file in full beside its place first, then each renamed over it: a failure part way
     # (a full disk) leaves none of this render, so never a Secret with a token nobody has.
     written: list[tuple[Path, Path]] = []
@@ -344,21 +345,20 @@ def deploy(cluster, directory: Path, token_file: Path | None, source: str) -> De
     except OSError as err:
         for staged, _ in written:
             staged.unlink(missing_ok=True)
-        raise DeployError(f"-o {one_line(str(directory))}: cannot write {path.name} ({err.strerror or err})") from None
+        raise DeployError(f"-o {out}: cannot write {path.name} ({err.strerror or err})") from None
     return Deployed(paths, overwritten, others, new_token)
 
 
-def _check_targets(paths: list[Path], source: Path) -> None:
+def _check_targets(paths: list[Path], source: Path, out: str) -> None:
     """Refuse, before anything is written, a render that would replace its own cluster YAML or
     write where a directory stands."""
     for path in paths:
         if path.is_dir():
-            raise DeployError(f"-o {one_line(str(path.parent))}: {path.name} is a directory; the render writes a "
-                              f"file there")
+            raise DeployError(f"-o {out}: {path.name} is a directory; the render writes a file there")
         try:
             same = path.exists() and source.exists() and path.samefile(source)
         except OSError:
             same = False
         if same:
-            raise DeployError(f"-o {one_line(str(path.parent))}: the render would overwrite its own cluster YAML "
-                              f"{one_line(str(source))} ({path.name}); render into another directory")
+            raise DeployError(f"-o {out}: the render would overwrite its own cluster YAML {escape_controls(str(source))} "
+                              f"({path.name}); render into another directory")

@@ -382,8 +382,8 @@ def test_check_layer_tiling_directly() -> None:
 
 
 @pytest.mark.parametrize("text, message", [
-    ("train: {max_pipelines: 0}\nnodes: [{name: a}]", "train.max_pipelines: must be auto or an integer >= 1 (got 0)"),
-    ("train: {max_pipelines: many}\nnodes: [{name: a}]", "train.max_pipelines: must be auto or an integer >= 1"),
+    ("train: {max_pipelines: 0}\nnodes: [{name: a}]", "train.max_pipelines: must be auto or an integer from 1 to 1,000,000,000 (got 0)"),
+    ("train: {max_pipelines: many}\nnodes: [{name: a}]", "train.max_pipelines: must be auto or an integer from 1 to 1,000,000,000"),
     ("nodes: [{name: a, pipeline: 0}]", "nodes[0].pipeline: only with pinned layers"),
     ("nodes: [{name: a, layers: [0, 8], pipeline: 1}]", "no node is in pipeline 0"),
     ("train: {pipeline_microbatches: [3, 2]}\nnodes: [{name: a, layers: [0, 8]}, {name: b, layers: [0, 8], pipeline: 1}]",

@@ -349,3 +349,53 @@ def test_cluster_from_dict_does_not_look_at_the_file_system() -> None:
     # code and tests that build configs may name a file that only exists where the job runs
     cfg = cluster_from_dict({"data": {"path": "/nowhere/corpus.txt"}, "nodes": [{"name": "n0"}]})
     assert cfg.data.path == "/nowhere/corpus.txt"
+
+
+@pytest.mark.parametrize("text, message", [
+    # each past a protocol field's range: `validate` passed them and `up` ended in a traceback
+    ("nodes: [{name: a, threads: 100000000000000000000}]", "nodes[0].threads: must be <= 4096"),
+    ("train: {eval_every: 4294967296}\nnodes: [{name: a}]", "train.eval_every: must be <= 1000000000"),
+    ("train: {steps: 4294967296}\nnodes: [{name: a}]", "train.steps: must be <= 1000000000"),
+    ("train: {seed: 9223372036854775808}\nnodes: [{name: a}]", "train.seed: must be <= 9223372036854775807"),
+    ("observe: {trace_every: 4294967296}\nnodes: [{name: a}]", "observe.trace_every: must be <= 1000000000"),
+    ("nodes: [{name: a, emulate: {speed_changes: [{at_step: 4294967296, speed: 0.5}]}}]",
+     "nodes[0].emulate.speed_changes[0].at_step: must be <= 1000000000"),
+    # ... or sizing what the planner or the model would allocate
+    ("model: {d_model: 100000000}\nnodes: [{name: a}]", "model.d_model: must be <= 16777216"),
+    ("train: {num_microbatches: 1000000}\nnodes: [{name: a}]", "train.num_microbatches: must be <= 16384"),
+    ("train: {global_batch: 16777216, micro_batch_size: 8}\nnodes: [{name: a}]",
+     "train.global_batch: 16777216 samples at micro_batch_size 8 (the largest the planner tries) are more than "
+     "the 16,384 micro-batches a step may have"),
+    ("train: {watchdog_s: 1.0e+300}\nnodes: [{name: a}]", "train.watchdog_s: must be auto, off or a number of seconds "
+                                                            "from 5 to 10,000,000"),
+])
+def test_numbers_past_what_the_job_can_carry_are_one_line(text: str, message: str) -> None:
+    assert message in error_of(text)
+
+
+def test_the_planner_refuses_more_micro_batches_than_a_step_may_have() -> None:
+    """Planning 100,000 micro-batches took 32 s and 16 million ran out of memory (a hostile review)."""
+    import random
+    import sys
+
+    from conftest import REPO
+    from hetlaunch.launcher.planning.planner import PlanningError, plan, plan_global_batch
+
+    sys.path.insert(0, str(REPO / "tests"))
+    from plan_reference import random_profile
+
+    profile = random_profile(random.Random(0), 3, 1, 4)
+    with pytest.raises(PlanningError, match=r"^1000000 micro-batches per step: from 1 to 16,384$"):
+        plan(profile, 1_000_000)
+    with pytest.raises(PlanningError, match=r"^a global batch of 16777216 at micro-batch sizes up to \d+ .* more than "
+                                            r"the 16,384 micro-batches a step may have$"):
+        plan_global_batch(profile, 1 << 24)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("nodes: [{nme: a}]", "nodes[0].nme: unknown key (did you mean 'name'?)"),
+    ("slurm: [{nmae: g}]\nnodes: [{name: a, launch: slurm}]", "slurm[0].nmae: unknown key (did you mean 'name'?)"),
+])
+def test_a_misspelled_required_key_is_said_as_the_misspelling(text: str, message: str) -> None:
+    """It was said as the required key missing, the typo that caused it hidden in "(+1 more)"."""
+    assert message in error_of(text)

@@ -38,6 +38,8 @@ def test_ray_errors_are_one_line_naming_the_field() -> None:
     assert error_of("ray: {address: 'ray://head:10001'}\nnodes: [{name: a, launch: ray}]") == (
         "cluster.yaml: ray.address: must be HOST:PORT of the Ray head (as `ray start --head` prints it) or auto; "
         "Ray client (ray://) is not supported (got 'ray://head:10001')")
+    assert error_of("ray: {address: '127.0.0.1:99999'}\nnodes: [{name: a, launch: ray}]") == (
+        "cluster.yaml: ray.address: port 99999 is not a TCP port (1-65535)")  # it was dialled as 34463
     assert "ray.strategy: must be 'SPREAD'" in error_of("ray: {address: auto, strategy: spread}\n"
                                                         "nodes: [{name: a, launch: ray}]")
     assert "nodes[0].ray.resources" in error_of(RAY + "nodes: [{name: a, launch: ray, ray: {resources: {'a b': 1}}}]")

@@ -75,6 +75,8 @@ def test_slurm_s_reasons_are_one_line():
      "slurm[0].srun_options: 'qos' is not an option (each item one option, e.g. --qos=high)"),
     ("slurm: [{name: g, time: soon}]\nnodes: [{name: a, launch: slurm}]",
      "slurm[0].time: a Slurm time limit such as 30, 2:00:00 or 1-12:00:00 (got 'soon')"),
+    ('slurm: [{name: g, time: "2:00:00\\n"}]\nnodes: [{name: a, launch: slurm}]',  # re.match's $ let it through
+     "slurm[0].time: a Slurm time limit such as 30, 2:00:00 or 1-12:00:00 (got '2:00:00\\n')"),
     ("slurm: [{name: g, time: 2:00:00}]\nnodes: [{name: a, launch: slurm}]",
      'slurm[0].time: quote it, e.g. "2:00:00" (YAML read a number, 7200)'),
     ("slurm: [{name: g, partition: 'a b'}]\nnodes: [{name: a, launch: slurm}]", "slurm[0].partition: "),

@@ -38,6 +38,15 @@ def test_certs_init_writes_keys_private_and_refuses_a_second_ca(certs):
     assert again.returncode == 2 and "ca.key exists" in again.stderr
 
 
+@pytest.mark.parametrize("host, message", [("bücher.example", "is not ASCII: give its ASCII form, xn--bcher-kva.example"),
+                                           ("ü..x", "is not ASCII")])
+def test_certs_init_refuses_a_host_name_that_is_not_ascii_in_one_line(tmp_path, host, message):
+    """It ended in cryptography's traceback (a hostile review)."""
+    result = run_hetlaunch("certs", "init", str(tmp_path / "c"), "--host", host, timeout=60)
+    assert result.returncode == 2 and result.stderr.strip() == f"error: --host {host!r} {message}", result.stderr
+    assert not (tmp_path / "c" / "ca.key").exists()
+
+
 def _yaml(tmp_path, certs_dir, nodes: str, tls: bool = True, steps: int = 3) -> str:
     tls_block = (f"tls: {{cert: {certs_dir}/coordinator.pem, key: {certs_dir}/coordinator.key, ca: {certs_dir}/ca.pem, "
                  f"agent_cert: {certs_dir}/agent.pem, agent_key: {certs_dir}/agent.key}}, ") if tls else ""
