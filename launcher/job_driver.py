@@ -109,9 +109,10 @@ def run_up(cluster, options: UpOptions, console: Console) -> Path:
     if options.resume is not None:
         _check_resumable(options.resume)
     run_dir = new_run_dir(cluster, options)
+    session = ClusterSession(cluster, run_dir, options.token or secrets.token_urlsafe(24), console)
+    session.agents.preflight()  # a tool this machine lacks fails before the run directory exists
     make_run_dir(run_dir)
-    with RunDirLock(run_dir), ClusterSession(cluster, run_dir, options.token or secrets.token_urlsafe(24),
-                                             console) as session:
+    with RunDirLock(run_dir), session:
         while not session.state.joins.empty():  # the first registrations are not joins to act on
             session.state.joins.get_nowait()
         events = EventLog(run_dir, resume=options.resume is not None)

@@ -48,6 +48,7 @@ class ClusterSession:
 
     def __enter__(self) -> "ClusterSession":
         coord = self.cluster.coordinator
+        self.agents.preflight()  # a tool this machine lacks: one line, and nothing left behind
         make_run_dir(self.run_dir)  # a one-line JobError naming the path and the reason, before anything starts
         try:
             try:

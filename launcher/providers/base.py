@@ -1,7 +1,8 @@
 """The interface every way of starting agents implements, and what `up` hands each one.
 
 A provider owns the agents of the nodes whose `launch:` is its kind. `ClusterSession`
-(launcher/session.py) builds one per kind in the YAML, calls `start` once the coordinator
+(launcher/session.py) builds one per kind in the YAML, calls `preflight` before anything
+exists (a missing tool fails there, leaving no run directory behind), `start` once the coordinator
 listens, asks `exited` while it waits and trains (an agent whose process or job ended is a lost
 node), `kill`s a node declared lost, and `stop`s them all when `up` ends, however it ends: the
 lifeline rule. A provider that cannot start its agents raises JobError with one line.
@@ -45,6 +46,10 @@ class AgentProvider(ABC):
     def __init__(self, nodes: list[NodeConfig]):
         self.nodes = nodes
 
+    def preflight(self) -> None:
+        """JobError (one line) if this machine cannot start these agents at all (a tool missing):
+        asked before the run directory, the coordinator or any agent exists."""
+
     @abstractmethod
     def start(self, ctx: LaunchContext) -> None:
         """Start an agent for every node; JobError (one line) if they cannot be."""
@@ -77,6 +82,10 @@ class Providers:
     def __init__(self, providers: list[AgentProvider]):
         self.providers = providers
         self.owner = {n.name: p for p in providers for n in p.nodes}
+
+    def preflight(self) -> None:
+        for provider in self.providers:
+            provider.preflight()
 
     def start(self, ctx: LaunchContext) -> None:
         for provider in self.providers:

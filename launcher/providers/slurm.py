@@ -57,11 +57,13 @@ class SlurmProvider(ProcessProvider, AgentProvider):
         super().__init__(nodes)
         self.allocations: list[Allocation] = []
 
-    def start(self, ctx: LaunchContext) -> None:
+    def preflight(self) -> None:
         missing = [tool for tool in TOOLS if shutil.which(tool) is None]
         if missing:
             raise JobError(f"launch: slurm needs Slurm's client commands on PATH on this machine, and "
                            f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not (install slurm-client)")
+
+    def start(self, ctx: LaunchContext) -> None:
         env = slurm_env()
         jobs: dict[str, dict[str, Component]] = {}  # one allocation per het_job (else per group), its groups
         for node in self.nodes:

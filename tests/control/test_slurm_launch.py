@@ -224,19 +224,14 @@ def _lost(run_dir) -> list[dict]:
     return [e for e in map(json.loads, lines) if e["event"] == "lost"]
 
 
-@pytest.mark.timeout(30)
-def test_without_slurm_commands_on_path_is_one_line(tmp_path, monkeypatch):
-    from rich.console import Console
-
-    from hetlaunch.launcher.cluster_yaml import parse_cluster
-    from hetlaunch.launcher.job_errors import JobError
-    from hetlaunch.launcher.providers.base import LaunchContext
-    from hetlaunch.launcher.providers.slurm import SlurmProvider
-
-    cluster = parse_cluster(_yaml(["{name: s0, launch: slurm}"], steps=1), "c.yaml")
-    monkeypatch.setenv("PATH", str(tmp_path))
-    provider = SlurmProvider(cluster.nodes)
-    with pytest.raises(JobError) as info:
-        provider.start(LaunchContext(cluster, "127.0.0.1:1", 1, "t", tmp_path, [], Console()))
-    assert str(info.value) == ("launch: slurm needs Slurm's client commands on PATH on this machine, and salloc, "
-                               "srun, scancel, squeue, scontrol are not (install slurm-client)")
+@pytest.mark.timeout(60)
+def test_without_slurm_commands_on_path_up_is_one_line_before_anything_starts(tmp_path):
+    """Said before the run directory, the coordinator or a local agent exists: it was said only once
+    they had started, and the run directory stayed behind (a hostile review)."""
+    (tmp_path / "c.yaml").write_text(_yaml(["{name: s0, launch: slurm}", "{name: here}"], steps=1))
+    result = run_hetlaunch("up", str(tmp_path / "c.yaml"), "--run-dir", str(tmp_path / "run"), timeout=50,
+                           env=hetlaunch_env(PATH=str(tmp_path)))
+    assert result.returncode == 1 and result.stderr.strip() == (
+        "error: launch: slurm needs Slurm's client commands on PATH on this machine, and salloc, srun, scancel, "
+        "squeue, scontrol are not (install slurm-client)"), result.stderr
+    assert not (tmp_path / "run").exists()
