@@ -436,12 +436,14 @@ def export(
     run: Path = typer.Argument(..., help="a run directory, a checkpoint root, or one step-<k> checkpoint"),
     output: Path = typer.Option(..., "-o", "--output", help="a .safetensors file, or a directory: model.safetensors "
                                                             "+ config.json (HF models) for from_pretrained"),
+    allow_entrypoint: list[str] = typer.Option([], help="fnmatch pattern of model entrypoints the checkpoint may "
+                                                        "name (default: hetlaunch's own models only); repeatable"),
 ) -> None:
     """Merge a run's newest checkpoint into one state dict (Hugging Face names, and config.json, for HF models)."""
     from hetlaunch.launcher.export import ExportError, export as export_run
 
     try:
-        done = export_run(run, output)
+        done = export_run(run, output, tuple(allow_entrypoint))
     except ExportError as err:
         fail(str(err), EXIT_BAD_INPUT)
     except (ValueError, TypeError) as err:  # the model's entrypoint refused (e.g. transformers missing)

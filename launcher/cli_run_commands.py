@@ -12,6 +12,7 @@ from typing import Optional
 import typer
 
 from hetlaunch.launcher.cli_common import EXIT_BAD_INPUT, EXIT_JOB_FAILED, fail
+from hetlaunch.launcher.plain_text import plain
 
 
 def status(
@@ -29,8 +30,10 @@ def status(
     last = last_record(run_dir)
     print(f"{run_dir}: generation {reply.generation}"
           + (f", stopping: {reply.down_requested}" if reply.down_requested else ""))
-    if last is not None:
-        print(f"  step {last['step']}, loss {last['loss']}, {last['tokens_per_s']:,.0f} tokens/s")
+    if last is not None:  # a line of metrics.jsonl as written, or one a hand changed: said as it is
+        step, loss, tokens = (last.get(k) for k in ("step", "loss", "tokens_per_s"))
+        rate = f"{tokens:,.0f} tokens/s" if isinstance(tokens, (int, float)) else "tokens/s unknown"
+        print(plain(f"  step {step}, loss {loss}, {rate}"))
     for node in reply.nodes:
         print(f"  {node.node:<24} {node.state:<10} step {node.step:<8} heard {node.silent_s:.1f}s ago")
 

@@ -13,6 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 from hetlaunch.launcher.run_record import JsonLines, strict_json
+from hetlaunch.runtime.files import UnreadableFile, read_regular_file
 
 MAX_EVENTS_BYTES = 256 * 2**20
 
@@ -35,17 +36,15 @@ class EventLog:
 
 def _earlier_lines(path: Path) -> list[str]:
     """The whole lines an earlier run of this directory wrote (a line cut off by its crash is dropped)."""
-    try:
-        if path.stat().st_size > MAX_EVENTS_BYTES:
-            return []
-        lines = path.read_text(errors="replace").splitlines()
-    except OSError:
+    try:  # a FIFO in its place held a resume forever
+        lines = read_regular_file(path, MAX_EVENTS_BYTES).decode("utf-8", errors="replace").splitlines()
+    except (OSError, UnreadableFile):
         return []
     kept = []
     for line in lines:
         try:
             if isinstance(json.loads(line), dict):
                 kept.append(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: a line nested thousands deep
             continue
     return kept

@@ -7,13 +7,17 @@ tying the run trained, so `AutoModelForCausalLM.from_pretrained(DIR)` needs noth
 
 RUN is a run directory, a checkpoint root (its `checkpoints/` or `checkpoint.dir`) or one
 committed `step-<k>` directory; the newest committed checkpoint is used. The model is named in
-the checkpoint's manifest, so its entrypoint is imported here (as on an agent). Each file is
+the checkpoint's manifest, so its entrypoint is imported here, as on an agent, and as on an
+agent only where allowed: hetlaunch's own models (`hetlaunch.models.*`), or what
+`--allow-entrypoint` patterns match. A checkpoint from elsewhere could name any code (a
+manifest naming `os:system` ran a command). Each file is
 written whole (temp, fsync, rename) or not at all; into a directory the weights go first and
 config.json last, so a directory with a config.json from this export has its weights.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import tempfile
 from dataclasses import dataclass
@@ -52,7 +56,19 @@ def _checkpoint(path: Path):
                       "directory with a manifest.json)")
 
 
-def export(path: Path, output: Path) -> Exported:
+OWN_ENTRYPOINTS = ("hetlaunch.models.*",)  # importable without --allow-entrypoint: hetlaunch's own code
+
+
+def _allowed(model: pb.ModelSpec, directory: Path, allow_entrypoints: tuple[str, ...]) -> None:
+    if not model.HasField("entrypoint"):
+        return  # the built-in GPT
+    name = model.entrypoint.entrypoint
+    if not any(fnmatch.fnmatchcase(name, pattern) for pattern in (*OWN_ENTRYPOINTS, *allow_entrypoints)):
+        raise ExportError(f"{directory}: the checkpoint names model entrypoint {name!r}, which export imports only "
+                          f"when --allow-entrypoint matches it (a checkpoint can name any code)")
+
+
+def export(path: Path, output: Path, allow_entrypoints: tuple[str, ...] = ()) -> Exported:
     # torch only here, never at the top: the rest of the launcher (the coordinator above all) runs without it.
     import torch
     from safetensors.torch import save_file
@@ -68,7 +84,12 @@ def export(path: Path, output: Path) -> Exported:
     saved = manifest.extra.get("model_spec")
     if not isinstance(saved, dict):
         raise ExportError(f"{directory}: the manifest does not name its model (written before hetlaunch 0.2?)")
-    spec = model_spec_from_proto(json_format.ParseDict(saved, pb.ModelSpec()))
+    try:
+        proto = json_format.ParseDict(saved, pb.ModelSpec())
+    except json_format.ParseError as err:
+        raise ExportError(f"{directory}: the manifest's model is not readable ({str(err)[:200]})") from None
+    _allowed(proto, directory, allow_entrypoints)
+    spec = model_spec_from_proto(proto)
     model = describe_model(spec, seed=0)
     if model.num_layers != manifest.num_layers:
         raise ExportError(f"{directory}: {manifest.num_layers} layers, but the model {spec.describe()} has "
@@ -90,8 +111,10 @@ def export(path: Path, output: Path) -> Exported:
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, weights)
-    except BaseException:
+    except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(err, Exception) and not isinstance(err, OSError):  # safetensors' own error on a full disk
+            raise ExportError(f"{weights}: cannot write ({' '.join(str(err).split())[:200]})") from None
         raise
     if config is not None:
         write_whole(config, model.export_config)

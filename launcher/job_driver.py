@@ -44,7 +44,7 @@ from hetlaunch.launcher.session import ClusterSession, JobError
 from hetlaunch.launcher.stage_launch import eval_fill_event, launch
 from hetlaunch.launcher.observers import Observers
 from hetlaunch.protos import control_pb2 as pb
-from hetlaunch.runtime.checkpoint_manifest import newest_intact_checkpoint, set_aside
+from hetlaunch.runtime.checkpoint_manifest import latest_checkpoint, newest_intact_checkpoint, set_aside
 from hetlaunch.runtime.files import UnreadableFile, read_json
 from hetlaunch.runtime.wire import model_spec_to_proto
 
@@ -111,6 +111,8 @@ def run_up(cluster, options: UpOptions, console: Console) -> Path:
     run_dir = new_run_dir(cluster, options)
     session = ClusterSession(cluster, run_dir, options.token or secrets.token_urlsafe(24), console)
     session.agents.preflight()  # a tool this machine lacks fails before the run directory exists
+    if options.resume is None:
+        _check_fresh(run_dir, session.checkpoint_root)
     make_run_dir(run_dir)
     with RunDirLock(run_dir), session:
         while not session.state.joins.empty():  # the first registrations are not joins to act on
@@ -121,6 +123,27 @@ def run_up(cluster, options: UpOptions, console: Console) -> Path:
         finally:
             events.close()
         return run_dir
+
+
+def _check_fresh(run_dir: Path, checkpoint_root: Path) -> None:
+    """A new run never starts over another's records or checkpoints: `up --run-dir` on a finished
+    run emptied its metrics.jsonl and wrote over its checkpoints, and a second run sharing a
+    checkpoint.dir pruned its own newest checkpoint for the first run's newer steps (and a resume
+    then took the first run's state)."""
+    try:
+        recorded = (run_dir / "metrics.jsonl").stat().st_size > 0
+    except OSError:
+        recorded = False
+    if recorded:
+        raise JobError(f"{run_dir} holds a run already (its metrics.jsonl): continue it with `--resume {run_dir}`, "
+                       f"or give this run another --run-dir")
+    try:
+        found = latest_checkpoint(checkpoint_root)
+    except OSError:
+        found = None  # a root that cannot be listed holds no run's checkpoints; make_run_dir says why
+    if found is not None:
+        raise JobError(f"{checkpoint_root} holds another run's checkpoint (step {found[1].step}): resume that run "
+                       f"with --resume, or give this one a checkpoint directory of its own")
 
 
 def _check_resumable(run_dir: Path) -> None:
@@ -163,6 +186,9 @@ def _run(session: ClusterSession, spec, options: UpOptions, events: EventLog, co
         console.print(f"metrics at http://{observers.metrics_address}/metrics")
     restarts = 0
     start = time.monotonic()
+    if restore.step >= train.steps:
+        console.print(f"the checkpoint at step {restore.step} is this run's last (train.steps: {train.steps}): "
+                      f"nothing left to train")
     try:
         with TrainingProgress(console, train.steps, completed=restore.step) as progress:
             while restore.step < train.steps:
@@ -215,7 +241,8 @@ def _run(session: ClusterSession, spec, options: UpOptions, events: EventLog, co
     finally:
         record.close()
         observers.close()
-    _finish(session, current, record, book, observers, events, console,
+    # No generation ran when the run resumed from its last step: its plan is the one made now.
+    _finish(session, current.plan or plan, record, book, observers, events, console,
             {"wall_s": time.monotonic() - start, "restarts": restarts})
 
 
@@ -272,11 +299,11 @@ def _say_unrecorded(steps: list[int], held_by: str, events: EventLog, console: C
         console.print(f"no report came of step(s) {shown}: {held_by} includes them; metrics.jsonl has no line for them")
 
 
-def _finish(session: ClusterSession, current: CurrentPlan, record: RunRecord, book: CheckpointBook,
+def _finish(session: ClusterSession, plan: Plan, record: RunRecord, book: CheckpointBook,
             observers: Observers, events: EventLog, console: Console, extra: dict) -> None:
     """summary.json, the calibration, the last event and the console's summary."""
-    summary = {"run_id": session.run_dir.name, "plan": current.plan.to_dict(), **record.summarize(), **extra,
-               "memory": memory_summary(current.plan, record.records),
+    summary = {"run_id": session.run_dir.name, "plan": plan.to_dict(), **record.summarize(), **extra,
+               "memory": memory_summary(plan, record.records),
                "checkpoints_committed": book.committed, "events": dict(events.counts)}
     calibration = observers.calibration.finish(record.records)
     if calibration is not None:

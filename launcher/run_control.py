@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ import grpc
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.protos import control_pb2_grpc
 from hetlaunch.runtime.auth import TOKEN_METADATA_KEY, read_token
+from hetlaunch.runtime.files import UnreadableFile, read_json
 
 
 class RunControlError(Exception):
@@ -31,15 +33,23 @@ class Contact:
     tls: dict
 
 
+MAX_CONTACT_BYTES = 1 << 16
+
+
 def contact_of(run_dir: Path) -> Contact:
     path = run_dir / "coordinator.json"
-    try:
-        data = json.loads(path.read_text())
-        return Contact(str(data["address"]), int(data["pid"]), dict(data.get("tls") or {}))
+    try:  # bounded and never blocking (a FIFO or /dev/zero in its place hung status and logs)
+        data = read_json(path, MAX_CONTACT_BYTES)
+        contact = Contact(str(data["address"]), int(data["pid"]), dict(data.get("tls") or {}))
     except FileNotFoundError:
         raise RunControlError(f"{run_dir}: not a run directory (no coordinator.json)") from None
-    except (OSError, ValueError, KeyError, TypeError) as err:
+    except UnreadableFile as err:
         raise RunControlError(f"{path}: unreadable ({err})") from None
+    except (ValueError, KeyError, TypeError) as err:
+        raise RunControlError(f"{path}: unreadable ({type(err).__name__}: {str(err)[:100]})") from None
+    if not 0 < contact.pid < 1 << 22:  # the kernel's pid_max at most; 10**30 ended os.kill in a traceback
+        raise RunControlError(f"{path}: unreadable (pid {str(contact.pid)[:30]} is not a process id)")
+    return contact
 
 
 def running(contact: Contact) -> bool:
@@ -104,16 +114,21 @@ def last_record(run_dir: Path) -> dict | None:
     """The newest step record of metrics.jsonl (its last whole line)."""
     path = run_dir / "metrics.jsonl"
     try:
-        with path.open("rb") as f:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO in its place hung `status`
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                return None
             f.seek(max(0, f.seek(0, os.SEEK_END) - 65536))
             lines = f.read().decode(errors="replace").splitlines()
     except OSError:
         return None
     for line in reversed(lines):
         try:
-            return json.loads(line)
-        except ValueError:
+            record = json.loads(line)
+        except (ValueError, RecursionError):
             continue
+        if isinstance(record, dict):
+            return record
     return None
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from hetlaunch.launcher.job_errors import JobError
 from hetlaunch.runtime import host_clock
-from hetlaunch.runtime.files import write_whole
+from hetlaunch.runtime.files import UnreadableFile, read_regular_file, write_whole
 
 
 def _reason(err: OSError) -> str:
@@ -151,26 +151,24 @@ def read_metrics(path: Path, before_step: int) -> list[StepRecord]:
     """The step records of an earlier run of this run directory, for steps before `before_step`
     (the steps after the checkpoint a resume starts from are run, and logged, again). A line cut
     off by a crash is dropped; a file that is not ours is a JobError."""
-    try:
-        size = path.stat().st_size
-        if size > MAX_RESUMED_METRICS_BYTES:
-            raise JobError(f"cannot resume from {path}: larger than {MAX_RESUMED_METRICS_BYTES:,} bytes")
-        lines = path.read_text(errors="replace").splitlines()
+    try:  # never blocks on a FIFO in its place, never reads past the bound
+        lines = read_regular_file(path, MAX_RESUMED_METRICS_BYTES).decode("utf-8", errors="replace").splitlines()
     except FileNotFoundError:
         return []
-    except OSError as err:
-        raise JobError(f"cannot read {path}: {_reason(err)}") from None
+    except UnreadableFile as err:
+        raise JobError(f"cannot resume from {path}: {err}") from None
     records = []
     for number, line in enumerate(lines, 1):
         try:
             data = json.loads(line)
             record = StepRecord(step=int(data["step"]), loss=_number(data["loss"]),
                                 tokens_per_s=float(data["tokens_per_s"]), step_s=float(data["step_s"]),
-                                stages=list(data["stages"]), time=float(data.get("time", 0.0)),
+                                stages=[_stage_row(row) for row in data["stages"]], time=float(data.get("time", 0.0)),
                                 missing=data.get("missing"), lr=_optional(data.get("lr")),
                                 grad_norm=_optional(data.get("grad_norm")), eval_loss=_optional(data.get("eval_loss")),
-                                islands=data.get("islands"))
-        except (ValueError, KeyError, TypeError):
+                                islands=_islands_row(data.get("islands")))
+        # OverflowError: a step of 1e999; RecursionError: a line nested thousands deep (both tracebacks before)
+        except (ValueError, KeyError, TypeError, OverflowError, RecursionError):
             if number == len(lines):
                 break  # the last line, cut off by the crash that ended the earlier run
             raise JobError(f"cannot resume from {path}: line {number} is not a step record") from None
@@ -178,6 +176,37 @@ def read_metrics(path: Path, before_step: int) -> list[StepRecord]:
             records.append(record)
     records.sort(key=lambda r: r.step)
     return records
+
+
+def _stage_row(row) -> dict:
+    """A stage's part of a step record as launcher/step_aggregator.py writes it, checked to have what
+    the summary reads (a resumed line of `"stages": [1, 2]` was taken, and the run ended in a
+    traceback after training, with no summary.json); TypeError if it does not."""
+    if not (isinstance(row, dict) and all(type(row.get(k)) is int for k in ("pipeline", "stage"))
+            and isinstance(row.get("node"), str) and isinstance(row.get("sent_bytes"), dict)):
+        raise TypeError("not a stage row")
+    for key in ("step_s", "compute_s", "comm_s", "sync_s"):
+        float(row[key])
+    for pair in (*row["sent_bytes"].values(), *row.get("transit", {}).values()):
+        if not (isinstance(pair, list) and len(pair) == 2):
+            raise TypeError("not a pair")
+        float(pair[0]), float(pair[1])
+    if not {"forward", "backward"} <= set(row["sent_bytes"]):
+        raise TypeError("no bytes sent")
+    if "peak_bytes" in row:
+        int(row["peak_bytes"]["activations"]), int(row["peak_bytes"]["used"])
+    return row
+
+
+def _islands_row(value) -> dict | None:
+    """A step's islands part (RunRecord._outer reads it), or None."""
+    if value is None:
+        return None
+    outer = value["outer"]
+    int(outer["launched"]), float(outer["blocked_s"]), float(outer["bytes"][0]), float(outer["bytes"][1])
+    if not isinstance(value["losses"], (dict, list)):
+        raise TypeError("no island losses")
+    return value
 
 
 def _number(value) -> float:

@@ -135,7 +135,10 @@ def apply_state(module: nn.Module, optimizer: torch.optim.Optimizer | None, stat
     problems = ([f"missing {k}" for k in own if k not in weights]
                 + [f"unexpected {k}" for k in weights if k not in own]
                 + [f"shape of {k}: {tuple(weights[k].shape)} != {tuple(own[k].shape)}"
-                   for k in own if k in weights and weights[k].shape != own[k].shape])
+                   for k in own if k in weights and weights[k].shape != own[k].shape]
+                # load_state_dict would convert silently (bool or int64 weights resumed as if fine)
+                + [f"dtype of {k}: {weights[k].dtype} != {own[k].dtype}"
+                   for k in own if k in weights and weights[k].dtype != own[k].dtype])
     required = _SGD_REQUIRED if isinstance(optimizer, torch.optim.SGD) else _ADAMW_REQUIRED
     for name, fields in moments.items():
         param = named.get(name)
@@ -144,6 +147,8 @@ def apply_state(module: nn.Module, optimizer: torch.optim.Optimizer | None, stat
                             f"{type(optimizer).__name__ if optimizer is not None else 'none'})")
         elif any(t.shape != param.shape for f, t in fields.items() if f != "step"):
             problems.append(f"shape of optimizer state of {name}")
+        elif any(not t.is_floating_point() for t in fields.values()):
+            problems.append(f"dtype of optimizer state of {name}: not floating point")
     if problems:
         raise CheckpointError(f"checkpoint does not fit the stage from layer {layer_start}: {problems[0]} "
                               f"(local key; {len(problems)} problem(s))")

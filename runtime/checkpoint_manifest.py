@@ -17,6 +17,7 @@ import json
 import os
 import re
 import shutil
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -148,9 +149,15 @@ def check_part_file(path: Path, part: PartInfo, sha256: bool) -> None:
     """Is this the file the manifest names: its size, and with `sha256` its content."""
     digest = hashlib.sha256()
     try:
-        size = path.stat().st_size
-        if sha256 and size == part.bytes:
-            with open(path, "rb") as f:
+        # Opened without blocking and checked to be a regular file: a FIFO or /dev/zero in a part's
+        # place (with a manifest saying 0 bytes) held export and resume forever.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            info = os.fstat(f.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                raise CheckpointError(f"{path}: not a regular file")
+            size = info.st_size
+            if sha256 and size == part.bytes:
                 while chunk := f.read(1 << 22):
                     digest.update(chunk)
     except OSError as err:

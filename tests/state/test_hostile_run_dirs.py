@@ -1,0 +1,181 @@
+"""A finished run's directory made hostile, or used again: what export, --resume, status and a
+second `up` do with it. Each case is one a hostile review found failing (a command run from a
+manifest, a hang on a FIFO, a traceback, a run's checkpoints written over); each failed before
+its fix.
+
+One real run (a 1-node tiny model, 4 steps, checkpoints at 2 and 4) is made once and copied for
+each case.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from conftest import run_hetlaunch
+from hetlaunch.launcher.run_control import RunControlError, contact_of, last_record
+from small_disk import fill, small_tmpfs
+
+CLUSTER = """
+name: hostile-dirs
+model: {{preset: tiny, n_layers: 2, seq_len: 16, d_model: 32}}
+train: {{steps: {steps}, micro_batch_size: 2, num_microbatches: 2, checkpoint_every: 2}}
+nodes: [{{name: a, device: cpu, threads: 1}}]
+"""
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    base = tmp_path_factory.mktemp("finished")
+    (base / "cluster.yaml").write_text(CLUSTER.format(steps=4))
+    result = run_hetlaunch("up", str(base / "cluster.yaml"), "--run-dir", str(base / "run"), timeout=150)
+    assert result.returncode == 0, result.stderr
+    return base / "run"
+
+
+@pytest.fixture
+def run(finished, tmp_path):
+    """A copy of the finished run, and its cluster YAML, for one case to spoil."""
+    shutil.copytree(finished, tmp_path / "run", symlinks=True)
+    (tmp_path / "cluster.yaml").write_text(CLUSTER.format(steps=4))
+    return tmp_path / "run"
+
+
+def _step(run_dir, step: int):
+    return run_dir / "checkpoints" / f"step-{step:08d}"
+
+
+def _one_line(result: subprocess.CompletedProcess, code: int) -> str:
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == code and len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+@pytest.mark.timeout(120)
+def test_export_imports_no_entrypoint_a_checkpoint_names_unless_allowed(run, tmp_path):
+    """A manifest naming os:system ran `touch` through export."""
+    manifest = _step(run, 4) / "manifest.json"
+    data = json.loads(manifest.read_text())
+    sentinel = tmp_path / "PWNED"
+    data["extra"]["model_spec"] = {"entrypoint": {"entrypoint": "os:system", "kwargs": {"command": f"touch {sentinel}"}}}
+    manifest.write_text(json.dumps(data))
+    result = run_hetlaunch("export", str(run), "-o", str(tmp_path / "m.safetensors"), timeout=60)
+    assert "names model entrypoint 'os:system', which export imports only when --allow-entrypoint matches it" in \
+        _one_line(result, 2)
+    assert not sentinel.exists() and not (tmp_path / "m.safetensors").exists()
+
+
+@pytest.mark.timeout(150)
+def test_a_fifo_in_a_checkpoint_parts_place_is_refused_not_waited_on(run, tmp_path):
+    """With the manifest saying 0 bytes, a FIFO held export and resume forever."""
+    step = _step(run, 4)
+    manifest = json.loads((step / "manifest.json").read_text())
+    part = manifest["parts"][0]
+    (step / part["file"]).unlink()
+    os.mkfifo(step / part["file"])
+    part["bytes"], part["sha256"] = 0, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"  # of b""
+    (step / "manifest.json").write_text(json.dumps(manifest))
+    result = run_hetlaunch("export", str(step), "-o", str(tmp_path / "m.safetensors"), timeout=60)
+    assert f"{step / part['file']}: not a regular file" in _one_line(result, 2)
+    resumed = run_hetlaunch("up", str(tmp_path / "cluster.yaml"), "--resume", str(run), timeout=120)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming at step 2" in resumed.stdout  # step 4 set aside, the one before taken
+
+
+@pytest.mark.timeout(150)
+def test_resuming_a_run_at_its_last_step_says_there_is_nothing_left(run, tmp_path):
+    """It ended in a traceback (no generation had run, so no plan was current)."""
+    result = run_hetlaunch("up", str(tmp_path / "cluster.yaml"), "--resume", str(run), timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "the checkpoint at step 4 is this run's last (train.steps: 4): nothing left to train" in result.stdout
+    assert json.loads((run / "summary.json").read_text())["steps"] == 4
+
+
+@pytest.mark.timeout(120)
+def test_up_never_starts_a_new_run_over_an_old_ones_records_or_checkpoints(run, tmp_path):
+    """`up --run-dir` on a finished run emptied its metrics.jsonl and wrote over its checkpoints;
+    a run sharing another's checkpoint.dir pruned its own newest checkpoint for the other's."""
+    metrics = (run / "metrics.jsonl").read_text()
+    again = run_hetlaunch("up", str(tmp_path / "cluster.yaml"), "--run-dir", str(run), timeout=60)
+    assert f"{run} holds a run already (its metrics.jsonl): continue it with `--resume {run}`" in _one_line(again, 1)
+    assert (run / "metrics.jsonl").read_text() == metrics
+    shared = tmp_path / "shared.yaml"
+    shared.write_text(CLUSTER.format(steps=4) + f"checkpoint: {{dir: {run / 'checkpoints'}}}\n")
+    other = run_hetlaunch("up", str(shared), "--run-dir", str(tmp_path / "other"), timeout=60)
+    assert f"{run / 'checkpoints'} holds another run's checkpoint (step 4)" in _one_line(other, 1)
+    assert not (tmp_path / "other").exists()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("bad", ['{"step": 1e999, "loss": 1, "tokens_per_s": 1, "step_s": 1, "stages": []}',
+                                 '[' * 100_000 + ']' * 100_000,
+                                 '{"step": 0, "loss": 1, "tokens_per_s": 1, "step_s": 1, "stages": [1, 2]}'])
+def test_a_metrics_line_that_is_not_ours_stops_a_resume_naming_it(run, tmp_path, bad):
+    """Tracebacks before (an infinite step, a line nested 100,000 deep), or a crash after training
+    with no summary.json (stages that are not stage rows)."""
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    (run / "metrics.jsonl").write_text("\n".join([lines[0], bad, *lines[1:]]) + "\n")
+    result = run_hetlaunch("up", str(tmp_path / "cluster.yaml"), "--resume", str(run), timeout=60)
+    assert "line 2 is not a step record" in _one_line(result, 1)
+
+
+@pytest.mark.timeout(150)
+def test_a_fifo_for_events_jsonl_does_not_hold_a_resume(run, tmp_path):
+    (tmp_path / "cluster.yaml").write_text(CLUSTER.format(steps=6))
+    (run / "events.jsonl").unlink()
+    os.mkfifo(run / "events.jsonl")
+    result = run_hetlaunch("up", str(tmp_path / "cluster.yaml"), "--resume", str(run), timeout=120)
+    assert result.returncode == 0 and "resuming at step 4" in result.stdout, result.stderr
+
+
+@pytest.mark.timeout(60)
+def test_status_reads_a_hostile_coordinator_json_in_one_line(tmp_path):
+    """A FIFO hung status; nesting, a huge pid and /dev/zero ended in tracebacks."""
+    path = tmp_path / "coordinator.json"
+    cases = {"fifo": "not a regular file", "deep": "nested too deeply",
+             "pid": "is not a process id", "zero": "not a regular file"}
+    for case, reason in cases.items():
+        path.unlink(missing_ok=True)
+        if case == "fifo":
+            os.mkfifo(path)
+        elif case == "deep":  # under the size bound
+            path.write_text("[" * 20_000 + "]" * 20_000)
+        elif case == "pid":
+            path.write_text(json.dumps({"address": "127.0.0.1:1", "pid": 10**30}))
+        else:
+            path.symlink_to("/dev/zero")
+        with pytest.raises(RunControlError, match=reason):
+            contact_of(tmp_path)
+        result = run_hetlaunch("status", str(tmp_path), timeout=30)
+        assert reason in _one_line(result, 1)
+    (tmp_path / "metrics.jsonl").unlink(missing_ok=True)
+    os.mkfifo(tmp_path / "metrics.jsonl")
+    assert last_record(tmp_path) is None  # not waited on
+
+
+@pytest.mark.timeout(120)
+def test_export_to_a_full_disk_is_one_line_and_leaves_nothing(run, tmp_path):
+    """safetensors' own error came out as a traceback."""
+    with small_tmpfs(tmp_path / "disk", "64k") as disk:
+        fill(disk, 4096)
+        result = run_hetlaunch("export", str(run), "-o", str(disk / "m.safetensors"), timeout=60)
+        line = _one_line(result, 2)
+        assert "m.safetensors" in line and ("No space left" in line or "cannot write" in line), line
+        assert sorted(p.name for p in disk.iterdir()) == ["filler"]
+
+
+def test_a_checkpoint_of_the_wrong_dtypes_is_refused_not_converted():
+    """load_state_dict converted bool or int64 weights silently, and the run went on from them."""
+    from hetlaunch.runtime.checkpoint import apply_state
+    from hetlaunch.runtime.checkpoint_manifest import CheckpointError
+
+    module = torch.nn.ModuleList([torch.nn.Linear(2, 2)])
+    state = {f"layers.0.{k}": v.clone() for k, v in module[0].state_dict().items()}
+    state["layers.0.weight"] = state["layers.0.weight"].to(torch.int64)
+    with pytest.raises(CheckpointError, match=r"dtype of 0.weight: torch.int64 != torch.float32"):
+        apply_state(module, None, state, 0)
