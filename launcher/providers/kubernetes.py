@@ -35,7 +35,6 @@ from hetlaunch.launcher.config_types import Name, Strict, is_loopback
 from hetlaunch.runtime.auth import TOKEN_ENV_VAR, read_token
 from hetlaunch.launcher.plain_text import escape_controls
 from hetlaunch.runtime.files import UnreadableFile, read_regular_file, write_whole
-from hetlaunch.runtime.tls import MAX_PEM_BYTES
 from hetlaunch.runtime.labels import LABEL_KEY, MAX_LABEL_VALUE
 
 _K8S_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
@@ -309,6 +308,8 @@ def deploy(cluster, directory: Path, token_file: Path | None, source: str) -> De
             token, new_token = secrets.token_urlsafe(24), directory / "token"
     except ValueError as err:
         raise DeployError(str(err)) from None
+    from hetlaunch.runtime.tls import MAX_PEM_BYTES  # here: runtime/tls.py loads grpc, which `validate` never does
+
     pems = {}
     for key, (field, path) in tls_sources(cluster).items():
         try:  # never blocks on a FIFO, never reads /dev/zero to the end
