@@ -263,6 +263,10 @@ def cipher_seconds_per_byte(num_bytes: int, repeats: int = 5) -> float:
 
 
 PROBE_SIZES = (256 * 1024, 1024 * 1024, 4 * 1024 * 1024)
+# A larger size is probed only while the last one's transfer, grown in proportion, stays under
+# this: the three sizes three times each took about 70 s at 2 Mbit/s, and below about 1 Mbit/s
+# passed the data plane's 120 s receive timeout, so profiling failed after two silent minutes.
+PROBE_SIZE_BUDGET_S = 2.0
 
 
 def probe_link(link: Link, initiator: bool, pings: int = 8, sizes=PROBE_SIZES,
@@ -271,7 +275,9 @@ def probe_link(link: Link, initiator: bool, pings: int = 8, sizes=PROBE_SIZES,
 
     Latency is half the median round trip of a tiny ping-pong; bandwidth is the slope of a
     least-squares fit of transfer time = 2 * latency + bytes / bandwidth over a few sizes,
-    each the fastest of a few repeats (a 1-element reply marks the transfer done).
+    each the fastest of a few repeats (a 1-element reply marks the transfer done). After each
+    size the initiator tells its peer whether the next is worth its time (PROBE_SIZE_BUDGET_S);
+    from one size alone, bandwidth is that size over its time less the round trip.
     """
     ping = torch.zeros(1)
     rtts = []
@@ -284,7 +290,7 @@ def probe_link(link: Link, initiator: bool, pings: int = 8, sizes=PROBE_SIZES,
         else:
             link.send(link.recv())
     points = []
-    for size in sizes:
+    for k, size in enumerate(sizes):
         payload = torch.zeros(size // 4)
         best = float("inf")
         for _ in range(repeats):
@@ -297,10 +303,22 @@ def probe_link(link: Link, initiator: bool, pings: int = 8, sizes=PROBE_SIZES,
                 link.recv()
                 link.send(ping)
         points.append((size, best))
+        if k + 1 == len(sizes):
+            break
+        if initiator:  # the peer follows the initiator's word: go on (1) or stop (0)
+            more = best * sizes[k + 1] / size < PROBE_SIZE_BUDGET_S
+            link.send(torch.tensor([1.0 if more else 0.0]))
+        else:
+            more = link.recv().item() == 1.0
+        if not more:
+            break
     link.drain()
     if not initiator:
         return None
     latency = statistics.median(rtts) / 2
+    if len(points) == 1:
+        size, seconds = points[0]
+        return latency, size / max(seconds - 2 * latency, 1e-9)
     n = len(points)
     mean_x = sum(x for x, _ in points) / n
     mean_y = sum(y for _, y in points) / n

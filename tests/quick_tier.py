@@ -22,8 +22,8 @@ MODULES = {
     "test_simulation_core", "test_cut_front", "test_compiled_cut_loops",  # the planner's compiled loops against their Python ones
     "test_schedules", "test_typed_schedules", "test_split_backward", "test_device_schedules", "test_bubble_fill",  # schedules and the split backward
     "test_wire_rounding",  # bf16 on links
-    "test_codecs", "test_registry", "test_link", "test_link_layout", "test_link_hostile_peer", "test_grad_sync",
-    "test_sealing",  # codecs, links, sync, seals
+    "test_codecs", "test_registry", "test_link", "test_link_layout", "test_link_hostile_peer", "test_link_probe",
+    "test_grad_sync", "test_sealing",  # codecs, links, sync, seals
     "test_cluster_config", "test_hostile_yaml", "test_cli_errors", "test_memory_limit", "test_slurm_config",  # config
     "test_protos", "test_coordinator", "test_move_protocol", "test_rendezvous_store",
     "test_step_reporter",  # the control-plane protocol

@@ -125,3 +125,4 @@ def test_a_move_retargets_the_evaluation_links_as_well_as_trainings():
     assert {name: (type(link.send_codec), link.max_message_bytes) for name, link in links.items()} == {
         "prev": (type(int8), 5000), "prev_eval": (type(int8), 5000),
         "next": (type(int8), 7000), "next_eval": (type(int8), 7000)}
+
