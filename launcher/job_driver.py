@@ -11,6 +11,7 @@ from the run directory's last checkpoint after the coordinator itself died.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shutil
 import time
@@ -254,7 +255,23 @@ def _checkpoint_book(session: ClusterSession, spec, plan: Plan) -> CheckpointBoo
                            "train_seed": cluster.train.seed, "data_seed": cluster.data.seed,
                            "rng": "torch.manual_seed(step_rng_seed(train_seed, step)) before every step"})
     session.state.checkpoint_root = book.root  # remote stages upload their parts here
+    _remove_stale_snapshots(book.root)
     return book
+
+
+def _remove_stale_snapshots(root: Path) -> None:
+    """Replica snapshots (`replica-g<k>`, _abort_and_restore) serve only the recovery that wrote
+    them, which removes them; an `up` killed during one left a full copy of the model per node
+    behind, kept through every later resume."""
+    try:
+        stale = [p for p in root.iterdir() if re.fullmatch(r"replica-g\d+", p.name)]
+    except OSError:
+        return
+    for path in stale:
+        if path.is_symlink():
+            path.unlink(missing_ok=True)
+        else:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _start_point(book: CheckpointBook, spec, plan: Plan, options: UpOptions, events: EventLog,

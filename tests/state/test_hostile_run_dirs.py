@@ -179,3 +179,17 @@ def test_a_checkpoint_of_the_wrong_dtypes_is_refused_not_converted():
     state["layers.0.weight"] = state["layers.0.weight"].to(torch.int64)
     with pytest.raises(CheckpointError, match=r"dtype of 0.weight: torch.int64 != torch.float32"):
         apply_state(module, None, state, 0)
+
+
+@pytest.mark.timeout(150)
+def test_a_resume_removes_the_replica_snapshots_a_killed_up_left(run, tmp_path):
+    """`up` SIGKILLed during a recovery left replica-g<k>/<node>/ (a copy of the model per node),
+    kept through every later resume."""
+    (tmp_path / "cluster.yaml").write_text(CLUSTER.format(steps=6))
+    stale = run / "checkpoints" / "replica-g2" / "a"
+    stale.mkdir(parents=True)
+    (stale / "layers-0-4.safetensors").write_bytes(b"\0" * 1024)
+    result = run_hetlaunch("up", str(tmp_path / "cluster.yaml"), "--resume", str(run), timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert not (run / "checkpoints" / "replica-g2").exists()
+    assert (_step(run, 6) / "manifest.json").is_file()  # and the run went on to its end
