@@ -284,7 +284,9 @@ def kept_family(request: PlanRequest, schedule: str, pipelines: int = 1) -> tupl
     would turn it on again mid-run; and a rebalance's re-plan is priced and taken as a move or a
     restart of one stage per node (launcher/adapt/straggler.py), which a device plan is not.
     Where the nodes left cannot run the device schedule (interleaved 1F1B needs the micro-batches in
-    rounds of the nodes), the other one is tried: a checkpoint is per layer, so any cut resumes it."""
+    rounds of its nodes, and leaves out those past the most that divide them, two at least:
+    launcher/planning/device_plans.py), the other one is tried: a checkpoint is per layer, so any
+    cut resumes it."""
     if request.schedule != AUTO_SCHEDULE:
         return request, ()
     if schedule in DEVICE_SCHEDULE_NAMES:

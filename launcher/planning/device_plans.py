@@ -39,6 +39,7 @@ the later of the slowest pipeline's simulated step and the last sync group's end
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import replace
 
@@ -80,9 +81,15 @@ def plan_devices(profile: Profile, num_microbatches: int, schedule: str, max_pip
     # `gradients` would put a codec on every boundary, which these plans leave uncompressed) and the sync's.
     policy = NONE.model_copy(update={"boundaries": dict(compression.boundaries), "sync": compression.sync,
                                      "sync_topology": compression.sync_topology})
-    costs = [_cut(profile, [profile.node(s.node) for s in p.cost.stages], p.cost.num_microbatches, schedule, policy,
-                  f"pipeline {i} takes {p.cost.num_microbatches} of the {num_microbatches} micro-batches: "
-                  if several else "") for i, p in enumerate(base.pipelines)]
+    excluded = dict(base.excluded)
+    costs = []
+    for i, p in enumerate(base.pipelines):
+        cost, left_out = _cut_in_rounds(profile, [profile.node(s.node) for s in p.cost.stages],
+                                        p.cost.num_microbatches, schedule, policy,
+                                        f"pipeline {i} takes {p.cost.num_microbatches} of the {num_microbatches} "
+                                        f"micro-batches: " if several else "")
+        costs.append(cost)
+        excluded.update(left_out)
     sync = []
     if len(costs) > 1:
         done = [_weights_final(schedule, c) for c in costs]
@@ -96,7 +103,7 @@ def plan_devices(profile: Profile, num_microbatches: int, schedule: str, max_pip
     if len(counts) > 1 and len(set(counts)) == 1:
         where = f"{len(counts)} pipelines, each {on[counts[0]]}"
     return PlannerResult(pipelines=[PlannedPipeline(c, tuple(regions[s.node] for s in c.stages)) for c in costs],
-                         step_s=step, tokens_per_s=tokens / step, excluded=dict(base.excluded),
+                         step_s=step, tokens_per_s=tokens / step, excluded=excluded,
                          method=f"{base.method} (1F1B's nodes), "
                                 f"{' and '.join(str(placed.num_stages(d)) for d in counts)} stages cut by simulation"
                                 + (", each node's order built at its stages' costs" if any(c.device_order == TIMED
@@ -105,6 +112,41 @@ def plan_devices(profile: Profile, num_microbatches: int, schedule: str, max_pip
                          schedule=schedule, compression=policy, sync=sync,
                          sync_pricing=SYNC_PRICING if len(costs) > 1 else "",
                          schedule_choice=f"{placed.title}: {where}, {placed.stages_per_device} each")
+
+
+MAX_SUBCHAINS = 64  # sub-chains of one size tried when a chain's node count does not suit the micro-batches
+
+
+def _cut_in_rounds(profile: Profile, chain: list[NodeProfile], num_microbatches: int, schedule: str,
+                   policy: CompressionConfig, share: str) -> tuple[PipelineCost, dict[str, str]]:
+    """_cut on the chain, or, where its node count does not divide the micro-batches (interleaved
+    1F1B runs them in rounds of its devices), on the best of its sub-chains, in order, of the
+    most nodes that does (2 at least): (the cost, the nodes left out with why). Three nodes at 4
+    micro-batches were refused, and so was a recovery whose survivors did not divide them."""
+    placed, M = device_schedule_named(schedule), num_microbatches
+    try:
+        placed.actions(len(chain), M)
+    except ValueError:
+        for size in range(len(chain) - 1, 1, -1):
+            if M % size:
+                continue
+            subs = list(itertools.islice(itertools.combinations(chain, size), MAX_SUBCHAINS + 1))
+            if len(subs) > MAX_SUBCHAINS:  # the fastest nodes, in the chain's order
+                fastest = set(sorted(chain, key=lambda n: sum(n.layer_seconds))[:size])
+                subs = [tuple(n for n in chain if n in fastest)]
+            found = []
+            for sub in subs:
+                try:
+                    found.append(_cut(profile, list(sub), M, schedule, policy, share))
+                except PlanningError:
+                    continue
+            if found:
+                best = min(found, key=lambda c: c.step_s)
+                kept = {s.node for s in best.stages}
+                why = (f"{placed.title} runs micro-batches in rounds of its nodes: {M} suit {size} of this "
+                       f"pipeline's {len(chain)}")
+                return best, {n.name: why for n in chain if n.name not in kept}
+    return _cut(profile, chain, M, schedule, policy, share), {}
 
 
 def _cut(profile: Profile, chain: list[NodeProfile], num_microbatches: int, schedule: str,

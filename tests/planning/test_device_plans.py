@@ -137,6 +137,21 @@ def test_refusals_say_why():
         plan_for(four, replace(_request("interleaved-1f1b", m=6), max_pipelines=2))
 
 
+def test_interleaved_leaves_out_the_nodes_its_micro_batches_do_not_suit():
+    """Rounds of its devices: 3 nodes at 4 micro-batches were refused (validate had passed the YAML,
+    up failed once its agents were up), and so was a recovery whose survivors did not divide them.
+    Now the best sub-chain of the most nodes that do, the rest left out saying why."""
+    profile = _slow_second(regions_profile(per_region=3, regions=("a",), num_layers=8, layer_s=0.01,
+                                           output_bytes=2**16), 3.0)
+    result = plan_for(profile, _request("interleaved-1f1b", m=4))
+    cost = result.pipelines[0].cost
+    assert [s.node for s in cost.stages] == ["a0", "a2", "a0", "a2"]  # the slow a1 left out, not a2
+    assert result.excluded == {"a1": "interleaved 1F1B runs micro-batches in rounds of its nodes: 4 suit 2 of "
+                                     "this pipeline's 3"}
+    check_device_priced("interleaved-1f1b", 2, cost)
+    assert plan_for(profile, _request("interleaved-1f1b", m=6)).excluded == {}  # 3 divides 6: all three
+
+
 @pytest.mark.parametrize("schedule", ["zb-v", "interleaved-1f1b"])
 def test_random_profiles_plan_honestly_or_say_no_plan(schedule):
     """Small random clusters with extreme speeds and memories that may not fit: a plan whose step is
