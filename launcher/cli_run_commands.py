@@ -72,7 +72,7 @@ def down(
         run_down(run_dir, reason, token_file)
     except RunControlError as err:
         fail(str(err), EXIT_JOB_FAILED)
-    print(f"{run_dir}: stopping at the next committed checkpoint", flush=True)
+    print(f"{run_dir}: stopping at the next committed checkpoint (at once where checkpoints are off)", flush=True)
 
 
 certs_app = typer.Typer(add_completion=False, no_args_is_help=True,

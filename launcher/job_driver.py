@@ -217,7 +217,8 @@ def _run(session: ClusterSession, spec, options: UpOptions, events: EventLog, co
                 if outcome.down:
                     _abort(session, plan, "hetlaunch down", snapshot_root=None)
                     events.write("down", why=session.state.down_requested, step=book.latest[0] if book.latest else 0)
-                    console.print(f"{outcome.message}; `hetlaunch up --resume {session.run_dir}` continues")
+                    resumes = (f"from step {book.latest[0]}" if book.latest else "from step 0: no checkpoint was committed")
+                    console.print(f"{outcome.message}; `hetlaunch up --resume {session.run_dir}` continues {resumes}")
                     break
                 if outcome.grow is not None:  # at a checkpoint: switch to the better plan
                     _abort(session, plan, outcome.message, snapshot_root=None)

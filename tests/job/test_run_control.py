@@ -58,6 +58,8 @@ nodes:
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     downs = [e for e in events if e["event"] == "down"]
     assert downs and downs[0]["why"] == "maintenance" and downs[0]["step"] % 20 == 0
+    said = "".join((out + err).split())  # the console wraps a long line: compare without whitespace
+    assert "".join(f"--resume {run_dir}` continues from step {downs[0]['step']}".split()) in said  # where, said
     # The run has ended: status says so in one line; a bad node name for logs too.
     ended = run_hetlaunch("status", str(run_dir), timeout=30)
     assert ended.returncode == 1 and "is not running" in ended.stderr
