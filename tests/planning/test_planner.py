@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import itertools
-import math
 import random
 
 import pytest
 
 from hetlaunch.launcher.planning.cost_model import CostModel
 from hetlaunch.launcher.planning.planner import PlanningError, plan
-from hetlaunch.launcher.planning.profile_file import LayerInfo, LinkProfile, ModelIdentity, NodeProfile, Profile
-from plan_reference import GiB, random_profile, uniform_profile  # noqa: F401 (re-exported for older imports)
+from plan_reference import GiB, uniform_profile
 
 
 def test_regions_stay_contiguous_when_crossing_is_slow():
