@@ -10,7 +10,8 @@ import torch.distributed as dist
 from conftest import run_gloo_ranks
 from hetlaunch.protos import control_pb2
 from hetlaunch.runtime.codecs import CODECS, NoneCodec, codec_by_id
-from hetlaunch.runtime.link import DTYPE_CODES, HEADER_LEN, MAX_DIMS, Link, decode_header, encode_header
+from hetlaunch.runtime.link import Link
+from hetlaunch.runtime.link_header import DTYPE_CODES, HEADER_LEN, MAX_DIMS, decode_header, encode_header
 
 NONE = NoneCodec()
 
@@ -193,7 +194,7 @@ def test_receives_posted_ahead_arrive_bit_exact_and_in_order(tmp_path):
 
 
 def test_a_header_over_the_links_bound_is_refused_before_anything_is_allocated():
-    from hetlaunch.runtime.link import HARD_MAX_MESSAGE_BYTES, check_message_size
+    from hetlaunch.runtime.link_header import HARD_MAX_MESSAGE_BYTES, check_message_size
 
     head = decode_header(encode_header(NONE, (1000, 1000), torch.float32))
     check_message_size(head, 4_000_000, peer_rank=1)  # exactly the bound

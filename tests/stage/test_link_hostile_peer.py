@@ -20,7 +20,8 @@ from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.runtime import host_clock
 from hetlaunch.runtime.codecs import NoneCodec, codec_by_id
 from hetlaunch.runtime.emulation import WireEmulation
-from hetlaunch.runtime.link import Link, LinkStats, encode_header
+from hetlaunch.runtime.link import Link, LinkStats
+from hetlaunch.runtime.link_header import encode_header
 from hetlaunch.runtime.stage_move import retarget_links
 
 NONE = NoneCodec()

@@ -13,7 +13,8 @@ import torch.distributed as dist
 
 from conftest import run_gloo_ranks
 from hetlaunch.runtime.codecs import codec_by_name
-from hetlaunch.runtime.link import Link, encode_header
+from hetlaunch.runtime.link import Link
+from hetlaunch.runtime.link_header import encode_header
 from hetlaunch.runtime.sealed_exchange import tensor_bytes
 from hetlaunch.runtime.sealing import Channel, Opener, Sealer, SealingError
 
