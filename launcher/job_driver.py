@@ -112,18 +112,25 @@ def run_up(cluster, options: UpOptions, console: Console) -> Path:
     run_dir = new_run_dir(cluster, options)
     session = ClusterSession(cluster, run_dir, options.token or secrets.token_urlsafe(24), console)
     session.agents.preflight()  # a tool this machine lacks fails before the run directory exists
-    if options.resume is None:
-        _check_fresh(run_dir, session.checkpoint_root)
+    created = not run_dir.exists()
     make_run_dir(run_dir)
-    with RunDirLock(run_dir), session:
-        while not session.state.joins.empty():  # the first registrations are not joins to act on
-            session.state.joins.get_nowait()
-        events = EventLog(run_dir, resume=options.resume is not None)
-        try:
-            _run(session, spec, options, events, console)
-        finally:
-            events.close()
-        return run_dir
+    with RunDirLock(run_dir):  # first: a running job's directory is refused as in use
+        if options.resume is None:
+            try:
+                _check_fresh(run_dir, session.checkpoint_root)
+            except JobError:
+                if created:  # refused before anything ran: leave nothing behind
+                    shutil.rmtree(run_dir, ignore_errors=True)
+                raise
+        with session:
+            while not session.state.joins.empty():  # the first registrations are not joins to act on
+                session.state.joins.get_nowait()
+            events = EventLog(run_dir, resume=options.resume is not None)
+            try:
+                _run(session, spec, options, events, console)
+            finally:
+                events.close()
+            return run_dir
 
 
 def _check_fresh(run_dir: Path, checkpoint_root: Path) -> None:
