@@ -14,8 +14,7 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # C0 (but \t, \n) and C
 
 def plain(text: str, limit: int = 4000) -> str:
     """`text` with every control character but tab and newline escaped, cut to `limit` characters."""
-    cut = text if len(text) <= limit else text[:limit] + "..."
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", cut)
+    return _escaped(_CONTROL, text if len(text) <= limit else text[:limit] + "...")
 
 
 _ANY_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
@@ -25,4 +24,8 @@ def escape_controls(text: str) -> str:
     """`text` (a path, a name) with every control character escaped, newline and tab included: for
     a line of output or a comment in a written file, where a newline in a file name would start a
     line of its own (a `kind:` of its own, in a rendered manifest)."""
-    return _ANY_CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    return _escaped(_ANY_CONTROL, text)
+
+
+def _escaped(pattern: re.Pattern, text: str) -> str:
+    return pattern.sub(lambda m: f"\\x{ord(m.group()):02x}", text)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,7 @@ import grpc
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.protos import control_pb2_grpc
 from hetlaunch.runtime.auth import TOKEN_METADATA_KEY, read_token
-from hetlaunch.runtime.files import UnreadableFile, read_json
+from hetlaunch.runtime.files import UnreadableFile, open_regular_file, read_json
 
 
 class RunControlError(Exception):
@@ -114,13 +113,10 @@ def last_record(run_dir: Path) -> dict | None:
     """The newest step record of metrics.jsonl (its last whole line)."""
     path = run_dir / "metrics.jsonl"
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO in its place hung `status`
-        with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                return None
+        with open_regular_file(path) as f:  # a FIFO in its place hung `status`
             f.seek(max(0, f.seek(0, os.SEEK_END) - 65536))
             lines = f.read().decode(errors="replace").splitlines()
-    except OSError:
+    except (OSError, UnreadableFile):
         return None
     for line in reversed(lines):
         try:

@@ -29,8 +29,6 @@ def read_token(token_file: str | None) -> str:
         except FileNotFoundError:
             raise ValueError(f"token file {token_file} does not exist") from None
         except UnreadableFile as err:
-            if str(err).startswith("larger"):
-                raise ValueError(f"token file {token_file}: a token is at most {MAX_TOKEN_CHARS} characters") from None
             raise ValueError(f"token file {token_file}: {err}") from None
         return _checked(raw, f"token file {token_file}")
     return _checked(os.environ.get(TOKEN_ENV_VAR, "").encode("utf-8", "surrogateescape"), f"${TOKEN_ENV_VAR}",

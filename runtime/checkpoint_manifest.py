@@ -17,11 +17,10 @@ import json
 import os
 import re
 import shutil
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from hetlaunch.runtime.files import UnreadableFile, read_json, write_whole
+from hetlaunch.runtime.files import UnreadableFile, open_regular_file, read_json, write_whole
 
 CHECKPOINT_FORMAT = "hetlaunch-checkpoint/1"
 MANIFEST_NAME = "manifest.json"
@@ -149,17 +148,15 @@ def check_part_file(path: Path, part: PartInfo, sha256: bool) -> None:
     """Is this the file the manifest names: its size, and with `sha256` its content."""
     digest = hashlib.sha256()
     try:
-        # Opened without blocking and checked to be a regular file: a FIFO or /dev/zero in a part's
-        # place (with a manifest saying 0 bytes) held export and resume forever.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        with os.fdopen(fd, "rb") as f:
-            info = os.fstat(f.fileno())
-            if not stat.S_ISREG(info.st_mode):
-                raise CheckpointError(f"{path}: not a regular file")
-            size = info.st_size
+        # Not blocking: a FIFO or /dev/zero in a part's place (with a manifest saying 0 bytes) held
+        # export and resume forever.
+        with open_regular_file(path) as f:
+            size = os.fstat(f.fileno()).st_size
             if sha256 and size == part.bytes:
                 while chunk := f.read(1 << 22):
                     digest.update(chunk)
+    except UnreadableFile as err:
+        raise CheckpointError(f"{path}: {err}") from None
     except OSError as err:
         raise CheckpointError(f"{path}: cannot read ({err.strerror or err})") from None
     if size != part.bytes:

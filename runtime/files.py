@@ -56,9 +56,9 @@ class UnreadableFile(ValueError):
     """One-line reason a file another program (or host, or a past crash) left is not usable."""
 
 
-def read_regular_file(path: str | Path, max_bytes: int) -> bytes:
-    """A small file's bytes, read as if it may be hostile: never blocks (a FIFO, a device such as
-    /dev/zero is refused as not a regular file) and never reads more than max_bytes.
+def open_regular_file(path: str | Path):
+    """The file open for binary reading, never blocking on it: a FIFO or a device (/dev/zero) in
+    its place is UnreadableFile("not a regular file"), not waited on or read without end.
     FileNotFoundError passes through; any other failure is UnreadableFile."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -69,9 +69,17 @@ def read_regular_file(path: str | Path, max_bytes: int) -> bytes:
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise UnreadableFile("not a regular file")
+    return os.fdopen(fd, "rb")
+
+
+def read_regular_file(path: str | Path, max_bytes: int) -> bytes:
+    """A small file's bytes, read as if it may be hostile: open_regular_file, and never more than
+    max_bytes. FileNotFoundError passes through; any other failure is UnreadableFile."""
     try:
-        with os.fdopen(fd, "rb") as f:
+        with open_regular_file(path) as f:
             raw = f.read(max_bytes + 1)
+    except FileNotFoundError:
+        raise
     except OSError as err:
         raise UnreadableFile(f"cannot read ({err.strerror or err})") from None
     if len(raw) > max_bytes:
