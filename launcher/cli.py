@@ -539,8 +539,31 @@ for command in (status, logs, down):
 app.add_typer(certs_app, name="certs")
 
 
-def main() -> None:
-    app()
+def main() -> int:
+    """Run the CLI; a usage error (missing argument, unknown option, a value of the wrong type)
+    is one line on stderr and exit status 2, not typer's framed box of usage, hint and error."""
+    try:  # typer 0.2x carries its own copy of click; older ones use click itself
+        from typer._click import exceptions as click_errors
+    except ImportError:
+        from click import exceptions as click_errors
+
+    try:
+        result = app(standalone_mode=False, prog_name="hetlaunch")
+    except click_errors.NoArgsIsHelpError as error:  # `hetlaunch` or `hetlaunch deploy` alone: the help
+        typer.echo(error.format_message())
+        return error.exit_code
+    except click_errors.UsageError as error:
+        command = error.ctx.command_path if error.ctx else "hetlaunch"
+        message = " ".join(error.format_message().split())  # click wraps long messages over lines
+        typer.echo(f"error: {command}: {message} (see '{command} --help')", err=True)
+        return error.exit_code
+    except click_errors.ClickException as error:
+        typer.echo(f"error: {' '.join(error.format_message().split())}", err=True)
+        return error.exit_code
+    except click_errors.Abort:  # Ctrl-C or end of input at a prompt
+        typer.echo("error: aborted", err=True)
+        return 130
+    return result if isinstance(result, int) else 0
 
 
 if __name__ == "__main__":

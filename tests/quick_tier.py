@@ -63,6 +63,8 @@ SLOW = {
     "test_grad_sync::test_emulated_sync_starts_when_the_last_holder_joins",
     # a CLI process per case; one-line CLI errors stay in the tier with test_hostile_yaml's others
     "test_cli_errors::test_bad_config_is_one_line_and_exit_2",
+    "test_cli_errors::test_usage_error_is_one_line_and_exit_2",
+    "test_cli_errors::test_help_still_works_after_usage_errors_became_one_line",
     "test_hostile_yaml::test_cli_bad_names",
     "test_hostile_yaml::test_cli_deep_nesting_is_one_line",
     # 15 brute forces of two pipelines (65 s under load); test_planner's brute force stays

@@ -89,6 +89,38 @@ def test_bad_config_is_one_line_and_exit_2(case, command, tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+USAGE_ERRORS = {
+    "missing_argument": (("up",), "hetlaunch up: Missing argument 'cluster_yaml'"),
+    "unknown_option": (("up", "--bogus", "x.yaml"), "hetlaunch up: No such option: --bogus"),
+    "unknown_command": (("nosuch",), "hetlaunch: No such command 'nosuch'"),
+    "wrong_type": (("plan", "x.yaml", "--microbatches", "abc"), "hetlaunch plan: Invalid value for '--microbatches'"),
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("case", sorted(USAGE_ERRORS))
+def test_usage_error_is_one_line_and_exit_2(case, tmp_path):
+    # typer's default is a framed box of usage, hint and error over five lines or more.
+    args, expected = USAGE_ERRORS[case]
+    result = run_hetlaunch(*args, timeout=45, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr + result.stdout
+    lines = error_lines(result.stderr)
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"error: {expected}"), lines[0]
+    assert "--help" in lines[0]
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.timeout(60)
+def test_help_still_works_after_usage_errors_became_one_line(tmp_path):
+    result = run_hetlaunch("up", "--help", timeout=45, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "cluster_yaml" in result.stdout and "--run-dir" in result.stdout
+    bare = run_hetlaunch(timeout=45, cwd=tmp_path)  # no command: the help, as before, exit 2
+    assert bare.returncode == 2
+    assert "Commands" in bare.stdout and "up" in bare.stdout
+
+
 @pytest.mark.timeout(90)
 def test_node_that_never_joins(tmp_path):
     yaml_path = tmp_path / "cluster.yaml"
