@@ -77,10 +77,15 @@ def check_slurm_groups(cluster) -> None:
         bad = group.option_errors()
         if bad is not None:
             raise FieldError(("slurm", i, bad[0]), bad[1])
-    used = set()
+    used, pinned = set(), {}
     for i, node in enumerate(cluster.nodes):
         if node.launch != "slurm":
             continue
+        if node.host and node.host in pinned:  # one agent per Slurm node: the allocation asks one node each
+            raise FieldError(("nodes", i, "host"), f"node {pinned[node.host]} is already pinned to Slurm node "
+                                                   f"{node.host} (one agent per Slurm node)")
+        if node.host:
+            pinned[node.host] = node.name
         if not cluster.slurm:
             raise FieldError(("slurm",), f"node {node.name} has launch: slurm: add a top-level slurm: list of "
                                          f"groups (partition, account, gpus_per_node, time)")

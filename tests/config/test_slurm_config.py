@@ -85,6 +85,9 @@ def test_slurm_s_reasons_are_one_line():
     ("slurm: [{name: g}]\nnodes: [{name: a, slurm: g}, {name: b, launch: slurm}]",
      "nodes[0].slurm: only with launch: slurm (this node has launch: local)"),
     ("slurm: [{name: g}]\nnodes: [{name: a, launch: slurm, threads: 2}]", "nodes[0].threads: only for local nodes"),
+    # Both agents would have been started on gpu-07 and the allocation's other node left idle.
+    ("slurm: [{name: g}]\nnodes: [{name: a, launch: slurm, host: gpu-07}, {name: b, launch: slurm, host: gpu-07}]",
+     "nodes[1].host: node a is already pinned to Slurm node gpu-07 (one agent per Slurm node)"),
 ])
 def test_bad_slurm_yaml_is_one_line_naming_the_field(text, message):
     assert error_of(HEAD + text).startswith(f"cluster.yaml: {message}")
