@@ -115,10 +115,24 @@ def load_layers(directory: Path, manifest: Manifest, layer_start: int, layer_end
     return state
 
 
+def _keeps_state(optimizer: torch.optim.Optimizer | None) -> bool:
+    """Whether this optimizer has state after a step of a parameter with a gradient (SGD without
+    momentum has none, so a checkpoint of it rightly holds none)."""
+    if optimizer is None or not any(p.requires_grad for g in optimizer.param_groups for p in g["params"]):
+        return False
+    if isinstance(optimizer, torch.optim.SGD):
+        return any(g.get("momentum", 0) for g in optimizer.param_groups)
+    return True
+
+
 def apply_state(module: nn.Module, optimizer: torch.optim.Optimizer | None, state: dict[str, Tensor],
-                layer_start: int) -> None:
+                layer_start: int, resumed_step: int = 0) -> None:
     """Load `state` (global keys) into this stage's module and optimizer, strictly; everything is
-    checked before anything changes, so a refused checkpoint leaves the stage as it was."""
+    checked before anything changes, so a refused checkpoint leaves the stage as it was.
+
+    `resumed_step` > 0 (a resume, not a live move of untrained layers): an optimizer that keeps
+    state (AdamW; SGD with momentum) must find some in the checkpoint for a stage that trains.
+    A checkpoint stripped of it resumed with fresh moments, silently a different run."""
     weights: dict[str, Tensor] = {}
     moments: dict[str, dict[str, Tensor]] = {}
     for key, tensor in state.items():
@@ -149,6 +163,9 @@ def apply_state(module: nn.Module, optimizer: torch.optim.Optimizer | None, stat
             problems.append(f"shape of optimizer state of {name}")
         elif any(not t.is_floating_point() for t in fields.values()):
             problems.append(f"dtype of optimizer state of {name}: not floating point")
+    if resumed_step > 0 and not moments and _keeps_state(optimizer):
+        problems.append(f"no optimizer state, though this run's {type(optimizer).__name__} keeps some and the "
+                        f"checkpoint is of step {resumed_step}")
     if problems:
         raise CheckpointError(f"checkpoint does not fit the stage from layer {layer_start}: {problems[0]} "
                               f"(local key; {len(problems)} problem(s))")

@@ -101,7 +101,8 @@ def run_device_stages(cmd: pb.RunStage, reports: StageReports, store: wpb.StoreA
                                            wire_device(device, cmd.rendezvous.backend), cmd.rendezvous,
                                            local_index=lambda index: layers.local_of[index])
         if restored is not None:  # a checkpoint written with islands also holds outer state: not ours to use
-            apply_state(executor.module, executor.optimizer, split_outer(layers.to_local(restored))[0], 0)
+            apply_state(executor.module, executor.optimizer, split_outer(layers.to_local(restored))[0], 0,
+                        train.start_step)
         elif executor.tied is not None:
             executor.tied.share_initial_values()
         writer = (CheckpointWriter(executor.state_lock, lambda: layers.split(stage_state(executor.module, executor.optimizer, 0)),

@@ -386,7 +386,7 @@ def _executor(cmd: pb.RunStage, bundle, device: torch.device, memory: StageMemor
     outer_state: dict = {}
     if restored is not None:  # a checkpoint written with islands holds outer state too
         restored, outer_state = split_outer(restored)
-        apply_state(executor.module, executor.optimizer, restored, stage.layer_start)
+        apply_state(executor.module, executor.optimizer, restored, stage.layer_start, train.start_step)
     # After the tied groups, by every rank; the anchor is the weights as they start (shared, restored)
     # unless the checkpoint kept it.
     executor.outer = _outer_sync(dp, list(cmd.layout), bundle, stage.layer_start, wire_device(device, backend),
