@@ -94,6 +94,7 @@ def export(path: Path, output: Path, allow_entrypoints: tuple[str, ...] = ()) ->
     if model.num_layers != manifest.num_layers:
         raise ExportError(f"{directory}: {manifest.num_layers} layers, but the model {spec.describe()} has "
                           f"{model.num_layers}")
+    _check_shapes(model, state, directory)
     merged: dict[str, torch.Tensor] = {}
     for key, tensor in state.items():
         kind, index, local = key.split(".", 2)
@@ -119,6 +120,30 @@ def export(path: Path, output: Path, allow_entrypoints: tuple[str, ...] = ()) ->
     if config is not None:
         write_whole(config, model.export_config)
     return Exported(step=manifest.step, tensors=len(merged), directory=directory, weights=weights, config=config)
+
+
+def _check_shapes(model, state: dict, directory: Path) -> None:
+    """The checkpoint's weights are the model's, name for name and shape for shape. Without this a
+    crafted or mismatched checkpoint exported a file that from_pretrained refused, or worse loaded
+    with its sizes silently wrong. Each layer is built on the meta device: shapes, no memory."""
+    import torch
+
+    for index in range(model.num_layers):
+        try:
+            with torch.device("meta"):
+                layer = model.make_layer(index)
+        except Exception as err:  # model code that cannot run on meta
+            raise ExportError(f"{directory}: cannot describe layer {index} of the model to check the checkpoint "
+                              f"against it ({type(err).__name__}: {' '.join(str(err).split())[:160]})") from None
+        own = {f"layers.{index}.{k}": tuple(v.shape) for k, v in layer.state_dict().items()}
+        saved = {k: tuple(v.shape) for k, v in state.items() if k.startswith(f"layers.{index}.")}
+        problems = ([f"{k} missing" for k in own if k not in saved]
+                    + [f"{k} is not the model's" for k in saved if k not in own]
+                    + [f"{k} has shape {list(saved[k])}, the model's is {list(own[k])}"
+                       for k in own if k in saved and saved[k] != own[k]])
+        if problems:
+            raise ExportError(f"{directory}: the checkpoint does not fit its model: {problems[0]}"
+                              + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
 
 
 def _targets(output: Path, has_config: bool) -> tuple[Path, Path | None]:
