@@ -193,3 +193,77 @@ def test_a_resume_removes_the_replica_snapshots_a_killed_up_left(run, tmp_path):
     assert result.returncode == 0, result.stderr
     assert not (run / "checkpoints" / "replica-g2").exists()
     assert (_step(run, 6) / "manifest.json").is_file()  # and the run went on to its end
+
+
+def test_a_checkpoint_stripped_of_its_optimizer_state_is_refused_not_resumed_with_fresh_moments():
+    """AdamW (and SGD with momentum) resumed from weights alone restarted their moments: silently a
+    different run. A live move of untrained layers (step 0) and SGD without momentum hold none."""
+    from hetlaunch.runtime.checkpoint import apply_state, stage_state
+    from hetlaunch.runtime.checkpoint_manifest import CheckpointError
+
+    def trained(optimizer_of):
+        module = torch.nn.ModuleList([torch.nn.Linear(2, 2)])
+        optimizer = optimizer_of(module.parameters())
+        module[0](torch.ones(1, 2)).sum().backward()
+        optimizer.step()
+        return module, optimizer
+
+    for optimizer_of, keeps in ((lambda p: torch.optim.AdamW(p, lr=0.1), True),
+                                (lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9), True),
+                                (lambda p: torch.optim.SGD(p, lr=0.1), False)):
+        module, optimizer = trained(optimizer_of)
+        weights = {k: v for k, v in stage_state(module, optimizer, 0).items() if k.startswith("layers.")}
+        fresh = torch.nn.ModuleList([torch.nn.Linear(2, 2)])
+        fresh_optimizer = optimizer_of(fresh.parameters())
+        apply_state(fresh, fresh_optimizer, weights, 0)  # a move before any step: nothing to miss
+        if keeps:
+            with pytest.raises(CheckpointError, match=r"no optimizer state, though this run's \w+ keeps some and "
+                                                      r"the checkpoint is of step 3"):
+                apply_state(fresh, fresh_optimizer, weights, 0, resumed_step=3)
+        else:
+            apply_state(fresh, fresh_optimizer, weights, 0, resumed_step=3)
+        apply_state(fresh, fresh_optimizer, stage_state(module, optimizer, 0), 0, resumed_step=3)  # whole: fine
+
+
+def _craft(step, edit) -> None:
+    """Rewrite each part of a committed checkpoint through edit(tensors) -> tensors, keeping its
+    metadata and making the manifest's sizes and digests agree: a crafted checkpoint, not a damaged one."""
+    import hashlib
+
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    manifest = json.loads((step / "manifest.json").read_text())
+    for part in manifest["parts"]:
+        path = step / part["file"]
+        with safe_open(path, "pt") as f:
+            metadata = f.metadata()
+        save_file(edit(load_file(path)), path, metadata=metadata)
+        part["bytes"], part["sha256"] = path.stat().st_size, hashlib.sha256(path.read_bytes()).hexdigest()
+    (step / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.timeout(150)
+def test_resume_from_a_checkpoint_without_optimizer_state_fails_in_one_line(run, tmp_path):
+    (tmp_path / "cluster.yaml").write_text(CLUSTER.format(steps=6))
+    _craft(_step(run, 4), lambda tensors: {k: v for k, v in tensors.items() if k.startswith("layers.")})
+    result = run_hetlaunch("up", str(tmp_path / "cluster.yaml"), "--resume", str(run), timeout=120)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert ("no optimizer state, though this run's AdamW keeps some and the checkpoint is of step 4"
+            in result.stdout + result.stderr)
+    assert not _step(run, 6).exists()  # nothing trained from the fresh moments
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("edit, problem", [
+    (lambda t: {**t, "layers.1.ln1.weight": torch.ones(7)}, "layers.1.ln1.weight has shape [7], the model's is [32]"),
+    (lambda t: {k: v for k, v in t.items() if k != "layers.1.ln1.weight"}, "layers.1.ln1.weight missing"),
+    (lambda t: {**t, "layers.1.extra": torch.ones(2)}, "layers.1.extra is not the model's"),
+])
+def test_export_refuses_weights_that_do_not_fit_the_model(run, tmp_path, edit, problem):
+    """A checkpoint whose tensors do not fit the model it names exported a file that loaded wrong."""
+    step = _step(run, 4)
+    _craft(step, edit)
+    result = run_hetlaunch("export", str(step), "-o", str(tmp_path / "m.safetensors"), timeout=60)
+    assert f"{step}: the checkpoint does not fit its model: {problem}" in _one_line(result, 2)
+    assert not (tmp_path / "m.safetensors").exists()
