@@ -30,7 +30,7 @@ from hetlaunch.launcher.progress import TrainingProgress
 from hetlaunch.launcher.run_record import RunRecord
 from hetlaunch.launcher.step_aggregator import StepAggregator
 from hetlaunch.launcher.job_errors import JobError
-from hetlaunch.launcher.session import ClusterSession, is_peer_error, parse_refusal
+from hetlaunch.launcher.session import ClusterSession, is_peer_error, lost_message, parse_refusal
 
 
 CATCH_UP_S = 30.0  # how long a generation ending at a checkpoint waits for the reports of the steps before it
@@ -197,8 +197,7 @@ class _Reports:
             return Outcome(lost={n: why for n, why in lost.items() if n not in blamed}, message=message,
                            failed=set(failures), aggregator=self.aggregator)
         if lost:
-            node, why = next(iter(lost.items()))
-            return Outcome(lost=lost, message=f"lost node {node}: {why}", aggregator=self.aggregator)
+            return Outcome(lost=lost, message=lost_message(lost), aggregator=self.aggregator)
         return None
 
     def _refuse_tampered_links(self, failures: dict[str, str]) -> None:

@@ -240,11 +240,20 @@ def _run(session: ClusterSession, spec, options: UpOptions, events: EventLog, co
                 if restarts >= train.max_restarts:
                     _declare_lost(session, outcome, events)
                     raise JobError(f"{outcome.message} (no restart left: train.max_restarts is {train.max_restarts})")
+                if not set(_live_nodes(session)) - set(outcome.lost):  # said as the error, not as a recovery
+                    _declare_lost(session, outcome, events)
+                    raise JobError(f"{outcome.message}: no node is left to train on")
                 restarts += 1
                 observers.restarted(restarts)
                 progress.recovering(outcome.message, record.records[-1].step + 1 if record.records else 0)
                 restore, plan, lost_steps = _recover(session, spec, replanner, plan, outcome, started, book, record,
                                                      events, console)
+                # `recovering:` is said before it is known whether the nodes left can hold the model
+                # (else a one-line error follows it); this says it could, and from where it goes on.
+                where = {"replica": "the survivors' replicas", "file": "the last checkpoint"}.get(restore.source,
+                                                                                             "the start")
+                console.print(f"recovered: resuming at step {restore.step} from {where} on "
+                              f"{len({stage.node for stage in plan.stages})} node(s)")
                 events.write("restart", restart=restarts, cause=outcome.message, resume_step=restore.step,
                              restore_source=restore.source, lost_steps=lost_steps)
     finally:
@@ -306,7 +315,12 @@ def _recover(session: ClusterSession, spec, replanner: Replanner, plan: Plan, ou
     keep the steps taken before it, and plan again on the nodes left: (restore, plan, steps redone).
     `started`: the step the ended generation started at."""
     _declare_lost(session, outcome, events)
-    restore = _abort_and_restore(session, plan, book, events, outcome.failed)
+    # No step of this generation reported: the survivors' snapshots would hold the step it started
+    # from, which the restore point already is, so none is asked for or waited on (a worker killed
+    # before the first step held the recovery for the whole snapshot wait, 20 s).
+    stepped = bool(record.records and record.records[-1].step >= started) or bool(
+        outcome.aggregator is not None and outcome.aggregator.pending)
+    restore = _abort_and_restore(session, plan, book, events, outcome.failed, snapshots=stepped)
     lost_steps = record.rewind(restore.step)
     _record_late_steps(session, outcome.aggregator, record, started, restore.step)
     _say_unrecorded(record.give_up_before(restore.step, since=started),
@@ -410,13 +424,14 @@ def _abort(session: ClusterSession, plan: Plan, reason: str, snapshot_root: Path
 
 
 def _abort_and_restore(session: ClusterSession, plan: Plan, book: CheckpointBook, events: EventLog,
-                       failed: set[str]) -> Restore:
+                       failed: set[str], snapshots: bool = True) -> Restore:
     """End the generation on the survivors and choose the state the next one starts from: the
     survivors' snapshots when they hold every layer at a newer step than the last checkpoint
-    (another pipeline stood in for the lost node), else the last committed checkpoint."""
+    (another pipeline stood in for the lost node), else the last committed checkpoint.
+    `snapshots`: False when they cannot be newer (no step of the generation was reported)."""
     # A device-schedule worker writes no snapshot (runtime/device_stage_command.py): its plan resumes
     # from the last checkpoint, however many pipelines it has.
-    several = len(plan.pipelines()) > 1 and not several_stages_per_node(plan.schedule)
+    several = snapshots and len(plan.pipelines()) > 1 and not several_stages_per_node(plan.schedule)
     snapshot_root = book.root / f"replica-g{session.state.generation}" if several else None
     live = _abort(session, plan, "a node was lost", snapshot_root)
     answered = set(failed)  # a failed stage wrote its snapshot (if any) before it reported its failure

@@ -33,6 +33,15 @@ PEER_ERRORS = ("connection closed by peer", "connection reset", "broken pipe", "
                "remote process exited", "socket", "nccl communicator was aborted", "connection refused")
 
 
+def lost_message(lost: dict[str, str]) -> str:
+    """One line naming every lost node (node -> why): the first line named only the first, so a
+    user saw one node go where two had."""
+    (first, why), *others = lost.items()
+    if not others:
+        return f"lost node {first}: {why}"
+    return f"lost nodes {', '.join(lost)}: " + "; ".join(f"{node}: {why}" for node, why in lost.items())
+
+
 class ClusterSession:
     def __init__(self, cluster, run_dir: Path, token: str, console: Console):
         self.cluster = cluster
@@ -250,8 +259,7 @@ class ClusterSession:
             failures.update(more_failures())
             lost = self.lost_nodes(done | set(failures))
         if lost:
-            cause, why = next(iter(lost.items()))
-            message = f"lost node {cause}: {why}"
+            message = lost_message(lost)
         else:
             cause = next((n for n, e in failures.items() if not is_peer_error(e)), next(iter(failures)))
             message = f"{what} on node {cause} failed: {failures[cause]}"

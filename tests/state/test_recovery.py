@@ -169,6 +169,7 @@ def test_killed_agent_run_finishes_on_the_survivors(tmp_path):
     lost = [e for e in events(run_dir) if e["event"] == "lost"]
     assert [e["node"] for e in lost] == ["n1"], lost
     assert "recovering: lost node n1" in stderr, stderr  # the progress output says the job is recovering
+    assert "recovered: resuming at step" in stderr and "on 3 node(s)" in stderr, stderr  # ... and that it could
 
 
 @pytest.mark.timeout(300)
@@ -299,6 +300,54 @@ def test_loss_no_survivor_can_hold_ends_with_one_line_naming_the_shortfall(tmp_p
 
 
 @pytest.mark.timeout(300)
+def test_a_worker_killed_before_the_first_step_does_not_hold_recovery_for_snapshots(tmp_path):
+    """With no step taken the survivors' snapshots cannot be newer than the start, yet recovery
+    waited the whole snapshot window (20 s) for survivors that never wrote one. Step 0 is slowed
+    (speed 0.005 from step 0) so that the kill lands before any step, whatever the load."""
+    (tmp_path / "cluster.yaml").write_text(cluster_yaml(TWO_PIPELINES, steps=12, slow_at=0))
+    run_dir = tmp_path / "run"
+    proc = popen_hetlaunch("up", str(tmp_path / "cluster.yaml"), "--run-dir", str(run_dir))
+    try:
+        wait_for(lambda: (run_dir / "events.jsonl").exists()
+                 and any(e["event"] == "generation" for e in events(run_dir)), 90, "the first generation", proc)
+        wait_for(lambda: _has_worker("n3"), 60, "n3's worker", proc)
+        worker_of("n3").send_signal(signal.SIGKILL)
+        proc.wait(timeout=200)
+    finally:
+        stdout, stderr = stop_process(proc)
+    assert proc.returncode == 0, stderr + stdout
+    log = events(run_dir)
+    lost = next(e for e in log if e["event"] == "lost")
+    restart = next(e for e in log if e["event"] == "restart")
+    assert restart["resume_step"] == 0 and restart["restore_source"] == "init", log
+    assert not any(e["event"] == "snapshot" for e in log), log
+    # The restart followed the loss by the re-plan only; it was 20 s and more (r27 of the review).
+    assert restart["time"] - lost["time"] < 12, (lost, restart)
+    assert_every_step_once(run_dir, 12)
+
+
+def _has_worker(node: str) -> bool:
+    try:
+        return any("hetlaunch.runtime.worker" in " ".join(c.cmdline()) for c in agent_process(node).children())
+    except (AssertionError, psutil.Error):
+        return False
+
+
+@pytest.mark.timeout(300)
+def test_losing_every_node_is_one_error_line_not_a_recovery(tmp_path):
+    """`recovering:` came first, naming one node, then the error that no node was left."""
+    yaml_text = cluster_yaml([("n0", 0, 4, 0)], slow_at=5)
+    run_dir, rc, stderr, _ = run_and_hurt(tmp_path, yaml_text, lambda: agent_process("n0").send_signal(signal.SIGKILL),
+                                          at_step=5)
+    assert rc == 1, stderr
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith("error: lost node n0: ") and \
+        errors[0].endswith(": no node is left to train on"), stderr
+    assert "recovering" not in stderr and "Traceback" not in stderr, stderr
+    assert [e["node"] for e in events(run_dir) if e["event"] == "lost"] == ["n0"]
+
+
+@pytest.mark.timeout(300)
 def test_a_lost_node_the_plan_does_not_use_is_said_and_training_goes_on(tmp_path):
     """n2 reports 1 KiB of memory, so no plan can give it a layer: it is a spare. Its agent is
     killed once a step is logged; the console says so, the generation goes on (no restart), and
@@ -334,3 +383,12 @@ nodes:
     assert [e["event"] for e in events(run_dir)].count("generation") == 1
     steps = [r["step"] for r in metrics(run_dir)]
     assert steps == list(range(len(steps))) and len(steps) >= lost_at + 3, steps
+
+
+def test_a_loss_of_several_nodes_names_them_all():
+    """The account named the first lost node only: a user saw one node go where two had."""
+    from hetlaunch.launcher.session import lost_message
+
+    assert lost_message({"n1": "heartbeats stopped"}) == "lost node n1: heartbeats stopped"
+    assert lost_message({"n1": "heartbeats stopped", "n3": "agent exited"}) == \
+        "lost nodes n1, n3: n1: heartbeats stopped; n3: agent exited"
