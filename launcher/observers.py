@@ -55,12 +55,14 @@ class Observers:
     def new_generation(self, previous: Plan | None, profile: Profile | None, first_step: int) -> None:
         """A generation starts at `first_step` with the current plan, made from `profile` (after
         `previous`): calibration compares its steps with it."""
-        self.calibration.new_generation(profile)
+        self.calibration.new_generation(profile, first_step)
         if self.stragglers is not None:
             self.stragglers.new_generation(previous, first_step)
 
     def moved(self, at_step: int) -> None:
-        """A live move changed the current plan before `at_step` (calibration keeps its result)."""
+        """A live move changed the current plan before `at_step` (calibration keeps its result,
+        compared at the end with the steps before it only)."""
+        self.calibration.plan_changed(at_step)
         if self.stragglers is not None:
             self.stragglers.moved(at_step)
 

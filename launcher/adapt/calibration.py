@@ -32,6 +32,7 @@ plan --profile` reads), and summarised in summary.json under "calibration".
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from pathlib import Path
 
@@ -85,11 +86,20 @@ class Calibration:
         self.profile: Profile | None = None  # the corrected profile, once calibrated
         self._profile: Profile | None = None
         self._records: list[StepRecord] = []
+        # The first step that ran another plan than the calibrated one (a recovery, a restart or a
+        # live move after the calibration): finish compares the predictions with the steps before it.
+        self._plan_until: int | None = None
 
-    def new_generation(self, profile: Profile | None) -> None:
-        """A generation starts with the current plan, made from `profile`; its first step is
-        warm-up. A plan not priced from a profile (pinned, nothing measured) is not calibrated."""
+    def new_generation(self, profile: Profile | None, first_step: int = 0) -> None:
+        """A generation starts at `first_step` with the current plan, made from `profile`; its first
+        step is warm-up. A plan not priced from a profile (pinned, nothing measured) is not calibrated."""
         self._profile, self._records = profile, []
+        self.plan_changed(first_step)
+
+    def plan_changed(self, at_step: int) -> None:
+        """Steps from `at_step` on ran another plan than the one calibrated (if any was)."""
+        if self.result is not None and self._plan_until is None:
+            self._plan_until = at_step
 
     def add(self, record: StepRecord) -> dict | None:
         """Count a step; the calibration, once, when CALIBRATION_STEPS steps after the warm-up are in."""
@@ -162,12 +172,14 @@ class Calibration:
         (the median step), written to calibration.json; the result for the summary."""
         if self.result is None or "error" in self.result:
             return self.result
-        later = [r.step_s for r in records if r.step > self.result["steps"][1]]
+        until = self._plan_until if self._plan_until is not None else math.inf
+        later = [r.step_s for r in records if self.result["steps"][1] < r.step < until]
         if later:
             measured = statistics.median(later)
             after = self.result["calibrated_step_s"] + self.result["unexplained_step_s"]
             self.result["after_window"] = {
                 "steps": len(later), "measured_step_s": measured,
+                **({"plan_changed_at_step": self._plan_until} if self._plan_until is not None else {}),
                 "error_before": (self.result["predicted_step_s"] - measured) / measured,
                 "error_calibrated_compute": (self.result["calibrated_step_s"] - measured) / measured,
                 "error_calibrated": (after - measured) / measured}

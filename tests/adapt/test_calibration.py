@@ -72,6 +72,18 @@ def test_calibration_fits_each_nodes_compute_and_prices_the_plan_again(tmp_path)
                                for s in range(CALIBRATION_STEPS + 1, CALIBRATION_STEPS + 5)])
     assert done["after_window"]["steps"] == 4
     assert done["after_window"]["error_calibrated"] == pytest.approx((0.5 - 0.6) / 0.6)
+    assert "plan_changed_at_step" not in done["after_window"]
+
+    # After a recovery (or a live move) the steps ran another plan: they were compared with this
+    # plan's predictions as if they were its own.
+    later = [StepRecord(step=s, loss=1.0, tokens_per_s=1.0, step_s=0.6 if s < CALIBRATION_STEPS + 3 else 5.0, stages=[])
+             for s in range(CALIBRATION_STEPS + 1, CALIBRATION_STEPS + 9)]
+    calibration.new_generation(profile, first_step=CALIBRATION_STEPS + 3)
+    calibration.plan_changed(CALIBRATION_STEPS + 6)  # a later change keeps the first
+    done = calibration.finish(later)
+    assert done["after_window"]["steps"] == 2 and done["after_window"]["measured_step_s"] == 0.6
+    assert done["after_window"]["plan_changed_at_step"] == CALIBRATION_STEPS + 3
+    assert json.loads((tmp_path / "calibration.json").read_text())["after_window"]["steps"] == 2
 
 
 @pytest.mark.solo
