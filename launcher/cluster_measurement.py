@@ -14,12 +14,13 @@ import statistics
 import time
 
 from rich.console import Console
+from rich.text import Text
 
 from hetlaunch.launcher.planning.batch_sizes import candidate_sizes
 from hetlaunch.launcher.planning.profile_file import LayerInfo, LinkProfile, ModelIdentity, NodeProfile, Profile
 from hetlaunch.launcher.profile_cache import cached_node, node_cache_key, store_node
 from hetlaunch.launcher.job_errors import JobError
-from hetlaunch.launcher.session import ClusterSession
+from hetlaunch.launcher.session import ClusterSession, first_line
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.runtime.model_spec import ModelSpec
 from hetlaunch.runtime.wire import model_spec_to_proto
@@ -27,6 +28,7 @@ from hetlaunch.runtime.version import MEASUREMENT_METHOD, hetlaunch_version
 
 INTRA_REGION_PAIRS = 2
 PROFILE_TIMEOUT_S = 600.0
+DROPPED = "lost while profiling: "  # how a node dropped while profiling is declared lost
 
 
 def probe_pairs(cluster, names: list[str] | None = None) -> list[tuple[str, str]]:
@@ -80,7 +82,10 @@ def measure_cluster(session: ClusterSession, spec: ModelSpec, micro_batch_size: 
     all at once."""
     cluster = session.cluster
     model = spec.describe()
-    names = [n.name for n in cluster.nodes if names is None or n.name in names]
+    names = [n.name for n in cluster.nodes if (names is None or n.name in names) and n.name not in session.lost]
+    # A node whose worker dies (or whose agent is lost) while its layers are timed is dropped and the
+    # others planned on, as a node lost in training would be; a pinned cut needs every node it names.
+    droppable = not cluster.pinned
     keys = {n: _cache_key(session, n, model, micro_batch_size) for n in names}
     # A bad cache file is reported (one line naming it) and its node measured again; the new entry replaces it.
     cached = {} if reprofile else {n: c for n in names
@@ -104,11 +109,30 @@ def measure_cluster(session: ClusterSession, spec: ModelSpec, micro_batch_size: 
     for name in at_once:
         session.state.send(name, pb.Command(profile=command(name, name in to_measure and name not in alike)))
     for name in sequential:  # the next local node starts only when this one has reported
+        if name in session.lost:
+            continue
         session.state.send(name, pb.Command(profile=command(name, True)))
-        _collect(session, [name], reports, console, f"timing layers on {name}")
-    _collect(session, at_once, reports, console, f"profiling {len(at_once)} node(s) ({len(cached)} cached)")
+        _collect(session, [name], reports, console, f"timing layers on {name}", droppable)
+    _collect(session, at_once, reports, console, f"profiling {len(at_once)} node(s) ({len(cached)} cached)",
+             droppable)
+    timed = {}  # cache key -> the node whose report holds its layer timings
     for name, twin in alike.items():  # as the cache gives it on the next run
-        cached[name] = _entry(reports[twin])
+        if name in session.lost:
+            continue
+        source = timed.setdefault(keys[name], twin if twin not in session.lost else name)
+        if source != name:
+            cached[name] = _entry(reports[source])
+            continue
+        # The node timed for it was lost: this one is timed itself (and the next alike take its timings).
+        del reports[name]
+        session.state.send(name, pb.Command(profile=command(name, True)))
+        _collect(session, [name], reports, console, f"timing layers on {name}", droppable)
+        if name in session.lost:
+            del timed[keys[name]]
+    names = [n for n in names if n not in session.lost]
+    if not names:
+        raise JobError("every node was lost while profiling: " + "; ".join(
+            f"{node}: {why.removeprefix(DROPPED)}" for node, why in session.lost.items()))
 
     pairs = probe_pairs(cluster, names) if probe_links else []
     if pairs:
@@ -151,26 +175,43 @@ def alike_local_nodes(cluster, to_measure: list[str], keys: dict[str, str]) -> d
 
 
 def _collect(session: ClusterSession, names: list[str], reports: dict[str, pb.ReportProfileRequest],
-             console: Console, what: str) -> None:
+             console: Console, what: str, droppable: bool = False) -> None:
     """Wait until every node in `names` has reported into `reports`; a report of another node
-    (sent earlier, still running) is kept there too, and never ends this wait."""
+    (sent earlier, still running) is kept there too, and never ends this wait. `droppable`: a
+    node whose worker dies, or whose agent is lost, is dropped (declared lost, said in one line)
+    instead of ending the job; link probes are not droppable (a lost peer breaks the group)."""
     if not names:
         return
     deadline = time.monotonic() + PROFILE_TIMEOUT_S
     with console.status(what) as status:
-        while not all(n in reports for n in names):
+        while not all(n in reports or n in session.lost for n in names):
             received = session.state.next_profile(timeout=0.2)
             if received is None:
-                session.check_alive(set(reports))
+                if droppable:  # one that reported and died since goes too: it would break the link probes
+                    for node, why in session.lost_nodes(set()).items():
+                        _drop(session, node, why, reports, console)
+                else:
+                    session.check_alive(set(reports))
                 if time.monotonic() > deadline:
                     missing = ", ".join(n for n in names if n not in reports)
                     raise JobError(f"profiling did not finish within {PROFILE_TIMEOUT_S:.0f}s; waiting for {missing}")
                 continue
             node, report = received
+            if node in session.lost:
+                continue  # a dropped node's late report
             if not report.ok:
+                if droppable and report.worker_died:
+                    _drop(session, node, report.error, reports, console)
+                    continue
                 raise session.blame({node: report.error}, "profiling", set(reports), _profile_failures(session))
             reports[node] = report
             status.update(f"{what}: {sum(n in reports for n in names)}/{len(names)} done")
+
+
+def _drop(session: ClusterSession, node: str, why: str, reports: dict, console: Console) -> None:
+    session.declare_lost(node, f"{DROPPED}{why}")
+    reports.pop(node, None)
+    console.print(Text(f"lost node {node} while profiling ({first_line(why)}): planning without it"))
 
 
 def _profile_failures(session: ClusterSession):

@@ -180,6 +180,8 @@ def _run(session: ClusterSession, spec, options: UpOptions, events: EventLog, co
     at `down`, switch plans at a checkpoint, or recover from a lost node and launch again."""
     train = session.cluster.train
     plan, replanner = make_plan(session, spec, options.reprofile, console)
+    for node, why in session.lost.items():  # dropped while profiling (launcher/cluster_measurement.py)
+        events.write("lost", node=node, why=why, in_plan=False)
     if replanner.measured is not None:  # what the plan was made from: `hetlaunch plan --profile` can replay it
         save_profile(replanner.measured, session.run_dir / "profile.json")
     print_plan(console, plan)

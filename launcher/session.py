@@ -234,8 +234,7 @@ class ClusterSession:
         """Raise JobError naming a lost node, if any (used where a loss cannot be recovered from)."""
         lost = self.lost_nodes(done)
         if lost:
-            node, why = next(iter(lost.items()))
-            raise JobError(f"lost node {node}: {why}")
+            raise JobError(lost_message(lost))
 
     def blame(self, failures: dict[str, str], what: str, done: set[str], more_failures=None) -> JobError:
         """The error to end the job with when `failures` (node -> error) came in: the cause first."""

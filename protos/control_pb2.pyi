@@ -925,7 +925,7 @@ class LinkProbe(_message.Message):
     def __init__(self, peer_node: _Optional[str] = ..., latency_s: _Optional[float] = ..., bandwidth_bytes_per_s: _Optional[float] = ...) -> None: ...
 
 class ReportProfileRequest(_message.Message):
-    __slots__ = ("agent_id", "ok", "error", "device_name", "memory_bytes", "layers", "links", "codec_seconds_per_byte", "generation", "cpu_per_wall", "cipher_seconds_per_byte")
+    __slots__ = ("agent_id", "ok", "error", "device_name", "memory_bytes", "layers", "links", "codec_seconds_per_byte", "generation", "cpu_per_wall", "cipher_seconds_per_byte", "worker_died")
     class CodecSecondsPerByteEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -944,6 +944,7 @@ class ReportProfileRequest(_message.Message):
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     CPU_PER_WALL_FIELD_NUMBER: _ClassVar[int]
     CIPHER_SECONDS_PER_BYTE_FIELD_NUMBER: _ClassVar[int]
+    WORKER_DIED_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     ok: bool
     error: str
@@ -955,7 +956,8 @@ class ReportProfileRequest(_message.Message):
     generation: int
     cpu_per_wall: float
     cipher_seconds_per_byte: float
-    def __init__(self, agent_id: _Optional[str] = ..., ok: _Optional[bool] = ..., error: _Optional[str] = ..., device_name: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., layers: _Optional[_Iterable[_Union[LayerProfile, _Mapping]]] = ..., links: _Optional[_Iterable[_Union[LinkProbe, _Mapping]]] = ..., codec_seconds_per_byte: _Optional[_Mapping[str, float]] = ..., generation: _Optional[int] = ..., cpu_per_wall: _Optional[float] = ..., cipher_seconds_per_byte: _Optional[float] = ...) -> None: ...
+    worker_died: bool
+    def __init__(self, agent_id: _Optional[str] = ..., ok: _Optional[bool] = ..., error: _Optional[str] = ..., device_name: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., layers: _Optional[_Iterable[_Union[LayerProfile, _Mapping]]] = ..., links: _Optional[_Iterable[_Union[LinkProbe, _Mapping]]] = ..., codec_seconds_per_byte: _Optional[_Mapping[str, float]] = ..., generation: _Optional[int] = ..., cpu_per_wall: _Optional[float] = ..., cipher_seconds_per_byte: _Optional[float] = ..., worker_died: _Optional[bool] = ...) -> None: ...
 
 class ReportProfileResponse(_message.Message):
     __slots__ = ()

@@ -168,7 +168,7 @@ class TaskRelay:
             _log(self.node, f"task failed: {done.error}")
         if task.HasField("profile"):
             report = profile if (done.ok and profile is not None) else pb.ReportProfileRequest(
-                ok=False, error=done.error or "the worker reported no profile")
+                ok=False, error=done.error or "the worker reported no profile", worker_died=died)
             report.agent_id, report.generation = self.agent_id, generation
             self._call("ReportProfile", report)
         else:

@@ -9,6 +9,7 @@ from the same checkpoint on the same plan.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 from pathlib import Path
@@ -16,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import popen_hetlaunch, run_hetlaunch, session_processes, stop_process, wait_for
+from conftest import hetlaunch_env, popen_hetlaunch, run_hetlaunch, session_processes, stop_process, wait_for
 from fault_run import agent_process, events, metrics, run_and_hurt, steps_done, worker_of
 
 STEPS = 60
@@ -310,15 +311,16 @@ def test_a_worker_killed_before_the_first_step_does_not_hold_recovery_for_snapsh
     try:
         wait_for(lambda: (run_dir / "events.jsonl").exists()
                  and any(e["event"] == "generation" for e in events(run_dir)), 90, "the first generation", proc)
-        wait_for(lambda: _has_worker("n3"), 60, "n3's worker", proc)
+        wait_for(lambda: _running_a_stage("n3"), 60, "n3's worker running its stage", proc)
         worker_of("n3").send_signal(signal.SIGKILL)
         proc.wait(timeout=200)
     finally:
         stdout, stderr = stop_process(proc)
     assert proc.returncode == 0, stderr + stdout
     log = events(run_dir)
-    lost = next(e for e in log if e["event"] == "lost")
-    restart = next(e for e in log if e["event"] == "restart")
+    lost = next((e for e in log if e["event"] == "lost"), None)
+    restart = next((e for e in log if e["event"] == "restart"), None)
+    assert lost is not None and restart is not None, log
     assert restart["resume_step"] == 0 and restart["restore_source"] == "init", log
     assert not any(e["event"] == "snapshot" for e in log), log
     # The restart followed the loss by the re-plan only; it was 20 s and more (r27 of the review).
@@ -326,9 +328,12 @@ def test_a_worker_killed_before_the_first_step_does_not_hold_recovery_for_snapsh
     assert_every_step_once(run_dir, 12)
 
 
-def _has_worker(node: str) -> bool:
+def _running_a_stage(node: str) -> bool:
+    """The node's worker has taken its stage: connected to the rendezvous store. A spare worker
+    (started warm before its task) has only its pipe: killing it, the agent takes a new one and
+    nothing is lost."""
     try:
-        return any("hetlaunch.runtime.worker" in " ".join(c.cmdline()) for c in agent_process(node).children())
+        return bool(worker_of(node).net_connections(kind="tcp"))
     except (AssertionError, psutil.Error):
         return False
 
@@ -392,3 +397,68 @@ def test_a_loss_of_several_nodes_names_them_all():
     assert lost_message({"n1": "heartbeats stopped"}) == "lost node n1: heartbeats stopped"
     assert lost_message({"n1": "heartbeats stopped", "n3": "agent exited"}) == \
         "lost nodes n1, n3: n1: heartbeats stopped; n3: agent exited"
+
+
+# A model whose entrypoint kills the worker building it where the node runs 2 threads (the profile
+# command sets the worker's threads before it builds the model): a worker that dies while its node's
+# layers are timed, at that moment and no other, whatever the load.
+DYING_MODEL = '''
+import os, signal, sys
+import torch
+from user_model import make_mlp_lm
+
+def build(**kwargs):
+    main = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if main is not None and main.name == "hetlaunch.runtime.worker" and torch.get_num_threads() == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return make_mlp_lm(**kwargs)
+'''
+
+
+def _dying_run(tmp_path: Path, nodes: str, timeout: float = 150):
+    (tmp_path / "dying_model.py").write_text(DYING_MODEL)
+    (tmp_path / "cluster.yaml").write_text(f"""
+model: {{entrypoint: "dying_model:build", kwargs: {{seq_len: 16}}}}
+train: {{steps: 4, micro_batch_size: 2, num_microbatches: 2, max_pipelines: 1}}
+nodes:
+{nodes}""")
+    env = hetlaunch_env(HETLAUNCH_CACHE_DIR=str(tmp_path / "cache"))  # measured now, never from a cache
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
+    return run_hetlaunch("up", str(tmp_path / "cluster.yaml"), "--run-dir", str(tmp_path / "run"), env=env,
+                         timeout=timeout)
+
+
+@pytest.mark.timeout(200)
+def test_a_worker_that_dies_while_its_layers_are_timed_drops_its_node_not_the_job(tmp_path):
+    result = _dying_run(tmp_path, "  - {name: u0, device: cpu, threads: 1}\n  - {name: u1, device: cpu, threads: 1}\n"
+                                  "  - {name: u2, device: cpu, threads: 2}\n")
+    assert result.returncode == 0, result.stderr + result.stdout
+    assert "lost node u2 while profiling (the worker was killed by SIGKILL): planning without it" in result.stdout
+    run_dir = tmp_path / "run"
+    assert [(e["node"], e["in_plan"]) for e in events(run_dir) if e["event"] == "lost"] == [("u2", False)]
+    plan = next(e for e in events(run_dir) if e["event"] == "generation")["plan"]
+    assert {s["node"] for s in plan["stages"]} <= {"u0", "u1"}
+    assert [r["step"] for r in metrics(run_dir)] == [0, 1, 2, 3]
+    assert [n["name"] for n in json.loads((run_dir / "profile.json").read_text())["nodes"]] == ["u0", "u1"]
+
+
+@pytest.mark.timeout(200)
+def test_a_node_whose_alike_twin_died_while_profiling_is_timed_itself(tmp_path):
+    """u1 takes u0's timings (one device of this machine, emulated alike: timed once); u0's worker
+    died, so u1 was timed itself, and died too: both dropped, u2 trains alone."""
+    result = _dying_run(tmp_path, "  - {name: u0, device: cpu, threads: 2}\n  - {name: u1, device: cpu, threads: 2}\n"
+                                  "  - {name: u2, device: cpu, threads: 1}\n")
+    assert result.returncode == 0, result.stderr + result.stdout
+    for node in ("u0", "u1"):
+        assert f"lost node {node} while profiling (the worker was killed by SIGKILL)" in result.stdout
+    run_dir = tmp_path / "run"
+    assert sorted(e["node"] for e in events(run_dir) if e["event"] == "lost") == ["u0", "u1"]
+    assert [r["step"] for r in metrics(run_dir)] == [0, 1, 2, 3]
+
+
+@pytest.mark.timeout(120)
+def test_every_worker_dying_while_profiling_is_one_error_line(tmp_path):
+    result = _dying_run(tmp_path, "  - {name: u0, device: cpu, threads: 2}\n")
+    assert result.returncode == 1, result.stderr + result.stdout
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert errors == ["error: every node was lost while profiling: u0: the worker was killed by SIGKILL"], result.stderr
