@@ -115,6 +115,13 @@ def load_layers(directory: Path, manifest: Manifest, layer_start: int, layer_end
     return state
 
 
+def resumed_step_of(train) -> int:
+    """What apply_state's `resumed_step` is for a stage starting from TrainSpec `train`: its start
+    step, or 0 (no optimizer state expected) under fp16, which skips the steps whose gradients
+    overflowed (the first ones above all): a checkpoint of those rightly holds no optimizer state."""
+    return 0 if train.precision == "fp16" else train.start_step
+
+
 def _keeps_state(optimizer: torch.optim.Optimizer | None) -> bool:
     """Whether this optimizer has state after a step of a parameter with a gradient (SGD without
     momentum has none, so a checkpoint of it rightly holds none)."""

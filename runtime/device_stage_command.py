@@ -38,7 +38,7 @@ import torch.distributed as dist
 
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.protos import worker_pb2 as wpb
-from hetlaunch.runtime.checkpoint import apply_state, load_layers, split_outer, stage_state
+from hetlaunch.runtime.checkpoint import apply_state, load_layers, resumed_step_of, split_outer, stage_state
 from hetlaunch.runtime.checkpoint_manifest import read_manifest
 from hetlaunch.runtime.checkpoint_writer import CheckpointWriter
 from hetlaunch.runtime.codecs import codec_by_id
@@ -102,7 +102,7 @@ def run_device_stages(cmd: pb.RunStage, reports: StageReports, store: wpb.StoreA
                                            local_index=lambda index: layers.local_of[index])
         if restored is not None:  # a checkpoint written with islands also holds outer state: not ours to use
             apply_state(executor.module, executor.optimizer, split_outer(layers.to_local(restored))[0], 0,
-                        train.start_step)
+                        resumed_step_of(train))
         elif executor.tied is not None:
             executor.tied.share_initial_values()
         writer = (CheckpointWriter(executor.state_lock, lambda: layers.split(stage_state(executor.module, executor.optimizer, 0)),

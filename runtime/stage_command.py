@@ -13,7 +13,7 @@ import torch.distributed as dist
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.protos import worker_pb2 as wpb
 from hetlaunch.runtime import host_clock
-from hetlaunch.runtime.checkpoint import apply_state, load_layers, split_outer, stage_state, write_part
+from hetlaunch.runtime.checkpoint import apply_state, load_layers, resumed_step_of, split_outer, stage_state, write_part
 from hetlaunch.runtime.checkpoint_manifest import read_manifest
 from hetlaunch.runtime.checkpoint_writer import CheckpointWriter, part_message
 from hetlaunch.runtime.codecs import codec_by_id
@@ -386,7 +386,7 @@ def _executor(cmd: pb.RunStage, bundle, device: torch.device, memory: StageMemor
     outer_state: dict = {}
     if restored is not None:  # a checkpoint written with islands holds outer state too
         restored, outer_state = split_outer(restored)
-        apply_state(executor.module, executor.optimizer, restored, stage.layer_start, train.start_step)
+        apply_state(executor.module, executor.optimizer, restored, stage.layer_start, resumed_step_of(train))
     # After the tied groups, by every rank; the anchor is the weights as they start (shared, restored)
     # unless the checkpoint kept it.
     executor.outer = _outer_sync(dp, list(cmd.layout), bundle, stage.layer_start, wire_device(device, backend),

@@ -225,6 +225,17 @@ def test_a_checkpoint_stripped_of_its_optimizer_state_is_refused_not_resumed_wit
         apply_state(fresh, fresh_optimizer, stage_state(module, optimizer, 0), 0, resumed_step=3)  # whole: fine
 
 
+def test_an_fp16_resume_expects_no_optimizer_state():
+    """fp16 skips the steps whose gradients overflowed, the first ones above all: a checkpoint of
+    them rightly holds no optimizer state, and refusing it would refuse a run's own checkpoint."""
+    from hetlaunch.protos import control_pb2 as pb
+    from hetlaunch.runtime.checkpoint import resumed_step_of
+
+    assert resumed_step_of(pb.TrainSpec(start_step=4, precision="fp16")) == 0
+    assert resumed_step_of(pb.TrainSpec(start_step=4, precision="bf16")) == 4
+    assert resumed_step_of(pb.TrainSpec(start_step=4)) == 4
+
+
 def _craft(step, edit) -> None:
     """Rewrite each part of a committed checkpoint through edit(tensors) -> tensors, keeping its
     metadata and making the manifest's sizes and digests agree: a crafted checkpoint, not a damaged one."""
