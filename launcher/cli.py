@@ -549,7 +549,7 @@ def main() -> int:
 
     try:
         result = app(standalone_mode=False, prog_name="hetlaunch")
-    except click_errors.NoArgsIsHelpError as error:  # `hetlaunch` or `hetlaunch deploy` alone: the help
+    except getattr(click_errors, "NoArgsIsHelpError", ()) as error:  # `hetlaunch` alone: the help (click >= 8.2)
         typer.echo(error.format_message())
         return error.exit_code
     except click_errors.UsageError as error:

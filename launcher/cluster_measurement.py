@@ -69,8 +69,10 @@ def measure_for_train(session: ClusterSession, spec: ModelSpec, reprofile: bool,
         return profile
     other = measure_cluster(session, spec, smallest, train.seed, reprofile, console, names, probe_links=False)
     timed = {n.name: n.layer_seconds for n in other.nodes}
+    # A node dropped while the second size was timed (cluster_measurement._drop) leaves the profile too.
     return profile.model_copy(update={"nodes": [
-        n.model_copy(update={"layer_seconds_by_size": {smallest: timed[n.name]}}) for n in profile.nodes]})
+        n.model_copy(update={"layer_seconds_by_size": {smallest: timed[n.name]}}) for n in profile.nodes
+        if n.name in timed]})
 
 
 def measure_cluster(session: ClusterSession, spec: ModelSpec, micro_batch_size: int, seed: int,
@@ -119,16 +121,16 @@ def measure_cluster(session: ClusterSession, spec: ModelSpec, micro_batch_size: 
     for name, twin in alike.items():  # as the cache gives it on the next run
         if name in session.lost:
             continue
-        source = timed.setdefault(keys[name], twin if twin not in session.lost else name)
-        if source != name:
+        source = timed.get(keys[name], twin)
+        if source in reports:  # a node dropped meanwhile (even one that had reported) has no report left
+            timed[keys[name]] = source
             cached[name] = _entry(reports[source])
             continue
         # The node timed for it was lost: this one is timed itself (and the next alike take its timings).
-        del reports[name]
+        reports.pop(name, None)
         session.state.send(name, pb.Command(profile=command(name, True)))
         _collect(session, [name], reports, console, f"timing layers on {name}", droppable)
-        if name in session.lost:
-            del timed[keys[name]]
+        timed[keys[name]] = name  # if it was dropped too, the next alike one is timed itself
     names = [n for n in names if n not in session.lost]
     if not names:
         raise JobError("every node was lost while profiling: " + "; ".join(

@@ -128,13 +128,18 @@ def _check_shapes(model, state: dict, directory: Path) -> None:
     with its sizes silently wrong. Each layer is built on the meta device: shapes, no memory."""
     import torch
 
+    from hetlaunch.runtime.model import build_layer
+
     for index in range(model.num_layers):
         try:
             with torch.device("meta"):
                 layer = model.make_layer(index)
-        except Exception as err:  # model code that cannot run on meta
-            raise ExportError(f"{directory}: cannot describe layer {index} of the model to check the checkpoint "
-                              f"against it ({type(err).__name__}: {' '.join(str(err).split())[:160]})") from None
+        except Exception:  # model code that cannot run on meta (reads values while it builds): build it for real
+            try:
+                layer = build_layer(model, index, seed=0)
+            except Exception as err:
+                raise ExportError(f"{directory}: cannot build layer {index} of the model to check the checkpoint "
+                                  f"against it ({type(err).__name__}: {' '.join(str(err).split())[:160]})") from None
         own = {f"layers.{index}.{k}": tuple(v.shape) for k, v in layer.state_dict().items()}
         saved = {k: tuple(v.shape) for k, v in state.items() if k.startswith(f"layers.{index}.")}
         problems = ([f"{k} missing" for k in own if k not in saved]

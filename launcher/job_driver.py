@@ -317,11 +317,15 @@ def _recover(session: ClusterSession, spec, replanner: Replanner, plan: Plan, ou
     keep the steps taken before it, and plan again on the nodes left: (restore, plan, steps redone).
     `started`: the step the ended generation started at."""
     _declare_lost(session, outcome, events)
-    # No step of this generation reported: the survivors' snapshots would hold the step it started
+    # No step of this generation taken: the survivors' snapshots would hold the step it started
     # from, which the restore point already is, so none is asked for or waited on (a worker killed
-    # before the first step held the recovery for the whole snapshot wait, 20 s).
-    stepped = bool(record.records and record.records[-1].step >= started) or bool(
-        outcome.aggregator is not None and outcome.aggregator.pending)
+    # before the first step held the recovery for the whole snapshot wait, 20 s). A step counts as
+    # taken when recorded, pending, queued unread, or named by a node's heartbeat (reports travel
+    # in batches, heartbeats carry the last step a worker finished).
+    stepped = (bool(record.records and record.records[-1].step >= started)
+               or bool(outcome.aggregator is not None and outcome.aggregator.pending)
+               or session.state.steps_pending()
+               or any(step >= started for _, _, step in session.state.silent_for(time.monotonic()).values()))
     restore = _abort_and_restore(session, plan, book, events, outcome.failed, snapshots=stepped)
     lost_steps = record.rewind(restore.step)
     _record_late_steps(session, outcome.aggregator, record, started, restore.step)

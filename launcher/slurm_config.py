@@ -81,11 +81,14 @@ def check_slurm_groups(cluster) -> None:
     for i, node in enumerate(cluster.nodes):
         if node.launch != "slurm":
             continue
-        if node.host and node.host in pinned:  # one agent per Slurm node: the allocation asks one node each
-            raise FieldError(("nodes", i, "host"), f"node {pinned[node.host]} is already pinned to Slurm node "
-                                                   f"{node.host} (one agent per Slurm node)")
+        # One agent per Slurm node of a group's allocation (it asks one node each); two groups are
+        # two allocations, which may share a node that is not exclusive.
+        group = node.slurm or (cluster.slurm[0].name if len(cluster.slurm) == 1 else None)
+        if node.host and (group, node.host) in pinned:
+            raise FieldError(("nodes", i, "host"), f"node {pinned[group, node.host]} is already pinned to Slurm node "
+                                                   f"{node.host} (one agent per Slurm node of a group)")
         if node.host:
-            pinned[node.host] = node.name
+            pinned[group, node.host] = node.name
         if not cluster.slurm:
             raise FieldError(("slurm",), f"node {node.name} has launch: slurm: add a top-level slurm: list of "
                                          f"groups (partition, account, gpus_per_node, time)")

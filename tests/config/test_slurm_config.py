@@ -87,7 +87,16 @@ def test_slurm_s_reasons_are_one_line():
     ("slurm: [{name: g}]\nnodes: [{name: a, launch: slurm, threads: 2}]", "nodes[0].threads: only for local nodes"),
     # Both agents would have been started on gpu-07 and the allocation's other node left idle.
     ("slurm: [{name: g}]\nnodes: [{name: a, launch: slurm, host: gpu-07}, {name: b, launch: slurm, host: gpu-07}]",
-     "nodes[1].host: node a is already pinned to Slurm node gpu-07 (one agent per Slurm node)"),
+     "nodes[1].host: node a is already pinned to Slurm node gpu-07 (one agent per Slurm node of a group)"),
 ])
 def test_bad_slurm_yaml_is_one_line_naming_the_field(text, message):
     assert error_of(HEAD + text).startswith(f"cluster.yaml: {message}")
+
+
+def test_two_groups_may_pin_one_slurm_node():
+    """Two groups are two allocations; a node that is not exclusive (8 GPUs, 4 for each) may be in both."""
+    cfg = parse_cluster(HEAD + """
+slurm: [{name: g, gpus_per_node: 4}, {name: h, gpus_per_node: 4}]
+nodes: [{name: a, launch: slurm, slurm: g, host: gpu-07}, {name: b, launch: slurm, slurm: h, host: gpu-07}]
+""", "c.yaml")
+    assert [n.host for n in cfg.nodes] == ["gpu-07", "gpu-07"]

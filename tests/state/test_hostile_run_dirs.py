@@ -278,3 +278,48 @@ def test_export_refuses_weights_that_do_not_fit_the_model(run, tmp_path, edit, p
     result = run_hetlaunch("export", str(step), "-o", str(tmp_path / "m.safetensors"), timeout=60)
     assert f"{step}: the checkpoint does not fit its model: {problem}" in _one_line(result, 2)
     assert not (tmp_path / "m.safetensors").exists()
+
+
+VALUE_READING_MODEL = '''
+import torch
+from torch import nn
+from hetlaunch.runtime.gpt import lm_loss
+from hetlaunch.runtime.model import LayeredModel
+
+class ValueReading(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(16, 16))
+        self.register_buffer("scale", torch.tensor(float(torch.ones(1).item() * 2)))  # .item(): no meta
+
+    def forward(self, x):
+        return x @ self.w * self.scale
+
+def build(seq_len=8):
+    layers = {0: lambda: nn.Embedding(32, 16), 2: lambda: nn.Linear(16, 32)}
+    return LayeredModel(3, lambda i: layers.get(i, ValueReading)(), lm_loss, vocab_size=32)
+'''
+
+
+def test_export_checks_a_model_that_cannot_be_built_on_meta_by_building_it(tmp_path, monkeypatch):
+    """Its layers read values while they are built: export refused a checkpoint that trained fine."""
+    from google.protobuf import json_format
+
+    from hetlaunch.launcher.export import export
+    from hetlaunch.runtime.checkpoint import stage_state, write_part
+    from hetlaunch.runtime.checkpoint_manifest import checkpoint_dir, write_manifest
+    from hetlaunch.runtime.model import build_layer, describe_model
+    from hetlaunch.runtime.model_spec import ModelSpec
+    from hetlaunch.runtime.wire import model_spec_to_proto
+
+    (tmp_path / "value_reading.py").write_text(VALUE_READING_MODEL)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = ModelSpec(entrypoint="value_reading:build", kwargs={"seq_len": 8})
+    model = describe_model(spec, seed=0)
+    module = torch.nn.ModuleList(build_layer(model, i, 0) for i in range(model.num_layers))
+    step = checkpoint_dir(tmp_path / "checkpoints", 3)
+    part = write_part(step, stage_state(module, None, 0), 0, model.num_layers)
+    write_manifest(step, 3, model.num_layers, [part], {"model": spec.describe(),
+                                                        "model_spec": json_format.MessageToDict(model_spec_to_proto(spec))})
+    done = export(tmp_path, tmp_path / "m.safetensors", allow_entrypoints=("value_reading:*",))
+    assert done.step == 3 and done.tensors == 5  # the embedding; w and scale; the linear weight and bias
