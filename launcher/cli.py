@@ -560,7 +560,7 @@ def main() -> int:
     except click_errors.ClickException as error:
         typer.echo(f"error: {' '.join(error.format_message().split())}", err=True)
         return error.exit_code
-    except click_errors.Abort:  # Ctrl-C or end of input at a prompt
+    except typer.Abort:  # Ctrl-C or end of input at a prompt (typer's own class in typer 0.2x, click's before)
         typer.echo("error: aborted", err=True)
         return 130
     return result if isinstance(result, int) else 0

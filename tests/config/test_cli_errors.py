@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 import time
 
 import pytest
+import typer
 
 from conftest import (REPO, hetlaunch_cmd, hetlaunch_env, output, popen_hetlaunch, run_hetlaunch, stop_process,
                       stray_processes, wait_for)
@@ -194,3 +196,22 @@ def test_plan_compression_flag_pins_every_boundary_or_is_one_line(tmp_path):
     assert pinned.returncode == 0, pinned.stderr
     stages = json.loads(pinned.stdout)["pipelines"][0]["stages"]
     assert len(stages) > 1 and {s["codec"] for s in stages[:-1]} == {"int8"}
+
+
+@pytest.mark.parametrize("raised, code, line", [(typer.Abort(), 130, "error: aborted"), (RuntimeError("boom"), None, None)])
+def test_main_routes_an_abort_to_one_line_and_lets_other_errors_through(raised, code, line, monkeypatch, capsys):
+    """main() named an exception class this typer lacks (click's Abort), so every error it did not
+    catch ended in a second traceback, an AttributeError, instead of its own."""
+    from hetlaunch.launcher import cli
+
+    def hurt(path):
+        raise raised
+
+    monkeypatch.setattr(cli, "_load", hurt)
+    monkeypatch.setattr(sys, "argv", ["hetlaunch", "validate", "x.yaml"])
+    if code is None:
+        with pytest.raises(type(raised), match="boom"):
+            cli.main()
+    else:
+        assert cli.main() == code
+        assert capsys.readouterr().err.strip() == line
