@@ -6,6 +6,8 @@ import sys
 
 import typer
 
+from hetlaunch.launcher.plain_text import escape_controls
+
 EXIT_BAD_INPUT = 2
 EXIT_JOB_FAILED = 1
 
@@ -21,5 +23,6 @@ def plain_console(stderr: bool = False):
 
 
 def fail(message: str, code: int) -> None:
-    print(f"error: {' '.join(str(message).split())}", file=sys.stderr, flush=True)
+    # A message may quote a file (a profile's key, a model description): its escape sequences escaped.
+    print(f"error: {escape_controls(' '.join(str(message).split()))}", file=sys.stderr, flush=True)
     raise typer.Exit(code)

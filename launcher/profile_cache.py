@@ -20,6 +20,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from hetlaunch.launcher.planning.profile_file import LayerInfo, MaybeZeroSeconds, Seconds
+from hetlaunch.launcher.plain_text import escape_controls
 from hetlaunch.runtime.files import UnreadableFile, read_json, write_whole
 from hetlaunch.runtime.registry import CODEC_NAMES
 
@@ -40,7 +41,9 @@ class CacheEntry(BaseModel):
     optimizer_seconds: list[MaybeZeroSeconds]
     codec_seconds_per_byte: dict[str, MaybeZeroSeconds]
     layers: list[LayerInfo]
-    cpu_per_wall: float | None = Field(None, ge=0)  # absent in entries written before it was measured
+    # Absent in entries written before it was measured; bounded as the profile's NodeProfile is (1e300 passed
+    # here and failed there, in a traceback, on every later `up`).
+    cpu_per_wall: float | None = Field(None, ge=0, le=1_000_000)
     cipher_seconds_per_byte: MaybeZeroSeconds | None = None  # likewise
     input_grad_seconds: list[MaybeZeroSeconds] | None = None  # likewise: the backward split (zero bubble)
     weight_grad_seconds: list[MaybeZeroSeconds] | None = None
@@ -127,6 +130,6 @@ def _warn(console, message: str) -> None:
     if console is None:
         import sys
 
-        print(f"warning: {message}", file=sys.stderr, flush=True)
-    else:
-        console.print(f"warning: {message}", markup=False, highlight=False, soft_wrap=True)
+        print(f"warning: {escape_controls(message)}", file=sys.stderr, flush=True)
+    else:  # a cache file's key or value may hold a terminal's escape sequences
+        console.print(f"warning: {escape_controls(message)}", markup=False, highlight=False, soft_wrap=True)

@@ -34,6 +34,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from hetlaunch.launcher.config_types import MAX_COUNT, MAX_MODEL_DIM
 from hetlaunch.runtime.files import UnreadableFile, read_json, write_whole
 
 FORMAT = "hetlaunch-profile/1"
@@ -46,6 +47,7 @@ class ProfileError(Exception):
 MAX_PROFILE_BYTES = 64 << 20  # ~100 bytes a layer and a node: a bigger file is not a profile
 MAX_SECONDS = 86_400.0  # one layer, one micro-batch: over a day is no timing
 MAX_BYTES = 1 << 53  # byte counts stay exact as floats (8 PiB)
+MIN_BANDWIDTH = 1.0  # bytes/s of a link
 
 # What every measured number must be, in a profile file and in the profile cache alike: a
 # negative, zero or NaN time would price a plan at "-103 tokens/s" or divide by zero.
@@ -107,7 +109,8 @@ class NodeProfile(_Strict):
 class LinkProfile(_Strict):
     nodes: tuple[str, str] | None = None
     regions: tuple[str, str] | None = None
-    bandwidth_bytes_per_s: float = Field(gt=0)
+    # At least a byte a second: 1e-300 priced a step at a 300-digit number of ms, 5e-324 at inf.
+    bandwidth_bytes_per_s: float = Field(ge=MIN_BANDWIDTH)
     latency_s: MaybeZeroSeconds
 
     @model_validator(mode="after")
@@ -125,8 +128,8 @@ def with_encryption(profile: "Profile", encrypt: str) -> "Profile":
 class Profile(_Strict):
     format: Literal["hetlaunch-profile/1"] = FORMAT
     model: ModelIdentity
-    micro_batch_size: int = Field(ge=1)
-    seq_len: int = Field(ge=1)
+    micro_batch_size: int = Field(ge=1, le=MAX_COUNT)  # the YAML's own bounds (launcher/config_types.py):
+    seq_len: int = Field(ge=1, le=MAX_MODEL_DIM)       # 2**62 predicted 6e22 tokens/s
     # What a job keeps per parameter byte beyond STATIC_BYTES_PER_PARAM_BYTE (islands: the anchor,
     # the outer momentum, error feedback, the exchange's buffers; launcher/planning/island_plans.py).
     # Set by the planner on its own copy; a measured profile has none (None: 0, never written).

@@ -186,6 +186,15 @@ BAD_PROFILES = {
                     "too many digits"),
     "deep_nesting": (lambda t: "[" * 100_000 + "]" * 100_000, "nested too deeply"),
     "not_utf8": (lambda t: b"\xff\xfe{}", "not UTF-8"),
+    # Priced a step at a 300-digit number of ms (1e-300), or said no cut fit in memory (5e-324: inf).
+    "vanishing_bandwidth": (lambda t: _profile_text(t, lambda d: [link.update(bandwidth_bytes_per_s=1e-300)
+                                                                  for link in d["links"]]), "bandwidth_bytes_per_s"),
+    # 2**62 predicted 6e22 tokens/s.
+    "huge_micro_batch": (lambda t: _profile_text(t, lambda d: d.update(micro_batch_size=2 ** 62)), "micro_batch_size"),
+    "huge_seq_len": (lambda t: _profile_text(t, lambda d: d.update(seq_len=2 ** 62)), "seq_len"),
+    # A key that is a terminal's escape sequence (retitle the window, clear the screen): escaped.
+    "escape_sequence_key": (lambda t: _profile_text(t, lambda d: d.update({"\x1b]0;owned\x07\x1b[2J": 1})),
+                            "\\x1b]0;owned\\x07\\x1b[2J"),
 }
 
 
@@ -199,7 +208,7 @@ def test_a_hostile_profile_file_is_one_line_exit_2(tmp_path, kind):
     result = run_hetlaunch("plan", "--profile", str(path), timeout=50)
     assert result.returncode == 2, result.stderr + result.stdout
     assert result.stderr.startswith(f"error: {path}: ") and len(result.stderr.splitlines()) == 1, result.stderr
-    assert reason in result.stderr
+    assert reason in result.stderr and "\x1b" not in result.stderr
 
 
 @pytest.mark.timeout(60)

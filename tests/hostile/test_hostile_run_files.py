@@ -187,6 +187,8 @@ BAD_TEXTS = {
     "empty_file": ("", "not valid JSON"),
     "truncated": (GOOD_TEXT[: len(GOOD_TEXT) // 2], "not valid JSON"),
     "deeply_nested": ("[" * 200_000 + "]" * 200_000, "nested too deeply"),
+    # Passed here, then failed the profile's own bound in a traceback on every later `up`.
+    "cpu_per_wall_over_the_profiles_bound": (_edited(_set(("cpu_per_wall",), 1e300)), "cpu_per_wall"),
 }
 
 
@@ -212,6 +214,16 @@ def test_validator_refuses_what_json_alone_cannot_read():
                         (b" " * (MAX_ENTRY_BYTES + 1), "bytes"), (GOOD_TEXT.replace("0.001", "NaN", 1).encode(), "NaN")]:
         with pytest.raises(BadCacheEntry, match=reason):
             parse_entry(raw, NUM_LAYERS)
+
+
+def test_a_cache_warning_escapes_what_the_file_holds():
+    """An entry's extra key reached the terminal as it was: `\x1b]0;owned\x07` retitled the window."""
+    from hetlaunch.launcher.profile_cache import _warn
+
+    console = Recorder()
+    _warn(console, "ignoring cached profile x.json (\x1b]0;owned\x07\x1b[2J: extra inputs are not permitted)")
+    assert console.printed == ["warning: ignoring cached profile x.json (\\x1b]0;owned\\x07\\x1b[2J: extra inputs "
+                               "are not permitted)"]
 
 
 def test_validator_accepts_good_entries():
