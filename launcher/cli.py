@@ -539,9 +539,14 @@ for command in (status, logs, down):
 app.add_typer(certs_app, name="certs")
 
 
-def main() -> int:
-    """Run the CLI; a usage error (missing argument, unknown option, a value of the wrong type)
-    is one line on stderr and exit status 2, not typer's framed box of usage, hint and error."""
+def main() -> None:
+    """Run the CLI and exit with its status, as typer's own entry point does (callers such as
+    `python -c "...; main()"` rely on the exit); a usage error (missing argument, unknown option,
+    a value of the wrong type) is one line on stderr and status 2, not typer's framed box."""
+    sys.exit(_run())
+
+
+def _run() -> int:
     try:  # typer 0.2x carries its own copy of click; older ones use click itself
         from typer._click import exceptions as click_errors
     except ImportError:
@@ -567,4 +572,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -12,6 +12,8 @@ stage checks the copy it reads, since a remote node has its own copy of the file
 
 from __future__ import annotations
 
+import os
+
 from hetlaunch.launcher.cluster_config import ClusterConfig
 from hetlaunch.runtime.token_file import check_token_ids, token_file
 
@@ -40,17 +42,41 @@ def model_vocabulary(cluster: ClusterConfig, ask_entrypoint: bool) -> tuple[int 
 
 
 def check_tokens(cluster: ClusterConfig, source: str, ask_entrypoint: bool) -> str | None:
-    """Raise BadTokens for an id outside the vocabulary; return what was checked (None: no token
-    file). `source` names the YAML in the message."""
+    """Raise BadTokens for an id outside the vocabulary, or a data file too short to draw a
+    sample from; return what was checked (None: no token file). `source` names the YAML in the message."""
     data = cluster.data
+    where = f"{source}: data.path: {data.path}"
     if data.format != "tokens" or data.path is None:
+        if data.path is not None and os.path.isfile(data.path):  # text: a token a byte
+            check_length(cluster, os.path.getsize(data.path), where)
         return None
     vocab, why = model_vocabulary(cluster, ask_entrypoint)
-    if vocab is None:
+    if vocab is None and not os.path.isfile(data.path):  # the stages' own copies are what they check
         return f"token ids of {data.path} not checked here: {why}"
     try:
         tokens = token_file(data.path, data.dtype)
-        check_token_ids(tokens, vocab, f"{source}: data.path: {data.path}")
+    except (OSError, ValueError) as err:
+        raise BadTokens(" ".join(str(err).split())) from None
+    check_length(cluster, len(tokens), where)
+    if vocab is None:
+        return f"token ids of {data.path} not checked here: {why}"
+    try:
+        check_token_ids(tokens, vocab, where)
     except (OSError, ValueError) as err:
         raise BadTokens(" ".join(str(err).split())) from None
     return f"token ids: all {len(tokens):,} of {data.path} below the vocabulary of {vocab:,}"
+
+
+def check_length(cluster: ClusterConfig, tokens: int, where: str) -> None:
+    """The data (and its held-out tail, with evaluation) holds a window of seq_len + 1 tokens and
+    one more, as the stages require (runtime/data.py TokenBatches): else `up` started every agent
+    and failed in a stage."""
+    need = cluster.model.to_spec().seq_len + 2
+    fraction = cluster.data.eval_fraction if cluster.train.eval_every else 0.0
+    cut = int(tokens * (1.0 - fraction)) if fraction else tokens  # as runtime/data.py open_data cuts it
+    parts = [(f" (less its held-out last {fraction:g})" if fraction else "", cut)]
+    if fraction:
+        parts.append((f" (its held-out last {fraction:g})", tokens - cut))
+    for part, count in parts:
+        if count < need:
+            raise BadTokens(f"{where}{part} has {count:,} tokens; need at least seq_len + 2 = {need:,}")

@@ -119,6 +119,31 @@ def test_files_that_are_not_whole_tokens_are_refused(tmp_path):
     assert result.returncode == 2 and "data.path: a token file is required" in result.stderr
 
 
+@pytest.mark.timeout(120)
+def test_validate_refuses_data_too_short_to_draw_a_sample_from(tmp_path):
+    """It said ok, and `up` started every agent before a stage refused the file."""
+    short = write_tokens(tmp_path / "short.bin", [7] * 17)  # seq_len 16 needs 18
+    text = tmp_path / "short.txt"
+    text.write_text("x" * 17)
+    model = "{preset: tiny, n_layers: 2, seq_len: 16, d_model: 32}"
+    yaml_path = tmp_path / "c.yaml"
+    tokens = write_tokens(tmp_path / "k.bin", [7] * 1000)
+    for data, count, part, eval_every in [
+            (f"{{format: tokens, path: {short}}}", 17, "", 0), (f"{{path: {text}}}", 17, "", 0),
+            # 1,000 tokens, a tenth held out for evaluation: 900 and 100; 200 tokens a sample
+            (f"{{format: tokens, path: {tokens}}}", 100, " (its held-out last 0.1)", 5)]:
+        seq_len = 198 if eval_every else 16
+        yaml_path.write_text(f"name: t\nmodel: {model.replace('seq_len: 16', f'seq_len: {seq_len}')}\ndata: {data}\n"
+                             f"train: {{eval_every: {eval_every}}}\nnodes: [{{name: a}}]\n")
+        for command in ("validate", "up"):
+            result = run_hetlaunch(command, str(yaml_path), *(["--run-dir", str(tmp_path / "run")] if command == "up"
+                                                              else []), timeout=90)
+            assert result.returncode == 2, result.stdout + result.stderr
+            assert result.stderr.startswith(f"error: {yaml_path}: data.path: ") and result.stderr.endswith(
+                f"{part} has {count} tokens; need at least seq_len + 2 = {seq_len + 2}\n"), result.stderr
+            assert not (tmp_path / "run").exists()
+
+
 def test_the_held_out_tail_is_never_in_training_windows(tmp_path):
     path = write_tokens(tmp_path / "train.bin", np.arange(1000))  # each id tells its position
     train, held_out = open_data(str(path), "tokens", "uint16", seq_len=8, seed=0, vocab_size=1000, eval_fraction=0.1)
