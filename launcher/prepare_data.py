@@ -17,7 +17,10 @@ from typing import Callable
 
 import numpy as np
 
+from hetlaunch.runtime.files import UnreadableFile, read_regular_file
+
 CHUNK_BYTES = 4 * 2**20
+MAX_TOKENIZER_BYTES = 256 << 20  # the largest hub tokenizer.json files are tens of MB
 
 
 class PrepareError(Exception):
@@ -40,10 +43,14 @@ def load_tokenizer(name: str):
     if path.is_dir():
         path = path / "tokenizer.json"
     if path.exists():
-        try:
-            return Tokenizer.from_file(str(path))
+        try:  # never waited on (a FIFO) nor read without end (/dev/zero grew to 23 GB)
+            raw = read_regular_file(path, MAX_TOKENIZER_BYTES)
+            return Tokenizer.from_str(raw.decode("utf-8"))
+        except UnreadableFile as err:
+            raise PrepareError(f"{path}: {err}") from None
         except Exception as err:  # the library's own parse errors, whatever their type
-            raise PrepareError(f"{path} is not a tokenizer.json the tokenizers package can read: {err}") from None
+            raise PrepareError(f"{path} is not a tokenizer.json the tokenizers package can read: "
+                               f"{' '.join(str(err).split())[:300]}") from None
     try:
         return Tokenizer.from_pretrained(name)
     except Exception as err:
@@ -79,6 +86,8 @@ def prepare(text_path: Path, tokenizer_name: str, output: Path,
         raise PrepareError(f"{text_path} is not a readable file")
     if text_path.stat().st_size == 0:
         raise PrepareError(f"{text_path} is empty")
+    if output.exists() and not output.is_file():  # a device named by -o was replaced by a plain file
+        raise PrepareError(f"{output} exists and is not a regular file")
     tokenizer = load_tokenizer(tokenizer_name)
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
     dtype = "uint16" if vocab_size <= 2**16 else "uint32"

@@ -6,6 +6,8 @@ with a real tokenizer, and a run that trains on its output."""
 from __future__ import annotations
 
 import json
+import os
+import stat
 import subprocess
 import sys
 
@@ -227,6 +229,24 @@ def test_prepare_data_errors_are_one_line(tmp_path, tokenizer_json):
     result = subprocess.run([sys.executable, "-c", code, "prepare-data", str(bad), "--tokenizer", "x", "-o",
                              str(tmp_path / "o.bin")], capture_output=True, text=True, timeout=60, env=hetlaunch_env())
     assert result.returncode == 2 and "pip install 'hetlaunch[data]'" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.timeout(120)
+def test_prepare_data_never_waits_on_or_replaces_what_is_not_a_regular_file(tmp_path, tokenizer_json):
+    """A FIFO as the tokenizer hung; /dev/zero grew to 23 GB; -o naming a device replaced the device."""
+    source = tmp_path / "corpus.txt"
+    source.write_text("hello world\n" * 50)
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    for tokenizer in (fifo, "/dev/zero"):
+        result = run_hetlaunch("prepare-data", str(source), "--tokenizer", str(tokenizer), "-o",
+                               str(tmp_path / "o.bin"), timeout=60)
+        assert result.returncode == 2 and result.stderr == f"error: {tokenizer}: not a regular file\n", result.stderr
+    device = tmp_path / "null"
+    os.mknod(device, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    result = run_hetlaunch("prepare-data", str(source), "--tokenizer", str(tokenizer_json), "-o", str(device), timeout=60)
+    assert result.returncode == 2 and result.stderr == f"error: {device} exists and is not a regular file\n"
+    assert stat.S_ISCHR(os.stat(device).st_mode)
 
 
 def test_up_on_a_token_file_with_an_id_past_the_vocabulary_refuses_before_starting(tmp_path):
