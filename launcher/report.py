@@ -22,7 +22,10 @@ import json
 import statistics
 from pathlib import Path
 
+from hetlaunch.runtime.files import UnreadableFile, read_regular_file
+
 MAX_FILE_BYTES = 256 << 20
+MAX_DRAWN_STAGES = 1024  # plan.png and stages.png: a row a stage (20,000 took minutes and 1.3 GB)
 _MARKED = {"restart": "restart", "lost": "lost", "join": "join", "generation": "new plan", "resume": "resume"}
 
 
@@ -36,7 +39,7 @@ def _lines(path: Path) -> list[dict]:
     for number, line in enumerate(text.splitlines(), 1):
         try:
             value = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: a line nested thousands deep
             if number == len(text.splitlines()):
                 break  # a line cut off by a crash
             raise ReportError(f"{path}: line {number} is not JSON") from None
@@ -47,14 +50,12 @@ def _lines(path: Path) -> list[dict]:
 
 
 def _read(path: Path) -> str:
-    try:
-        if path.stat().st_size > MAX_FILE_BYTES:
-            raise ReportError(f"{path}: larger than {MAX_FILE_BYTES:,} bytes")
-        return path.read_text(errors="replace")
+    try:  # a FIFO in a run file's place is refused, not waited on
+        return read_regular_file(path, MAX_FILE_BYTES).decode("utf-8", errors="replace")
     except FileNotFoundError:
         raise ReportError(f"{path}: no such file (is {path.parent} a run directory?)") from None
-    except OSError as err:
-        raise ReportError(f"cannot read {path}: {err.strerror or err}") from None
+    except UnreadableFile as err:
+        raise ReportError(f"{path}: {err}") from None
 
 
 def make_report(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
@@ -80,24 +81,31 @@ def make_report(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
     if summary_path.exists():
         try:
             plan = json.loads(_read(summary_path)).get("plan")
-        except (ValueError, AttributeError):
+        except (ValueError, AttributeError, RecursionError):
             raise ReportError(f"{summary_path}: not JSON") from None
     if plan is None:  # a run still going (or killed): its last generation's plan from the events
         plan = next((e.get("plan") for e in reversed(events) if e.get("event") == "generation"), None)
+    if plan is not None and not (isinstance(plan, dict) and isinstance(plan.get("stages"), list)):
+        raise ReportError(f"{summary_path}: its plan is not one hetlaunch wrote")
     out_dir = out_dir or run_dir / "report"
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise ReportError(f"cannot write {out_dir}: {err.strerror or err}") from None
     islands = [(int(r["step"]), r["islands"].get("losses") or []) for r in metrics if isinstance(r.get("islands"), dict)]
-    written = [_training(out_dir / "training.png", steps, events, (plan or {}).get("predicted_tokens_per_s"),
-                         islands)]
-    if plan:
-        try:
+    try:
+        written = [_training(out_dir / "training.png", steps, events, (plan or {}).get("predicted_tokens_per_s"),
+                             islands)]
+        if plan and len(plan["stages"]) > MAX_DRAWN_STAGES:
+            raise ReportError(f"{summary_path}: its plan has {len(plan['stages']):,} stages, more than the "
+                              f"{MAX_DRAWN_STAGES:,} plan.png draws (training.png is written)")
+        if plan:
             written.append(_plan(out_dir / "plan.png", plan))
             written.append(_stages(out_dir / "stages.png", plan, steps))
-        except (KeyError, TypeError, ValueError):
-            raise ReportError(f"{summary_path}: its plan is not one hetlaunch wrote") from None
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise ReportError(f"{run_dir}: its records are not ones hetlaunch wrote") from None
+    except OSError as err:  # the PNG's place taken (a directory), a full disk
+        raise ReportError(f"cannot write {out_dir}: {err.strerror or err}") from None
     return written
 
 
@@ -153,6 +161,8 @@ def _step_of_events(events, steps) -> list[tuple[str, int]]:
         step = e.get("step", e.get("start_step"))
         if not isinstance(step, int):
             when = e.get("time", 0)
+            if not isinstance(when, (int, float)):
+                continue  # an event without a step or a time: nowhere to mark it
             step = next((s for t, s in times if t >= when), steps[-1][0])
         marked.append((kind, step))
     return marked

@@ -141,3 +141,44 @@ def test_report_refuses_what_is_not_a_run(tmp_path):
     (run_dir / "metrics.jsonl").write_text('{"step": 0, "loss": 1}\n')
     partial = run_hetlaunch("report", str(run_dir), timeout=60)
     assert partial.returncode == 2 and "not a hetlaunch metrics file" in partial.stderr
+
+
+def _a_run(run_dir):
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": s, "loss": 2.0 - s / 10, "tokens_per_s": 100.0, "stages": [], "time": 1000.0 + s}) + "\n"
+        for s in range(4)))
+    return run_dir
+
+
+@pytest.mark.timeout(200)
+def test_report_on_hostile_run_files_is_one_line(tmp_path):
+    """A FIFO metrics.jsonl hung; a line nested thousands deep, an event at the time "soon", a
+    summary whose plan is a list, a directory in a PNG's temporary place: tracebacks; a plan of
+    20,000 stages took minutes and 1.3 GB."""
+    def refused(run_dir, words):
+        result = run_hetlaunch("report", str(run_dir), timeout=60)
+        assert result.returncode == 2 and result.stderr.startswith("error: ") and words in result.stderr, result.stderr
+        assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
+
+    fifo = tmp_path / "fifo"
+    fifo.mkdir()
+    os.mkfifo(fifo / "metrics.jsonl")
+    refused(fifo, "metrics.jsonl: not a regular file")
+    deep = _a_run(tmp_path / "deep")
+    (deep / "events.jsonl").write_text("[" * 100_000 + "]" * 100_000 + "\n{}\n")
+    refused(deep, "events.jsonl: line 1 is not JSON")
+    soon = _a_run(tmp_path / "soon")
+    (soon / "events.jsonl").write_text(json.dumps({"event": "restart", "time": "soon"}) + "\n")
+    assert run_hetlaunch("report", str(soon), timeout=60).returncode == 0  # nowhere to mark it: not marked
+    listed = _a_run(tmp_path / "listed")
+    (listed / "summary.json").write_text(json.dumps({"plan": [1, 2]}))
+    refused(listed, "summary.json: its plan is not one hetlaunch wrote")
+    taken = _a_run(tmp_path / "taken")
+    (taken / "report" / "training.png.tmp").mkdir(parents=True)
+    refused(taken, "cannot write")
+    huge = _a_run(tmp_path / "huge")
+    stage = {"node": "n", "region": "r", "pipeline": 0, "layer_start": 0, "layer_end": 1, "forward_codec": "none"}
+    (huge / "summary.json").write_text(json.dumps({"plan": {"stages": [stage] * 20_000, "num_layers": 1}}))
+    refused(huge, "its plan has 20,000 stages, more than the 1,024 plan.png draws (training.png is written)")
+    assert (huge / "report" / "training.png").read_bytes().startswith(PNG_SIGNATURE)
