@@ -55,6 +55,8 @@ def logs(
         fail(str(err), EXIT_BAD_INPUT)
     try:
         follow_log(path, contact, sys.stdout)
+    except RunControlError as err:
+        fail(str(err), EXIT_BAD_INPUT)
     except KeyboardInterrupt:
         raise typer.Exit(130)
 

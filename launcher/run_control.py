@@ -7,6 +7,7 @@ an authenticated RPC on the control plane, as an agent's are.
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import time
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import grpc
 
+from hetlaunch.launcher.plain_text import plain
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.protos import control_pb2_grpc
 from hetlaunch.runtime.auth import TOKEN_METADATA_KEY, read_token
@@ -33,6 +35,7 @@ class Contact:
 
 
 MAX_CONTACT_BYTES = 1 << 16
+LOG_READ_BYTES = 1 << 20  # `logs` prints a log a MiB at a time
 
 
 def contact_of(run_dir: Path) -> Contact:
@@ -130,11 +133,17 @@ def last_record(run_dir: Path) -> dict | None:
 
 def follow_log(path: Path, contact: Contact | None, out, poll_s: float = 0.5) -> None:
     """Print the log, then what is appended, until the run's coordinator is gone (or Ctrl-C)."""
-    with path.open("rb") as f:
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character split across reads stays whole
+    try:
+        f = open_regular_file(path)  # a FIFO in a log's place is refused, not waited on
+    except UnreadableFile as err:
+        raise RunControlError(f"{path}: {err}") from None
+    with f:
         while True:
-            chunk = f.read()
+            chunk = f.read(LOG_READ_BYTES)  # a 3 GB log was read whole: a MemoryError
             if chunk:
-                out.write(chunk.decode(errors="replace"))
+                text = decoder.decode(chunk)
+                out.write(plain(text, limit=len(text)))  # a worker's escape sequences shown, not obeyed
                 out.flush()
             elif contact is None or not running(contact):
                 return

@@ -323,3 +323,17 @@ def test_export_checks_a_model_that_cannot_be_built_on_meta_by_building_it(tmp_p
                                                         "model_spec": json_format.MessageToDict(model_spec_to_proto(spec))})
     done = export(tmp_path, tmp_path / "m.safetensors", allow_entrypoints=("value_reading:*",))
     assert done.step == 3 and done.tensors == 5  # the embedding; w and scale; the linear weight and bias
+
+
+def test_logs_prints_a_log_a_piece_at_a_time_with_its_escape_sequences_shown(tmp_path):
+    """`logs` read a log whole (a 3 GB log: MemoryError) and wrote a worker's escape sequences raw."""
+    import io
+
+    from hetlaunch.launcher import run_control
+
+    log = tmp_path / "a.log"
+    head = b"x" * (run_control.LOG_READ_BYTES - 1)
+    log.write_bytes(head + "é".encode() + b" \x1b]0;owned\x07 done\n")  # é split across two reads
+    out = io.StringIO()
+    run_control.follow_log(log, None, out)
+    assert out.getvalue() == head.decode() + "é \\x1b]0;owned\\x07 done\n"
