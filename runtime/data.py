@@ -64,17 +64,18 @@ def stdlib_text_bytes(max_bytes: int = 4_000_000) -> bytes:
     return b"".join(chunks)[:max_bytes]
 
 
-def file_text_bytes(path: str) -> bytes:
-    """The bytes of a user text file, refusing missing, non-regular or empty files."""
+def text_file(path: str) -> np.ndarray:
+    """A user text file's bytes (a token a byte), memory-mapped read-only as a token file is;
+    refuses missing, non-regular or empty files. Read whole, a 1.5 GB corpus took 3.4 GB in
+    every stage (the bytes, then a copy for torch)."""
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"data file {path!r} does not exist")
     if not p.is_file():
         raise ValueError(f"data file {path!r} is not a regular file")
-    data = p.read_bytes()
-    if not data:
+    if p.stat().st_size == 0:
         raise ValueError(f"data file {path!r} is empty")
-    return data
+    return np.memmap(p, dtype=np.uint8, mode="r")
 
 
 def batch_seed(seed: int, step: int) -> int:
@@ -156,7 +157,7 @@ def open_data(path: str, data_format: str, dtype: str, seq_len: int, seed: int, 
         if vocab_size is not None:  # every id, before training: a bad one deep in the file must not wait for its draw
             check_token_ids(data, vocab_size, source)
     elif data_format in ("", "text"):
-        data = file_text_bytes(path) if path else stdlib_text_bytes()
+        data = text_file(path) if path else stdlib_text_bytes()
         source = f"data file {path!r}" if path else "the standard library's text"
     else:
         raise ValueError(f"data.format {data_format!r} is not one of text, tokens")

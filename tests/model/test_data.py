@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from hetlaunch.runtime.data import TokenBatches, file_text_bytes, stdlib_text_bytes
+from hetlaunch.runtime.data import TokenBatches, text_file, stdlib_text_bytes
 
 torch.set_num_threads(1)
 
@@ -99,14 +99,14 @@ def test_data_too_short():
 def test_file_source(tmp_path):
     path = tmp_path / "corpus.txt"
     path.write_bytes(b"the quick brown fox jumps over the lazy dog\n" * 10)
-    data = file_text_bytes(str(path))
-    assert data == path.read_bytes()
+    data = text_file(str(path))
+    assert data.tobytes() == path.read_bytes() and not data.flags.writeable  # mapped, not read into memory
     x, y = TokenBatches(data, seq_len=12, seed=0).batch(0, 3)
     assert x.shape == (3, 12)
     with pytest.raises(FileNotFoundError, match="missing.txt"):
-        file_text_bytes(str(tmp_path / "missing.txt"))
+        text_file(str(tmp_path / "missing.txt"))
     (tmp_path / "empty.txt").write_bytes(b"")
     with pytest.raises(ValueError, match="empty"):
-        file_text_bytes(str(tmp_path / "empty.txt"))
+        text_file(str(tmp_path / "empty.txt"))
     with pytest.raises(ValueError, match="not a regular file"):
-        file_text_bytes(str(tmp_path))
+        text_file(str(tmp_path))
