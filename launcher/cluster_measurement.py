@@ -90,9 +90,11 @@ def measure_cluster(session: ClusterSession, spec: ModelSpec, micro_batch_size: 
     droppable = not cluster.pinned
     keys = {n: _cache_key(session, n, model, micro_batch_size) for n in names}
     # A bad cache file is reported (one line naming it) and its node measured again; the new entry replaces it.
-    cached = {} if reprofile else {n: c for n in names
-                                   if (c := cached_node(keys[n], spec.known_num_layers, console)) is not None}
+    # Read once per key: alike nodes share an entry, and a bad one was reported once per node.
+    entries = {} if reprofile else {key: cached_node(key, spec.known_num_layers, console) for key in dict.fromkeys(keys.values())}
+    cached = {n: entries[keys[n]] for n in names if entries.get(keys[n]) is not None}
     to_measure = [n for n in names if n not in cached]
+    session.from_cache = set(cached)  # a plan that cannot be made says where its numbers came from
     proto_model = model_spec_to_proto(spec)
 
     def command(name: str, measure_layers: bool) -> pb.Profile:

@@ -33,6 +33,7 @@ from hetlaunch.launcher.cluster_measurement import measure_for_train
 from hetlaunch.launcher.events import EventLog
 from hetlaunch.launcher.generation import follow
 from hetlaunch.launcher.planning.plan import Plan, pinned_num_layers, static_plan
+from hetlaunch.launcher.planning.planning_error import PlanningError
 from hetlaunch.launcher.planning.profile_file import save_profile
 from hetlaunch.launcher.planning.sync_groups import hierarchy_applies
 from hetlaunch.launcher.planning.topology import Topology
@@ -84,7 +85,13 @@ def make_plan(session: ClusterSession, spec, reprofile: bool, console: Console) 
         return replanner.priced_pins(pinned), replanner
     max_pipelines = len(cluster.nodes) if train.max_pipelines == "auto" else train.max_pipelines
     with console.status(f"planning up to {max_pipelines} pipelines over {len(replanner.measured.nodes)} nodes"):
-        plan, result = replanner.first()
+        try:
+            plan, result = replanner.first()
+        except PlanningError as err:
+            if session.from_cache and not reprofile:  # a cache entry with wrong sizes failed every run alike
+                raise PlanningError(f"{err} (the layer timings and sizes of {', '.join(sorted(session.from_cache))} "
+                                    f"came from the profile cache: `up --reprofile` measures them again)") from None
+            raise
     console.print(f"planned in {result.planning_s:.1f}s ({result.method} search)")
     return plan, replanner
 

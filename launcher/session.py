@@ -49,6 +49,7 @@ class ClusterSession:
         self.token = token
         self.console = console
         self.nodes = {n.name: n for n in cluster.nodes}
+        self.from_cache: set[str] = set()  # nodes whose layer timings the last measurement took from the cache
         self.agents = Providers(providers_for(cluster.nodes))  # every node's but launch: remote's
         self.server: CoordinatorServer | None = None
         self.lost: dict[str, str] = {}  # nodes declared lost, with why; never used again unless they rejoin

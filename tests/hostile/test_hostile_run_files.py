@@ -116,6 +116,27 @@ def test_bad_cache_entry_is_reported_and_remeasured(populated, kind):
 
 
 @pytest.mark.timeout(200)
+def test_a_plan_the_cached_sizes_forbid_says_where_they_came_from(populated):
+    """A cache entry of valid form but absurd sizes (8 PiB a layer) failed every `up` alike with
+    'needs about 128 PiB', never naming the cache, never measuring again."""
+    tmp, env, path, good = populated
+    entry = json.loads(json.dumps(good))
+    for layer in entry["layers"]:
+        layer["param_bytes"] = 2 ** 53
+    path.write_text(json.dumps(entry))
+    try:
+        result = run_hetlaunch("up", str(cluster_yaml(tmp)), "--run-dir", str(tmp / "up-huge"), env=env, timeout=150)
+        assert result.returncode != 0
+        line = the_error_line(result.stderr)
+        assert "does not fit" in line and "came from the profile cache: `up --reprofile` measures them again" in line
+        again = run_hetlaunch("up", str(cluster_yaml(tmp)), "--run-dir", str(tmp / "up-huge-2"), "--reprofile",
+                              env=env, timeout=150)
+        assert again.returncode == 0, again.stderr + again.stdout
+    finally:
+        path.write_text(json.dumps(good))
+
+
+@pytest.mark.timeout(200)
 def test_negative_cached_time_never_reaches_the_plan_and_the_repair_is_reused(populated):
     """The issue's `-103 tokens/s`: `up` with a negative cached time re-measures and predicts a
     positive rate; the next run uses the repaired entry without a word."""
