@@ -34,7 +34,6 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from hetlaunch.launcher.config_types import MAX_COUNT, MAX_MODEL_DIM
 from hetlaunch.runtime.files import UnreadableFile, read_json, write_whole
 
 FORMAT = "hetlaunch-profile/1"
@@ -48,6 +47,9 @@ MAX_PROFILE_BYTES = 64 << 20  # ~100 bytes a layer and a node: a bigger file is 
 MAX_SECONDS = 86_400.0  # one layer, one micro-batch: over a day is no timing
 MAX_BYTES = 1 << 53  # byte counts stay exact as floats (8 PiB)
 MIN_BANDWIDTH = 1.0  # bytes/s of a link
+# The YAML's own bounds (launcher/config_types.py MAX_COUNT, MAX_MODEL_DIM; the planner imports no config).
+MAX_MICRO_BATCH = 1 << 20
+MAX_SEQ_LEN = 1 << 24
 
 # What every measured number must be, in a profile file and in the profile cache alike: a
 # negative, zero or NaN time would price a plan at "-103 tokens/s" or divide by zero.
@@ -128,8 +130,8 @@ def with_encryption(profile: "Profile", encrypt: str) -> "Profile":
 class Profile(_Strict):
     format: Literal["hetlaunch-profile/1"] = FORMAT
     model: ModelIdentity
-    micro_batch_size: int = Field(ge=1, le=MAX_COUNT)  # the YAML's own bounds (launcher/config_types.py):
-    seq_len: int = Field(ge=1, le=MAX_MODEL_DIM)       # 2**62 predicted 6e22 tokens/s
+    micro_batch_size: int = Field(ge=1, le=MAX_MICRO_BATCH)  # 2**62 predicted 6e22 tokens/s
+    seq_len: int = Field(ge=1, le=MAX_SEQ_LEN)
     # What a job keeps per parameter byte beyond STATIC_BYTES_PER_PARAM_BYTE (islands: the anchor,
     # the outer momentum, error feedback, the exchange's buffers; launcher/planning/island_plans.py).
     # Set by the planner on its own copy; a measured profile has none (None: 0, never written).

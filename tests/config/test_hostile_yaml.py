@@ -108,7 +108,7 @@ def test_cli_data_path_missing_is_found_by_validate(tmp_path: Path) -> None:
     # relative to the current directory, as `hetlaunch up` resolves it
     assert line.endswith(f"{path}: data.path: no such file: corpus.txt (in {os.path.realpath(tmp_path)})") or \
         line.endswith(f"{path}: data.path: no such file: corpus.txt (in {tmp_path})"), line
-    (tmp_path / "corpus.txt").write_text("some text to train on\n")
+    (tmp_path / "corpus.txt").write_text("some text to train on\n" * 10)  # seq_len 64 + 2 bytes at least
     ok = run_hetlaunch("validate", str(path), timeout=60, cwd=tmp_path)
     assert ok.returncode == 0, ok.stderr
     assert "ok (1 nodes" in ok.stdout

@@ -283,3 +283,11 @@ def test_profile_node_names_follow_the_yaml_rules(tmp_path):
 
         with pytest.raises(ProfileError, match="nodes.0.name"):
             load_profile(tmp_path / "bad.json")
+
+
+def test_a_profiles_bounds_are_the_yamls():
+    """The planner imports no config, so the profile keeps its own copy of the YAML's bounds."""
+    from hetlaunch.launcher.config_types import MAX_COUNT, MAX_MODEL_DIM
+    from hetlaunch.launcher.planning.profile_file import MAX_MICRO_BATCH, MAX_SEQ_LEN
+
+    assert (MAX_MICRO_BATCH, MAX_SEQ_LEN) == (MAX_COUNT, MAX_MODEL_DIM)
