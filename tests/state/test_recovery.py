@@ -416,11 +416,12 @@ def build(**kwargs):
 '''
 
 
-def _dying_run(tmp_path: Path, nodes: str, timeout: float = 150):
-    (tmp_path / "dying_model.py").write_text(DYING_MODEL)
+def _dying_run(tmp_path: Path, nodes: str, timeout: float = 150, model: str = DYING_MODEL,
+               train: str = "steps: 4, micro_batch_size: 2, num_microbatches: 2, max_pipelines: 1"):
+    (tmp_path / "dying_model.py").write_text(model)
     (tmp_path / "cluster.yaml").write_text(f"""
 model: {{entrypoint: "dying_model:build", kwargs: {{seq_len: 16}}}}
-train: {{steps: 4, micro_batch_size: 2, num_microbatches: 2, max_pipelines: 1}}
+train: {{{train}}}
 nodes:
 {nodes}""")
     env = hetlaunch_env(HETLAUNCH_CACHE_DIR=str(tmp_path / "cache"))  # measured now, never from a cache
@@ -486,18 +487,9 @@ def build(**kwargs):
 @pytest.mark.timeout(200)
 def test_a_node_dropped_while_the_smaller_batch_size_is_timed_leaves_the_plan(tmp_path):
     """measure_for_train merged the second pass's timings by node name: a KeyError on the dropped node."""
-    (tmp_path / "dying_model.py").write_text(DYING_AT_THE_SMALLER_SIZE)
-    (tmp_path / "cluster.yaml").write_text("""
-model: {entrypoint: "dying_model:build", kwargs: {seq_len: 16}}
-train: {steps: 3, micro_batch_size: 4, global_batch: 8, max_pipelines: 1}
-nodes:
-  - {name: u0, device: cpu, threads: 1}
-  - {name: u1, device: cpu, threads: 2}
-""")
-    env = hetlaunch_env(HETLAUNCH_CACHE_DIR=str(tmp_path / "cache"))
-    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
-    result = run_hetlaunch("up", str(tmp_path / "cluster.yaml"), "--run-dir", str(tmp_path / "run"), env=env,
-                           timeout=150)
+    result = _dying_run(tmp_path, "  - {name: u0, device: cpu, threads: 1}\n  - {name: u1, device: cpu, threads: 2}\n",
+                        model=DYING_AT_THE_SMALLER_SIZE,
+                        train="steps: 3, micro_batch_size: 4, global_batch: 8, max_pipelines: 1")
     assert result.returncode == 0, result.stderr + result.stdout
     assert "lost node u1 while profiling (the worker was killed by SIGKILL): planning without it" in result.stdout
     run_dir = tmp_path / "run"
