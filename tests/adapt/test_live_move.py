@@ -167,7 +167,11 @@ def _up(tmp_path, name: str, cluster: dict, watch_workers: bool = False):
         metrics = run_dir / "metrics.jsonl"
         while not stop.wait(0.2):
             steps = len(metrics.read_text().splitlines()) if metrics.exists() else 0
-            seen.append((steps, _workers_of(root)))
+            try:
+                workers = _workers_of(root)
+            except psutil.Error:  # a child that ended while psutil listed the tree: sampled next time
+                continue
+            seen.append((steps, workers))
     watcher = threading.Thread(target=watch, daemon=True)
     if watch_workers:
         watcher.start()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 from pathlib import Path
@@ -170,7 +171,9 @@ def test_killed_agent_run_finishes_on_the_survivors(tmp_path):
     lost = [e for e in events(run_dir) if e["event"] == "lost"]
     assert [e["node"] for e in lost] == ["n1"], lost
     assert "recovering: lost node n1" in stderr, stderr  # the progress output says the job is recovering
-    assert "recovered: resuming at step" in stderr and "on 3 node(s)" in stderr, stderr  # ... and that it could
+    # ... and that it could (on the nodes the re-plan uses: it may leave n1's pipeline partner out)
+    assert re.search(r"recovered: resuming at step \d+ from the (survivors' replicas|last checkpoint) on [23] node\(s\)",
+                     stderr), stderr
 
 
 @pytest.mark.timeout(300)
