@@ -113,6 +113,7 @@ class TokenBatches:
 
     def _windows(self, offsets: Tensor) -> Tensor:
         if isinstance(self._tokens, np.ndarray):
+            self._check_file_whole()
             rows = [self._tokens[o:o + self.seq_len + 1] for o in offsets.tolist()]
             windows = torch.from_numpy(np.stack(rows).astype(np.int64))
         else:
@@ -121,6 +122,18 @@ class TokenBatches:
             raise ValueError(f"{self.source} holds token id {int(windows.max())}, outside the model's "
                              f"vocabulary of {self.vocab_size} (ids 0..{self.vocab_size - 1})")
         return windows
+
+    def _check_file_whole(self) -> None:
+        """Refuse in one line a memory-mapped file cut short since it was opened: a read past its
+        new end is SIGBUS, which kills the worker without a word. (One fstat a batch. A file
+        replaced by a rename keeps the old one mapped, whole, and is not noticed.)"""
+        mapping = getattr(self._tokens, "_mmap", None)
+        if mapping is None:
+            return
+        now = mapping.size()  # the file's length now; len(mapping) is what was mapped
+        if now < len(mapping):
+            raise ValueError(f"{self.source} shrank from {len(mapping)} to {now} bytes while training "
+                             "(truncated or rewritten in place); write a new file and rename it over the old one")
 
     def batch(self, step: int, batch_size: int) -> tuple[Tensor, Tensor]:
         """(inputs, targets), each int64 [batch_size, seq_len], on CPU."""

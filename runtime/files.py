@@ -90,14 +90,15 @@ def read_regular_file(path: str | Path, max_bytes: int) -> bytes:
 def read_json(path: Path, max_bytes: int) -> object:
     """Parse a JSON file that may be hostile: read by read_regular_file, and everything Python's
     json would raise on (NaN and Infinity, an integer of thousands of digits, deep nesting, bytes
-    that are not UTF-8) turned into UnreadableFile. FileNotFoundError passes through."""
+    that are not UTF-8), and a key given twice in one object, turned into UnreadableFile.
+    FileNotFoundError passes through."""
     raw = read_regular_file(path, max_bytes)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
         raise UnreadableFile(f"not UTF-8 text (byte {err.start})") from None
     try:
-        return json.loads(text, parse_constant=_no_constant)
+        return json.loads(text, parse_constant=_no_constant, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as err:
         raise UnreadableFile(f"not valid JSON (line {err.lineno}): {err.msg}") from None
     except UnreadableFile:
@@ -106,6 +107,17 @@ def read_json(path: Path, max_bytes: int) -> object:
         raise UnreadableFile("a number with too many digits") from None
     except RecursionError:
         raise UnreadableFile("nested too deeply") from None
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """An object whose keys are all different: Python's json kept the last of two equal keys, so a
+    file read one way here could mean another to the tool or person that wrote it."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        twice = next(key for key, _ in pairs if key in seen or seen.add(key))
+        raise UnreadableFile(f"key {twice[:40]!r} appears twice in one object")
+    return out
 
 
 def _no_constant(name: str):

@@ -32,7 +32,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from hetlaunch.runtime.files import UnreadableFile, read_json, write_whole
 
@@ -51,11 +51,24 @@ MIN_BANDWIDTH = 1.0  # bytes/s of a link
 MAX_MICRO_BATCH = 1 << 20
 MAX_SEQ_LEN = 1 << 24
 
+
+
+def _json_number(value: object) -> object:
+    """A number as JSON writes one: pydantic's lax mode took "0.1" and true as seconds, which no
+    measurement writes and a hand-edited file may mean as something else."""
+    if isinstance(value, (bool, str, bytes)):
+        raise ValueError(f"must be a JSON number, not {type(value).__name__} {value!r:.40}")
+    return value
+
+
+Number = BeforeValidator(_json_number)
 # What every measured number must be, in a profile file and in the profile cache alike: a
 # negative, zero or NaN time would price a plan at "-103 tokens/s" or divide by zero.
-Seconds = Annotated[float, Field(gt=0, le=MAX_SECONDS)]
-MaybeZeroSeconds = Annotated[float, Field(ge=0, le=MAX_SECONDS)]
-ByteCount = Annotated[int, Field(ge=0, le=MAX_BYTES)]
+Seconds = Annotated[float, Number, Field(gt=0, le=MAX_SECONDS)]
+MaybeZeroSeconds = Annotated[float, Number, Field(ge=0, le=MAX_SECONDS)]
+ByteCount = Annotated[int, Number, Field(ge=0, le=MAX_BYTES)]
+Count = Annotated[int, Number]
+Real = Annotated[float, Number]
 
 
 # Node and region names as the cluster YAML allows them: they are printed in tables and messages,
@@ -70,7 +83,7 @@ class _Strict(BaseModel):
 
 class ModelIdentity(_Strict):
     description: str
-    num_layers: int = Field(ge=1)
+    num_layers: Count = Field(ge=1)
 
 
 class LayerInfo(_Strict):
@@ -83,7 +96,7 @@ class NodeProfile(_Strict):
     name: NodeName
     region: NodeName = "default"
     device: str
-    memory_bytes: float = Field(gt=0, le=MAX_BYTES)
+    memory_bytes: Real = Field(gt=0, le=MAX_BYTES)
     layer_seconds: list[Seconds]
     optimizer_seconds: list[MaybeZeroSeconds] | None = None  # per layer, one AdamW step; default 0
     # Per layer, the backward split as zero-bubble schedules run it: the input's gradient (with the
@@ -96,8 +109,8 @@ class NodeProfile(_Strict):
     layer_seconds_by_size: dict[int, list[Seconds]] | None = None
     # Where it runs: nodes with one host share its cores (launcher/planning/contention.py).
     host: str | None = Field(None, max_length=255)
-    host_cores: int | None = Field(None, ge=1, le=1_000_000)
-    cpu_per_wall: float | None = Field(None, ge=0, le=1_000_000)  # cores busy while it computes, measured alone
+    host_cores: Count | None = Field(None, ge=1, le=1_000_000)
+    cpu_per_wall: Real | None = Field(None, ge=0, le=1_000_000)  # cores busy while it computes, measured alone
     # AES-256-GCM seal + open of a sealed message, per byte (data_plane.encrypt); None: not measured (priced 0)
     cipher_seconds_per_byte: MaybeZeroSeconds | None = None
 
@@ -112,7 +125,7 @@ class LinkProfile(_Strict):
     nodes: tuple[str, str] | None = None
     regions: tuple[str, str] | None = None
     # At least a byte a second: 1e-300 priced a step at a 300-digit number of ms, 5e-324 at inf.
-    bandwidth_bytes_per_s: float = Field(ge=MIN_BANDWIDTH)
+    bandwidth_bytes_per_s: Real = Field(ge=MIN_BANDWIDTH)
     latency_s: MaybeZeroSeconds
 
     @model_validator(mode="after")
@@ -130,12 +143,12 @@ def with_encryption(profile: "Profile", encrypt: str) -> "Profile":
 class Profile(_Strict):
     format: Literal["hetlaunch-profile/1"] = FORMAT
     model: ModelIdentity
-    micro_batch_size: int = Field(ge=1, le=MAX_MICRO_BATCH)  # 2**62 predicted 6e22 tokens/s
-    seq_len: int = Field(ge=1, le=MAX_SEQ_LEN)
+    micro_batch_size: Count = Field(ge=1, le=MAX_MICRO_BATCH)  # 2**62 predicted 6e22 tokens/s
+    seq_len: Count = Field(ge=1, le=MAX_SEQ_LEN)
     # What a job keeps per parameter byte beyond STATIC_BYTES_PER_PARAM_BYTE (islands: the anchor,
     # the outer momentum, error feedback, the exchange's buffers; launcher/planning/island_plans.py).
     # Set by the planner on its own copy; a measured profile has none (None: 0, never written).
-    static_extra_per_param_byte: float | None = Field(None, ge=0, le=64)
+    static_extra_per_param_byte: Real | None = Field(None, ge=0, le=64)
     # The job's data_plane.encrypt, set by the planner's caller on its own copy (launcher/adapt/replanner.py):
     # the cost model adds each node's cipher to what it seals. None: nothing sealed.
     data_plane_encrypt: Literal["off", "cross_region", "all"] | None = None
@@ -198,12 +211,39 @@ def load_profile(path: str | Path) -> Profile:
     except UnreadableFile as err:
         raise ProfileError(f"{path}: {err}") from None
     try:
-        return Profile.model_validate(data)
+        profile = Profile.model_validate(data)
     except ValidationError as err:
         first = err.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "(top level)"
         more = f" (+{err.error_count() - 1} more)" if err.error_count() > 1 else ""
         raise ProfileError(f"{path}: {where}: {first['msg']}{more}") from None
+    problem = link_problem(profile)
+    if problem:
+        raise ProfileError(f"{path}: {problem}")
+    return profile
+
+
+def link_problem(profile: Profile) -> str | None:
+    """What makes a file's links ambiguous or a likely typo, or None: a link from a node to
+    itself, a region no node is in, or one pair given twice (the planner read the first and
+    silently ignored the other). Checked where a file is loaded, not on every Profile: the
+    planner's copies without lost nodes keep the links of regions those nodes left."""
+    regions = {n.region for n in profile.nodes}
+    seen: dict[tuple, int] = {}
+    for i, link in enumerate(profile.links):
+        if link.nodes is not None:
+            if link.nodes[0] == link.nodes[1]:
+                return f"links.{i}: joins node {link.nodes[0]} to itself (a region's own links are regions [r, r])"
+            pair = ("nodes", *sorted(link.nodes))
+        else:
+            unknown = sorted(set(link.regions) - regions)
+            if unknown:
+                return f"links.{i}: no node is in region {unknown[0]}"
+            pair = ("regions", *sorted(link.regions))
+        if pair in seen:
+            return f"links.{i}: {pair[0]} {list(pair[1:])} are given twice (also links.{seen[pair]})"
+        seen[pair] = i
+    return None
 
 
 def save_profile(profile: Profile, path: str | Path) -> None:

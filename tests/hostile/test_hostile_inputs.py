@@ -192,6 +192,19 @@ BAD_PROFILES = {
     # 2**62 predicted 6e22 tokens/s.
     "huge_micro_batch": (lambda t: _profile_text(t, lambda d: d.update(micro_batch_size=2 ** 62)), "micro_batch_size"),
     "huge_seq_len": (lambda t: _profile_text(t, lambda d: d.update(seq_len=2 ** 62)), "seq_len"),
+    # Lax parsing took these as numbers; no measurement writes them, a hand-edited file may mean otherwise.
+    "string_seconds": (lambda t: _profile_text(t, _set_node("layer_seconds", ["0.1"] * 8)), "must be a JSON number"),
+    "bool_memory": (lambda t: _profile_text(t, _set_node("memory_bytes", True)), "must be a JSON number"),
+    "string_count": (lambda t: _profile_text(t, lambda d: d.update(micro_batch_size="4")), "must be a JSON number"),
+    # json kept the last of two equal keys: the file meant one thing to its writer, another here.
+    "duplicate_key": (lambda t: _profile_text(t).replace('"seq_len": 64', '"seq_len": 64, "seq_len": 9', 1),
+                      "'seq_len' appears twice"),
+    "self_link": (lambda t: _profile_text(t, lambda d: d["links"].append(
+        {"nodes": ["n0", "n0"], "bandwidth_bytes_per_s": 1e9, "latency_s": 0.0})), "joins node n0 to itself"),
+    "unknown_region": (lambda t: _profile_text(t, lambda d: d["links"].append(
+        {"regions": ["east", "mars"], "bandwidth_bytes_per_s": 1e9, "latency_s": 0.0})), "no node is in region mars"),
+    "link_twice": (lambda t: _profile_text(t, lambda d: d["links"].append(
+        {"regions": ["west", "east"], "bandwidth_bytes_per_s": 1e3, "latency_s": 0.0})), "are given twice"),
     # A key that is a terminal's escape sequence (retitle the window, clear the screen): escaped.
     "escape_sequence_key": (lambda t: _profile_text(t, lambda d: d.update({"\x1b]0;owned\x07\x1b[2J": 1})),
                             "\\x1b]0;owned\\x07\\x1b[2J"),

@@ -156,6 +156,28 @@ def test_the_held_out_tail_is_never_in_training_windows(tmp_path):
     assert int(held.min()) >= 900
 
 
+@pytest.mark.parametrize("data_format", ["tokens", "text"])
+def test_a_data_file_cut_short_while_training_is_one_line_not_sigbus(tmp_path, data_format):
+    # Reading a memory-mapped file past its new end kills the reader with SIGBUS; run in a child so
+    # that, were the check missing, the test fails on the child's signal instead of dying with it.
+    path = write_tokens(tmp_path / "train.bin", np.arange(1000) % 250)
+    code = (f"from hetlaunch.runtime.data import open_data\n"
+            f"import os\n"
+            f"train, held = open_data({str(path)!r}, {data_format!r}, 'uint16', 8, 0, 256, 0.1)\n"
+            f"train.batch(0, 16)\n"
+            f"os.truncate({str(path)!r}, 64)\n"
+            f"for data in (train, held):\n"
+            f"    try:\n"
+            f"        data.batch(1, 16)\n"
+            f"    except ValueError as err:\n"
+            f"        print(err)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=hetlaunch_env(), timeout=60)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    lines = done.stdout.splitlines()
+    assert len(lines) == 2 and all("shrank from 2000 to 64 bytes while training" in line for line in lines), done.stdout
+    assert "held-out" in lines[1]
+
+
 @pytest.fixture(scope="module")
 def tokenizer_json(tmp_path_factory):
     """A small byte-level BPE trained here (the hub is not reachable from tests)."""
