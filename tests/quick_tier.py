@@ -18,7 +18,7 @@ import pytest
 MODULES = {
     "test_planner", "test_exact_pricing", "test_plan_output", "test_planner_dp", "test_batch_sizes",
     "test_contention", "test_hierarchical_sync_cost", "test_sealed_cost", "test_schedule_choice",  # the planner
-    "test_search_bounds", "test_bounded_pricing", "test_pair_splits", "test_window_cuts",  # the search's bounds against brute force
+    "test_search_bounds", "test_bounded_pricing", "test_pair_splits", "test_window_cuts", "test_sync_floor",  # the search's bounds against brute force
     "test_simulation_core", "test_cut_front", "test_compiled_cut_loops",  # the planner's compiled loops against their Python ones
     "test_schedules", "test_typed_schedules", "test_split_backward", "test_device_schedules", "test_bubble_fill",  # schedules and the split backward
     "test_wire_rounding",  # bf16 on links
@@ -67,6 +67,8 @@ SLOW = {
     "test_cli_errors::test_help_still_works_after_usage_errors_became_one_line",
     "test_hostile_yaml::test_cli_bad_names",
     "test_hostile_yaml::test_cli_deep_nesting_is_one_line",
+    # 32 plans of 6 nodes, with the sync floor and without (40 s); its bound test stays
+    "test_sync_floor::test_pruning_by_it_returns_the_plan_of_the_search_without_it",
     # 15 brute forces of two pipelines (65 s under load); test_planner's brute force stays
     "test_planner_dp::test_two_pipelines_equal_brute_force_when_sync_is_free",
     # a fresh interpreter per launcher module (15 s); test_coordinator_torch_free's one import stays

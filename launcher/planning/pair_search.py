@@ -61,7 +61,14 @@ class PairSearch:
         rough = self.rough_floors(chains)
         # Pairs by a cheap floor first, refined to the chains' own floors when the pair comes up
         # (a refined floor is never lower), so only the chains of promising pairs pay for theirs.
-        queue = [(_pair_floor(rough[i], rough[j], self.M), False, i, j) for i, j in _disjoint_pairs(chains)]
+        # Each pair's floor carries what its sync adds at least (Replicas.sync_floor): a pair of
+        # fast chains whose first nodes sit across a slow link is never cut. Its chains are then
+        # priced under the bound less that, which rules out more of them unsimulated.
+        sync = {}
+        queue = []
+        for i, j in _disjoint_pairs(chains):
+            sync[i, j] = self.replicas.sync_floor(chains[i][0], chains[j][0])
+            queue.append((_pair_floor(rough[i], rough[j], self.M) + sync[i, j], False, i, j))
         heapq.heapify(queue)
         seen: set[tuple] = set()
         while queue:
@@ -72,33 +79,34 @@ class PairSearch:
                 for k in (i, j):
                     if k not in floors:
                         floors[k] = one.per_microbatch_floor(chains[k])
-                heapq.heappush(queue, (_pair_floor(floors[i], floors[j], self.M), True, i, j))
+                heapq.heappush(queue, (_pair_floor(floors[i], floors[j], self.M) + sync[i, j], True, i, j))
                 continue
             a, b = chains[i], chains[j]
             if self.M <= SPLIT_ALL_MAX_MICROBATCHES:
-                bound = min(best.step_s if best else math.inf, worth)
+                bound = min(best.step_s if best else math.inf, worth) - sync[i, j]
                 most_a, most_b = self.most_microbatches(a, bound), self.most_microbatches(b, bound)
                 splits = [(m, self.M - m) for m in range(max(1, self.M - most_b), most_a + 1)]
             else:
-                bound = min(best.step_s if best else math.inf, worth)
+                bound = min(best.step_s if best else math.inf, worth) - sync[i, j]
                 guess = self.M * floors[j] / (floors[i] + floors[j]) if floors[i] + floors[j] > 0 else self.M / 2
                 splits = self.crossing(a, b, bound, guess if math.isfinite(guess) else self.M / 2)
             for m1, m2 in splits:
                 bound = min(best.step_s if best else math.inf, worth)
-                if max(m1 * floors[i], m2 * floors[j]) >= bound:
+                chain_bound = bound - sync[i, j]  # what each chain's step must come under
+                if max(m1 * floors[i], m2 * floors[j]) >= chain_bound:
                     continue
                 key = (self.replicas.search(m1).key(a), m1, self.replicas.search(m2).key(b), m2)
                 if key in seen:
                     continue  # the same node types in the same places: the same cost
                 seen.add(key)
                 first, second = self.replicas.search(m1), self.replicas.search(m2)
-                if max(first.lower_bound(a), second.lower_bound(b)) >= bound:
+                if max(first.lower_bound(a), second.lower_bound(b)) >= chain_bound:
                     continue
-                step_a = first.step(a, bound)
-                if step_a is None or step_a >= bound:
+                step_a = first.step(a, chain_bound)
+                if step_a is None or step_a >= chain_bound:
                     continue
-                step_b = second.step(b, bound)
-                if step_b is None or step_b >= bound:
+                step_b = second.step(b, chain_bound)
+                if step_b is None or step_b >= chain_bound:
                     continue
                 found = self.replicas.price([a, b], [m1, m2])
                 if found is not None and found.step_s < bound:
@@ -168,7 +176,8 @@ class PairSearch:
         known = self._most.get(key)
         if known is not None and known[0] == bound:
             return known[1]
-        S, top = len(chain), self.M - 1 if known is None else known[1]
+        # Below a looser bound's answer only: pairs ask under their own bounds (less their sync floors).
+        S, top = len(chain), self.M - 1 if known is None or bound > known[0] else known[1]
 
         def may(m: int) -> bool:
             search = self.replicas.search(m)

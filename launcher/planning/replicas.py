@@ -72,6 +72,7 @@ class Replicas:
         self._paths: dict[tuple[str, ...], list[str]] = {}  # region orders, shared by every search
         self._classes = node_classes(profile)  # node signatures, shared by every search
         self._sync = SyncModel(profile)
+        self._sync_floors: dict[tuple[str, str], float] = {}
         self._index = {n.name: n for n in profile.nodes}
         self._by_regions: dict[tuple[int, frozenset[str]], list[NodeProfile] | None] = {}
 
@@ -118,6 +119,14 @@ class Replicas:
             costs.append(cost)
         sync = self._sync.costs(costs, self.compression)
         return PipelineSet(costs, sync, plan_step_s(costs, sync))
+
+    def sync_floor(self, first: NodeProfile, second: NodeProfile) -> float:
+        """What the sync of two pipelines starting on these nodes adds at least to the slower one's
+        step (SyncModel.first_group_floor), remembered per pair."""
+        key = (first.name, second.name)
+        if key not in self._sync_floors:
+            self._sync_floors[key] = self._sync.first_group_floor(first, second, self.compression)
+        return self._sync_floors[key]
 
     def _nodes(self, cost: PipelineCost) -> list[NodeProfile]:
         return [self._index[s.node] for s in cost.stages]

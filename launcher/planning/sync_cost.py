@@ -257,6 +257,26 @@ class SyncModel:
             self._time[key] = acc
         return acc[end] - acc[start]
 
+    def first_group_floor(self, first: NodeProfile, second: NodeProfile, compression: CompressionConfig) -> float:
+        """What the sync adds at least to the slower of two pipelines whose first stages run on
+        `first` and `second`, whatever their cuts and shares: their sync group G of layers
+        [0, g) (g >= 1) is ready only when the slower pipeline ends (nothing follows a first
+        stage's last backward: its drain is 0 and no layer lies below it), and it ends no sooner
+        than `priced` says: ready + A / buckets, and ready - backward(G) + A. A is at least G's
+        bytes at the most compressing codec it may use over their link plus one latency (no codec
+        or cipher work); bytes / buckets is at least min(bytes, half a bucket); and the backward
+        of G is taken on one micro-batch (the optimizer's share at its largest). The pair search
+        prunes pairs by it before cutting their chains."""
+        if self.params[1] <= 0:
+            return 0.0
+        bandwidth, latency = self._slowest_link([first, second])
+        ratio = min(_ratio(codec) for codec in compression.sync_candidates(first.region != second.region))
+        streamed = min(self.params[1], SYNC_BUCKET_BYTES / 2) * ratio / bandwidth
+        exposed = min(self.params[g] * ratio / bandwidth + latency
+                      - BACKWARD_SHARE * max(self._compute(first, 0, g, 1), self._compute(second, 0, g, 1))
+                      for g in range(1, len(self.params)))
+        return max(streamed, exposed, 0.0) * (1 - 1e-9)  # below plan_step_s's rounding
+
     def _slowest_link(self, nodes: Sequence[NodeProfile]) -> tuple[float, float]:
         """(slowest bandwidth, largest latency) over all pairs. A node without a link of its own is
         represented by its region, so k holders in r regions cost about r² look-ups, once."""
