@@ -185,6 +185,7 @@ class ChainSearch:
         self._bounds: dict[tuple, float] = {}  # chain key -> lower_bound
         self._floors: dict[tuple, float] = {}  # chain key -> per_microbatch_floor
         self._beyond: dict[tuple, float] = {}  # chain key -> the loosest bound it was ruled out under
+        self._built: dict[tuple[str, ...], tuple[tuple, PipelineCost]] = {}  # node names -> (memo entry, its cost)
         self._hops: dict[tuple, tuple[float, float]] = {}  # per boundary: (least link time, its fill/drain share)
         self._smallest_output = min((layer.output_bytes for layer in profile.layers[:-1]), default=0)
 
@@ -200,12 +201,20 @@ class ChainSearch:
             known = self.memo[key]
             if known is None:
                 return None
+            # The pair search prices one chain at one share in many pairs: built once per chain (the
+            # stages name its nodes) while what is remembered for its key stays the same.
+            names = tuple(n.name for n in chain)
+            built = self._built.get(names)
+            if built is not None and built[0] is known:
+                return built[1]
             cuts, codecs, windows, step_s, exact = known
             cost = self.cm.evaluate(chain, cuts, codecs)
             if any(windows):
                 cost = self.cm.with_windows(cost, windows)
             # An equal key is an equal simulation: the remembered step is this chain's, windows and all.
-            return replace(cost, step_s=step_s, exact=exact)
+            cost = replace(cost, step_s=step_s, exact=exact)
+            self._built[names] = (known, cost)
+            return cost
         if self._ruled_out(chain, key, bound):
             return None
         cost = cut_chain(self.cm, chain)

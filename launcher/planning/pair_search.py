@@ -47,7 +47,7 @@ class PairSearch:
 
     def __init__(self, replicas: Replicas):
         self.replicas, self.M = replicas, replicas.M
-        self._most: dict[tuple, tuple[float, int]] = {}  # chain key -> (bound, most_microbatches under it)
+        self._most: dict[tuple, dict[float, int]] = {}  # chain key -> bound -> most_microbatches under it
 
     def best(self, best: PipelineSet | None, worth: float) -> PipelineSet | None:
         """Every pair of disjoint chains, each at every share (or the two either side of the
@@ -108,7 +108,9 @@ class PairSearch:
                 step_b = second.step(b, chain_bound)
                 if step_b is None or step_b >= chain_bound:
                     continue
-                found = self.replicas.price([a, b], [m1, m2])
+                if max(step_a, step_b) + self.replicas.sync_tail(a, m1, b, m2) >= bound:
+                    continue  # their own cuts' first sync group ends too late
+                found = self.replicas.price([a, b], [m1, m2], bound)
                 if found is not None and found.step_s < bound:
                     best = found
         return best
@@ -168,16 +170,16 @@ class PairSearch:
         `bound`; 0 at none. A pair can win only at a split that gives each chain at most its
         most, so the splits outside are never priced. Both bounds only grow with the micro-batches,
         so the most is bisected, apart in the two ranges where may_beat simulates and where it
-        rules nothing out; and it only shrinks with the bound, so a tighter bound bisects below
-        the last answer."""
+        rules nothing out; and it only shrinks with the bound, so a bound bisects below the
+        answer of the tightest looser bound asked before (each pair asks under its own bound)."""
         if math.isinf(bound):
             return self.M - 1
         key = self.replicas.search(1).key(chain)
-        known = self._most.get(key)
-        if known is not None and known[0] == bound:
-            return known[1]
-        # Below a looser bound's answer only: pairs ask under their own bounds (less their sync floors).
-        S, top = len(chain), self.M - 1 if known is None or bound > known[0] else known[1]
+        known = self._most.setdefault(key, {})
+        if bound in known:
+            return known[bound]
+        # At most a looser bound's answer: pairs ask under their own bounds (less their sync floors).
+        S, top = len(chain), min((most for looser, most in known.items() if looser >= bound), default=self.M - 1)
 
         def may(m: int) -> bool:
             search = self.replicas.search(m)
@@ -192,7 +194,7 @@ class PairSearch:
                 mid = (low + high + 1) // 2
                 low, high = (mid, high) if may(mid) else (low, mid - 1)
             most = max(most, low)
-        self._most[key] = (bound, most)
+        known[bound] = most
         return most
 
     def rough_floors(self, chains: list[list[NodeProfile]]) -> list[float]:

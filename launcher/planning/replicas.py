@@ -109,14 +109,17 @@ class Replicas:
             best = PairSearch(self).best(best, worth)
         return None if best is None else self._polish(best)
 
-    def price(self, chains: list[list[NodeProfile]], shares: list[int]) -> PipelineSet | None:
-        """Each chain cut for its own share, plus the sync between them; None if a cut does not fit."""
+    def price(self, chains: list[list[NodeProfile]], shares: list[int], bound: float = math.inf) -> PipelineSet | None:
+        """Each chain cut for its own share, plus the sync between them; None if a cut does not fit,
+        or if two chains' sync cannot come under `bound` (SyncModel.pair_floor: not priced)."""
         costs = []
         for chain, m in zip(chains, shares):
             cost = self.search(m).price(chain, math.inf)
             if cost is None:
                 return None
             costs.append(cost)
+        if bound < math.inf and len(costs) == 2 and self._sync.pair_floor(costs, self.compression) >= bound:
+            return None
         sync = self._sync.costs(costs, self.compression)
         return PipelineSet(costs, sync, plan_step_s(costs, sync))
 
@@ -127,6 +130,13 @@ class Replicas:
         if key not in self._sync_floors:
             self._sync_floors[key] = self._sync.first_group_floor(first, second, self.compression)
         return self._sync_floors[key]
+
+    def sync_tail(self, a: list[NodeProfile], m1: int, b: list[NodeProfile], m2: int) -> float:
+        """sync_floor for the cuts the two chains are priced with at these shares (both priced
+        already: their cuts remembered), without building their costs or pricing the whole sync."""
+        first, second = self.search(m1), self.search(m2)
+        end = min(first.memo[first.key(a)][0][0][1], second.memo[second.key(b)][0][0][1])
+        return self._sync.first_group_tail(a[0], b[0], end, (m1, m2), self.compression)
 
     def _nodes(self, cost: PipelineCost) -> list[NodeProfile]:
         return [self._index[s.node] for s in cost.stages]

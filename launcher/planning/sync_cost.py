@@ -257,6 +257,26 @@ class SyncModel:
             self._time[key] = acc
         return acc[end] - acc[start]
 
+    def pair_floor(self, pipelines: Sequence[PipelineCost], compression: CompressionConfig) -> float:
+        """At most plan_step_s(pipelines, self.costs(pipelines, compression)) for two pipelines,
+        without pricing a codec: each group's reduction takes at least its bytes at the most
+        compressing codec it may use over its link, plus one latency (no codec or cipher work; a
+        group of two holders is never hierarchical), and ends no sooner than `priced` has it end
+        with that; sharing a link only delays it. The pair search skips the whole sync of a
+        split whose floor cannot win."""
+        assert len(pipelines) == 2
+        ratios = {cross: min(_ratio(codec) for codec in compression.sync_candidates(cross)) for cross in (False, True)}
+        drains = _drains(pipelines)
+        floor = max(p.step_s for p in pipelines)
+        for group in sync_groups([[(s.layer_start, s.layer_end) for s in p.stages] for p in pipelines]):
+            d = self.describe(pipelines, drains, group, "ring")  # the shape does not matter with two holders
+            if d.bytes <= 0:
+                continue
+            reduce_s = d.bytes * ratios[d.cross_region] / d.bandwidth + d.latency
+            floor = max(floor, d.ready + reduce_s / math.ceil(d.bytes / SYNC_BUCKET_BYTES),
+                        d.ready - d.backward + reduce_s)
+        return floor * (1 - 1e-9)  # below costs()'s rounding
+
     def first_group_floor(self, first: NodeProfile, second: NodeProfile, compression: CompressionConfig) -> float:
         """What the sync adds at least to the slower of two pipelines whose first stages run on
         `first` and `second`, whatever their cuts and shares: their sync group G of layers
@@ -276,6 +296,21 @@ class SyncModel:
                       - BACKWARD_SHARE * max(self._compute(first, 0, g, 1), self._compute(second, 0, g, 1))
                       for g in range(1, len(self.params)))
         return max(streamed, exposed, 0.0) * (1 - 1e-9)  # below plan_step_s's rounding
+
+    def first_group_tail(self, first: NodeProfile, second: NodeProfile, layers_end: int, shares: tuple[int, int],
+                         compression: CompressionConfig) -> float:
+        """first_group_floor once the cuts are known: their group of layer 0 holds [0, layers_end)
+        (the shorter first stage's layers) and each backward is at its pipeline's share. Below
+        what `priced` gives that group past the slower pipeline's step, whatever codec it takes."""
+        num_bytes = self.params[layers_end]
+        if num_bytes <= 0:
+            return 0.0
+        bandwidth, latency = self._slowest_link([first, second])
+        ratio = min(_ratio(codec) for codec in compression.sync_candidates(first.region != second.region))
+        reduce_s = num_bytes * ratio / bandwidth + latency
+        backward = BACKWARD_SHARE * max(self._compute(first, 0, layers_end, shares[0]),
+                                        self._compute(second, 0, layers_end, shares[1]))
+        return max(reduce_s / math.ceil(num_bytes / SYNC_BUCKET_BYTES), reduce_s - backward, 0.0) * (1 - 1e-9)
 
     def _slowest_link(self, nodes: Sequence[NodeProfile]) -> tuple[float, float]:
         """(slowest bandwidth, largest latency) over all pairs. A node without a link of its own is

@@ -1,7 +1,9 @@
-"""The pair search's sync floor (SyncModel.first_group_floor): what two pipelines' gradient sync adds
-at least to the slower one's step, whatever their cuts and shares. The search prunes pairs by it
-before cutting their chains, so it must never exceed what a plan of the pair is priced at, and the
-plans it returns must be the plans of the search without it."""
+"""The pair search's sync floors (launcher/planning/sync_cost.py): what two pipelines' gradient sync
+adds at least to the slower one's step, whatever their cuts and shares (first_group_floor), once
+the cuts are known (first_group_tail: the group of layer 0; pair_floor: every group). The search
+prunes pairs and splits by them before cutting chains or pricing the sync, so none may exceed what
+a plan of the pair is priced at, and the plans it returns must be the plans of the search without
+them."""
 
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ def test_the_floor_is_below_the_price_of_any_cut_and_share(seed, policy):
     sync, compression = SyncModel(profile), POLICIES[policy]
     M = rng.choice([8, 24, 48])
     nodes = profile.nodes
-    tight = 0
+    tight = close = 0
     for _ in range(300):
         picked = rng.sample(nodes, rng.randint(2, 6))
         split = rng.randint(1, len(picked) - 1)
@@ -48,7 +50,15 @@ def test_the_floor_is_below_the_price_of_any_cut_and_share(seed, policy):
         floor = sync.first_group_floor(a[0], b[0], compression)
         assert step >= slower + floor, (step, slower, floor)
         tight += floor > 0.25 * (step - slower)
+        # ... and the two the search asks once the cuts are known: the group of layer 0 alone, every group
+        first_end = min(costs[0].stages[0].layer_end, costs[1].stages[0].layer_end)
+        tail = sync.first_group_tail(a[0], b[0], first_end, (m, M - m), compression)
+        assert floor <= tail * (1 + 1e-6) + 1e-12 and step >= slower + tail, (step, slower, tail)
+        whole = sync.pair_floor(costs, compression)
+        assert slower + tail <= whole * (1 + 1e-6) and step >= whole, (step, whole)
+        close += whole > step - 0.1 * (step - slower)
     assert tight >= 15  # a floor that is mostly 0 would prune nothing (and pass anyway)
+    assert close >= 50  # within a tenth of the sync's share of the step in a sixth of the cases at least
 
 
 @pytest.mark.parametrize("policy", sorted(POLICIES))
