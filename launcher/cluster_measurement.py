@@ -20,7 +20,7 @@ from hetlaunch.launcher.planning.batch_sizes import candidate_sizes
 from hetlaunch.launcher.planning.profile_file import LayerInfo, LinkProfile, ModelIdentity, NodeProfile, Profile
 from hetlaunch.launcher.profile_cache import cached_node, node_cache_key, store_node
 from hetlaunch.launcher.job_errors import JobError
-from hetlaunch.launcher.session import ClusterSession, first_line
+from hetlaunch.launcher.session import ClusterSession, first_line, lost_message
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.runtime.model_spec import ModelSpec
 from hetlaunch.runtime.wire import model_spec_to_proto
@@ -138,8 +138,23 @@ def measure_cluster(session: ClusterSession, spec: ModelSpec, micro_batch_size: 
         raise JobError("every node was lost while profiling: " + "; ".join(
             f"{node}: {why.removeprefix(DROPPED)}" for node, why in session.lost.items()))
 
-    pairs = probe_pairs(cluster, names) if probe_links else []
-    if pairs:
+    link_reports = _probe_links(session, names, command, reports, console, droppable) if probe_links else {}
+    return _assemble(session, spec, model, micro_batch_size, reports, link_reports, cached, keys)
+
+
+def _probe_links(session: ClusterSession, names: list[str], command, reports: dict[str, pb.ReportProfileRequest],
+                 console: Console, droppable: bool) -> dict[str, pb.ReportProfileRequest]:
+    """Every node of `names` joins one data-plane group and probes its pairs (probe_pairs). A
+    node lost meanwhile (its agent, or its worker) breaks the group: the survivors' probes end
+    (with the error of a closed peer, or the rendezvous' timeout), and once every one has
+    reported, the lost node is dropped like one lost while its layers were timed (`droppable`)
+    and the others probe again without it. A failure with no node lost ends the job, as before."""
+    cluster = session.cluster
+    while True:
+        names = [n for n in names if n not in session.lost]
+        pairs = probe_pairs(cluster, names)
+        if not pairs:
+            return {}
         rank = {n: i for i, n in enumerate(names)}
         session.begin_generation()
         backend = session.backend_for(names)
@@ -154,10 +169,51 @@ def measure_cluster(session: ClusterSession, spec: ModelSpec, micro_batch_size: 
                                                      emulate_bandwidth_mbps=bw, emulate_latency_ms=lat))
             session.state.send(name, pb.Command(profile=probe))
         link_reports: dict[str, pb.ReportProfileRequest] = {}
-        _collect(session, names, link_reports, console, f"probing {len(pairs)} link(s)")
-    else:
-        link_reports = {}
-    return _assemble(session, spec, model, micro_batch_size, reports, link_reports, cached, keys)
+        failed = _collect_probes(session, names, link_reports, console, f"probing {len(pairs)} link(s)", droppable)
+        lost = [n for n in names if n in session.lost]
+        if not lost:
+            if failed:
+                raise session.blame(failed, "probing links", set(link_reports), _profile_failures(session))
+            return link_reports
+        for node in lost:
+            reports.pop(node, None)  # its layers leave the profile with it
+        if all(n in session.lost for n in names):
+            raise JobError("every node was lost while profiling: " + "; ".join(
+                f"{node}: {why.removeprefix(DROPPED)}" for node, why in session.lost.items()))
+        console.print(Text(f"probing the links again without {', '.join(lost)}"))
+
+
+def _collect_probes(session: ClusterSession, names: list[str], link_reports: dict[str, pb.ReportProfileRequest],
+                    console: Console, what: str, droppable: bool) -> dict[str, str]:
+    """Wait until every node of `names` has reported its probes (into `link_reports`), failed
+    (returned: node -> error) or been lost; a lost node is dropped where `droppable`, else the
+    job ends naming it."""
+    failed: dict[str, str] = {}
+    deadline = time.monotonic() + PROFILE_TIMEOUT_S
+    with console.status(what) as status:
+        while not all(n in link_reports or n in failed or n in session.lost for n in names):
+            received = session.state.next_profile(timeout=0.2)
+            if received is None:
+                lost = session.lost_nodes(set(link_reports) | set(failed))
+                if lost and not droppable:
+                    raise JobError(lost_message(lost))
+                for node, why in lost.items():
+                    _drop(session, node, why, link_reports, console, "while probing links")
+                if time.monotonic() > deadline:
+                    missing = ", ".join(n for n in names if n not in link_reports and n not in failed)
+                    raise JobError(f"probing links did not finish within {PROFILE_TIMEOUT_S:.0f}s; waiting for {missing}")
+                continue
+            node, report = received
+            if node in session.lost:
+                continue  # a dropped node's late report
+            if report.ok:
+                link_reports[node] = report
+            elif droppable and report.worker_died:
+                _drop(session, node, report.error, link_reports, console, "while probing links")
+            else:
+                failed[node] = report.error
+            status.update(f"{what}: {sum(n in link_reports for n in names)}/{len(names)} done")
+    return failed
 
 
 def alike_local_nodes(cluster, to_measure: list[str], keys: dict[str, str]) -> dict[str, str]:
@@ -183,7 +239,7 @@ def _collect(session: ClusterSession, names: list[str], reports: dict[str, pb.Re
     """Wait until every node in `names` has reported into `reports`; a report of another node
     (sent earlier, still running) is kept there too, and never ends this wait. `droppable`: a
     node whose worker dies, or whose agent is lost, is dropped (declared lost, said in one line)
-    instead of ending the job; link probes are not droppable (a lost peer breaks the group)."""
+    instead of ending the job (link probes: _collect_probes)."""
     if not names:
         return
     deadline = time.monotonic() + PROFILE_TIMEOUT_S
@@ -212,10 +268,11 @@ def _collect(session: ClusterSession, names: list[str], reports: dict[str, pb.Re
             status.update(f"{what}: {sum(n in reports for n in names)}/{len(names)} done")
 
 
-def _drop(session: ClusterSession, node: str, why: str, reports: dict, console: Console) -> None:
+def _drop(session: ClusterSession, node: str, why: str, reports: dict, console: Console,
+          when: str = "while profiling") -> None:
     session.declare_lost(node, f"{DROPPED}{why}")
     reports.pop(node, None)
-    console.print(Text(f"lost node {node} while profiling ({first_line(why)}): planning without it"))
+    console.print(Text(f"lost node {node} {when} ({first_line(why)}): planning without it"))
 
 
 def _profile_failures(session: ClusterSession):
