@@ -69,10 +69,14 @@ def measure_for_train(session: ClusterSession, spec: ModelSpec, reprofile: bool,
         return profile
     other = measure_cluster(session, spec, smallest, train.seed, reprofile, console, names, probe_links=False)
     timed = {n.name: n.layer_seconds for n in other.nodes}
-    # A node dropped while the second size was timed (cluster_measurement._drop) leaves the profile too.
-    return profile.model_copy(update={"nodes": [
-        n.model_copy(update={"layer_seconds_by_size": {smallest: timed[n.name]}}) for n in profile.nodes
-        if n.name in timed]})
+    # A node dropped while the second size was timed (cluster_measurement._drop) leaves the profile
+    # too, with its links and those of a region it leaves empty (load_profile refuses them in profile.json).
+    nodes = [n.model_copy(update={"layer_seconds_by_size": {smallest: timed[n.name]}}) for n in profile.nodes
+             if n.name in timed]
+    regions = {n.region for n in nodes}
+    links = [link for link in profile.links if (link.nodes is not None and set(link.nodes) <= set(timed))
+             or (link.regions is not None and set(link.regions) <= regions)]
+    return profile.model_copy(update={"nodes": nodes, "links": links})
 
 
 def measure_cluster(session: ClusterSession, spec: ModelSpec, micro_batch_size: int, seed: int,
@@ -148,8 +152,12 @@ def _probe_links(session: ClusterSession, names: list[str], command, reports: di
     node lost meanwhile (its agent, or its worker) breaks the group: the survivors' probes end
     (with the error of a closed peer, or the rendezvous' timeout), and once every one has
     reported, the lost node is dropped like one lost while its layers were timed (`droppable`)
-    and the others probe again without it. A failure with no node lost ends the job, as before."""
+    and the others probe again without it. A worker that dies while its agent lives is not
+    taken as its node's loss: under NCCL a dead peer aborts the survivors' workers too, so
+    which one died first cannot be told; every node probes once more, and deaths again (or
+    a failure with no node lost) end the job in one line, as before."""
     cluster = session.cluster
+    retried = False
     while True:
         names = [n for n in names if n not in session.lost]
         pairs = probe_pairs(cluster, names)
@@ -169,9 +177,14 @@ def _probe_links(session: ClusterSession, names: list[str], command, reports: di
                                                      emulate_bandwidth_mbps=bw, emulate_latency_ms=lat))
             session.state.send(name, pb.Command(profile=probe))
         link_reports: dict[str, pb.ReportProfileRequest] = {}
-        failed = _collect_probes(session, names, link_reports, console, f"probing {len(pairs)} link(s)", droppable)
+        failed, died = _collect_probes(session, names, link_reports, console, f"probing {len(pairs)} link(s)",
+                                       droppable)
         lost = [n for n in names if n in session.lost]
         if not lost:
+            if died and not retried:
+                retried = True
+                console.print(Text(f"a worker died while probing links ({', '.join(died)}): probing again"))
+                continue
             if failed:
                 raise session.blame(failed, "probing links", set(link_reports), _profile_failures(session))
             return link_reports
@@ -184,23 +197,27 @@ def _probe_links(session: ClusterSession, names: list[str], command, reports: di
 
 
 def _collect_probes(session: ClusterSession, names: list[str], link_reports: dict[str, pb.ReportProfileRequest],
-                    console: Console, what: str, droppable: bool) -> dict[str, str]:
+                    console: Console, what: str, droppable: bool) -> tuple[dict[str, str], list[str]]:
     """Wait until every node of `names` has reported its probes (into `link_reports`), failed
-    (returned: node -> error) or been lost; a lost node is dropped where `droppable`, else the
-    job ends naming it."""
+    or been lost; a lost node (its agent gone, even after its probe failed) is dropped where
+    `droppable`, else the job ends naming it. Returns the failures (node -> error) and the nodes
+    among them whose worker died."""
     failed: dict[str, str] = {}
+    died: list[str] = []
     deadline = time.monotonic() + PROFILE_TIMEOUT_S
     with console.status(what) as status:
         while not all(n in link_reports or n in failed or n in session.lost for n in names):
             received = session.state.next_profile(timeout=0.2)
             if received is None:
-                lost = session.lost_nodes(set(link_reports) | set(failed))
+                lost = session.lost_nodes(set(link_reports))
                 if lost and not droppable:
                     raise JobError(lost_message(lost))
                 for node, why in lost.items():
+                    failed.pop(node, None)
                     _drop(session, node, why, link_reports, console, "while probing links")
                 if time.monotonic() > deadline:
-                    missing = ", ".join(n for n in names if n not in link_reports and n not in failed)
+                    missing = ", ".join(n for n in names if n not in link_reports and n not in failed
+                                        and n not in session.lost)
                     raise JobError(f"probing links did not finish within {PROFILE_TIMEOUT_S:.0f}s; waiting for {missing}")
                 continue
             node, report = received
@@ -208,12 +225,12 @@ def _collect_probes(session: ClusterSession, names: list[str], link_reports: dic
                 continue  # a dropped node's late report
             if report.ok:
                 link_reports[node] = report
-            elif droppable and report.worker_died:
-                _drop(session, node, report.error, link_reports, console, "while probing links")
             else:
                 failed[node] = report.error
+                if report.worker_died:
+                    died.append(node)
             status.update(f"{what}: {sum(n in link_reports for n in names)}/{len(names)} done")
-    return failed
+    return failed, [n for n in died if n in failed]
 
 
 def alike_local_nodes(cluster, to_measure: list[str], keys: dict[str, str]) -> dict[str, str]:

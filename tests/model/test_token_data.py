@@ -158,9 +158,10 @@ def test_the_held_out_tail_is_never_in_training_windows(tmp_path):
 
 @pytest.mark.parametrize("data_format", ["tokens", "text"])
 def test_a_data_file_cut_short_while_training_is_one_line_not_sigbus(tmp_path, data_format):
-    # Reading a memory-mapped file past its new end kills the reader with SIGBUS; run in a child so
-    # that, were the check missing, the test fails on the child's signal instead of dying with it.
-    path = write_tokens(tmp_path / "train.bin", np.arange(1000) % 250)
+    # Reading a memory-mapped file past its new end (beyond the page that holds it) kills the reader
+    # with SIGBUS; run in a child so that, were the check missing, the test fails on the child's
+    # signal instead of dying with it. 128 KiB, so the windows drawn fall pages past the new end.
+    path = write_tokens(tmp_path / "train.bin", np.arange(1 << 16) % 250)
     code = (f"from hetlaunch.runtime.data import open_data\n"
             f"import os\n"
             f"train, held = open_data({str(path)!r}, {data_format!r}, 'uint16', 8, 0, 256, 0.1)\n"
@@ -174,7 +175,7 @@ def test_a_data_file_cut_short_while_training_is_one_line_not_sigbus(tmp_path, d
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=hetlaunch_env(), timeout=60)
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
     lines = done.stdout.splitlines()
-    assert len(lines) == 2 and all("shrank from 2000 to 64 bytes while training" in line for line in lines), done.stdout
+    assert len(lines) == 2 and all("shrank from 131072 to 64 bytes while training" in line for line in lines), done.stdout
     assert "held-out" in lines[1]
 
 

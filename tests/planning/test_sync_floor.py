@@ -3,11 +3,14 @@ adds at least to the slower one's step, whatever their cuts and shares (first_gr
 the cuts are known (first_group_tail: the group of layer 0; pair_floor: every group). The search
 prunes pairs and splits by them before cutting chains or pricing the sync, so none may exceed what
 a plan of the pair is priced at, and the plans it returns must be the plans of the search without
-them."""
+them. Up to exact ties: the floors change the order pairs are tried in, and of two pairs priced
+at the same step the first tried is kept (a review found 2 such plans in about 680, 0.07% apart
+once polished; these clusters have none)."""
 
 from __future__ import annotations
 
 import itertools
+import math
 import random
 
 import pytest
@@ -68,6 +71,8 @@ def test_pruning_by_it_returns_the_plan_of_the_search_without_it(seed, microbatc
     kwargs = dict(num_microbatches=microbatches, schedule="1f1b", max_pipelines=6, compression=POLICIES[policy])
     pruned = plan(profile, **kwargs)
     monkeypatch.setattr(replicas_module.Replicas, "sync_floor", lambda self, first, second: 0.0)
+    monkeypatch.setattr(replicas_module.Replicas, "sync_tail", lambda self, a, m1, b, m2: 0.0)
+    monkeypatch.setattr(SyncModel, "pair_floor", lambda self, pipelines, compression: -math.inf)
     unpruned = plan(profile, **kwargs)
     assert pruned.tokens_per_s == unpruned.tokens_per_s
 

@@ -497,6 +497,9 @@ def test_a_node_dropped_while_the_smaller_batch_size_is_timed_leaves_the_plan(tm
     assert "lost node u1 while profiling (the worker was killed by SIGKILL): planning without it" in result.stdout
     run_dir = tmp_path / "run"
     assert [n["name"] for n in json.loads((run_dir / "profile.json").read_text())["nodes"]] == ["u0"]
+    from hetlaunch.launcher.planning.profile_file import load_profile
+    # `plan --profile` replays it: the link probed to u1 left with u1 (load_profile refused it)
+    assert not [link for link in load_profile(run_dir / "profile.json").links if "u1" in (link.nodes or ())]
     assert [r["step"] for r in metrics(run_dir)] == [0, 1, 2]
 
 
