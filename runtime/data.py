@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from hetlaunch.runtime.token_file import check_token_ids, token_file
+from hetlaunch.runtime.token_file import check_token_ids, regular_data_file, token_file
 
 # Directory names whose contents are not representative source (or not stdlib at all).
 _SKIP_DIRS = frozenset({"test", "tests", "site-packages", "dist-packages", "__pycache__"})
@@ -68,11 +68,7 @@ def text_file(path: str) -> np.ndarray:
     """A user text file's bytes (a token a byte), memory-mapped read-only as a token file is;
     refuses missing, non-regular or empty files. Read whole, a 1.5 GB corpus took 3.4 GB in
     every stage (the bytes, then a copy for torch)."""
-    p = Path(path)
-    if not p.exists():
-        raise FileNotFoundError(f"data file {path!r} does not exist")
-    if not p.is_file():
-        raise ValueError(f"data file {path!r} is not a regular file")
+    p = regular_data_file(path)
     if p.stat().st_size == 0:
         raise ValueError(f"data file {path!r} is empty")
     return np.memmap(p, dtype=np.uint8, mode="r")

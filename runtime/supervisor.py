@@ -126,7 +126,7 @@ class WorkerProcess:
             return "the worker is still running"
         if code == -signal.SIGBUS:  # what a read of a memory-mapped file past its new end gets
             return ("the worker was killed by SIGBUS (a memory-mapped file it read, such as the data file, "
-                    "may have shrunk or been replaced)")
+                    "may have been cut short)")  # a file renamed over it stays mapped whole
         if code < 0:
             return f"the worker was killed by {signal.Signals(-code).name}"
         return f"the worker exited with code {code} without reporting"

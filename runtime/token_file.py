@@ -23,15 +23,22 @@ TOKEN_DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
 CHUNK_TOKENS = 1 << 24
 
 
-def token_file(path: str, dtype: str) -> np.ndarray:
-    """A token file, memory-mapped read-only; refuses one that is missing, empty or cut mid-token."""
-    if dtype not in TOKEN_DTYPES:
-        raise ValueError(f"token dtype {dtype!r} is not one of {', '.join(TOKEN_DTYPES)}")
+def regular_data_file(path: str) -> Path:
+    """A data file's path, refused in one line where it is missing or not a regular file (a
+    FIFO or a device is never mapped)."""
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"data file {path!r} does not exist")
     if not p.is_file():
         raise ValueError(f"data file {path!r} is not a regular file")
+    return p
+
+
+def token_file(path: str, dtype: str) -> np.ndarray:
+    """A token file, memory-mapped read-only; refuses one that is missing, empty or cut mid-token."""
+    if dtype not in TOKEN_DTYPES:
+        raise ValueError(f"token dtype {dtype!r} is not one of {', '.join(TOKEN_DTYPES)}")
+    p = regular_data_file(path)
     size, itemsize = p.stat().st_size, np.dtype(TOKEN_DTYPES[dtype]).itemsize
     if size == 0 or size % itemsize:
         raise ValueError(f"data file {path!r} has {size} bytes, not a whole number of {dtype} tokens "

@@ -236,11 +236,7 @@ class SyncModel:
             reduce_s = inside + allreduce_s(d.bytes, int(regions), bandwidth, latency, codec, cost)
         else:
             reduce_s = allreduce_s(d.bytes, len(d.nodes), d.bandwidth, d.latency, codec, cost)
-        if reduce_s == 0.0:
-            end = d.ready
-        else:
-            buckets = max(1, math.ceil(d.bytes / SYNC_BUCKET_BYTES))
-            end = max(d.ready + reduce_s / buckets, d.ready - d.backward + reduce_s)
+        end = _reduction_end(d.ready, d.backward, reduce_s, d.bytes)
         return SyncCost(d.group.layer_start, d.group.layer_end, tuple(n.name for n in d.nodes), d.bytes, codec,
                         d.bandwidth, d.latency, reduce_s, end, max(0.0, end - step), tiered)
 
@@ -265,16 +261,13 @@ class SyncModel:
         with that; sharing a link only delays it. The pair search skips the whole sync of a
         split whose floor cannot win."""
         assert len(pipelines) == 2
-        ratios = {cross: min(_ratio(codec) for codec in compression.sync_candidates(cross)) for cross in (False, True)}
         drains = _drains(pipelines)
         floor = max(p.step_s for p in pipelines)
         for group in sync_groups([[(s.layer_start, s.layer_end) for s in p.stages] for p in pipelines]):
             d = self.describe(pipelines, drains, group, "ring")  # the shape does not matter with two holders
-            if d.bytes <= 0:
-                continue
-            reduce_s = d.bytes * ratios[d.cross_region] / d.bandwidth + d.latency
-            floor = max(floor, d.ready + reduce_s / math.ceil(d.bytes / SYNC_BUCKET_BYTES),
-                        d.ready - d.backward + reduce_s)
+            if d.bytes > 0:
+                least = _least_reduce_s(d.bytes, d.bandwidth, d.latency, compression, d.cross_region)
+                floor = max(floor, _reduction_end(d.ready, d.backward, least, d.bytes))
         return floor * (1 - 1e-9)  # below costs()'s rounding
 
     def first_group_floor(self, first: NodeProfile, second: NodeProfile, compression: CompressionConfig) -> float:
@@ -290,9 +283,9 @@ class SyncModel:
         if self.params[1] <= 0:
             return 0.0
         bandwidth, latency = self._slowest_link([first, second])
-        ratio = min(_ratio(codec) for codec in compression.sync_candidates(first.region != second.region))
-        streamed = min(self.params[1], SYNC_BUCKET_BYTES / 2) * ratio / bandwidth
-        exposed = min(self.params[g] * ratio / bandwidth + latency
+        cross = first.region != second.region
+        streamed = _least_reduce_s(min(self.params[1], SYNC_BUCKET_BYTES / 2), bandwidth, 0.0, compression, cross)
+        exposed = min(_least_reduce_s(self.params[g], bandwidth, latency, compression, cross)
                       - BACKWARD_SHARE * max(self._compute(first, 0, g, 1), self._compute(second, 0, g, 1))
                       for g in range(1, len(self.params)))
         return max(streamed, exposed, 0.0) * (1 - 1e-9)  # below plan_step_s's rounding
@@ -306,11 +299,10 @@ class SyncModel:
         if num_bytes <= 0:
             return 0.0
         bandwidth, latency = self._slowest_link([first, second])
-        ratio = min(_ratio(codec) for codec in compression.sync_candidates(first.region != second.region))
-        reduce_s = num_bytes * ratio / bandwidth + latency
+        least = _least_reduce_s(num_bytes, bandwidth, latency, compression, first.region != second.region)
         backward = BACKWARD_SHARE * max(self._compute(first, 0, layers_end, shares[0]),
                                         self._compute(second, 0, layers_end, shares[1]))
-        return max(reduce_s / math.ceil(num_bytes / SYNC_BUCKET_BYTES), reduce_s - backward, 0.0) * (1 - 1e-9)
+        return max(_reduction_end(0.0, backward, least, num_bytes), 0.0) * (1 - 1e-9)
 
     def _slowest_link(self, nodes: Sequence[NodeProfile]) -> tuple[float, float]:
         """(slowest bandwidth, largest latency) over all pairs. A node without a link of its own is
@@ -355,6 +347,27 @@ def _sharing_links(costs: list[SyncCost], readies: list[float], step: float) -> 
         if end != cost.end_s:
             shared[k] = replace(cost, end_s=end, exposed_s=max(0.0, end - step))
     return shared
+
+
+def _reduction_end(ready: float, backward: float, reduce_s: float, num_bytes: float) -> float:
+    """end_G of the module docstring: a group's buckets stream during its own backward, so at
+    best only the last bucket is left when the group is final, at worst the reduction itself is
+    the bottleneck. `priced` dates a group by it, and the pair search's floors with a reduction
+    no codec can beat (_least_reduce_s)."""
+    if reduce_s == 0.0:
+        return ready
+    buckets = max(1, math.ceil(num_bytes / SYNC_BUCKET_BYTES))
+    return max(ready + reduce_s / buckets, ready - backward + reduce_s)
+
+
+def _least_reduce_s(num_bytes: float, bandwidth: float, latency: float, compression: CompressionConfig,
+                    cross_region: bool) -> float:
+    """What two holders' reduction of `num_bytes` takes at least, whatever codec and shape it
+    is priced with: the bytes at the most compressing codec the policy allows, over their link,
+    plus one latency (allreduce_s and sealed_gather_s with k = 2, less their codec and cipher work
+    and any second hop)."""
+    ratio = min(_ratio(codec) for codec in compression.sync_candidates(cross_region))
+    return num_bytes * ratio / bandwidth + latency
 
 
 def _drains(pipelines: Sequence[PipelineCost]) -> list[list[float]]:
