@@ -139,8 +139,7 @@ def measure_cluster(session: ClusterSession, spec: ModelSpec, micro_batch_size: 
         timed[keys[name]] = name  # if it was dropped too, the next alike one is timed itself
     names = [n for n in names if n not in session.lost]
     if not names:
-        raise JobError("every node was lost while profiling: " + "; ".join(
-            f"{node}: {why.removeprefix(DROPPED)}" for node, why in session.lost.items()))
+        raise _every_node_lost(session)
 
     link_reports = _probe_links(session, names, command, reports, console, droppable) if probe_links else {}
     return _assemble(session, spec, model, micro_batch_size, reports, link_reports, cached, keys)
@@ -149,7 +148,7 @@ def measure_cluster(session: ClusterSession, spec: ModelSpec, micro_batch_size: 
 def _probe_links(session: ClusterSession, names: list[str], command, reports: dict[str, pb.ReportProfileRequest],
                  console: Console, droppable: bool) -> dict[str, pb.ReportProfileRequest]:
     """Every node of `names` joins one data-plane group and probes its pairs (probe_pairs). A
-    node lost meanwhile (its agent, or its worker) breaks the group: the survivors' probes end
+    node whose agent is lost meanwhile breaks the group: the survivors' probes end
     (with the error of a closed peer, or the rendezvous' timeout), and once every one has
     reported, the lost node is dropped like one lost while its layers were timed (`droppable`)
     and the others probe again without it. A worker that dies while its agent lives is not
@@ -191,8 +190,7 @@ def _probe_links(session: ClusterSession, names: list[str], command, reports: di
         for node in lost:
             reports.pop(node, None)  # its layers leave the profile with it
         if all(n in session.lost for n in names):
-            raise JobError("every node was lost while profiling: " + "; ".join(
-                f"{node}: {why.removeprefix(DROPPED)}" for node, why in session.lost.items()))
+            raise _every_node_lost(session)
         console.print(Text(f"probing the links again without {', '.join(lost)}"))
 
 
@@ -283,6 +281,11 @@ def _collect(session: ClusterSession, names: list[str], reports: dict[str, pb.Re
                 raise session.blame({node: report.error}, "profiling", set(reports), _profile_failures(session))
             reports[node] = report
             status.update(f"{what}: {sum(n in reports for n in names)}/{len(names)} done")
+
+
+def _every_node_lost(session: ClusterSession) -> JobError:
+    return JobError("every node was lost while profiling: " + "; ".join(
+        f"{node}: {why.removeprefix(DROPPED)}" for node, why in session.lost.items()))
 
 
 def _drop(session: ClusterSession, node: str, why: str, reports: dict, console: Console,
