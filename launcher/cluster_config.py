@@ -213,9 +213,11 @@ class ClusterConfig(Strict):
             raise FieldError(("ray",), "required with launch: ray nodes ({address: HOST:PORT of the Ray head, or auto})"
                              if self.ray is None else "set, but no node has launch: ray")
         tls = self.coordinator.tls
-        if tls is not None and tls.ca is not None and tls.agent_cert is None and self.local_nodes:
-            raise FieldError(("coordinator", "tls", "agent_cert"), "required with tls.ca and local nodes: under mutual "
-                                                                   "TLS the agents `up` starts present it")
+        started = [n for n in self.nodes if n.launch != "remote"]  # local, ssh, slurm, ray: `up` starts them
+        if tls is not None and tls.ca is not None and tls.agent_cert is None and started:
+            raise FieldError(("coordinator", "tls", "agent_cert"), f"required with tls.ca and nodes that `up` starts "
+                                                                   f"(launch: {started[0].launch}): under mutual TLS "
+                                                                   f"the agents it starts present it")
         check_slurm_groups(self)
         self._check_encryption()
         check_device_schedule(self)

@@ -137,9 +137,11 @@ class ClusterSession:
         tls = self.cluster.coordinator.tls
         if tls is None:
             return []
-        args = ["--ca", tls.ca or tls.cert]
+        # Absolute, as the data and checkpoint paths beside them: an agent started over ssh, by
+        # Slurm or Ray runs in another directory (its home), where a relative path names nothing.
+        args = ["--ca", _absolute(tls.ca or tls.cert)]
         if tls.agent_cert is not None:
-            args += ["--cert", tls.agent_cert, "--key", tls.agent_key]
+            args += ["--cert", _absolute(tls.agent_cert), "--key", _absolute(tls.agent_key)]
         return args
 
     def __exit__(self, *exc) -> None:
@@ -351,3 +353,7 @@ def parse_refusal(error: str) -> tuple[str, str] | None:
 def first_line(text: str) -> str:
     line = text.strip().splitlines()[0] if text.strip() else ""
     return line if len(line) <= 160 else line[:157] + "..."
+
+
+def _absolute(path: str) -> str:
+    return str(Path(path).expanduser().resolve())

@@ -12,6 +12,7 @@ job after job (runtime/agent_service.py). `up` starts local agents this way and 
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 import sys
 import threading
@@ -45,7 +46,10 @@ def _exit_when_stdin_closes(agent: Agent) -> None:
     """Started over SSH or in a Ray actor by `up`: the connection (or the actor's process) is our
     lifeline. When it closes (up ended, was killed, or the network dropped it) stdin ends, and so
     do we, our worker with us."""
-    while sys.stdin.buffer.read(4096):
+    # os.read on the descriptor, not sys.stdin.buffer: a daemon thread blocked in the buffered
+    # reader holds its lock, and the interpreter's shutdown, which closes stdin, then aborts the
+    # whole process (SIGABRT, exit 134) in place of the agent's own exit code and message.
+    while os.read(sys.stdin.fileno(), 4096):
         pass
     agent.exit(EXIT_LOST_COORDINATOR, "stdin closed (the ssh session or Ray actor that started this agent is gone); "
                                       "exiting")

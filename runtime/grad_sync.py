@@ -129,8 +129,12 @@ class GradientSync:
 
     def __init__(self, layers: list[nn.Module], layer_start: int, plans: list[SyncGroupPlan],
                  groups: list[object | None], wire_device: torch.device, rdzv: pb.Rendezvous | None = None,
-                 local_index: Callable[[int], int] | None = None):
-        """`layers` are the model's from `layer_start` on; or, where a rank runs several stages
+                 local_index: Callable[[int], int] | None = None, epoch: str = ""):
+        """`epoch` names this set of groups among those the generation builds (a live move builds
+        them again: `move N`), so that each has keys of its own (runtime/sealing.py: a recording of
+        the groups before a move is refused by those after it).
+
+        `layers` are the model's from `layer_start` on; or, where a rank runs several stages
         (interleaved 1F1B, ZB-V: its parts' ranges one after another, not contiguous in the model),
         `local_index` maps a model layer to its index in `layers` (KeyError for one it does not hold).
         A sync group lies inside one stage of each pipeline, so inside one part here."""
@@ -143,7 +147,7 @@ class GradientSync:
         self._launched: list[_Bucket] = []
         mine = [(plan, group) for plan, group in zip(plans, groups) if group is not None]
         for plan, group in sorted(mine, key=lambda pg: -pg[0].layer_start):  # backward order
-            sealed = SealedGather(rdzv, plan.ranks, f"sync {plan.layer_start}-{plan.layer_end - 1}", group) \
+            sealed = SealedGather(rdzv, plan.ranks, f"sync {plan.layer_start}-{plan.layer_end - 1}{epoch}", group) \
                 if plan.sealed else None
             try:
                 held = [layers[local_index(index)] for index in range(plan.layer_end - 1, plan.layer_start - 1, -1)]

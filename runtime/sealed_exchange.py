@@ -51,7 +51,7 @@ def recv_sealed(opener: Opener, peer: int, group: object | None, device: torch.d
     if length is None:
         dist.recv(envelope, src=peer, group=group, tag=tag)
         envelope_bytes = envelope.cpu().numpy().tobytes()
-        sealed = torch.empty(opener.expected_length(envelope_bytes, max_bytes), dtype=torch.uint8, device=device)
+        sealed = _buffer(opener, opener.expected_length(envelope_bytes, max_bytes), device)
         dist.recv(sealed, src=peer, group=group, tag=tag)
         return opener.open(envelope_bytes, sealed.cpu().numpy().data)
     sealed = torch.empty(length + TAG_BYTES, dtype=torch.uint8, device=device)
@@ -59,7 +59,9 @@ def recv_sealed(opener: Opener, peer: int, group: object | None, device: torch.d
     envelope_work.wait()
     envelope_bytes = envelope.cpu().numpy().tobytes()
     try:
-        announced = opener.expected_length(envelope_bytes, max_bytes)
+        # The place in the stream is checked by open, after the sealed bytes are in: refused here,
+        # the receive already posted for them would stay pending under the link's next messages.
+        announced = opener.expected_length(envelope_bytes, max_bytes, place=False)
         if announced > sealed.numel():
             raise SealingError(f"refused a message of {announced - TAG_BYTES} bytes on {opener.channel} (the "
                                f"{length} agreed)", opener.channel)
@@ -68,6 +70,17 @@ def recv_sealed(opener: Opener, peer: int, group: object | None, device: torch.d
         raise
     sealed_work.wait()
     return opener.open(envelope_bytes, sealed[:announced].cpu().numpy().data)
+
+
+def _buffer(opener: Opener, size: int, device: torch.device) -> torch.Tensor:
+    """Room for an announced message, or SealingError naming the channel where there is none: the
+    length is checked against the stream's bound before authentication, and a bound as large as a
+    layer's may still be more than this host can give (out of memory was a crash, not a link fault)."""
+    try:
+        return torch.empty(size, dtype=torch.uint8, device=device)
+    except (RuntimeError, MemoryError):
+        raise SealingError(f"refused a message of {size - TAG_BYTES} bytes on {opener.channel}: "
+                           f"no room for it here", opener.channel) from None
 
 
 # Buffers of receives posted for messages refused on their envelope. gloo cannot cancel a posted

@@ -108,13 +108,18 @@ class Opener:
         _, AESGCM, _ = _aead()
         self.channel = channel
         self._aead = AESGCM(channel.key(secret))
-        self._instance: int | None = None
+        self._instance: int | None = None  # the one sender this opener hears, from its first message on
         self._next = 0
-        self._seen: set[int] = set()  # instances already opened: none may start again
 
-    def expected_length(self, envelope: bytes, max_bytes: int) -> int:
-        """The ciphertext length an envelope announces, checked before anything is allocated for it."""
+    def expected_length(self, envelope: bytes, max_bytes: int, place: bool = True) -> int:
+        """The ciphertext length an envelope announces, checked before anything is allocated for it,
+        and with `place` the envelope's address and place in the stream: an envelope that `open`
+        would refuse is refused before a buffer is made for its bytes (a forged one had a receiver
+        allocate 64 GiB). Without it, for a receive whose buffer was sized and posted beforehand
+        (runtime/sealed_exchange.py), `open` checks them once the bytes are in."""
         fields = self._fields(envelope)
+        if place:
+            self._check_place(*fields[1:6])
         length = fields[6]
         if length > max_bytes:
             raise SealingError(f"refused a message of {length} bytes on {self.channel} (at most {max_bytes})",
@@ -125,13 +130,7 @@ class Opener:
         """The plaintext, or SealingError: altered, foreign, truncated, replayed or out of order."""
         _, generation, sender, receiver, instance, sequence, length = self._fields(envelope)
         c = self.channel
-        if (generation, sender, receiver) != (c.generation, c.sender, c.receiver):
-            raise SealingError(f"refused a message addressed to generation {generation}, rank {sender} -> rank "
-                               f"{receiver} on {c}", self.channel)
-        fresh = sequence == 0 and instance not in self._seen
-        if not fresh and (instance != self._instance or sequence != self._next):
-            raise SealingError(f"refused message {sequence} on {c}: expected message {self._next} "
-                               f"(replayed, reordered or dropped)", self.channel)
+        self._check_place(generation, sender, receiver, instance, sequence)
         if len(ciphertext) != length + TAG_BYTES:
             raise SealingError(f"refused a truncated message on {c}: {len(ciphertext)} bytes, "
                                f"the envelope says {length + TAG_BYTES}", self.channel)
@@ -145,8 +144,20 @@ class Opener:
             raise SealingError(f"refused message {sequence} on {c}: it failed authentication "
                                f"(altered, or sealed under another key)", self.channel) from None
         self._instance, self._next = instance, sequence + 1
-        self._seen.add(instance)
         return plaintext
+
+    def _check_place(self, generation: int, sender: int, receiver: int, instance: int, sequence: int) -> None:
+        c = self.channel
+        if (generation, sender, receiver) != (c.generation, c.sender, c.receiver):
+            raise SealingError(f"refused a message addressed to generation {generation}, rank {sender} -> rank "
+                               f"{receiver} on {c}", self.channel)
+        # One sealer per channel: whatever the job builds again in a generation (a live move's
+        # sync groups) takes another stream, so another key. An opener that let a new instance
+        # start at message 0 took a recording of the channel's earlier sealer the same way.
+        fresh = sequence == 0 and self._instance is None
+        if not fresh and (instance != self._instance or sequence != self._next):
+            raise SealingError(f"refused message {sequence} on {c}: expected message {self._next} "
+                               f"(replayed, reordered or dropped)", self.channel)
 
     def _fields(self, envelope: bytes) -> tuple[int, ...]:
         if len(envelope) != ENVELOPE_BYTES:

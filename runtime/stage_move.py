@@ -139,14 +139,17 @@ def move_stage(stage: RunningStage, move: pb.Move) -> pb.MoveReport:
         executor.rebuild(layers)
         apply_state(executor.module, executor.optimizer, {**keep, **received}, mine.layer_start)
     dp = move.data_parallel if move.HasField("data_parallel") else None
+    # Sealed groups built again in this generation get streams of their own, so keys of their own:
+    # under the old names a recording of the groups before the move opened again after it.
+    epoch = f" move {move.id}"
     executor.grad_sync = None
     if dp is not None and dp.sync_groups:  # every rank makes every group, in order
         plans = sealed_plans(sync_group_plans(dp), new_layout, stage.rdzv.data_plane_encrypt if stage.rdzv else "off")
         executor.grad_sync = GradientSync(executor.layers, mine.layer_start, plans, make_groups(plans), stage.wire,
-                                          stage.rdzv)
+                                          stage.rdzv, epoch=epoch)
     if stage.tied_groups:
         executor.tied = TiedParameters(stage.tied_groups, new_layout, stage.rank, executor.module,
-                                       mine.layer_start, stage.wire, stage.rdzv)
+                                       mine.layer_start, stage.wire, stage.rdzv, epoch=epoch)
     retarget_links(executor, move.stage)
     stage.layout, stage.layer_start, stage.layer_end = new_layout, mine.layer_start, mine.layer_end
     stage.on_range(mine.layer_start, mine.layer_end)

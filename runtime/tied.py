@@ -44,8 +44,9 @@ def _member(name: str) -> tuple[int, str]:
 class TiedParameters:
     def __init__(self, groups: tuple[tuple[str, ...], ...], layout: list[pb.StagePlace], rank: int,
                  module: nn.Module, layer_start: int, wire: torch.device, rdzv: pb.Rendezvous | None = None,
-                 local_index: Callable[[int], int] | None = None) -> None:
-        """`module`'s layers are the model's from `layer_start` on; or, where a rank runs several
+                 local_index: Callable[[int], int] | None = None, epoch: str = "") -> None:
+        """`epoch`: as GradientSync's (runtime/grad_sync.py), keys of its own after a live move.
+        `module`'s layers are the model's from `layer_start` on; or, where a rank runs several
         stages (interleaved 1F1B, ZB-V: its parts' ranges one after another), `local_index` maps a
         model layer to its index in `module`. ZB-V's first and last stage share a node, so an
         embedding tied to the output projection has one holder there: its gradients are summed in
@@ -81,7 +82,7 @@ class TiedParameters:
                     raise ValueError(f"tied parameters {group} have different shapes {sorted(shapes)}")
                 sealed = None
                 if rdzv is not None and must_seal(rdzv.data_plane_encrypt, regions_of(layout, holders)):
-                    sealed = SealedGather(rdzv, holders, f"tied {group[0]}", process_group)
+                    sealed = SealedGather(rdzv, holders, f"tied {group[0]}{epoch}", process_group)
                 self._held.append(_Held(process_group, params, holder_of[0], holders, sealed))
 
     def share_initial_values(self) -> None:

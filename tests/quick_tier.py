@@ -33,6 +33,7 @@ MODULES = {
     "test_device_plans", "test_device_schedule_config",  # several stages per node: plans and the YAML
     "test_auto_device_schedules",  # ... and schedule: auto choosing them
     "test_k8s_manifests",  # deploy k8s: rendered manifests against Kubernetes' schemas
+    "test_remote_start_checks",  # what up checks before starting agents elsewhere (ssh, Slurm, Ray)
 }
 
 # Single tests of slower modules (module::test function).

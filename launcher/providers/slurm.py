@@ -178,6 +178,9 @@ class Allocation:
                 job = re.search(r"job allocation (\d+)", text)
                 self.job_id = job.group(1) if job else self.job_id
                 if self.process.poll() is not None:  # read again: it may have written its reason since `text`
+                    if self.job_id:  # granted, then salloc ended without starting our command (release cancels it)
+                        raise JobError(f"{self.what}: salloc exited before starting job {self.job_id}'s agents: "
+                                       f"{salloc_errors(self._log())}")
                     raise JobError(f"{self.what}: Slurm refused the allocation: {salloc_errors(self._log())}")
                 if time.monotonic() > deadline:
                     state = self._state() if self.job_id else "not queued yet"
@@ -241,10 +244,10 @@ class Allocation:
         """scancel the job and close salloc's stdin (its command ends, it gives the allocation up);
         SIGTERM a salloc still there (one still waiting for its allocation withdraws the request:
         SIGKILL would leave the job queued), SIGKILL only as a last resort."""
+        if self.job_id is not None:  # also where salloc is gone: a job it leaves behind holds its nodes
+            self._run("scancel", self.job_id)
         if self.process.poll() is not None:
             return
-        if self.job_id is not None:
-            self._run("scancel", self.job_id)
         if self.process.stdin is not None:
             close_quietly(self.process.stdin)
         for sig, wait_s in ((None, 5.0), (signal.SIGTERM, QUERY_TIMEOUT_S), (signal.SIGKILL, 5.0)):

@@ -14,6 +14,7 @@ The system client, not a Python SSH library, so that what the user's ssh already
 
 from __future__ import annotations
 
+import ipaddress
 import shlex
 import socket
 import subprocess
@@ -41,7 +42,10 @@ class SshProvider(ProcessProvider, AgentProvider):
 
     def start(self, ctx: LaunchContext) -> None:
         coord = ctx.cluster.coordinator
-        address = host_port(advertised_host(coord.host, coord.advertise), ctx.port)
+        try:
+            address = host_port(advertised_host(coord.host, coord.advertise, [n.host for n in self.nodes]), ctx.port)
+        except SshError as err:
+            raise JobError(str(err)) from None
         with ctx.console.status(f"checking hetlaunch on {len(self.nodes)} host(s) over ssh"):
             with ThreadPoolExecutor(max_workers=min(16, len(self.nodes))) as pool:
                 for check in [pool.submit(check_remote_versions, node) for node in self.nodes]:
@@ -61,7 +65,9 @@ def ssh_command(node: NodeConfig, remote: list[str]) -> list[str]:
     login = ["-l", node.user] if node.user else []
     port = ["-p", str(node.port)] if node.port else []
     # BatchMode: never stop to ask for a password or a host key on a terminal nobody watches.
-    return ["ssh", "-o", "BatchMode=yes", *node.ssh_options, *login, *port, "--", node.host, shlex.join(remote)]
+    # -T after the node's options (the last one counts): a terminal would echo stdin's first line,
+    # the join token, into the agent's log, and end the lifeline's EOF.
+    return ["ssh", "-o", "BatchMode=yes", *node.ssh_options, "-T", *login, *port, "--", node.host, shlex.join(remote)]
 
 
 def check_remote_versions(node: NodeConfig) -> None:
@@ -92,14 +98,31 @@ def agent_command(node: NodeConfig, coordinator: str, agent_args: list[str]) -> 
                               "--connect-timeout", "30", *agent_args])
 
 
-def advertised_host(bound_host: str, advertise: str | None) -> str:
+def advertised_host(bound_host: str, advertise: str | None, hosts: list[str] = ()) -> str:
     """The host remote agents dial: coordinator.advertise, else the bound address, else (bound to
-    every interface) this machine's name."""
+    every interface) this machine's name (its host name where getfqdn says `localhost`, as on
+    Debian-style hosts). SshError where that is a loopback address and one of `hosts` (where the
+    agents run, when known: ssh) is another machine, which would dial itself: such a job must say
+    in coordinator.advertise how other machines reach this one."""
     if advertise:
         return advertise
+    host = bound_host
     if bound_host in ("0.0.0.0", "::", "[::]", ""):
-        return socket.getfqdn()
-    return bound_host
+        host = socket.getfqdn()
+        if _loopback(host):
+            host = socket.gethostname()
+    if _loopback(host) and any(not _loopback(h) for h in hosts):
+        raise SshError(f"coordinator: agents on other machines would dial {host}, a loopback address; bind "
+                       f"coordinator.host to an address they reach (or 0.0.0.0) and set coordinator.advertise "
+                       f"to the name they dial")
+    return host
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+    except (OSError, ValueError):
+        return host in ("localhost", "localhost.localdomain")
 
 
 def _last_line(text: str) -> str:

@@ -1,4 +1,5 @@
-"""Ctrl-C or SIGTERM on `hetlaunch up` mid-training stops every agent it started, promptly."""
+"""Ctrl-C, SIGTERM or SIGHUP (a closed terminal) on `hetlaunch up` mid-training stops every agent it
+started, promptly."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def _gone(pid: int) -> bool:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=["SIGTERM", "SIGINT", "SIGHUP"])
 def test_signal_stops_up_and_every_agent(sig, tmp_path):
     yaml_path = tmp_path / "cluster.yaml"
     yaml_path.write_text(CLUSTER)

@@ -1,5 +1,6 @@
 """A sealed stage link between two real gloo ranks (data_plane.encrypt): tensors arrive exactly as
-sent, and a flipped byte, a replay, a foreign key, a truncated or an oversized message is refused
+sent, and a second sealer on the channel, a flipped byte, a replay, a foreign key, a truncated or an
+oversized message is refused
 with one line naming the link, before the stage can train on it."""
 
 from __future__ import annotations
@@ -51,17 +52,20 @@ def _sender(out_dir: str) -> None:
     # the tuple's positions 1 and 2 were each read envelope first, once.
     assert link.stats.notices == 3, link.stats
     # The hostile cases: bytes written to the wire by hand.
-    thief = Sealer(SECRET, FORWARD)  # a second instance: its message 0 is accepted once
-    envelope, sealed = thief.seal(_raw(torch.ones(2)))
+    legit = link.sealing[0]
+    thief = Sealer(SECRET, FORWARD)  # a second sealer on the channel: refused from its message 0 on
+    _send_raw(*thief.seal(_raw(torch.ones(2))))
+    envelope, sealed = legit.seal(_raw(torch.ones(2)))
     _send_raw(envelope, sealed)
     _send_raw(envelope, sealed)  # replayed
-    envelope, sealed = thief.seal(_raw(torch.ones(2)))
+    envelope, sealed = legit.seal(_raw(torch.ones(2)))
     flipped = bytearray(sealed)
     flipped[3] ^= 1
     _send_raw(envelope, bytes(flipped))
-    envelope, sealed = Sealer(bytes(32), FORWARD).seal(_raw(torch.ones(2)))  # a foreign key, message 0
+    forger = Sealer(bytes(32), FORWARD)  # a foreign key, at the place the stream is at
+    forger._instance, forger._sequence = legit._instance, legit._sequence - 1
+    envelope, sealed = forger.seal(_raw(torch.ones(2)))
     _send_raw(envelope, sealed)
-    envelope, sealed = thief.seal(_raw(torch.ones(2)))
     huge = bytearray(envelope)
     huge[-8:] = (2**40).to_bytes(8, "little")  # announces a terabyte: refused before allocating
     _send_raw(bytes(huge), None)
@@ -76,17 +80,15 @@ def _receiver(out_dir: str) -> None:
     exact = all(torch.equal(a, b) for a, b in zip(got[1], want[1])) and torch.equal(got[0], want[0]) \
         and torch.equal(got[2], want[2]) and got[2].dtype == torch.bfloat16
     int8_error = (got[3] - want[3]).abs().max().item()
-    first = link.recv()  # the second instance's message 0
-    refusals = []
-    for _ in range(4):
+    outcomes = []  # per message: what it carried, or the refusal's line
+    for _ in range(6):
         try:
-            link.recv()
-            refusals.append(None)
+            outcomes.append(link.recv().tolist())
         except SealingError as error:
-            refusals.append(str(error))
+            outcomes.append(str(error))
     dist.barrier()
     Path(out_dir, "receiver.json").write_text(json.dumps(
-        {"exact": exact, "int8_error": int8_error, "first": first.tolist(), "refusals": refusals}))
+        {"exact": exact, "int8_error": int8_error, "outcomes": outcomes}))
 
 
 def _rank(rank: int, out_dir: str) -> None:
@@ -99,10 +101,10 @@ def test_a_sealed_link_delivers_exactly_and_refuses_what_was_tampered_with(tmp_p
     result = json.loads((tmp_path / "receiver.json").read_text())
     assert result["exact"], "tensors, tuples and bf16 arrive bit for bit"
     assert 0 < result["int8_error"] < 0.1  # a lossy codec still applies, under the seal
-    assert result["first"] == [1.0, 1.0]
-    replay, flipped, foreign, huge = result["refusals"]
-    assert "replayed, reordered or dropped" in replay
+    second_sealer, delivered, replay, flipped, foreign, huge = result["outcomes"]
+    assert delivered == [1.0, 1.0]
+    assert "replayed, reordered or dropped" in second_sealer and "replayed, reordered or dropped" in replay
     assert "failed authentication" in flipped and "failed authentication" in foreign
     assert "at most" in huge
-    for line in result["refusals"]:
+    for line in (second_sealer, replay, flipped, foreign, huge):
         assert "link rank 0 -> rank 1, generation 7" in line and "\n" not in line

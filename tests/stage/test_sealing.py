@@ -56,16 +56,31 @@ def test_a_replayed_reordered_or_dropped_message_is_refused():
     assert opener.open(*second) == bytes([1]) * 16 and opener.open(*third) == bytes([2]) * 16
 
 
-def test_a_new_sealer_on_the_channel_starts_a_new_instance_and_an_old_one_cannot_come_back():
+def test_an_opener_hears_one_sealer_so_a_recording_cannot_start_over():
     old, opener = _pair()
     old_first = old.seal(b"a" * 8)
     assert opener.open(*old_first) == b"a" * 8
-    renewed = Sealer(SECRET, CHANNEL)  # the link made again in the same generation: fresh nonces
-    new_first = renewed.seal(b"b" * 8)
-    assert new_first[1] != old.seal(b"b" * 8)[1]
-    assert opener.open(*new_first) == b"b" * 8
     with pytest.raises(SealingError, match="replayed"):
-        opener.open(*old_first)  # message 0 of an instance already seen
+        opener.open(*old_first)
+    # A second sealer on a channel already heard (what a rebuild under the same stream name made):
+    # its message 0 is refused like a replay, as the first sealer's recording would be.
+    with pytest.raises(SealingError, match="expected message 1"):
+        opener.open(*Sealer(SECRET, CHANNEL).seal(b"b" * 8))
+    assert opener.open(*old.seal(b"c" * 8)) == b"c" * 8  # the channel itself goes on
+
+
+def test_a_recording_from_before_a_live_move_is_refused_after_it():
+    """A live move builds the sync and tied groups again in the same generation: under the same
+    stream names (so the same keys) a fresh opener took the old groups' recorded message 0 as new
+    (a hostile review replayed three gradient buckets so). The groups built by move N name their
+    streams `... move N` (runtime/stage_move.py), so a recording fails authentication."""
+    before = Channel(generation=3, sender=0, receiver=2, stream="sync 0-3")
+    after = Channel(generation=3, sender=0, receiver=2, stream="sync 0-3 move 1")
+    recorded = [Sealer(SECRET, before).seal(f"grad step {i}".encode()) for i in range(3)][0]
+    opener = Opener(SECRET, after)
+    with pytest.raises(SealingError, match="failed authentication"):
+        opener.open(*recorded)
+    assert opener.open(*Sealer(SECRET, after).seal(b"grad step 3")) == b"grad step 3"
 
 
 def test_a_foreign_key_another_channel_or_generation_is_refused():
@@ -116,3 +131,17 @@ def test_a_stage_names_the_refusing_link_by_its_nodes_and_the_coordinator_reads_
     assert parse_refusal("RuntimeError: Connection closed by peer") is None
     unnamed = SealingError("an encrypted data plane needs the `cryptography` package")
     assert _named_refusal(unnamed, layout) is unnamed  # not a refusal: left as it is
+
+
+def test_an_envelope_open_would_refuse_is_refused_before_its_bytes_are_received():
+    """expected_length checks the address and the place in the stream, not only the length: a
+    forged envelope (another generation or ranks, a sequence out of order) announcing a layer's
+    worth of bytes had the receiver allocate 64 GiB before anything was authenticated."""
+    sealer, opener = _pair()
+    assert opener.open(*sealer.seal(b"first")) == b"first"
+    foreign, _ = Sealer(SECRET, Channel(999, 42, 43, "activations")).seal(b"x")
+    with pytest.raises(SealingError, match="addressed to generation 999"):
+        opener.expected_length(foreign, 2**40)
+    skipped_ahead = [sealer.seal(b"y") for _ in range(2)][1][0]
+    with pytest.raises(SealingError, match="expected message 1"):
+        opener.expected_length(skipped_ahead, 2**40)
