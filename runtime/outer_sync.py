@@ -21,7 +21,8 @@ Wire, hierarchical: replicas of one island are identical, so one delta per islan
 between islands. Per layer range, the holder in each island's first pipeline (its
 representative) all-gathers its encoded delta with the other islands' representatives, each
 parameter on its own; they decode and sum in island order and broadcast the average to their
-island's other holders (in-island links), so every holder computes bit-identical anchors. A lossy
+island's other holders (in-island links; sealed, as a gather, where data_plane.encrypt covers
+them), so every holder computes bit-identical anchors. A lossy
 codec carries what it lost into the next exchange (error feedback, the representative's). Encoding per parameter keeps the two copies of a tied parameter identical (their
 holders encode the same tensor). Groups are made once per generation by every rank, in order.
 """
@@ -98,6 +99,7 @@ class _Held:
     momentum: torch.Tensor
     error: torch.Tensor | None = None
     sealed: SealedGather | None = None  # data_plane.encrypt covers the representatives
+    shared_sealed: SealedGather | None = None  # ... covers the island's holders: the average passed on sealed
 
     @property
     def representative(self) -> bool:
@@ -132,11 +134,12 @@ class OuterSync:
 
     def __init__(self, layers: list[nn.Module], layer_start: int, num_layers: int, settings: OuterSettings,
                  plans: list[OuterGroupPlan],
-                 groups: list[tuple[object | None, object | None, SealedGather | None] | None],
+                 groups: list[tuple[object | None, object | None, SealedGather | None, SealedGather | None] | None],
                  wire_device: torch.device, state_lock=None, tied: tuple[tuple[str, ...], ...] = ()):
         """`groups[i]`: for plans[i], (representatives' group or None, island holders' group or
-        None, the representatives' sealed gather where data_plane.encrypt covers them), or None
-        where this rank holds none of its layers."""
+        None, the representatives' sealed gather where data_plane.encrypt covers them, the island
+        holders' sealed gather where it covers them), or None where this rank holds none of its
+        layers."""
         self._sealer: SerialWorker | None = None  # sealed exchanges run here, overlapping the steps
         self.settings, self.num_layers, self.wire = settings, num_layers, wire_device
         # Parameters change under the executor's state lock: a snapshot from another thread sees
@@ -153,10 +156,11 @@ class OuterSync:
             for layer in range(plan.layer_start, plan.layer_end):
                 for name, param in layers[layer - layer_start].named_parameters():
                     if param.requires_grad:
-                        exchange, island, sealed = pair
+                        exchange, island, sealed, shared_sealed = pair
                         anchor = param.detach().to(wire_device, torch.float32, copy=True)
                         self.held.append(_Held(param, first_layer.get(f"{layer}.{name}", layer), plan, exchange,
-                                               island, anchor, torch.zeros_like(anchor), sealed=sealed))
+                                               island, anchor, torch.zeros_like(anchor), sealed=sealed,
+                                               shared_sealed=shared_sealed))
 
     def reset_anchor(self) -> None:
         """The anchor is the parameters as they are now (after tied copies share their value, or a restore)."""
@@ -257,7 +261,9 @@ class OuterSync:
                 shape, codec = tuple(h.anchor.shape), h.plan.codec
                 for member, weight in enumerate(h.plan.weights):
                     average += weight * codec.decode([payload[member] for payload in gathered], shape, torch.float32)
-            if h.island is not None:  # in-island: the representative's average reaches the other holders
+            if h.shared_sealed is not None:  # sealed in-island: every holder's value, the representative's kept
+                average = h.shared_sealed.gather(average)[0]
+            elif h.island is not None:  # in-island: the representative's average reaches the other holders
                 shares.append(dist.broadcast(average, src=h.plan.island_ranks[0], group=h.island, async_op=True))
             averages.append(average)
         for work in shares:

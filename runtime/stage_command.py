@@ -223,8 +223,12 @@ def _outer_sync(dp: pb.DataParallel | None, layout: list[pb.StagePlace], bundle,
                                     WireEmulation.from_spec(group.emulate_bandwidth_mbps, group.emulate_latency_ms)))
         sealed = sealed_gather_for(rdzv, layout, representatives, f"outer {group.layer_start}-{group.layer_end - 1}",
                                    exchange) if me in representatives else None
+        # The average the representative passes on crosses the island's own links: sealed where
+        # data_plane.encrypt covers them (`all`, or an island whose pipelines span regions).
+        shared = sealed_gather_for(rdzv, layout, mine, f"outer share {group.layer_start}-{group.layer_end - 1}",
+                                   island_groups.get(island_of[me])) if len(mine) > 1 else None
         groups.append(None if not mine else (exchange if me in representatives else None,
-                                             island_groups.get(island_of[me]), sealed))
+                                             island_groups.get(island_of[me]), sealed, shared))
     return OuterSync(bundle.layers, layer_start, bundle.num_layers, settings, plans, groups, wire, state_lock,
                      tied=bundle.tied)
 

@@ -159,3 +159,29 @@ def test_a_capture_of_the_wire_holds_the_planted_activations_only_in_clear(tmp_p
         assert capture.packets > 100
         seen[mode] = capture.found
     assert seen == {"off": True, "cross_region": False}
+
+
+ISLAND_OF_TWO = """nodes:
+  - {name: east0, region: east, device: cpu, threads: 1, pipeline: 0, layers: [0, 8]}
+  - {name: east1, region: east, device: cpu, threads: 1, pipeline: 1, layers: [0, 8]}
+  - {name: west0, region: west, device: cpu, threads: 1, pipeline: 2, layers: [0, 8]}
+"""
+
+
+@pytest.mark.timeout(400)
+def test_an_islands_representative_passes_the_average_on_sealed_and_the_math_is_the_clear_runs(tmp_path):
+    """The east island holds two pipelines: after each outer step its representative passes the
+    average on to the other holder over the island's own link, which `all` seals (a hostile review
+    found it sent in clear, unauthenticated, and applied as it came). Sealed or not, every holder
+    steps from the representative's average: the runs agree bit for bit."""
+    outer = ", pipeline_microbatches: [2, 1, 1], outer: {islands: by_region, every: 2, codec: none}"
+    runs = {}
+    for mode in ("off", "all"):
+        text = HEAD.replace("MODE", mode).replace("CODEC", "none").replace("PIPELINES", outer) + ISLAND_OF_TWO
+        (tmp_path / f"{mode}.yaml").write_text(text)
+        result = run_hetlaunch("up", str(tmp_path / f"{mode}.yaml"), "--run-dir", str(tmp_path / mode), timeout=200)
+        assert result.returncode == 0, result.stderr + result.stdout
+        runs[mode] = ([json.loads(line)["loss"] for line in (tmp_path / mode / "metrics.jsonl").read_text().splitlines()],
+                      final_parameters(tmp_path / mode), [])
+    _same_bits(runs["off"], runs["all"])
+    assert len(_outer_bytes(tmp_path / "all")) >= STEPS // 2 - 1  # the islands met
