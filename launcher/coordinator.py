@@ -158,6 +158,15 @@ def host_port(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+# Connections cost the coordinator a file descriptor each before any token is checked: one that
+# has not finished its handshake (TLS, HTTP/2's preface) in this long is closed, and so is one idle
+# this long (agents hold a command stream open, which is not idle). Without them gRPC closed
+# silent connections only after minutes, and 400 held open from one client used up a 256-file
+# limit: the coordinator could not open a file or answer its own health check (hostile review).
+HANDSHAKE_TIMEOUT_MS = 10_000
+MAX_CONNECTION_IDLE_MS = 120_000
+
+
 class CoordinatorServer:
     """The gRPC server bound to an explicit address, with grpc.health.v1 served beside it."""
 
@@ -166,7 +175,9 @@ class CoordinatorServer:
         self.state = CoordinatorState(expected_nodes, discovery)
         most = len(expected_nodes) + (0 if discovery is None else discovery.limit or 64)
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=pool_threads(most)),
-                                  interceptors=[CallGuard(token, SERVICE_NAME)])
+                                  interceptors=[CallGuard(token, SERVICE_NAME)],
+                                  options=[("grpc.server_handshake_timeout_ms", HANDSHAKE_TIMEOUT_MS),
+                                           ("grpc.max_connection_idle_ms", MAX_CONNECTION_IDLE_MS)])
         control_pb2_grpc.add_CoordinatorServicer_to_server(
             CoordinatorServicer(self.state, heartbeat_interval_ms), self.server)
         self.health = health.HealthServicer()

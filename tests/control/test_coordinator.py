@@ -213,3 +213,29 @@ def test_commands_carry_the_current_generation(server, stub):
     received = list(stub.WatchCommands(pb.WatchCommandsRequest(agent_id=agent_id), metadata=auth(),
                                        timeout=RPC_TIMEOUT))
     assert [c.generation for c in received] == [generation - 1, generation]
+
+
+@pytest.mark.timeout(60)
+def test_a_connection_that_never_speaks_is_closed_before_it_can_pile_up(server, channel):
+    """A hostile review held 400 silent TCP connections to the coordinator (no token needed to
+    connect): each kept a file descriptor for minutes, and the coordinator ran out. One that does
+    not finish its handshake is now closed after HANDSHAKE_TIMEOUT_MS; the server keeps serving."""
+    import socket
+    import time
+
+    from hetlaunch.launcher.coordinator import HANDSHAKE_TIMEOUT_MS
+
+    host, port = server.address.rsplit(":", 1)
+    silent = [socket.create_connection((host, int(port)), timeout=5) for _ in range(3)]
+    started = time.monotonic()
+    try:
+        for sock in silent:
+            sock.settimeout(3 * HANDSHAKE_TIMEOUT_MS / 1000)
+            while sock.recv(4096):  # the server's SETTINGS, then the end of the stream
+                pass
+    finally:
+        for sock in silent:
+            sock.close()
+    assert time.monotonic() - started < 3 * HANDSHAKE_TIMEOUT_MS / 1000
+    reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=10)
+    assert reply.status == health_pb2.HealthCheckResponse.SERVING
