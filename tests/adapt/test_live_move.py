@@ -81,7 +81,9 @@ def _exchange_rank(rank: int, out_dir: str, encrypt: str = "off") -> None:
     if rank == 0:
         foreign = SealedTransfers(pb.Rendezvous(rank=0, generation=3, data_plane_encrypt=encrypt,
                                                 data_plane_secret=bytes(32)), old)
-        send_layer(state_of(9), 9, 1, torch.device("cpu"), foreign.sealer(1))
+        forger = foreign.sealer(1)  # at the place the stream is at (the envelope's fields are no secret)
+        forger._instance, forger._sequence = sealed.sealer(1)._instance, sealed.sealer(1)._sequence
+        send_layer(state_of(9), 9, 1, torch.device("cpu"), forger)
         envelope, box = sealed.sealer(1).seal(b"\0" * 64)
         flipped = bytearray(box)
         flipped[5] ^= 0x10
