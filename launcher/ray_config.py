@@ -13,6 +13,7 @@ from hetlaunch.launcher.config_types import Strict, YamlFloat
 
 # Ray resource names as `ray start --resources` takes them, e.g. region_us_east, or accelerator_type:A100.
 ResourceName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.:/-]{0,127}$")]
+_RAY_OWN = ("CPU", "GPU", "memory", "object_store_memory")
 
 
 class RayConfig(Strict):
@@ -45,6 +46,18 @@ class RayNodeConfig(Strict):
     # Custom resources the node's bundle needs, e.g. {region_us_east: 1} for a Ray node started
     # with `ray start --resources='{"region_us_east": 8}'`.
     resources: dict[ResourceName, Annotated[float, Field(gt=0, allow_inf_nan=False)]] = Field(default_factory=dict)
+
+    @field_validator("resources")
+    @classmethod
+    def _custom_only(cls, value: dict[str, float]) -> dict[str, float]:
+        # Checked here, not by Ray once the cluster is reached: Ray refuses these as custom
+        # resources, and fractions finer than it counts, with a traceback from inside `up`.
+        for name, amount in value.items():
+            if name in _RAY_OWN:
+                raise ValueError(f"{name}: a resource Ray sets itself (use num_cpus, num_gpus, gpu_type)")
+            if amount < 1e-4:  # Ray counts resources in ten-thousandths: less is none at all to it
+                raise ValueError(f"{name}: {amount:g} is finer than Ray counts (at least 0.0001)")
+        return value
 
     def bundle(self) -> dict[str, float]:
         """The node's placement group bundle (and its actor's resources)."""

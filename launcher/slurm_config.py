@@ -62,7 +62,17 @@ class SlurmGroup(Strict):
             for option in getattr(self, key):
                 if not option.startswith("-"):
                     return key, f"{option!r} is not an option (each item one option, e.g. --qos=high)"
+                if option.split("=", 1)[0] in _REFUSED.get(key, {}):
+                    return key, f"{option.split('=', 1)[0]}: {_REFUSED[key][option.split('=', 1)[0]]}"
         return None
+
+
+# Options that break how `up` runs the job: the token goes to each agent as stdin's first line,
+# stdin stays open as its lifeline, and salloc's command holds the allocation.
+_REFUSED = {
+    "srun_options": {"--pty": "a terminal echoes stdin's first line (the join token) into the agent's log"},
+    "salloc_options": {"--no-shell": "up holds the allocation with salloc's command; without one it outlives up"},
+}
 
 
 def check_slurm_groups(cluster) -> None:

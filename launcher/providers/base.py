@@ -33,7 +33,10 @@ class LaunchContext:
     console: Console
 
     def log_path(self, node: str) -> Path:
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        # Only this user reads agents' logs: they hold what agents print (paths, addresses, and
+        # whatever a misconfigured remote terminal echoed).
+        self.log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.log_dir.chmod(0o700)
         return self.log_dir / f"{node}.log"
 
 

@@ -41,7 +41,7 @@ class AgentProcesses:
               stdin_line: str | None = None) -> None:
         """Start `command`; with `stdin_line`, its stdin is a pipe whose first line that is, left
         open as the agent's lifeline (closed by `stop`)."""
-        with open(log_path, "w") as log:
+        with open(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as log:
             process = subprocess.Popen(command, env=env,
                                        stdin=subprocess.DEVNULL if stdin_line is None else subprocess.PIPE,
                                        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

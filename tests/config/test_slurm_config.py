@@ -73,6 +73,10 @@ def test_slurm_s_reasons_are_one_line():
     ("slurm: [{name: g}, {name: g}]\nnodes: [{name: a, launch: slurm}]", "slurm[1].name: duplicate group 'g'"),
     ("slurm: [{name: g, srun_options: [qos]}]\nnodes: [{name: a, launch: slurm}]",
      "slurm[0].srun_options: 'qos' is not an option (each item one option, e.g. --qos=high)"),
+    ("slurm: [{name: g, srun_options: [--pty]}]\nnodes: [{name: a, launch: slurm}]",
+     "slurm[0].srun_options: --pty: a terminal echoes stdin's first line (the join token) into the agent's log"),
+    ("slurm: [{name: g, salloc_options: [--no-shell]}]\nnodes: [{name: a, launch: slurm}]",
+     "slurm[0].salloc_options: --no-shell: up holds the allocation with salloc's command"),
     ("slurm: [{name: g, time: soon}]\nnodes: [{name: a, launch: slurm}]",
      "slurm[0].time: a Slurm time limit such as 30, 2:00:00 or 1-12:00:00 (got 'soon')"),
     ('slurm: [{name: g, time: "2:00:00\\n"}]\nnodes: [{name: a, launch: slurm}]',  # re.match's $ let it through

@@ -41,6 +41,9 @@ def test_tiny_example_trains_and_writes_the_run_dir(tmp_path):
     assert plan_nodes and set(plan_nodes) <= {"n0", "n1", "n2"}
     assert all([s["node"] for s in r["stages"]] == plan_nodes for r in records)
     assert not list(run_dir.glob("*.tmp")), "half-written files left in the run directory"
+    # Agents' logs are this user's alone (what a remote terminal may echo lands there).
+    logs = run_dir / "logs"
+    assert logs.stat().st_mode & 0o777 == 0o700 and (logs / "n0.log").stat().st_mode & 0o777 == 0o600
     # checkpoint_every is 50 by default, more than the run's steps: one checkpoint, after the last step
     saved = sorted(p.parent.name for p in (run_dir / "checkpoints").glob(f"*/{MANIFEST_NAME}"))
     assert saved == [checkpoint_dir(Path(), steps).name], saved
