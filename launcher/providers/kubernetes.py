@@ -19,6 +19,8 @@ controller adds an 11-character revision hash to it in a label of at most 63).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import secrets
@@ -203,6 +205,9 @@ def render(cluster, token: str, tls_files: dict[str, str]) -> dict[str, list[dic
               "metadata": {"name": kube.secret, "labels": dict(meta_labels)},
               "stringData": {TOKEN_KEY: token, **tls_files}}
     files: dict[str, list[dict[str, Any]]] = {"secret.yaml": [secret]}
+    # The agents read the Secret when they start: a pod template that names its digest changes with
+    # it, so `kubectl apply` rolls the pods onto a new token (else they kept knocking with the old one).
+    digest = hashlib.sha256(json.dumps(secret["stringData"], sort_keys=True).encode()).hexdigest()
     for group in kube.groups:
         labels = {**meta_labels, "hetlaunch/group": group.name}
         service = {"apiVersion": "v1", "kind": "Service",
@@ -213,7 +218,9 @@ def render(cluster, token: str, tls_files: dict[str, str]) -> dict[str, list[dic
                     "spec": {"serviceName": group.name, "replicas": group.replicas,
                              "podManagementPolicy": "Parallel",
                              "selector": {"matchLabels": dict(labels)},
-                             "template": {"metadata": {"labels": dict(labels)}, "spec": _pod(cluster, group)}}}
+                             "template": {"metadata": {"labels": dict(labels),
+                                                       "annotations": {"hetlaunch/secret-sha256": digest}},
+                                          "spec": _pod(cluster, group)}}}
         files[f"group-{group.name}.yaml"] = [service, stateful]
     return files
 
@@ -293,8 +300,9 @@ class Deployed:
 
 def deploy(cluster, directory: Path, token_file: Path | None, source: str) -> Deployed:
     """Render the manifests of `cluster` into `directory` (made if missing): every file whole, or none.
-    The token: --token-file, else $HETLAUNCH_TOKEN, else a new one, written to DIRECTORY/token (not a
-    manifest: kubectl apply -f DIR reads only .yaml, .yml and .json) for `hetlaunch up --token-file`."""
+    The token: --token-file, else $HETLAUNCH_TOKEN, else DIRECTORY/token from an earlier render,
+    else a new one, written there (not a manifest: kubectl apply -f DIR reads only .yaml, .yml and
+    .json) for `hetlaunch up --token-file`."""
     if cluster.kubernetes is None:
         raise DeployError(f"{source}: no kubernetes: section; list the node groups to run there "
                           "(README: Kubernetes)")
@@ -304,6 +312,8 @@ def deploy(cluster, directory: Path, token_file: Path | None, source: str) -> De
     try:
         if token_file is not None or os.environ.get(TOKEN_ENV_VAR):
             token = read_token(str(token_file) if token_file else None)
+        elif (directory / "token").is_file():  # rendered again: the token running agents and `up` already hold
+            token = read_token(str(directory / "token"))
         else:
             token, new_token = secrets.token_urlsafe(24), directory / "token"
     except ValueError as err:

@@ -124,6 +124,12 @@ def test_without_a_token_one_is_made_and_written_beside_the_manifests(tmp_path, 
     assert done.new_token == tmp_path / "token" and len(token) >= 32
     assert stat.S_IMODE(os.stat(tmp_path / "token").st_mode) == 0o600
     assert rendered(tmp_path)["secret.yaml"][0]["stringData"]["token"] == token
+    # Rendered again into the same directory: the same token (a new one silently locked out the
+    # agents already running and any `up --token-file DIR/token` started before), the same digest.
+    digest = workloads(rendered(tmp_path))
+    again = deploy(cluster_from_dict(CLUSTER), tmp_path, None, "cluster.yaml")
+    assert again.new_token is None and (tmp_path / "token").read_text().strip() == token
+    assert workloads(rendered(tmp_path)) == digest
     monkeypatch.setenv("HETLAUNCH_TOKEN", TOKEN)
     assert deploy(cluster_from_dict(CLUSTER), tmp_path / "env", None, "cluster.yaml").new_token is None
     assert rendered(tmp_path / "env")["secret.yaml"][0]["stringData"]["token"] == TOKEN
@@ -357,3 +363,16 @@ def test_the_real_agent_command_takes_the_rendered_args(tmp_path, monkeypatch):
     assert (seen["serve"], seen["region"]) == (True, "eu-west")
     assert seen["labels"] == {"pool": "k8s", "cost": "$(HOME)"}
     assert seen["data_roots"] == ("/data",)
+
+
+def test_a_new_secret_changes_the_pod_template_so_kubectl_apply_rolls_the_pods(tmp_path):
+    """Agents read the Secret once, when they start: a token or certificate changed under running
+    pods left them knocking with the old one. The template carries the Secret's digest."""
+    def annotations(token: str, where: str) -> set[str]:
+        token_file = tmp_path / f"{where}.token"
+        token_file.write_text(token + "\n")
+        deploy(cluster_from_dict(CLUSTER), tmp_path / where, token_file, "cluster.yaml")
+        return {w["spec"]["template"]["metadata"]["annotations"]["hetlaunch/secret-sha256"]
+                for w in workloads(rendered(tmp_path / where)).values()}
+    first, same, other = annotations(TOKEN, "a"), annotations(TOKEN, "b"), annotations(TOKEN + "x", "c")
+    assert len(first) == 1 and first == same and first != other
