@@ -477,6 +477,8 @@ def agent(
     key: Optional[Path] = typer.Option(None, help="mutual TLS: this agent's private key"),
     region: str = typer.Option("", help="this node's region (used when the YAML discovers agents)"),
     label: list[str] = typer.Option([], help="KEY=VALUE the YAML's discover.labels can match (repeat)"),
+    insecure: bool = typer.Option(False, "--insecure", help="without --ca, dial a coordinator on another machine "
+                                                            "in clear text (as the YAML's coordinator.insecure)"),
 ) -> None:
     """Join a coordinator as one node of the cluster and run the stages it assigns, in worker subprocesses."""
     import math
@@ -494,7 +496,7 @@ def agent(
 
     try:
         token = read_token(str(token_file) if token_file else None)
-        credentials = tls_credentials(*(str(p) if p else None for p in (ca, cert, key)))
+        credentials = tls_credentials(*(str(p) if p else None for p in (ca, cert, key)), coordinator, insecure)
         labels = parse_labels(label)
     except ValueError as err:
         fail(str(err), EXIT_BAD_INPUT)

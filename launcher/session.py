@@ -135,8 +135,8 @@ class ClusterSession:
         """What local agents need to verify the coordinator (its CA, else its own certificate) and,
         under mutual TLS, to present themselves."""
         tls = self.cluster.coordinator.tls
-        if tls is None:
-            return []
+        if tls is None:  # clear text, to a coordinator off loopback only as the YAML acknowledged
+            return ["--insecure"] if self.cluster.coordinator.insecure else []
         # Absolute, as the data and checkpoint paths beside them: an agent started over ssh, by
         # Slurm or Ray runs in another directory (its home), where a relative path names nothing.
         args = ["--ca", _absolute(tls.ca or tls.cert)]

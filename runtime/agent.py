@@ -12,6 +12,7 @@ job after job (runtime/agent_service.py). `up` starts local agents this way and 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import socket
 import sys
@@ -72,13 +73,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ca", default=None, help="TLS: the CA that signed the coordinator's certificate")
     parser.add_argument("--cert", default=None, help="mutual TLS: this agent's certificate")
     parser.add_argument("--key", default=None, help="mutual TLS: this agent's private key")
+    parser.add_argument("--insecure", action="store_true",
+                        help="without --ca, dial a coordinator on another machine in clear text")
     parser.add_argument("--region", default="", help="this node's region, for discovery")
     parser.add_argument("--label", action="append", default=[], help="KEY=VALUE, for discovery (repeat)")
     parser.add_argument("--stdin-lifeline", action="store_true", help="exit when stdin closes (started over SSH)")
     args = parser.parse_args(argv)
     try:
         token = read_token(args.token_file)
-        credentials = tls_credentials(args.ca, args.cert, args.key)
+        credentials = tls_credentials(args.ca, args.cert, args.key, args.coordinator, args.insecure)
         labels = parse_labels(args.label)
     except ValueError as err:
         print(f"hetlaunch agent: {err}", file=sys.stderr)
@@ -88,13 +91,31 @@ def main(argv: list[str] | None = None) -> int:
                      region=args.region, labels=labels, stdin_lifeline=args.stdin_lifeline)
 
 
-def tls_credentials(ca: str | None, cert: str | None, key: str | None) -> ClientTls | None:
-    """None without --ca (clear text); --cert/--key need --ca."""
+def tls_credentials(ca: str | None, cert: str | None, key: str | None, coordinator: str = "127.0.0.1:0",
+                    insecure: bool = False) -> ClientTls | None:
+    """None without --ca (clear text); --cert/--key need --ca. Clear text to a coordinator on another
+    machine only with `insecure`, as coordinator.insecure on the other side: the join token goes in
+    every call's metadata, and whoever answers at that address (a spoofed name, a TLS coordinator
+    dialled without --ca) would read it, then could hand this agent stages and a data-plane secret."""
     if ca is None:
         if cert is not None or key is not None:
             raise ValueError("--cert and --key need --ca (the CA that signed the coordinator's certificate)")
+        host = coordinator.rsplit(":", 1)[0].strip("[]")
+        if not insecure and not _loopback(host):
+            raise ValueError(f"--coordinator {coordinator} is another machine: without --ca the join token would "
+                             f"cross in clear text; give --ca (the CA of the coordinator's certificate) or, on a "
+                             f"network you trust, --insecure")
         return None
     return ClientTls.read(ca, cert, key)
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 if __name__ == "__main__":

@@ -106,7 +106,8 @@ def start_in_namespaces(geo: GeoNamespaces, workdir: Path, cluster_yaml: str, en
                                                        "--token-file", str(token)]}
     for n in ("a", "b"):
         commands[n] = geo.exec(n) + cli + ["agent", "--coordinator", f"{COORDINATOR_ADDRESSES[n]}:{PORT}", "--name", n,
-                                           "--token-file", str(token), "--connect-timeout", "30", *agent_args]
+                                           "--token-file", str(token), "--connect-timeout", "30", *agent_args,
+                                           *(() if "--ca" in agent_args else ("--insecure",))]  # as coordinator.insecure
     procs = {name: subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logs[name], stderr=subprocess.STDOUT, env=env)
              for name, cmd in commands.items()}
     return procs, logs

@@ -268,6 +268,8 @@ def agent_args(cluster, group: KubeGroup) -> list[str]:
         args += ["--ca", f"{SECRET_DIR}/{CA_KEY}"]
         if tls.ca is not None:
             args += ["--cert", f"{SECRET_DIR}/{CERT_KEY}", "--key", f"{SECRET_DIR}/{KEY_KEY}"]
+    else:  # the coordinator is off loopback (it must be, for pods): clear text as coordinator.insecure says
+        args.append("--insecure")
     if cluster.model.entrypoint is not None:  # the agents run this job's model, and only it
         args.append(own(f"--allow-entrypoint={cluster.model.entrypoint}"))
     return args + [own(a) for a in kube.agent_args]

@@ -94,7 +94,7 @@ def test_groups_get_their_selectors_gpus_and_agent_flags(tmp_path):
     assert container["args"] == [
         "agent", "--serve", "--coordinator", "203.0.113.10:29400", "--name", "$(POD_NAME)",
         "--token-file", "/etc/hetlaunch/token", "--region", "eu-west",
-        "--label", "cost=$$(HOME)", "--label", "pool=k8s", "--data-root", "/data"]
+        "--label", "cost=$$(HOME)", "--label", "pool=k8s", "--insecure", "--data-root", "/data"]
     assert container["env"] == [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
     assert pod["automountServiceAccountToken"] is False
 

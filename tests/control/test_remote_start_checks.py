@@ -4,6 +4,7 @@ lifeline is stdin exits. Found by a hostile review of the starters (2026-12-06).
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -71,3 +72,22 @@ def test_an_agent_whose_lifeline_is_stdin_exits_with_its_own_code_not_sigabrt():
         agent.stdin.close()
     assert agent.returncode == 3, out
     assert "could not reach the coordinator" in out and "Fatal Python error" not in out, out
+
+
+def test_an_agent_dials_another_machine_in_clear_text_only_when_told_to():
+    """Without --ca the token goes in clear to whoever answers: refused off loopback unless
+    --insecure says the network is trusted (as coordinator.insecure does on the other side)."""
+    from hetlaunch.runtime.agent import tls_credentials
+
+    with pytest.raises(ValueError, match="another machine.*--ca.*--insecure"):
+        tls_credentials(None, None, None, "10.0.0.5:29400")
+    with pytest.raises(ValueError, match="another machine"):
+        tls_credentials(None, None, None, "[2001:db8::1]:29400")
+    assert tls_credentials(None, None, None, "10.0.0.5:29400", insecure=True) is None
+    assert tls_credentials(None, None, None, "127.0.0.1:29400") is None
+    assert tls_credentials(None, None, None, "[::1]:29400") is None and tls_credentials(None, None, None,
+                                                                                      "localhost:1") is None
+    done = subprocess.run([sys.executable, "-m", "hetlaunch.launcher.cli", "agent", "--coordinator", "203.0.113.9:29400",
+                           "--name", "a"], env={**os.environ, "HETLAUNCH_TOKEN": "t"},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "--insecure" in done.stderr, done.stderr
