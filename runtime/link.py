@@ -346,18 +346,21 @@ class Link:
             head = _sealed_header(plain)
             size = check_message_size(head, self.max_message_bytes, self.peer_rank, used)
             if head.notice:
-                raise SealingError(f"rank {self.peer_rank} sent two layout notices in a row")
+                raise SealingError(f"refused a second layout notice in a row on {self.sealing[1].channel}",
+                                   self.sealing[1].channel)
         self._received_sealed[position] = len(plain)
         payloads, offset = [], HEADER_LEN * 8
         for shape, dtype in head.codec.payload_specs(head.shape, head.dtype):
             count = dtype.itemsize * numel(shape)
             if offset + count > len(plain):
-                raise SealingError(f"a sealed message from rank {self.peer_rank} is shorter than its header says")
+                raise SealingError(f"refused a message shorter than its header says on {self.sealing[1].channel}",
+                                   self.sealing[1].channel)
             raw = bytes_tensor(plain[offset:offset + count], self.wire_device)
             payloads.append(raw.view(dtype).reshape(shape))
             offset += count
         if offset != len(plain):
-            raise SealingError(f"a sealed message from rank {self.peer_rank} is longer than its header says")
+            raise SealingError(f"refused a message longer than its header says on {self.sealing[1].channel}",
+                               self.sealing[1].channel)
         return head, payloads, size
 
     def drain(self) -> float:

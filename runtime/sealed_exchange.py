@@ -128,7 +128,8 @@ class SealedGather:
     def _receive(self, peer: int, size: int, device: torch.device) -> torch.Tensor:
         plain = recv_sealed(self._openers[peer], peer, self.group, device, size)
         if len(plain) != size:
-            raise SealingError(f"refused {len(plain)} bytes on {self.stream} from rank {peer}: expected {size}")
+            channel = self._openers[peer].channel
+            raise SealingError(f"refused {len(plain)} bytes on {channel}: expected {size}", channel)
         return bytes_tensor(plain, device)
 
     def sum(self, tensor: torch.Tensor) -> torch.Tensor:
