@@ -43,7 +43,8 @@ def logs(
     node: str = typer.Argument(..., help="a node name"),
     follow: bool = typer.Option(False, "-f", "--follow", help="keep printing until the run ends"),
 ) -> None:
-    """Print a local agent's log (remote agents log on their own host)."""
+    """Print an agent's log: those `up` started (local, ssh, Slurm, Ray) log into the run directory;
+    `launch: remote` agents and Kubernetes pods log on their own host."""
     from hetlaunch.launcher.run_control import RunControlError, contact_of, follow_log
 
     path = run_dir / "logs" / f"{node}.log"

@@ -68,7 +68,10 @@ SECRET_DIR = "/etc/hetlaunch"  # where the Secret's files appear in the agent co
 TOKEN_KEY, CA_KEY, CERT_KEY, KEY_KEY = "token", "ca.pem", "agent-cert.pem", "agent-key.pem"
 GPU_RESOURCE = "nvidia.com/gpu"
 # Flags the rendered command sets itself: agent_args may not set them again.
-_OWN_FLAGS = ("--coordinator", "--name", "--token-file", "--serve", "--region", "--label", "--ca", "--cert", "--key")
+_OWN_FLAGS = ("--coordinator", "--name", "--token-file", "--serve", "--region", "--label", "--ca", "--cert", "--key",
+              "--insecure")
+# ... and those it may add (`hetlaunch agent`'s others): anything else would crash-loop every pod.
+AGENT_FLAGS = ("--work-dir", "--allow-entrypoint", "--data-root", "--checkpoint-root", "--connect-timeout")
 
 
 class KubeGroup(Strict):
@@ -104,8 +107,12 @@ class KubernetesConfig(Strict):
     @classmethod
     def _not_ours(cls, value: list[str]) -> list[str]:
         for arg in value:
-            if arg.split("=", 1)[0] in _OWN_FLAGS:
-                raise ValueError(f"{arg.split('=', 1)[0]} is set by the rendered command itself (got {arg[:80]!r})")
+            flag = arg.split("=", 1)[0]
+            if flag in _OWN_FLAGS:
+                raise ValueError(f"{flag} is set by the rendered command itself (got {arg[:80]!r})")
+            if flag.startswith("-") and flag not in AGENT_FLAGS:
+                raise ValueError(f"{flag[:80]!r} is not a flag of `hetlaunch agent` that agent_args may set "
+                                 f"(one of {', '.join(AGENT_FLAGS)})")
         return value
 
     @model_validator(mode="after")

@@ -262,6 +262,8 @@ def _yaml(**changes) -> str:
     ({"kubernetes__groups__1__region": "eu-west-"}, "kubernetes.groups[1].region: 'eu-west-' is no Kubernetes label"),
     ({"kubernetes__image": None}, "kubernetes.groups[0].image: required unless kubernetes.image"),
     ({"kubernetes__agent_args": ["--coordinator=1.2.3.4:5"]}, "--coordinator is set by the rendered command"),
+    ({"kubernetes__agent_args": ["--insecure"]}, "--insecure is set by the rendered command"),
+    ({"kubernetes__agent_args": ["--token_file", "/x"]}, "'--token_file' is not a flag of `hetlaunch agent`"),
     ({"kubernetes__groups": []}, "kubernetes.groups"),
     ({"kubernetes__groups__0__replicas": 0}, "kubernetes.groups[0].replicas"),
     ({"discover__regions": ["us-east"]}, "kubernetes.groups[1]: the agents of group l4 (l4-0, ...) could never join: "
@@ -376,3 +378,16 @@ def test_a_new_secret_changes_the_pod_template_so_kubectl_apply_rolls_the_pods(t
                 for w in workloads(rendered(tmp_path / where)).values()}
     first, same, other = annotations(TOKEN, "a"), annotations(TOKEN, "b"), annotations(TOKEN + "x", "c")
     assert len(first) == 1 and first == same and first != other
+
+
+def test_the_flags_agent_args_may_set_are_the_agent_commands_own_but_those_rendered():
+    """agent_args with a flag `hetlaunch agent` does not take (`--token_file`) rendered fine and
+    crash-looped every pod; the lists stay in step with the command's options."""
+    import typer.main
+
+    from hetlaunch.launcher.cli import app
+    from hetlaunch.launcher.providers.kubernetes import _OWN_FLAGS, AGENT_FLAGS
+
+    command = typer.main.get_command(app).commands["agent"]
+    flags = {opt for param in command.params for opt in param.opts if opt.startswith("--")}
+    assert set(AGENT_FLAGS) | set(_OWN_FLAGS) == flags - {"--help"} and not set(AGENT_FLAGS) & set(_OWN_FLAGS)
