@@ -135,6 +135,9 @@ class NodeConfig(Strict):
             raise FieldError(("host",), "only for remote or ssh nodes (a local node runs on this machine)")
         if self.launch == "ssh" and self.host is None:
             raise FieldError(("host",), "required with launch: ssh (the host to log in to, or a Host of ~/.ssh/config)")
+        stray = _ssh_option_error(self.ssh_options)
+        if stray is not None:
+            raise FieldError(("ssh_options",), stray)
         if self.launch != "ssh":
             for key in ("user", "port", "ssh_options", "remote_python"):
                 if key in self.model_fields_set:
@@ -172,3 +175,28 @@ class DiscoverConfig(Strict):
         where = f" in region {' or '.join(self.regions)}" if self.regions else ""
         labels = (" labelled " + ", ".join(f"{k}={v}" for k, v in sorted(self.labels.items()))) if self.labels else ""
         return f"{count} discovered agent(s){where}{labels}, waiting up to {self.wait_s:g}s"
+
+
+# ssh's options that take a value (OpenSSH's ssh(1)): the value is the rest of the word or the next one.
+_SSH_VALUED = set("BbcDEeFIiJLlmOoPpQRSWw")
+
+
+def _ssh_option_error(options: list[str]) -> str | None:
+    """Why `options` are not all ssh options with their values, or None. A stray word would be
+    taken by ssh as the host to log in to (`[-J, bastion, gpu2]` logs in to gpu2), and everything
+    after it as the command."""
+    expecting = None
+    for word in options:
+        if expecting is not None:
+            expecting = None
+            continue
+        if not word.startswith("-") or word in ("-", "--"):
+            return f"{word[:80]!r} is not an ssh option (each option, then its value if it takes one)"
+        for i, letter in enumerate(word[1:]):
+            if letter in _SSH_VALUED:
+                if i + 2 == len(word):  # the value is the next word
+                    expecting = letter
+                break
+    if expecting is not None:
+        return f"-{expecting} needs a value"
+    return None

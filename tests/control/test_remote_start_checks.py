@@ -91,3 +91,19 @@ def test_an_agent_dials_another_machine_in_clear_text_only_when_told_to():
                            "--name", "a"], env={**os.environ, "HETLAUNCH_TOKEN": "t"},
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "--insecure" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("options, error", [
+    (["-J", "bastion", "gpu2"], "'gpu2' is not an ssh option"),  # ssh would log in to gpu2
+    (["-i"], "-i needs a value"),
+    (["key.pem"], "'key.pem' is not an ssh option"),
+    (["--", "x"], "'--' is not an ssh option"),
+])
+def test_a_stray_word_in_ssh_options_is_refused_before_ssh_takes_it_for_the_host(options, error):
+    with pytest.raises(ConfigError, match=error):
+        parse_cluster(f"model: {{preset: tiny}}\nnodes:\n  - {{name: a, launch: ssh, host: gpu1, ssh_options: {options}}}\n")
+
+
+@pytest.mark.parametrize("options", [["-i", "key.pem"], ["-ikey.pem", "-v", "-o", "A=b"], ["-vvJ", "jump"], ["-4", "-C"]])
+def test_ssh_options_with_their_values_pass(options):
+    parse_cluster(f"model: {{preset: tiny}}\nnodes:\n  - {{name: a, launch: ssh, host: gpu1, ssh_options: {options}}}\n")
