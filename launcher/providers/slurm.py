@@ -280,7 +280,14 @@ def salloc_command(components: list[Component]) -> list[str]:
     lists = (["$SLURM_JOB_NODELIST"] if len(components) == 1 else
              [f"$SLURM_JOB_NODELIST_HET_GROUP_{i}" for i in range(len(components))])
     hold = f'echo "{MARK} $SLURM_JOB_ID {" ".join(lists)}"; exec cat >/dev/null'
-    return ["salloc", *parts, "--", "sh", "-c", hold]
+    # The command holds a granted allocation while stdin is open; a request still queued has no
+    # command yet, so a shell around salloc watches stdin too and, when it closes (`up` ended or
+    # was killed), sends salloc SIGTERM, which withdraws the request (SIGKILL of `up` left it
+    # queued). The shell ends with salloc, whose exit code it passes on.
+    # (fd 3: a background list's stdin is /dev/null, and dash does so even with `0<&0`.)
+    watch = ('exec 3<&0; "$@" <&3 & s=$!; { cat >/dev/null; kill -TERM $s 2>/dev/null; } <&3 & w=$!; '
+             'wait $s; r=$?; kill $w 2>/dev/null; exit $r')
+    return ["sh", "-c", watch, "sh", "salloc", *parts, "--", "sh", "-c", hold]
 
 
 def salloc_errors(text: str) -> str:

@@ -184,6 +184,21 @@ def test_sigkill_on_up_still_gives_the_allocation_back(slurm, tmp_path):
     assert not _slurm_agents(), "agents left running after SIGKILL of up"
 
 
+@pytest.mark.timeout(120)
+def test_sigkill_on_up_while_the_allocation_is_queued_withdraws_it(slurm, tmp_path):
+    """A queued request has no command holding it yet: the shell around salloc sees `up`'s pipe
+    close and sends salloc SIGTERM (a hostile review left one queued after SIGKILL of `up`)."""
+    group = "{name: g, wait_s: 600, salloc_options: [--begin=now+1hour]}"  # held pending by Slurm
+    up, _ = _up(slurm, tmp_path, _yaml(["{name: s0, launch: slurm}"], steps=1, group=group))
+    try:
+        wait_for(lambda: slurm.jobs(), 60, "the queued job", proc=up)
+        up.kill()
+        up.wait(timeout=10)
+    finally:
+        stop_process(up)
+    _no_jobs_within(slurm, 20)
+
+
 @pytest.mark.timeout(300)
 def test_a_failed_slurm_node_is_a_lost_node_and_the_others_train_on(slurm, tmp_path):
     """The allocation has --no-kill: Slurm ends only the failed node's step, `up` re-plans on the other.
