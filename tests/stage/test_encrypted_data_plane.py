@@ -96,6 +96,19 @@ ISLANDS = """nodes:
 """
 
 
+def _off_and_all_alike(tmp_path, train_extra: str, nodes: str) -> None:
+    """The job run clear and with `encrypt: all`: the same losses and final parameters, bit for bit."""
+    runs = {}
+    for mode in ("off", "all"):
+        text = HEAD.replace("MODE", mode).replace("CODEC", "none").replace("PIPELINES", train_extra) + nodes
+        (tmp_path / f"{mode}.yaml").write_text(text)
+        result = run_hetlaunch("up", str(tmp_path / f"{mode}.yaml"), "--run-dir", str(tmp_path / mode), timeout=200)
+        assert result.returncode == 0, result.stderr + result.stdout
+        runs[mode] = ([json.loads(line)["loss"] for line in (tmp_path / mode / "metrics.jsonl").read_text().splitlines()],
+                      final_parameters(tmp_path / mode), [])
+    _same_bits(runs["off"], runs["all"])
+
+
 def _outer_bytes(run_dir) -> list[tuple[int, int]]:
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [tuple(r["islands"]["outer"]["bytes"]) for r in lines if r["islands"]["outer"]["bytes"][0]]
@@ -107,16 +120,8 @@ def test_islands_meet_sealed_and_train_bit_for_bit_like_the_clear_run(tmp_path):
     two fragments with a delay of 1 (the sealed exchange runs on its own thread while the next
     step computes). Under `all` the outer exchange between the islands' representatives, the
     east pipeline's link, its clipping all-reduce and its barrier are all sealed."""
-    outer = ", outer: {islands: by_region, every: 2, fragments: 2, delay: 1, codec: none}"
-    runs = {}
-    for mode in ("off", "all"):
-        text = HEAD.replace("MODE", mode).replace("CODEC", "none").replace("PIPELINES", outer) + ISLANDS
-        (tmp_path / f"{mode}.yaml").write_text(text)
-        result = run_hetlaunch("up", str(tmp_path / f"{mode}.yaml"), "--run-dir", str(tmp_path / mode), timeout=200)
-        assert result.returncode == 0, result.stderr + result.stdout
-        runs[mode] = ([json.loads(line)["loss"] for line in (tmp_path / mode / "metrics.jsonl").read_text().splitlines()],
-                      final_parameters(tmp_path / mode), [])
-    _same_bits(runs["off"], runs["all"])
+    _off_and_all_alike(tmp_path, ", outer: {islands: by_region, every: 2, fragments: 2, delay: 1, codec: none}",
+                       ISLANDS)
     clear, sealed = _outer_bytes(tmp_path / "off"), _outer_bytes(tmp_path / "all")
     assert clear and len(clear) == len(sealed)
     assert all(wire == raw for raw, wire in clear), clear  # codec none: the deltas as they are
@@ -174,14 +179,6 @@ def test_an_islands_representative_passes_the_average_on_sealed_and_the_math_is_
     average on to the other holder over the island's own link, which `all` seals (a hostile review
     found it sent in clear, unauthenticated, and applied as it came). Sealed or not, every holder
     steps from the representative's average: the runs agree bit for bit."""
-    outer = ", pipeline_microbatches: [2, 1, 1], outer: {islands: by_region, every: 2, codec: none}"
-    runs = {}
-    for mode in ("off", "all"):
-        text = HEAD.replace("MODE", mode).replace("CODEC", "none").replace("PIPELINES", outer) + ISLAND_OF_TWO
-        (tmp_path / f"{mode}.yaml").write_text(text)
-        result = run_hetlaunch("up", str(tmp_path / f"{mode}.yaml"), "--run-dir", str(tmp_path / mode), timeout=200)
-        assert result.returncode == 0, result.stderr + result.stdout
-        runs[mode] = ([json.loads(line)["loss"] for line in (tmp_path / mode / "metrics.jsonl").read_text().splitlines()],
-                      final_parameters(tmp_path / mode), [])
-    _same_bits(runs["off"], runs["all"])
+    _off_and_all_alike(tmp_path, ", pipeline_microbatches: [2, 1, 1], outer: {islands: by_region, every: 2, codec: none}",
+                       ISLAND_OF_TWO)
     assert len(_outer_bytes(tmp_path / "all")) >= STEPS // 2 - 1  # the islands met
