@@ -394,8 +394,9 @@ def _with_cluster(work) -> None:
 
     signal.signal(signal.SIGTERM, on_sigterm)
     # A closed terminal (SIGHUP) unwinds the same way: by default it killed `up` on the spot and a
-    # Slurm allocation still queued was never withdrawn.
-    signal.signal(signal.SIGHUP, on_sigterm)
+    # Slurm allocation still queued was never withdrawn. Not under nohup, which ignores it on purpose.
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        signal.signal(signal.SIGHUP, on_sigterm)
     try:
         work()
     except (JobError, PlanningError, ProfileError) as err:

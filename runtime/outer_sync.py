@@ -21,8 +21,8 @@ Wire, hierarchical: replicas of one island are identical, so one delta per islan
 between islands. Per layer range, the holder in each island's first pipeline (its
 representative) all-gathers its encoded delta with the other islands' representatives, each
 parameter on its own; they decode and sum in island order and broadcast the average to their
-island's other holders (in-island links; sealed, as a gather, where data_plane.encrypt covers
-them), so every holder computes bit-identical anchors. A lossy
+island's other holders (in-island links; sealed, one copy per holder, where data_plane.encrypt
+covers them), so every holder computes bit-identical anchors. A lossy
 codec carries what it lost into the next exchange (error feedback, the representative's). Encoding per parameter keeps the two copies of a tied parameter identical (their
 holders encode the same tensor). Groups are made once per generation by every rank, in order.
 """
@@ -261,8 +261,8 @@ class OuterSync:
                 shape, codec = tuple(h.anchor.shape), h.plan.codec
                 for member, weight in enumerate(h.plan.weights):
                     average += weight * codec.decode([payload[member] for payload in gathered], shape, torch.float32)
-            if h.shared_sealed is not None:  # sealed in-island: every holder's value, the representative's kept
-                average = h.shared_sealed.gather(average)[0]
+            if h.shared_sealed is not None:  # sealed in-island: the representative seals it to each holder
+                average = h.shared_sealed.broadcast(average, h.plan.island_ranks[0])
             elif h.island is not None:  # in-island: the representative's average reaches the other holders
                 shares.append(dist.broadcast(average, src=h.plan.island_ranks[0], group=h.island, async_op=True))
             averages.append(average)

@@ -125,6 +125,25 @@ class SealedGather:
             work.wait()
         return out
 
+    def broadcast(self, tensor: torch.Tensor, source: int) -> torch.Tensor:
+        """`source`'s tensor on every member (same shape and dtype on all), like dist.broadcast but
+        returned: the source seals it to each peer, the others only receive; blocks."""
+        device, shape, dtype = tensor.device, tuple(tensor.shape), tensor.dtype
+        plain = tensor_bytes([tensor])
+        if self.me != source:
+            return self._receive(source, len(plain), device).view(dtype).reshape(shape)
+        sends, keep = [], []
+        for peer, sealer in self._sealers.items():
+            envelope, sealed = sealer.seal(plain)
+            for data in (envelope, sealed):
+                t = bytes_tensor(data, device)
+                keep.append(t)  # the tensors must outlive the sends
+                sends.append(dist.isend(t, dst=peer, group=self.group))
+            self.wire_bytes += len(envelope) + len(sealed)
+        for work in sends:
+            work.wait()
+        return tensor.detach().clone()
+
     def _receive(self, peer: int, size: int, device: torch.device) -> torch.Tensor:
         plain = recv_sealed(self._openers[peer], peer, self.group, device, size)
         if len(plain) != size:

@@ -12,11 +12,12 @@ an envelope sent in clear beside it and authenticated as associated data:
     envelope = version, generation, sender, receiver, instance, sequence, plaintext length
     nonce    = instance (4 random bytes, per Sealer) || sequence (8 bytes)
 
-The sender counts its messages from 0; a Sealer made again for the same channel (a link made
-anew in the same generation) draws a new instance, so a nonce is never used twice under a key.
-The receiver accepts exactly the next sequence of the instance it has, or sequence 0 of an
-instance it has never seen: a replayed, reordered, dropped, truncated, altered or foreign message fails the tag or
-the order check and is refused with SealingError, one line naming the channel.
+The sender counts its messages from 0. A channel has one Sealer: what a generation builds again
+(a live move's sync and tied groups) takes streams of its own, so keys of its own, and a nonce
+is never used twice under a key. The receiver accepts sequence 0 of the first instance it hears,
+then exactly the next sequence of that instance: a replayed, reordered, dropped, truncated,
+altered or foreign message, or a second sender on the channel, fails the tag or the order check
+and is refused with SealingError, one line naming the channel.
 """
 
 from __future__ import annotations

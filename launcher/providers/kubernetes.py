@@ -19,8 +19,6 @@ controller adds an 11-character revision hash to it in a label of at most 63).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import re
 import secrets
@@ -67,6 +65,7 @@ Image = Annotated[str, StringConstraints(pattern=r"^[^\s$]+$", max_length=512)]
 SECRET_DIR = "/etc/hetlaunch"  # where the Secret's files appear in the agent container
 TOKEN_KEY, CA_KEY, CERT_KEY, KEY_KEY = "token", "ca.pem", "agent-cert.pem", "agent-key.pem"
 GPU_RESOURCE = "nvidia.com/gpu"
+REVISION = "hetlaunch/secret-revision"
 # Flags the rendered command sets itself: agent_args may not set them again.
 _OWN_FLAGS = ("--coordinator", "--name", "--token-file", "--serve", "--region", "--label", "--ca", "--cert", "--key",
               "--insecure")
@@ -167,6 +166,9 @@ def check_cluster(cluster) -> None:
         raise FieldError(("coordinator", "port"), "0 (any free port) cannot be written into the pods' --coordinator: "
                                                   "set a fixed port")
     tls = coordinator.tls
+    if tls is None and not coordinator.insecure:  # the pods dial another machine: clear text only as said
+        raise FieldError(("coordinator", "tls"), "required with kubernetes (pods dial the coordinator from other "
+                                                 "machines), or insecure: true on a network you trust")
     if tls is not None and tls.ca is not None and tls.agent_cert is None:
         raise FieldError(("coordinator", "tls", "agent_cert"), "required with tls.ca and kubernetes: under mutual "
                                                                "TLS the pods' agents present it")
@@ -203,18 +205,21 @@ def _refusal(rule, group: KubeGroup) -> str | None:
     return None
 
 
-def render(cluster, token: str, tls_files: dict[str, str]) -> dict[str, list[dict[str, Any]]]:
+def render(cluster, token: str, tls_files: dict[str, str], revision: str = "") -> dict[str, list[dict[str, Any]]]:
     """File name -> the Kubernetes objects in it: secret.yaml, then group-NAME.yaml per node group.
-    `tls_files`: Secret key (CA_KEY, CERT_KEY, KEY_KEY) -> PEM text, as read_tls_files returns."""
+    `tls_files`: Secret key (CA_KEY, CERT_KEY, KEY_KEY) -> PEM text, as read_tls_files returns.
+    `revision`: names this Secret's content on the Secret and every pod template (secret_revision)."""
     kube = cluster.kubernetes
     meta_labels = {"app.kubernetes.io/name": "hetlaunch-agent", "app.kubernetes.io/part-of": "hetlaunch"}
     secret = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
               "metadata": {"name": kube.secret, "labels": dict(meta_labels)},
               "stringData": {TOKEN_KEY: token, **tls_files}}
     files: dict[str, list[dict[str, Any]]] = {"secret.yaml": [secret]}
-    # The agents read the Secret when they start: a pod template that names its digest changes with
-    # it, so `kubectl apply` rolls the pods onto a new token (else they kept knocking with the old one).
-    digest = hashlib.sha256(json.dumps(secret["stringData"], sort_keys=True).encode()).hexdigest()
+    # The agents read the Secret when they start: a pod template that names its revision changes
+    # with it, so `kubectl apply` rolls the pods onto a new token (else they kept knocking with the
+    # old one). A random name, not a digest: whoever may read workloads but not Secrets could test
+    # guesses of a weak token against a digest.
+    secret["metadata"]["annotations"] = {REVISION: revision}
     for group in kube.groups:
         labels = {**meta_labels, "hetlaunch/group": group.name}
         service = {"apiVersion": "v1", "kind": "Service",
@@ -226,7 +231,7 @@ def render(cluster, token: str, tls_files: dict[str, str]) -> dict[str, list[dic
                              "podManagementPolicy": "Parallel",
                              "selector": {"matchLabels": dict(labels)},
                              "template": {"metadata": {"labels": dict(labels),
-                                                       "annotations": {"hetlaunch/secret-sha256": digest}},
+                                                       "annotations": {REVISION: revision}},
                                           "spec": _pod(cluster, group)}}}
         files[f"group-{group.name}.yaml"] = [service, stateful]
     return files
@@ -275,7 +280,7 @@ def agent_args(cluster, group: KubeGroup) -> list[str]:
         args += ["--ca", f"{SECRET_DIR}/{CA_KEY}"]
         if tls.ca is not None:
             args += ["--cert", f"{SECRET_DIR}/{CERT_KEY}", "--key", f"{SECRET_DIR}/{KEY_KEY}"]
-    else:  # the coordinator is off loopback (it must be, for pods): clear text as coordinator.insecure says
+    else:  # clear text to another machine, as coordinator.insecure says (check_cluster requires it)
         args.append("--insecure")
     if cluster.model.entrypoint is not None:  # the agents run this job's model, and only it
         args.append(own(f"--allow-entrypoint={cluster.model.entrypoint}"))
@@ -322,7 +327,10 @@ def deploy(cluster, directory: Path, token_file: Path | None, source: str) -> De
         if token_file is not None or os.environ.get(TOKEN_ENV_VAR):
             token = read_token(str(token_file) if token_file else None)
         elif (directory / "token").is_file():  # rendered again: the token running agents and `up` already hold
-            token = read_token(str(directory / "token"))
+            try:
+                token = read_token(str(directory / "token"))
+            except ValueError as err:
+                raise ValueError(f"{err} (delete it to have a new token made)") from None
         else:
             token, new_token = secrets.token_urlsafe(24), directory / "token"
     except ValueError as err:
@@ -341,7 +349,7 @@ def deploy(cluster, directory: Path, token_file: Path | None, source: str) -> De
     out = escape_controls(str(directory))
     header = f"# rendered by `hetlaunch deploy k8s {escape_controls(source)}`: kubectl apply -f {out}\n"
     texts = {name: header + yaml.safe_dump_all(docs, sort_keys=False)
-             for name, docs in render(cluster, token, pems).items()}
+             for name, docs in render(cluster, token, pems, secret_revision(directory, token, pems)).items()}
     if new_token is not None:
         texts[new_token.name] = token + "\n"
     paths = [directory / name for name in texts]
@@ -382,3 +390,15 @@ def _check_targets(paths: list[Path], source: Path, out: str) -> None:
         if same:
             raise DeployError(f"-o {out}: the render would overwrite its own cluster YAML {escape_controls(str(source))} "
                               f"({path.name}); render into another directory")
+
+
+def secret_revision(directory: Path, token: str, tls_files: dict[str, str]) -> str:
+    """The revision of the Secret rendered into `directory` before, where it held exactly this
+    content; else a new random one (so the pods roll onto the new content)."""
+    try:
+        before = yaml.safe_load((directory / "secret.yaml").read_text())
+        if before["stringData"] == {TOKEN_KEY: token, **tls_files}:
+            return str(before["metadata"]["annotations"][REVISION])
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        pass  # none before, or not one of ours: a new revision
+    return secrets.token_hex(8)

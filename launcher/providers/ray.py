@@ -23,6 +23,7 @@ agent that exited, is a lost node: hetlaunch re-plans without it (a new actor is
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import threading
 import time
@@ -176,7 +177,7 @@ class RayProvider(AgentProvider):
                 self.codes[name] = ACTOR_DIED
                 continue
             if chunk:
-                with open(self.ctx.log_path(name), "ab") as log:
+                with open(os.open(self.ctx.log_path(name), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
                     log.write(chunk)
                 self.offsets[name] = self.offsets.get(name, 0) + len(chunk)
             if code is not None and len(chunk) < MAX_CHUNK:  # ended, and its log is all here

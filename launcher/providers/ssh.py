@@ -14,12 +14,12 @@ The system client, not a Python SSH library, so that what the user's ssh already
 
 from __future__ import annotations
 
-import ipaddress
 import shlex
 import socket
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
+from hetlaunch.launcher.config_types import is_loopback
 from hetlaunch.launcher.coordinator import host_port
 from hetlaunch.launcher.job_errors import JobError
 from hetlaunch.launcher.node_config import NodeConfig
@@ -109,20 +109,17 @@ def advertised_host(bound_host: str, advertise: str | None, hosts: list[str] = (
     host = bound_host
     if bound_host in ("0.0.0.0", "::", "[::]", ""):
         host = socket.getfqdn()
-        if _loopback(host):
+        if host == "localhost":
             host = socket.gethostname()
-    if _loopback(host) and any(not _loopback(h) for h in hosts):
+        return host  # bound to every interface: other machines resolve the name by their own DNS
+    if is_loopback(host) and any(not is_loopback(h) for h in hosts):
         raise SshError(f"coordinator: agents on other machines would dial {host}, a loopback address; bind "
                        f"coordinator.host to an address they reach (or 0.0.0.0) and set coordinator.advertise "
-                       f"to the name they dial")
+                       f"to the name they dial (through a reverse tunnel: advertise {host} itself)")
     return host
 
 
-def _loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
-    except (OSError, ValueError):
-        return host in ("localhost", "localhost.localdomain")
+
 
 
 def _last_line(text: str) -> str:

@@ -52,7 +52,7 @@ def test_salloc_runs_under_a_shell_that_withdraws_it_when_stdin_closes(tmp_path)
     fake.chmod(0o755)
     out = tmp_path / "out"
     env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "OUT": str(out)}
-    queued = subprocess.Popen(command, stdin=subprocess.PIPE, env=env)
+    queued = subprocess.Popen(command, stdin=subprocess.PIPE, env=env, start_new_session=True)  # as up starts it
     deadline = time.monotonic() + 20
     while not (out.exists() and "queued" in out.read_text()) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -60,9 +60,13 @@ def test_salloc_runs_under_a_shell_that_withdraws_it_when_stdin_closes(tmp_path)
     assert out.read_text().split() == ["queued"], "withdrawn while stdin was still open"
     queued.stdin.close()  # what SIGKILL of `up` does to the pipe
     assert queued.wait(timeout=20) == 0 and out.read_text().split() == ["queued", "withdrawn"]
-    refused = subprocess.Popen(command, stdin=subprocess.PIPE, env={**env, "REFUSE": "1"})
+    refused = subprocess.Popen(command, stdin=subprocess.PIPE, env={**env, "REFUSE": "1"}, start_new_session=True)
     assert refused.wait(timeout=20) == 3  # salloc's exit seen at once, though stdin stays open
+    time.sleep(0.5)
+    session = subprocess.run(["ps", "-o", "pid=,stat=", "-s", str(refused.pid)], capture_output=True, text=True)
+    left = [line.split()[0] for line in session.stdout.splitlines() if not line.split()[1].startswith("Z")]
     refused.stdin.close()
+    assert not left, f"the wrapper left {left} behind (the watcher's cat)"
 
 
 def test_groups_of_one_het_job_are_the_components_of_one_salloc():

@@ -17,12 +17,22 @@ from hetlaunch.launcher.node_config import NodeConfig
 from hetlaunch.launcher.providers.ssh import SshError, advertised_host, ssh_command
 
 
-def test_a_loopback_coordinator_address_is_refused_for_agents_on_another_machine():
+def test_a_loopback_coordinator_address_is_refused_for_agents_on_another_machine(monkeypatch):
     with pytest.raises(SshError, match="loopback address.*coordinator.advertise"):
         advertised_host("127.0.0.1", None, ["gpu1.invalid"])
     # Agents on this machine (the tests' own sshd) may dial loopback; an advertised name is taken as given.
     assert advertised_host("127.0.0.1", None, ["127.0.0.1", "localhost"]) == "127.0.0.1"
     assert advertised_host("127.0.0.1", "head.example", ["gpu1.invalid"]) == "head.example"
+    # Bound to every interface: this machine's name, never looked up here (Debian maps its own name
+    # to 127.0.1.1 in /etc/hosts while other machines resolve it to the LAN address; a review found
+    # a lookup refusing that working setup). Its host name only where getfqdn says `localhost`.
+    import socket
+    monkeypatch.setattr(socket, "getfqdn", lambda: "head.lab.example")
+    monkeypatch.setattr(socket, "gethostbyname", lambda name: pytest.fail(f"looked up {name}"))
+    assert advertised_host("0.0.0.0", None, ["gpu1"]) == "head.lab.example"
+    monkeypatch.setattr(socket, "getfqdn", lambda: "localhost")
+    monkeypatch.setattr(socket, "gethostname", lambda: "head")
+    assert advertised_host("0.0.0.0", None, ["gpu1"]) == "head"
 
 
 def test_ssh_never_asks_for_a_terminal_whatever_the_node_options_say():

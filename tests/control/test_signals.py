@@ -59,3 +59,27 @@ def test_signal_stops_up_and_every_agent(sig, tmp_path):
     assert not still, f"agents still running {took:.1f}s after {sig.name}: {still}"
     summary = run_dir / "summary.json"
     assert not summary.exists(), "an interrupted run must not look finished"
+
+
+@pytest.mark.timeout(120)
+def test_under_nohup_a_hangup_does_not_stop_up(tmp_path):
+    """`nohup hetlaunch up ... &` ignores SIGHUP on purpose: up's own SIGHUP handling (a closed
+    terminal unwinds like SIGTERM) must not undo that, or a logout ends the job (review)."""
+    yaml_path = tmp_path / "cluster.yaml"
+    yaml_path.write_text(CLUSTER)
+    run_dir = tmp_path / "run"
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # what nohup does; the child inherits it
+    try:
+        up = popen_hetlaunch("up", str(yaml_path), "--run-dir", str(run_dir))
+    finally:
+        signal.signal(signal.SIGHUP, before)
+    try:
+        metrics = run_dir / "metrics.jsonl"
+        lines = lambda: metrics.read_text().count("\n") if metrics.exists() else 0  # noqa: E731
+        wait_for(lambda: lines() >= 1, 60, "the first line of metrics.jsonl", proc=up)
+        up.send_signal(signal.SIGHUP)
+        seen = lines()
+        wait_for(lambda: lines() >= seen + 3, 60, "steps after the hangup", proc=up)  # fails if up ended
+        assert up.poll() is None
+    finally:
+        stop_process(up)
