@@ -178,7 +178,7 @@ class Allocation:
                 job = re.search(r"job allocation (\d+)", text)
                 self.job_id = job.group(1) if job else self.job_id
                 if self.process.poll() is not None:  # read again: it may have written its reason since `text`
-                    if re.search(r"Granted job allocation", text):  # then salloc ended without our command (release cancels it)
+                    if re.search(r"Granted job allocation", text):  # granted, then salloc ended: release cancels it
                         raise JobError(f"{self.what}: salloc exited before starting job {self.job_id}'s agents: "
                                        f"{salloc_errors(self._log())}")
                     raise JobError(f"{self.what}: Slurm refused the allocation: {salloc_errors(self._log())}")
@@ -283,10 +283,9 @@ def salloc_command(components: list[Component]) -> list[str]:
     # The command holds a granted allocation while stdin is open; a request still queued has no
     # command yet, so a shell around salloc watches stdin too and, when it closes (`up` ended or
     # was killed), sends salloc SIGTERM, which withdraws the request (SIGKILL of `up` left it
-    # queued). The shell ends with salloc, whose exit code it passes on.
-    # (fd 3: a background list's stdin is /dev/null, and dash does so even with `0<&0`.) A SIGTERM
-    # to the shell (release) reaches salloc too and the shell waits on; once salloc is gone the
-    # shell ends what is left of its group (the watcher's cat) and passes salloc's exit code on.
+    # queued). A SIGTERM to the shell (release) is passed to salloc and the shell waits on; once
+    # salloc is gone it ends what is left of its group (the watcher's cat) and exits with salloc's
+    # code. (fd 3: a background list's stdin is /dev/null, and dash does so even with `0<&0`.)
     watch = ('exec 3<&0; trap \'kill -TERM $s 2>/dev/null\' TERM; "$@" <&3 & s=$!; '
              '{ cat >/dev/null; kill -TERM $s 2>/dev/null; } <&3 & '
              'while :; do wait $s; r=$?; kill -0 $s 2>/dev/null || break; done; '

@@ -45,7 +45,8 @@ def test_ray_errors_are_one_line_naming_the_field() -> None:
     assert "nodes[0].ray.resources" in error_of(RAY + "nodes: [{name: a, launch: ray, ray: {resources: {'a b': 1}}}]")
     assert "nodes[0].ray.num_gpus" in error_of(RAY + "nodes: [{name: a, launch: ray, ray: {num_gpus: -1}}]")
     # Ray refuses these itself, but only once `up` has reached the cluster, as a traceback (hostile review).
-    assert "a resource Ray sets itself" in error_of(RAY + "nodes: [{name: a, launch: ray, ray: {resources: {memory: 1}}}]")
+    assert "a resource Ray sets itself" in error_of(RAY + "nodes: [{name: a, launch: ray, "
+                                                          "ray: {resources: {memory: 1}}}]")
     assert "finer than Ray counts" in error_of(RAY + "nodes: [{name: a, launch: ray, ray: {resources: {r: 0.00001}}}]")
     parse_cluster(RAY + "nodes: [{name: a, launch: ray, ray: {resources: {r: 0.0001, s: 2.5}}}]")
     assert "nodes[0].ray.gpus" in error_of(RAY + "nodes: [{name: a, launch: ray, ray: {gpus: 1}}]")

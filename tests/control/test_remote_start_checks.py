@@ -111,9 +111,14 @@ def test_an_agent_dials_another_machine_in_clear_text_only_when_told_to():
 ])
 def test_a_stray_word_in_ssh_options_is_refused_before_ssh_takes_it_for_the_host(options, error):
     with pytest.raises(ConfigError, match=error):
-        parse_cluster(f"model: {{preset: tiny}}\nnodes:\n  - {{name: a, launch: ssh, host: gpu1, ssh_options: {options}}}\n")
+        parse_cluster(_ssh_node(options))
 
 
-@pytest.mark.parametrize("options", [["-i", "key.pem"], ["-ikey.pem", "-v", "-o", "A=b"], ["-vvJ", "jump"], ["-4", "-C"]])
+@pytest.mark.parametrize("options", [["-i", "key.pem"], ["-ikey.pem", "-v", "-o", "A=b"], ["-vvJ", "jump"],
+                                     ["-4", "-C"]])
 def test_ssh_options_with_their_values_pass(options):
-    parse_cluster(f"model: {{preset: tiny}}\nnodes:\n  - {{name: a, launch: ssh, host: gpu1, ssh_options: {options}}}\n")
+    parse_cluster(_ssh_node(options))
+
+
+def _ssh_node(options: list[str]) -> str:
+    return f"model: {{preset: tiny}}\nnodes:\n  - {{name: a, launch: ssh, host: gpu1, ssh_options: {options}}}\n"

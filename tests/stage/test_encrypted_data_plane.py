@@ -179,6 +179,6 @@ def test_an_islands_representative_passes_the_average_on_sealed_and_the_math_is_
     average on to the other holder over the island's own link, which `all` seals (a hostile review
     found it sent in clear, unauthenticated, and applied as it came). Sealed or not, every holder
     steps from the representative's average: the runs agree bit for bit."""
-    _off_and_all_alike(tmp_path, ", pipeline_microbatches: [2, 1, 1], outer: {islands: by_region, every: 2, codec: none}",
-                       ISLAND_OF_TWO)
+    outer = ", pipeline_microbatches: [2, 1, 1], outer: {islands: by_region, every: 2, codec: none}"
+    _off_and_all_alike(tmp_path, outer, ISLAND_OF_TWO)
     assert len(_outer_bytes(tmp_path / "all")) >= STEPS // 2 - 1  # the islands met
