@@ -144,8 +144,10 @@ class Allocation:
         self.key = key.split("@")[-1]
         self.env = env
         self.started_at = time.monotonic()
+        granted = log_dir / f"salloc@{key}.granted"  # made by salloc's command once the allocation runs
+        granted.unlink(missing_ok=True)
         with open(self.log_path, "w") as log:
-            self.process = subprocess.Popen(salloc_command(components), env=env, stdin=subprocess.PIPE,
+            self.process = subprocess.Popen(salloc_command(components, granted), env=env, stdin=subprocess.PIPE,
                                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     @property
@@ -260,9 +262,10 @@ class Allocation:
                 continue
 
 
-def salloc_command(components: list[Component]) -> list[str]:
-    """One salloc; a heterogeneous job's components separated by ':'. Its command says which job and
-    nodes (one node list per component), then holds the allocation until stdin closes."""
+def salloc_command(components: list[Component], granted: Path) -> list[str]:
+    """One salloc; a heterogeneous job's components separated by ':'. Its command makes `granted`,
+    says which job and nodes (one node list per component), then holds the allocation until stdin
+    closes."""
     parts = []
     for part in components:
         group = part.group
@@ -279,18 +282,21 @@ def salloc_command(components: list[Component]) -> list[str]:
         parts += [":"] * bool(parts) + options + group.salloc_options
     lists = (["$SLURM_JOB_NODELIST"] if len(components) == 1 else
              [f"$SLURM_JOB_NODELIST_HET_GROUP_{i}" for i in range(len(components))])
-    hold = f'echo "{MARK} $SLURM_JOB_ID {" ".join(lists)}"; exec cat >/dev/null'
+    # ($0 of both shells is `granted`, a file the command makes when the allocation starts.)
+    hold = f': > "$0"; echo "{MARK} $SLURM_JOB_ID {" ".join(lists)}"; exec cat >/dev/null'
     # The command holds a granted allocation while stdin is open; a request still queued has no
     # command yet, so a shell around salloc watches stdin too and, when it closes (`up` ended or
-    # was killed), sends salloc SIGTERM, which withdraws the request (SIGKILL of `up` left it
-    # queued). A SIGTERM to the shell (release) is passed to salloc and the shell waits on; once
-    # salloc is gone it ends what is left of its group (the watcher's cat) and exits with salloc's
-    # code. (fd 3: a background list's stdin is /dev/null, and dash does so even with `0<&0`.)
+    # was killed) before the allocation started, sends salloc SIGTERM, which withdraws the request
+    # (SIGKILL of `up` left it queued). Once it started, salloc ignores SIGTERM and the command's
+    # end gives the allocation up (a SIGTERM then left salloc spinning). A SIGTERM to the shell
+    # (release) is passed to salloc and the shell waits on; once salloc is gone it ends what is
+    # left of its group (the watcher's cat) and exits with salloc's code. (fd 3: a background
+    # list's stdin is /dev/null, and dash does so even with `0<&0`.)
     watch = ('exec 3<&0; trap \'kill -TERM $s 2>/dev/null\' TERM; "$@" <&3 & s=$!; '
-             '{ cat >/dev/null; kill -TERM $s 2>/dev/null; } <&3 & '
+             '{ cat >/dev/null; [ -e "$0" ] || kill -TERM $s 2>/dev/null; } <&3 & '
              'while :; do wait $s; r=$?; kill -0 $s 2>/dev/null || break; done; '
              'trap "" TERM; kill -TERM 0 2>/dev/null; exit $r')
-    return ["sh", "-c", watch, "sh", "salloc", *parts, "--", "sh", "-c", hold]
+    return ["sh", "-c", watch, str(granted), "salloc", *parts, "--", "sh", "-c", hold, str(granted)]
 
 
 def salloc_errors(text: str) -> str:

@@ -3,6 +3,8 @@ accept, and one line naming the field for what they do not."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from conftest import REPO, error_of, run_hetlaunch
@@ -30,36 +32,54 @@ def test_the_allocation_asked_for_a_group():
 slurm: [{name: g, partition: gpu, account: lab, gpus_per_node: 2, time: "1-00:00:00", salloc_options: [--qos=high]}]
 nodes: [{name: a, launch: slurm, host: gpu-07}, {name: b, launch: slurm}]
 """, "c.yaml")
-    assert salloc_command([Component(cfg.slurm[0], 0, cfg.nodes)])[4:] == [
+    assert salloc_command([Component(cfg.slurm[0], 0, cfg.nodes)], Path("/r/g"))[4:] == [
         "salloc", "--nodes=2", "--job-name=hetlaunch-g", "--no-kill", "--partition=gpu", "--account=lab",
         "--gpus-per-node=2", "--time=1-00:00:00", "--nodelist=gpu-07", "--qos=high", "--",
-        "sh", "-c", 'echo "hetlaunch-allocation $SLURM_JOB_ID $SLURM_JOB_NODELIST"; exec cat >/dev/null']
+        "sh", "-c", ': > "$0"; echo "hetlaunch-allocation $SLURM_JOB_ID $SLURM_JOB_NODELIST"; exec cat >/dev/null',
+        "/r/g"]
 
 
 def test_salloc_runs_under_a_shell_that_withdraws_it_when_stdin_closes(tmp_path):
     """A request still queued has no command holding it: the shell around salloc sends it SIGTERM
-    when stdin closes (SIGKILL of `up`), and otherwise ends with salloc's own exit code. A stand-in
-    salloc (a script) shows both: it waits like a queued request, or exits 3 at once."""
+    when stdin closes (SIGKILL of `up`); a granted one is given up by its command's end, never by a
+    SIGTERM (real salloc ignores it then, and one was left spinning); and the shell ends with
+    salloc's own exit code, nothing of it left. A stand-in salloc (a script) plays each part."""
     import subprocess
     import time
 
     cfg = parse_cluster(HEAD + "slurm: [{name: g}]\nnodes: [{name: a, launch: slurm}]\n", "c.yaml")
-    command = salloc_command([Component(cfg.slurm[0], 0, cfg.nodes)])
-    assert command[:4] == ["sh", "-c", command[2], "sh"] and command[4] == "salloc"
+    granted = tmp_path / "granted"
+    command = salloc_command([Component(cfg.slurm[0], 0, cfg.nodes)], granted)
+    assert command[:4] == ["sh", "-c", command[2], str(granted)] and command[4] == "salloc"
     fake = tmp_path / "salloc"
     fake.write_text('#!/bin/sh\ntrap \'echo withdrawn >> "$OUT"; exit 0\' TERM\n'
-                    'if [ -n "$REFUSE" ]; then exit 3; fi\necho queued >> "$OUT"\nwhile :; do sleep 0.05; done\n')
+                    'if [ -n "$REFUSE" ]; then exit 3; fi\n'
+                    'if [ -n "$GRANT" ]; then  # run the command in the foreground, as salloc does\n'
+                    '  while [ "$1" != "--" ]; do shift; done; shift; "$@"; echo released >> "$OUT"; exit 0\nfi\n'
+                    'echo queued >> "$OUT"\nwhile :; do sleep 0.05; done\n')
     fake.chmod(0o755)
     out = tmp_path / "out"
     env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "OUT": str(out)}
+
+    def wait_for_line(line: str) -> None:
+        deadline = time.monotonic() + 20
+        while not (out.exists() and line in out.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
     queued = subprocess.Popen(command, stdin=subprocess.PIPE, env=env, start_new_session=True)  # as up starts it
-    deadline = time.monotonic() + 20
-    while not (out.exists() and "queued" in out.read_text()) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for_line("queued")
     time.sleep(1.0)
     assert out.read_text().split() == ["queued"], "withdrawn while stdin was still open"
     queued.stdin.close()  # what SIGKILL of `up` does to the pipe
     assert queued.wait(timeout=20) == 0 and out.read_text().split() == ["queued", "withdrawn"]
+    out.unlink()
+    running = subprocess.Popen(command, stdin=subprocess.PIPE, env={**env, "GRANT": "1"}, start_new_session=True)
+    deadline = time.monotonic() + 20
+    while not granted.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert granted.exists(), "the command did not mark the allocation granted"
+    running.stdin.close()
+    assert running.wait(timeout=20) == 0 and out.read_text().split() == ["released"]  # no SIGTERM sent
     refused = subprocess.Popen(command, stdin=subprocess.PIPE, env={**env, "REFUSE": "1"}, start_new_session=True)
     assert refused.wait(timeout=20) == 3  # salloc's exit seen at once, though stdin stays open
     time.sleep(0.5)
@@ -75,11 +95,11 @@ slurm: [{name: a, partition: gpu, het_job: j}, {name: b, gpus_per_node: 1, het_j
 nodes: [{name: x, launch: slurm, slurm: a}, {name: y, launch: slurm, slurm: b}, {name: z, launch: slurm, slurm: b}]
 """, "c.yaml")
     a, b = cfg.slurm
-    assert salloc_command([Component(a, 0, cfg.nodes[:1]), Component(b, 1, cfg.nodes[1:])])[4:] == [
+    assert salloc_command([Component(a, 0, cfg.nodes[:1]), Component(b, 1, cfg.nodes[1:])], Path("/r/g"))[4:] == [
         "salloc", "--nodes=1", "--job-name=hetlaunch-j", "--no-kill", "--partition=gpu", ":",
         "--nodes=2", "--job-name=hetlaunch-j", "--no-kill", "--gpus-per-node=1", "--",
-        "sh", "-c", 'echo "hetlaunch-allocation $SLURM_JOB_ID $SLURM_JOB_NODELIST_HET_GROUP_0 '
-                    '$SLURM_JOB_NODELIST_HET_GROUP_1"; exec cat >/dev/null']
+        "sh", "-c", ': > "$0"; echo "hetlaunch-allocation $SLURM_JOB_ID $SLURM_JOB_NODELIST_HET_GROUP_0 '
+                    '$SLURM_JOB_NODELIST_HET_GROUP_1"; exec cat >/dev/null', "/r/g"]
 
 
 def test_slurm_s_reasons_are_one_line():

@@ -54,6 +54,15 @@ def _no_jobs_within(slurm, seconds: float) -> None:
     assert not slurm.jobs(), slurm.run("squeue").stdout
 
 
+def _no_salloc_within(seconds: float) -> None:
+    """No salloc of this session left: a salloc sent SIGTERM after its allocation started ignored it
+    and spun at half a core once the job was gone (the wrapper's first version, review)."""
+    deadline = time.monotonic() + seconds
+    while session_processes("salloc") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not session_processes("salloc"), [p.cmdline()[:3] for p in session_processes("salloc")]
+
+
 def _slurm_agents() -> list[psutil.Process]:
     """This test session's agents started through srun, and their srun (never another session's)."""
     return session_processes("hetlaunch.runtime.agent", "--stdin-lifeline")
@@ -160,6 +169,7 @@ def test_sigterm_on_up_cancels_the_allocation_and_stops_the_agents(slurm, tmp_pa
         out, err = stop_process(up)
     assert up.returncode != 0, out + err
     _no_jobs_within(slurm, 15)
+    _no_salloc_within(20)
     deadline = time.monotonic() + 15
     while _slurm_agents() and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -178,6 +188,7 @@ def test_sigkill_on_up_still_gives_the_allocation_back(slurm, tmp_path):
     finally:
         stop_process(up)
     _no_jobs_within(slurm, 20)
+    _no_salloc_within(20)
     deadline = time.monotonic() + 15
     while _slurm_agents() and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -197,6 +208,7 @@ def test_sigkill_on_up_while_the_allocation_is_queued_withdraws_it(slurm, tmp_pa
     finally:
         stop_process(up)
     _no_jobs_within(slurm, 20)
+    _no_salloc_within(20)
 
 
 @pytest.mark.timeout(300)
