@@ -107,14 +107,7 @@ class SealedGather:
         """Every member's tensor (same shape and dtype on all), in `ranks` order; blocks."""
         device, shape, dtype = tensor.device, tuple(tensor.shape), tensor.dtype
         plain = tensor_bytes([tensor])
-        sends, keep = [], []
-        for peer, sealer in self._sealers.items():
-            envelope, sealed = sealer.seal(plain)
-            for data in (envelope, sealed):
-                t = bytes_tensor(data, device)
-                keep.append(t)  # the tensors must outlive the sends
-                sends.append(dist.isend(t, dst=peer, group=self.group))
-            self.wire_bytes += len(envelope) + len(sealed)
+        sends, keep = self._send_to_peers(plain, device)
         out = []
         for rank in self.ranks:
             if rank == self.me:
@@ -132,17 +125,23 @@ class SealedGather:
         plain = tensor_bytes([tensor])
         if self.me != source:
             return self._receive(source, len(plain), device).view(dtype).reshape(shape)
+        sends, keep = self._send_to_peers(plain, device)
+        for work in sends:
+            work.wait()
+        return tensor.detach().clone()
+
+    def _send_to_peers(self, plain: bytes, device: torch.device) -> tuple[list, list[torch.Tensor]]:
+        """Seal `plain` to every peer and start the sends: (their works, the tensors they read,
+        which must outlive them)."""
         sends, keep = [], []
         for peer, sealer in self._sealers.items():
             envelope, sealed = sealer.seal(plain)
             for data in (envelope, sealed):
                 t = bytes_tensor(data, device)
-                keep.append(t)  # the tensors must outlive the sends
+                keep.append(t)
                 sends.append(dist.isend(t, dst=peer, group=self.group))
             self.wire_bytes += len(envelope) + len(sealed)
-        for work in sends:
-            work.wait()
-        return tensor.detach().clone()
+        return sends, keep
 
     def _receive(self, peer: int, size: int, device: torch.device) -> torch.Tensor:
         plain = recv_sealed(self._openers[peer], peer, self.group, device, size)

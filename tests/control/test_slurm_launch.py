@@ -180,15 +180,8 @@ def test_sigterm_on_up_cancels_the_allocation_and_stops_the_agents(slurm, tmp_pa
 def test_sigkill_on_up_still_gives_the_allocation_back(slurm, tmp_path):
     """Nobody runs scancel: the closed pipes end salloc's holding command and the agents' lifelines."""
     up, run_dir = _up(slurm, tmp_path, _yaml(["{name: s0, launch: slurm, device: cpu}"], steps=100000))
-    try:
-        wait_for(lambda: (run_dir / "metrics.jsonl").exists() and (run_dir / "metrics.jsonl").read_text().strip(),
-                 90, "a first step", proc=up)
-        up.kill()
-        up.wait(timeout=10)
-    finally:
-        stop_process(up)
-    _no_jobs_within(slurm, 20)
-    _no_salloc_within(20)
+    _kill_up_once(slurm, up, lambda: (run_dir / "metrics.jsonl").exists()
+                  and (run_dir / "metrics.jsonl").read_text().strip(), 90, "a first step")
     deadline = time.monotonic() + 15
     while _slurm_agents() and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -201,8 +194,13 @@ def test_sigkill_on_up_while_the_allocation_is_queued_withdraws_it(slurm, tmp_pa
     close and sends salloc SIGTERM (a hostile review left one queued after SIGKILL of `up`)."""
     group = "{name: g, wait_s: 600, salloc_options: [--begin=now+1hour]}"  # held pending by Slurm
     up, _ = _up(slurm, tmp_path, _yaml(["{name: s0, launch: slurm}"], steps=1, group=group))
+    _kill_up_once(slurm, up, lambda: slurm.jobs(), 60, "the queued job")
+
+
+def _kill_up_once(slurm, up, ready, within_s: float, what: str) -> None:
+    """SIGKILL `up` once `ready()` holds; then no job and no salloc of the session may be left."""
     try:
-        wait_for(lambda: slurm.jobs(), 60, "the queued job", proc=up)
+        wait_for(ready, within_s, what, proc=up)
         up.kill()
         up.wait(timeout=10)
     finally:
