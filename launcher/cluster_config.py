@@ -246,8 +246,8 @@ class ClusterConfig(Strict):
                                                         "data_plane.insecure: true to acknowledge it, or leave "
                                                         "encrypt unset (cross_region)")
         if plane.encrypt != "off" and tls is None and self.coordinator.insecure:
-            raise FieldError(("data_plane", "encrypt"), "needs coordinator.tls: its keys come from a secret that "
-                                                        "would cross the network in clear text without it")
+            raise FieldError(("data_plane", "encrypt"), "needs coordinator.tls: the nodes' keys travel on the "
+                                                        "control plane, in clear text without it")
         if plane.encrypt != "off" and importlib.util.find_spec("cryptography") is None:
             default = " (the default under coordinator.tls)" if defaulted else ""
             raise FieldError(("data_plane", "encrypt"), f"{plane.encrypt}{default} needs the `cryptography` package "

@@ -24,7 +24,7 @@ from hetlaunch.launcher.providers.base import LaunchContext, Providers
 from hetlaunch.launcher.providers.registry import providers_for
 from hetlaunch.launcher.run_record import make_run_dir, write_run_file
 from hetlaunch.protos import control_pb2 as pb
-from hetlaunch.runtime.sealing import REFUSED, new_secret
+from hetlaunch.runtime.sealing import REFUSED, generation_keys
 
 RENDEZVOUS_TIMEOUT_S = 120.0
 BLAME_GRACE_S = 3.0  # how long a failure waits for its cause (a lost node) to show before it is reported
@@ -54,7 +54,8 @@ class ClusterSession:
         self.server: CoordinatorServer | None = None
         self.lost: dict[str, str] = {}  # nodes declared lost, with why; never used again unless they rejoin
         # data_plane.encrypt: one secret per job, sent to the stages only on the control plane
-        self.data_plane_secret = new_secret() if cluster.data_plane.encrypt != "off" else b""
+        self.data_plane_sealed = cluster.data_plane.encrypt != "off"
+        self._generation_keys: tuple = (None, None)  # (generation, world size), its ranks' key pairs
 
     def __enter__(self) -> "ClusterSession":
         coord = self.cluster.coordinator
@@ -168,8 +169,19 @@ class ClusterSession:
         low, high = data_plane.port_range or (0, 0)
         return pb.Rendezvous(generation=self.state.generation, rank=rank, world_size=world_size,
                              timeout_s=RENDEZVOUS_TIMEOUT_S, backend=backend, interface=data_plane.interface or "",
-                             port_low=low, port_high=high, data_plane_secret=self.data_plane_secret,
-                             data_plane_encrypt=self.cluster.data_plane.encrypt)
+                             port_low=low, port_high=high, data_plane_encrypt=self.cluster.data_plane.encrypt,
+                             **self._data_plane_keys(rank, world_size))
+
+    def _data_plane_keys(self, rank: int, world_size: int) -> dict:
+        """This rank's X25519 private key for the generation and every rank's public key
+        (runtime/sealing.py), made once per generation; none where nothing is sealed."""
+        if not self.data_plane_sealed:
+            return {}
+        key = (self.state.generation, world_size)
+        if self._generation_keys[0] != key:
+            self._generation_keys = (key, generation_keys(world_size))
+        private, public = self._generation_keys[1]
+        return {"data_plane_private_key": private[rank], "data_plane_public_keys": public}
 
     def device_of(self, name: str) -> str:
         node = self.nodes[name]

@@ -515,7 +515,7 @@ class StagePartSpec(_message.Message):
     def __init__(self, stage_index: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., prev: _Optional[_Union[LinkSpec, _Mapping]] = ..., next: _Optional[_Union[LinkSpec, _Mapping]] = ...) -> None: ...
 
 class Rendezvous(_message.Message):
-    __slots__ = ("generation", "rank", "world_size", "timeout_s", "backend", "interface", "port_low", "port_high", "data_plane_secret", "data_plane_encrypt")
+    __slots__ = ("generation", "rank", "world_size", "timeout_s", "backend", "interface", "port_low", "port_high", "data_plane_encrypt", "data_plane_private_key", "data_plane_public_keys")
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -524,8 +524,9 @@ class Rendezvous(_message.Message):
     INTERFACE_FIELD_NUMBER: _ClassVar[int]
     PORT_LOW_FIELD_NUMBER: _ClassVar[int]
     PORT_HIGH_FIELD_NUMBER: _ClassVar[int]
-    DATA_PLANE_SECRET_FIELD_NUMBER: _ClassVar[int]
     DATA_PLANE_ENCRYPT_FIELD_NUMBER: _ClassVar[int]
+    DATA_PLANE_PRIVATE_KEY_FIELD_NUMBER: _ClassVar[int]
+    DATA_PLANE_PUBLIC_KEYS_FIELD_NUMBER: _ClassVar[int]
     generation: int
     rank: int
     world_size: int
@@ -534,9 +535,10 @@ class Rendezvous(_message.Message):
     interface: str
     port_low: int
     port_high: int
-    data_plane_secret: bytes
     data_plane_encrypt: str
-    def __init__(self, generation: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., timeout_s: _Optional[float] = ..., backend: _Optional[str] = ..., interface: _Optional[str] = ..., port_low: _Optional[int] = ..., port_high: _Optional[int] = ..., data_plane_secret: _Optional[bytes] = ..., data_plane_encrypt: _Optional[str] = ...) -> None: ...
+    data_plane_private_key: bytes
+    data_plane_public_keys: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, generation: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., timeout_s: _Optional[float] = ..., backend: _Optional[str] = ..., interface: _Optional[str] = ..., port_low: _Optional[int] = ..., port_high: _Optional[int] = ..., data_plane_encrypt: _Optional[str] = ..., data_plane_private_key: _Optional[bytes] = ..., data_plane_public_keys: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class SyncGroupSpec(_message.Message):
     __slots__ = ("layer_start", "layer_end", "ranks", "codec", "emulate_bandwidth_mbps", "emulate_latency_ms", "region_of")

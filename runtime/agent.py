@@ -96,7 +96,7 @@ def tls_credentials(ca: str | None, cert: str | None, key: str | None, coordinat
     """None without --ca (clear text); --cert/--key need --ca. Clear text to a coordinator on another
     machine only with `insecure`, as coordinator.insecure on the other side: the join token goes in
     every call's metadata, and whoever answers at that address (a spoofed name, a TLS coordinator
-    dialled without --ca) would read it, then could hand this agent stages and a data-plane secret."""
+    dialled without --ca) would read it, then could hand this agent stages and data-plane keys."""
     if ca is None:
         if cert is not None or key is not None:
             raise ValueError("--cert and --key need --ca (the CA that signed the coordinator's certificate)")

@@ -27,7 +27,7 @@ from torch import Tensor
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.runtime.checkpoint_manifest import layer_of
 from hetlaunch.runtime.sealed_exchange import bytes_tensor, must_seal, recv_sealed, tensor_bytes
-from hetlaunch.runtime.sealing import ENVELOPE_BYTES, TAG_BYTES, Channel, Opener, Sealer, SealingError
+from hetlaunch.runtime.sealing import ENVELOPE_BYTES, TAG_BYTES, Channel, Opener, Sealer, peer_secret
 from hetlaunch.runtime.transfer_plan import Transfer, TransferError
 
 MAX_HEADER_BYTES = 4 * 2**20
@@ -53,19 +53,15 @@ class SealedTransfers:
 
     def sealer(self, dst: int) -> Sealer:
         if dst not in self._sealers:
-            self._sealers[dst] = Sealer(self._secret(), Channel(self.rdzv.generation, self.rdzv.rank, dst, "layers"))
+            self._sealers[dst] = Sealer(peer_secret(self.rdzv, dst, f"layers moving to rank {dst}"),
+                                        Channel(self.rdzv.generation, self.rdzv.rank, dst, "layers"))
         return self._sealers[dst]
 
     def opener(self, src: int) -> Opener:
         if src not in self._openers:
-            self._openers[src] = Opener(self._secret(), Channel(self.rdzv.generation, src, self.rdzv.rank, "layers"))
+            self._openers[src] = Opener(peer_secret(self.rdzv, src, f"layers moving from rank {src}"),
+                                        Channel(self.rdzv.generation, src, self.rdzv.rank, "layers"))
         return self._openers[src]
-
-    def _secret(self) -> bytes:
-        if not self.rdzv.data_plane_secret:
-            raise SealingError(f"layers must move sealed but no data-plane secret came with generation "
-                               f"{self.rdzv.generation}")
-        return self.rdzv.data_plane_secret
 
 
 def send_layer(state: dict[str, Tensor], layer: int, dst: int, wire: torch.device,

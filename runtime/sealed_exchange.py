@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.runtime.registry import must_seal
-from hetlaunch.runtime.sealing import ENVELOPE_BYTES, TAG_BYTES, Channel, Opener, Sealer, SealingError
+from hetlaunch.runtime.sealing import ENVELOPE_BYTES, TAG_BYTES, Channel, Opener, Sealer, SealingError, peer_secret
 
 
 def regions_of(layout: Sequence[pb.StagePlace], ranks: Sequence[int]) -> list[str]:
@@ -93,14 +93,12 @@ class SealedGather:
     """An all-gather among `ranks` by sealed point-to-point messages over `group`."""
 
     def __init__(self, rdzv: pb.Rendezvous, ranks: Sequence[int], stream: str, group: object | None):
-        if not rdzv.data_plane_secret:
-            raise SealingError(f"{stream} among ranks {list(ranks)} must be sealed but no data-plane secret came "
-                               f"with generation {rdzv.generation}")
         self.ranks, self.me, self.group, self.stream = list(ranks), rdzv.rank, group, stream
         peers = [r for r in self.ranks if r != self.me]
-        secret, generation = rdzv.data_plane_secret, rdzv.generation
-        self._sealers = {p: Sealer(secret, Channel(generation, self.me, p, stream)) for p in peers}
-        self._openers = {p: Opener(secret, Channel(generation, p, self.me, stream)) for p in peers}
+        generation, what = rdzv.generation, f"{stream} among ranks {list(ranks)}"
+        secrets = {p: peer_secret(rdzv, p, what) for p in peers}
+        self._sealers = {p: Sealer(secrets[p], Channel(generation, self.me, p, stream)) for p in peers}
+        self._openers = {p: Opener(secrets[p], Channel(generation, p, self.me, stream)) for p in peers}
         self.wire_bytes = 0  # sealed bytes this rank sent, all calls
 
     def gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:

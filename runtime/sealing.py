@@ -1,10 +1,17 @@
 """Sealed messages for the data plane: authenticated encryption, one key per channel.
 
 A channel is one direction of one stream between two ranks in one generation (the activations
-rank 3 sends rank 4, say). Its key is derived with HKDF-SHA256 from the job's data-plane secret,
-which travels only over the TLS control plane, and the channel's name:
+rank 3 sends rank 4, say). For each generation the coordinator makes every rank an X25519 key
+pair and hands each rank, over the TLS control plane, its own private key and every rank's
+public key. Two ranks' keys agree on a secret only the two of them can compute:
 
-    key = HKDF(secret, salt="hetlaunch data plane v1", info="gen=G|S->R|stream")
+    pair secret = X25519(my private key, peer's public key)
+    key         = HKDF(pair secret, salt="hetlaunch data plane v1", info="gen=G|S->R|stream")
+
+so a rank can derive the keys of the channels it is an end of and of no others: not those
+between two other ranks, nor those of a generation it was not given (a node dropped from the
+job learns nothing of the next one's traffic). The coordinator's work is one key pair per rank,
+whatever the cluster's size; a rank computes a pair secret only for the peers it talks to.
 
 A sealed message is AES-256-GCM (`cryptography`, no home-made cipher) over the plaintext, with
 an envelope sent in clear beside it and authenticated as associated data:
@@ -58,8 +65,44 @@ def _aead():
 
 
 def new_secret() -> bytes:
-    """A job's data-plane secret: 32 random bytes, made by the coordinator."""
+    """32 random bytes: a secret to seal with where no rendezvous gives one (timing the cipher, tests)."""
     return os.urandom(SECRET_BYTES)
+
+
+def generation_keys(world_size: int) -> tuple[list[bytes], list[bytes]]:
+    """(private keys, public keys), raw 32 bytes each, one X25519 pair per rank of a generation: made
+    by the coordinator (Rendezvous.data_plane_private_key / data_plane_public_keys)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+    raw = {"encoding": serialization.Encoding.Raw}
+    keys = [X25519PrivateKey.generate() for _ in range(world_size)]
+    return ([k.private_bytes(format=serialization.PrivateFormat.Raw,
+                             encryption_algorithm=serialization.NoEncryption(), **raw) for k in keys],
+            [k.public_key().public_bytes(format=serialization.PublicFormat.Raw, **raw) for k in keys])
+
+
+def pair_secret(private_key: bytes, peer_public_key: bytes) -> bytes:
+    """The secret this rank shares with a peer: X25519 of its private key and the peer's public one
+    (the same from either end)."""
+    _aead()  # the clear error where `cryptography` is missing
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+
+    return X25519PrivateKey.from_private_bytes(private_key).exchange(X25519PublicKey.from_public_bytes(peer_public_key))
+
+
+def peer_secret(rdzv, peer: int, what: str) -> bytes:
+    """The secret this rank shares with `peer` in the rendezvous' generation (a pb.Rendezvous);
+    SealingError naming `what` must be sealed where the keys for it did not come."""
+    public = rdzv.data_plane_public_keys
+    if (peer == rdzv.rank or peer >= len(public) or len(public[peer]) != SECRET_BYTES
+            or len(rdzv.data_plane_private_key) != SECRET_BYTES):
+        raise SealingError(f"{what} must be sealed but no data-plane key for rank {peer} came with "
+                           f"generation {rdzv.generation}")
+    try:
+        return pair_secret(rdzv.data_plane_private_key, public[peer])
+    except ValueError as e:  # e.g. a public key of all zeros: no shared secret
+        raise SealingError(f"{what} must be sealed but rank {peer}'s data-plane key is unusable: {e}") from None
 
 
 @dataclass(frozen=True)
@@ -76,7 +119,7 @@ class Channel:
 
     def key(self, secret: bytes) -> bytes:
         if len(secret) != SECRET_BYTES:
-            raise SealingError(f"the data-plane secret must be {SECRET_BYTES} bytes (got {len(secret)})")
+            raise SealingError(f"a channel's secret must be {SECRET_BYTES} bytes (got {len(secret)})")
         hashes, _, HKDF = _aead()
         info = f"gen={self.generation}|{self.sender}->{self.receiver}|{self.stream}".encode()
         return HKDF(algorithm=hashes.SHA256(), length=32, salt=_SALT, info=info).derive(secret)

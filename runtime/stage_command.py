@@ -31,7 +31,7 @@ from hetlaunch.runtime.optim import Recipe
 from hetlaunch.runtime.outer_sync import OuterGroupPlan, OuterSettings, OuterStats, OuterSync
 from hetlaunch.runtime.schedules import schedule_for
 from hetlaunch.runtime.sealed_exchange import SealedGather, must_seal, regions_of, sealed_gather_for
-from hetlaunch.runtime.sealing import REFUSED, Channel, Opener, Sealer, SealingError
+from hetlaunch.runtime.sealing import REFUSED, Channel, Opener, Sealer, SealingError, peer_secret
 from hetlaunch.runtime.step_evaluation import StepEvaluation
 from hetlaunch.runtime.tied import TiedParameters
 from hetlaunch.runtime.registry import DEFAULT_LINK_ROUNDING
@@ -65,10 +65,8 @@ def _sealing(link: pb.LinkSpec, rdzv: pb.Rendezvous, stream: str) -> tuple[Seale
     """A sealed link's two channels (runtime/sealing.py): what we send the peer, what it sends us."""
     if not link.sealed:
         return None
-    if not rdzv.data_plane_secret:
-        raise SealingError(f"the link to rank {link.peer_rank} is to be sealed but no data-plane secret came "
-                           f"with generation {rdzv.generation}")
-    secret, me, peer = rdzv.data_plane_secret, rdzv.rank, link.peer_rank
+    me, peer = rdzv.rank, link.peer_rank
+    secret = peer_secret(rdzv, peer, f"the link to rank {peer}")
     return (Sealer(secret, Channel(rdzv.generation, me, peer, stream)),
             Opener(secret, Channel(rdzv.generation, peer, me, stream)))
 

@@ -15,6 +15,7 @@ import torch.distributed as dist
 import yaml
 
 from conftest import hetlaunch_cmd, hetlaunch_env, run_gloo_ranks, run_hetlaunch
+from data_plane_keys import rendezvous_keys
 from rebalance_fixtures import step, watched
 from hetlaunch.launcher.adapt.payoff import CHECK_STEPS
 from hetlaunch.launcher.adapt.straggler import K
@@ -52,7 +53,7 @@ def _exchange_rank(rank: int, out_dir: str, encrypt: str = "off") -> None:
     sealed = None
     if encrypt != "off":
         sealed = SealedTransfers(pb.Rendezvous(rank=rank, generation=3, data_plane_encrypt=encrypt,
-                                               data_plane_secret=bytes(range(32))), old)
+                                               **rendezvous_keys(rank, 3)), old)
     def state_of(layer: int) -> dict:
         g = torch.Generator().manual_seed(layer)
         return {f"layers.{layer}.w": torch.randn(3, 5, generator=g),
@@ -80,7 +81,7 @@ def _exchange_rank(rank: int, out_dir: str, encrypt: str = "off") -> None:
     # A layer sealed under another key (a foreign sender), then one with a byte flipped: both refused.
     if rank == 0:
         foreign = SealedTransfers(pb.Rendezvous(rank=0, generation=3, data_plane_encrypt=encrypt,
-                                                data_plane_secret=bytes(32)), old)
+                                                **rendezvous_keys(0, 3, seed=1)), old)
         forger = foreign.sealer(1)  # at the place the stream is at (the envelope's fields are no secret)
         forger._instance, forger._sequence = sealed.sealer(1)._instance, sealed.sealer(1)._sequence
         send_layer(state_of(9), 9, 1, torch.device("cpu"), forger)

@@ -16,10 +16,10 @@ import torch
 from torch import nn
 
 from conftest import run_gloo_ranks
+from data_plane_keys import rendezvous_keys
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.runtime.stage_command import _outer_sync
 
-SECRET = bytes(range(32))
 
 
 def _rank(rank: int, out_dir: str) -> None:
@@ -35,7 +35,8 @@ def _rank(rank: int, out_dir: str) -> None:
     for mode in ("off", "all"):
         torch.manual_seed(0)
         layer = nn.Linear(8, 8)  # the same start on every rank
-        rdzv = pb.Rendezvous(rank=rank, generation=1, data_plane_encrypt=mode, data_plane_secret=SECRET)
+        rdzv = pb.Rendezvous(rank=rank, generation=1, data_plane_encrypt=mode,
+                             **rendezvous_keys(rank, 3))
         outer = _outer_sync(dp, layout, SimpleNamespace(layers=[layer], num_layers=1, tied=()), 0,
                             torch.device("cpu"), None, rdzv)
         outer.reset_anchor()

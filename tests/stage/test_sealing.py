@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.runtime.sealing import (ENVELOPE_BYTES, TAG_BYTES, Channel, Opener, Sealer, SealingError,
-                                       new_secret)
+                                       generation_keys, new_secret, peer_secret)
 
 SECRET = new_secret()
 CHANNEL = Channel(generation=3, sender=1, receiver=2, stream="activations")
@@ -145,3 +146,48 @@ def test_an_envelope_open_would_refuse_is_refused_before_its_bytes_are_received(
     skipped_ahead = [sealer.seal(b"y") for _ in range(2)][1][0]
     with pytest.raises(SealingError, match="expected message 1"):
         opener.expected_length(skipped_ahead, 2**40)
+
+
+def _rendezvous(generation: int, world_size: int) -> list[pb.Rendezvous]:
+    """What the coordinator gives each rank of a generation (launcher/session.py rendezvous)."""
+    private, public = generation_keys(world_size)
+    return [pb.Rendezvous(generation=generation, rank=r, world_size=world_size, data_plane_encrypt="all",
+                          data_plane_private_key=private[r], data_plane_public_keys=public)
+            for r in range(world_size)]
+
+
+def test_two_ranks_agree_on_their_secret_and_no_third_rank_can_open_their_channel():
+    ranks = _rendezvous(5, 3)
+    assert peer_secret(ranks[0], 1, "x") == peer_secret(ranks[1], 0, "x")
+    assert len({peer_secret(ranks[0], 1, "x"), peer_secret(ranks[0], 2, "x"), peer_secret(ranks[1], 2, "x")}) == 3
+    channel = Channel(5, 0, 1, "activations")
+    envelope, sealed = Sealer(peer_secret(ranks[0], 1, "x"), channel).seal(b"rank 0's activations")
+    assert Opener(peer_secret(ranks[1], 0, "x"), channel).open(envelope, sealed) == b"rank 0's activations"
+    # Rank 2 holds one private key and public keys: every secret it can compute fails the tag.
+    for guess in (peer_secret(ranks[2], 0, "x"), peer_secret(ranks[2], 1, "x"), ranks[2].data_plane_private_key,
+                  *ranks[2].data_plane_public_keys[:2]):
+        with pytest.raises(SealingError, match="failed authentication"):
+            Opener(guess, channel).open(envelope, sealed)
+
+
+def test_a_new_generation_has_new_keys_so_a_dropped_rank_reads_nothing_of_it():
+    before, after = _rendezvous(5, 2), _rendezvous(6, 2)
+    channel = Channel(6, 0, 1, "activations")
+    envelope, sealed = Sealer(peer_secret(after[0], 1, "x"), channel).seal(b"step 9")
+    with pytest.raises(SealingError, match="failed authentication"):  # rank 1's keys of generation 5
+        Opener(peer_secret(before[1], 0, "x"), channel).open(envelope, sealed)
+
+
+def test_a_missing_or_unusable_key_is_one_line_naming_what_must_be_sealed():
+    ranks = _rendezvous(2, 2)
+    with pytest.raises(SealingError, match="the link to rank 1 must be sealed but no data-plane key for rank 1 "
+                                            "came with generation 2"):
+        peer_secret(pb.Rendezvous(generation=2, rank=0), 1, "the link to rank 1")
+    with pytest.raises(SealingError, match="no data-plane key for rank 5"):
+        peer_secret(ranks[0], 5, "x")
+    with pytest.raises(SealingError, match="no data-plane key for rank 0"):  # its own: no channel to itself
+        peer_secret(ranks[0], 0, "x")
+    broken = pb.Rendezvous(generation=2, rank=0, data_plane_private_key=ranks[0].data_plane_private_key,
+                           data_plane_public_keys=[ranks[0].data_plane_public_keys[0], bytes(32)])
+    with pytest.raises(SealingError, match="rank 1's data-plane key is unusable"):  # all zeros: no shared secret
+        peer_secret(broken, 1, "x")
