@@ -28,7 +28,7 @@ from hetlaunch.runtime.checkpoint_manifest import (CHECKPOINT_FORMAT, MANIFEST_N
 from hetlaunch.runtime.files import write_whole
 
 # Optimizer state saved per parameter (max_exp_avg_sq only exists with amsgrad=True).
-_OPTIMIZER_FIELDS = ("step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer")
+OPTIMIZER_FIELDS = ("step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer")
 _ADAMW_REQUIRED = {"step", "exp_avg", "exp_avg_sq"}
 _SGD_REQUIRED = {"momentum_buffer"}
 
@@ -50,7 +50,7 @@ def stage_state(module: nn.Module, optimizer: torch.optim.Optimizer | None,
     if optimizer is not None:
         for name, param in module.named_parameters():
             saved = optimizer.state.get(param)  # absent before the first step
-            for field in _OPTIMIZER_FIELDS:
+            for field in OPTIMIZER_FIELDS:
                 if saved and isinstance(saved.get(field), Tensor):
                     state[f"optim.{global_key(name)}.{field}"] = cpu(saved[field])
     if outer is not None:
@@ -163,7 +163,7 @@ def apply_state(module: nn.Module, optimizer: torch.optim.Optimizer | None, stat
     required = _SGD_REQUIRED if isinstance(optimizer, torch.optim.SGD) else _ADAMW_REQUIRED
     for name, fields in moments.items():
         param = named.get(name)
-        if param is None or set(fields) - set(_OPTIMIZER_FIELDS) or not required <= set(fields):
+        if param is None or set(fields) - set(OPTIMIZER_FIELDS) or not required <= set(fields):
             problems.append(f"optimizer state {name}.{sorted(fields)} (this run's optimizer is "
                             f"{type(optimizer).__name__ if optimizer is not None else 'none'})")
         elif any(t.shape != param.shape for f, t in fields.items() if f != "step"):

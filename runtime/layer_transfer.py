@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import torch
 import torch.distributed as dist
-from torch import Tensor
+from torch import Tensor, nn
 
 from hetlaunch.protos import control_pb2 as pb
+from hetlaunch.runtime.checkpoint import OPTIMIZER_FIELDS
 from hetlaunch.runtime.checkpoint_manifest import layer_of
 from hetlaunch.runtime.sealed_exchange import bytes_tensor, must_seal, recv_sealed, tensor_bytes
 from hetlaunch.runtime.sealing import ENVELOPE_BYTES, TAG_BYTES, Channel, Opener, Sealer, peer_secret
@@ -87,11 +88,22 @@ def send_layer(state: dict[str, Tensor], layer: int, dst: int, wire: torch.devic
     return sent + len(header) + 8
 
 
-def recv_layer(layer: int, src: int, wire: torch.device, opener: Opener | None = None) -> tuple[dict[str, Tensor], int]:
+def most_state_bytes(layer: nn.Module) -> int:
+    """The most a layer's state may take (runtime/checkpoint.py stage_state): every parameter and
+    buffer, and each optimizer field of it, at its element size or 4 bytes, whichever is more,
+    and a MiB for the rest. The receiver of a move bounds what a sender announces by it: a forged
+    envelope at the right place in the stream once had it allocate up to MAX_LAYER_BYTES."""
+    elements = sum(t.numel() * max(t.element_size(), 4) for t in layer.state_dict().values())
+    return min(elements * (1 + len(OPTIMIZER_FIELDS)) + 2**20, MAX_LAYER_BYTES)
+
+
+def recv_layer(layer: int, src: int, wire: torch.device, opener: Opener | None = None,
+               max_bytes: int = MAX_LAYER_BYTES) -> tuple[dict[str, Tensor], int]:
     """Receive one layer's state from rank `src` (CPU tensors under global keys) and the bytes received
-    (a sealed message opened with `opener`, if given)."""
+    (a sealed message opened with `opener`, if given); more than `max_bytes` of tensors is refused
+    before anything is allocated for them."""
     if opener is not None:
-        return _recv_sealed_layer(layer, src, wire, opener)
+        return _recv_sealed_layer(layer, src, wire, opener, max_bytes)
     length = torch.zeros(1, dtype=torch.int64, device=wire)
     dist.recv(length, src=src)
     size = int(length.item())
@@ -99,7 +111,7 @@ def recv_layer(layer: int, src: int, wire: torch.device, opener: Opener | None =
         raise TransferError(f"layer {layer} from rank {src}: a header of {size} bytes")
     raw = torch.empty(size, dtype=torch.uint8, device=wire)
     dist.recv(raw, src=src)
-    entries = _parse_header(bytes(raw.cpu().numpy()), layer, src)
+    entries = _parse_header(bytes(raw.cpu().numpy()), layer, src, max_bytes)
     state, received = {}, 0
     for key, dtype, shape in entries:
         nbytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
@@ -111,13 +123,14 @@ def recv_layer(layer: int, src: int, wire: torch.device, opener: Opener | None =
     return state, received + size + 8
 
 
-def _recv_sealed_layer(layer: int, src: int, wire: torch.device, opener: Opener) -> tuple[dict[str, Tensor], int]:
-    plain = recv_sealed(opener, src, None, wire, 8 + MAX_HEADER_BYTES + MAX_LAYER_BYTES)
+def _recv_sealed_layer(layer: int, src: int, wire: torch.device, opener: Opener,
+                       max_bytes: int) -> tuple[dict[str, Tensor], int]:
+    plain = recv_sealed(opener, src, None, wire, 8 + MAX_HEADER_BYTES + max_bytes)
     where = f"layer {layer} from rank {src}"
     size = int.from_bytes(plain[:8], "little", signed=True) if len(plain) >= 8 else -1
     if not 0 < size <= min(MAX_HEADER_BYTES, len(plain) - 8):
         raise TransferError(f"{where}: a header of {size} bytes")
-    entries = _parse_header(plain[8:8 + size], layer, src)
+    entries = _parse_header(plain[8:8 + size], layer, src, max_bytes)
     state, offset = {}, 8 + size
     for key, dtype, shape in entries:
         nbytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
@@ -131,7 +144,8 @@ def _recv_sealed_layer(layer: int, src: int, wire: torch.device, opener: Opener)
     return state, len(plain) + ENVELOPE_BYTES + TAG_BYTES
 
 
-def _parse_header(raw: bytes, layer: int, src: int) -> list[tuple[str, torch.dtype, list[int]]]:
+def _parse_header(raw: bytes, layer: int, src: int,
+                  max_bytes: int = MAX_LAYER_BYTES) -> list[tuple[str, torch.dtype, list[int]]]:
     where = f"layer {layer} from rank {src}"
     try:
         entries = json.loads(raw)
@@ -149,16 +163,19 @@ def _parse_header(raw: bytes, layer: int, src: int) -> list[tuple[str, torch.dty
             raise TransferError(f"{where}: key {entry[0]!r:.80} is not of layer {layer}")
         dtype = _DTYPES[entry[1]]
         total += math.prod(entry[2]) * torch.empty(0, dtype=dtype).element_size()
-        if total > MAX_LAYER_BYTES:
-            raise TransferError(f"{where}: more than {MAX_LAYER_BYTES:,} bytes")
+        if total > max_bytes:
+            raise TransferError(f"{where}: more than {max_bytes:,} bytes")
         parsed.append((entry[0], dtype, entry[2]))
     return parsed
 
 
 def exchange(moves: list[Transfer], rank: int, state: dict[str, Tensor], wire: torch.device,
-             sealed: SealedTransfers | None = None) -> tuple[dict[str, Tensor], int, int]:
+             sealed: SealedTransfers | None = None,
+             layer_bytes: Mapping[int, int] | None = None) -> tuple[dict[str, Tensor], int, int]:
     """Walk the transfers: send what this rank gives away from `state`, receive what it gains
-    (sealed between ranks `sealed` covers). Returns the received state and the bytes sent and received."""
+    (sealed between ranks `sealed` covers; each layer at most its `layer_bytes`, most_state_bytes).
+    Returns the received state and the bytes sent and received."""
+    layer_bytes = layer_bytes or {}
     received: dict[str, Tensor] = {}
     sent = got = 0
     for move in moves:
@@ -166,7 +183,8 @@ def exchange(moves: list[Transfer], rank: int, state: dict[str, Tensor], wire: t
         if move.src == rank:
             sent += send_layer(state, move.layer, move.dst, wire, sealed.sealer(move.dst) if seal else None)
         elif move.dst == rank:
-            layer_state, nbytes = recv_layer(move.layer, move.src, wire, sealed.opener(move.src) if seal else None)
+            layer_state, nbytes = recv_layer(move.layer, move.src, wire, sealed.opener(move.src) if seal else None,
+                                             layer_bytes.get(move.layer, MAX_LAYER_BYTES))
             received.update(layer_state)
             got += nbytes
     return received, sent, got

@@ -32,7 +32,7 @@ from hetlaunch.runtime.checkpoint_manifest import layer_of
 from hetlaunch.runtime.codecs import codec_by_id
 from hetlaunch.runtime.executor import StageExecutor
 from hetlaunch.runtime.grad_sync import GradientSync, make_groups, sealed_plans, sync_group_plans
-from hetlaunch.runtime.layer_transfer import SealedTransfers, exchange
+from hetlaunch.runtime.layer_transfer import SealedTransfers, exchange, most_state_bytes
 from hetlaunch.runtime.model import build_layer, describe_model
 from hetlaunch.runtime.model_spec import ModelSpec
 from hetlaunch.runtime.tied import TiedParameters
@@ -128,13 +128,15 @@ def move_stage(stage: RunningStage, move: pb.Move) -> pb.MoveReport:
         state = stage_state(executor.module, executor.optimizer, stage.layer_start)
     if stage.rdzv is not None and stage.rdzv.data_plane_encrypt not in ("", "off") and stage.sealed_transfers is None:
         stage.sealed_transfers = SealedTransfers(stage.rdzv, stage.layout)  # ranks keep their regions in a generation
-    received, sent, got = exchange(transfers(stage.layout, new_layout), stage.rank, state, stage.wire,
-                                   stage.sealed_transfers)
-    keep = {k: v for k, v in state.items() if mine.layer_start <= layer_of(k) < mine.layer_end}
     # Every rank builds fresh layers, even with an unchanged range: the old ones carry the old
-    # gradient-sync hooks, and the sync groups change with any pipeline's cut.
+    # gradient-sync hooks, and the sync groups change with any pipeline's cut. Built before the
+    # exchange, they bound what each layer received may announce.
     model = describe_model(stage.spec, stage.seed)
     layers = [build_layer(model, i, stage.seed) for i in range(mine.layer_start, mine.layer_end)]
+    bounds = {mine.layer_start + i: most_state_bytes(layer) for i, layer in enumerate(layers)}
+    received, sent, got = exchange(transfers(stage.layout, new_layout), stage.rank, state, stage.wire,
+                                   stage.sealed_transfers, bounds)
+    keep = {k: v for k, v in state.items() if mine.layer_start <= layer_of(k) < mine.layer_end}
     with executor.state_lock:
         executor.rebuild(layers)
         apply_state(executor.module, executor.optimizer, {**keep, **received}, mine.layer_start)

@@ -9,11 +9,16 @@ import threading
 import time
 
 import pytest
+import torch
+from torch import nn
 
 from hetlaunch.launcher.adapt.live_moves import LiveMove, same_places
 from hetlaunch.launcher.planning.plan import Plan, StagePlan
 from hetlaunch.protos import control_pb2 as pb
-from hetlaunch.runtime.layer_transfer import _parse_header
+from hetlaunch.runtime.checkpoint import stage_state
+from hetlaunch.runtime.layer_transfer import _parse_header, most_state_bytes
+from hetlaunch.runtime.model import build_layer, describe_model
+from hetlaunch.runtime.model_spec import ModelSpec, preset
 from hetlaunch.runtime.transfer_plan import TransferError
 from hetlaunch.runtime.stage_move import MoveGate
 
@@ -137,3 +142,22 @@ def test_the_coordinator_cancels_when_no_step_is_left_or_a_stage_cannot_hold():
 def test_a_layer_header_that_a_move_never_sends_is_refused(header, message):
     with pytest.raises(TransferError, match=message):
         _parse_header(header, 4, 1)
+
+
+def test_a_layer_is_bounded_by_its_own_state_so_a_forged_announcement_allocates_no_more():
+    """move_stage builds the layers it gains before the exchange and bounds each by most_state_bytes:
+    an envelope forged at the right place in the stream could announce up to MAX_LAYER_BYTES (64 GiB)."""
+    config = preset("tiny")
+    layer = build_layer(describe_model(ModelSpec(gpt=config), 0), 1, 0)  # a transformer block
+    optimizer = torch.optim.AdamW(layer.parameters())
+    layer(torch.randn(2, 8, config.d_model)).sum().backward()
+    optimizer.step()
+    state = stage_state(nn.ModuleList([layer]), optimizer, 1)  # what a move sends of it
+    honest = sum(t.numel() * t.element_size() for t in state.values())
+    bound = most_state_bytes(layer)
+    assert honest < bound < 4 * honest + 2**21  # the real state fits; a forgery gets a few MiB, not 64 GiB
+    header = json.dumps([[k, str(v.dtype).removeprefix("torch."), list(v.shape)] for k, v in state.items()]).encode()
+    assert len(_parse_header(header, 1, 0, bound)) == len(state)
+    inflated = json.dumps([["layers.1.w", "float32", [bound // 4 + 1]]]).encode()
+    with pytest.raises(TransferError, match=f"more than {bound:,} bytes"):
+        _parse_header(inflated, 1, 0, bound)
