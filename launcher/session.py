@@ -53,9 +53,9 @@ class ClusterSession:
         self.agents = Providers(providers_for(cluster.nodes))  # every node's but launch: remote's
         self.server: CoordinatorServer | None = None
         self.lost: dict[str, str] = {}  # nodes declared lost, with why; never used again unless they rejoin
-        # data_plane.encrypt: one secret per job, sent to the stages only on the control plane
+        # data_plane.encrypt: key pairs per generation, sent to the stages only on the control plane
         self.data_plane_sealed = cluster.data_plane.encrypt != "off"
-        self._generation_keys: tuple = (None, None)  # (generation, world size), its ranks' key pairs
+        self._generation_keys: tuple = ((None, 0), None)  # (generation, world size), its ranks' key pairs
 
     def __enter__(self) -> "ClusterSession":
         coord = self.cluster.coordinator
@@ -177,10 +177,13 @@ class ClusterSession:
         (runtime/sealing.py), made once per generation; none where nothing is sealed."""
         if not self.data_plane_sealed:
             return {}
-        key = (self.state.generation, world_size)
-        if self._generation_keys[0] != key:
-            self._generation_keys = (key, generation_keys(world_size))
-        private, public = self._generation_keys[1]
+        (generation, size), keys = self._generation_keys
+        if generation != self.state.generation:
+            (generation, size), keys = self._generation_keys = ((self.state.generation, world_size),
+                                                                generation_keys(world_size))
+        if world_size != size or not 0 <= rank < size:  # new keys now would leave the ranks sent already apart
+            raise ValueError(f"rank {rank} of {world_size} in generation {generation}, whose keys are for {size} ranks")
+        private, public = keys
         return {"data_plane_private_key": private[rank], "data_plane_public_keys": public}
 
     def device_of(self, name: str) -> str:

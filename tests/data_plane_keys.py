@@ -19,6 +19,6 @@ def seeded_keys(world_size: int, seed: int = 0) -> tuple[list[bytes], list[bytes
 
 
 def rendezvous_keys(rank: int, world_size: int, seed: int = 0) -> dict:
-    """pb.Rendezvous fields giving `rank` its key and every rank's public key."""
+    """pb.Rendezvous fields giving `rank` its key and every rank's public key (and the world size)."""
     private, public = seeded_keys(world_size, seed)
-    return {"data_plane_private_key": private[rank], "data_plane_public_keys": public}
+    return {"world_size": world_size, "data_plane_private_key": private[rank], "data_plane_public_keys": public}

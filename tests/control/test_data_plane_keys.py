@@ -52,5 +52,16 @@ def test_every_generation_gets_new_keys_and_an_unsealed_job_none(tmp_path):
     assert second[0].generation == first[0].generation + 1
     assert not set(first[0].data_plane_public_keys) & set(second[0].data_plane_public_keys)
     assert session.rendezvous(0, 3, "gloo", "a").data_plane_private_key == second[0].data_plane_private_key
+    # A rank given only the first generation's keys opens nothing of the second's.
+    channel = Channel(second[0].generation, 0, 1, "activations")
+    envelope, sealed = Sealer(peer_secret(second[0], 1, "x"), channel).seal(b"generation 2")
+    for guess in (peer_secret(first[1], 0, "x"), peer_secret(first[1], 2, "x")):
+        with pytest.raises(SealingError):
+            Opener(guess, channel).open(envelope, sealed)
+    # One generation's keys are for its world size: asking for another would part the ranks.
+    with pytest.raises(ValueError, match="keys are for 3 ranks"):
+        session.rendezvous(0, 4, "gloo", "a")
+    with pytest.raises(ValueError, match="keys are for 3 ranks"):
+        session.rendezvous(3, 3, "gloo", "a")
     unsealed = _generation(_session(tmp_path, "off"))
     assert all(not r.data_plane_private_key and not r.data_plane_public_keys for r in unsealed)
