@@ -33,11 +33,14 @@ class LaunchContext:
     console: Console
 
     def log_path(self, node: str) -> Path:
-        # Only this user reads agents' logs: they hold what agents print (paths, addresses, and
-        # whatever a misconfigured remote terminal echoed).
+        return self.logs() / f"{node}.log"
+
+    def logs(self) -> Path:
+        """The logs folder, made if need be. Only this user reads agents' logs: they hold what
+        agents print (paths, addresses, and whatever a misconfigured remote terminal echoed)."""
         self.log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.log_dir.chmod(0o700)
-        return self.log_dir / f"{node}.log"
+        return self.log_dir
 
 
 class AgentProvider(ABC):

@@ -22,12 +22,15 @@ agent that exited, is a lost node: hetlaunch re-plans without it (a new actor is
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 import uuid
+from pathlib import Path
 
 from hetlaunch.launcher.coordinator import host_port
 from hetlaunch.launcher.job_errors import JobError
@@ -41,6 +44,7 @@ ACTOR_TIMEOUT_S = 60.0  # for an actor's worker to start and answer (Ray starts 
 CALL_TIMEOUT_S = 10.0  # for one stop/kill call to a running actor
 POLL_TIMEOUT_S = 2.0  # for exited()'s status calls: a slow answer is no verdict (heartbeats judge a hung node)
 POLL_INTERVAL_S = 0.5  # exited() asks the actors at most this often (the session asks every 0.1 s)
+DRIVER_LOG = "_ray-driver.log"  # in the run's logs: what Ray's core wrote while `up` connected (no node name starts with _)
 ACTOR_DIED = 1  # the exit code reported for an agent whose actor died (log_tail says how)
 
 
@@ -74,8 +78,14 @@ class RayProvider(AgentProvider):
         ray = self.ray = _import_ray()
         config = ctx.cluster.ray
         namespace = f"hetlaunch-{ctx.log_dir.parent.name}-{uuid.uuid4().hex[:8]}"
-        with ctx.console.status(f"connecting to the Ray cluster at {config.address}"):
-            _connect(ray, config.address, config.connect_timeout_s, namespace)
+        driver_log = ctx.logs() / DRIVER_LOG
+        try:
+            with ctx.console.status(f"connecting to the Ray cluster at {config.address}"), \
+                    _native_stderr_into(driver_log):
+                _connect(ray, config.address, config.connect_timeout_s, namespace)
+        except JobError as err:
+            said = driver_log.exists() and driver_log.stat().st_size > 0
+            raise JobError(f"{err}{f' (what Ray said: {driver_log})' if said else ''}") from None
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -247,6 +257,26 @@ class RayProvider(AgentProvider):
 
 def _ray_of(node) -> RayNodeConfig:
     return node.ray or RayNodeConfig()
+
+
+@contextlib.contextmanager
+def _native_stderr_into(path: Path):
+    """This process's file descriptor 2 appended to `path` for the block. Ray's C++ core writes its
+    failed tries to reach a head straight to it ("Failed to connect to GCS ..."), ahead of `up`'s
+    one-line error, and RAY_BACKEND_LOG_LEVEL is read only after they are written. Python's
+    sys.stderr goes there too meanwhile (`up`'s progress is on stdout). A try Ray makes after the
+    block (it goes on retrying in its thread until `up` exits) still reaches the terminal."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(log, 2)
+        os.close(log)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def _connect(ray, address: str, timeout_s: float, namespace: str) -> None:

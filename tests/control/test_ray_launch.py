@@ -10,6 +10,7 @@ import json
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -151,6 +152,25 @@ def test_unreachable_ray_is_one_line(tmp_path):
     assert done.returncode == 1, done.stdout + done.stderr
     assert f"error: ray.address {address}: cannot reach the Ray head there (Connection refused)" in done.stderr, \
         done.stderr
+
+
+@pytest.mark.timeout(90)
+def test_a_head_that_never_answers_is_one_line_and_rays_own_tries_go_to_the_log(tmp_path):
+    """Ray's C++ core wrote "Failed to connect to GCS ..." to the terminal every 5 s before `up`'s
+    one-line error; now into the run's logs, which the error names."""
+    listener = socket.create_server(("127.0.0.1", 0))  # accepts (the kernel does) and never answers
+    address = f"127.0.0.1:{listener.getsockname()[1]}"
+    try:
+        (tmp_path / "c.yaml").write_text(_yaml(address, [_ray_node("far", "region_a", "east")], steps=1)
+                                         .replace("placement_timeout_s", "connect_timeout_s: 12, placement_timeout_s"))
+        done = run_hetlaunch("up", str(tmp_path / "c.yaml"), "--run-dir", str(tmp_path / "r"), timeout=60)
+    finally:
+        listener.close()
+    log = tmp_path / "r" / "logs" / "_ray-driver.log"
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stderr.splitlines()[0] == (f"error: ray.address {address}: no Ray cluster answered within 12s "
+                                           f"(ray.connect_timeout_s) (what Ray said: {log})"), done.stderr
+    assert "Failed to connect to GCS" in log.read_text() and log.stat().st_mode & 0o777 == 0o600
 
 
 @pytest.mark.timeout(90)
