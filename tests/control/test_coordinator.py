@@ -239,3 +239,45 @@ def test_a_connection_that_never_speaks_is_closed_before_it_can_pile_up(server, 
     assert time.monotonic() - started < 3 * HANDSHAKE_TIMEOUT_MS / 1000
     reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=10)
     assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+_SERVE_WITH_FEW_FILES = """
+import resource, sys, time
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+from hetlaunch.launcher.coordinator import CoordinatorServer
+server = CoordinatorServer("127.0.0.1", 0, "token", ["a"]).start()
+print(server.port, resource.getrlimit(resource.RLIMIT_NOFILE)[0], flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.timeout(90)
+def test_the_coordinator_lifts_a_low_file_limit_so_400_silent_connections_do_not_starve_it():
+    """A hostile review held 400 silent connections to a coordinator started under a 256-file limit:
+    it could no longer open a file or answer its health check. It now lifts its soft limit (to
+    OPEN_FILES, or the hard limit) before it serves, and still answers with 400 connections held."""
+    import resource
+    import socket
+    import subprocess
+    import sys
+
+    from hetlaunch.launcher.coordinator import OPEN_FILES
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard < 1024:
+        pytest.fail(f"this machine's hard limit on open files is {hard}: the test needs 1,024")
+    proc = subprocess.Popen([sys.executable, "-c", _SERVE_WITH_FEW_FILES], stdout=subprocess.PIPE, text=True)
+    silent = []
+    try:
+        port, soft = map(int, proc.stdout.readline().split())
+        assert soft == (OPEN_FILES if hard == resource.RLIM_INFINITY else min(OPEN_FILES, hard))
+        silent = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(400)]
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as health_channel:
+            reply = health_pb2_grpc.HealthStub(health_channel).Check(
+                health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=10)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        for sock in silent:
+            sock.close()
+        proc.kill()
+        proc.wait(timeout=10)
