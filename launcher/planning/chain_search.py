@@ -380,17 +380,27 @@ class ChainSearch:
     def best(self, nodes: list[NodeProfile], stages: int | None) -> PipelineCost | None:
         """The best chain and cut: searched with the closed form, the EXACT_FINALISTS best of
         them ranked by the event simulation (CostModel.exact), which is what the plan reports."""
-        best_step, priced = math.inf, []
+        best_step, best_exact, priced = math.inf, math.inf, []
         chains = list(candidate_chains(self.profile, nodes, self.cm.num_layers, stages, self.paths))
         # Most promising first: an early good bound lets the lower bound skip the rest uncut.
         bounds = [self.lower_bound(chain) for chain in chains]
         for k in sorted(range(len(chains)), key=bounds.__getitem__):
-            if best_step < math.inf and bounds[k] >= best_step * FINALIST_SLACK:
+            slack = best_step * FINALIST_SLACK  # a chain priced by the closed form may simulate this much faster
+            if best_step < math.inf and bounds[k] >= slack:
                 break
-            ranked = self._ranked(chains[k], best_step * FINALIST_SLACK)
+            # A chain priced by simulation ends at or below that price (its finalist search only
+            # improves on it), and one whose lower bound is at or above it cannot win: no slack
+            # against such prices. Nearly all chains of 6 nodes at 48 micro-batches are simulated,
+            # and pricing those within the slack of the best was most of their search.
+            bound = min(slack, best_exact) if len(chains[k]) * self.cm.M <= SIMULATE_EVERY_CHAIN else slack
+            if bounds[k] >= bound:
+                continue
+            ranked = self._ranked(chains[k], bound)
             if ranked is not None:
                 priced.append((*ranked, chains[k]))
                 best_step = min(best_step, ranked[0])
+                if ranked[1] is not None and ranked[1].exact:
+                    best_exact = min(best_exact, ranked[0])
         # Priced by the closed form (long chains), priced again by simulation while the budget
         # lasts; the EXACT_FINALISTS best then try every cut they have.
         simulated, spent = [], 0
