@@ -12,7 +12,7 @@ silently into a default. The commented field list in
 from __future__ import annotations
 
 import importlib.util
-
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, field_validator, model_validator
@@ -147,6 +147,11 @@ class DataConfig(Strict):
     dtype: Literal["uint16", "uint32"] = "uint16"  # tokens: the ids' width
     seed: Seed = 0  # shuffling / sampling seed
     eval_fraction: YamlFloat = Field(0.1, gt=0, lt=1)  # with train.eval_every: the data's tail held out, never trained on
+
+    @field_validator("path")
+    @classmethod
+    def _home(cls, value: str | None) -> str | None:
+        return None if value is None else str(Path(value).expanduser())  # `~/data.bin`: the user's home, not a folder named ~
 
     @model_validator(mode="after")
     def _tokens_need_a_file(self) -> DataConfig:

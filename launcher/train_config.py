@@ -190,7 +190,7 @@ def _checkpoint_dir(value: str | None) -> str | None:
         raise ValueError(f"{value!r} is the file system's root: name a directory for this job's checkpoints")
     if path.exists() and not path.is_dir():
         raise ValueError(f"{value!r} exists and is not a directory")
-    return value
+    return str(Path(value).expanduser())  # `~/ck` is the user's home: a folder named ~ made where `up` ran was resumed from nowhere else
 
 
 class CheckpointConfig(Strict):

@@ -428,3 +428,14 @@ def test_the_data_plane_is_sealed_across_regions_by_default_under_tls_and_off_ne
     one_region = TLS_TWO_REGIONS.replace("region: west", "region: east") + "data_plane: {encrypt: off}\n"
     assert parse_cluster(one_region).data_plane.encrypt == "off"  # nothing crosses a region: nothing to acknowledge
     assert parse_cluster(TLS_TWO_REGIONS + "data_plane: {encrypt: all}\n").data_plane.encrypt == "all"
+
+
+def test_a_home_relative_checkpoint_dir_or_data_file_means_the_users_home(monkeypatch, tmp_path) -> None:
+    """`checkpoint.dir: ~/ck` made a folder named `~` where `up` ran, and `up --resume` from any other
+    folder found no checkpoint (a hostile review); `data.path: ~/...` named no file."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "tokens.bin").write_bytes(b"some text to train on")
+    cfg = parse_cluster("checkpoint: {dir: ~/ck}\ndata: {path: ~/tokens.bin}\nnodes: [{name: a}]")
+    assert (cfg.checkpoint.dir, cfg.data.path) == (str(tmp_path / "ck"), str(tmp_path / "tokens.bin"))
+    relative = parse_cluster("checkpoint: {dir: ck}\nnodes: [{name: a}]")
+    assert relative.checkpoint.dir == "ck"  # relative paths stay relative to where `up` runs
