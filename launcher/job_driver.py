@@ -46,7 +46,7 @@ from hetlaunch.launcher.session import ClusterSession, JobError
 from hetlaunch.launcher.stage_launch import eval_fill_event, launch
 from hetlaunch.launcher.observers import Observers
 from hetlaunch.protos import control_pb2 as pb
-from hetlaunch.runtime.checkpoint_manifest import latest_checkpoint, newest_intact_checkpoint, set_aside
+from hetlaunch.runtime.checkpoint_manifest import latest_checkpoint, newest_intact_checkpoint, put_away
 from hetlaunch.runtime.files import UnreadableFile, read_json
 from hetlaunch.runtime.wire import model_spec_to_proto
 
@@ -411,11 +411,12 @@ def _resume_point(book: CheckpointBook, spec, plan: Plan, events: EventLog, cons
     set aside, each said in one line: the run goes on from the newest it can trust."""
     found, refused = newest_intact_checkpoint(book.root) if book.root.exists() else (None, [])
     for step, directory, why in refused:
-        aside = set_aside(directory)
-        events.write("checkpoint_refused", step=step, directory=str(directory), why=why, set_aside=str(aside))
+        done, aside = put_away(directory)
+        events.write("checkpoint_refused", step=step, directory=str(directory), why=why,
+                     set_aside=str(aside) if aside else None, outcome=done)
         fallback = f"step {found[1].step}" if found is not None else "the start (no intact checkpoint)"
-        console.print(Text(f"checkpoint of step {step} is not usable ({why}); set aside as {aside.name}, "
-                           f"resuming from {fallback}"), soft_wrap=True)
+        console.print(Text(f"checkpoint of step {step} is not usable ({why}); {done}, resuming from {fallback}"),
+                      soft_wrap=True)
     if found is None:
         book.latest = None
         return Restore(0, None, "init")

@@ -226,6 +226,21 @@ def newest_intact_checkpoint(root: Path) -> tuple[tuple[Path, Manifest] | None, 
     return None, refused
 
 
+def put_away(directory: Path) -> tuple[str, Path | None]:
+    """What becomes of a checkpoint a resume refused, said as the resume says it, and where it went:
+    a save the run stopped in (no manifest: nothing of it was ever committed, the usual trace of a
+    crash) is removed; any other is set aside for a look. Where the file system refuses (read only),
+    it is left in place: never loaded either way, it must not stop the resume."""
+    try:
+        if not directory.is_symlink() and not (directory / MANIFEST_NAME).exists():
+            shutil.rmtree(directory)
+            return "removed (a save that never finished)", None
+        aside = set_aside(directory)
+        return f"set aside as {aside.name}", aside
+    except OSError as err:
+        return f"left in place ({err.strerror or err})", None
+
+
 def set_aside(directory: Path) -> Path:
     """Rename a refused checkpoint out of the run's step directories (kept for a look, never
     loaded or counted again: a broken newer one must not make pruning delete the good ones)."""

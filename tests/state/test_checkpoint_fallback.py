@@ -11,7 +11,8 @@ import shutil
 import pytest
 
 from conftest import run_hetlaunch
-from hetlaunch.runtime.checkpoint_manifest import MANIFEST_NAME, checkpoint_dir
+from small_disk import small_tmpfs
+from hetlaunch.runtime.checkpoint_manifest import MANIFEST_NAME, checkpoint_dir, put_away
 
 CLUSTER = """name: fallback
 model: {{preset: tiny, n_layers: 2, seq_len: 16, d_model: 32}}
@@ -85,8 +86,42 @@ def test_a_bad_last_checkpoint_falls_back_to_the_newest_intact_one(tmp_path):
         said = [line for line in result.stdout.splitlines() if "is not usable" in line]
         assert len(said) == 1 and "checkpoint of step 10" in said[0] and why in said[0], (spoil.__name__, result.stdout)
         assert "resuming from step 8" in said[0], said[0]
-        assert last.with_name(last.name + ".unusable").exists()  # kept for a look
+        if spoil is _no_manifest:  # a save that never finished, the usual trace of a crash: removed
+            assert "removed (a save that never finished)" in said[0], said[0]
+            assert not last.with_name(last.name + ".unusable").exists()
+        else:
+            assert last.with_name(last.name + ".unusable").exists()  # kept for a look
         assert not last.is_symlink() and json.loads((last / MANIFEST_NAME).read_text())["step"] == 10  # written anew
         assert _losses(case) == _losses(clean), spoil.__name__  # steps 8-11 redone exactly
         events = [json.loads(line) for line in (case / "events.jsonl").read_text().splitlines()]
         assert [e["step"] for e in events if e["event"] == "checkpoint_refused"] == [10]
+
+
+def _remount(directory, read_only: bool) -> None:
+    import ctypes
+
+    flags = 32 | (1 if read_only else 0)  # MS_REMOUNT | MS_RDONLY
+    if ctypes.CDLL(None, use_errno=True).mount(b"tmpfs", str(directory).encode(), b"tmpfs", flags, None) != 0:
+        pytest.fail(f"remounting {directory} failed: {os.strerror(ctypes.get_errno())}")
+
+
+def test_a_refused_checkpoint_is_removed_if_never_committed_set_aside_if_not_and_left_on_a_read_only_disk(tmp_path):
+    """A resume from a read-only checkpoint folder ended in a traceback (the rename that sets a
+    refused checkpoint aside); and every save a crash interrupted was kept as `.unusable` forever."""
+    with small_tmpfs(tmp_path / "disk", "1m") as disk:
+        committed, unfinished = checkpoint_dir(disk, 10), checkpoint_dir(disk, 12)
+        for directory in (committed, unfinished):
+            directory.mkdir()
+            (directory / "part.safetensors").write_bytes(b"x" * 100)
+        (committed / MANIFEST_NAME).write_text("{}")  # committed, then spoilt: refused for its manifest
+        _remount(disk, read_only=True)
+        try:
+            assert put_away(committed) == ("left in place (Read-only file system)", None)
+            assert put_away(unfinished) == ("left in place (Read-only file system)", None)
+            assert committed.is_dir() and unfinished.is_dir()
+        finally:
+            _remount(disk, read_only=False)
+        assert put_away(unfinished) == ("removed (a save that never finished)", None) and not unfinished.exists()
+        said, aside = put_away(committed)
+        assert said == f"set aside as {committed.name}.unusable" and aside == committed.with_name(said[13:])
+        assert (aside / MANIFEST_NAME).exists() and not committed.exists()
