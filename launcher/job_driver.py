@@ -193,7 +193,7 @@ def _run(session: ClusterSession, spec, options: UpOptions, events: EventLog, co
         save_profile(replanner.measured, session.run_dir / "profile.json")
     print_plan(console, plan)
     book = _checkpoint_book(session, spec, plan)
-    restore = _start_point(book, spec, plan, options, events, console)
+    restore = _start_point(book, spec, plan, options, events, console, train.checkpoint_every)
     record = RunRecord(session.run_dir, resume_at=restore.step if options.resume is not None else None)
     _say_unrecorded(record.unrecorded, "the checkpoint this run resumes from", events, console)
     current = CurrentPlan()
@@ -301,11 +301,18 @@ def _remove_stale_snapshots(root: Path) -> None:
 
 
 def _start_point(book: CheckpointBook, spec, plan: Plan, options: UpOptions, events: EventLog,
-                 console: Console) -> Restore:
-    """Step 0, or with --resume the run's last committed checkpoint."""
+                 console: Console, every: int) -> Restore:
+    """Step 0, or with --resume the run's last committed checkpoint; none where the run recorded
+    enough steps (checkpointing `every` steps) to have committed one is an error, not step 0: a
+    resume that found none started over and wrote over the run's records (a hostile review)."""
     if options.resume is None:
         return Restore(0, None, "init")
     restore = _resume_point(book, spec, plan, events, console)
+    recorded = max((r.step + 1 for r in read_metrics(options.resume / "metrics.jsonl", before_step=2**62)), default=0)
+    if restore.directory is None and 0 < every and recorded >= 2 * every:  # one was committed for sure
+        raise JobError(f"cannot resume {options.resume}: it recorded {recorded} steps, checkpointing every {every}, "
+                       f"but {book.root} holds no intact checkpoint of it (is checkpoint.dir the run's?); "
+                       "start over with another --run-dir")
     events.write("resume", step=restore.step, directory=str(restore.directory) if restore.directory else None)
     console.print(f"resuming at step {restore.step} from {restore.directory}" if restore.directory else
                   "no committed checkpoint to resume from: starting at step 0")

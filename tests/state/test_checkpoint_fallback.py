@@ -125,3 +125,22 @@ def test_a_refused_checkpoint_is_removed_if_never_committed_set_aside_if_not_and
         said, aside = put_away(committed)
         assert said == f"set aside as {committed.name}.unusable" and aside == committed.with_name(said[13:])
         assert (aside / MANIFEST_NAME).exists() and not committed.exists()
+
+
+@pytest.mark.timeout(300)
+def test_a_resume_that_finds_no_checkpoint_of_a_run_that_committed_some_is_refused_not_started_over(tmp_path):
+    """`up --resume` with a YAML whose checkpoint.dir is not the run's found nothing, started at step
+    0 and wrote over the run's records (a hostile review). A run that recorded two checkpoint
+    intervals committed a checkpoint: finding none is an error naming where it looked."""
+    run = tmp_path / "run"
+    _up(tmp_path, run, 6, "--run-dir")
+    recorded = (run / "metrics.jsonl").read_text()
+    elsewhere = tmp_path / "c8.yaml"
+    elsewhere.write_text(CLUSTER.format(steps=8).replace("checkpoint: {keep: 3}",
+                                                         f"checkpoint: {{keep: 3, dir: {tmp_path / 'other'}}}"))
+    result = run_hetlaunch("up", str(elsewhere), "--resume", str(run), timeout=120)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert [line for line in result.stderr.splitlines() if line.startswith("error:")] == [
+        f"error: cannot resume {run}: it recorded 6 steps, checkpointing every 2, but {tmp_path / 'other'} holds "
+        "no intact checkpoint of it (is checkpoint.dir the run's?); start over with another --run-dir"], result.stderr
+    assert (run / "metrics.jsonl").read_text() == recorded  # the run's records stand
