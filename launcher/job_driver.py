@@ -10,6 +10,7 @@ from the run directory's last checkpoint after the coordinator itself died.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import secrets
@@ -39,7 +40,7 @@ from hetlaunch.launcher.planning.sync_groups import hierarchy_applies
 from hetlaunch.launcher.planning.topology import Topology
 from hetlaunch.launcher.memory_summary import memory_summary
 from hetlaunch.launcher.progress import TrainingProgress, print_calibration, print_plan, print_summary
-from hetlaunch.launcher.run_dir_lock import RunDirLock
+from hetlaunch.launcher.run_dir_lock import CheckpointDirLock, RunDirLock
 from hetlaunch.launcher.run_record import RunRecord, StepRecord, make_run_dir, read_metrics
 from hetlaunch.launcher.step_aggregator import StepAggregator
 from hetlaunch.launcher.session import ClusterSession, JobError
@@ -121,14 +122,15 @@ def run_up(cluster, options: UpOptions, console: Console) -> Path:
     session.agents.preflight()  # a tool this machine lacks fails before the run directory exists
     created = not run_dir.exists()
     make_run_dir(run_dir)
-    with RunDirLock(run_dir):  # first: a running job's directory is refused as in use
-        if options.resume is None:
-            try:
+    with RunDirLock(run_dir), contextlib.ExitStack() as locks:  # first: a running job's directories are refused
+        try:
+            locks.enter_context(_checkpoint_lock(cluster, session))
+            if options.resume is None:
                 _check_fresh(run_dir, session.checkpoint_root)
-            except JobError:
-                if created:  # refused before anything ran: leave nothing behind
-                    shutil.rmtree(run_dir, ignore_errors=True)
-                raise
+        except JobError:
+            if created:  # refused before anything ran: leave nothing behind
+                shutil.rmtree(run_dir, ignore_errors=True)
+            raise
         with session:
             while not session.state.joins.empty():  # the first registrations are not joins to act on
                 session.state.joins.get_nowait()
@@ -138,6 +140,11 @@ def run_up(cluster, options: UpOptions, console: Console) -> Path:
             finally:
                 events.close()
             return run_dir
+
+
+def _checkpoint_lock(cluster, session: ClusterSession):
+    """A checkpoint.dir of the YAML's is locked like the run directory (the default one is inside it)."""
+    return CheckpointDirLock(session.checkpoint_root) if cluster.checkpoint.dir else contextlib.nullcontext()
 
 
 def _check_fresh(run_dir: Path, checkpoint_root: Path) -> None:

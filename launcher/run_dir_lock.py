@@ -5,7 +5,7 @@ coordinator.json, the token, metrics.jsonl and the checkpoints: the first job's 
 its checkpoints mixed with the other's. `up` holds an exclusive lock on `<run dir>/up.lock` for
 as long as it runs; another refuses in one line naming the holder. The lock is the kernel's
 (flock): it ends with the process however that ends — a crash or SIGKILL leaves no stale lock
-for `--resume` to trip on.
+for `--resume` to trip on. A `checkpoint.dir` outside the run directory is locked alike.
 """
 
 from __future__ import annotations
@@ -24,21 +24,29 @@ class RunDirLock:
         self.path = run_dir / LOCK_NAME
         self._fd: int | None = None
 
+    def _in_use(self, holder: str) -> str:
+        return (f"{self.path.parent} is in use by another hetlaunch up{holder}: wait for it to end "
+                f"(or `hetlaunch down {self.path.parent}`), or use another --run-dir")
+
+    def _cannot_lock(self, err: OSError) -> None:
+        raise JobError(f"cannot lock the run directory ({self.path}): {err.strerror or err}") from None
+
     def __enter__(self) -> "RunDirLock":
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as err:
-            raise JobError(f"cannot lock the run directory ({self.path}): {err.strerror or err}") from None
+            self._cannot_lock(err)
+            return self
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = _holder(fd)
             os.close(fd)
-            raise JobError(f"{self.path.parent} is in use by another hetlaunch up{holder}: "
-                           f"wait for it to end (or `hetlaunch down {self.path.parent}`), or use another --run-dir") from None
+            raise JobError(self._in_use(holder)) from None
         except OSError as err:
             os.close(fd)
-            raise JobError(f"cannot lock the run directory ({self.path}): {err.strerror or err}") from None
+            self._cannot_lock(err)
+            return self
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         self._fd = fd
@@ -48,6 +56,27 @@ class RunDirLock:
         if self._fd is not None:
             os.close(self._fd)  # releases the lock; the file stays (removing it would race a new holder)
             self._fd = None
+
+
+class CheckpointDirLock(RunDirLock):
+    """The same for a `checkpoint.dir` of the YAML's (outside the run directory): two runs sharing
+    one pruned, overwrote and deleted each other's checkpoints (a hostile review: the second run's
+    step 10 replaced the first's, the first's prune removed the second's part). Where the file
+    system has no locks (some network ones), the run goes on unlocked, as before."""
+
+    def __init__(self, directory: Path):
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            pass  # then it cannot be locked either; writing a checkpoint there says why
+        super().__init__(directory)
+
+    def _in_use(self, holder: str) -> str:
+        return (f"checkpoint.dir {self.path.parent} is in use by another hetlaunch up{holder}: give this run a "
+                "checkpoint directory of its own")
+
+    def _cannot_lock(self, err: OSError) -> None:
+        pass
 
 
 def _holder(fd: int) -> str:

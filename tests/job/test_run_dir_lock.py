@@ -52,3 +52,25 @@ def test_a_second_up_on_a_running_jobs_run_dir_refuses_and_changes_nothing(tmp_p
     resumed = run_hetlaunch("up", str(tmp_path / "cluster.yaml"), "--resume", str(run_dir), timeout=180)
     assert resumed.returncode == 0, resumed.stderr
     assert _steps(run_dir) == list(range(STEPS))
+
+
+@pytest.mark.timeout(240)
+def test_a_second_run_sharing_a_running_jobs_checkpoint_dir_refuses_and_changes_nothing(tmp_path):
+    """Two runs with one checkpoint.dir (remote nodes need a shared one: the same YAML started twice)
+    passed the check for a fresh directory before either committed, then overwrote, pruned and
+    deleted each other's checkpoints (a hostile review). The directory is locked like a run's."""
+    shared = tmp_path / "shared"
+    (tmp_path / "cluster.yaml").write_text(CLUSTER.replace("nodes:", f"checkpoint: {{dir: {shared}}}\nnodes:"))
+    first = popen_hetlaunch("up", str(tmp_path / "cluster.yaml"), "--run-dir", str(tmp_path / "first"))
+    try:
+        wait_for(lambda: len(_steps(tmp_path / "first")) >= 3, 120, "3 steps", proc=first)
+        os.kill(first.pid, signal.SIGSTOP)
+        second = run_hetlaunch("up", str(tmp_path / "cluster.yaml"), "--run-dir", str(tmp_path / "second"), timeout=60)
+        lines = [line for line in second.stderr.splitlines() if line.strip()]
+        assert second.returncode == 1 and lines == [
+            f"error: checkpoint.dir {shared} is in use by another hetlaunch up (pid {first.pid}): give this run a "
+            "checkpoint directory of its own"], second.stderr + second.stdout
+        assert not (tmp_path / "second").exists()  # refused before anything started: nothing left behind
+    finally:
+        os.kill(first.pid, signal.SIGCONT) if first.poll() is None else None
+        stop_process(first)
