@@ -183,10 +183,14 @@ def plan(
                            "--max-pipelines": max_pipelines, "--stages": stages, "--compression": compression,
                            "--islands": islands or None, "--outer-every": outer_every})
     train = cluster.train if cluster else None
+    batch_flags = [flag for flag, value in (("--global-batch", global_batch), ("--microbatches", microbatches))
+                   if value is not None]
     global_batch = global_batch or (train.global_batch if train else None)
     fixed = microbatches or (train.fixed_microbatches if train and global_batch == train.global_batch else None)
     num_mb = microbatches or (train.batch_shape()[1] if train else 4)
     sched = schedule.value if schedule else (cluster.train.schedule if cluster else AUTO_SCHEDULE)
+    if islands or outer_every is not None or (train is not None and train.outer is not None):
+        _refuse_with_islands(sched, batch_flags if train is not None else [])
     if profile_file is not None:
         try:
             measured = load_profile(profile_file)
@@ -229,6 +233,18 @@ def plan(
     except (PlanningError, ProfileError) as err:
         fail(str(err), EXIT_JOB_FAILED)
     print_planner_result(plain_console(), measured, result, as_json=as_json)
+
+
+def _refuse_with_islands(schedule: str, yaml_batch_flags: list[str]) -> None:
+    """Before anything is measured: what an islands plan cannot honour (it printed a plan as if it had)."""
+    from hetlaunch.runtime.registry import DEVICE_SCHEDULE_NAMES
+
+    if schedule in DEVICE_SCHEDULE_NAMES:  # as validate and up refuse train.outer with it
+        fail(f"--schedule {schedule}: islands are not supported with it (several stages per node sync every "
+             "pipeline every step)", EXIT_BAD_INPUT)
+    if yaml_batch_flags:  # the islands' plan takes the YAML's batch, as `up` runs it
+        fail(f"{', '.join(yaml_batch_flags)}: with islands the YAML's batch is planned, as `up` runs it; change "
+             "train.global_batch or train.num_microbatches there", EXIT_BAD_INPUT)
 
 
 def _refuse_over_pins(overrides: dict) -> None:

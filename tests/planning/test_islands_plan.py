@@ -124,6 +124,25 @@ def test_plan_offline_with_islands_as_json(tmp_path):
     assert "island 1:" in table.stdout and "outer step every 10 steps (as the YAML says)" in table.stdout
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--schedule", "zb-v"], "--schedule zb-v: islands are not supported with it"),
+    (["--schedule", "interleaved-1f1b"], "--schedule interleaved-1f1b: islands are not supported with it"),
+    (["--global-batch", "48"], "--global-batch: with islands the YAML's batch is planned, as `up` runs it"),
+    (["--global-batch", "7", "--microbatches", "3"], "--global-batch, --microbatches: with islands the YAML's"),
+])
+def test_plan_refuses_what_an_islands_plan_would_not_honour(tmp_path, args, message):
+    """`hetlaunch plan` of a YAML with train.outer printed a ZB-V islands plan (validate and up refuse
+    it) and planned the YAML's batch where --global-batch asked for another, exit 0 (a hostile review)."""
+    (tmp_path / "c.yaml").write_text("nodes: [{name: a, region: r0}, {name: b, region: r1}]\n"
+                                     "train: {outer: {every: 10}}\n")
+    result = run_hetlaunch("plan", str(tmp_path / "c.yaml"), "--profile", str(tmp_path / "none.json"), *args,
+                           timeout=60)
+    assert result.returncode == 2 and result.stderr.startswith(f"error: {message}"), result.stderr
+    if "--schedule" in args:  # offline, without a YAML, alike
+        result = run_hetlaunch("plan", "--profile", str(tmp_path / "none.json"), "--islands", *args, timeout=60)
+        assert result.returncode == 2 and result.stderr.startswith(f"error: {message}"), result.stderr
+
+
 @pytest.mark.parametrize("outer, message", [
     ("{islands: [[a], [a, b]]}", r"train\.outer\.islands\[1\]: node 'a' is in two islands"),
     ("{islands: [[a], [zz]]}", r"train\.outer\.islands\[1\]: node 'zz' is not in nodes"),
