@@ -170,6 +170,12 @@ def apply_state(module: nn.Module, optimizer: torch.optim.Optimizer | None, stat
             problems.append(f"shape of optimizer state of {name}")
         elif any(not t.is_floating_point() for t in fields.values()):
             problems.append(f"dtype of optimizer state of {name}: not floating point")
+        elif any(t.dtype != param.dtype for f, t in fields.items() if f != "step"):  # they were cast silently
+            problems.append(f"dtype of optimizer state of {name}: not {param.dtype}, the parameter's")
+        elif "step" in fields and (fields["step"].numel() != 1 or not bool(torch.isfinite(fields["step"]).all())
+                                   or float(fields["step"].reshape(-1)[0]) < 0):
+            # a count: a tensor of 1,000 failed on the worker naming no file, a NaN ran the loss to nan
+            problems.append(f"optimizer step of {name}: {fields['step'].numel()} value(s), not one finite count")
     if resumed_step > 0 and not moments and _keeps_state(optimizer):
         problems.append(f"no optimizer state, though this run's {type(optimizer).__name__} keeps some and the "
                         f"checkpoint is of step {resumed_step}")

@@ -225,6 +225,30 @@ def test_a_checkpoint_stripped_of_its_optimizer_state_is_refused_not_resumed_wit
         apply_state(fresh, fresh_optimizer, stage_state(module, optimizer, 0), 0, resumed_step=3)  # whole: fine
 
 
+@pytest.mark.parametrize("spoil, message", [
+    (lambda s: s.update({"optim.0.weight.step": torch.zeros(1000)}), r"optimizer step of 0\.weight: 1000 value"),
+    (lambda s: s.update({"optim.0.weight.step": torch.tensor(float("nan"))}), r"optimizer step of 0\.weight"),
+    (lambda s: s.update({"optim.0.weight.step": torch.tensor(-1.0)}), r"optimizer step of 0\.weight"),
+    (lambda s: s.update({"optim.0.bias.exp_avg": s["optim.0.bias.exp_avg"].to(torch.bfloat16)}),
+     r"dtype of optimizer state of 0\.bias: not torch\.float32"),
+])
+def test_optimizer_state_that_no_run_writes_is_refused_naming_it(spoil, message):
+    """A hostile review's edited checkpoints: a step of 1,000 values failed on the worker naming no
+    file, a NaN step ran the loss to nan (exit 0), bf16 moments were cast silently."""
+    from hetlaunch.runtime.checkpoint import apply_state, stage_state
+    from hetlaunch.runtime.checkpoint_manifest import CheckpointError
+
+    module = torch.nn.ModuleList([torch.nn.Linear(2, 2)])
+    optimizer = torch.optim.AdamW(module.parameters(), lr=0.1)
+    module[0](torch.ones(1, 2)).sum().backward()
+    optimizer.step()
+    state = stage_state(module, optimizer, 0)
+    spoil(state)
+    fresh = torch.nn.ModuleList([torch.nn.Linear(2, 2)])
+    with pytest.raises(CheckpointError, match=message):
+        apply_state(fresh, torch.optim.AdamW(fresh.parameters(), lr=0.1), state, 0, resumed_step=1)
+
+
 def test_an_fp16_resume_expects_no_optimizer_state():
     """fp16 skips the steps whose gradients overflowed, the first ones above all: a checkpoint of
     them rightly holds no optimizer state, and refusing it would refuse a run's own checkpoint."""
