@@ -15,6 +15,7 @@ from hetlaunch.launcher.planning.compression import CompressionConfig
 from hetlaunch.launcher.planning.island_plans import ProfileCluster, plan_islands
 from hetlaunch.launcher.planning.islands import (OUTER_SHARE, ExchangeGroup, IslandError, choose_every,
                                                  exchange_seconds, exposed_seconds, island_groups, pipeline_islands)
+from hetlaunch.launcher.planning.planning_error import PlanningError
 from hetlaunch.launcher.planning.profile_edits import subset
 from hetlaunch.launcher.planning.profile_file import save_profile
 from hetlaunch.launcher.planning.request import PlanRequest, plan_for
@@ -215,3 +216,14 @@ def test_a_stage_of_islands_is_priced_with_its_anchor_momentum_and_error_buffers
     params = sum(profile.layers[i].param_bytes for i in range(stage.layer_start, stage.layer_end))
     extra = stage.memory_bytes - plain.pipelines[0].cost.stages[0].memory_bytes
     assert extra >= 3 * params  # fp32 anchor + outer momentum + int8 error feedback, at least
+
+
+def test_more_fragments_than_a_profiled_model_has_layers_is_refused_at_planning():
+    """validate checks fragments against the YAML's layers; a model of its own entrypoint has none
+    there, and 40 fragments of a 4-layer model ran 10 empty exchanges a step (a hostile review)."""
+    profile, _, request = _offline()
+    layers = profile.model.num_layers
+    train = TrainConfig(num_microbatches=8, micro_batch_size=4, outer=OuterConfig(every=4, fragments=layers + 1))
+    with pytest.raises(PlanningError, match=rf"train\.outer\.fragments: {layers + 1} fragments of a model of "
+                                            rf"{layers} stage layers"):
+        plan_islands(ProfileCluster(profile, train), profile, request)
