@@ -23,7 +23,7 @@ from hetlaunch.launcher.job_driver import _late_steps, _record_late_steps
 from hetlaunch.launcher.job_errors import JobError
 from hetlaunch.launcher.planning.plan import Plan, StagePlan
 from hetlaunch.launcher.progress import TrainingProgress
-from hetlaunch.launcher.run_record import RunRecord
+from hetlaunch.launcher.run_record import RunRecord, StepRecord
 from hetlaunch.launcher.step_aggregator import StepAggregator
 from hetlaunch.protos import control_pb2 as pb
 
@@ -246,3 +246,18 @@ def test_a_held_record_whose_held_out_loss_never_comes_is_written_without_it(tmp
     again = RunRecord(tmp_path / "again")
     again.hold_for_eval(late)
     assert again.rewind(2) == 0 and again.awaiting_eval is None  # restored before it: step 2 runs again
+
+
+def test_the_summary_gives_no_island_losses_when_the_run_ended_synchronous(tmp_path):
+    """Islands down to one after a lost node go on synchronous: the summary showed the islands' losses of
+    long before beside the final loss (a hostile review). Their last losses are the last step's, or none."""
+    def island(step: int, losses: list[float]) -> StepRecord:
+        outer = {"launched": 1, "applied": 1, "blocked_s": 0.0, "bytes": [100, 50]}
+        return StepRecord(step, 3.0, 1000.0, 0.1, [], islands={"losses": losses, "outer": outer})
+
+    record = RunRecord(tmp_path / "run")
+    record.add(island(0, [3.3, 3.7]))
+    record.add(island(1, [3.2, 3.6]))
+    assert record.summarize()["outer"]["final_island_losses"] == [3.2, 3.6]
+    record.add(StepRecord(2, 2.9, 1000.0, 0.1, []))  # synchronous from here
+    assert record.summarize()["outer"]["final_island_losses"] == []
