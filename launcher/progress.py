@@ -229,7 +229,10 @@ def _islands(console: Console, plan: Plan) -> None:
                       f"({len(nodes)} node{'s' if len(nodes) > 1 else ''}, {m} micro-batch{'es' if m != 1 else ''} a step)")
     o = plan.outer
     why = {"planned": "the smallest H whose exposed exchange is <= 5% of H steps",
-           "pinned": "as the YAML says", "default": "the default: nothing was measured to choose it"}[o.every_source]
+           "capped": "train.steps: the islands meet at least once in the run, though an exposed exchange of <= 5% "
+                     "needs more steps between",
+           "pinned": "as given: train.outer.every or --outer-every",
+           "default": "the default: nothing was measured to choose it"}[o.every_source]
     line = (f"  outer step every {o.every} steps ({why}): Nesterov lr {o.lr:g}, momentum {o.momentum:g}, "
             f"{o.codec} deltas" + (f", {o.fragments} fragments in turn" if o.fragments > 1 else "")
             + (f", applied {o.delay} step(s) late (alpha {o.alpha:g})" if o.delay else ""))

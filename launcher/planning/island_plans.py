@@ -154,8 +154,8 @@ def price_outer(cluster, profile: Profile, plan: Plan, every: int | None = None)
     if every is not None:
         source = plan.outer.every_source
     elif outer.every == "auto":
-        every = min(choose_every(exchange_s, step_s, outer.fragments, outer.delay), cluster.train.steps)
-        source = "planned"
+        chosen = choose_every(exchange_s, step_s, outer.fragments, outer.delay)
+        every, source = (chosen, "planned") if chosen <= cluster.train.steps else (cluster.train.steps, "capped")
     else:
         every, source = outer.every, "pinned"
     o = outer_plan(outer, every, source, exchange_s=exchange_s, wire_bytes=wire_bytes)

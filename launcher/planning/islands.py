@@ -31,7 +31,7 @@ class OuterPlan:
     fragments: int = 1
     delay: int = 0
     alpha: float = 0.0
-    every_source: str = "pinned"  # "pinned", "planned" (the smallest H that costs <= 5%), "default"
+    every_source: str = "pinned"  # "pinned", "planned" (the smallest H that costs <= 5%), "capped" (at train.steps), "default"
     exchange_s: float | None = None  # predicted: one whole-model exchange on its slowest links
     exposed_s: float | None = None   # of it, what training waits for per H steps
     wire_bytes: float | None = None  # bytes every holder sends per whole-model exchange, summed over holders

@@ -122,7 +122,7 @@ def test_plan_offline_with_islands_as_json(tmp_path):
     table = run_hetlaunch("plan", "--profile", str(tmp_path / "p.json"), "--islands", "--outer-every", "10",
                           "--microbatches", "8", timeout=60)
     assert table.returncode == 0, table.stderr
-    assert "island 1:" in table.stdout and "outer step every 10 steps (as the YAML says)" in table.stdout
+    assert "island 1:" in table.stdout and "outer step every 10 steps (as given: train.outer.every or --outer-every)" in table.stdout
 
 
 @pytest.mark.parametrize("args, message", [
@@ -227,3 +227,14 @@ def test_more_fragments_than_a_profiled_model_has_layers_is_refused_at_planning(
     with pytest.raises(PlanningError, match=rf"train\.outer\.fragments: {layers + 1} fragments of a model of "
                                             rf"{layers} stage layers"):
         plan_islands(ProfileCluster(profile, train), profile, request)
+
+
+def test_an_every_capped_by_the_runs_steps_says_so():
+    """`every: auto` is capped at train.steps (the islands must meet once); the plan said it was the
+    smallest H whose exposed exchange is within 5%, which it then is not (a hostile review)."""
+    profile, train, request = _offline()
+    chosen = plan_islands(ProfileCluster(profile, train), profile, request).outer
+    assert chosen.every_source == "planned" and chosen.every > 1
+    short = train.model_copy(update={"steps": chosen.every - 1})
+    capped = plan_islands(ProfileCluster(profile, short), profile, request).outer
+    assert (capped.every, capped.every_source) == (chosen.every - 1, "capped")
