@@ -264,6 +264,8 @@ class ClusterConfig(Strict):
             return
         names = [n.name for n in self.nodes]
         layers = self.model.num_stage_layers
+        if layers is None and all(n.layers is not None for n in self.nodes):  # pins tile the model (`up` checks)
+            layers = max(n.layers[1] for n in self.nodes)
         if layers is not None and outer.fragments > layers:
             raise FieldError(("train", "outer", "fragments"), f"{outer.fragments} fragments of a model of {layers} "
                                                               f"stage layers: at most one fragment a layer")

@@ -8,9 +8,9 @@ the job by reading and writing that state; the servicer never decides anything a
 from __future__ import annotations
 
 import itertools
-import resource
 import math
 import queue
+import resource
 import time
 from concurrent import futures
 

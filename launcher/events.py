@@ -22,7 +22,9 @@ class EventLog:
     def __init__(self, run_dir: Path, resume: bool = False):
         self.path = run_dir / "events.jsonl"
         self.counts: Counter[str] = Counter()
-        self._lines = JsonLines(self.path, _earlier_lines(self.path) if resume else None)
+        earlier = _earlier_lines(self.path) if resume else None
+        self.earlier: list[dict] = [json.loads(line) for line in earlier or ()]  # what the run wrote before this resume
+        self._lines = JsonLines(self.path, earlier)
 
     def write(self, event: str, **fields) -> dict:
         entry = {"time": round(time.time(), 3), "event": event, **fields}

@@ -124,7 +124,7 @@ def run_up(cluster, options: UpOptions, console: Console) -> Path:
     make_run_dir(run_dir)
     with RunDirLock(run_dir), contextlib.ExitStack() as locks:  # first: a running job's directories are refused
         try:
-            locks.enter_context(_checkpoint_lock(cluster, session))
+            locks.enter_context(_checkpoint_lock(session))
             if options.resume is None:
                 _check_fresh(run_dir, session.checkpoint_root)
         except JobError:
@@ -142,9 +142,12 @@ def run_up(cluster, options: UpOptions, console: Console) -> Path:
             return run_dir
 
 
-def _checkpoint_lock(cluster, session: ClusterSession):
-    """A checkpoint.dir of the YAML's is locked like the run directory (the default one is inside it)."""
-    return CheckpointDirLock(session.checkpoint_root) if cluster.checkpoint.dir else contextlib.nullcontext()
+def _checkpoint_lock(session: ClusterSession):
+    """The checkpoint directory is locked like the run directory, but where it is the run directory
+    (one lock file: two descriptors of one process conflict, and the run refused itself)."""
+    if session.checkpoint_root == session.run_dir.resolve():
+        return contextlib.nullcontext()
+    return CheckpointDirLock(session.checkpoint_root)
 
 
 def _check_fresh(run_dir: Path, checkpoint_root: Path) -> None:
@@ -200,7 +203,7 @@ def _run(session: ClusterSession, spec, options: UpOptions, events: EventLog, co
         save_profile(replanner.measured, session.run_dir / "profile.json")
     print_plan(console, plan)
     book = _checkpoint_book(session, spec, plan)
-    restore = _start_point(book, spec, plan, options, events, console, train.checkpoint_every)
+    restore = _start_point(book, spec, plan, options, events, console)
     record = RunRecord(session.run_dir, resume_at=restore.step if options.resume is not None else None)
     _say_unrecorded(record.unrecorded, "the checkpoint this run resumes from", events, console)
     current = CurrentPlan()
@@ -308,18 +311,11 @@ def _remove_stale_snapshots(root: Path) -> None:
 
 
 def _start_point(book: CheckpointBook, spec, plan: Plan, options: UpOptions, events: EventLog,
-                 console: Console, every: int) -> Restore:
-    """Step 0, or with --resume the run's last committed checkpoint; none where the run recorded
-    enough steps (checkpointing `every` steps) to have committed one is an error, not step 0: a
-    resume that found none started over and wrote over the run's records (a hostile review)."""
+                 console: Console) -> Restore:
+    """Step 0, or with --resume the run's last committed checkpoint."""
     if options.resume is None:
         return Restore(0, None, "init")
     restore = _resume_point(book, spec, plan, events, console)
-    recorded = max((r.step + 1 for r in read_metrics(options.resume / "metrics.jsonl", before_step=2**62)), default=0)
-    if restore.directory is None and 0 < every and recorded >= 2 * every:  # one was committed for sure
-        raise JobError(f"cannot resume {options.resume}: it recorded {recorded} steps, checkpointing every {every}, "
-                       f"but {book.root} holds no intact checkpoint of it (is checkpoint.dir the run's?); "
-                       "start over with another --run-dir")
     events.write("resume", step=restore.step, directory=str(restore.directory) if restore.directory else None)
     console.print(f"resuming at step {restore.step} from {restore.directory}" if restore.directory else
                   "no committed checkpoint to resume from: starting at step 0")
@@ -424,6 +420,16 @@ def _resume_point(book: CheckpointBook, spec, plan: Plan, events: EventLog, cons
     that are not intact (a truncated part, a wrong checksum, a broken or misplaced manifest) are
     set aside, each said in one line: the run goes on from the newest it can trust."""
     found, refused = newest_intact_checkpoint(book.root) if book.root.exists() else (None, [])
+    committed = [e for e in events.earlier if e.get("event") == "checkpoint"]
+    if found is None and committed:
+        # None where the run committed one is an error, not step 0: a resume that found none started
+        # over and wrote over the run's records (a hostile review: a YAML with another checkpoint.dir).
+        last = committed[-1]
+        what = (f"{len(refused)} there refused, the newest for: {refused[0][2]}" if refused else
+                "is checkpoint.dir the run's?")
+        raise JobError(f"cannot resume: the run committed a checkpoint of step {last.get('step')} in "
+                       f"{last.get('directory')}, but {book.root} holds no intact one ({what}); start over with "
+                       "another --run-dir")
     for step, directory, why in refused:
         done, aside = put_away(directory)
         events.write("checkpoint_refused", step=step, directory=str(directory), why=why,

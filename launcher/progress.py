@@ -174,7 +174,7 @@ def print_summary(console: Console, summary: dict, run_dir: Path) -> None:
         losses = ", ".join("-" if x is None else f"{x:.4f}" for x in outer["final_island_losses"])
         _say(console, f"  outer steps: {outer['exchanges_launched']} exchanges, {outer['wire_bytes'] / 2**20:,.1f} MiB "
                       f"between islands ({outer['wire_bytes_per_token']:.2f} bytes/token), {outer['blocked_s']:.1f}s "
-                      f"waited for; " + (f"last island losses {losses}" if losses else "the run ended synchronous"))
+                      f"waited for; " + (f"last island losses {losses}" if losses else "the run ended synchronously"))
 
 
 def _memory_summary(console: Console, memory: dict | None) -> None:

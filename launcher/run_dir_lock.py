@@ -59,13 +59,17 @@ class RunDirLock:
 
 
 class CheckpointDirLock(RunDirLock):
-    """The same for a `checkpoint.dir` of the YAML's (outside the run directory): two runs sharing
-    one pruned, overwrote and deleted each other's checkpoints (a hostile review: the second run's
+    """The same for the run's checkpoint directory (the default one inside the run directory
+    too, so a `checkpoint.dir` naming it is refused while the run goes on): two runs sharing one
+    pruned, overwrote and deleted each other's checkpoints (a hostile review: the second run's
     step 10 replaced the first's, the first's prune removed the second's part). Where the file
-    system has no locks (some network ones), the run goes on unlocked, as before."""
+    system has no locks (some network ones), the run goes on unlocked, as before. A directory
+    made for the lock that nothing else was written into is removed again at the end."""
 
     def __init__(self, directory: Path):
+        self.made = False
         try:
+            self.made = not directory.exists()
             directory.mkdir(parents=True, exist_ok=True)
         except OSError:
             pass  # then it cannot be locked either; writing a checkpoint there says why
@@ -77,6 +81,26 @@ class CheckpointDirLock(RunDirLock):
 
     def _cannot_lock(self, err: OSError) -> None:
         pass
+
+    def __enter__(self) -> "CheckpointDirLock":
+        try:
+            return super().__enter__()
+        except JobError:
+            self._tidy()
+            raise
+
+    def __exit__(self, *exc) -> None:
+        super().__exit__(*exc)
+        self._tidy()
+
+    def _tidy(self) -> None:
+        if self.made:
+            try:
+                if [p.name for p in self.path.parent.iterdir()] in ([], [LOCK_NAME]):
+                    self.path.unlink(missing_ok=True)
+                    self.path.parent.rmdir()
+            except OSError:
+                pass
 
 
 def _holder(fd: int) -> str:

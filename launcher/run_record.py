@@ -340,7 +340,7 @@ class RunRecord:
                           "raw_bytes": sum(o["bytes"][0] for o in outer), "wire_bytes": wire,
                           "wire_bytes_per_token": wire / tokens if tokens else 0.0,
                           "blocked_s": sum(o["blocked_s"] for o in outer),
-                          # the last step's, or none where the run ended synchronous (a lost node left one
+                          # the last step's, or none where the run ended synchronously (a lost node left one
                           # island): the losses of islands long gone sat beside the final loss
                           "final_island_losses": marked[-1].islands["losses"] if marked[-1] is self.records[-1]
                           else []}}

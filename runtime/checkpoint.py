@@ -16,6 +16,7 @@ which the coordinator uses without loading torch.
 from __future__ import annotations
 
 import hashlib
+import math
 from pathlib import Path
 
 import safetensors.torch
@@ -31,6 +32,14 @@ from hetlaunch.runtime.files import write_whole
 OPTIMIZER_FIELDS = ("step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer")
 _ADAMW_REQUIRED = {"step", "exp_avg", "exp_avg_sq"}
 _SGD_REQUIRED = {"momentum_buffer"}
+
+
+def _a_count(step: Tensor) -> bool:
+    """An optimizer's step as torch keeps it: one whole number, 0 or more (a float tensor)."""
+    if step.numel() != 1:
+        return False
+    value = float(step.reshape(-1)[0])
+    return math.isfinite(value) and value >= 0 and value == int(value)
 
 
 def stage_state(module: nn.Module, optimizer: torch.optim.Optimizer | None,
@@ -172,10 +181,10 @@ def apply_state(module: nn.Module, optimizer: torch.optim.Optimizer | None, stat
             problems.append(f"dtype of optimizer state of {name}: not floating point")
         elif any(t.dtype != param.dtype for f, t in fields.items() if f != "step"):  # they were cast silently
             problems.append(f"dtype of optimizer state of {name}: not {param.dtype}, the parameter's")
-        elif "step" in fields and (fields["step"].numel() != 1 or not bool(torch.isfinite(fields["step"]).all())
-                                   or float(fields["step"].reshape(-1)[0]) < 0):
-            # a count: a tensor of 1,000 failed on the worker naming no file, a NaN ran the loss to nan
-            problems.append(f"optimizer step of {name}: {fields['step'].numel()} value(s), not one finite count")
+        elif "step" in fields and not _a_count(fields["step"]):
+            # a tensor of 1,000 failed on the worker naming no file, a NaN ran the loss to nan
+            problems.append(f"optimizer step of {name}: not one whole, non-negative count "
+                            f"({fields['step'].numel()} value(s))")
     if resumed_step > 0 and not moments and _keeps_state(optimizer):
         problems.append(f"no optimizer state, though this run's {type(optimizer).__name__} keeps some and the "
                         f"checkpoint is of step {resumed_step}")

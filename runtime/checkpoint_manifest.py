@@ -232,7 +232,7 @@ def put_away(directory: Path) -> tuple[str, Path | None]:
     crash) is removed; any other is set aside for a look. Where the file system refuses (read only),
     it is left in place: never loaded either way, it must not stop the resume."""
     try:
-        if not directory.is_symlink() and not (directory / MANIFEST_NAME).exists():
+        if not directory.is_symlink() and not os.path.lexists(directory / MANIFEST_NAME):  # a link counts as one
             shutil.rmtree(directory)
             return "removed (a save that never finished)", None
         aside = set_aside(directory)

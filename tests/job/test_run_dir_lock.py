@@ -74,3 +74,31 @@ def test_a_second_run_sharing_a_running_jobs_checkpoint_dir_refuses_and_changes_
     finally:
         os.kill(first.pid, signal.SIGCONT) if first.poll() is None else None
         stop_process(first)
+
+
+@pytest.mark.timeout(240)
+def test_a_run_cannot_take_a_running_jobs_default_checkpoint_dir_and_one_may_checkpoint_into_its_own_run_dir(tmp_path):
+    """The default checkpoint directory (inside the run directory) is locked too; and a checkpoint.dir
+    that is the run directory itself is one lock, not two (a review of the lock found the run
+    refusing itself, `up` and `up --resume` alike)."""
+    (tmp_path / "cluster.yaml").write_text(CLUSTER)
+    first = popen_hetlaunch("up", str(tmp_path / "cluster.yaml"), "--run-dir", str(tmp_path / "first"))
+    try:
+        wait_for(lambda: len(_steps(tmp_path / "first")) >= 3, 120, "3 steps", proc=first)
+        os.kill(first.pid, signal.SIGSTOP)
+        taken = CLUSTER.replace("nodes:", f"checkpoint: {{dir: {tmp_path / 'first' / 'checkpoints'}}}\nnodes:")
+        (tmp_path / "taken.yaml").write_text(taken)
+        second = run_hetlaunch("up", str(tmp_path / "taken.yaml"), "--run-dir", str(tmp_path / "second"), timeout=60)
+        assert second.returncode == 1 and "is in use by another hetlaunch up" in second.stderr, second.stderr
+    finally:
+        os.kill(first.pid, signal.SIGCONT) if first.poll() is None else None
+        stop_process(first)
+    own = tmp_path / "own"
+    short = CLUSTER.replace(f"steps: {STEPS}", "steps: 4")
+    (tmp_path / "own.yaml").write_text(short.replace("nodes:", f"checkpoint: {{dir: {own}}}\nnodes:"))
+    done = run_hetlaunch("up", str(tmp_path / "own.yaml"), "--run-dir", str(own), timeout=120)
+    assert done.returncode == 0, done.stderr
+    (tmp_path / "own6.yaml").write_text((tmp_path / "own.yaml").read_text().replace("steps: 4", "steps: 6"))
+    resumed = run_hetlaunch("up", str(tmp_path / "own6.yaml"), "--resume", str(own), timeout=120)
+    assert resumed.returncode == 0, resumed.stderr
+    assert _steps(own) == list(range(6))

@@ -238,3 +238,13 @@ def test_an_every_capped_by_the_runs_steps_says_so():
     short = train.model_copy(update={"steps": chosen.every - 1})
     capped = plan_islands(ProfileCluster(profile, short), profile, request).outer
     assert (capped.every, capped.every_source) == (chosen.every - 1, "capped")
+
+
+def test_more_fragments_than_pinned_layers_of_an_entrypoint_model_is_refused_at_validate():
+    """A model of its own entrypoint has no depth in the YAML, but pins that tile it do: 40 fragments
+    of 4 pinned layers passed validate and ran (a review of the planning-time check)."""
+    with pytest.raises(ConfigError, match=r"train\.outer\.fragments: 40 fragments of a model of 4 stage layers"):
+        parse_cluster('model: {entrypoint: "user_model:make_mlp_lm", kwargs: {n_hidden: 2, seq_len: 16}}\n'
+                      "train: {outer: {every: 2, fragments: 40}}\n"
+                      "nodes: [{name: a, region: r0, pipeline: 0, layers: [0, 4]},"
+                      " {name: b, region: r1, pipeline: 1, layers: [0, 4]}]\n")

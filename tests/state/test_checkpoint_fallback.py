@@ -125,13 +125,17 @@ def test_a_refused_checkpoint_is_removed_if_never_committed_set_aside_if_not_and
         said, aside = put_away(committed)
         assert said == f"set aside as {committed.name}.unusable" and aside == committed.with_name(said[13:])
         assert (aside / MANIFEST_NAME).exists() and not committed.exists()
+    linked = checkpoint_dir(tmp_path, 14)  # its manifest a link to nowhere: not a save that never finished
+    linked.mkdir()
+    os.symlink(tmp_path / "nowhere.json", linked / MANIFEST_NAME)
+    assert put_away(linked)[0] == f"set aside as {linked.name}.unusable"
 
 
 @pytest.mark.timeout(300)
 def test_a_resume_that_finds_no_checkpoint_of_a_run_that_committed_some_is_refused_not_started_over(tmp_path):
     """`up --resume` with a YAML whose checkpoint.dir is not the run's found nothing, started at step
-    0 and wrote over the run's records (a hostile review). A run that recorded two checkpoint
-    intervals committed a checkpoint: finding none is an error naming where it looked."""
+    0 and wrote over the run's records (a hostile review). A run whose events say it committed a
+    checkpoint is refused in one line naming where it was and where the resume looked."""
     run = tmp_path / "run"
     _up(tmp_path, run, 6, "--run-dir")
     recorded = (run / "metrics.jsonl").read_text()
@@ -141,6 +145,16 @@ def test_a_resume_that_finds_no_checkpoint_of_a_run_that_committed_some_is_refus
     result = run_hetlaunch("up", str(elsewhere), "--resume", str(run), timeout=120)
     assert result.returncode == 1, result.stdout + result.stderr
     assert [line for line in result.stderr.splitlines() if line.startswith("error:")] == [
-        f"error: cannot resume {run}: it recorded 6 steps, checkpointing every 2, but {tmp_path / 'other'} holds "
-        "no intact checkpoint of it (is checkpoint.dir the run's?); start over with another --run-dir"], result.stderr
+        f"error: cannot resume: the run committed a checkpoint of step 6 in {checkpoint_dir(run / 'checkpoints', 6)}, "
+        f"but {tmp_path / 'other'} holds no intact one (is checkpoint.dir the run's?); start over with another "
+        "--run-dir"], result.stderr
     assert (run / "metrics.jsonl").read_text() == recorded  # the run's records stand
+    # Every checkpoint of the run spoilt: refused alike, before any of them is moved.
+    for step in (2, 4, 6):
+        (checkpoint_dir(run / "checkpoints", step) / MANIFEST_NAME).write_text("{}")
+    result = run_hetlaunch("up", str(tmp_path / "c6.yaml"), "--resume", str(run), timeout=120)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == 1 and len(errors) == 1 and "holds no intact one (3 there refused" in errors[0], \
+        result.stdout + result.stderr
+    assert "set aside" not in result.stdout and all(checkpoint_dir(run / "checkpoints", s).is_dir() for s in (2, 4, 6))
+    assert (run / "metrics.jsonl").read_text() == recorded

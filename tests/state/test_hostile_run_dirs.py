@@ -226,9 +226,11 @@ def test_a_checkpoint_stripped_of_its_optimizer_state_is_refused_not_resumed_wit
 
 
 @pytest.mark.parametrize("spoil, message", [
-    (lambda s: s.update({"optim.0.weight.step": torch.zeros(1000)}), r"optimizer step of 0\.weight: 1000 value"),
-    (lambda s: s.update({"optim.0.weight.step": torch.tensor(float("nan"))}), r"optimizer step of 0\.weight"),
-    (lambda s: s.update({"optim.0.weight.step": torch.tensor(-1.0)}), r"optimizer step of 0\.weight"),
+    (lambda s: s.update({"optim.0.weight.step": torch.zeros(1000)}),
+     r"optimizer step of 0\.weight: not one whole, non-negative count \(1000 value"),
+    (lambda s: s.update({"optim.0.weight.step": torch.tensor(float("nan"))}), r"optimizer step of 0\.weight: not one"),
+    (lambda s: s.update({"optim.0.weight.step": torch.tensor(-1.0)}), r"optimizer step of 0\.weight: not one"),
+    (lambda s: s.update({"optim.0.weight.step": torch.tensor(2.5)}), r"optimizer step of 0\.weight: not one"),
     (lambda s: s.update({"optim.0.bias.exp_avg": s["optim.0.bias.exp_avg"].to(torch.bfloat16)}),
      r"dtype of optimizer state of 0\.bias: not torch\.float32"),
 ])
