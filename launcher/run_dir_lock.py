@@ -5,7 +5,7 @@ coordinator.json, the token, metrics.jsonl and the checkpoints: the first job's 
 its checkpoints mixed with the other's. `up` holds an exclusive lock on `<run dir>/up.lock` for
 as long as it runs; another refuses in one line naming the holder. The lock is the kernel's
 (flock): it ends with the process however that ends — a crash or SIGKILL leaves no stale lock
-for `--resume` to trip on. A `checkpoint.dir` outside the run directory is locked alike.
+for `--resume` to trip on. The run's checkpoint directory is locked alike (CheckpointDirLock).
 """
 
 from __future__ import annotations
@@ -82,25 +82,16 @@ class CheckpointDirLock(RunDirLock):
     def _cannot_lock(self, err: OSError) -> None:
         pass
 
-    def __enter__(self) -> "CheckpointDirLock":
-        try:
-            return super().__enter__()
-        except JobError:
-            self._tidy()
-            raise
-
     def __exit__(self, *exc) -> None:
-        super().__exit__(*exc)
-        self._tidy()
-
-    def _tidy(self) -> None:
-        if self.made:
+        # Tidied while the lock is held: after it, the file may be another run's lock already.
+        if self.made and self._fd is not None:
             try:
-                if [p.name for p in self.path.parent.iterdir()] in ([], [LOCK_NAME]):
-                    self.path.unlink(missing_ok=True)
+                if [p.name for p in self.path.parent.iterdir()] == [LOCK_NAME]:
+                    self.path.unlink()
                     self.path.parent.rmdir()
             except OSError:
                 pass
+        super().__exit__(*exc)
 
 
 def _holder(fd: int) -> str:
