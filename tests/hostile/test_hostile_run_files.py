@@ -21,6 +21,7 @@ from conftest import hetlaunch_env, run_hetlaunch
 from small_disk import fill, small_tmpfs
 from hetlaunch.launcher.profile_cache import (MAX_ENTRY_BYTES, BadCacheEntry, cached_node, check_entry, node_cache_key,
                                               read_entry, store_node)
+from hetlaunch.launcher.run_dir_lock import LOCK_NAME
 from hetlaunch.launcher.run_record import RunRecord, StepRecord, write_run_file
 from hetlaunch.launcher.job_errors import JobError
 from hetlaunch.runtime.registry import CODEC_NAMES
@@ -361,8 +362,8 @@ def test_disk_full_at_a_checkpoint_is_one_line_and_leaves_no_part_behind(tmp_pat
         assert result.returncode == 1, result.stderr + result.stdout
         line = the_error_line(result.stderr)
         assert "cannot write the checkpoint of step 5 on node a" in line and "No space left on device" in line, line
-        leftovers = [p for p in (run_dir / "checkpoints").rglob("*") if p.is_file()]
-        assert leftovers == [], leftovers  # no half-written part, no manifest
+        leftovers = [p for p in (run_dir / "checkpoints").rglob("*") if p.is_file() and p.name != LOCK_NAME]
+        assert leftovers == [], leftovers  # no half-written part, no manifest (the directory's lock file aside)
         steps = [json.loads(row)["step"] for row in (run_dir / "metrics.jsonl").read_text().splitlines()]
         assert steps == list(range(len(steps))) and 5 <= len(steps) < 40
 
