@@ -266,9 +266,8 @@ class ClusterConfig(Strict):
         layers = self.model.num_stage_layers
         if layers is None and all(n.layers is not None for n in self.nodes):  # pins tile the model (`up` checks)
             layers = max(n.layers[1] for n in self.nodes)
-        if layers is not None and outer.fragments > layers:
-            raise FieldError(("train", "outer", "fragments"), f"{outer.fragments} fragments of a model of {layers} "
-                                                              f"stage layers: at most one fragment a layer")
+        if layers is not None and outer.too_many_fragments(layers):
+            raise FieldError(("train", "outer", "fragments"), outer.too_many_fragments(layers))
         if isinstance(outer.islands, list):
             listed = {name for island in outer.islands for name in island}
             for i, island in enumerate(outer.islands):

@@ -72,6 +72,13 @@ class OuterConfig(Strict):
             raise FieldError(("alpha",), "mixes the local weights into an exchange applied late: only with a delay")
         return self
 
+    def too_many_fragments(self, layers: int) -> str | None:
+        """Why `fragments` cannot split a model of `layers` stage layers, or None: validate asks where
+        the YAML sizes the model (or pins size it), the planner where only the profile does."""
+        if self.fragments <= layers:
+            return None
+        return f"{self.fragments} fragments of a model of {layers} stage layers: at most one fragment a layer"
+
 
 class TrainConfig(Strict):
     steps: int = Field(300, ge=1, le=MAX_STEPS)  # optimizer steps

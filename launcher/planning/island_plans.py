@@ -37,10 +37,9 @@ SPEED_PROBE = 64
 def plan_islands(cluster, profile: Profile, request: PlanRequest, source: str = "planned") -> Plan:
     """The plan for `profile`'s nodes under cluster.train.outer (a plain plan when they form one island)."""
     outer = cluster.train.outer
-    layers = profile.model.num_layers
-    if outer.fragments > layers:  # validate checks it where the YAML tells the layers; a model's own entrypoint does not
-        raise PlanningError(f"train.outer.fragments: {outer.fragments} fragments of a model of {layers} stage layers: "
-                            "at most one fragment a layer")
+    too_many = outer.too_many_fragments(profile.model.num_layers)  # a model of its own entrypoint: sized here
+    if too_many:
+        raise PlanningError(f"train.outer.fragments: {too_many}")
     if request.schedule == AUTO_SCHEDULE:  # one schedule for every island's pipelines: 1F1B's for now
         request = replace(request, schedule=AUTO_SCHEDULES[0])
     groups = island_groups(outer.islands, [(n.name, n.region) for n in profile.nodes])

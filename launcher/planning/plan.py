@@ -290,9 +290,6 @@ def with_pinned_islands(cluster, plan: Plan) -> Plan:
     outer = cluster.train.outer
     if outer is None:
         return plan
-    if outer.fragments > plan.num_layers:  # validate checks it where the YAML sizes the model; pins size it too
-        raise TilingError(f"train.outer.fragments: {outer.fragments} fragments of a model of {plan.num_layers} stage "
-                          "layers: at most one fragment a layer")
     groups = island_groups(outer.islands, [(n.name, n.region) for n in cluster.nodes])
     islands = pipeline_islands([[s.node for s in stages] for stages in plan.pipelines()], groups)
     if not islands:
