@@ -148,13 +148,12 @@ def measure_cluster(session: ClusterSession, spec: ModelSpec, micro_batch_size: 
 def _probe_links(session: ClusterSession, names: list[str], command, reports: dict[str, pb.ReportProfileRequest],
                  console: Console, droppable: bool) -> dict[str, pb.ReportProfileRequest]:
     """Every node of `names` joins one data-plane group and probes its pairs (probe_pairs). A
-    node whose agent is lost meanwhile breaks the group: the survivors' probes end
-    (with the error of a closed peer, or the rendezvous' timeout), and once every one has
-    reported, the lost node is dropped like one lost while its layers were timed (`droppable`)
-    and the others probe again without it. A worker that dies while its agent lives is not
-    taken as its node's loss: under NCCL a dead peer aborts the survivors' workers too, so
-    which one died first cannot be told; every node probes once more, and deaths again (or
-    a failure with no node lost) end the job in one line, as before."""
+    node whose agent is lost meanwhile breaks the group: it is dropped like one lost while its
+    layers were timed (`droppable`), the survivors' probes are aborted, and they probe again
+    without it. A worker that dies while its agent lives is not taken as its node's loss:
+    under NCCL a dead peer aborts the survivors' workers too, so which one died first cannot
+    be told; the others' probes are aborted and every node probes once more, and deaths
+    again (or a failure with no node lost) end the job in one line, as before."""
     cluster = session.cluster
     retried = False
     while True:
@@ -198,13 +197,19 @@ def _collect_probes(session: ClusterSession, names: list[str], link_reports: dic
                     console: Console, what: str, droppable: bool) -> tuple[dict[str, str], list[str]]:
     """Wait until every node of `names` has reported its probes (into `link_reports`), failed
     or been lost; a lost node (its agent gone, even after its probe failed) is dropped where
-    `droppable`, else the job ends naming it. Returns the failures (node -> error) and the nodes
-    among them whose worker died."""
+    `droppable`, else the job ends naming it. Once a worker died or a node was dropped, the
+    group is broken: the nodes still probing are aborted (abort_broken_probe) instead of waited
+    for. Returns the failures (node -> error) and the nodes among them whose worker died."""
     failed: dict[str, str] = {}
     died: list[str] = []
+    aborted: set[str] = set()
+
+    def settled(node: str) -> bool:
+        return node in link_reports or node in failed or node in session.lost or node in aborted
+
     deadline = time.monotonic() + PROFILE_TIMEOUT_S
     with console.status(what) as status:
-        while not all(n in link_reports or n in failed or n in session.lost for n in names):
+        while not all(settled(n) for n in names):
             received = session.state.next_profile(timeout=0.2)
             if received is None:
                 lost = session.lost_nodes(set(link_reports))
@@ -213,6 +218,8 @@ def _collect_probes(session: ClusterSession, names: list[str], link_reports: dic
                 for node, why in lost.items():
                     failed.pop(node, None)
                     _drop(session, node, why, link_reports, console, "while probing links")
+                if lost:
+                    aborted |= abort_broken_probe(session, [n for n in names if not settled(n)], f"{', '.join(lost)} lost")
                 if time.monotonic() > deadline:
                     missing = ", ".join(n for n in names if n not in link_reports and n not in failed
                                         and n not in session.lost)
@@ -227,8 +234,20 @@ def _collect_probes(session: ClusterSession, names: list[str], link_reports: dic
                 failed[node] = report.error
                 if report.worker_died:
                     died.append(node)
+                    aborted |= abort_broken_probe(session, [n for n in names if not settled(n)],
+                                                  f"the worker of {node} died")
             status.update(f"{what}: {sum(n in link_reports for n in names)}/{len(names)} done")
     return failed, [n for n in died if n in failed]
+
+
+def abort_broken_probe(session: ClusterSession, still_probing: list[str], why: str) -> set[str]:
+    """Stop the link probes of `still_probing`: a peer of their group is gone. Gloo's connect
+    waits for a peer that died mid-connect up to five times the rendezvous timeout (10 minutes
+    at 120 s; seen on torch 2.13), and their results are not wanted: the probe runs again. They
+    report nothing (runtime/task_relay.py abort_probe)."""
+    for node in still_probing:
+        session.state.send(node, pb.Command(abort=pb.Abort(reason=f"{why}: probing again", link_probe=True)))
+    return set(still_probing)
 
 
 def alike_local_nodes(cluster, to_measure: list[str], keys: dict[str, str]) -> dict[str, str]:

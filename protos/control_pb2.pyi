@@ -245,12 +245,14 @@ class Shutdown(_message.Message):
     def __init__(self, reason: _Optional[str] = ...) -> None: ...
 
 class Abort(_message.Message):
-    __slots__ = ("reason", "snapshot_dir")
+    __slots__ = ("reason", "snapshot_dir", "link_probe")
     REASON_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_DIR_FIELD_NUMBER: _ClassVar[int]
+    LINK_PROBE_FIELD_NUMBER: _ClassVar[int]
     reason: str
     snapshot_dir: str
-    def __init__(self, reason: _Optional[str] = ..., snapshot_dir: _Optional[str] = ...) -> None: ...
+    link_probe: bool
+    def __init__(self, reason: _Optional[str] = ..., snapshot_dir: _Optional[str] = ..., link_probe: _Optional[bool] = ...) -> None: ...
 
 class Move(_message.Message):
     __slots__ = ("id", "phase", "at_step", "stage", "layout", "data_parallel")

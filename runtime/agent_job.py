@@ -197,6 +197,10 @@ class Agent:
         request = pb.WatchCommandsRequest(agent_id=self.agent_id)
         try:
             for command in self.stub.WatchCommands(request, metadata=self.metadata):
+                if command.HasField("abort") and command.abort.link_probe:
+                    _log(self.node, f"aborting the link probe: {command.abort.reason}")
+                    self.tasks.abort_probe(command.generation)  # a kill, no snapshot: it returns at once
+                    continue
                 if command.HasField("abort"):
                     # Here, not in the command loop: that loop is busy relaying the worker being aborted.
                     _log(self.node, f"aborting the running task: {command.abort.reason}")

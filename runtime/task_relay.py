@@ -10,7 +10,9 @@ and a fresh spare started at once, so it is warm when the next generation begins
 Stopping (an abort, a lost coordinator, a shutdown mid-task) comes from other threads than the
 one relaying, and names a generation: a late abort never hits the next generation's worker. An
 abort is for a stage: it never hits a profiling run, which recovery starts in the same generation
-to measure the survivors while the abort sent to their stages may still be on its way.
+to measure the survivors while the abort sent to their stages may still be on its way. The one
+exception says so (`Abort.link_probe`): a link probe whose group a peer broke, stopped in its own
+generation only.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ class TaskRelay:
         self.generation = 0  # of the task running now; its step reports carry it
         self.worker: WorkerProcess | None = None  # the task running now, in its own process
         self.watchdog = StageWatchdog(0, 0.0, 0.0)  # the running stage's progress watch (off until one runs)
+        self.probes_aborted_through = 0  # link probes of this generation and earlier are never started
         self._worker_lock = threading.Lock()
         self._close_lock = threading.Lock()
         self._closed = False
@@ -88,6 +91,9 @@ class TaskRelay:
     def run(self, task: wpb.WorkerTask, generation: int, state: int) -> None:
         """Run one task in a worker, relay its events, and report how it ended (unless aborted)."""
         worker = self._start(task, generation, state)
+        if worker is None:
+            _log(self.node, "the link probe was aborted before it started: a peer broke its group")
+            return
         train = task.run_stage.train if task.HasField("run_stage") else None
         with self._worker_lock:
             self.watchdog = StageWatchdog(worker.pid, train.watchdog_s if train else 0.0,
@@ -115,12 +121,15 @@ class TaskRelay:
         self._report_end(task, worker, done, profile, generation, died=None if not self.watchdog.stalled
                          else self.watchdog.frozen)
 
-    def _start(self, task: wpb.WorkerTask, generation: int, state: int) -> WorkerProcess:
+    def _start(self, task: wpb.WorkerTask, generation: int, state: int) -> WorkerProcess | None:
+        """The task's worker, started; None for a link probe aborted already (abort_probe)."""
         task.store.CopyFrom(self.store_access)
         task.store.agent_id = self.agent_id
         task.clock_anchor = host_clock.anchor()  # the worker's stamps on the clock our heartbeats measure
         self.step = -1
-        with self._worker_lock:
+        with self._worker_lock:  # checked under the lock abort_probe marks under: none slips between
+            if _is_link_probe(task) and generation <= self.probes_aborted_through:
+                return None
             self.busy_state = state
             self.generation = generation
             worker = self.worker = self._take_worker().start(task)
@@ -208,6 +217,18 @@ class TaskRelay:
         else:
             worker.kill()
 
+    def abort_probe(self, generation: int) -> None:
+        """The link probe of `generation` lost a peer (its worker died, or its node was lost): our
+        worker may wait on it in gloo's connect for five times the rendezvous timeout, and no
+        result of it is wanted. Kill it if it runs now; never start it if it has not begun (the
+        abort can overtake the command, which waits in the queue). Nothing is reported."""
+        with self._worker_lock:
+            self.probes_aborted_through = max(self.probes_aborted_through, generation)
+            worker = self.worker
+            if (worker is None or self.generation != generation or self.busy_state != pb.AGENT_STATE_PROFILING):
+                return
+        worker.kill()  # marks it aborted: run() reports nothing
+
     def pass_move(self, move: pb.Move, generation: int) -> None:
         """A live-move message for the running stage of `generation`; answered for it if there is none."""
         with self._worker_lock:
@@ -233,3 +254,7 @@ class TaskRelay:
                 spare.wait(CLOSE_WAIT_S)
             except (subprocess.TimeoutExpired, OSError) as err:  # stuck in the kernel: left to init
                 _log(self.node, f"the spare worker {spare.pid} did not exit after SIGKILL: {err}")
+
+
+def _is_link_probe(task: wpb.WorkerTask) -> bool:
+    return task.HasField("profile") and task.profile.HasField("rendezvous")

@@ -88,3 +88,50 @@ def test_a_late_snapshot_to_an_ended_worker_never_reaches_the_next_one():
         for pair in opened:
             for fd in pair:
                 os.close(fd)
+
+
+def _probe_task() -> wpb.WorkerTask:
+    return wpb.WorkerTask(profile=pb.Profile(rendezvous=pb.Rendezvous(rank=0, world_size=3)))
+
+
+def test_a_link_probe_abort_kills_the_probe_of_its_generation_only(tmp_path):
+    """A peer's worker died mid-probe: the survivors' probes are killed, not waited for (gloo's
+    connect can wait five times the rendezvous timeout for a dead peer)."""
+    relay, worker = _relay_running(pb.AGENT_STATE_PROFILING, 3, tmp_path)
+    relay.abort_probe(2)
+    relay.abort_probe(4)
+    assert worker.stopped == []
+    relay.abort_probe(3)
+    assert worker.stopped == [("kill", None)]
+
+
+def test_a_link_probe_abort_never_stops_a_stage(tmp_path):
+    relay, worker = _relay_running(pb.AGENT_STATE_TRAINING, 3, tmp_path)
+    relay.abort_probe(3)
+    assert worker.stopped == []
+
+
+def test_a_link_probe_aborted_before_it_started_never_starts_and_reports_nothing(tmp_path):
+    """The abort travels beside the command, on the reader thread, and can overtake it while the
+    command waits in the agent's queue: the probe must not start on a group that is broken."""
+    calls = []
+    relay = TaskRelay("n2", lambda method, request: calls.append(method), None, wpb.StoreAccess(), None, [], tmp_path)
+    relay.abort_probe(5)
+    relay.run(_probe_task(), 5, pb.AGENT_STATE_PROFILING)
+    relay.run(_probe_task(), 4, pb.AGENT_STATE_PROFILING)
+    assert relay.worker is None and relay.spare is None and calls == []
+
+
+def test_a_link_probe_abort_leaves_the_next_generations_probe_and_layer_timing_alone(tmp_path):
+    relay = TaskRelay("n2", lambda method, request: None, None, wpb.StoreAccess(), None, [], tmp_path)
+    relay.abort_probe(5)
+    started = []
+    relay._take_worker = lambda: started.append(True) or _Started()
+    assert relay._start(_probe_task(), 6, pb.AGENT_STATE_PROFILING) is not None
+    assert relay._start(wpb.WorkerTask(profile=pb.Profile(measure_layers=True)), 5, pb.AGENT_STATE_PROFILING) is not None
+    assert started == [True, True]
+
+
+class _Started:
+    def start(self, task):
+        return self

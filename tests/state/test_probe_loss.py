@@ -2,7 +2,10 @@
 with its closed sockets; it is dropped, the others probe again without it, and the job trains on
 them. A worker that dies while its agent lives is probed again with the others (under NCCL a dead
 peer aborts the survivors' workers as well, so which died first cannot be told). Both used to end
-the job."""
+the job. Either way the survivors' probes are aborted, not waited for: a kill that landed while the
+group connected once left a's worker in gloo's connect past this test's 240 s (it waits up to five
+times the rendezvous timeout for a peer that died mid-connect); the agents' side of the abort is
+tested in tests/control/test_abort_targets.py."""
 
 from __future__ import annotations
 
