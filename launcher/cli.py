@@ -403,6 +403,7 @@ def _with_cluster(work) -> None:
     from hetlaunch.launcher.planning.plan import TilingError
     from hetlaunch.launcher.planning.planner import PlanningError
     from hetlaunch.launcher.planning.profile_file import ProfileError
+    from hetlaunch.launcher.job_errors import BadInputError
     from hetlaunch.launcher.session import JobError
 
     def on_sigterm(signum, frame):
@@ -415,6 +416,8 @@ def _with_cluster(work) -> None:
         signal.signal(signal.SIGHUP, on_sigterm)
     try:
         work()
+    except BadInputError as err:
+        fail(str(err), EXIT_BAD_INPUT)
     except (JobError, PlanningError, ProfileError) as err:
         fail(str(err), EXIT_JOB_FAILED)
     except (ConfigError, TilingError) as err:  # TilingError: pinned ranges of a model only agents can count

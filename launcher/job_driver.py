@@ -43,6 +43,7 @@ from hetlaunch.launcher.progress import TrainingProgress, print_calibration, pri
 from hetlaunch.launcher.run_dir_lock import CheckpointDirLock, RunDirLock
 from hetlaunch.launcher.run_record import RunRecord, StepRecord, make_run_dir, read_metrics
 from hetlaunch.launcher.step_aggregator import StepAggregator
+from hetlaunch.launcher.job_errors import BadInputError
 from hetlaunch.launcher.session import ClusterSession, JobError
 from hetlaunch.launcher.stage_launch import eval_fill_event, launch
 from hetlaunch.launcher.observers import Observers
@@ -175,7 +176,7 @@ def _check_resumable(run_dir: Path) -> None:
     """Before anything starts: a run directory of ours, with readable metrics, that no live
     coordinator is still writing."""
     if not (run_dir / "metrics.jsonl").is_file():
-        raise JobError(f"cannot resume {run_dir}: not a run directory (no metrics.jsonl)")
+        raise BadInputError(f"cannot resume {run_dir}: not a run directory (no metrics.jsonl)")
     read_metrics(run_dir / "metrics.jsonl", before_step=2**62)  # a JobError naming the bad line
     try:
         contact = read_json(run_dir / "coordinator.json", 4096)

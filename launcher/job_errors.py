@@ -9,3 +9,8 @@ from __future__ import annotations
 
 class JobError(Exception):
     """A one-line reason the job could not run or finish."""
+
+
+class BadInputError(JobError):
+    """A job refused, before anything started, for what the user named (a --resume folder that
+    is not a run): exit 2 like a bad YAML, where a job that fails exits 1."""

@@ -1,4 +1,5 @@
-"""`hetlaunch up --resume` given what it should refuse: one line, exit 1, nothing started."""
+"""`hetlaunch up --resume` given what it should refuse: one line, nothing started; exit 2 where the
+folder named is not a run (bad input, like a bad YAML), else 1."""
 
 from __future__ import annotations
 
@@ -24,8 +25,8 @@ def resume(tmp_path, run_dir) -> subprocess.CompletedProcess:
     return run_hetlaunch("up", str(tmp_path / "cluster.yaml"), "--resume", str(run_dir), timeout=60)
 
 
-def one_error(result: subprocess.CompletedProcess) -> str:
-    assert result.returncode == 1, result.stderr + result.stdout
+def one_error(result: subprocess.CompletedProcess, code: int = 1) -> str:
+    assert result.returncode == code, result.stderr + result.stdout
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
     assert not (result.stdout.strip()), result.stdout  # nothing started: no coordinator line
@@ -34,7 +35,7 @@ def one_error(result: subprocess.CompletedProcess) -> str:
 
 @pytest.mark.timeout(90)
 def test_a_directory_that_is_not_a_run_is_refused(tmp_path):
-    assert "not a run directory (no metrics.jsonl)" in one_error(resume(tmp_path, tmp_path / "nowhere"))
+    assert "not a run directory (no metrics.jsonl)" in one_error(resume(tmp_path, tmp_path / "nowhere"), 2)
 
 
 @pytest.mark.timeout(90)
