@@ -20,7 +20,7 @@ from hetlaunch.launcher.planning.batch_sizes import candidate_sizes
 from hetlaunch.launcher.planning.profile_file import LayerInfo, LinkProfile, ModelIdentity, NodeProfile, Profile
 from hetlaunch.launcher.profile_cache import cached_node, node_cache_key, store_node
 from hetlaunch.launcher.job_errors import JobError
-from hetlaunch.launcher.session import ClusterSession, first_line, lost_message
+from hetlaunch.launcher.session import BLAME_GRACE_S, ClusterSession, first_line, lost_message
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.runtime.model_spec import ModelSpec
 from hetlaunch.runtime.wire import model_spec_to_proto
@@ -28,6 +28,10 @@ from hetlaunch.runtime.version import MEASUREMENT_METHOD, hetlaunch_version
 
 INTRA_REGION_PAIRS = 2
 PROFILE_TIMEOUT_S = 600.0
+# A link probe failed and no worker death or lost node shows why: the others are waited for this
+# long, then aborted. Their own failures, or a dead peer's report, come in well within it (under a
+# second here); gloo's connect can wait ten minutes for a peer that failed while it connected.
+FAILED_PROBE_GRACE_S = 30.0
 DROPPED = "lost while profiling: "  # how a node dropped while profiling is declared lost
 
 
@@ -197,32 +201,45 @@ def _collect_probes(session: ClusterSession, names: list[str], link_reports: dic
                     console: Console, what: str, droppable: bool) -> tuple[dict[str, str], list[str]]:
     """Wait until every node of `names` has reported its probes (into `link_reports`), failed
     or been lost; a lost node (its agent gone, even after its probe failed) is dropped where
-    `droppable`, else the job ends naming it. Once a worker died or a node was dropped, the
-    group is broken: the nodes still probing are aborted (abort_broken_probe) instead of waited
-    for. Returns the failures (node -> error) and the nodes among them whose worker died."""
+    `droppable`, else the job ends naming it. Once a worker died or a node was dropped the
+    group is broken, and once a probe failed FAILED_PROBE_GRACE_S ago without either showing
+    (its cause may still be on its way), it is taken as broken too: the nodes still probing are
+    aborted (abort_broken_probe) instead of waited for. A death is waited on BLAME_GRACE_S
+    for a lost node behind it (under NCCL a dead host takes its peers' workers with it), so
+    that node is dropped and the probe's one retry after deaths is kept. Returns the failures
+    (node -> error) and the nodes among them whose worker died."""
     failed: dict[str, str] = {}
     died: list[str] = []
     aborted: set[str] = set()
+    first_failure = None  # when the first failure with no cause shown came in
 
     def settled(node: str) -> bool:
         return node in link_reports or node in failed or node in session.lost or node in aborted
+
+    def drop_lost() -> dict[str, str]:
+        lost = session.lost_nodes(set(link_reports))
+        if lost and not droppable:
+            raise JobError(lost_message(lost))
+        for node, why in lost.items():
+            failed.pop(node, None)
+            _drop(session, node, why, link_reports, console, "while probing links")
+        return lost
+
+    def abort_the_rest(why: str) -> None:
+        aborted.update(abort_broken_probe(session, [n for n in names if not settled(n)], why))
 
     deadline = time.monotonic() + PROFILE_TIMEOUT_S
     with console.status(what) as status:
         while not all(settled(n) for n in names):
             received = session.state.next_profile(timeout=0.2)
             if received is None:
-                lost = session.lost_nodes(set(link_reports))
-                if lost and not droppable:
-                    raise JobError(lost_message(lost))
-                for node, why in lost.items():
-                    failed.pop(node, None)
-                    _drop(session, node, why, link_reports, console, "while probing links")
+                lost = drop_lost()
                 if lost:
-                    aborted |= abort_broken_probe(session, [n for n in names if not settled(n)], f"{', '.join(lost)} lost")
+                    abort_the_rest(f"{', '.join(lost)} lost")
+                elif first_failure is not None and time.monotonic() - first_failure > FAILED_PROBE_GRACE_S:
+                    abort_the_rest(f"{', '.join(failed)} failed")
                 if time.monotonic() > deadline:
-                    missing = ", ".join(n for n in names if n not in link_reports and n not in failed
-                                        and n not in session.lost)
+                    missing = ", ".join(n for n in names if not settled(n))
                     raise JobError(f"probing links did not finish within {PROFILE_TIMEOUT_S:.0f}s; waiting for {missing}")
                 continue
             node, report = received
@@ -232,11 +249,15 @@ def _collect_probes(session: ClusterSession, names: list[str], link_reports: dic
                 link_reports[node] = report
             else:
                 failed[node] = report.error
+                first_failure = first_failure or time.monotonic()
                 if report.worker_died:
                     died.append(node)
-                    aborted |= abort_broken_probe(session, [n for n in names if not settled(n)],
-                                                  f"the worker of {node} died")
+                    abort_the_rest(f"the worker of {node} died")
             status.update(f"{what}: {sum(n in link_reports for n in names)}/{len(names)} done")
+        grace = time.monotonic() + BLAME_GRACE_S
+        while died and not any(n in session.lost for n in names) and time.monotonic() < grace:
+            if not drop_lost():
+                time.sleep(0.2)
     return failed, [n for n in died if n in failed]
 
 

@@ -198,8 +198,8 @@ class Agent:
         try:
             for command in self.stub.WatchCommands(request, metadata=self.metadata):
                 if command.HasField("abort") and command.abort.link_probe:
-                    _log(self.node, f"aborting the link probe: {command.abort.reason}")
-                    self.tasks.abort_probe(command.generation)  # a kill, no snapshot: it returns at once
+                    done = self.tasks.abort_probe(command.generation)  # a kill, no snapshot: it returns at once
+                    _log(self.node, f"aborted the link probe ({done}): {command.abort.reason}")
                     continue
                 if command.HasField("abort"):
                     # Here, not in the command loop: that loop is busy relaying the worker being aborted.

@@ -60,7 +60,8 @@ class TaskRelay:
         self.generation = 0  # of the task running now; its step reports carry it
         self.worker: WorkerProcess | None = None  # the task running now, in its own process
         self.watchdog = StageWatchdog(0, 0.0, 0.0)  # the running stage's progress watch (off until one runs)
-        self.probes_aborted_through = 0  # link probes of this generation and earlier are never started
+        self.probes_aborted_through = -1  # link probes of this generation and earlier are never started
+        self.running_probe = False  # the running task is a link probe (the only task abort_probe stops)
         self._worker_lock = threading.Lock()
         self._close_lock = threading.Lock()
         self._closed = False
@@ -130,6 +131,7 @@ class TaskRelay:
         with self._worker_lock:  # checked under the lock abort_probe marks under: none slips between
             if _is_link_probe(task) and generation <= self.probes_aborted_through:
                 return None
+            self.running_probe = _is_link_probe(task)
             self.busy_state = state
             self.generation = generation
             worker = self.worker = self._take_worker().start(task)
@@ -217,17 +219,23 @@ class TaskRelay:
         else:
             worker.kill()
 
-    def abort_probe(self, generation: int) -> None:
+    def abort_probe(self, generation: int) -> str:
         """The link probe of `generation` lost a peer (its worker died, or its node was lost): our
         worker may wait on it in gloo's connect for five times the rendezvous timeout, and no
         result of it is wanted. Kill it if it runs now; never start it if it has not begun (the
-        abort can overtake the command, which waits in the queue). Nothing is reported."""
+        abort can overtake the command, which waits in the queue). Nothing is reported, but by a
+        probe that had ended already. Returns what was done, for the log."""
         with self._worker_lock:
             self.probes_aborted_through = max(self.probes_aborted_through, generation)
             worker = self.worker
-            if (worker is None or self.generation != generation or self.busy_state != pb.AGENT_STATE_PROFILING):
-                return
+            if worker is None or self.generation < generation:
+                return "none runs now"  # and should its command come later, it will not start
+            if self.generation != generation or not self.running_probe:
+                return "no probe of that generation runs"
+            if worker is self.spare or not worker.alive():
+                return "it had ended"  # it reports how, or was kept as the next task's worker
         worker.kill()  # marks it aborted: run() reports nothing
+        return "its worker killed"
 
     def pass_move(self, move: pb.Move, generation: int) -> None:
         """A live-move message for the running stage of `generation`; answered for it if there is none."""

@@ -14,6 +14,10 @@ class _Worker:
 
     def __init__(self):
         self.stopped = []
+        self.ended = False
+
+    def alive(self):
+        return not self.ended
 
     def snapshot(self, directory):
         self.stopped.append(("snapshot", directory))
@@ -94,21 +98,41 @@ def _probe_task() -> wpb.WorkerTask:
     return wpb.WorkerTask(profile=pb.Profile(rendezvous=pb.Rendezvous(rank=0, world_size=3)))
 
 
+def _probe_running(generation: int, tmp_path: Path) -> tuple[TaskRelay, _Worker]:
+    relay, worker = _relay_running(pb.AGENT_STATE_PROFILING, generation, tmp_path)
+    relay.running_probe = True
+    return relay, worker
+
+
 def test_a_link_probe_abort_kills_the_probe_of_its_generation_only(tmp_path):
     """A peer's worker died mid-probe: the survivors' probes are killed, not waited for (gloo's
     connect can wait five times the rendezvous timeout for a dead peer)."""
-    relay, worker = _relay_running(pb.AGENT_STATE_PROFILING, 3, tmp_path)
+    relay, worker = _probe_running(3, tmp_path)
     relay.abort_probe(2)
     relay.abort_probe(4)
     assert worker.stopped == []
-    relay.abort_probe(3)
+    assert relay.abort_probe(3) == "its worker killed"
     assert worker.stopped == [("kill", None)]
 
 
-def test_a_link_probe_abort_never_stops_a_stage(tmp_path):
+def test_a_link_probe_abort_never_stops_a_stage_or_a_profiling_run_that_probes_nothing(tmp_path):
     relay, worker = _relay_running(pb.AGENT_STATE_TRAINING, 3, tmp_path)
     relay.abort_probe(3)
-    assert worker.stopped == []
+    relay, timing = _relay_running(pb.AGENT_STATE_PROFILING, 3, tmp_path)  # layers timed, or device and memory
+    assert relay.abort_probe(3) == "no probe of that generation runs"
+    assert worker.stopped == [] and timing.stopped == []
+
+
+def test_a_link_probe_that_ended_is_left_to_report_how(tmp_path):
+    """A probe whose worker died or failed reports that itself (a death is what tells the
+    coordinator to probe again); one that ended well may be the next task's worker already."""
+    relay, worker = _probe_running(3, tmp_path)
+    worker.ended = True
+    assert relay.abort_probe(3) == "it had ended"
+    relay, kept = _probe_running(3, tmp_path)
+    relay.spare = kept
+    assert relay.abort_probe(3) == "it had ended"
+    assert worker.stopped == [] and kept.stopped == []
 
 
 def test_a_link_probe_aborted_before_it_started_never_starts_and_reports_nothing(tmp_path):
