@@ -10,17 +10,17 @@ line `error: ...` on stderr with the exit code below.
 from __future__ import annotations
 
 import os
-import signal
 import sys
-from enum import Enum
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from hetlaunch.launcher.cli_common import EXIT_BAD_INPUT, EXIT_JOB_FAILED, fail, plain_console
+from hetlaunch.launcher.cli_cluster import (check_extras, check_token_files, join_token, load_cluster_file, new_token,
+                                            with_cluster)
+from hetlaunch.launcher.cli_common import EXIT_BAD_INPUT, fail, plain_console
+from hetlaunch.launcher.cli_plan import plan
 from hetlaunch.launcher.cli_run_commands import certs_app, down, logs, status
-from hetlaunch.runtime.registry import AUTO_SCHEDULE, DEVICE_SCHEDULE_NAMES, MAX_MICROBATCHES, SCHEDULE_NAMES
 
 # gRPC's C core logs its own copy of an error (a failed bind, say) to stderr before Python sees it;
 # the user gets our one line instead. GRPC_VERBOSITY=debug in the environment brings the logs back.
@@ -28,12 +28,6 @@ os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Train one PyTorch model as an uneven pipeline across mixed, spread-out nodes.")
-
-Schedule = Enum("Schedule", {name: name for name in (*SCHEDULE_NAMES, *DEVICE_SCHEDULE_NAMES, AUTO_SCHEDULE)}, type=str)
-
-
-class Terminated(Exception):
-    """SIGTERM arrived; unwinding stops every agent `up` started."""
 
 
 def _show_version(value: bool) -> None:
@@ -53,9 +47,9 @@ def _main(version: bool = typer.Option(False, "--version", callback=_show_versio
 @app.command()
 def validate(cluster_yaml: Path = typer.Argument(..., help="cluster YAML file")) -> None:
     """Check a cluster YAML file without starting anything."""
-    cluster = _load(cluster_yaml)
-    _check_extras(cluster)
-    tokens = _check_tokens(cluster, cluster_yaml, ask_entrypoint=True)
+    cluster = load_cluster_file(cluster_yaml)
+    check_extras(cluster)
+    tokens = check_token_files(cluster, cluster_yaml, ask_entrypoint=True)
     slurm = sum(n.launch == "slurm" for n in cluster.nodes)
     on_ray = sum(n.launch == "ray" for n in cluster.nodes)
     print(f"{cluster_yaml}: ok ({len(cluster.nodes)} nodes, {len(cluster.local_nodes)} local, "
@@ -96,16 +90,16 @@ def up(
                                                      "committed checkpoint (same YAML)"),
 ) -> None:
     """Start a coordinator and the local agents, wait for remote ones, profile, plan, train, write runs/<run-id>/."""
-    cluster = _load(cluster_yaml)
-    _check_extras(cluster)
-    _check_tokens(cluster, cluster_yaml, ask_entrypoint=False)  # an entrypoint's vocabulary: the stages check
-    token = _token(cluster, token_file)
+    cluster = load_cluster_file(cluster_yaml)
+    check_extras(cluster)
+    check_token_files(cluster, cluster_yaml, ask_entrypoint=False)  # an entrypoint's vocabulary: the stages check
+    token = join_token(cluster, token_file)
     if resume is not None and run_dir is not None and resume.resolve() != run_dir.resolve():
         fail("--resume continues in its own run directory; leave --run-dir out", 2)
     from hetlaunch.launcher.job_driver import UpOptions, run_up
 
     options = UpOptions(run_dir=run_dir, token=token, reprofile=reprofile, resume=resume)
-    _with_cluster(lambda: run_up(cluster, options, plain_console()))
+    with_cluster(lambda: run_up(cluster, options, plain_console()))
 
 
 @app.command()
@@ -117,8 +111,8 @@ def profile(
     reprofile: bool = typer.Option(False, help="measure every node again instead of using cached profiles"),
 ) -> None:
     """Start the cluster's agents, measure nodes and links, save the profile; train nothing."""
-    cluster = _load(cluster_yaml)
-    token = _token(cluster, token_file)
+    cluster = load_cluster_file(cluster_yaml)
+    token = join_token(cluster, token_file)
     directory = output.parent
     why = ("it is a directory" if output.is_dir() else f"no directory {directory}" if not directory.is_dir()
            else f"{directory} is not writable" if not os.access(directory, os.W_OK) else None)
@@ -133,231 +127,15 @@ def profile(
     console = plain_console()
 
     def measure():
-        with ClusterSession(cluster, new_run_dir(cluster, options), options.token or _new_token(), console) as s:
+        with ClusterSession(cluster, new_run_dir(cluster, options), options.token or new_token(), console) as s:
             measured = measure_for_train(s, cluster.model.to_spec(), reprofile, console)
         save_profile(measured, output)
         console.print(f"profile of {len(measured.nodes)} nodes and {len(measured.links)} links written to {output}")
 
-    _with_cluster(measure)
+    with_cluster(measure)
 
 
-@app.command()
-def plan(
-    cluster_yaml: Optional[Path] = typer.Argument(None, help="cluster YAML file (starts agents and profiles them)"),
-    profile_file: Optional[Path] = typer.Option(None, "--profile", help="plan offline from a saved profile instead"),
-    microbatches: Optional[int] = typer.Option(None, min=1, help="micro-batches per step (default: the YAML's, else 4; "
-                                                                "with --global-batch: chosen)"),
-    global_batch: Optional[int] = typer.Option(None, min=1, max=1 << 24,
-                                               help="samples per step: the planner chooses micro-batch size and "
-                                                    "count (default: the YAML's global_batch)"),
-    schedule: Optional[Schedule] = typer.Option(None, help="pipeline schedule (default: the YAML's, else "
-                                                           f"{AUTO_SCHEDULE}: the planner chooses)"),
-    max_pipelines: Optional[int] = typer.Option(None, min=1, help="allow at most this many data-parallel pipelines "
-                                                                  "(default: the YAML's, else as many as pay off)"),
-    stages: Optional[int] = typer.Option(None, min=1, help="use exactly this many stages per pipeline"),
-    compression: Optional[str] = typer.Option(None, help="codec on every boundary and sync: auto, none, fp16, bf16, "
-                                                         "int8, int4, int4_rotated (default: the YAML's, else auto)"),
-    as_json: bool = typer.Option(False, "--json", help="print the plan as JSON"),
-    token_file: Optional[Path] = typer.Option(None, help="join token for remote agents"),
-    reprofile: bool = typer.Option(False, help="measure every node again instead of using cached profiles"),
-    islands: bool = typer.Option(False, "--islands", help="plan islands with outer steps, one per region (the "
-                                                        "YAML's train.outer when it has one)"),
-    outer_every: Optional[int] = typer.Option(None, "--outer-every", min=1,
-                                              help="with --islands: inner steps between outer steps (default: "
-                                                   "the YAML's, else chosen)"),
-) -> None:
-    """Print the plan the planner would run (a table, or --json); train nothing."""
-    from hetlaunch.launcher.planning.compression import CompressionConfig
-    from hetlaunch.launcher.planning.planner import PlanningError
-    from hetlaunch.launcher.planning.profile_file import ProfileError, load_profile
-    from hetlaunch.launcher.planning.request import PlanRequest, plan_for
-    from hetlaunch.launcher.progress import print_planner_result
-
-    if cluster_yaml is None and profile_file is None:
-        fail("give a cluster YAML (profiles it live), --profile PROFILE.json (offline), or both", EXIT_BAD_INPUT)
-    if microbatches is not None and microbatches > MAX_MICROBATCHES:
-        fail(f"--microbatches {microbatches}: at most {MAX_MICROBATCHES:,} per step", EXIT_BAD_INPUT)
-    cluster = _load(cluster_yaml) if cluster_yaml else None
-    if cluster is not None and cluster.pinned:
-        _refuse_over_pins({"--microbatches": microbatches, "--global-batch": global_batch, "--schedule": schedule,
-                           "--max-pipelines": max_pipelines, "--stages": stages, "--compression": compression,
-                           "--islands": islands or None, "--outer-every": outer_every})
-    train = cluster.train if cluster else None
-    batch_flags = [flag for flag, value in (("--global-batch", global_batch), ("--microbatches", microbatches))
-                   if value is not None]
-    global_batch = global_batch or (train.global_batch if train else None)
-    fixed = microbatches or (train.fixed_microbatches if train and global_batch == train.global_batch else None)
-    num_mb = microbatches or (train.batch_shape()[1] if train else 4)
-    sched = schedule.value if schedule else (cluster.train.schedule if cluster else AUTO_SCHEDULE)
-    if islands or outer_every is not None or (train is not None and train.outer is not None):
-        _refuse_with_islands(sched, batch_flags if train is not None else [])
-    if profile_file is not None:
-        try:
-            measured = load_profile(profile_file)
-            if cluster is not None:  # planning this YAML's job from a saved profile: it must be of this model
-                spec = cluster.model.to_spec()
-                measured.check_model(spec.describe(), spec.known_num_layers or measured.model.num_layers,
-                                     cluster.train.profile_size)
-        except ProfileError as err:
-            fail(str(err), EXIT_BAD_INPUT)
-    else:
-        measured = _measure_live(cluster, token_file, reprofile)
-    if cluster is not None:  # what `up` prices: the cipher where data_plane.encrypt seals
-        from hetlaunch.launcher.planning.profile_file import with_encryption
-
-        measured = with_encryption(measured, cluster.data_plane.encrypt)
-    if max_pipelines is None and cluster is not None and cluster.train.max_pipelines != "auto":
-        max_pipelines = cluster.train.max_pipelines
-    policy = cluster.compression if cluster else CompressionConfig()  # offline: auto
-    if compression is not None:
-        from hetlaunch.runtime.registry import CODEC_NAMES
-
-        if compression not in ("auto", *CODEC_NAMES):
-            fail(f"--compression must be auto or one of {', '.join(CODEC_NAMES)} (got {compression!r})", EXIT_BAD_INPUT)
-        policy = CompressionConfig(intra_region=compression, cross_region=compression, sync=compression)
-    # what `up` allows auto: device schedules where the YAML's nodes, islands and rebalance let them run
-    # (offline without a YAML, where the request does: launcher/planning/request.py)
-    from hetlaunch.launcher.device_schedule_checks import auto_refusal
-
-    if cluster is not None and cluster.pinned:
-        _plan_pinned(cluster, measured, as_json)
-        return
-    request = PlanRequest(num_microbatches=num_mb, schedule=sched, compression=policy, max_pipelines=max_pipelines,
-                          global_batch=global_batch, fixed_microbatches=fixed, stages=stages,
-                          device_schedules_refused=auto_refusal(cluster) if cluster is not None else None)
-    if islands or outer_every is not None or (train is not None and train.outer is not None):
-        _plan_islands(measured, request, train, outer_every, as_json)
-        return
-    try:
-        result = plan_for(measured, request)  # the function `up` plans with
-    except (PlanningError, ProfileError) as err:
-        fail(str(err), EXIT_JOB_FAILED)
-    print_planner_result(plain_console(), measured, result, as_json=as_json)
-
-
-def _refuse_with_islands(schedule: str, yaml_batch_flags: list[str]) -> None:
-    """Before anything is measured: what an islands plan cannot honour (it printed a plan as if it had)."""
-    from hetlaunch.runtime.registry import DEVICE_SCHEDULE_NAMES
-
-    if schedule in DEVICE_SCHEDULE_NAMES:  # as validate and up refuse train.outer with it
-        fail(f"--schedule {schedule}: islands are not supported with it (several stages per node sync every "
-             "pipeline every step)", EXIT_BAD_INPUT)
-    if yaml_batch_flags:  # the islands' plan takes the YAML's batch, as `up` runs it
-        fail(f"{', '.join(yaml_batch_flags)}: with islands the YAML's batch is planned, as `up` runs it; change "
-             "train.global_batch or train.num_microbatches there", EXIT_BAD_INPUT)
-
-
-def _refuse_over_pins(overrides: dict) -> None:
-    """Before anything is measured: options that would plan another cut than the YAML pins."""
-    given = [flag for flag, value in overrides.items() if value is not None]
-    if given:
-        fail(f"{', '.join(given)}: the YAML pins every node's layers, and `up` runs that cut as the YAML gives it; "
-             "change the YAML (or drop its `layers:`) to plan something else", EXIT_BAD_INPUT)
-
-
-def _plan_pinned(cluster, measured, as_json: bool) -> None:
-    """`hetlaunch plan` where the YAML pins `layers:`: the pinned cut priced as `up` prices it
-    (launcher/job_driver.py make_plan), not a plan of the planner's own that `up` would never run."""
-    from hetlaunch.launcher.adapt.replanner import Replanner
-    from hetlaunch.launcher.planning.plan import pinned_num_layers, static_plan
-
-    missing = [n.name for n in cluster.nodes if all(p.name != n.name for p in measured.nodes)]
-    if missing:
-        fail(f"the profile has no node {', '.join(missing)}, which the YAML pins layers on; profile this cluster "
-             "(hetlaunch profile) or plan without --profile", EXIT_BAD_INPUT)
-    _print_plan_of(lambda: Replanner(cluster, measured, lambda: [n.name for n in cluster.nodes]).priced_pins(
-        static_plan(cluster, pinned_num_layers(cluster))), as_json, "the YAML's pinned cut, priced")
-
-
-def _print_plan_of(make, as_json: bool, done: str) -> None:
-    """Print the Plan `make()` returns, as `up` prints it (or as JSON, with planning_s), and how
-    long it took; the planner's errors in one line."""
-    import json
-    import time
-
-    from hetlaunch.launcher.planning.plan import TilingError
-    from hetlaunch.launcher.planning.planner import PlanningError
-    from hetlaunch.launcher.planning.profile_file import ProfileError
-    from hetlaunch.launcher.progress import print_plan
-
-    started = time.perf_counter()
-    try:
-        plan = make()
-    except TilingError as err:  # pinned ranges of a model only agents can count
-        fail(str(err), EXIT_BAD_INPUT)
-    except (PlanningError, ProfileError) as err:
-        fail(str(err), EXIT_JOB_FAILED)
-    planning_s = time.perf_counter() - started
-    if as_json:
-        plain_console().print_json(json.dumps({**plan.to_dict(), "planning_s": planning_s}))
-        return
-    console = plain_console()
-    print_plan(console, plan)
-    console.print(f"{done} in {planning_s:.2f}s")
-
-
-def _plan_islands(measured, request, train, every: int | None, as_json: bool) -> None:
-    """`hetlaunch plan` with islands: the plan `up` would run (a table, or the plan as JSON)."""
-    from hetlaunch.launcher.planning.island_plans import ProfileCluster, plan_islands
-    from hetlaunch.launcher.train_config import OuterConfig, TrainConfig
-
-    outer = train.outer if train is not None and train.outer is not None else OuterConfig()
-    if every is not None:
-        outer = outer.model_copy(update={"every": every, "delay": min(outer.delay, every - 1)})
-    if train is None:  # offline without a YAML: the request's batch at the profile's micro-batch size
-        batch = ({"global_batch": request.global_batch} if request.global_batch is not None
-                 else {"num_microbatches": request.num_microbatches})
-        train = TrainConfig(micro_batch_size=measured.micro_batch_size, **batch)
-    train = train.model_copy(update={"outer": outer})
-    _print_plan_of(lambda: plan_islands(ProfileCluster(measured, train), measured, request), as_json, "planned")
-
-
-def _measure_live(cluster, token_file, reprofile):
-    token = _token(cluster, token_file)
-    from hetlaunch.launcher.cluster_measurement import measure_for_train
-    from hetlaunch.launcher.job_driver import UpOptions, new_run_dir
-    from hetlaunch.launcher.session import ClusterSession
-
-    options = UpOptions(token=token)
-    measured = []
-
-    def measure():
-        status = plain_console(stderr=True)  # keep stdout clean for --json
-        with ClusterSession(cluster, new_run_dir(cluster, options), options.token or _new_token(), status) as s:
-            measured.append(measure_for_train(s, cluster.model.to_spec(), reprofile, status))
-
-    _with_cluster(measure)
-    return measured[0]
-
-
-def _load(cluster_yaml: Path):
-    from hetlaunch.launcher.config_types import ConfigError
-    from hetlaunch.launcher.cluster_yaml import load_cluster
-
-    try:
-        return load_cluster(cluster_yaml)
-    except ConfigError as err:
-        fail(str(err), EXIT_BAD_INPUT)
-
-
-def _check_extras(cluster) -> None:
-    """TensorBoard or Prometheus asked for and not installed: one line, before anything starts."""
-    from hetlaunch.launcher.extras import MissingExtra, check_extras
-
-    try:
-        check_extras(cluster)
-    except MissingExtra as err:
-        fail(str(err), EXIT_BAD_INPUT)
-
-
-def _check_tokens(cluster, cluster_yaml: Path, ask_entrypoint: bool) -> str | None:
-    """Every id of a token file below the model's vocabulary (launcher/token_check.py), or one line."""
-    from hetlaunch.launcher.token_check import BadTokens, check_tokens
-
-    try:
-        return check_tokens(cluster, str(cluster_yaml), ask_entrypoint)
-    except BadTokens as err:
-        fail(str(err), EXIT_BAD_INPUT)
+app.command()(plan)  # launcher/cli_plan.py
 
 
 @app.command()
@@ -375,57 +153,6 @@ def report(
         fail(str(err), EXIT_BAD_INPUT)
     for path in written:
         print(path, flush=True)
-
-
-def _new_token() -> str:
-    import secrets
-
-    return secrets.token_urlsafe(24)
-
-
-def _token(cluster, token_file: Optional[Path]) -> Optional[str]:
-    """The token remote agents must present: from --token-file or $HETLAUNCH_TOKEN, else a new one later."""
-    from hetlaunch.runtime.auth import read_token
-
-    if token_file is None and not cluster.remote_nodes and cluster.discover is None:
-        return None
-    try:
-        return read_token(str(token_file) if token_file else None)
-    except ValueError as err:
-        if token_file is not None:
-            fail(str(err), EXIT_BAD_INPUT)
-        return None  # no token given: one is generated and written to the run directory
-
-
-def _with_cluster(work) -> None:
-    """Run work that starts agents; every exit path stops them (SIGTERM is turned into an unwind)."""
-    from hetlaunch.launcher.config_types import ConfigError
-    from hetlaunch.launcher.planning.plan import TilingError
-    from hetlaunch.launcher.planning.planner import PlanningError
-    from hetlaunch.launcher.planning.profile_file import ProfileError
-    from hetlaunch.launcher.job_errors import BadInputError
-    from hetlaunch.launcher.session import JobError
-
-    def on_sigterm(signum, frame):
-        raise Terminated()
-
-    signal.signal(signal.SIGTERM, on_sigterm)
-    # A closed terminal (SIGHUP) unwinds the same way: by default it killed `up` on the spot and a
-    # Slurm allocation still queued was never withdrawn. Not under nohup, which ignores it on purpose.
-    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
-        signal.signal(signal.SIGHUP, on_sigterm)
-    try:
-        work()
-    except BadInputError as err:
-        fail(str(err), EXIT_BAD_INPUT)
-    except (JobError, PlanningError, ProfileError) as err:
-        fail(str(err), EXIT_JOB_FAILED)
-    except (ConfigError, TilingError) as err:  # TilingError: pinned ranges of a model only agents can count
-        fail(str(err), EXIT_BAD_INPUT)
-    except KeyboardInterrupt:
-        fail("interrupted; every local agent was stopped", 130)
-    except Terminated:
-        fail("terminated; every local agent was stopped", 143)
 
 
 @app.command("prepare-data")
@@ -543,7 +270,7 @@ def deploy_k8s(
     from hetlaunch.launcher.plain_text import escape_controls
     from hetlaunch.launcher.providers.kubernetes import DeployError, deploy
 
-    cluster = _load(cluster_yaml)
+    cluster = load_cluster_file(cluster_yaml)
     try:
         done = deploy(cluster, output, token_file, str(cluster_yaml))
     except DeployError as err:

@@ -207,7 +207,7 @@ def test_main_routes_an_abort_to_one_line_and_lets_other_errors_through(raised, 
     def hurt(path):
         raise raised
 
-    monkeypatch.setattr(cli, "_load", hurt)
+    monkeypatch.setattr(cli, "load_cluster_file", hurt)
     monkeypatch.setattr(sys, "argv", ["hetlaunch", "validate", "x.yaml"])
     if code is None:
         with pytest.raises(type(raised), match="boom"):

@@ -8,7 +8,7 @@ import typing
 import pytest
 import torch
 
-from hetlaunch.launcher import cli
+from hetlaunch.launcher import cli_plan
 from hetlaunch.launcher.cluster_config import TrainConfig
 from hetlaunch.launcher.planning.compression import LOSSINESS, CompressionConfig, wire_ratio
 from hetlaunch.protos import control_pb2 as pb
@@ -50,7 +50,7 @@ def test_every_schedule_has_a_wire_id_an_implementation_and_a_yaml_and_cli_value
     assert set(wire.SCHEDULE_WIRE_IDS) == names and not per_stage & per_device
     # `auto` is the YAML's and the CLI's too: the planner's choice among AUTO_SCHEDULES, all of them real
     assert literal_values(TrainConfig.model_fields["schedule"].annotation) == names | {registry.AUTO_SCHEDULE}
-    assert {s.value for s in cli.Schedule} == names | {registry.AUTO_SCHEDULE}
+    assert {s.value for s in cli_plan.Schedule} == names | {registry.AUTO_SCHEDULE}
     assert TrainConfig().schedule == registry.DEFAULT_SCHEDULE == registry.AUTO_SCHEDULE
     assert set(registry.AUTO_SCHEDULES) <= per_stage and registry.AUTO_SCHEDULE not in names
 
