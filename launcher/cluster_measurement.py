@@ -1,53 +1,26 @@
-"""Have the agents measure the cluster: layer timings per node (cached), memory, and links.
-
-Links: inside a region a few representative pairs (consecutive nodes, at most
-INTRA_REGION_PAIRS), across regions one pair for every region pair — not all n² node
-pairs. Each probe's initiator reports latency and bandwidth; the profile gets the node
-pairs measured and, per region pair, the median over its probes, which the planner uses
-for the pairs nobody measured.
+"""Have the agents measure the cluster: layer timings per node (cached), memory, and links
+(probed by launcher/link_probes.py). The profile gets the node pairs measured and, per region
+pair, the median over its probes, which the planner uses for the pairs nobody measured.
 """
 
 from __future__ import annotations
 
-import itertools
 import statistics
 import time
 
 from rich.console import Console
-from rich.text import Text
 
 from hetlaunch.launcher.planning.batch_sizes import candidate_sizes
 from hetlaunch.launcher.planning.profile_file import LayerInfo, LinkProfile, ModelIdentity, NodeProfile, Profile
 from hetlaunch.launcher.profile_cache import cached_node, node_cache_key, store_node
+from hetlaunch.launcher.link_probes import measure_links
+from hetlaunch.launcher.profiling_losses import PROFILE_TIMEOUT_S, drop_node, every_node_lost, profile_failures
 from hetlaunch.launcher.job_errors import JobError
-from hetlaunch.launcher.session import BLAME_GRACE_S, ClusterSession, first_line, lost_message
+from hetlaunch.launcher.session import ClusterSession
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.runtime.model_spec import ModelSpec
 from hetlaunch.runtime.wire import model_spec_to_proto
 from hetlaunch.runtime.version import MEASUREMENT_METHOD, hetlaunch_version
-
-INTRA_REGION_PAIRS = 2
-PROFILE_TIMEOUT_S = 600.0
-# A link probe failed and no worker death or lost node shows why: the others are waited for this
-# long, then aborted. Their own failures, or a dead peer's report, come in well within it (under a
-# second here); gloo's connect can wait ten minutes for a peer that failed while it connected.
-FAILED_PROBE_GRACE_S = 30.0
-DROPPED = "lost while profiling: "  # how a node dropped while profiling is declared lost
-
-
-def probe_pairs(cluster, names: list[str] | None = None) -> list[tuple[str, str]]:
-    """The links worth measuring (among `names`, default all), in the one global order every agent follows."""
-    by_region: dict[str, list[str]] = {}
-    for node in cluster.nodes:
-        if names is not None and node.name not in names:
-            continue
-        by_region.setdefault(node.region, []).append(node.name)
-    pairs = []
-    for names in by_region.values():
-        pairs += list(zip(names, names[1:]))[:INTRA_REGION_PAIRS]
-    for ra, rb in itertools.combinations(by_region, 2):
-        pairs.append((by_region[ra][0], by_region[rb][0]))
-    return pairs
 
 
 def _cache_key(session: ClusterSession, name: str, model: str, micro_batch_size: int) -> str:
@@ -73,7 +46,7 @@ def measure_for_train(session: ClusterSession, spec: ModelSpec, reprofile: bool,
         return profile
     other = measure_cluster(session, spec, smallest, train.seed, reprofile, console, names, probe_links=False)
     timed = {n.name: n.layer_seconds for n in other.nodes}
-    # A node dropped while the second size was timed (cluster_measurement._drop) leaves the profile
+    # A node dropped while the second size was timed (profiling_losses.drop_node) leaves the profile
     # too, with its links and those of a region it leaves empty (load_profile refuses them in profile.json).
     nodes = [n.model_copy(update={"layer_seconds_by_size": {smallest: timed[n.name]}}) for n in profile.nodes
              if n.name in timed]
@@ -143,132 +116,10 @@ def measure_cluster(session: ClusterSession, spec: ModelSpec, micro_batch_size: 
         timed[keys[name]] = name  # if it was dropped too, the next alike one is timed itself
     names = [n for n in names if n not in session.lost]
     if not names:
-        raise _every_node_lost(session)
+        raise every_node_lost(session)
 
-    link_reports = _probe_links(session, names, command, reports, console, droppable) if probe_links else {}
+    link_reports = measure_links(session, names, command, reports, console, droppable) if probe_links else {}
     return _assemble(session, spec, model, micro_batch_size, reports, link_reports, cached, keys)
-
-
-def _probe_links(session: ClusterSession, names: list[str], command, reports: dict[str, pb.ReportProfileRequest],
-                 console: Console, droppable: bool) -> dict[str, pb.ReportProfileRequest]:
-    """Every node of `names` joins one data-plane group and probes its pairs (probe_pairs). A
-    node whose agent is lost meanwhile breaks the group: it is dropped like one lost while its
-    layers were timed (`droppable`), the survivors' probes are aborted, and they probe again
-    without it. A worker that dies while its agent lives is not taken as its node's loss:
-    under NCCL a dead peer aborts the survivors' workers too, so which one died first cannot
-    be told; the others' probes are aborted and every node probes once more, and deaths
-    again (or a failure with no node lost) end the job in one line, as before."""
-    cluster = session.cluster
-    retried = False
-    while True:
-        names = [n for n in names if n not in session.lost]
-        pairs = probe_pairs(cluster, names)
-        if not pairs:
-            return {}
-        rank = {n: i for i, n in enumerate(names)}
-        session.begin_generation()
-        backend = session.backend_for(names)
-        for name in names:
-            probe = command(name, False)
-            probe.rendezvous.CopyFrom(session.rendezvous(rank[name], len(names), backend, name))
-            for a, b in pairs:
-                if name in (a, b):
-                    peer = b if name == a else a
-                    bw, lat = cluster.emulated_link(a, b)
-                    probe.probes.append(pb.ProbePeer(peer_rank=rank[peer], peer_node=peer, initiator=name == a,
-                                                     emulate_bandwidth_mbps=bw, emulate_latency_ms=lat))
-            session.state.send(name, pb.Command(profile=probe))
-        link_reports: dict[str, pb.ReportProfileRequest] = {}
-        failed, died = _collect_probes(session, names, link_reports, console, f"probing {len(pairs)} link(s)",
-                                       droppable)
-        lost = [n for n in names if n in session.lost]
-        if not lost:
-            if died and not retried:
-                retried = True
-                console.print(Text(f"a worker died while probing links ({', '.join(died)}): probing again"))
-                continue
-            if failed:
-                raise session.blame(failed, "probing links", set(link_reports), _profile_failures(session))
-            return link_reports
-        for node in lost:
-            reports.pop(node, None)  # its layers leave the profile with it
-        if all(n in session.lost for n in names):
-            raise _every_node_lost(session)
-        console.print(Text(f"probing the links again without {', '.join(lost)}"))
-
-
-def _collect_probes(session: ClusterSession, names: list[str], link_reports: dict[str, pb.ReportProfileRequest],
-                    console: Console, what: str, droppable: bool) -> tuple[dict[str, str], list[str]]:
-    """Wait until every node of `names` has reported its probes (into `link_reports`), failed
-    or been lost; a lost node (its agent gone, even after its probe failed) is dropped where
-    `droppable`, else the job ends naming it. Once a worker died or a node was dropped the
-    group is broken, and once a probe failed FAILED_PROBE_GRACE_S ago without either showing
-    (its cause may still be on its way), it is taken as broken too: the nodes still probing are
-    aborted (abort_broken_probe) instead of waited for. A death is waited on BLAME_GRACE_S
-    for a lost node behind it (under NCCL a dead host takes its peers' workers with it), so
-    that node is dropped and the probe's one retry after deaths is kept. Returns the failures
-    (node -> error) and the nodes among them whose worker died."""
-    failed: dict[str, str] = {}
-    died: list[str] = []
-    aborted: set[str] = set()
-    first_failure = None  # when the first failure with no cause shown came in
-
-    def settled(node: str) -> bool:
-        return node in link_reports or node in failed or node in session.lost or node in aborted
-
-    def drop_lost() -> dict[str, str]:
-        lost = session.lost_nodes(set(link_reports))
-        if lost and not droppable:
-            raise JobError(lost_message(lost))
-        for node, why in lost.items():
-            failed.pop(node, None)
-            _drop(session, node, why, link_reports, console, "while probing links")
-        return lost
-
-    def abort_the_rest(why: str) -> None:
-        aborted.update(abort_broken_probe(session, [n for n in names if not settled(n)], why))
-
-    deadline = time.monotonic() + PROFILE_TIMEOUT_S
-    with console.status(what) as status:
-        while not all(settled(n) for n in names):
-            received = session.state.next_profile(timeout=0.2)
-            if received is None:
-                lost = drop_lost()
-                if lost:
-                    abort_the_rest(f"{', '.join(lost)} lost")
-                elif first_failure is not None and time.monotonic() - first_failure > FAILED_PROBE_GRACE_S:
-                    abort_the_rest(f"{', '.join(failed)} failed")
-                if time.monotonic() > deadline:
-                    missing = ", ".join(n for n in names if not settled(n))
-                    raise JobError(f"probing links did not finish within {PROFILE_TIMEOUT_S:.0f}s; waiting for {missing}")
-                continue
-            node, report = received
-            if node in session.lost:
-                continue  # a dropped node's late report
-            if report.ok:
-                link_reports[node] = report
-            else:
-                failed[node] = report.error
-                first_failure = first_failure or time.monotonic()
-                if report.worker_died:
-                    died.append(node)
-                    abort_the_rest(f"the worker of {node} died")
-            status.update(f"{what}: {sum(n in link_reports for n in names)}/{len(names)} done")
-        grace = time.monotonic() + BLAME_GRACE_S
-        while died and not any(n in session.lost for n in names) and time.monotonic() < grace:
-            if not drop_lost():
-                time.sleep(0.2)
-    return failed, [n for n in died if n in failed]
-
-
-def abort_broken_probe(session: ClusterSession, still_probing: list[str], why: str) -> set[str]:
-    """Stop the link probes of `still_probing`: a peer of their group is gone. Gloo's connect
-    waits for a peer that died mid-connect up to five times the rendezvous timeout (10 minutes
-    at 120 s; seen on torch 2.13), and their results are not wanted: the probe runs again. They
-    report nothing (runtime/task_relay.py abort_probe)."""
-    for node in still_probing:
-        session.state.send(node, pb.Command(abort=pb.Abort(reason=f"{why}: probing again", link_probe=True)))
-    return set(still_probing)
 
 
 def alike_local_nodes(cluster, to_measure: list[str], keys: dict[str, str]) -> dict[str, str]:
@@ -304,7 +155,7 @@ def _collect(session: ClusterSession, names: list[str], reports: dict[str, pb.Re
             if received is None:
                 if droppable:  # one that reported and died since goes too: it would break the link probes
                     for node, why in session.lost_nodes(set()).items():
-                        _drop(session, node, why, reports, console)
+                        drop_node(session, node, why, reports, console)
                 else:
                     session.check_alive(set(reports))
                 if time.monotonic() > deadline:
@@ -316,33 +167,11 @@ def _collect(session: ClusterSession, names: list[str], reports: dict[str, pb.Re
                 continue  # a dropped node's late report
             if not report.ok:
                 if droppable and report.worker_died:
-                    _drop(session, node, report.error, reports, console)
+                    drop_node(session, node, report.error, reports, console)
                     continue
-                raise session.blame({node: report.error}, "profiling", set(reports), _profile_failures(session))
+                raise session.blame({node: report.error}, "profiling", set(reports), profile_failures(session))
             reports[node] = report
             status.update(f"{what}: {sum(n in reports for n in names)}/{len(names)} done")
-
-
-def _every_node_lost(session: ClusterSession) -> JobError:
-    return JobError("every node was lost while profiling: " + "; ".join(
-        f"{node}: {why.removeprefix(DROPPED)}" for node, why in session.lost.items()))
-
-
-def _drop(session: ClusterSession, node: str, why: str, reports: dict, console: Console,
-          when: str = "while profiling") -> None:
-    session.declare_lost(node, f"{DROPPED}{why}")
-    reports.pop(node, None)
-    console.print(Text(f"lost node {node} {when} ({first_line(why)}): planning without it"))
-
-
-def _profile_failures(session: ClusterSession):
-    def more() -> list[tuple[str, str]]:
-        failed = []
-        while (received := session.state.next_profile(timeout=0)) is not None:
-            if not received[1].ok:
-                failed.append((received[0], received[1].error))
-        return failed
-    return more
 
 
 def _entry(report: pb.ReportProfileRequest) -> dict:
