@@ -11,18 +11,13 @@ from the run directory's last checkpoint after the coordinator itself died.
 from __future__ import annotations
 
 import contextlib
-import os
-import re
 import secrets
 import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
-from google.protobuf import json_format
 from rich.console import Console
-from rich.text import Text
 
 from hetlaunch.launcher.adapt.current_plan import CurrentPlan
 from hetlaunch.launcher.adapt.replanner import Replanner
@@ -40,17 +35,14 @@ from hetlaunch.launcher.planning.sync_groups import hierarchy_applies
 from hetlaunch.launcher.planning.topology import Topology
 from hetlaunch.launcher.memory_summary import memory_summary
 from hetlaunch.launcher.progress import TrainingProgress, print_calibration, print_plan, print_summary
-from hetlaunch.launcher.run_dir_lock import CheckpointDirLock, RunDirLock
-from hetlaunch.launcher.run_record import RunRecord, StepRecord, make_run_dir, read_metrics
+from hetlaunch.launcher.run_dir_lock import RunDirLock
+from hetlaunch.launcher.run_record import RunRecord, StepRecord, make_run_dir
+from hetlaunch.launcher.run_start import check_fresh, check_resumable, checkpoint_book, checkpoint_lock, start_point
 from hetlaunch.launcher.step_aggregator import StepAggregator
-from hetlaunch.launcher.job_errors import BadInputError
 from hetlaunch.launcher.session import ClusterSession, JobError
 from hetlaunch.launcher.stage_launch import eval_fill_event, launch
 from hetlaunch.launcher.observers import Observers
 from hetlaunch.protos import control_pb2 as pb
-from hetlaunch.runtime.checkpoint_manifest import latest_checkpoint, newest_intact_checkpoint, put_away
-from hetlaunch.runtime.files import UnreadableFile, read_json
-from hetlaunch.runtime.wire import model_spec_to_proto
 
 __all__ = ["JobError", "UpOptions", "run_up", "make_plan", "new_run_dir"]
 
@@ -117,7 +109,7 @@ def run_up(cluster, options: UpOptions, console: Console) -> Path:
     if cluster.pinned:
         static_plan(cluster, pinned_num_layers(cluster))  # bad pinned ranges fail here, before anything starts
     if options.resume is not None:
-        _check_resumable(options.resume)
+        check_resumable(options.resume)
     run_dir = new_run_dir(cluster, options)
     session = ClusterSession(cluster, run_dir, options.token or secrets.token_urlsafe(24), console)
     session.agents.preflight()  # a tool this machine lacks fails before the run directory exists
@@ -125,9 +117,9 @@ def run_up(cluster, options: UpOptions, console: Console) -> Path:
     make_run_dir(run_dir)
     with RunDirLock(run_dir), contextlib.ExitStack() as locks:  # first: a running job's directories are refused
         try:
-            locks.enter_context(_checkpoint_lock(session))
+            locks.enter_context(checkpoint_lock(session))
             if options.resume is None:
-                _check_fresh(run_dir, session.checkpoint_root)
+                check_fresh(run_dir, session.checkpoint_root)
         except JobError:
             if created:  # refused before anything ran: leave nothing behind
                 shutil.rmtree(run_dir, ignore_errors=True)
@@ -143,56 +135,6 @@ def run_up(cluster, options: UpOptions, console: Console) -> Path:
             return run_dir
 
 
-def _checkpoint_lock(session: ClusterSession):
-    """The checkpoint directory is locked like the run directory, but where it is the run directory
-    (one lock file: two descriptors of one process conflict, and the run refused itself)."""
-    if session.checkpoint_root == session.run_dir.resolve():
-        return contextlib.nullcontext()
-    return CheckpointDirLock(session.checkpoint_root)
-
-
-def _check_fresh(run_dir: Path, checkpoint_root: Path) -> None:
-    """A new run never starts over another's records or checkpoints: `up --run-dir` on a finished
-    run emptied its metrics.jsonl and wrote over its checkpoints, and a second run sharing a
-    checkpoint.dir pruned its own newest checkpoint for the first run's newer steps (and a resume
-    then took the first run's state)."""
-    try:
-        recorded = (run_dir / "metrics.jsonl").stat().st_size > 0
-    except OSError:
-        recorded = False
-    if recorded:
-        raise JobError(f"{run_dir} holds a run already (its metrics.jsonl): continue it with `--resume {run_dir}`, "
-                       f"or give this run another --run-dir")
-    try:
-        found = latest_checkpoint(checkpoint_root)
-    except OSError:
-        found = None  # a root that cannot be listed holds no run's checkpoints; make_run_dir says why
-    if found is not None:
-        raise JobError(f"{checkpoint_root} holds another run's checkpoint (step {found[1].step}): resume that run "
-                       f"with --resume, or give this one a checkpoint directory of its own")
-
-
-def _check_resumable(run_dir: Path) -> None:
-    """Before anything starts: a run directory of ours, with readable metrics, that no live
-    coordinator is still writing."""
-    if not (run_dir / "metrics.jsonl").is_file():
-        raise BadInputError(f"cannot resume {run_dir}: not a run directory (no metrics.jsonl)")
-    read_metrics(run_dir / "metrics.jsonl", before_step=2**62)  # a JobError naming the bad line
-    try:
-        contact = read_json(run_dir / "coordinator.json", 4096)
-        pid = contact.get("pid") if isinstance(contact, dict) else None
-    except (FileNotFoundError, UnreadableFile):
-        pid = None
-    if isinstance(pid, int) and pid != os.getpid() and psutil.pid_exists(pid):
-        try:
-            running = "hetlaunch" in " ".join(psutil.Process(pid).cmdline())
-        except psutil.Error:
-            running = False
-        if running:
-            raise JobError(f"cannot resume {run_dir}: its coordinator (pid {pid}) is still running")
-
-
-
 def _run(session: ClusterSession, spec, options: UpOptions, events: EventLog, console: Console) -> None:
     """The job as a loop over generations: launch a plan, follow it to its end, then finish, stop
     at `down`, switch plans at a checkpoint, or recover from a lost node and launch again."""
@@ -203,8 +145,8 @@ def _run(session: ClusterSession, spec, options: UpOptions, events: EventLog, co
     if replanner.measured is not None:  # what the plan was made from: `hetlaunch plan --profile` can replay it
         save_profile(replanner.measured, session.run_dir / "profile.json")
     print_plan(console, plan)
-    book = _checkpoint_book(session, spec, plan)
-    restore = _start_point(book, spec, plan, options, events, console)
+    book = checkpoint_book(session, spec, plan)
+    restore = start_point(book, spec, plan, options.resume, events, console)
     record = RunRecord(session.run_dir, resume_at=restore.step if options.resume is not None else None)
     _say_unrecorded(record.unrecorded, "the checkpoint this run resumes from", events, console)
     current = CurrentPlan()
@@ -282,45 +224,6 @@ def _run(session: ClusterSession, spec, options: UpOptions, events: EventLog, co
     # No generation ran when the run resumed from its last step: its plan is the one made now.
     _finish(session, current.plan or plan, record, book, observers, events, console,
             {"wall_s": time.monotonic() - start, "restarts": restarts})
-
-
-def _checkpoint_book(session: ClusterSession, spec, plan: Plan) -> CheckpointBook:
-    """The run's checkpoints, each manifest naming the model and seeds a restore must match."""
-    cluster = session.cluster
-    book = CheckpointBook(session.checkpoint_root, cluster.checkpoint.keep, plan.num_layers,
-                          {"model": spec.describe(), "model_spec": json_format.MessageToDict(model_spec_to_proto(spec)),
-                           "train_seed": cluster.train.seed, "data_seed": cluster.data.seed,
-                           "rng": "torch.manual_seed(step_rng_seed(train_seed, step)) before every step"})
-    session.state.checkpoint_root = book.root  # remote stages upload their parts here
-    _remove_stale_snapshots(book.root)
-    return book
-
-
-def _remove_stale_snapshots(root: Path) -> None:
-    """Replica snapshots (`replica-g<k>`, _abort_and_restore) serve only the recovery that wrote
-    them, which removes them; an `up` killed during one left a full copy of the model per node
-    behind, kept through every later resume."""
-    try:
-        stale = [p for p in root.iterdir() if re.fullmatch(r"replica-g\d+", p.name)]
-    except OSError:
-        return
-    for path in stale:
-        if path.is_symlink():
-            path.unlink(missing_ok=True)
-        else:
-            shutil.rmtree(path, ignore_errors=True)
-
-
-def _start_point(book: CheckpointBook, spec, plan: Plan, options: UpOptions, events: EventLog,
-                 console: Console) -> Restore:
-    """Step 0, or with --resume the run's last committed checkpoint."""
-    if options.resume is None:
-        return Restore(0, None, "init")
-    restore = _resume_point(book, spec, plan, events, console)
-    events.write("resume", step=restore.step, directory=str(restore.directory) if restore.directory else None)
-    console.print(f"resuming at step {restore.step} from {restore.directory}" if restore.directory else
-                  "no committed checkpoint to resume from: starting at step 0")
-    return restore
 
 
 def _declare_lost(session: ClusterSession, outcome, events: EventLog) -> None:
@@ -414,39 +317,6 @@ def _late_steps(session: ClusterSession, aggregator: StepAggregator, since: int,
 def _boundary_bytes(replanner: Replanner) -> list[int] | None:
     """Each layer's output bytes, as profiled (None: nothing was measured)."""
     return None if replanner.measured is None else [layer.output_bytes for layer in replanner.measured.layers]
-
-
-def _resume_point(book: CheckpointBook, spec, plan: Plan, events: EventLog, console: Console) -> Restore:
-    """The newest intact checkpoint of the run being resumed (or the start, if none). Newer ones
-    that are not intact (a truncated part, a wrong checksum, a broken or misplaced manifest) are
-    set aside, each said in one line: the run goes on from the newest it can trust."""
-    found, refused = newest_intact_checkpoint(book.root) if book.root.exists() else (None, [])
-    committed = [e for e in events.earlier if e.get("event") == "checkpoint"]
-    if found is None and committed:
-        # None where the run committed one is an error, not step 0: a resume that found none started
-        # over and wrote over the run's records (a hostile review: a YAML with another checkpoint.dir).
-        last = committed[-1]
-        what = (f"{len(refused)} there refused, the newest for: {refused[0][2]}" if refused else
-                "is checkpoint.dir the run's?")
-        raise JobError(f"cannot resume: the run committed a checkpoint of step {last.get('step')} in "
-                       f"{last.get('directory')}, but {book.root} holds no intact one ({what}); start over with "
-                       "another --run-dir")
-    for step, directory, why in refused:
-        done, aside = put_away(directory)
-        events.write("checkpoint_refused", step=step, directory=str(directory), why=why,
-                     set_aside=str(aside) if aside else None, outcome=done)
-        fallback = f"step {found[1].step}" if found is not None else "the start (no intact checkpoint)"
-        console.print(Text(f"checkpoint of step {step} is not usable ({why}); {done}, resuming from {fallback}"),
-                      soft_wrap=True)
-    if found is None:
-        book.latest = None
-        return Restore(0, None, "init")
-    directory, manifest = found
-    book.latest = (manifest.step, directory)
-    if manifest.extra.get("model") != spec.describe() or manifest.num_layers != plan.num_layers:
-        raise JobError(f"cannot resume: {directory} holds model {manifest.extra.get('model')} "
-                       f"({manifest.num_layers} layers), the YAML describes {spec.describe()} ({plan.num_layers} layers)")
-    return Restore(manifest.step, directory, "file")
 
 
 def _abort(session: ClusterSession, plan: Plan, reason: str, snapshot_root: Path | None) -> list[str]:
