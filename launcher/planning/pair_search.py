@@ -32,7 +32,8 @@ import math
 from typing import TYPE_CHECKING
 
 from hetlaunch.launcher.planning.chain_bounds import shared_work_floor
-from hetlaunch.launcher.planning.chain_search import SIMULATE_EVERY_CHAIN, candidate_chains
+from hetlaunch.launcher.planning.chain_candidates import candidate_chains
+from hetlaunch.launcher.planning.chain_search import SIMULATE_EVERY_CHAIN
 from hetlaunch.launcher.planning.pipeline_set import PipelineSet
 from hetlaunch.launcher.planning.profile_file import NodeProfile
 

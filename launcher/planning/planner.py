@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 from hetlaunch.launcher.planning.batch_sizes import BatchChoice, at_size, candidate_sizes, measured_sizes, per_token_error
 from hetlaunch.runtime.registry import MAX_MICROBATCHES
 from hetlaunch.launcher.planning.chain_cuts import cut_chain, least_lossy_codecs, most_compressed_codecs
-from hetlaunch.launcher.planning.chain_search import EXHAUSTIVE_MAX_NODES
+from hetlaunch.launcher.planning.chain_candidates import EXHAUSTIVE_MAX_NODES
 from hetlaunch.launcher.planning.compression import CODEC_SLACK, NONE, CompressionConfig
 from hetlaunch.launcher.planning.contention import shared_cores, stretched
 from hetlaunch.launcher.planning.cost_model import CostModel, in_flight

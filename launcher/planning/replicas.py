@@ -31,8 +31,8 @@ import itertools
 import math
 
 from hetlaunch.launcher.planning.chain_cuts import most_compressed_codecs
-from hetlaunch.launcher.planning.chain_search import (EXHAUSTIVE_MAX_NODES, ChainSearch, node_classes, node_speed,
-                                                      region_path)
+from hetlaunch.launcher.planning.chain_candidates import EXHAUSTIVE_MAX_NODES, node_speed, region_path
+from hetlaunch.launcher.planning.chain_search import ChainSearch, node_classes
 from hetlaunch.launcher.planning.compression import CompressionConfig
 from hetlaunch.launcher.planning.pair_search import SPLIT_ALL_MAX_MICROBATCHES, PairSearch
 from hetlaunch.launcher.planning.pipeline_cost import PipelineCost

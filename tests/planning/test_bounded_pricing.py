@@ -11,7 +11,8 @@ import random
 import pytest
 
 from hetlaunch.launcher.planning.chain_cuts import ENUMERATE_MAX_CUTS, _FillAndDrain, cut_chain, simulated_best_cut
-from hetlaunch.launcher.planning.chain_search import ChainSearch, candidate_chains
+from hetlaunch.launcher.planning.chain_candidates import candidate_chains
+from hetlaunch.launcher.planning.chain_search import ChainSearch
 from hetlaunch.launcher.planning.compression import NONE, CompressionConfig
 from hetlaunch.launcher.planning.pair_search import PairSearch
 from hetlaunch.launcher.planning.replicas import Replicas

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import random
 
-from hetlaunch.launcher.planning.chain_search import region_path, _shortest_open_path
+from hetlaunch.launcher.planning.chain_candidates import region_path, _shortest_open_path
 from hetlaunch.launcher.planning.profile_file import LayerInfo, LinkProfile, ModelIdentity, NodeProfile, Profile
 
 
