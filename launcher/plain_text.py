@@ -17,7 +17,9 @@ def plain(text: str, limit: int = 4000) -> str:
     return _escaped(_CONTROL, text if len(text) <= limit else text[:limit] + "...")
 
 
-_ANY_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# and U+2028, U+2029: YAML (and JavaScript) break lines at them, so in a rendered manifest's comment
+# they ended the comment and what followed became keys of the manifest (a hostile review's -o path).
+_ANY_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 def escape_controls(text: str) -> str:
@@ -28,4 +30,5 @@ def escape_controls(text: str) -> str:
 
 
 def _escaped(pattern: re.Pattern, text: str) -> str:
-    return pattern.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    return pattern.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) <= 0xFF else f"\\u{ord(m.group()):04x}",
+                       text)

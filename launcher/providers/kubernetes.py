@@ -34,6 +34,7 @@ from hetlaunch.launcher.config_errors import FieldError
 from hetlaunch.launcher.config_types import Name, Strict, is_loopback
 from hetlaunch.runtime.auth import TOKEN_ENV_VAR, read_token
 from hetlaunch.launcher.plain_text import escape_controls
+from hetlaunch.launcher.providers.manifest_yaml import manifests_text
 from hetlaunch.runtime.files import UnreadableFile, read_regular_file, write_whole
 from hetlaunch.runtime.labels import LABEL_KEY, MAX_LABEL_VALUE
 
@@ -66,6 +67,7 @@ SECRET_DIR = "/etc/hetlaunch"  # where the Secret's files appear in the agent co
 TOKEN_KEY, CA_KEY, CERT_KEY, KEY_KEY = "token", "ca.pem", "agent-cert.pem", "agent-key.pem"
 GPU_RESOURCE = "nvidia.com/gpu"
 REVISION = "hetlaunch/secret-revision"
+MAX_SECRET_BYTES = 4 << 20  # a Secret holds at most 1 MiB of data; a secret.yaml far above is none of ours
 # Flags the rendered command sets itself: agent_args may not set them again.
 _OWN_FLAGS = ("--coordinator", "--name", "--token-file", "--serve", "--region", "--label", "--ca", "--cert", "--key",
               "--insecure")
@@ -348,7 +350,7 @@ def deploy(cluster, directory: Path, token_file: Path | None, source: str) -> De
             raise DeployError(f"{field}: cannot read {escape_controls(path)} ({why})") from None
     out = escape_controls(str(directory))
     header = f"# rendered by `hetlaunch deploy k8s {escape_controls(source)}`: kubectl apply -f {out}\n"
-    texts = {name: header + yaml.safe_dump_all(docs, sort_keys=False)
+    texts = {name: header + manifests_text(docs)
              for name, docs in render(cluster, token, pems, secret_revision(directory, token, pems)).items()}
     if new_token is not None:
         texts[new_token.name] = token + "\n"
@@ -395,10 +397,11 @@ def _check_targets(paths: list[Path], source: Path, out: str) -> None:
 def secret_revision(directory: Path, token: str, tls_files: dict[str, str]) -> str:
     """The revision of the Secret rendered into `directory` before, where it held exactly this
     content; else a new random one (so the pods roll onto the new content)."""
-    try:
-        before = yaml.safe_load((directory / "secret.yaml").read_text())
+    try:  # never blocks on a FIFO, never reads /dev/zero to the end (a hostile review planted both)
+        before = yaml.safe_load(read_regular_file(directory / "secret.yaml", MAX_SECRET_BYTES).decode("utf-8"))
         if before["stringData"] == {TOKEN_KEY: token, **tls_files}:
             return str(before["metadata"]["annotations"][REVISION])
-    except (OSError, yaml.YAMLError, KeyError, TypeError):
+    except (OSError, UnreadableFile, UnicodeDecodeError, RecursionError, yaml.YAMLError, KeyError, TypeError):
         pass  # none before, or not one of ours: a new revision
     return secrets.token_hex(8)
+

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import stat
 
 import kubernetes_validate
@@ -396,3 +397,59 @@ def test_the_flags_agent_args_may_set_are_the_agent_commands_own_but_those_rende
     command = typer.main.get_command(app).commands["agent"]
     flags = {opt for param in command.params for opt in param.opts if opt.startswith("--")}
     assert set(AGENT_FLAGS) | set(_OWN_FLAGS) == flags - {"--help"} and not set(AGENT_FLAGS) & set(_OWN_FLAGS)
+
+
+_YAML12_NUMBER = re.compile(r"[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+|[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?"
+                            r"|[-+]?\.(inf|Inf|INF)|\.(nan|NaN|NAN)")
+
+
+def test_strings_a_yaml_1_2_reader_would_take_for_numbers_are_quoted(tmp_path):
+    """kubectl reads YAML 1.2 (go-yaml): 1e3, 0o17 or 0123... left plain by PyYAML (YAML 1.1 reads
+    them as strings) would be numbers where the manifests need strings (a hostile review)."""
+    data = copy.deepcopy(CLUSTER)
+    data["kubernetes"]["groups"][1].update(gpu_type="1e3", labels={"pool": "k8s", "cost": "0o17"},
+                                           node_selector={"zone": "0123"})
+    token_file = tmp_path / "numeric.token"
+    token_file.write_text("0123456789012345678901234567\n")
+    deploy(cluster_from_dict(data), tmp_path / "k8s", token_file, "cluster.yaml")
+    plain_numbers = []
+    for path in sorted((tmp_path / "k8s").glob("*.yaml")):
+        for event in yaml.parse(path.read_text()):
+            if isinstance(event, yaml.ScalarEvent) and event.style is None and _YAML12_NUMBER.fullmatch(event.value):
+                plain_numbers.append(event.value)
+    assert all(isinstance(yaml.safe_load(v), (int, float)) for v in plain_numbers), plain_numbers  # real numbers only
+    l4 = workloads(rendered(tmp_path / "k8s"))["l4"]["spec"]["template"]["spec"]
+    assert l4["nodeSelector"]["zone"] == "0123" and l4["nodeSelector"]["nvidia.com/gpu.product"] == "1e3"
+    assert "cost=0o17" in l4["containers"][0]["args"]
+    secret = yaml.safe_load((tmp_path / "k8s" / "secret.yaml").read_text())
+    assert secret["stringData"]["token"] == "0123456789012345678901234567"
+
+
+def test_a_line_separator_in_the_output_path_stays_inside_the_manifests_comment(tmp_path):
+    """YAML breaks lines at U+2028 and U+2029: in -o's path they ended the header comment and what
+    followed became a key of every manifest (`immutable: true` on the Secret, a hostile review)."""
+    out = tmp_path / "k8s\u2028immutable: true\u2029#"
+    deploy(cluster_from_dict(CLUSTER), out, None, "cluster.yaml")
+    for path in out.glob("*.yaml"):
+        text = path.read_text()
+        assert "\u2028" not in text and "\u2029" not in text and "k8s\\u2028immutable: true\\u2029#" in text
+        assert all("immutable" not in doc for doc in yaml.safe_load_all(text))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("planted", ["fifo", "zeros", "deep"])
+def test_a_hostile_secret_yaml_where_the_render_goes_is_taken_for_none_of_ours(tmp_path, planted):
+    """The render reads the Secret it wrote before (to keep its revision): a FIFO there hung it,
+    /dev/zero grew it without end, a deeply nested file ended in a traceback."""
+    out = tmp_path / "k8s"
+    out.mkdir()
+    secret = out / "secret.yaml"
+    if planted == "fifo":
+        os.mkfifo(secret)
+    elif planted == "zeros":
+        secret.symlink_to("/dev/zero")
+    else:
+        secret.write_text("[" * 5000 + "]" * 5000)
+    deploy(cluster_from_dict(CLUSTER), out, None, "cluster.yaml")
+    assert stat.S_ISREG(secret.lstat().st_mode)  # replaced by the render's own, whole
+    assert [doc["kind"] for doc in yaml.safe_load_all(secret.read_text())] == ["Secret"]
