@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from hetlaunch.runtime.files import write_whole
 
 VALID_DAYS = 825  # the longest validity TLS clients accept for a leaf
+FILES = ("ca.pem", "ca.key", "coordinator.pem", "coordinator.key", "agent.pem", "agent.key")
 
 
 class CertError(Exception):
@@ -48,19 +50,38 @@ def _san(x509, host: str):
         return x509.DNSName(host)
 
 
+# A DNS label (RFC 1123): letters, digits and inner hyphens, 63 at most; a leading "*." is a wildcard.
+_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+
+
+def check_host(host: str) -> None:
+    """An IP address or a DNS name a client could dial; else one line. `a..b`, `1.2.3.4/24`,
+    `[::1]` or a name with an escape sequence went into the certificate as DNS names (a hostile review)."""
+    if not host.isascii():  # a certificate names hosts in ASCII (IDNA); cryptography raised a traceback
+        try:
+            ascii_form = f": give its ASCII form, {host.encode('idna').decode('ascii')}"
+        except UnicodeError:
+            ascii_form = ""
+        raise CertError(f"--host {host!r} is not ASCII{ascii_form}")
+    try:
+        ipaddress.ip_address(host)
+        return
+    except ValueError:
+        pass
+    name = host.removeprefix("*.").removesuffix(".")
+    if not name or len(host) > 253 or not all(_LABEL.fullmatch(label) for label in name.split(".")):
+        raise CertError(f"--host {host!r} is not a host name or an IP address")
+
+
 def init_certs(directory: Path, hosts: list[str]) -> Issued:
     x509, hashes, serialization, ec, eku, oid = _crypto()
     for host in hosts:
-        if not host or any(c.isspace() for c in host) or len(host) > 253:
-            raise CertError(f"--host {host!r} is not a host name or an IP address")
-        if not host.isascii():  # a certificate names hosts in ASCII (IDNA); cryptography raised a traceback
-            try:
-                ascii_form = f": give its ASCII form, {host.encode('idna').decode('ascii')}"
-            except UnicodeError:
-                ascii_form = ""
-            raise CertError(f"--host {host!r} is not ASCII{ascii_form}")
-    if (directory / "ca.key").exists():
-        raise CertError(f"{directory / 'ca.key'} exists: a second CA would not sign what the first trusts "
+        check_host(host)
+    # Any of the files it writes: a second CA would not sign what the first trusts, and a key
+    # replaced under a running coordinator or agent (coordinator.key alone went silently) breaks it.
+    there = sorted((name for name in FILES if (directory / name).exists()), key=lambda name: not name.endswith(".key"))
+    if there:
+        raise CertError(f"{directory / there[0]} exists: certs init makes a new CA and every pair it signs "
                         "(remove the directory to start over)")
     now = datetime.datetime.now(datetime.timezone.utc)
 

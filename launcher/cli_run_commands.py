@@ -12,7 +12,7 @@ from typing import Optional
 import typer
 
 from hetlaunch.launcher.cli_common import EXIT_BAD_INPUT, EXIT_JOB_FAILED, fail
-from hetlaunch.launcher.plain_text import plain
+from hetlaunch.launcher.plain_text import escape_controls, plain
 
 
 def status(
@@ -96,8 +96,9 @@ def certs_init(
         fail(str(err), EXIT_BAD_INPUT)
     except OSError as err:
         fail(f"{err.filename or directory}: {err.strerror or err}", EXIT_BAD_INPUT)
-    print(f"{directory}: {', '.join(issued.files)} (coordinator valid for {', '.join(issued.hosts)}). In the cluster YAML:\n"
-          f"  coordinator: {{tls: {{cert: {directory}/coordinator.pem, key: {directory}/coordinator.key, "
-          f"ca: {directory}/ca.pem, agent_cert: {directory}/agent.pem, agent_key: {directory}/agent.key}}}}\n"
+    shown = escape_controls(str(directory))  # a folder named with escape sequences is printed, not obeyed
+    print(f"{shown}: {', '.join(issued.files)} (coordinator valid for {', '.join(issued.hosts)}). In the cluster YAML:\n"
+          f"  coordinator: {{tls: {{cert: {shown}/coordinator.pem, key: {shown}/coordinator.key, "
+          f"ca: {shown}/ca.pem, agent_cert: {shown}/agent.pem, agent_key: {shown}/agent.key}}}}\n"
           f"On each remote host: hetlaunch agent ... --ca ca.pem --cert agent.pem --key agent.key "
           f"(keep ca.key off the hosts)", flush=True)

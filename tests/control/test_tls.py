@@ -47,6 +47,44 @@ def test_certs_init_refuses_a_host_name_that_is_not_ascii_in_one_line(tmp_path, 
     assert not (tmp_path / "c" / "ca.key").exists()
 
 
+@pytest.mark.parametrize("host", ["a..b", "1.2.3.4/24", "[::1]", "-", "a" * 64 + ".example", "-x.example", "\x1b[31mred",
+                                  "a b", ""])
+def test_certs_init_refuses_what_no_client_could_dial_in_one_line(tmp_path, host):
+    """Each went into the certificate as a DNS name, exit 0 (a hostile review)."""
+    result = run_hetlaunch("certs", "init", str(tmp_path / "c"), "--host", host, timeout=60)
+    assert result.returncode == 2 and result.stderr.strip() == f"error: --host {host!r} is not a host name or an IP address", \
+        result.stderr
+    assert not (tmp_path / "c").exists()
+
+
+def test_certs_init_takes_names_wildcards_and_addresses(tmp_path):
+    from cryptography import x509
+
+    hosts = ["node-1.example.com", "*.pods.example", "10.0.0.7", "fd00::7", "coordinator."]
+    result = run_hetlaunch("certs", "init", str(tmp_path / "c"), *[a for h in hosts for a in ("--host", h)], timeout=60)
+    assert result.returncode == 0, result.stderr
+    cert = x509.load_pem_x509_certificate((tmp_path / "c" / "coordinator.pem").read_bytes())
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    named = set(sans.get_values_for_type(x509.DNSName)) | {str(a) for a in sans.get_values_for_type(x509.IPAddress)}
+    assert set(hosts) <= named
+
+
+def test_certs_init_never_replaces_a_key_of_an_earlier_one(tmp_path):
+    """Only ca.key was looked for: a folder holding coordinator.key had it replaced silently."""
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "coordinator.key").write_text("the key a running coordinator uses\n")
+    result = run_hetlaunch("certs", "init", str(tmp_path / "c"), timeout=60)
+    assert result.returncode == 2 and "coordinator.key exists" in result.stderr, result.stderr
+    assert (tmp_path / "c" / "coordinator.key").read_text() == "the key a running coordinator uses\n"
+    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == ["coordinator.key"]
+
+
+def test_certs_init_prints_a_folder_named_with_escape_sequences_escaped(tmp_path):
+    folder = tmp_path / "c\x1b]0;pwned\x07"
+    result = run_hetlaunch("certs", "init", str(folder), timeout=60)
+    assert result.returncode == 0 and "\x1b" not in result.stdout and "c\\x1b]0;pwned\\x07" in result.stdout, result.stdout
+
+
 def _yaml(tmp_path, certs_dir, nodes: str, tls: bool = True, steps: int = 3) -> str:
     tls_block = (f"tls: {{cert: {certs_dir}/coordinator.pem, key: {certs_dir}/coordinator.key, ca: {certs_dir}/ca.pem, "
                  f"agent_cert: {certs_dir}/agent.pem, agent_key: {certs_dir}/agent.key}}, ") if tls else ""
