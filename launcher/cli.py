@@ -247,9 +247,10 @@ def agent(
         labels = parse_labels(label)
     except ValueError as err:
         fail(str(err), EXIT_BAD_INPUT)
-    if region and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", region):
-        fail(f"--region must be 1-64 of letters, digits, '_', '.', '-', starting with a letter or digit "
-              f"(got {region[:80]!r})", EXIT_BAD_INPUT)
+    for flag, value in (("--name", name), ("--region", region)):  # as the YAML's names (a newline split lines)
+        if (value or flag == "--name") and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", value):
+            fail(f"{flag} must be 1-64 of letters, digits, '_', '.', '-', starting with a letter or digit "
+                 f"(got {value[:80]!r})", EXIT_BAD_INPUT)
     raise typer.Exit(run_agent(coordinator, name, token, connect_timeout, work_dir=work_dir, credentials=credentials,
                                allow_entrypoints=tuple(allow_entrypoint), data_roots=tuple(map(str, data_root)),
                                checkpoint_roots=tuple(map(str, checkpoint_root)), serve=serve, region=region,

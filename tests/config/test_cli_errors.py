@@ -178,6 +178,16 @@ nodes:
     assert "the-right-token" not in err
 
 
+@pytest.mark.parametrize("name", ["a\nb", "-rf", "x" * 65, "a b", ""])
+def test_an_agent_name_that_no_yaml_could_give_is_one_line_before_dialing(name):
+    """A newline in --name split the agent's error over two lines, after it had dialed."""
+    agent = run_hetlaunch("agent", "--coordinator", "127.0.0.1:9", "--name", name, "--connect-timeout", "30",
+                          env=hetlaunch_env(HETLAUNCH_TOKEN="t"), timeout=30)
+    assert agent.returncode == 2 and agent.stderr.strip().splitlines() == [
+        f"error: --name must be 1-64 of letters, digits, '_', '.', '-', starting with a letter or digit (got {name!r})"
+    ], agent.stderr
+
+
 def test_plan_compression_flag_pins_every_boundary_or_is_one_line(tmp_path):
     import random
 
