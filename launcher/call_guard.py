@@ -10,7 +10,8 @@ node was declared lost. Here, on the server's own thread before any pool thread 
 * a call to our service without the job's token is refused on its metadata alone, by a handler
   that never reads a message;
 * health checks (open to all, by design) are capped at HEALTH_MAX at a time; more are refused
-  at once;
+  at once; Watch, whose stream holds its thread for as long as the client keeps it open, is not
+  served (8 Watch calls held every place for the whole job, a hostile review): poll Check;
 * every call that expects one request message is turned into one that reads it itself, with a
   bound (READ_S): a call whose message does not come in time is cancelled and its thread freed.
 
@@ -33,6 +34,7 @@ from hetlaunch.runtime.auth import TOKEN_METADATA_KEY
 READ_S = 20.0  # a request message must arrive this soon after its call opens
 HEALTH_MAX = 8  # health checks served at a time
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
+HEALTH_WATCH = HEALTH_PREFIX + "Watch"
 
 
 def pool_threads(most_nodes: int) -> int:
@@ -90,6 +92,8 @@ class CallGuard(grpc.ServerInterceptor):
 
     def intercept_service(self, continuation, handler_call_details):
         method = handler_call_details.method
+        if method == HEALTH_WATCH:
+            return _refusal(grpc.StatusCode.UNIMPLEMENTED, "health Watch is not served: poll Check", streaming=True)
         if method.startswith(HEALTH_PREFIX):
             handler = continuation(handler_call_details)
             if handler is None:

@@ -55,6 +55,27 @@ def test_64_stalled_calls_without_the_token_are_refused_at_once_and_hold_nothing
 
 
 @pytest.mark.timeout(60)
+def test_health_watch_streams_are_refused_and_hold_no_place(server):
+    """A Watch stream holds a server thread and a health place for as long as its client likes:
+    8 of them shut every health check out until the job ended (a hostile review)."""
+    with grpc.insecure_channel(server.address) as channel:
+        watch = channel.unary_stream("/grpc.health.v1.Health/Watch",
+                                     request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+                                     response_deserializer=health_pb2.HealthCheckResponse.FromString)
+        streams = [watch(health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=10)
+                   for _ in range(2 * call_guard.HEALTH_MAX)]
+        for stream in streams:
+            with pytest.raises(grpc.RpcError) as refused:
+                next(stream)
+            assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED and "poll Check" in refused.value.details()
+        check = channel.unary_unary("/grpc.health.v1.Health/Check",
+                                    request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+                                    response_deserializer=health_pb2.HealthCheckResponse.FromString)
+        assert check(health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=5).status == \
+            health_pb2.HealthCheckResponse.SERVING
+
+
+@pytest.mark.timeout(60)
 def test_stalled_health_checks_are_capped_and_the_service_goes_on(server, monkeypatch):
     monkeypatch.setattr(call_guard, "READ_S", 1.0)
     calls, stop, channels = stall(server.address, "/grpc.health.v1.Health/Check", 16,
