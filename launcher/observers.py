@@ -26,6 +26,7 @@ from hetlaunch.launcher.adapt.current_plan import CurrentPlan
 from hetlaunch.launcher.device_schedule_checks import several_stages_per_node
 from hetlaunch.launcher.adapt.straggler import StragglerWatch
 from hetlaunch.launcher.extras import check_extras
+from hetlaunch.launcher.metrics_server import serve_metrics
 from hetlaunch.launcher.planning.plan import Plan
 from hetlaunch.launcher.planning.profile_file import Profile
 from hetlaunch.launcher.run_record import StepRecord
@@ -160,7 +161,7 @@ class _TensorBoard:
 
 class _Prometheus:
     def __init__(self, host: str, port: int, silent_for):
-        from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+        from prometheus_client import CollectorRegistry, Counter, Gauge, make_wsgi_app
         from prometheus_client.core import GaugeMetricFamily
 
         self.registry = registry = CollectorRegistry()
@@ -185,7 +186,7 @@ class _Prometheus:
 
         registry.register(Heartbeats())
         try:
-            self.server, self.thread = start_http_server(port, addr=host, registry=registry)
+            self.server, self.thread = serve_metrics(host, port, make_wsgi_app(registry))
         except OSError as err:
             raise JobError(f"coordinator.metrics_port {port}: cannot listen on {host}: {err.strerror or err}") from None
         self.address = f"{host}:{self.server.server_port}"

@@ -1,0 +1,64 @@
+"""The HTTP server of the Prometheus endpoint (`coordinator.metrics_port`): prometheus-client's WSGI
+app, served so that a stranger's connections cost the coordinator little.
+
+prometheus-client's own server gives every connection a thread and waits on it without end: a
+hostile review's connections that sent `GET /metrics HTTP/1.1` and then nothing grew the
+coordinator to 659 threads in 80 s, kept until the job ended. Here a connection must finish its
+request within READ_S, at most MAX_CONNECTIONS are served at once (more are closed unanswered),
+and what a broken client causes is never printed on the coordinator's console.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from socketserver import ThreadingMixIn
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
+
+READ_S = 10.0  # a request must come whole this soon; a scrape takes milliseconds
+MAX_CONNECTIONS = 32  # served at once; Prometheus scrapes one at a time
+
+
+class _Handler(WSGIRequestHandler):
+    timeout = READ_S  # StreamRequestHandler sets it on the socket: a stalled read ends the thread
+
+    def log_message(self, format, *args) -> None:
+        """Nothing on the console per request."""
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True  # never waited for at close
+
+    def __init__(self, address: tuple[str, int], family: int):
+        self.address_family = family
+        self._places = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        super().__init__(address, _Handler)
+
+    def process_request(self, request, client_address) -> None:
+        if not self._places.acquire(blocking=False):
+            self.shutdown_request(request)  # closed unanswered: the served ones keep their threads
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._places.release()
+            raise
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._places.release()
+
+    def handle_error(self, request, client_address) -> None:
+        """A client that stalled, reset or sent garbage: its connection ends, nothing is printed."""
+
+
+def serve_metrics(host: str, port: int, app) -> tuple[WSGIServer, threading.Thread]:
+    """Serve the WSGI `app` on host:port (port 0: any free one) from a daemon thread."""
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    server = _Server((host, port), family)
+    server.set_app(app)
+    thread = threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True)
+    thread.start()
+    return server, thread
