@@ -19,6 +19,7 @@ import typer
 from hetlaunch.launcher.cli_cluster import (check_extras, check_token_files, join_token, load_cluster_file, new_token,
                                             with_cluster)
 from hetlaunch.launcher.cli_common import EXIT_BAD_INPUT, fail, plain_console
+from hetlaunch.launcher.plain_text import escape_controls
 from hetlaunch.launcher.cli_plan import plan
 from hetlaunch.launcher.cli_run_commands import certs_app, down, logs, status
 
@@ -152,7 +153,7 @@ def report(
     except ReportError as err:
         fail(str(err), EXIT_BAD_INPUT)
     for path in written:
-        print(path, flush=True)
+        print(escape_controls(str(path)), flush=True)
 
 
 @app.command("prepare-data")
@@ -176,8 +177,9 @@ def prepare_data(
         fail(str(err), EXIT_BAD_INPUT)
     except OSError as err:
         fail(f"{err.filename or output}: {err.strerror or err}", EXIT_BAD_INPUT)
-    print(f"{output}: {done.tokens:,} tokens as {done.dtype}, vocabulary {done.vocab_size:,}. In the cluster YAML:\n"
-          f"  data: {{format: tokens, path: {output}, dtype: {done.dtype}}}\n"
+    shown = escape_controls(str(output))  # a name with escape sequences is printed, not obeyed
+    print(f"{shown}: {done.tokens:,} tokens as {done.dtype}, vocabulary {done.vocab_size:,}. In the cluster YAML:\n"
+          f"  data: {{format: tokens, path: {shown}, dtype: {done.dtype}}}\n"
           f"  model: {{vocab_size: {done.vocab_size}}}   # or your entrypoint's vocabulary", flush=True)
 
 
@@ -200,8 +202,11 @@ def export(
         fail(str(err), EXIT_BAD_INPUT)
     except OSError as err:
         fail(f"{err.filename or output}: {err.strerror or err}", EXIT_BAD_INPUT)
-    written = f"{done.weights}" + (f" and {done.config.name}" if done.config else "")
-    print(f"{written}: {done.tensors} tensors of the checkpoint at step {done.step} ({done.directory})", flush=True)
+    for step, why in done.skipped:
+        print(escape_controls(f"skipped the checkpoint of step {step}, not intact: {why}"), flush=True)
+    written = escape_controls(f"{done.weights}" + (f" and {done.config.name}" if done.config else ""))
+    print(f"{written}: {done.tensors} tensors of the checkpoint at step {done.step} "
+          f"({escape_controls(str(done.directory))})", flush=True)
 
 
 @app.command()

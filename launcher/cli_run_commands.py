@@ -28,7 +28,7 @@ def status(
     except RunControlError as err:
         fail(str(err), EXIT_JOB_FAILED)
     last = last_record(run_dir)
-    print(f"{run_dir}: generation {reply.generation}"
+    print(f"{escape_controls(str(run_dir))}: generation {reply.generation}"
           + (f", stopping: {reply.down_requested}" if reply.down_requested else ""))
     if last is not None:  # a line of metrics.jsonl as written, or one a hand changed: said as it is
         step, loss, tokens = (last.get(k) for k in ("step", "loss", "tokens_per_s"))
@@ -47,7 +47,13 @@ def logs(
     `launch: remote` agents and Kubernetes pods log on their own host."""
     from hetlaunch.launcher.run_control import RunControlError, contact_of, follow_log
 
+    import re
+
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", node):  # as the YAML's names: `../x` read outside logs/
+        fail(f"{node!r} is not a node name", EXIT_BAD_INPUT)
     path = run_dir / "logs" / f"{node}.log"
+    if path.is_symlink():  # a run directory handed over could point a log at any file of the reader's
+        fail(f"{path}: a link, not a log `up` wrote", EXIT_BAD_INPUT)
     if not path.is_file():
         fail(f"{path}: no log for node {node!r} in this run (a remote agent logs on its own host)", EXIT_BAD_INPUT)
     try:
@@ -75,7 +81,8 @@ def down(
         run_down(run_dir, reason, token_file)
     except RunControlError as err:
         fail(str(err), EXIT_JOB_FAILED)
-    print(f"{run_dir}: stopping at the next committed checkpoint (at once where checkpoints are off)", flush=True)
+    print(f"{escape_controls(str(run_dir))}: stopping at the next committed checkpoint (at once where checkpoints are "
+          "off)", flush=True)
 
 
 certs_app = typer.Typer(add_completion=False, no_args_is_help=True,

@@ -19,15 +19,14 @@ from __future__ import annotations
 
 import fnmatch
 import os
-import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from google.protobuf import json_format
 
 from hetlaunch.protos import control_pb2 as pb
-from hetlaunch.runtime.checkpoint_manifest import CheckpointError, latest_checkpoint, read_manifest
-from hetlaunch.runtime.files import write_whole
+from hetlaunch.runtime.checkpoint_manifest import CheckpointError, newest_intact_checkpoint, read_manifest
+from hetlaunch.runtime.files import new_temp_beside, write_whole
 from hetlaunch.runtime.wire import model_spec_from_proto
 
 
@@ -42,16 +41,21 @@ class Exported:
     directory: Path  # the checkpoint read
     weights: Path  # the .safetensors file written
     config: Path | None = None  # the config.json written beside it, if any
+    skipped: list[tuple[int, str]] = field(default_factory=list)  # newer checkpoints not intact: (step, why)
 
 
-def _checkpoint(path: Path):
+def _checkpoint(path: Path) -> tuple[Path, object, list[tuple[int, Path, str]]]:
+    """(directory, manifest, the newer checkpoints skipped as not intact, with why): a corrupt
+    newest manifest made export take the one before without a word (a hostile review)."""
     if (path / "manifest.json").is_file():
-        return path, read_manifest(path)
+        return path, read_manifest(path), []
     for root in (path / "checkpoints", path):
         if root.is_dir():
-            found = latest_checkpoint(root)
+            found, skipped = newest_intact_checkpoint(root)
             if found is not None:
-                return found
+                return *found, skipped
+            if skipped:
+                raise ExportError(f"{root}: no intact checkpoint; the newest, of step {skipped[0][0]}: {skipped[0][2]}")
     raise ExportError(f"{path}: no committed checkpoint (a run directory, a checkpoint root or a step-<k> "
                       "directory with a manifest.json)")
 
@@ -77,8 +81,9 @@ def export(path: Path, output: Path, allow_entrypoints: tuple[str, ...] = ()) ->
     from hetlaunch.runtime.model import describe_model
 
     try:
-        directory, manifest = _checkpoint(path)
-        state = load_layers(directory, manifest, 0, manifest.num_layers)
+        directory, manifest, skipped = _checkpoint(path)
+        verified = not (path / "manifest.json").is_file()  # newest_intact_checkpoint read every part's sha256
+        state = load_layers(directory, manifest, 0, manifest.num_layers, verify=not verified)
     except CheckpointError as err:
         raise ExportError(str(err)) from None
     saved = manifest.extra.get("model_spec")
@@ -103,9 +108,11 @@ def export(path: Path, output: Path, allow_entrypoints: tuple[str, ...] = ()) ->
         name = model.export_name(int(index), local) if model.export_name else key
         merged[name] = tensor.contiguous()
     weights, config = _targets(output, model.export_config is not None)
+    for target in (weights, config):
+        if target is not None and target.resolve().is_relative_to(directory.resolve()):
+            raise ExportError(f"{target}: inside the checkpoint it exports ({directory}); write it elsewhere")
     weights.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=weights.parent, prefix=f".{weights.name}.", suffix=".tmp")
-    os.close(fd)
+    tmp = new_temp_beside(weights)
     try:
         save_file(merged, tmp, metadata={"format": "pt", "hetlaunch_step": str(manifest.step),
                                          "hetlaunch_model": spec.describe()})
@@ -119,7 +126,8 @@ def export(path: Path, output: Path, allow_entrypoints: tuple[str, ...] = ()) ->
         raise
     if config is not None:
         write_whole(config, model.export_config)
-    return Exported(step=manifest.step, tensors=len(merged), directory=directory, weights=weights, config=config)
+    return Exported(step=manifest.step, tensors=len(merged), directory=directory, weights=weights, config=config,
+                    skipped=[(step, why) for step, _, why in skipped])
 
 
 def _check_shapes(model, state: dict, directory: Path) -> None:

@@ -10,14 +10,13 @@ progress bar; the output is written whole (a temp file renamed at the end) or no
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
-from hetlaunch.runtime.files import UnreadableFile, read_regular_file
+from hetlaunch.runtime.files import UnreadableFile, new_temp_beside, read_regular_file
 
 CHUNK_BYTES = 4 * 2**20
 MAX_TOKENIZER_BYTES = 256 << 20  # the largest hub tokenizer.json files are tens of MB
@@ -39,9 +38,12 @@ def load_tokenizer(name: str):
         from tokenizers import Tokenizer
     except ImportError:
         raise PrepareError("prepare-data needs the tokenizers package: pip install 'hetlaunch[data]'") from None
-    path = Path(name)
-    if path.is_dir():
-        path = path / "tokenizer.json"
+    given = Path(name).expanduser()
+    path = given / "tokenizer.json" if given.is_dir() else given
+    # A path, not a hub name ("gpt2", "org/name"): asking the hub for a mistyped file took 24 s of retries.
+    local = given.is_dir() or given.is_absolute() or name.startswith((".", "~")) or given.suffix == ".json"
+    if local and not path.exists():
+        raise PrepareError(f"{path}: no such tokenizer file")
     if path.exists():
         try:  # never waited on (a FIFO) nor read without end (/dev/zero grew to 23 GB)
             raw = read_regular_file(path, MAX_TOKENIZER_BYTES)
@@ -88,14 +90,19 @@ def prepare(text_path: Path, tokenizer_name: str, output: Path,
         raise PrepareError(f"{text_path} is empty")
     if output.exists() and not output.is_file():  # a device named by -o was replaced by a plain file
         raise PrepareError(f"{output} exists and is not a regular file")
+    if output.exists() and output.samefile(text_path):
+        raise PrepareError(f"{output}: is the text file itself; the token file goes elsewhere")
     tokenizer = load_tokenizer(tokenizer_name)
-    vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+    # The ids' bound, not the entries' count: a vocabulary {hello: 70000, ...} of 3 entries gave
+    # uint16 and an OverflowError (or, at 60000, a vocabulary of 3 for ids up to 60000).
+    ids_bound = max(tokenizer.get_vocab(with_added_tokens=True).values(), default=-1) + 1
+    vocab_size = max(tokenizer.get_vocab_size(with_added_tokens=True), ids_bound)
     dtype = "uint16" if vocab_size <= 2**16 else "uint32"
     output.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=output.parent, prefix=f".{output.name}.", suffix=".tmp")
+    tmp = new_temp_beside(output)
     tokens = offset = 0
     try:
-        with os.fdopen(fd, "wb") as out:
+        with open(tmp, "wb") as out:
             for chunk in _chunks(text_path, CHUNK_BYTES):
                 try:
                     text = chunk.decode("utf-8")

@@ -22,7 +22,7 @@ import json
 import statistics
 from pathlib import Path
 
-from hetlaunch.runtime.files import UnreadableFile, read_regular_file
+from hetlaunch.runtime.files import UnreadableFile, read_regular_file, write_whole
 
 MAX_FILE_BYTES = 256 << 20
 MAX_DRAWN_STAGES = 1024  # plan.png and stages.png: a row a stage (20,000 took minutes and 1.3 GB)
@@ -73,7 +73,7 @@ def make_report(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
     try:
         steps = [(int(r["step"]), r.get("loss"), r.get("eval_loss"), float(r["tokens_per_s"]), r["stages"],
                   float(r.get("time", 0.0))) for r in metrics]
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, OverflowError):  # OverflowError: a step of 1e400
         raise ReportError(f"{run_dir / 'metrics.jsonl'}: not a hetlaunch metrics file") from None
     events = _lines(run_dir / "events.jsonl") if (run_dir / "events.jsonl").exists() else []
     summary_path = run_dir / "summary.json"
@@ -102,7 +102,8 @@ def make_report(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
         if plan:
             written.append(_plan(out_dir / "plan.png", plan))
             written.append(_stages(out_dir / "stages.png", plan, steps))
-    except (KeyError, TypeError, ValueError, AttributeError):
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError, ZeroDivisionError, IndexError):
+        # a layer_end of 10**400, 0 micro-batches, a stage of a pipeline the plan does not have
         raise ReportError(f"{run_dir}: its records are not ones hetlaunch wrote") from None
     except OSError as err:  # the PNG's place taken (a directory), a full disk
         raise ReportError(f"cannot write {out_dir}: {err.strerror or err}") from None
@@ -110,12 +111,19 @@ def make_report(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
 
 
 def _save(fig, path: Path) -> Path:
-    tmp = path.with_suffix(".png.tmp")
-    fig.savefig(tmp, dpi=110, bbox_inches="tight", format="png")
-    tmp.replace(path)  # whole or not at all
+    """Drawn in memory, then written whole (write_whole's own new temp file): a fixed temp name
+    beside it was followed where a link stood there (a run directory handed over could point it
+    at any file of the user's) and stayed behind when the save was interrupted."""
+    import io
+
     import matplotlib.pyplot as plt
 
-    plt.close(fig)
+    png = io.BytesIO()
+    try:
+        fig.savefig(png, dpi=110, bbox_inches="tight", format="png")
+    finally:
+        plt.close(fig)
+    write_whole(path, png.getvalue())
     return path
 
 

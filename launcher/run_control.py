@@ -43,11 +43,14 @@ def contact_of(run_dir: Path) -> Contact:
     try:  # bounded and never blocking (a FIFO or /dev/zero in its place hung status and logs)
         data = read_json(path, MAX_CONTACT_BYTES)
         contact = Contact(str(data["address"]), int(data["pid"]), dict(data.get("tls") or {}))
+        if contact.tls and not (isinstance(contact.tls.get("ca"), str) and all(
+                isinstance(contact.tls.get(k), (str, type(None))) for k in ("cert", "key"))):
+            raise ValueError("its tls entry does not name a ca (and cert and key) file")
     except FileNotFoundError:
         raise RunControlError(f"{run_dir}: not a run directory (no coordinator.json)") from None
     except UnreadableFile as err:
         raise RunControlError(f"{path}: unreadable ({err})") from None
-    except (ValueError, KeyError, TypeError) as err:
+    except (ValueError, KeyError, TypeError, OverflowError) as err:  # OverflowError: a pid of 1e400
         raise RunControlError(f"{path}: unreadable ({type(err).__name__}: {str(err)[:100]})") from None
     if not 0 < contact.pid < 1 << 22:  # the kernel's pid_max at most; 10**30 ended os.kill in a traceback
         raise RunControlError(f"{path}: unreadable (pid {str(contact.pid)[:30]} is not a process id)")

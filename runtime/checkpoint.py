@@ -96,12 +96,7 @@ def load_layers(directory: Path, manifest: Manifest, layer_start: int, layer_end
     if not 0 <= layer_start < layer_end <= manifest.num_layers:
         raise CheckpointError(f"{directory}: layers [{layer_start}, {layer_end}) are not inside "
                               f"[0, {manifest.num_layers})")
-    wanted: dict[PartInfo, set[int]] = {}
-    for layer in range(layer_start, layer_end):
-        part = next((p for p in manifest.parts if p.layer_start <= layer < p.layer_end), None)
-        if part is None:
-            raise CheckpointError(f"{directory / MANIFEST_NAME}: no part holds layer {layer}")
-        wanted.setdefault(part, set()).add(layer)
+    wanted = _holders(manifest.parts, layer_start, layer_end, directory)
     state: dict[str, Tensor] = {}
     for part, layers in wanted.items():
         path = Path(directory) / part.file
@@ -115,13 +110,35 @@ def load_layers(directory: Path, manifest: Manifest, layer_start: int, layer_end
                     raise CheckpointError(f"{path}: its metadata does not say layers "
                                           f"[{part.layer_start}, {part.layer_end}) of {CHECKPOINT_FORMAT}")
                 for key in f.keys():
-                    if layer_of(key) in layers:
+                    layer = layer_of(key)
+                    if layer is not None and any(a <= layer < b for a, b in layers):
                         state[key] = f.get_tensor(key)
         except (OSError, SafetensorError) as err:
             raise CheckpointError(f"{path}: not a readable safetensors file ({err})") from None
     # A layer without parameters or buffers legitimately has no keys (user entrypoints may have
     # such layers); apply_state's strict check is what catches a part missing real tensors.
     return state
+
+
+def _holders(parts: list[PartInfo], start: int, end: int, directory: Path) -> dict[PartInfo, list[tuple[int, int]]]:
+    """Each part -> the layer ranges of [start, end) it is read for: a layer from the first part
+    listed that holds it (replicas overlap). By ranges, never per layer: a manifest's num_layers of
+    10**12 spun export for hours (a hostile review)."""
+    left = [(start, end)]  # not yet given to a part
+    taken: dict[PartInfo, list[tuple[int, int]]] = {}
+    for part in parts:
+        rest = []
+        for a, b in left:
+            lo, hi = max(a, part.layer_start), min(b, part.layer_end)
+            if lo >= hi:
+                rest.append((a, b))
+                continue
+            taken.setdefault(part, []).append((lo, hi))
+            rest += [r for r in ((a, lo), (hi, b)) if r[0] < r[1]]
+        left = rest
+    if left:
+        raise CheckpointError(f"{directory / MANIFEST_NAME}: no part holds layer {min(a for a, _ in left)}")
+    return taken
 
 
 def resumed_step_of(train) -> int:

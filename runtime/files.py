@@ -39,6 +39,15 @@ def write_whole(path: Path, text: str | bytes, mode: int = 0o666) -> None:
     _fsync_dir(path.parent)
 
 
+def new_temp_beside(path: Path) -> Path:
+    """A new empty file beside `path` with a name of its own, created as a plain file is (mode
+    0o666 less the umask; mkstemp's 0o600 made exports unreadable to the user's group), for a
+    writer that takes a path; the caller renames it over `path` or removes it."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666))
+    return tmp
+
+
 def _fsync_dir(directory: Path) -> None:
     try:
         fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)

@@ -112,6 +112,8 @@ def make_gpt_layer(cfg: GPTConfig, index: int) -> nn.Module:
         kind = Block
     with torch.device("meta"):
         layer = kind(cfg)
+    if torch.get_default_device().type == "meta":
+        return layer  # asked for its shapes only (export checks a checkpoint so): no storage, no init
     layer.to_empty(device="cpu")
     _init_gpt_layer(layer, cfg, torch.default_generator)
     return layer

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,6 +13,8 @@ from pathlib import Path
 
 import psutil
 import pytest
+
+from finished_run import CLUSTER as FINISHED_RUN_CLUSTER
 
 TESTS_DIR = Path(__file__).resolve().parent
 REPO = TESTS_DIR.parent
@@ -245,3 +248,21 @@ def pytest_collection_modifyitems(config, items):
     from quick_tier import mark_quick
 
     mark_quick(config, items)
+
+
+# A finished run to spoil (tests/finished_run.py): made once per module that asks for it.
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    base = tmp_path_factory.mktemp("finished")
+    (base / "cluster.yaml").write_text(FINISHED_RUN_CLUSTER.format(steps=4))
+    result = run_hetlaunch("up", str(base / "cluster.yaml"), "--run-dir", str(base / "run"), timeout=150)
+    assert result.returncode == 0, result.stderr
+    return base / "run"
+
+
+@pytest.fixture
+def run_copy(finished, tmp_path):
+    """A copy of the finished run, and its cluster YAML, for one case to spoil."""
+    shutil.copytree(finished, tmp_path / "run", symlinks=True)
+    (tmp_path / "cluster.yaml").write_text(FINISHED_RUN_CLUSTER.format(steps=4))
+    return tmp_path / "run"

@@ -154,7 +154,7 @@ def _a_run(run_dir):
 @pytest.mark.timeout(200)
 def test_report_on_hostile_run_files_is_one_line(tmp_path):
     """A FIFO metrics.jsonl hung; a line nested thousands deep, an event at the time "soon", a
-    summary whose plan is a list, a directory in a PNG's temporary place: tracebacks; a plan of
+    summary whose plan is a list, a directory in a PNG's place: tracebacks; a plan of
     20,000 stages took minutes and 1.3 GB."""
     def refused(run_dir, words):
         result = run_hetlaunch("report", str(run_dir), timeout=60)
@@ -175,7 +175,7 @@ def test_report_on_hostile_run_files_is_one_line(tmp_path):
     (listed / "summary.json").write_text(json.dumps({"plan": [1, 2]}))
     refused(listed, "summary.json: its plan is not one hetlaunch wrote")
     taken = _a_run(tmp_path / "taken")
-    (taken / "report" / "training.png.tmp").mkdir(parents=True)
+    (taken / "report" / "training.png").mkdir(parents=True)  # the PNG's place taken (its temp name is its own now)
     refused(taken, "cannot write")
     huge = _a_run(tmp_path / "huge")
     stage = {"node": "n", "region": "r", "pipeline": 0, "layer_start": 0, "layer_end": 1, "forward_codec": "none"}

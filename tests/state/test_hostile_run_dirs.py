@@ -11,69 +11,40 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
 
 import pytest
 import torch
 
 from conftest import run_hetlaunch
+from finished_run import CLUSTER, checkpoint_step, one_error_line
 from hetlaunch.launcher.run_control import RunControlError, contact_of, last_record
 from small_disk import fill, small_tmpfs
 
-CLUSTER = """
-name: hostile-dirs
-model: {{preset: tiny, n_layers: 2, seq_len: 16, d_model: 32}}
-train: {{steps: {steps}, micro_batch_size: 2, num_microbatches: 2, checkpoint_every: 2}}
-nodes: [{{name: a, device: cpu, threads: 1}}]
-"""
-
-
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory):
-    base = tmp_path_factory.mktemp("finished")
-    (base / "cluster.yaml").write_text(CLUSTER.format(steps=4))
-    result = run_hetlaunch("up", str(base / "cluster.yaml"), "--run-dir", str(base / "run"), timeout=150)
-    assert result.returncode == 0, result.stderr
-    return base / "run"
-
 
 @pytest.fixture
-def run(finished, tmp_path):
-    """A copy of the finished run, and its cluster YAML, for one case to spoil."""
-    shutil.copytree(finished, tmp_path / "run", symlinks=True)
-    (tmp_path / "cluster.yaml").write_text(CLUSTER.format(steps=4))
-    return tmp_path / "run"
-
-
-def _step(run_dir, step: int):
-    return run_dir / "checkpoints" / f"step-{step:08d}"
-
-
-def _one_line(result: subprocess.CompletedProcess, code: int) -> str:
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert result.returncode == code and len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    return lines[0]
+def run(run_copy):
+    """A copy of the finished run (tests/conftest.py), for one case to spoil."""
+    return run_copy
 
 
 @pytest.mark.timeout(120)
 def test_export_imports_no_entrypoint_a_checkpoint_names_unless_allowed(run, tmp_path):
     """A manifest naming os:system ran `touch` through export."""
-    manifest = _step(run, 4) / "manifest.json"
+    manifest = checkpoint_step(run, 4) / "manifest.json"
     data = json.loads(manifest.read_text())
     sentinel = tmp_path / "PWNED"
     data["extra"]["model_spec"] = {"entrypoint": {"entrypoint": "os:system", "kwargs": {"command": f"touch {sentinel}"}}}
     manifest.write_text(json.dumps(data))
     result = run_hetlaunch("export", str(run), "-o", str(tmp_path / "m.safetensors"), timeout=60)
     assert "names model entrypoint 'os:system', which export imports only when --allow-entrypoint matches it" in \
-        _one_line(result, 2)
+        one_error_line(result, 2)
     assert not sentinel.exists() and not (tmp_path / "m.safetensors").exists()
 
 
 @pytest.mark.timeout(150)
 def test_a_fifo_in_a_checkpoint_parts_place_is_refused_not_waited_on(run, tmp_path):
     """With the manifest saying 0 bytes, a FIFO held export and resume forever."""
-    step = _step(run, 4)
+    step = checkpoint_step(run, 4)
     manifest = json.loads((step / "manifest.json").read_text())
     part = manifest["parts"][0]
     (step / part["file"]).unlink()
@@ -81,7 +52,7 @@ def test_a_fifo_in_a_checkpoint_parts_place_is_refused_not_waited_on(run, tmp_pa
     part["bytes"], part["sha256"] = 0, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"  # of b""
     (step / "manifest.json").write_text(json.dumps(manifest))
     result = run_hetlaunch("export", str(step), "-o", str(tmp_path / "m.safetensors"), timeout=60)
-    assert f"{step / part['file']}: not a regular file" in _one_line(result, 2)
+    assert f"{step / part['file']}: not a regular file" in one_error_line(result, 2)
     resumed = run_hetlaunch("up", str(tmp_path / "cluster.yaml"), "--resume", str(run), timeout=120)
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming at step 2" in resumed.stdout  # step 4 set aside, the one before taken
@@ -102,12 +73,12 @@ def test_up_never_starts_a_new_run_over_an_old_ones_records_or_checkpoints(run, 
     a run sharing another's checkpoint.dir pruned its own newest checkpoint for the other's."""
     metrics = (run / "metrics.jsonl").read_text()
     again = run_hetlaunch("up", str(tmp_path / "cluster.yaml"), "--run-dir", str(run), timeout=60)
-    assert f"{run} holds a run already (its metrics.jsonl): continue it with `--resume {run}`" in _one_line(again, 1)
+    assert f"{run} holds a run already (its metrics.jsonl): continue it with `--resume {run}`" in one_error_line(again, 1)
     assert (run / "metrics.jsonl").read_text() == metrics
     shared = tmp_path / "shared.yaml"
     shared.write_text(CLUSTER.format(steps=4) + f"checkpoint: {{dir: {run / 'checkpoints'}}}\n")
     other = run_hetlaunch("up", str(shared), "--run-dir", str(tmp_path / "other"), timeout=60)
-    assert f"{run / 'checkpoints'} holds another run's checkpoint (step 4)" in _one_line(other, 1)
+    assert f"{run / 'checkpoints'} holds another run's checkpoint (step 4)" in one_error_line(other, 1)
     assert not (tmp_path / "other").exists()
 
 
@@ -121,7 +92,7 @@ def test_a_metrics_line_that_is_not_ours_stops_a_resume_naming_it(run, tmp_path,
     lines = (run / "metrics.jsonl").read_text().splitlines()
     (run / "metrics.jsonl").write_text("\n".join([lines[0], bad, *lines[1:]]) + "\n")
     result = run_hetlaunch("up", str(tmp_path / "cluster.yaml"), "--resume", str(run), timeout=60)
-    assert "line 2 is not a step record" in _one_line(result, 1)
+    assert "line 2 is not a step record" in one_error_line(result, 1)
 
 
 @pytest.mark.timeout(150)
@@ -152,7 +123,7 @@ def test_status_reads_a_hostile_coordinator_json_in_one_line(tmp_path):
         with pytest.raises(RunControlError, match=reason):
             contact_of(tmp_path)
         result = run_hetlaunch("status", str(tmp_path), timeout=30)
-        assert reason in _one_line(result, 1)
+        assert reason in one_error_line(result, 1)
     (tmp_path / "metrics.jsonl").unlink(missing_ok=True)
     os.mkfifo(tmp_path / "metrics.jsonl")
     assert last_record(tmp_path) is None  # not waited on
@@ -164,7 +135,7 @@ def test_export_to_a_full_disk_is_one_line_and_leaves_nothing(run, tmp_path):
     with small_tmpfs(tmp_path / "disk", "64k") as disk:
         fill(disk, 4096)
         result = run_hetlaunch("export", str(run), "-o", str(disk / "m.safetensors"), timeout=60)
-        line = _one_line(result, 2)
+        line = one_error_line(result, 2)
         assert "m.safetensors" in line and ("No space left" in line or "cannot write" in line), line
         assert sorted(p.name for p in disk.iterdir()) == ["filler"]
 
@@ -192,7 +163,7 @@ def test_a_resume_removes_the_replica_snapshots_a_killed_up_left(run, tmp_path):
     result = run_hetlaunch("up", str(tmp_path / "cluster.yaml"), "--resume", str(run), timeout=120)
     assert result.returncode == 0, result.stderr
     assert not (run / "checkpoints" / "replica-g2").exists()
-    assert (_step(run, 6) / "manifest.json").is_file()  # and the run went on to its end
+    assert (checkpoint_step(run, 6) / "manifest.json").is_file()  # and the run went on to its end
 
 
 def test_a_checkpoint_stripped_of_its_optimizer_state_is_refused_not_resumed_with_fresh_moments():
@@ -283,12 +254,12 @@ def _craft(step, edit) -> None:
 @pytest.mark.timeout(150)
 def test_resume_from_a_checkpoint_without_optimizer_state_fails_in_one_line(run, tmp_path):
     (tmp_path / "cluster.yaml").write_text(CLUSTER.format(steps=6))
-    _craft(_step(run, 4), lambda tensors: {k: v for k, v in tensors.items() if k.startswith("layers.")})
+    _craft(checkpoint_step(run, 4), lambda tensors: {k: v for k, v in tensors.items() if k.startswith("layers.")})
     result = run_hetlaunch("up", str(tmp_path / "cluster.yaml"), "--resume", str(run), timeout=120)
     assert result.returncode == 1, result.stdout + result.stderr
     assert ("no optimizer state, though this run's AdamW keeps some and the checkpoint is of step 4"
             in result.stdout + result.stderr)
-    assert not _step(run, 6).exists()  # nothing trained from the fresh moments
+    assert not checkpoint_step(run, 6).exists()  # nothing trained from the fresh moments
 
 
 @pytest.mark.timeout(120)
@@ -299,10 +270,10 @@ def test_resume_from_a_checkpoint_without_optimizer_state_fails_in_one_line(run,
 ])
 def test_export_refuses_weights_that_do_not_fit_the_model(run, tmp_path, edit, problem):
     """A checkpoint whose tensors do not fit the model it names exported a file that loaded wrong."""
-    step = _step(run, 4)
+    step = checkpoint_step(run, 4)
     _craft(step, edit)
     result = run_hetlaunch("export", str(step), "-o", str(tmp_path / "m.safetensors"), timeout=60)
-    assert f"{step}: the checkpoint does not fit its model: {problem}" in _one_line(result, 2)
+    assert f"{step}: the checkpoint does not fit its model: {problem}" in one_error_line(result, 2)
     assert not (tmp_path / "m.safetensors").exists()
 
 

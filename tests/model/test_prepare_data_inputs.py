@@ -1,0 +1,66 @@
+"""`hetlaunch prepare-data` given what a hostile review gave it: the text file as its own output
+(the corpus was replaced by token ids), a vocabulary whose ids exceed its entries (uint16 chosen
+by the count: an OverflowError, or ids up to 60,000 for a "vocabulary of 3"), a local tokenizer
+path that does not exist (24 s of Hugging Face hub retries before the error), an output name
+with escape sequences (printed raw, retitling the terminal). Each failed before its fix."""
+
+from __future__ import annotations
+
+import stat
+
+import numpy as np
+import pytest
+
+from conftest import run_hetlaunch
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _word_level(path, vocab: dict[str, int]):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(path))
+    return path
+
+
+def test_the_text_file_is_never_its_own_output(tmp_path):
+    text = tmp_path / "corpus.txt"
+    text.write_text("hello world\n" * 20)
+    tokenizer = _word_level(tmp_path / "tokenizer.json", {"[UNK]": 0, "hello": 1, "world": 2})
+    result = run_hetlaunch("prepare-data", str(text), "--tokenizer", str(tokenizer), "-o", str(text), timeout=60)
+    assert result.returncode == 2 and "is the text file itself" in result.stderr, result.stderr
+    assert text.read_text() == "hello world\n" * 20
+
+
+@pytest.mark.parametrize("top, dtype", [(60_000, "uint16"), (70_000, "uint32")])
+def test_the_token_width_and_vocabulary_follow_the_largest_id(tmp_path, top, dtype):
+    text = tmp_path / "corpus.txt"
+    text.write_text("hello world\n" * 20)
+    tokenizer = _word_level(tmp_path / "tokenizer.json", {"[UNK]": 0, "hello": top, "world": 5})
+    out = tmp_path / "train.bin"
+    result = run_hetlaunch("prepare-data", str(text), "--tokenizer", str(tokenizer), "-o", str(out), timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert f"as {dtype}, vocabulary {top + 1:,}." in result.stdout and f"vocab_size: {top + 1}" in result.stdout
+    ids = np.fromfile(out, dtype=dtype)
+    assert ids[:4].tolist() == [top, 5, top, 5]
+    assert stat.S_IMODE(out.stat().st_mode) & 0o044  # as plain files are made (mkstemp's 0600 hid it from the group)
+
+
+@pytest.mark.parametrize("name", ["missing/tokenizer.json", "./nowhere", "tok.json"])
+def test_a_local_tokenizer_that_is_not_there_is_one_line_without_asking_the_hub(tmp_path, name):
+    text = tmp_path / "corpus.txt"
+    text.write_text("hello world\n")
+    result = run_hetlaunch("prepare-data", str(text), "--tokenizer", name, "-o", str(tmp_path / "o.bin"), timeout=20,
+                           cwd=tmp_path)
+    assert result.returncode == 2 and result.stderr.strip().endswith("no such tokenizer file"), result.stderr
+
+
+def test_an_output_named_with_escape_sequences_is_printed_escaped(tmp_path):
+    text = tmp_path / "corpus.txt"
+    text.write_text("hello world\n" * 20)
+    tokenizer = _word_level(tmp_path / "tokenizer.json", {"[UNK]": 0, "hello": 1, "world": 2})
+    out = tmp_path / "e\x1b]0;TITLE\x07.bin"
+    result = run_hetlaunch("prepare-data", str(text), "--tokenizer", str(tokenizer), "-o", str(out), timeout=60)
+    assert result.returncode == 0 and "\x1b" not in result.stdout and "e\\x1b]0;TITLE\\x07.bin" in result.stdout
