@@ -54,9 +54,11 @@ def _san(x509, host: str):
 _LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 
 
-def check_host(host: str) -> None:
-    """An IP address or a DNS name a client could dial; else one line. `a..b`, `1.2.3.4/24`,
-    `[::1]` or a name with an escape sequence went into the certificate as DNS names (a hostile review)."""
+def check_host(host: str) -> str:
+    """The host as the certificate names it: an IP address, or a DNS name a client could dial
+    (a trailing dot dropped: OpenSSL matches `coordinator.` to no client's `coordinator`); else
+    one line. `a..b`, `1.2.3.4/24`, `[::1]`, `10.0.0.256` or a name with an escape sequence went
+    into the certificate as DNS names (hostile reviews)."""
     if not host.isascii():  # a certificate names hosts in ASCII (IDNA); cryptography raised a traceback
         try:
             ascii_form = f": give its ASCII form, {host.encode('idna').decode('ascii')}"
@@ -65,18 +67,21 @@ def check_host(host: str) -> None:
         raise CertError(f"--host {host!r} is not ASCII{ascii_form}")
     try:
         ipaddress.ip_address(host)
-        return
+        return host
     except ValueError:
         pass
-    name = host.removeprefix("*.").removesuffix(".")
-    if not name or len(host) > 253 or not all(_LABEL.fullmatch(label) for label in name.split(".")):
+    name = host.removesuffix(".")
+    labels = name.removeprefix("*.").split(".")
+    # A top-level label is never all digits: 10.0.0.256 or 1.2.3.4. is a mistyped address, not a name.
+    if (not name or len(name) > 253 or not all(_LABEL.fullmatch(label) for label in labels)
+            or (len(labels) > 1 and labels[-1].isdigit())):
         raise CertError(f"--host {host!r} is not a host name or an IP address")
+    return name
 
 
 def init_certs(directory: Path, hosts: list[str]) -> Issued:
     x509, hashes, serialization, ec, eku, oid = _crypto()
-    for host in hosts:
-        check_host(host)
+    hosts = [check_host(host) for host in hosts]
     # Any of the files it writes: a second CA would not sign what the first trusts, and a key
     # replaced under a running coordinator or agent (coordinator.key alone went silently) breaks it.
     there = sorted((name for name in FILES if (directory / name).exists()), key=lambda name: not name.endswith(".key"))

@@ -95,8 +95,8 @@ def _collect_probes(session: ClusterSession, names: list[str], link_reports: dic
     """Wait until every node of `names` has reported its probes (into `link_reports`), failed
     or been lost; a lost node (its agent gone, even after its probe failed) is dropped where
     `droppable`, else the job ends naming it. Once a worker died or a node was dropped the
-    group is broken, and once a probe failed FAILED_PROBE_GRACE_S ago without either showing
-    (its cause may still be on its way), it is taken as broken too: the nodes still probing are
+    group is broken, and once a probe failed FAILED_PROBE_GRACE_S ago (or the heartbeat timeout
+    and 10 s) without either showing (its cause may still be on its way), it is broken too: the nodes still probing are
     aborted (abort_broken_probe) instead of waited for. A death is waited on BLAME_GRACE_S
     for a lost node behind it (under NCCL a dead host takes its peers' workers with it), so
     that node is dropped and the probe's one retry after deaths is kept. Returns the failures
@@ -121,6 +121,9 @@ def _collect_probes(session: ClusterSession, names: list[str], link_reports: dic
     def abort_the_rest(why: str) -> None:
         aborted.update(abort_broken_probe(session, [n for n in names if not settled(n)], why))
 
+    # Past the heartbeat timeout too: a host that died silently (its peers' probes failed on it)
+    # must show as lost before the others are aborted, or the round ends with no node to drop.
+    grace = max(FAILED_PROBE_GRACE_S, session.cluster.coordinator.heartbeat_timeout_s + 10.0)
     deadline = time.monotonic() + PROFILE_TIMEOUT_S
     with console.status(what) as status:
         while not all(settled(n) for n in names):
@@ -129,7 +132,7 @@ def _collect_probes(session: ClusterSession, names: list[str], link_reports: dic
                 lost = drop_lost()
                 if lost:
                     abort_the_rest(f"{', '.join(lost)} lost")
-                elif first_failure is not None and time.monotonic() - first_failure > FAILED_PROBE_GRACE_S:
+                elif first_failure is not None and time.monotonic() - first_failure > grace:
                     abort_the_rest(f"{', '.join(failed)} failed")
                 if time.monotonic() > deadline:
                     missing = ", ".join(n for n in names if not settled(n))

@@ -3,8 +3,8 @@ app, served so that a stranger's connections cost the coordinator little.
 
 prometheus-client's own server gives every connection a thread and waits on it without end: a
 hostile review's connections that sent `GET /metrics HTTP/1.1` and then nothing grew the
-coordinator to 659 threads in 80 s, kept until the job ended. Here a connection must finish its
-request within READ_S, at most MAX_CONNECTIONS are served at once (more are closed unanswered),
+coordinator to 659 threads in 80 s, kept until the job ended. Here a connection is served for
+READ_S at most, whatever it sends, at most MAX_CONNECTIONS are served at once (more are closed unanswered),
 and what a broken client causes is never printed on the coordinator's console.
 """
 
@@ -20,7 +20,28 @@ MAX_CONNECTIONS = 32  # served at once; Prometheus scrapes one at a time
 
 
 class _Handler(WSGIRequestHandler):
-    timeout = READ_S  # StreamRequestHandler sets it on the socket: a stalled read ends the thread
+    """A connection has READ_S in all, not per read: the socket's own timeout alone let a client
+    that sends a byte now and then hold its place for days (a review of this file)."""
+    timeout = READ_S  # on the socket too: a read that waits past the deadline ends at once
+
+    def setup(self) -> None:
+        super().setup()
+        self._deadline = threading.Timer(READ_S, self._cut)
+        self._deadline.daemon = True
+        self._deadline.start()
+
+    def _cut(self) -> None:
+        try:
+            self.connection.shutdown(socket.SHUT_RDWR)  # the reads and writes in progress end; finish() closes
+        except OSError:
+            pass
+
+    def finish(self) -> None:
+        self._deadline.cancel()
+        try:
+            super().finish()
+        except OSError:
+            pass  # the deadline cut it
 
     def log_message(self, format, *args) -> None:
         """Nothing on the console per request."""

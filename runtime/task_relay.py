@@ -104,10 +104,12 @@ class TaskRelay:
         if self.watchdog.stalled is not None and not worker.aborted:
             _log(self.node, self.watchdog.stalled)
             done = wpb.WorkerDone(ok=False, error=self.watchdog.stalled)
-        aborted = worker.aborted  # by the coordinator's Abort (killing it below does not count)
-        if done is not None and done.ok and not aborted and worker.alive():
-            self.spare = worker  # it ended well: it runs the next task too, with torch loaded
-        else:
+        with self._worker_lock:  # decided under the lock abort_probe kills under: it never kills the spare
+            aborted = worker.aborted  # by the coordinator's Abort (killing it below does not count)
+            kept = done is not None and done.ok and not aborted and worker.alive()
+            if kept:
+                self.spare = worker  # it ended well: it runs the next task too, with torch loaded
+        if not kept:
             worker.kill()
             worker.wait()
             self.spare = WorkerProcess()  # fresh, and warm by the time the next generation starts
@@ -234,7 +236,7 @@ class TaskRelay:
                 return "no probe of that generation runs"
             if worker is self.spare or not worker.alive():
                 return "it had ended"  # it reports how, or was kept as the next task's worker
-        worker.kill()  # marks it aborted: run() reports nothing
+            worker.kill()  # a signal, under the lock run() keeps its spare under; marks it aborted: no report
         return "its worker killed"
 
     def pass_move(self, move: pb.Move, generation: int) -> None:

@@ -1,9 +1,10 @@
 """Kubernetes manifests as YAML text that kubectl reads back as written.
 
-PyYAML writes YAML 1.1, whose resolver leaves strings such as 1e3, 0o17 or 0123 unquoted because
-1.1 reads them as strings; kubectl's go-yaml reads YAML 1.2 and takes them for numbers, where
-every field the manifests carry them in (labels, node selectors, args, the Secret's data, its
-revision annotation) must be a string. Such strings are double-quoted here (a hostile review).
+PyYAML writes YAML 1.1, whose resolver leaves strings such as 1e3, 0o17, 0123 or y unquoted
+because it reads them as strings; kubectl's YAML reader (go-yaml, behind sigs.k8s.io/yaml) takes
+them for numbers or booleans, where every field the manifests carry them in (labels, node
+selectors, args, the Secret's data, its revision annotation) must be a string. Such strings are
+double-quoted here (hostile reviews).
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import re
 
 import yaml
 
-_NUMBER_LIKE = re.compile(r"[-+]?(\.?[0-9]|\.(inf|Inf|INF|nan|NaN|NAN)$)")
+# And y, Y, n, N: booleans to go-yaml v2 (sigs.k8s.io/yaml), plain strings to PyYAML.
+_NUMBER_LIKE = re.compile(r"[-+]?(\.?[0-9]|\.(inf|Inf|INF|nan|NaN|NAN)$)|[yYnN]$")
 
 
 class _ManifestDumper(yaml.SafeDumper):

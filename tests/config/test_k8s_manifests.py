@@ -399,28 +399,30 @@ def test_the_flags_agent_args_may_set_are_the_agent_commands_own_but_those_rende
     assert set(AGENT_FLAGS) | set(_OWN_FLAGS) == flags - {"--help"} and not set(AGENT_FLAGS) & set(_OWN_FLAGS)
 
 
-_YAML12_NUMBER = re.compile(r"[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+|[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?"
-                            r"|[-+]?\.(inf|Inf|INF)|\.(nan|NaN|NAN)")
+# What kubectl's reader (go-yaml v2) takes for a number or a boolean when it stands plain.
+_GO_YAML_NOT_STRING = re.compile(r"[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+|[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?"
+                                 r"|[-+]?\.(inf|Inf|INF)|\.(nan|NaN|NAN)|y|Y|n|N|yes|Yes|YES|no|No|NO|true|True|TRUE"
+                                 r"|false|False|FALSE|on|On|ON|off|Off|OFF")
 
 
-def test_strings_a_yaml_1_2_reader_would_take_for_numbers_are_quoted(tmp_path):
-    """kubectl reads YAML 1.2 (go-yaml): 1e3, 0o17 or 0123... left plain by PyYAML (YAML 1.1 reads
-    them as strings) would be numbers where the manifests need strings (a hostile review)."""
+def test_strings_kubectls_reader_would_take_for_numbers_or_booleans_are_quoted(tmp_path):
+    """kubectl reads with go-yaml: 1e3, 0o17, 0123... or y, left plain by PyYAML (YAML 1.1 reads
+    them as strings), would be numbers or booleans where the manifests need strings (reviews)."""
     data = copy.deepcopy(CLUSTER)
-    data["kubernetes"]["groups"][1].update(gpu_type="1e3", labels={"pool": "k8s", "cost": "0o17"},
-                                           node_selector={"zone": "0123"})
+    data["kubernetes"]["groups"][1].update(gpu_type="1e3", labels={"pool": "k8s", "cost": "0o17", "tier": "y"},
+                                           node_selector={"zone": "0123", "spot": "n"})
     token_file = tmp_path / "numeric.token"
     token_file.write_text("0123456789012345678901234567\n")
     deploy(cluster_from_dict(data), tmp_path / "k8s", token_file, "cluster.yaml")
     plain_numbers = []
     for path in sorted((tmp_path / "k8s").glob("*.yaml")):
         for event in yaml.parse(path.read_text()):
-            if isinstance(event, yaml.ScalarEvent) and event.style is None and _YAML12_NUMBER.fullmatch(event.value):
+            if isinstance(event, yaml.ScalarEvent) and event.style is None and _GO_YAML_NOT_STRING.fullmatch(event.value):
                 plain_numbers.append(event.value)
-    assert all(isinstance(yaml.safe_load(v), (int, float)) for v in plain_numbers), plain_numbers  # real numbers only
+    assert all(isinstance(yaml.safe_load(v), (int, float, bool)) for v in plain_numbers), plain_numbers  # real ones only
     l4 = workloads(rendered(tmp_path / "k8s"))["l4"]["spec"]["template"]["spec"]
     assert l4["nodeSelector"]["zone"] == "0123" and l4["nodeSelector"]["nvidia.com/gpu.product"] == "1e3"
-    assert "cost=0o17" in l4["containers"][0]["args"]
+    assert "cost=0o17" in l4["containers"][0]["args"] and l4["nodeSelector"]["spot"] == "n"
     secret = yaml.safe_load((tmp_path / "k8s" / "secret.yaml").read_text())
     assert secret["stringData"]["token"] == "0123456789012345678901234567"
 

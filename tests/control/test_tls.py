@@ -48,7 +48,7 @@ def test_certs_init_refuses_a_host_name_that_is_not_ascii_in_one_line(tmp_path, 
 
 
 @pytest.mark.parametrize("host", ["a..b", "1.2.3.4/24", "[::1]", "-", "a" * 64 + ".example", "-x.example", "\x1b[31mred",
-                                  "a b", ""])
+                                  "a b", "", "10.0.0.256", "1.2.3.4.", "*.1.2.3.4"])
 def test_certs_init_refuses_what_no_client_could_dial_in_one_line(tmp_path, host):
     """Each went into the certificate as a DNS name, exit 0 (a hostile review)."""
     result = run_hetlaunch("certs", "init", str(tmp_path / "c"), "--host", host, timeout=60)
@@ -60,13 +60,15 @@ def test_certs_init_refuses_what_no_client_could_dial_in_one_line(tmp_path, host
 def test_certs_init_takes_names_wildcards_and_addresses(tmp_path):
     from cryptography import x509
 
-    hosts = ["node-1.example.com", "*.pods.example", "10.0.0.7", "fd00::7", "coordinator."]
+    long_name = ".".join(["a" * 63] * 3 + ["b" * 61]) + "."  # 253 characters and the root's dot
+    hosts = ["node-1.example.com", "*.pods.example", "10.0.0.7", "fd00::7", "coordinator.", "single", long_name]
     result = run_hetlaunch("certs", "init", str(tmp_path / "c"), *[a for h in hosts for a in ("--host", h)], timeout=60)
     assert result.returncode == 0, result.stderr
     cert = x509.load_pem_x509_certificate((tmp_path / "c" / "coordinator.pem").read_bytes())
     sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     named = set(sans.get_values_for_type(x509.DNSName)) | {str(a) for a in sans.get_values_for_type(x509.IPAddress)}
-    assert set(hosts) <= named
+    # Named without the trailing dot: OpenSSL matched `coordinator.` to no client dialing `coordinator`.
+    assert {h.removesuffix(".") for h in hosts} <= named and "coordinator." not in named
 
 
 def test_certs_init_never_replaces_a_key_of_an_earlier_one(tmp_path):

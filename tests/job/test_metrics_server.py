@@ -82,3 +82,27 @@ def test_a_request_that_never_finishes_is_dropped_after_the_read_timeout(served,
     assert _closed_by_server(conn)  # within READ_S (here 1 s); the socket's own timeout is 10 s
     conn.close()
     assert _scrape(served) == b"hetlaunch_step 7\n"
+
+
+@pytest.mark.timeout(60)
+def test_a_request_dripped_a_byte_at_a_time_is_cut_at_the_deadline(served, monkeypatch):
+    """The socket's read timeout alone let a client that sends a byte every so often hold its
+    place for days; each connection now has READ_S in all (here 1 s; a byte every 0.2 s)."""
+    import time
+
+    monkeypatch.setattr(metrics_server, "READ_S", 1.0)
+    monkeypatch.setattr(metrics_server._Handler, "timeout", 1.0)
+    conn = _stalled(served)
+    conn.settimeout(0.2)
+    started, cut = time.monotonic(), False
+    while time.monotonic() - started < 30 and not cut:
+        try:
+            conn.sendall(b"X")
+            cut = conn.recv(1) == b""
+        except socket.timeout:
+            continue  # nothing back yet: still served
+        except OSError:
+            cut = True
+    conn.close()
+    assert cut, "the dripping connection was still served after 30 s"
+    assert _scrape(served) == b"hetlaunch_step 7\n"
