@@ -9,9 +9,9 @@ between pipelines).
   the bottleneck (documented heuristic). Codecs per boundary: the least lossy that keeps
   the step within CODEC_SLACK of the most effective choice.
 * Which nodes, in which order (launcher/planning/chain_candidates.py; priced by chain_search.py)
-  — exhaustive over every ordered subset for clusters of up to EXHAUSTIVE_MAX_NODES nodes; larger clusters chain regions
-  over their fastest links and try contiguous runs of that order with the k fastest nodes
-  for a few k. Each node left out is reported with the first reason that holds, with its
+  — exhaustive over every ordered subset for clusters of up to EXHAUSTIVE_MAX_NODES nodes;
+  larger clusters chain regions over their fastest links and try contiguous runs of that
+  order with the k fastest nodes for a few k. Each node left out is reported with the first reason that holds, with its
   numbers (too little memory, too slow, behind a slow link, no stage to give it; _PlanFacts.reason).
 * Several pipelines (data-parallel replicas) when max_pipelines > 1 (launcher/planning/replicas.py):
   1, 2, 4, ... replicas are tried while more pay off. For each count, sets of disjoint
