@@ -95,9 +95,9 @@ def _collect_probes(session: ClusterSession, names: list[str], link_reports: dic
     """Wait until every node of `names` has reported its probes (into `link_reports`), failed
     or been lost; a lost node (its agent gone, even after its probe failed) is dropped where
     `droppable`, else the job ends naming it. Once a worker died or a node was dropped the
-    group is broken, and once a probe failed FAILED_PROBE_GRACE_S ago (or the heartbeat timeout
-    and 10 s) without either showing (its cause may still be on its way), it is broken too: the nodes still probing are
-    aborted (abort_broken_probe) instead of waited for. A death is waited on BLAME_GRACE_S
+    group is broken, and once a probe failed FAILED_PROBE_GRACE_S ago (or the heartbeat
+    timeout and 10 s) without either showing (its cause may still be on its way), it is broken
+    too: the nodes still probing are aborted (abort_broken_probe) instead of waited for. A death is waited on BLAME_GRACE_S
     for a lost node behind it (under NCCL a dead host takes its peers' workers with it), so
     that node is dropped and the probe's one retry after deaths is kept. Returns the failures
     (node -> error) and the nodes among them whose worker died."""
@@ -150,8 +150,8 @@ def _collect_probes(session: ClusterSession, names: list[str], link_reports: dic
                     died.append(node)
                     abort_the_rest(f"the worker of {node} died")
             status.update(f"{what}: {sum(n in link_reports for n in names)}/{len(names)} done")
-        grace = time.monotonic() + BLAME_GRACE_S
-        while died and not any(n in session.lost for n in names) and time.monotonic() < grace:
+        until = time.monotonic() + BLAME_GRACE_S
+        while died and not any(n in session.lost for n in names) and time.monotonic() < until:
             if not drop_lost():
                 time.sleep(0.2)
     return failed, [n for n in died if n in failed]
@@ -163,5 +163,5 @@ def abort_broken_probe(session: ClusterSession, still_probing: list[str], why: s
     at 120 s; seen on torch 2.13), and their results are not wanted: the probe runs again. They
     report nothing (runtime/task_relay.py abort_probe)."""
     for node in still_probing:
-        session.state.send(node, pb.Command(abort=pb.Abort(reason=f"{why}: probing again", link_probe=True)))
+        session.state.send(node, pb.Command(abort=pb.Abort(reason=why, link_probe=True)))
     return set(still_probing)
