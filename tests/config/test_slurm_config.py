@@ -82,11 +82,19 @@ def test_salloc_runs_under_a_shell_that_withdraws_it_when_stdin_closes(tmp_path)
     assert running.wait(timeout=20) == 0 and out.read_text().split() == ["released"]  # no SIGTERM sent
     refused = subprocess.Popen(command, stdin=subprocess.PIPE, env={**env, "REFUSE": "1"}, start_new_session=True)
     assert refused.wait(timeout=20) == 3  # salloc's exit seen at once, though stdin stays open
-    time.sleep(0.5)
-    session = subprocess.run(["ps", "-o", "pid=,stat=", "-s", str(refused.pid)], capture_output=True, text=True)
-    left = [line.split()[0] for line in session.stdout.splitlines() if not line.split()[1].startswith("Z")]
+
+    def left() -> list[str]:
+        session = subprocess.run(["ps", "-o", "pid=,stat=", "-s", str(refused.pid)], capture_output=True, text=True)
+        return [line.split()[0] for line in session.stdout.splitlines() if not line.split()[1].startswith("Z")]
+
+    # The shell's SIGTERM to its group is on its way when it exits: its watcher ends when scheduled
+    # (a fixed 0.5 s was too short once beside a busy loop), while stdin stays open: not by EOF.
+    deadline = time.monotonic() + 20
+    while left() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    remaining = left()
     refused.stdin.close()
-    assert not left, f"the wrapper left {left} behind (the watcher's cat)"
+    assert not remaining, f"the wrapper left {remaining} behind (the watcher's cat)"
 
 
 def test_groups_of_one_het_job_are_the_components_of_one_salloc():
