@@ -18,7 +18,7 @@ import typer
 
 from hetlaunch.launcher.cli_cluster import (check_extras, check_token_files, join_token, load_cluster_file, new_token,
                                             with_cluster)
-from hetlaunch.launcher.cli_common import EXIT_BAD_INPUT, fail, plain_console
+from hetlaunch.launcher.cli_common import EXIT_BAD_INPUT, fail, interrupt_on_sigterm, plain_console
 from hetlaunch.launcher.plain_text import escape_controls
 from hetlaunch.launcher.cli_plan import plan
 from hetlaunch.launcher.cli_run_commands import certs_app, down, logs, status
@@ -167,6 +167,7 @@ def prepare_data(
 
     from hetlaunch.launcher.prepare_data import PrepareError, prepare
 
+    interrupt_on_sigterm()
     try:
         total = text_file.stat().st_size if text_file.is_file() else None
         with Progress(TextColumn("tokenizing"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
@@ -194,6 +195,7 @@ def export(
     """Merge a run's newest checkpoint into one state dict (Hugging Face names, and config.json, for HF models)."""
     from hetlaunch.launcher.export import ExportError, export as export_run
 
+    interrupt_on_sigterm()
     try:
         done = export_run(run, output, tuple(allow_entrypoint))
     except ExportError as err:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 
 import typer
@@ -26,3 +27,13 @@ def fail(message: str, code: int) -> None:
     # A message may quote a file (a profile's key, a model description): its escape sequences escaped.
     print(f"error: {escape_controls(' '.join(str(message).split()))}", file=sys.stderr, flush=True)
     raise typer.Exit(code)
+
+
+def interrupt_on_sigterm() -> None:
+    """SIGTERM unwinds as Ctrl-C does (KeyboardInterrupt, exit 130): a command writing a file
+    removes its temp file on the way out, where SIGTERM's default left it behind (gigabytes, for
+    prepare-data of a large corpus; a hostile review)."""
+    def on_sigterm(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_sigterm)

@@ -64,3 +64,33 @@ def test_an_output_named_with_escape_sequences_is_printed_escaped(tmp_path):
     out = tmp_path / "e\x1b]0;TITLE\x07.bin"
     result = run_hetlaunch("prepare-data", str(text), "--tokenizer", str(tokenizer), "-o", str(out), timeout=60)
     assert result.returncode == 0 and "\x1b" not in result.stdout and "e\\x1b]0;TITLE\\x07.bin" in result.stdout
+
+
+def test_sigterm_mid_way_leaves_no_temp_file(tmp_path):
+    """SIGTERM's default ended prepare-data with its hidden temp file left (gigabytes for a large
+    corpus); it now unwinds as Ctrl-C does, which removes it."""
+    import signal
+    import subprocess
+    import time
+
+    from conftest import hetlaunch_cmd, hetlaunch_env
+
+    text = tmp_path / "corpus.txt"
+    with text.open("w") as f:
+        for _ in range(400):
+            f.write("hello world " * 20_000 + "\n")  # ~96 MB: tokenized for far longer than the test waits
+    tokenizer = _word_level(tmp_path / "tokenizer.json", {"[UNK]": 0, "hello": 1, "world": 2})
+    out = tmp_path / "train.bin"
+    proc = subprocess.Popen(hetlaunch_cmd("prepare-data", str(text), "--tokenizer", str(tokenizer), "-o", str(out)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=hetlaunch_env())
+    try:
+        deadline = time.monotonic() + 60
+        while not list(tmp_path.glob(".train.bin.*.tmp")) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc.poll() is None and list(tmp_path.glob(".train.bin.*.tmp")), "it never got to writing"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and "Traceback" not in err, err  # as Ctrl-C ends it
+    assert not list(tmp_path.glob(".train.bin.*")) and not out.exists()
