@@ -244,6 +244,7 @@ def agent(
     if match is None or not 0 < int(match.group(2)) < 65536:
         fail(f"--coordinator must be HOST:PORT (e.g. 10.0.0.5:29400 or [::1]:29400), not {coordinator!r}",
               EXIT_BAD_INPUT)
+    from hetlaunch.launcher.config_types import NAME_RE
     from hetlaunch.runtime.agent import run_agent, tls_credentials
     from hetlaunch.runtime.auth import read_token
     from hetlaunch.runtime.labels import parse_labels
@@ -255,7 +256,7 @@ def agent(
     except ValueError as err:
         fail(str(err), EXIT_BAD_INPUT)
     for flag, value in (("--name", name), ("--region", region)):  # as the YAML's names (a newline split lines)
-        if (value or flag == "--name") and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", value):
+        if (value or flag == "--name") and not NAME_RE.fullmatch(value):
             fail(f"{flag} must be 1-64 of letters, digits, '_', '.', '-', starting with a letter or digit "
                  f"(got {value[:80]!r})", EXIT_BAD_INPUT)
     raise typer.Exit(run_agent(coordinator, name, token, connect_timeout, work_dir=work_dir, credentials=credentials,

@@ -47,9 +47,9 @@ def logs(
     `launch: remote` agents and Kubernetes pods log on their own host."""
     from hetlaunch.launcher.run_control import RunControlError, contact_of, follow_log
 
-    import re
+    from hetlaunch.launcher.config_types import NAME_RE
 
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", node):  # as the YAML's names: `../x` read outside logs/
+    if not NAME_RE.fullmatch(node):  # as the YAML's names: `../x` read outside logs/
         fail(f"{node!r} is not a node name", EXIT_BAD_INPUT)
     path = run_dir / "logs" / f"{node}.log"
     if path.is_symlink():  # a run directory handed over could point a log at any file of the reader's

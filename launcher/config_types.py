@@ -34,6 +34,8 @@ def starts_alnum(value: str) -> str:
 
 
 # Node and region names: 1-64 of letters, digits, '_', '.', '-', starting with a letter or digit.
+# NAME_RE says the same for names that come from outside a YAML (an agent's flags, discovery, `logs`).
+NAME_RE = re.compile(rf"[A-Za-z0-9][A-Za-z0-9_.-]{{0,{MAX_NAME - 1}}}")
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$", max_length=MAX_NAME), AfterValidator(starts_alnum)]
 
 

@@ -12,10 +12,10 @@ import re
 import threading
 from dataclasses import dataclass, field
 
+from hetlaunch.launcher.config_types import NAME_RE
 from hetlaunch.launcher.node_config import DiscoverConfig, NodeConfig
 from hetlaunch.protos import control_pb2 as pb
 
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _HOST = re.compile(r"[A-Za-z0-9_\[][A-Za-z0-9_.:\[\]-]*")
 MAX_REMEMBERED_REFUSALS = 8
 
@@ -46,9 +46,9 @@ class Discovery:
         name, rule = info.node_name, self.config
         if self.closed:
             return f"node {name[:64]!r} is not in the cluster, and discovery closed when the job started"
-        if not _NAME.fullmatch(name):
+        if not NAME_RE.fullmatch(name):
             return f"{name[:64]!r} is not a node name (1-64 of letters, digits, '_', '.', '-')"
-        if info.region and not _NAME.fullmatch(info.region):
+        if info.region and not NAME_RE.fullmatch(info.region):
             return f"agent {name!r}: {info.region[:64]!r} is not a region name"
         if rule.regions and info.region not in rule.regions:
             return (f"agent {name!r} is in region {info.region or '(none: --region not given)'}; "

@@ -16,7 +16,7 @@ def write_whole(path: Path, text: str | bytes, mode: int = 0o666) -> None:
     over it, the directory fsynced. Raises OSError; the temporary file never stays behind.
     `mode` applies from creation on (0o600: never readable by others, not even briefly)."""
     data = text.encode() if isinstance(text, str) else text
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    tmp = _temp_name(path)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
     try:
         try:
@@ -43,9 +43,14 @@ def new_temp_beside(path: Path) -> Path:
     """A new empty file beside `path` with a name of its own, created as a plain file is (mode
     0o666 less the umask; mkstemp's 0o600 made exports unreadable to the user's group), for a
     writer that takes a path; the caller renames it over `path` or removes it."""
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    tmp = _temp_name(path)
     os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666))
     return tmp
+
+
+def _temp_name(path: Path) -> Path:
+    """A hidden name beside `path`, its own (created with O_EXCL: never another's file or link)."""
+    return path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
 
 
 def _fsync_dir(directory: Path) -> None:
