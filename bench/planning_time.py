@@ -5,6 +5,8 @@ Cases (issue 28's targets), each with `compression: auto` (the default) and `non
   inter-region links, a 48-layer model, up to 64 data-parallel pipelines: M = 64 (target
   <= 1 s) and M = 256 (<= 2 s);
 * 1024 nodes, otherwise alike, M = 64 (<= 3 s);
+* 10 nodes in 10 regions, one each, M = 400 (<= 1 s, the issue's "a plan in a second at any
+  scale"): few nodes a region make many distinct chains, each cut by the exact program;
 * a global batch of 4,096 samples on the 256 nodes (auto only, once: every candidate
   micro-batch size planned, launcher/planning/batch_sizes.py; <= 5 s);
 * 6-node clusters (3 regions, 12 layers, random speeds, memory and links; tests/plan_reference.py's
@@ -61,6 +63,7 @@ def synthetic_profile(num_nodes: int = 256, num_regions: int = 10, num_layers: i
 
 
 LARGE_CASES = [(256, 64, 1.0), (256, 256, 2.0), (1024, 64, 3.0)]  # nodes, micro-batches, target seconds
+REGION_CASES = [(10, 400, 1.0)]  # nodes in as many regions, micro-batches, target seconds
 GLOBAL_CASE = (256, 4096, 5.0)  # nodes, global batch (samples), target seconds; --quick: 512
 SMALL_SEEDS = range(4)
 SMALL_CASES = [(8, 0.5), (48, 0.5), (64, 0.5)]
@@ -115,17 +118,21 @@ def run(quick: bool, reporter: Reporter | None = None) -> dict:
     reporter = reporter or NullReporter()
     reps = 1 if quick else 3
     policies = {"auto": CompressionConfig(), "none": NONE}
-    reporter.total(len(policies) * (reps * len(LARGE_CASES) + len(SMALL_SEEDS) * len(SMALL_CASES)) + 1)
+    reporter.total(len(policies) * (reps * (len(LARGE_CASES) + len(REGION_CASES))
+                                    + len(SMALL_SEEDS) * len(SMALL_CASES)) + 1)
     cases = []
-    for (nodes, microbatches, target), name in itertools.product(LARGE_CASES, policies):
-        profile = synthetic_profile(nodes)
+    large = [(nodes, 10, microbatches, target) for nodes, microbatches, target in LARGE_CASES]
+    large += [(nodes, nodes, microbatches, target) for nodes, microbatches, target in REGION_CASES]
+    for (nodes, regions, microbatches, target), name in itertools.product(large, policies):
+        profile = synthetic_profile(nodes, num_regions=regions)
+        label = f"{nodes} nodes" + (f" in {regions} regions" if regions != 10 else "")
         runs, walls, result = [], [], None
         for rep in range(reps):
-            reporter.advance(f"{nodes} nodes, M={microbatches}, {name} ({rep + 1}/{reps})")
+            reporter.advance(f"{label}, M={microbatches}, {name} ({rep + 1}/{reps})")
             seconds, wall, result = _timed(profile, microbatches, 64, policies[name])
             runs.append(seconds)
             walls.append(wall)
-        cases.append({"case": f"{nodes} nodes, M={microbatches}", "compression": name, "target_s": target,
+        cases.append({"case": f"{label}, M={microbatches}", "compression": name, "target_s": target,
                       "median_s": statistics.median(runs), "runs_s": runs, "wall_s": walls,
                       "pipelines": [len(p.cost.stages) for p in result.pipelines],
                       "predicted_tokens_per_s": result.tokens_per_s, "nodes_left_out": len(result.excluded)})
@@ -164,8 +171,9 @@ def run(quick: bool, reporter: Reporter | None = None) -> dict:
     worst = max(cases, key=lambda c: c["median_s"] / c["target_s"])
     return {
         "description": "offline planning CPU seconds (process_time), one process: synthetic 256- and 1024-node "
-                       "profiles (4 device types, 10 regions, 48 layers, up to 64 pipelines), a global batch on the "
-                       "256 nodes, and 6-node clusters (exhaustive search), compression auto and none; median over "
+                       "profiles (4 device types, 10 regions, 48 layers, up to 64 pipelines), 10 nodes in 10 regions, "
+                       "a global batch on the 256 nodes, and 6-node clusters (exhaustive search), compression auto "
+                       "and none; median over "
                        "repetitions (6-node: the slowest cluster; the global batch: one run)",
         "config": {"device_types": list(DEVICE_TYPES), "regions": 10, "layers": 48, "max_pipelines": 64,
                    "repetitions": reps},

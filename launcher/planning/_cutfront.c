@@ -1,21 +1,28 @@
-/* The cut dynamic program's inner loop under 1F1B, compiled: launcher/planning/cut_front.py's
- * one_bottleneck_front_python, the same arithmetic in the same order on the same doubles and the
- * same tie-breaking (a stable sort by (max term, round-trip sum), then the points whose sum drops),
- * so the fronts agree to the bit for finite numbers (a profile holds no other: profile_file.py);
- * tests/planning/test_cut_front.py compares them. A 6-node plan
- * spends a third to a half of its time in this loop. Built as an optional extension (setup.py):
- * where it cannot be built, cut_front.py keeps its Python loop.
+/* The cut dynamic program under 1F1B, compiled (launcher/planning/cut_front.py's loops, the same
+ * arithmetic in the same order on the same doubles and the same tie-breaking: a stable sort by
+ * (max term, round-trip sum), then the points whose sum drops), so the fronts agree to the bit for
+ * finite numbers (a profile holds no other: profile_file.py); tests/planning/test_cut_front.py
+ * compares them.
+ *   one_bottleneck_front: one state's front from its rows (one_bottleneck_front_python);
+ *   suffix_fronts: every state of one suffix of stages at the starts asked, the rows built here
+ *   too (suffix_fronts_python): a Python loop per state's rows was half of planning ten one-node
+ *   regions.
+ * Built as an optional extension (setup.py): where it cannot be built, cut_front.py keeps its
+ * Python loops.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "_py_numbers.h"
 
 typedef struct {
     double compute, link, window, total, key;
     Py_ssize_t end, next, order;
-    PyObject *codec; /* borrowed from the crossing rows, which outlive the call */
+    PyObject *codec; /* borrowed: the crossings' lists hold it (one_bottleneck_front), or the
+                      * crossing read once does (suffix_fronts) */
 } Point;
 
 static int by_key_then_total(const void *a, const void *b) {
@@ -35,6 +42,218 @@ static int read_float(PyObject *tuple, Py_ssize_t i, double *out) {
     return as_double(PyTuple_GET_ITEM(tuple, i), out, "a cut front's");
 }
 
+/* Points in a buffer that grows. */
+typedef struct {
+    Point *items;
+    Py_ssize_t n, cap;
+} Points;
+
+static int reserve(Points *points, Py_ssize_t more) {
+    if (points->n + more <= points->cap) return 0;
+    Py_ssize_t cap = points->cap ? points->cap : 64;
+    while (cap < points->n + more) cap *= 2;
+    Point *grown = PyMem_Realloc(points->items, sizeof(Point) * cap);
+    if (!grown) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    points->items = grown;
+    points->cap = cap;
+    return 0;
+}
+
+/* A state's front under way: `front` holds what is kept so far, sorted by (max term, sum, order
+ * made) with sums falling; each row's points for one codec (a run) are merged into it. The front
+ * of all the points (sorted, each kept where its sum is below every earlier one's) is the front
+ * of the fronts of any split of them into parts: a point dropped within a part is dropped by the
+ * same earlier point among all, and what it would have dropped that point drops too. So merging
+ * run by run keeps what one sort of every point would, with a few dozen kept between runs where
+ * one sort took the ~500 points a state has (a 10-region plan makes 44 million). */
+typedef struct {
+    Points front, run, merged;
+} State;
+
+static void state_free(State *state) {
+    PyMem_Free(state->front.items);
+    PyMem_Free(state->run.items);
+    PyMem_Free(state->merged.items);
+}
+
+/* Whether x sorts before y by (max term, sum, order made). */
+static inline int sorts_before(const Point *x, const Point *y) {
+    if (x->key != y->key) return x->key < y->key;
+    if (x->total != y->total) return x->total < y->total;
+    return x->order < y->order;
+}
+
+/* Merges the run (sorted) into the front, keeping the points whose sum is below every earlier one's.
+ * Most of a run falls behind the front (a state keeps ~18 of its ~650 points): a run point whose
+ * sum is not below that of the front's last point sorting before it is dropped first, with no copy. */
+static int merge_run(State *state) {
+    Points *front = &state->front, *run = &state->run, *merged = &state->merged;
+    Py_ssize_t a = 0, left = 0;
+    for (Py_ssize_t b = 0; b < run->n; b++) {
+        Point *q = &run->items[b];
+        while (a < front->n && sorts_before(&front->items[a], q)) a++;
+        if (a > 0 && !(q->total < front->items[a - 1].total)) continue;
+        if (left != b) run->items[left] = *q;
+        left++;
+    }
+    run->n = left;
+    if (left == 0) return 0;
+    merged->n = 0;
+    if (reserve(merged, front->n + run->n) < 0) return -1;
+    Py_ssize_t b = 0;
+    double best_sum = Py_HUGE_VAL;
+    a = 0;
+    while (a < front->n || b < run->n) {
+        Point *q;
+        if (b >= run->n || (a < front->n && sorts_before(&front->items[a], &run->items[b])))
+            q = &front->items[a++];
+        else
+            q = &run->items[b++];
+        if (q->total < best_sum) {
+            best_sum = q->total;
+            merged->items[merged->n++] = *q;
+        }
+    }
+    Points kept = *front; /* the merged points become the front; its buffer the next merge's */
+    *front = *merged;
+    *merged = kept;
+    return 0;
+}
+
+/* A following front's first four numbers per point (compute max, link max, window max, sum), read
+ * once: a state's rows read each following front once per codec, and every state of a suffix
+ * reads the same ones. */
+typedef struct {
+    double *values; /* 4 per point; NULL until read */
+    Py_ssize_t n;
+} Numbers;
+
+static int read_front(PyObject *following, Numbers *out) {
+    Py_ssize_t n = PyList_GET_SIZE(following);
+    double *values = PyMem_Malloc(sizeof(double) * 4 * (n ? n : 1));
+    if (!values) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t k = 0; k < n; k++) { /* nothing here runs Python code: the list keeps its size */
+        PyObject *p = PyList_GET_ITEM(following, k);
+        if (!PyTuple_Check(p) || PyTuple_GET_SIZE(p) < 4) {
+            PyErr_SetString(PyExc_TypeError, "a front point is a tuple of at least 4 numbers");
+            PyMem_Free(values);
+            return -1;
+        }
+        for (int i = 0; i < 4; i++)
+            if (read_float(p, i, &values[4 * k + i]) < 0) {
+                PyMem_Free(values);
+                return -1;
+            }
+    }
+    out->values = values;
+    out->n = n;
+    return 0;
+}
+
+/* A crossing's numbers, read once: (link, latency, codec work) and its codec (borrowed). */
+typedef struct {
+    double link, latency, work;
+    PyObject *codec; /* NULL until read */
+} Crossing;
+
+/* One row's points for one codec, each point of the following front with this stage before it,
+ * merged into the state's front. Where their sums fall strictly from point to point (as a front's
+ * do, unless rounding ties two), only the points whose max term is below every later one's can
+ * be kept (a later point with a max term as low has a lower sum and sorts before), and those come
+ * sorted; otherwise the run is sorted here. */
+static int add_row_points(State *state, const Numbers *following, Py_ssize_t end, double t, double window,
+                          const Crossing *crossing, Py_ssize_t *order) {
+    double link = crossing->link, latency = crossing->latency, tc = t + crossing->work;
+    Points *run = &state->run;
+    run->n = 0;
+    if (reserve(run, following->n) < 0) return -1;
+    int falling = 1; /* each point's sum below the one before */
+    double previous_sum = Py_HUGE_VAL;
+    for (Py_ssize_t k = 0; k < following->n; k++) {
+        const double *p = &following->values[4 * k];
+        double mt = p[0], mc = p[1], w = p[2], s = p[3];
+        Point *q = &run->items[run->n++];
+        q->total = s + tc + 2 * (latency + link);
+        if (!(q->total < previous_sum)) falling = 0;
+        previous_sum = q->total;
+        q->compute = pmax(mt, tc);
+        q->link = pmax(mc, link);
+        q->window = window != 0.0 ? pmax(w, q->total / window) : w;
+        q->key = pmax(pmax(q->compute, q->link), q->window);
+        q->end = end;
+        q->next = k;
+        q->order = (*order)++;
+        q->codec = crossing->codec;
+    }
+    if (falling) { /* keep the points whose max term is below every later one's, in their order */
+        double least_later = Py_HUGE_VAL;
+        Py_ssize_t kept = run->n;
+        for (Py_ssize_t k = run->n - 1; k >= 0; k--) {
+            if (run->items[k].key < least_later) {
+                least_later = run->items[k].key;
+                run->items[--kept] = run->items[k];
+            }
+        }
+        memmove(run->items, &run->items[kept], sizeof(Point) * (run->n - kept));
+        run->n -= kept;
+    } else {
+        qsort(run->items, run->n, sizeof(Point), by_key_then_total);
+    }
+    return merge_run(state);
+}
+
+/* The state's front as a new list of (compute max, link max, window max, total, end, next, codec). */
+static PyObject *take_front(State *state) {
+    PyObject *front = PyList_New(state->front.n);
+    if (!front) return NULL;
+    for (Py_ssize_t i = 0; i < state->front.n; i++) {
+        Point *q = &state->front.items[i];
+        PyObject *kept = PyTuple_New(7);
+        if (!kept) {
+            Py_DECREF(front);
+            return NULL;
+        }
+        PyList_SET_ITEM(front, i, kept);
+        PyObject *items[7] = {PyFloat_FromDouble(q->compute), PyFloat_FromDouble(q->link),
+                              PyFloat_FromDouble(q->window), PyFloat_FromDouble(q->total),
+                              PyLong_FromSsize_t(q->end), PyLong_FromSsize_t(q->next), q->codec};
+        Py_INCREF(q->codec);
+        int failed = 0;
+        for (int k = 0; k < 7; k++) {
+            failed |= items[k] == NULL;
+            PyTuple_SET_ITEM(kept, k, items[k]); /* a NULL item is left NULL: the tuple's dealloc skips it */
+        }
+        if (failed) {
+            Py_DECREF(front);
+            PyErr_NoMemory();
+            return NULL;
+        }
+    }
+    return front;
+}
+
+/* The crossing of codec list `per_end` at `end` into *out, checked: (link, latency, work, codec). */
+static int read_crossing(PyObject *per_end, Py_ssize_t end, Crossing *out) {
+    PyObject *crossing;
+    if (!PyList_Check(per_end) || end < 0 || end >= PyList_GET_SIZE(per_end) ||
+        !PyTuple_Check(crossing = PyList_GET_ITEM(per_end, end)) || PyTuple_GET_SIZE(crossing) != 4) {
+        PyErr_SetString(PyExc_TypeError, "a crossing is a list indexed by end of (link, latency, work, codec)");
+        return -1;
+    }
+    if (read_float(crossing, 0, &out->link) < 0 || read_float(crossing, 1, &out->latency) < 0 ||
+        read_float(crossing, 2, &out->work) < 0)
+        return -1;
+    out->codec = PyTuple_GET_ITEM(crossing, 3);
+    Py_INCREF(out->codec); /* held while points name it: the lists it came from could change between reads */
+    return 0;
+}
+
 /* one_bottleneck_front(rows, crossings) -> the front, as a list of
  * (compute max, link max, window max, total, end, next point, codec) tuples.
  * rows: [(end, stage compute, following front, window)], window what the row's window term divides
@@ -42,93 +261,161 @@ static int read_float(PyObject *tuple, Py_ssize_t i, double *out) {
 static PyObject *one_bottleneck_front(PyObject *self, PyObject *args) {
     PyObject *rows, *crossings;
     if (!PyArg_ParseTuple(args, "O!O!", &PyList_Type, &rows, &PyList_Type, &crossings)) return NULL;
-    Py_ssize_t num_rows = PyList_GET_SIZE(rows), num_codecs = PyList_GET_SIZE(crossings), count = 0;
+    Py_ssize_t num_rows = PyList_GET_SIZE(rows), num_codecs = PyList_GET_SIZE(crossings), order = 0;
     for (Py_ssize_t r = 0; r < num_rows; r++) {
         PyObject *row = PyList_GET_ITEM(rows, r);
         if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) != 4 || !PyList_Check(PyTuple_GET_ITEM(row, 2))) {
             PyErr_SetString(PyExc_TypeError, "a row is (end, compute, following front list, window)");
             return NULL;
         }
-        count += PyList_GET_SIZE(PyTuple_GET_ITEM(row, 2)) * num_codecs;
     }
-    PyObject *front = PyList_New(0);
-    if (!front || count == 0) return front;
-    Point *points = PyMem_Malloc(sizeof(Point) * count);
-    if (!points) {
-        Py_DECREF(front);
-        return PyErr_NoMemory();
-    }
-    Py_ssize_t n = 0;
+    State state = {{NULL, 0, 0}, {NULL, 0, 0}, {NULL, 0, 0}};
+    Numbers numbers = {NULL, 0};
     for (Py_ssize_t r = 0; r < num_rows; r++) {
         PyObject *row = PyList_GET_ITEM(rows, r), *following = PyTuple_GET_ITEM(row, 2);
         Py_ssize_t end = PyLong_AsSsize_t(PyTuple_GET_ITEM(row, 0));
         double t, window;
         if ((end == -1 && PyErr_Occurred()) || read_float(row, 1, &t) < 0 || read_float(row, 3, &window) < 0) goto fail;
+        PyMem_Free(numbers.values);
+        numbers.values = NULL;
+        if (read_front(following, &numbers) < 0) goto fail;
         for (Py_ssize_t c = 0; c < num_codecs; c++) {
-            PyObject *per_end = PyList_GET_ITEM(crossings, c), *crossing;
-            if (!PyList_Check(per_end) || end < 0 || end >= PyList_GET_SIZE(per_end) ||
-                !PyTuple_Check(crossing = PyList_GET_ITEM(per_end, end)) || PyTuple_GET_SIZE(crossing) != 4) {
-                PyErr_SetString(PyExc_TypeError, "a crossing is a list indexed by end of (link, latency, work, codec)");
-                goto fail;
-            }
-            double link, latency, work;
-            if (read_float(crossing, 0, &link) < 0 || read_float(crossing, 1, &latency) < 0 ||
-                read_float(crossing, 2, &work) < 0)
-                goto fail;
-            PyObject *codec = PyTuple_GET_ITEM(crossing, 3);
-            double tc = t + work;
-            for (Py_ssize_t k = 0; k < PyList_GET_SIZE(following); k++) {
-                PyObject *p = PyList_GET_ITEM(following, k);
-                double mt, mc, w, s;
-                if (!PyTuple_Check(p) || PyTuple_GET_SIZE(p) < 4) {
-                    PyErr_SetString(PyExc_TypeError, "a front point is a tuple of at least 4 numbers");
-                    goto fail;
-                }
-                if (read_float(p, 0, &mt) < 0 || read_float(p, 1, &mc) < 0 || read_float(p, 2, &w) < 0 ||
-                    read_float(p, 3, &s) < 0)
-                    goto fail;
-                if (n >= count) { /* cannot happen: nothing above runs Python code; kept as a guard */
-                    PyErr_SetString(PyExc_RuntimeError, "a front changed while it was read");
-                    goto fail;
-                }
-                Point *q = &points[n];
-                q->total = s + tc + 2 * (latency + link);
-                q->compute = pmax(mt, tc);
-                q->link = pmax(mc, link);
-                q->window = window != 0.0 ? pmax(w, q->total / window) : w;
-                q->key = pmax(pmax(q->compute, q->link), q->window);
-                q->end = end;
-                q->next = k;
-                q->order = n;
-                q->codec = codec;
-                n++;
-            }
+            Crossing crossing;
+            if (read_crossing(PyList_GET_ITEM(crossings, c), end, &crossing) < 0) goto fail;
+            int added = add_row_points(&state, &numbers, end, t, window, &crossing, &order);
+            Py_DECREF(crossing.codec); /* the rows' and crossings' lists hold it while this call reads them */
+            if (added < 0) goto fail;
         }
     }
-    qsort(points, n, sizeof(Point), by_key_then_total);
-    double best_sum = Py_HUGE_VAL;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        Point *q = &points[i];
-        if (!(q->total < best_sum)) continue;
-        best_sum = q->total;
-        PyObject *kept = Py_BuildValue("(ddddnnO)", q->compute, q->link, q->window, q->total, q->end, q->next, q->codec);
-        if (!kept || PyList_Append(front, kept) < 0) {
-            Py_XDECREF(kept);
-            goto fail;
-        }
-        Py_DECREF(kept);
-    }
-    PyMem_Free(points);
+    PyObject *front = take_front(&state);
+    state_free(&state);
+    PyMem_Free(numbers.values);
     return front;
 fail:
-    PyMem_Free(points);
-    Py_DECREF(front);
+    state_free(&state);
+    PyMem_Free(numbers.values);
     return NULL;
+}
+
+/* Python's a // b for floats (floatobject.c's float_floor_div), so a window agrees to the last micro-batch. */
+static double floor_divide(double vx, double wx) {
+    double mod = fmod(vx, wx), div = (vx - mod) / wx;
+    if (mod && ((wx < 0) != (mod < 0))) div -= 1.0;
+    if (!div) return copysign(0.0, vx / wx);
+    double floordiv = floor(div);
+    if (div - floordiv > 0.5) floordiv += 1.0;
+    return floordiv;
+}
+
+/* Reads a list of L + 1 numbers into a new C array; NULL with an error set otherwise. */
+static double *read_prefix(PyObject *list, Py_ssize_t size, const char *what) {
+    if (!PyList_Check(list) || PyList_GET_SIZE(list) != size) {
+        PyErr_Format(PyExc_TypeError, "%s is a list of %zd numbers", what, size);
+        return NULL;
+    }
+    double *out = PyMem_Malloc(sizeof(double) * (size ? size : 1));
+    if (!out) return (double *)PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < size; i++)
+        if (as_double(PyList_GET_ITEM(list, i), &out[i], what) < 0) {
+            PyMem_Free(out);
+            return NULL;
+        }
+    return out;
+}
+
+/* suffix_fronts(starts, time, static, activation, memory, own, M, deepens, crossings, following, last_end)
+ * -> [front of the state (this stage and the ones after it, first layer i) for i in starts]:
+ * cut_front.py's suffix_fronts_python, the rows built here rather than one call per state. */
+static PyObject *suffix_fronts(PyObject *self, PyObject *args) {
+    PyObject *starts, *time_list, *static_list, *activation_list, *crossings, *following;
+    double memory;
+    Py_ssize_t own, M, last_end;
+    int deepens;
+    if (!PyArg_ParseTuple(args, "O!OOOdnnpO!O!n", &PyList_Type, &starts, &time_list, &static_list, &activation_list,
+                          &memory, &own, &M, &deepens, &PyList_Type, &crossings, &PyList_Type, &following, &last_end))
+        return NULL;
+    Py_ssize_t size = PyList_GET_SIZE(following), num_codecs = PyList_GET_SIZE(crossings);
+    if (last_end < 0 || last_end >= size) {
+        PyErr_SetString(PyExc_ValueError, "the last end is past the following fronts");
+        return NULL;
+    }
+    double *acc = NULL, *fixed = NULL, *activation = NULL;
+    State state = {{NULL, 0, 0}, {NULL, 0, 0}, {NULL, 0, 0}};
+    Numbers *fronts = PyMem_Calloc(size, sizeof(Numbers)); /* per end, read on first use */
+    Crossing *crossing = PyMem_Calloc(size * (num_codecs ? num_codecs : 1), sizeof(Crossing)); /* per end, codec */
+    PyObject *out = PyList_New(0);
+    if (!fronts || !crossing) PyErr_NoMemory();
+    if (!fronts || !crossing || !out || !(acc = read_prefix(time_list, size, "a time prefix")) ||
+        !(fixed = read_prefix(static_list, size, "a static prefix")) ||
+        !(activation = read_prefix(activation_list, size, "an activation prefix")))
+        goto fail;
+    for (Py_ssize_t s = 0; s < PyList_GET_SIZE(starts); s++) {
+        Py_ssize_t i = PyLong_AsSsize_t(PyList_GET_ITEM(starts, s)), order = 0;
+        if (i == -1 && PyErr_Occurred()) goto fail;
+        if (i < 0 || i >= size) {
+            PyErr_SetString(PyExc_ValueError, "a start is past the layers");
+            goto fail;
+        }
+        state.front.n = 0;
+        for (Py_ssize_t end = i + 1; end <= last_end; end++) {
+            double per_mb = activation[end] - activation[i], held = fixed[end] - fixed[i];
+            if (held + (double)own * per_mb > memory) break; /* memory only grows with the range */
+            Numbers *next = &fronts[end];
+            if (!next->values) { /* read on first use: a suffix's states read few of them, and many times */
+                PyObject *list = end < PyList_GET_SIZE(following) ? PyList_GET_ITEM(following, end) : NULL;
+                if (!list || !PyList_Check(list)) {
+                    PyErr_SetString(PyExc_TypeError, "a following front is a list (worked out before this stage's)");
+                    goto fail;
+                }
+                if (read_front(list, next) < 0) goto fail;
+            }
+            if (next->n == 0) continue;
+            Py_ssize_t window = own;
+            if (deepens) { /* cut_front.suffix_rows: the deepest window memory allows the range */
+                Py_ssize_t deepest = M;
+                if (per_mb > 0) {
+                    double most = floor_divide(memory - held, per_mb);
+                    if (most < (double)M) deepest = (Py_ssize_t)most;
+                }
+                window = deepest > own ? deepest : own;
+            }
+            double t = acc[end] - acc[i];
+            for (Py_ssize_t c = 0; c < num_codecs; c++) {
+                Crossing *at = &crossing[end * num_codecs + c];
+                if ((!at->codec && (c >= PyList_GET_SIZE(crossings) ||
+                                    read_crossing(PyList_GET_ITEM(crossings, c), end, at) < 0)) ||
+                    add_row_points(&state, next, end, t, (double)window, at, &order) < 0)
+                    goto fail;
+            }
+        }
+        PyObject *front = take_front(&state);
+        if (!front || PyList_Append(out, front) < 0) {
+            Py_XDECREF(front);
+            goto fail;
+        }
+        Py_DECREF(front);
+    }
+    goto done;
+fail:
+    Py_CLEAR(out);
+done:
+    state_free(&state);
+    for (Py_ssize_t end = 0; fronts && end < size; end++) PyMem_Free(fronts[end].values);
+    for (Py_ssize_t k = 0; crossing && k < size * num_codecs; k++) Py_XDECREF(crossing[k].codec);
+    PyMem_Free(fronts);
+    PyMem_Free(crossing);
+    PyMem_Free(acc);
+    PyMem_Free(fixed);
+    PyMem_Free(activation);
+    return out;
 }
 
 static PyMethodDef methods[] = {
     {"one_bottleneck_front", one_bottleneck_front, METH_VARARGS,
      "one_bottleneck_front(rows, crossings) -> the Pareto front of a cut state under 1F1B"},
+    {"suffix_fronts", suffix_fronts, METH_VARARGS,
+     "suffix_fronts(starts, time, static, activation, memory, own, M, deepens, crossings, following, last_end) "
+     "-> the fronts of a suffix's states at those starts under 1F1B"},
     {NULL, NULL, 0, NULL},
 };
 

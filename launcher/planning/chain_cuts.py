@@ -18,9 +18,9 @@ from dataclasses import replace
 
 from hetlaunch.launcher.planning.bottleneck_fill import bottleneck_bisect
 from hetlaunch.launcher.planning.compression import CODEC_SLACK, LOSSINESS
-from hetlaunch.launcher.planning.cost_model import CostModel, in_flight
+from hetlaunch.launcher.planning.cost_model import CostModel
 from hetlaunch.launcher.planning.pipeline_cost import PipelineCost
-from hetlaunch.launcher.planning.cut_front import one_bottleneck_front, state_points
+from hetlaunch.launcher.planning.cut_front import state_points, suffix_fronts, suffix_rows
 from hetlaunch.launcher.planning.profile_file import NodeProfile
 
 EXACT_MAX_WORK = 20_000  # stages x layers^2 up to which a chain's cut is found by the exact DP
@@ -62,7 +62,7 @@ def best_cuts(cm: CostModel, chain: list[NodeProfile]) -> PipelineCost | None:
         codecs.append(codec)
         i, k = end, next_k
     # The step the program minimised (each range's window term over the window memory allows it,
-    # _windows), not evaluate's over 1F1B's own windows: ChainSearch.best ranks the chains it does
+    # cut_front.suffix_rows), not evaluate's over 1F1B's own windows: ChainSearch.best ranks the chains it does
     # not simulate each by it, and ranked by the other formula the program's cut of a 5-node chain
     # that simulates 3.77 s was never a finalist and the plan ran 4.26 s (test_window_cuts.py).
     return replace(cm.evaluate(chain, cuts, codecs[:-1]), step_s=step)
@@ -72,60 +72,74 @@ def _front(cm: CostModel, chain: list[NodeProfile], j: int, S: int, keys: list[t
     """The Pareto front of state (chain[j:], i), from the cost model's memory or worked out
     (with the states it needs) and remembered; [] when no cut of layers [i, L) fits."""
     fronts = cm.suffix_fronts.setdefault(keys[j], {})
-    if i in fronts:
-        return fronts[i]
+    if i not in fronts:
+        _work_out(cm, chain, j, S, keys, [i])
+    return fronts[i]
+
+
+def _work_out(cm: CostModel, chain: list[NodeProfile], j: int, S: int, keys: list[tuple], starts: list[int]) -> None:
+    """Remembers the fronts of the states (chain[j:], i) for i in `starts`, none of them known.
+
+    Suffix by suffix from the end: the following suffix's states at every first layer these rows
+    can reach are worked out first (those not known yet, in one call), then this suffix's states
+    in one call, their rows built in C where _cutfront.c was built. One state at a time, a Python
+    loop over its ends was half of planning 10 one-node regions (8 s at 400 micro-batches).
+    A state of a suffix depends on that suffix's nodes only (see best_cuts), so a suffix's states
+    worked out here serve every chain that ends with it."""
+    fronts = cm.suffix_fronts.setdefault(keys[j], {})
     L, node = cm.num_layers, chain[j]
-    one_max = cm.rules.one_bottleneck  # 1F1B's step depends on max(compute, link, window) only
     if j == S - 1:
-        front = []
-        if cm.memory_bytes(i, L, S - 1, S) <= node.memory_bytes:
-            t = cm.compute_s(node, i, L)
-            front = [(t, 0.0, cm.window_term(t, S - 1, S), t, L, -1, "none")]
-        fronts[i] = front
-        return front
-    crossing = _crossing(cm, node, chain[j + 1], j)
-    window = _windows(cm, node, i, j, S)
-    rows = []  # (end, the stage's compute, the following state's front, its window) per end that can follow
-    for end in range(i + 1, L - (S - j - 1) + 1):
-        if cm.memory_bytes(i, end, j, S) > node.memory_bytes:
-            break  # memory only grows with the range
-        following = _front(cm, chain, j + 1, S, keys, end)
-        if following:
-            rows.append((end, cm.compute_s(node, i, end), following, window(end)))
-    if one_max:
-        front = one_bottleneck_front(rows, list(crossing.values()))
-    else:  # GPipe: no window term, compute and link maxima priced apart
-        front = _pareto(state_points(rows, list(crossing.values())))
-    fronts[i] = front
-    return front
-
-
-def _windows(cm: CostModel, node: NodeProfile, i: int, j: int, S: int):
-    """end -> what the window term of stage j holding layers [i, end) divides by (0: none, GPipe).
-
-    Under a deepening schedule (1F1B) the deepest window memory allows that range
-    (CostModel.window_cap, inlined: once per row of every state), the cap up to which
-    CostModel.deepen searches the plan's windows. A stage may get fewer in the plan: windows never
-    grow down the pipeline (launcher/planning/windows.py), so below a stage that holds fewer it
-    holds at most as many. Its term is then below that stage's, whose round trip is longer, so
-    the largest term, the one the closed form takes, is the same either way.
-
-    Dividing by the schedule's own window instead priced a cut as if its round trip limited it
-    where the deepened windows hide that round trip, so the program chose cuts that shorten
-    round trips over cuts that balance compute: on a 4-node chain across regions at 38
-    micro-batches its cut simulated 2.00 s where the best cut did 1.29 s."""
-    if not cm.rules.one_bottleneck:
-        return lambda end: 0
-    own = in_flight(cm.schedule, j, S, cm.M)
-    if not cm.rules.deepens:
-        return lambda end: own
+        for i in starts:
+            fronts[i] = []
+            if cm.memory_bytes(i, L, S - 1, S) <= node.memory_bytes:
+                t = cm.compute_s(node, i, L)
+                fronts[i] = [(t, 0.0, cm.window_term(t, S - 1, S), t, L, -1, "none")]
+        return
+    last_end = L - (S - j - 1)
     static, activation = cm.layer_prefixes()
-    memory, M = node.memory_bytes, cm.M
+    time, held = cm.time_prefix(node), cm.rules.in_flight(j, S, cm.M)
+    following = cm.suffix_fronts.setdefault(keys[j + 1], {})
+    unknown = [end for end in _reachable_ends(starts, static, activation, node.memory_bytes, held, last_end)
+               if end not in following]
+    if unknown:
+        _work_out(cm, chain, j + 1, S, keys, unknown)
+    crossing = list(_crossing(cm, node, chain[j + 1], j).values())
+    by_end = [following.get(end) for end in range(L + 1)]
+    rule = window_rule(cm)
+    if rule != "none":  # 1F1B's step depends on max(compute, link, window) only
+        found = suffix_fronts(starts, time, static, activation, node.memory_bytes, held, cm.M, rule == "deepest",
+                              crossing, by_end, last_end)
+    else:  # GPipe: no window term, compute and link maxima priced apart
+        found = [_pareto(state_points(suffix_rows(i, time, static, activation, node.memory_bytes, held, cm.M, rule,
+                                                  by_end, last_end), crossing)) for i in starts]
+    fronts.update(zip(starts, found))
 
-    def deepest(end: int) -> int:
-        per_mb = activation[end] - activation[i]
-        return max(own, min(M, int((memory - (static[end] - static[i])) // per_mb) if per_mb > 0 else M))
-    return deepest
+
+def window_rule(cm: CostModel) -> str:
+    """What a row's window term divides by in the program (cut_front.suffix_rows): "none" where the
+    closed form keeps every term apart (GPipe, ZB-H1), "deepest" under a deepening schedule (1F1B),
+    else "own"."""
+    if not cm.rules.one_bottleneck:
+        return "none"
+    return "deepest" if cm.rules.deepens else "own"
+
+
+def _reachable_ends(starts: list[int], static: list[float], activation: list[float], memory: float,
+                    in_flight: int, last_end: int) -> list[int]:
+    """Every end a stage starting at one of `starts` (ascending) can take within its memory, up to
+    last_end: the following states its rows read, and no others (working out every state of a
+    suffix twice as many as it needs doubled the program's work). A range's memory only grows
+    with its end and shrinks with its start, to the bit, so the last end that fits never moves
+    back from one start to the next: one walk over the ends."""
+    ends: list[int] = []
+    fits = 0  # the last end that fits the start before (0: none yet)
+    for i in starts:
+        fits = max(fits, i)
+        while fits < last_end and ((static[fits + 1] - static[i]) + in_flight * (activation[fits + 1] - activation[i])
+                                   <= memory):
+            fits += 1
+        ends.extend(range(max(i, ends[-1] if ends else 0) + 1, fits + 1))
+    return ends
 
 
 def _crossing(cm: CostModel, node: NodeProfile, next_node: NodeProfile, j: int) -> dict[str, list]:

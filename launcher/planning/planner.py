@@ -37,6 +37,7 @@ from hetlaunch.launcher.planning.chain_candidates import EXHAUSTIVE_MAX_NODES
 from hetlaunch.launcher.planning.compression import CODEC_SLACK, NONE, CompressionConfig
 from hetlaunch.launcher.planning.contention import shared_cores, stretched
 from hetlaunch.launcher.planning.cost_model import CostModel, in_flight
+from hetlaunch.launcher.planning.gc_pause import gc_paused
 from hetlaunch.launcher.planning.pipeline_cost import PipelineCost, split_costs
 from hetlaunch.launcher.planning.planning_error import PlanningError
 from hetlaunch.launcher.planning.profile_file import NodeProfile, Profile
@@ -91,6 +92,7 @@ class PlanInvariantError(RuntimeError):
     """A plan whose reported step is not the simulation of what it returns: a planner bug."""
 
 
+@gc_paused
 def plan(profile: Profile, num_microbatches: int, schedule: str = "1f1b", max_pipelines: int = 1,
          stages: int | None = None, compression: CompressionConfig = NONE) -> PlannerResult:
     """The best plan the cost model knows for this profile; PlanningError if none fits.
@@ -137,6 +139,7 @@ def plan(profile: Profile, num_microbatches: int, schedule: str = "1f1b", max_pi
     return replace(max(results, key=lambda r: r.tokens_per_s), planning_s=time.perf_counter() - started)
 
 
+@gc_paused
 def plan_global_batch(profile: Profile, global_batch: int, schedule: str = "1f1b", max_pipelines: int = 1,
                       stages: int | None = None, compression: CompressionConfig = NONE,
                       num_microbatches: int | None = None) -> PlannerResult:

@@ -1,7 +1,7 @@
-"""The cut program's compiled 1F1B front (launcher/planning/_cutfront.c) is its Python loop,
-faster: the same points to the bit, in the same order, ties broken the same way, bad input
-refused; and whole plans made with each are the same plans (a user without a C compiler gets
-the Python loop)."""
+"""The cut program's compiled 1F1B fronts (launcher/planning/_cutfront.c: one state's, and every
+state of a suffix with its rows built in C) are its Python loops, faster: the same points to the
+bit, in the same order, ties broken the same way, bad input refused; and whole plans made with
+each are the same plans (a user without a C compiler gets the Python loops)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from hetlaunch.launcher.planning import chain_cuts, cut_front
 from hetlaunch.launcher.planning.compression import NONE, CompressionConfig
-from hetlaunch.launcher.planning.cut_front import one_bottleneck_front_python
+from hetlaunch.launcher.planning.cut_front import one_bottleneck_front_python, suffix_fronts_python
 from hetlaunch.launcher.planning.planner import plan
 
 
@@ -113,5 +113,82 @@ def test_plans_made_with_the_python_front_are_the_plans_made_with_the_compiled_o
         return out
 
     compiled = plans()
-    monkeypatch.setattr(chain_cuts, "one_bottleneck_front", one_bottleneck_front_python)
+    monkeypatch.setattr(chain_cuts, "suffix_fronts", suffix_fronts_python)
     assert plans() == compiled
+
+
+def _suffix(rng: random.Random, coarse: bool):
+    """suffix_fronts' arguments at random: prefix sums of compute, static and activation bytes, a
+    memory that cuts some ranges off, windows own or deepest, and following fronts that are fronts
+    (sums falling) or not (arbitrary points, which the compiled rows must sort rather than prune)."""
+    value = (lambda: rng.choice([0.0, 0.25, 0.5, 1.0])) if coarse else (lambda: rng.uniform(0.0, 1.0))
+    L = rng.randint(2, 12)
+
+    def prefix(scale: float) -> list[float]:
+        acc = [0.0]
+        for _ in range(L):
+            acc.append(acc[-1] + (rng.choice([0.0, scale, 2 * scale]) if coarse else rng.uniform(0, scale)))
+        return acc
+    crossings = [[None] + [(value(), value(), value(), codec) for _ in range(L)]
+                 for codec in rng.sample(["none", "int8", "topk"], rng.randint(1, 3))]
+    following = [None]
+    for end in range(1, L + 1):
+        points = sorted(((value(), value(), value(), value(), end, k - 1, "none") for k in range(rng.randint(0, 8))),
+                        key=lambda p: (max(p[:3]), p[3]))
+        if rng.random() < 0.7:  # a front: each point's sum below every earlier one's
+            points = [p for k, p in enumerate(points) if all(p[3] < q[3] for q in points[:k])]
+        following.append(points)
+    last_end = rng.randint(1, L)
+    starts = sorted(rng.sample(range(0, last_end), rng.randint(1, last_end)))
+    return (starts, prefix(1.0), prefix(10.0), prefix(5.0), rng.uniform(0, 60), rng.randint(1, 4), rng.randint(1, 40),
+            rng.random() < 0.5, crossings, following, last_end)
+
+
+@needs_core
+def test_the_compiled_suffix_fronts_give_the_python_fronts_to_the_bit():
+    rng = random.Random(7)
+    points = 0
+    for case in range(3000):
+        args = _suffix(rng, coarse=case % 2 == 0)
+        want = suffix_fronts_python(*args)
+        assert [_bits(f) for f in cut_front._cutfront.suffix_fronts(*args)] == [_bits(f) for f in want], args
+        points += sum(len(front) for front in want)
+    assert points > 5000  # the cases keep points, not only empty fronts
+
+
+@needs_core
+def test_a_following_front_not_worked_out_is_refused_not_read_as_empty():
+    time = static = activation = [0.0, 1.0, 2.0]
+    crossings = [[None, (0.1, 0.0, 0.0, "none"), (0.1, 0.0, 0.0, "none")]]
+    following = [None, None, [(0.5, 0.0, 0.0, 0.5, 2, -1, "none")]]  # the front at end 1 is missing
+    for core in (cut_front._cutfront.suffix_fronts, suffix_fronts_python):
+        with pytest.raises(TypeError):
+            core([0], time, static, activation, 100.0, 1, 4, True, crossings, following, 2)
+        # a memory that stops the range before end 1 never reads it
+        assert core([0], time, static, activation, 0.5, 1, 4, True, crossings, following, 2) == [[]]
+    with pytest.raises(ValueError):  # a start or a last end past the layers
+        cut_front._cutfront.suffix_fronts([5], time, static, activation, 1.0, 1, 4, True, crossings, following, 2)
+    with pytest.raises(ValueError):
+        cut_front._cutfront.suffix_fronts([0], time, static, activation, 1.0, 1, 4, True, crossings, following, 3)
+    with pytest.raises(TypeError):  # prefixes as long as the following fronts
+        cut_front._cutfront.suffix_fronts([0], [0.0], static, activation, 1.0, 1, 4, True, crossings, following, 2)
+
+
+def test_the_ends_worked_out_first_are_exactly_those_the_rows_read():
+    """chain_cuts._reachable_ends walks the ends once for all starts; against each start's own walk."""
+    rng = random.Random(3)
+    for _ in range(2000):
+        L = rng.randint(1, 30)
+        static, activation = [0.0], [0.0]
+        for _ in range(L):
+            static.append(static[-1] + rng.choice([0.0, 1.0, rng.uniform(0, 3)]))
+            activation.append(activation[-1] + rng.choice([0.0, 0.5, rng.uniform(0, 2)]))
+        memory, in_flight, last_end = rng.uniform(0, 20), rng.randint(1, 5), rng.randint(1, L)
+        starts = sorted(rng.sample(range(last_end), rng.randint(1, last_end)))
+        read = set()
+        for i in starts:  # what each start's rows read: its ends until the first that does not fit
+            for end in range(i + 1, last_end + 1):
+                if (static[end] - static[i]) + in_flight * (activation[end] - activation[i]) > memory:
+                    break
+                read.add(end)
+        assert chain_cuts._reachable_ends(starts, static, activation, memory, in_flight, last_end) == sorted(read)

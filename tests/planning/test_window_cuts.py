@@ -21,6 +21,7 @@ import hetlaunch.launcher.planning.chain_search as chain_search
 from hetlaunch.launcher.planning.chain_search import ChainSearch
 from hetlaunch.launcher.planning.compression import NONE
 from hetlaunch.launcher.planning.cost_model import CostModel
+from hetlaunch.launcher.planning.cut_front import suffix_rows
 from hetlaunch.launcher.planning.planner import plan
 from plan_reference import random_profile
 
@@ -78,13 +79,19 @@ def test_the_programs_windows_are_the_caps_deepen_searches_up_to(schedule):
         M = rng.randint(1, 40)
         cm = CostModel(profile, M, schedule, NONE)
         S, L = len(profile.nodes), cm.num_layers
+        static, activation = cm.layer_prefixes()
+        following = [[(0.0, 0.0, 0.0, 0.0, 0, -1, "none")]] * (L + 1)  # every end can be followed
         for node in profile.nodes:
             for j in range(S - 1):
                 for i in range(L):
-                    window = chain_cuts._windows(cm, node, i, j, S)
-                    for end in range(i + 1, L + 1):
+                    rows = suffix_rows(i, cm.time_prefix(node), static, activation, node.memory_bytes,
+                                       cm.rules.in_flight(j, S, M), M, chain_cuts.window_rule(cm), following, L)
+                    # every range that fits the stage's memory, up to the first that does not
+                    assert [end for end, *_ in rows] == list(range(i + 1, i + 1 + len(rows)))
+                    assert len(rows) == L - i or cm.memory_bytes(i, i + 1 + len(rows), j, S) > node.memory_bytes
+                    for end, _, _, window in rows:
                         want = cm.window_cap(node, i, end, j, S) if cm.rules.one_bottleneck else 0
-                        assert window(end) == want, (schedule, M, node.name, i, end, j, S)
+                        assert window == want, (schedule, M, node.name, i, end, j, S)
 
 
 def test_chains_are_ranked_by_the_step_the_program_minimised():
