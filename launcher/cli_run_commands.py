@@ -20,13 +20,13 @@ def status(
     token_file: Optional[Path] = typer.Option(None, help="the join token (default: RUN_DIR/token)"),
 ) -> None:
     """Show a running job: generation, each node's state, step and last heartbeat, the last step's figures."""
-    from hetlaunch.launcher.run_control import RunControlError, last_record
+    from hetlaunch.launcher.run_control import NotARun, RunControlError, last_record
     from hetlaunch.launcher.run_control import status as run_status
 
     try:
         reply = run_status(run_dir, token_file)
-    except RunControlError as err:
-        fail(str(err), EXIT_JOB_FAILED)
+    except RunControlError as err:  # not a run: bad input; a run that ended or does not answer: the job's
+        fail(str(err), EXIT_BAD_INPUT if isinstance(err, NotARun) else EXIT_JOB_FAILED)
     last = last_record(run_dir)
     print(f"{escape_controls(str(run_dir))}: generation {reply.generation}"
           + (f", stopping: {reply.down_requested}" if reply.down_requested else ""))
@@ -74,13 +74,13 @@ def down(
     token_file: Optional[Path] = typer.Option(None, help="the join token (default: RUN_DIR/token)"),
 ) -> None:
     """Stop a running job at its next committed checkpoint (at once when checkpoints are off); up --resume continues it."""
-    from hetlaunch.launcher.run_control import RunControlError
+    from hetlaunch.launcher.run_control import NotARun, RunControlError
     from hetlaunch.launcher.run_control import down as run_down
 
     try:
         run_down(run_dir, reason, token_file)
-    except RunControlError as err:
-        fail(str(err), EXIT_JOB_FAILED)
+    except RunControlError as err:  # as status
+        fail(str(err), EXIT_BAD_INPUT if isinstance(err, NotARun) else EXIT_JOB_FAILED)
     print(f"{escape_controls(str(run_dir))}: stopping at the next committed checkpoint (at once where checkpoints are "
           "off)", flush=True)
 

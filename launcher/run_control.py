@@ -27,6 +27,12 @@ class RunControlError(Exception):
     """The run cannot be reached or read, said in one line."""
 
 
+class NotARun(RunControlError):
+    """What was handed in is not a run directory, or one of its files (coordinator.json, the token,
+    the TLS files, a log) cannot be read: bad input (exit 2), where a run that has ended or a
+    coordinator that does not answer is the job's (exit 1)."""
+
+
 @dataclass
 class Contact:
     address: str
@@ -47,13 +53,13 @@ def contact_of(run_dir: Path) -> Contact:
                 isinstance(contact.tls.get(k), (str, type(None))) for k in ("cert", "key"))):
             raise ValueError("its tls entry does not name a ca (and cert and key) file")
     except FileNotFoundError:
-        raise RunControlError(f"{run_dir}: not a run directory (no coordinator.json)") from None
+        raise NotARun(f"{run_dir}: not a run directory (no coordinator.json)") from None
     except UnreadableFile as err:
-        raise RunControlError(f"{path}: unreadable ({err})") from None
+        raise NotARun(f"{path}: unreadable ({err})") from None
     except (ValueError, KeyError, TypeError, OverflowError) as err:  # OverflowError: a pid of 1e400
-        raise RunControlError(f"{path}: unreadable ({type(err).__name__}: {str(err)[:100]})") from None
+        raise NotARun(f"{path}: unreadable ({type(err).__name__}: {str(err)[:100]})") from None
     if not 0 < contact.pid < 1 << 22:  # the kernel's pid_max at most; 10**30 ended os.kill in a traceback
-        raise RunControlError(f"{path}: unreadable (pid {str(contact.pid)[:30]} is not a process id)")
+        raise NotARun(f"{path}: unreadable (pid {str(contact.pid)[:30]} is not a process id)")
     return contact
 
 
@@ -79,7 +85,7 @@ def _stub(run_dir: Path, token_file: Path | None):
     try:
         token = read_token(str(path)) if path.exists() else read_token(None)
     except ValueError as err:
-        raise RunControlError(str(err)) from None
+        raise NotARun(str(err)) from None
     if contact.tls:
         from hetlaunch.runtime.tls import ClientTls
 
@@ -87,7 +93,7 @@ def _stub(run_dir: Path, token_file: Path | None):
             channel = grpc.secure_channel(contact.address, ClientTls.read(
                 contact.tls["ca"], contact.tls.get("cert"), contact.tls.get("key")).credentials())
         except ValueError as err:
-            raise RunControlError(str(err)) from None
+            raise NotARun(str(err)) from None
     else:
         channel = grpc.insecure_channel(contact.address)
     return control_pb2_grpc.CoordinatorStub(channel), ((TOKEN_METADATA_KEY, token),), channel
@@ -140,7 +146,7 @@ def follow_log(path: Path, contact: Contact | None, out, poll_s: float = 0.5) ->
     try:
         f = open_regular_file(path)  # a FIFO in a log's place is refused, not waited on
     except UnreadableFile as err:
-        raise RunControlError(f"{path}: {err}") from None
+        raise NotARun(f"{path}: {err}") from None
     with f:
         while True:
             chunk = f.read(LOG_READ_BYTES)  # a 3 GB log was read whole: a MemoryError

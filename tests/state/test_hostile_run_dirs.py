@@ -108,6 +108,8 @@ def test_a_fifo_for_events_jsonl_does_not_hold_a_resume(run, tmp_path):
 def test_status_reads_a_hostile_coordinator_json_in_one_line(tmp_path):
     """A FIFO hung status; nesting, a huge pid and /dev/zero ended in tracebacks."""
     path = tmp_path / "coordinator.json"
+    assert "not a run directory (no coordinator.json)" in one_error_line(run_hetlaunch("status", str(tmp_path),
+                                                                                     timeout=30), 2)
     cases = {"fifo": "not a regular file", "deep": "nested too deeply",
              "pid": "is not a process id", "zero": "not a regular file"}
     for case, reason in cases.items():
@@ -123,7 +125,8 @@ def test_status_reads_a_hostile_coordinator_json_in_one_line(tmp_path):
         with pytest.raises(RunControlError, match=reason):
             contact_of(tmp_path)
         result = run_hetlaunch("status", str(tmp_path), timeout=30)
-        assert reason in one_error_line(result, 1)
+        assert reason in one_error_line(result, 2)  # bad input, as `logs -f` says it (it said 1)
+        assert reason in one_error_line(run_hetlaunch("down", str(tmp_path), timeout=30), 2)
     (tmp_path / "metrics.jsonl").unlink(missing_ok=True)
     os.mkfifo(tmp_path / "metrics.jsonl")
     assert last_record(tmp_path) is None  # not waited on
