@@ -277,7 +277,7 @@ def deploy_k8s(
 ) -> None:
     """Render Kubernetes manifests that run the YAML's node groups as agents (kubectl apply -f OUTPUT)."""
     from hetlaunch.launcher.plain_text import escape_controls
-    from hetlaunch.launcher.providers.kubernetes import DeployError, deploy
+    from hetlaunch.launcher.providers.kubernetes_deploy import DeployError, deploy
 
     cluster = load_cluster_file(cluster_yaml)
     try:

@@ -22,9 +22,9 @@ class EventLog:
     def __init__(self, run_dir: Path, resume: bool = False):
         self.path = run_dir / "events.jsonl"
         self.counts: Counter[str] = Counter()
-        earlier = _earlier_lines(self.path) if resume else None
-        self.earlier: list[dict] = [json.loads(line) for line in earlier or ()]  # what the run wrote before this resume
-        self._lines = JsonLines(self.path, earlier)
+        earlier = _earlier_lines(self.path) if resume else []
+        self.earlier: list[dict] = [record for _, record in earlier]  # what the run wrote before this resume
+        self._lines = JsonLines(self.path, [line for line, _ in earlier] if resume else None)
 
     def write(self, event: str, **fields) -> dict:
         entry = {"time": round(time.time(), 3), "event": event, **fields}
@@ -36,8 +36,9 @@ class EventLog:
         self._lines.close()
 
 
-def _earlier_lines(path: Path) -> list[str]:
-    """The whole lines an earlier run of this directory wrote (a line cut off by its crash is dropped)."""
+def _earlier_lines(path: Path) -> list[tuple[str, dict]]:
+    """The whole lines an earlier run of this directory wrote, each with what it says, read once (a
+    line cut off by its crash is dropped)."""
     try:  # a FIFO in its place held a resume forever
         lines = read_regular_file(path, MAX_EVENTS_BYTES).decode("utf-8", errors="replace").splitlines()
     except (OSError, UnreadableFile):
@@ -45,8 +46,9 @@ def _earlier_lines(path: Path) -> list[str]:
     kept = []
     for line in lines:
         try:
-            if isinstance(json.loads(line), dict):
-                kept.append(line)
+            record = json.loads(line)
         except (ValueError, RecursionError):  # RecursionError: a line nested thousands deep
             continue
+        if isinstance(record, dict):
+            kept.append((line, record))
     return kept

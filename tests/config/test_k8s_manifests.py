@@ -17,7 +17,7 @@ import yaml
 from conftest import REPO, error_of, hetlaunch_env, run_hetlaunch
 from hetlaunch.launcher.cluster_yaml import cluster_from_dict, load_cluster
 from hetlaunch.launcher.discovery import Discovery, discovered_node
-from hetlaunch.launcher.providers.kubernetes import DeployError, deploy
+from hetlaunch.launcher.providers.kubernetes_deploy import DeployError, deploy
 from hetlaunch.protos import control_pb2 as pb
 
 K8S_VERSION = "1.37.0"  # the newest schemas kubernetes-validate 1.37 bundles; fixed so a new release cannot move it
