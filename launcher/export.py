@@ -76,7 +76,6 @@ def _allowed(model: pb.ModelSpec, directory: Path, allow_entrypoints: tuple[str,
 def export(path: Path, output: Path, allow_entrypoints: tuple[str, ...] = ()) -> Exported:
     # torch only here, never at the top: the rest of the launcher (the coordinator above all) runs without it.
     import torch
-    from safetensors.torch import save_file
 
     from hetlaunch.runtime.checkpoint import load_layers
     from hetlaunch.runtime.model import describe_model
@@ -111,10 +110,50 @@ def export(path: Path, output: Path, allow_entrypoints: tuple[str, ...] = ()) ->
     for target in (weights, config):
         if target is not None and target.resolve().is_relative_to(directory.resolve()):
             raise ExportError(f"{target}: inside the checkpoint it exports ({directory}); write it elsewhere")
-    weights.parent.mkdir(parents=True, exist_ok=True)
+    created = _made_by(weights.parent)
+    try:
+        _write(weights, config, merged, manifest.step, spec, model.export_config)
+    except BaseException:
+        # A directory this export made holds only what it wrote: a failure leaves none of it (an
+        # empty directory was left behind, and weights without their config.json).
+        if created:
+            for written in (weights, config):
+                if written is not None:
+                    written.unlink(missing_ok=True)
+            for folder in reversed(created):
+                try:
+                    folder.rmdir()
+                except OSError:
+                    break
+        raise
+    return Exported(step=manifest.step, tensors=len(merged), directory=directory, weights=weights, config=config,
+                    skipped=[(step, why) for step, _, why in skipped])
+
+
+def _made_by(folder: Path) -> list[Path]:
+    """Makes `folder` and the folders above it that are missing; returns those it made, outermost first."""
+    missing = []
+    while not folder.exists() and not folder.is_symlink() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    missing.reverse()
+    for k, made in enumerate(missing):
+        try:
+            made.mkdir()
+        except BaseException:
+            for earlier in reversed(missing[:k]):
+                earlier.rmdir()
+            raise
+    return missing
+
+
+def _write(weights: Path, config: Path | None, merged: dict, step: int, spec, export_config) -> None:
+    """The weights, then config.json: each written whole (temp, fsync, rename) or not at all."""
+    from safetensors.torch import save_file
+
     tmp = new_temp_beside(weights)
     try:
-        save_file(merged, tmp, metadata={"format": "pt", "hetlaunch_step": str(manifest.step),
+        save_file(merged, tmp, metadata={"format": "pt", "hetlaunch_step": str(step),
                                          "hetlaunch_model": spec.describe()})
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
@@ -125,9 +164,7 @@ def export(path: Path, output: Path, allow_entrypoints: tuple[str, ...] = ()) ->
             raise ExportError(f"{weights}: cannot write ({' '.join(str(err).split())[:200]})") from None
         raise
     if config is not None:
-        write_whole(config, model.export_config)
-    return Exported(step=manifest.step, tensors=len(merged), directory=directory, weights=weights, config=config,
-                    skipped=[(step, why) for step, _, why in skipped])
+        write_whole(config, export_config)
 
 
 def _check_shapes(model, state: dict, directory: Path) -> None:

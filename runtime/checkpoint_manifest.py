@@ -149,8 +149,9 @@ def check_part_file(path: Path, part: PartInfo, sha256: bool) -> None:
     digest = hashlib.sha256()
     try:
         # Not blocking: a FIFO or /dev/zero in a part's place (with a manifest saying 0 bytes) held
-        # export and resume forever.
-        with open_regular_file(path) as f:
+        # export and resume forever. Not a link either: the run writes its parts as files, and a
+        # checkpoint handed over could link one to any file of the reader's.
+        with open_regular_file(path, follow_link=False) as f:
             size = os.fstat(f.fileno()).st_size
             if sha256 and size == part.bytes:
                 while chunk := f.read(1 << 22):

@@ -70,15 +70,19 @@ class UnreadableFile(ValueError):
     """One-line reason a file another program (or host, or a past crash) left is not usable."""
 
 
-def open_regular_file(path: str | Path):
+def open_regular_file(path: str | Path, follow_link: bool = True):
     """The file open for binary reading, never blocking on it: a FIFO or a device (/dev/zero) in
-    its place is UnreadableFile("not a regular file"), not waited on or read without end.
-    FileNotFoundError passes through; any other failure is UnreadableFile."""
+    its place is UnreadableFile("not a regular file"), not waited on or read without end. With
+    follow_link False, a symbolic link in its place is UnreadableFile too, not followed (a folder
+    handed over could point a name at any file of the reader's). FileNotFoundError passes
+    through; any other failure is UnreadableFile."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_link else os.O_NOFOLLOW))
     except FileNotFoundError:
         raise
     except OSError as err:
+        if err.errno == errno.ELOOP and not follow_link:
+            raise UnreadableFile("a link, not a file of its own (not followed)") from None
         raise UnreadableFile(f"cannot read ({err.strerror or err})") from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)

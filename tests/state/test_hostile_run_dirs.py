@@ -134,13 +134,36 @@ def test_status_reads_a_hostile_coordinator_json_in_one_line(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_export_to_a_full_disk_is_one_line_and_leaves_nothing(run, tmp_path):
-    """safetensors' own error came out as a traceback."""
+    """safetensors' own error came out as a traceback; into a new directory, the directories it
+    made were left behind, empty."""
     with small_tmpfs(tmp_path / "disk", "64k") as disk:
         fill(disk, 4096)
         result = run_hetlaunch("export", str(run), "-o", str(disk / "m.safetensors"), timeout=60)
         line = one_error_line(result, 2)
         assert "m.safetensors" in line and ("No space left" in line or "cannot write" in line), line
         assert sorted(p.name for p in disk.iterdir()) == ["filler"]
+        (disk / "kept").mkdir()  # a directory that was there stays
+        for output in (disk / "new" / "deeper" / "model", disk / "kept" / "new" / "m.safetensors"):
+            line = one_error_line(run_hetlaunch("export", str(run), "-o", str(output), timeout=60), 2)
+            assert "No space left" in line or "cannot write" in line, line
+            assert sorted(p.name for p in disk.iterdir()) == ["filler", "kept"]
+            assert list((disk / "kept").iterdir()) == []
+
+
+@pytest.mark.timeout(120)
+def test_a_checkpoint_part_linked_to_a_file_elsewhere_is_refused_even_when_its_sha256_matches(run, tmp_path):
+    """Export and resume read a part through a link to any file of the reader's where the manifest
+    stated that file's size and sha256."""
+    step = checkpoint_step(run, 4)
+    part = json.loads((step / "manifest.json").read_text())["parts"][0]["file"]
+    elsewhere = tmp_path / "elsewhere.safetensors"
+    os.replace(step / part, elsewhere)
+    (step / part).symlink_to(elsewhere)  # the same bytes: its size and sha256 are the manifest's
+    result = run_hetlaunch("export", str(step), "-o", str(tmp_path / "m.safetensors"), timeout=60)
+    assert f"{step / part}: a link, not a file of its own (not followed)" in one_error_line(result, 2)
+    assert not (tmp_path / "m.safetensors").exists()
+    result = run_hetlaunch("export", str(run), "-o", str(tmp_path / "m.safetensors"), timeout=60)
+    assert result.returncode == 0 and "skipped the checkpoint of step 4" in result.stdout + result.stderr, result.stderr
 
 
 def test_a_checkpoint_of_the_wrong_dtypes_is_refused_not_converted():
