@@ -32,7 +32,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from hetlaunch.runtime.files import UnreadableFile, read_json, write_whole
 
@@ -155,6 +155,8 @@ class Profile(_Strict):
     layers: list[LayerInfo]
     nodes: list[NodeProfile] = Field(min_length=1)
     links: list[LinkProfile] = []
+    # link()'s index: (the links list it was made of, its length, by node pair, by region pair)
+    _link_index: tuple | None = PrivateAttr(None)
 
     @model_validator(mode="after")
     def _consistent(self) -> "Profile":
@@ -184,13 +186,25 @@ class Profile(_Strict):
         return next(n for n in self.nodes if n.name == name)
 
     def link(self, a: NodeProfile, b: NodeProfile) -> LinkProfile:
-        """The measured link between two nodes: by node pair, else by region pair."""
-        for link in self.links:
-            if link.nodes is not None and set(link.nodes) == {a.name, b.name}:
-                return link
-        for link in self.links:
-            if link.regions is not None and sorted(link.regions) == sorted((a.region, b.region)):
-                return link
+        """The measured link between two nodes: by node pair, else by region pair (the first of
+        each the file lists). Looked up in an index of the links, made again whenever the links
+        list is another or of another length: a scan of every link per call was a third of
+        planning 40 one-node regions (820 links, a region path prices every pair)."""
+        index = self._link_index
+        if index is None or index[0] is not self.links or index[1] != len(self.links):
+            by_nodes: dict[frozenset, LinkProfile] = {}
+            by_regions: dict[tuple, LinkProfile] = {}
+            for link in self.links:
+                if link.nodes is not None:
+                    by_nodes.setdefault(frozenset(link.nodes), link)
+                if link.regions is not None:
+                    by_regions.setdefault(tuple(sorted(link.regions)), link)
+            index = self._link_index = (self.links, len(self.links), by_nodes, by_regions)
+        found = index[2].get(frozenset((a.name, b.name)))
+        if found is None:
+            found = index[3].get(tuple(sorted((a.region, b.region))))
+        if found is not None:
+            return found
         raise ProfileError(f"profile has no link between {a.name} ({a.region}) and {b.name} ({b.region}); "
                            f"add a links entry for nodes [{a.name}, {b.name}] or regions [{a.region}, {b.region}]")
 
