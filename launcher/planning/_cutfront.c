@@ -21,8 +21,8 @@
 typedef struct {
     double compute, link, window, total, key;
     Py_ssize_t end, next, order;
-    PyObject *codec; /* borrowed: the crossings' lists hold it (one_bottleneck_front), or the
-                      * crossing read once does (suffix_fronts) */
+    PyObject *codec; /* borrowed: held by the call's list of codecs (one_bottleneck_front) or by the
+                      * crossing read once (suffix_fronts) until the front is built */
 } Point;
 
 static int by_key_then_total(const void *a, const void *b) {
@@ -271,6 +271,8 @@ static PyObject *one_bottleneck_front(PyObject *self, PyObject *args) {
     }
     State state = {{NULL, 0, 0}, {NULL, 0, 0}, {NULL, 0, 0}};
     Numbers numbers = {NULL, 0};
+    PyObject *codecs = PyList_New(0);
+    if (!codecs) return NULL;
     for (Py_ssize_t r = 0; r < num_rows; r++) {
         PyObject *row = PyList_GET_ITEM(rows, r), *following = PyTuple_GET_ITEM(row, 2);
         Py_ssize_t end = PyLong_AsSsize_t(PyTuple_GET_ITEM(row, 0));
@@ -282,18 +284,22 @@ static PyObject *one_bottleneck_front(PyObject *self, PyObject *args) {
         for (Py_ssize_t c = 0; c < num_codecs; c++) {
             Crossing crossing;
             if (read_crossing(PyList_GET_ITEM(crossings, c), end, &crossing) < 0) goto fail;
-            int added = add_row_points(&state, &numbers, end, t, window, &crossing, &order);
-            Py_DECREF(crossing.codec); /* the rows' and crossings' lists hold it while this call reads them */
-            if (added < 0) goto fail;
+            /* held until the front is built: take_front allocates, which can run the cyclic GC, whose
+             * finalizers could replace the crossings' tuples and free a codec the points name */
+            int held = PyList_Append(codecs, crossing.codec);
+            Py_DECREF(crossing.codec);
+            if (held < 0 || add_row_points(&state, &numbers, end, t, window, &crossing, &order) < 0) goto fail;
         }
     }
     PyObject *front = take_front(&state);
     state_free(&state);
     PyMem_Free(numbers.values);
+    Py_DECREF(codecs);
     return front;
 fail:
     state_free(&state);
     PyMem_Free(numbers.values);
+    Py_DECREF(codecs);
     return NULL;
 }
 
@@ -335,6 +341,10 @@ static PyObject *suffix_fronts(PyObject *self, PyObject *args) {
                           &memory, &own, &M, &deepens, &PyList_Type, &crossings, &PyList_Type, &following, &last_end))
         return NULL;
     Py_ssize_t size = PyList_GET_SIZE(following), num_codecs = PyList_GET_SIZE(crossings);
+    if (own < 1 || M < 1) {
+        PyErr_SetString(PyExc_ValueError, "the in-flight count and the micro-batches are at least 1");
+        return NULL;
+    }
     if (last_end < 0 || last_end >= size) {
         PyErr_SetString(PyExc_ValueError, "the last end is past the following fronts");
         return NULL;
@@ -382,8 +392,11 @@ static PyObject *suffix_fronts(PyObject *self, PyObject *args) {
             double t = acc[end] - acc[i];
             for (Py_ssize_t c = 0; c < num_codecs; c++) {
                 Crossing *at = &crossing[end * num_codecs + c];
-                if ((!at->codec && (c >= PyList_GET_SIZE(crossings) ||
-                                    read_crossing(PyList_GET_ITEM(crossings, c), end, at) < 0)) ||
+                if (!at->codec && c >= PyList_GET_SIZE(crossings)) {
+                    PyErr_SetString(PyExc_RuntimeError, "the crossings changed while they were read");
+                    goto fail;
+                }
+                if ((!at->codec && read_crossing(PyList_GET_ITEM(crossings, c), end, at) < 0) ||
                     add_row_points(&state, next, end, t, (double)window, at, &order) < 0)
                     goto fail;
             }

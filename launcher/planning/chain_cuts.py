@@ -40,15 +40,20 @@ def best_cuts(cm: CostModel, chain: list[NodeProfile]) -> PipelineCost | None:
     increasing in every coordinate and every later term is increasing in them too, so
     keeping only undominated points is exact.
 
-    A state depends on its suffix of nodes only (a stage's window and memory depend on how
-    many stages follow it, not on how many precede it), so states are remembered on the cost
-    model by suffix: the chains an exhaustive search prices share most of their suffixes.
+    A state depends on its suffix of nodes and on what its stages keep in flight (their memory
+    and window terms), so states are remembered on the cost model by both: the chains an
+    exhaustive search prices share most of their suffixes. Under 1F1B a stage's in-flight count
+    depends on how many stages follow it only; under ZB-H1 and ZB-H2 on the whole chain's
+    length too, and keyed by the nodes alone a 3-node chain cut after a 2-node one on the same
+    cost model took the 2-node chain's states (a review: 66 of 600 cuts differed from a fresh
+    model's, one with a stage over its memory).
     """
     S, L = len(chain), cm.num_layers
     if S > L:
         return None
     pinned = bool(cm.compression.boundaries)  # codecs pinned by position: a suffix's place matters
-    keys = [(tuple(n.name for n in chain[j:]), j if pinned else None) for j in range(S)]
+    held = cm.own_windows(S)
+    keys = [(tuple(n.name for n in chain[j:]), j if pinned else None, held[j:]) for j in range(S)]
     start = _front(cm, chain, 0, S, keys, 0)
     if not start:
         return None

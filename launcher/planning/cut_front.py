@@ -76,8 +76,9 @@ def suffix_rows(i: int, time: list[float], static: list[float], activation: list
         if not following[end]:
             continue
         window = 0 if window_rule == "none" else in_flight
-        if window_rule == "deepest":
-            window = max(in_flight, min(M, int((memory - held) // per_mb) if per_mb > 0 else M))
+        if window_rule == "deepest":  # clamped while a float: memory / a few bytes can round to inf
+            most = (memory - held) // per_mb if per_mb > 0 else M
+            window = max(in_flight, M if most >= M else int(most))
         rows.append((end, time[end] - time[i], following[end], window))
     return rows
 

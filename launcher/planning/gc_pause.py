@@ -3,28 +3,41 @@
 The search allocates millions of small tuples (cut fronts, memo keys) and frees nearly all of them
 by reference counting, but every 700 allocations wake the collector, and its passes walk the
 objects the process holds (176,000 in a process that imported torch): 10-25% of planning a
-six-node cluster or ten one-node regions (bench/planning_time.py's profiles). The planner makes no reference
-cycles of its own, so nothing waits on the collector while it is paused; whatever cycles other
-threads make meanwhile are collected once it runs again.
+six-node cluster or ten one-node regions (bench/planning_time.py's profiles). A plan leaves a few
+hundred objects in cycles, collected once the collector runs again.
+
+The collector's switch is the process's: while any plan runs (the coordinator re-plans beside its
+gRPC threads), it is paused for every thread. Plans that overlap, in threads or one inside another,
+count how many run, and the last to end turns the collector back on if it was on before the first.
 """
 
 from __future__ import annotations
 
 import functools
 import gc
+import threading
+
+_lock = threading.Lock()
+_running = 0  # plans running now
+_was_enabled = False  # the collector's state before the first of them
 
 
 def gc_paused(function):
-    """`function` with the cyclic collector paused while it runs (left as it was found: a plan inside
-    a plan, or a caller that paused it already, does not turn it back on early)."""
+    """`function` with the cyclic collector paused while it runs (see the module docstring)."""
 
     @functools.wraps(function)
     def paused(*args, **kwargs):
-        was_enabled = gc.isenabled()
-        gc.disable()
+        global _running, _was_enabled
+        with _lock:
+            if _running == 0:
+                _was_enabled = gc.isenabled()
+                gc.disable()
+            _running += 1
         try:
             return function(*args, **kwargs)
         finally:
-            if was_enabled:
-                gc.enable()
+            with _lock:
+                _running -= 1
+                if _running == 0 and _was_enabled:
+                    gc.enable()
     return paused

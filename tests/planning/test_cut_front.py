@@ -192,3 +192,94 @@ def test_the_ends_worked_out_first_are_exactly_those_the_rows_read():
                     break
                 read.add(end)
         assert chain_cuts._reachable_ends(starts, static, activation, memory, in_flight, last_end) == sorted(read)
+
+
+_FINALIZER_REPLACES_CODECS = """
+import gc
+from hetlaunch.launcher.planning import _cutfront
+n = 2000
+crossings = [[None] + [(0.0, -float(e), 0.0, "codec-%d-" % e + "x" * 40) for e in range(1, n + 1)]]
+rows = [(e, float(e), [(0.0, 0.0, 0.0, 0.0)], 0) for e in range(1, n + 1)]
+keep = []
+class Replaces:
+    def __del__(self):
+        for e in range(1, n + 1):
+            crossings[0][e] = (0.0, 0.0, 0.0, "ok")  # the last reference to codec e dropped
+        keep.append(["y" * 40 + str(k) for k in range(4 * n)])  # its memory used again
+gc.collect()
+garbage = Replaces(); garbage.cycle = garbage; del garbage  # collected when the front is built
+gc.set_threshold(50)
+front = _cutfront.one_bottleneck_front(rows, crossings)
+assert keep, "the finalizer did not run"
+print(sum(not (isinstance(p[6], str) and p[6].startswith("codec-")) for p in front))
+"""
+
+_FINALIZER_SHORTENS_CROSSINGS = """
+import gc
+from hetlaunch.launcher.planning import _cutfront
+crossings = [[None, (0.0, 0.0, 0.0, "none"), (0.0, 0.0, 0.0, "none")]]
+following = [None, [(0.0, 0.0, 0.0, 0.0)], [(0.0, 0.0, 0.0, 0.0)]]
+args = ([0, 1], [0.0, 1.0, 2.0], [0.0, 1.0, 2.0], [0.0, 0.0, 0.0], 1.0, 1, 4, True, crossings, following, 2)
+class Shortens:
+    def __del__(self):
+        crossings.clear()
+gc.collect()
+garbage = Shortens(); garbage.cycle = garbage; del garbage  # collected when the first front is built
+gc.set_threshold(1)
+try:
+    _cutfront.suffix_fronts(*args)
+except RuntimeError as err:
+    print(err)
+"""
+
+
+@needs_core
+@pytest.mark.timeout(60)
+def test_a_finalizer_that_changes_the_inputs_while_a_front_is_built_cannot_crash_it():
+    """A review: one_bottleneck_front kept each codec borrowed while building the front, whose
+    allocations can run the cyclic GC; a finalizer that replaced the crossings freed them (a
+    segfault); and suffix_fronts, with its crossings shortened between two starts, returned NULL
+    without an exception. In a child process: the old code took the test run down with it."""
+    import subprocess
+    import sys
+
+    freed = subprocess.run([sys.executable, "-c", _FINALIZER_REPLACES_CODECS], capture_output=True, text=True, timeout=50)
+    assert freed.returncode == 0 and freed.stdout.strip() == "0", (freed.returncode, freed.stderr[-500:])
+    shortened = subprocess.run([sys.executable, "-c", _FINALIZER_SHORTENS_CROSSINGS], capture_output=True, text=True,
+                               timeout=50)
+    assert shortened.returncode == 0 and shortened.stdout.strip() == "the crossings changed while they were read", \
+        (shortened.returncode, shortened.stdout, shortened.stderr[-500:])
+
+
+def test_a_window_of_memory_over_a_few_bytes_is_clamped_not_an_overflow():
+    """(memory - held) // per_mb can round to inf: int(inf) raised where the C clamps to M."""
+    crossings = [[None, (0.1, 0.0, 0.0, "none"), (0.1, 0.0, 0.0, "none")]]
+    following = [None, [(0.5, 0.0, 0.0, 0.5, 2, -1, "none")], [(0.5, 0.0, 0.0, 0.5, 2, -1, "none")]]
+    args = ([0], [0.0, 1.0, 2.0], [0.0, 0.0, 0.0], [0.0, 0.5, 1.0], 1e308, 1, 4, True, crossings, following, 2)
+    want = suffix_fronts_python(*args)
+    assert want and want[0]
+    if cut_front.COMPILED:
+        assert [_bits(f) for f in cut_front._cutfront.suffix_fronts(*args)] == [_bits(f) for f in want]
+        with pytest.raises(ValueError):  # an in-flight count or micro-batches below 1
+            cut_front._cutfront.suffix_fronts(*args[:5], 0, 4, *args[7:])
+
+
+def test_a_suffix_is_remembered_with_what_its_stages_keep_in_flight():
+    """Under ZB-H1 and ZB-H2 a stage's in-flight count depends on the whole chain's length: a
+    3-node chain cut after a 2-node one on the same cost model took the 2-node chain's states
+    (a review: 66 of 600 cuts differed from a fresh model's)."""
+    from hetlaunch.launcher.planning.cost_model import CostModel
+    from plan_reference import random_profile
+
+    def cut(found):
+        return None if found is None else [(s.layer_start, s.layer_end) for s in found.stages]
+    differing = 0
+    for seed in range(60):
+        profile = random_profile(random.Random(seed), 3, 1, 8, memory_gb=(0.3, 1.0))
+        a, b, c = profile.nodes
+        for schedule in ("zb-h1", "zb-h2", "1f1b", "gpipe"):
+            fresh = chain_cuts.best_cuts(CostModel(profile, 16, schedule), [a, b, c])
+            shared = CostModel(profile, 16, schedule)
+            chain_cuts.best_cuts(shared, [b, c])
+            differing += cut(chain_cuts.best_cuts(shared, [a, b, c])) != cut(fresh)
+    assert differing == 0

@@ -51,3 +51,35 @@ def test_a_caller_that_paused_the_collector_finds_it_paused_after(collector):
     assert inner() is False and not gc.isenabled()
     gc.enable()
     assert outer() == (False, False) and gc.isenabled()
+
+
+def test_plans_in_two_threads_keep_it_paused_until_the_last_ends(collector):
+    """Each plan restored the state it found: a thread that started while another's plan ran found
+    the collector off, and the first to end turned it on under the other."""
+    import threading
+
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+    seen = {}
+
+    @gc_paused
+    def first():
+        first_in.set()
+        second_in.wait(10)
+
+    @gc_paused
+    def second():
+        second_in.set()
+        first_out.wait(10)
+        seen["after the first ended"] = gc.isenabled()
+
+    gc.enable()
+    a = threading.Thread(target=first)
+    a.start()
+    first_in.wait(10)
+    b = threading.Thread(target=second)
+    b.start()
+    a.join(10)
+    first_out.set()
+    b.join(10)
+    assert seen == {"after the first ended": False} and gc.isenabled()
+

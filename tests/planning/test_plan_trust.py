@@ -188,3 +188,27 @@ def test_zero_bubble_plans_report_the_simulation_of_what_they_return():
         planned += 1
         measured += seed % 2
     assert planned >= 18 and measured >= 8, (planned, measured)
+
+
+@pytest.mark.parametrize("schedule", ["zb-h1", "zb-h2"])
+def test_zero_bubble_plans_fit_their_nodes_memory(schedule):
+    """The cut program remembered a suffix's states by its nodes alone, while under ZB-H1 and ZB-H2
+    what a stage keeps in flight depends on the whole chain's length: a chain cut after a shorter
+    one took the shorter one's states, and zero-bubble plans had a stage over its node's memory:
+    here seeds 10 and 58 under ZB-H1, 7, 13, 17 and 63 under ZB-H2 (6 of 300 in a review's script)."""
+    from hetlaunch.launcher.planning.compression import NONE
+    from hetlaunch.launcher.planning.planner import PlanningError, fits_memory, plan
+    from plan_reference import random_profile
+
+    over = []
+    for seed in (*range(20), 58, 63):
+        rng = random.Random(seed)
+        profile = random_profile(rng, rng.randint(3, 5), rng.randint(1, 2), rng.randint(6, 10), memory_gb=(0.3, 1.5))
+        microbatches = rng.choice([4, 8, 16])
+        try:
+            result = plan(profile, num_microbatches=microbatches, schedule=schedule, max_pipelines=2, compression=NONE)
+        except PlanningError:
+            continue
+        if not fits_memory(result):
+            over.append(seed)
+    assert over == []
