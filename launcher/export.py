@@ -114,57 +114,72 @@ def export(path: Path, output: Path, allow_entrypoints: tuple[str, ...] = ()) ->
     try:
         _write(weights, config, merged, manifest.step, spec, model.export_config)
     except BaseException:
-        # A directory this export made holds only what it wrote: a failure leaves none of it (an
-        # empty directory was left behind, and weights without their config.json).
-        if created:
-            for written in (weights, config):
-                if written is not None:
-                    written.unlink(missing_ok=True)
-            for folder in reversed(created):
-                try:
-                    folder.rmdir()
-                except OSError:
-                    break
+        _remove_made(created)  # a failed export into a new directory left it behind, empty
         raise
     return Exported(step=manifest.step, tensors=len(merged), directory=directory, weights=weights, config=config,
                     skipped=[(step, why) for step, _, why in skipped])
 
 
 def _made_by(folder: Path) -> list[Path]:
-    """Makes `folder` and the folders above it that are missing; returns those it made, outermost first."""
+    """Makes `folder` and the folders above it that are missing; returns those it made, outermost
+    first. One that appears meanwhile (another export, or `..` in the path) is not counted as made."""
     missing = []
     while not folder.exists() and not folder.is_symlink() and folder != folder.parent:
         missing.append(folder)
         folder = folder.parent
-    missing.reverse()
-    for k, made in enumerate(missing):
+    made = []
+    try:
+        for folder in reversed(missing):
+            try:
+                folder.mkdir()
+            except FileExistsError:
+                if not folder.is_dir():
+                    raise
+                continue
+            made.append(folder)
+    except BaseException:
+        _remove_made(made)
+        raise
+    return made
+
+
+def _remove_made(made: list[Path]) -> None:
+    """The folders `_made_by` made, innermost first, each only while empty."""
+    for folder in reversed(made):
         try:
-            made.mkdir()
-        except BaseException:
-            for earlier in reversed(missing[:k]):
-                earlier.rmdir()
-            raise
-    return missing
+            folder.rmdir()
+        except OSError:
+            break
 
 
 def _write(weights: Path, config: Path | None, merged: dict, step: int, spec, export_config) -> None:
-    """The weights, then config.json: each written whole (temp, fsync, rename) or not at all."""
+    """The weights and config.json, each written whole beside its place (temp, fsync) before either
+    is renamed over it: a failure while writing (a full disk) leaves what was there, never new
+    weights beside an older export's config.json."""
     from safetensors.torch import save_file
 
-    tmp = new_temp_beside(weights)
+    staged: list[tuple[Path, Path]] = []
     try:
+        tmp = new_temp_beside(weights)
+        staged.append((tmp, weights))
+        mode = os.stat(tmp).st_mode & 0o777  # a plain file's (safetensors writes its own file 0600)
         save_file(merged, tmp, metadata={"format": "pt", "hetlaunch_step": str(step),
                                          "hetlaunch_model": spec.describe()})
+        os.chmod(tmp, mode)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
-        os.replace(tmp, weights)
+        if config is not None:
+            tmp_config = new_temp_beside(config)
+            staged.append((tmp_config, config))
+            write_whole(tmp_config, export_config)
+        for tmp, target in staged:
+            os.replace(tmp, target)
     except BaseException as err:
-        Path(tmp).unlink(missing_ok=True)
+        for tmp, _ in staged:
+            Path(tmp).unlink(missing_ok=True)
         if isinstance(err, Exception) and not isinstance(err, OSError):  # safetensors' own error on a full disk
             raise ExportError(f"{weights}: cannot write ({' '.join(str(err).split())[:200]})") from None
         raise
-    if config is not None:
-        write_whole(config, export_config)
 
 
 def _check_shapes(model, state: dict, directory: Path) -> None:

@@ -74,6 +74,8 @@ def running(contact: Contact) -> bool:
 
 
 def _stub(run_dir: Path, token_file: Path | None):
+    if token_file is not None and not token_file.exists():  # it fell back to $HETLAUNCH_TOKEN without a word
+        raise NotARun(f"--token-file {token_file}: no such file")
     contact = contact_of(run_dir)
     if not running(contact):
         summary = run_dir / "summary.json"
@@ -104,8 +106,7 @@ def status(run_dir: Path, token_file: Path | None = None) -> pb.GetStatusRespons
     try:
         return stub.GetStatus(pb.GetStatusRequest(), metadata=metadata, timeout=10)
     except grpc.RpcError as err:
-        raise RunControlError(f"the coordinator at {contact_of(run_dir).address} did not answer: "
-                              f"{err.code().name} {err.details()}") from None
+        raise _unanswered(run_dir, err) from None
     finally:
         channel.close()
 
@@ -115,10 +116,17 @@ def down(run_dir: Path, reason: str, token_file: Path | None = None) -> None:
     try:
         stub.Down(pb.DownRequest(reason=reason), metadata=metadata, timeout=10)
     except grpc.RpcError as err:
-        raise RunControlError(f"the coordinator at {contact_of(run_dir).address} did not answer: "
-                              f"{err.code().name} {err.details()}") from None
+        raise _unanswered(run_dir, err) from None
     finally:
         channel.close()
+
+
+def _unanswered(run_dir: Path, err: grpc.RpcError) -> RunControlError:
+    """A coordinator that refused the token or certificate handed in (bad input), or did not answer."""
+    address = contact_of(run_dir).address
+    if err.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+        return NotARun(f"the coordinator at {address} refused the token: {err.details()}")
+    return RunControlError(f"the coordinator at {address} did not answer: {err.code().name} {err.details()}")
 
 
 def last_record(run_dir: Path) -> dict | None:

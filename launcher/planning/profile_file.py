@@ -29,10 +29,11 @@ A link between two nodes is looked up by node pair first, then by their region p
 
 from __future__ import annotations
 
+import weakref
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from hetlaunch.runtime.files import UnreadableFile, read_json, write_whole
 
@@ -155,8 +156,6 @@ class Profile(_Strict):
     layers: list[LayerInfo]
     nodes: list[NodeProfile] = Field(min_length=1)
     links: list[LinkProfile] = []
-    # link()'s index: (the links list it was made of, its length, by node pair, by region pair)
-    _link_index: tuple | None = PrivateAttr(None)
 
     @model_validator(mode="after")
     def _consistent(self) -> "Profile":
@@ -187,11 +186,14 @@ class Profile(_Strict):
 
     def link(self, a: NodeProfile, b: NodeProfile) -> LinkProfile:
         """The measured link between two nodes: by node pair, else by region pair (the first of
-        each the file lists). Looked up in an index of the links, made again whenever the links
-        list is another or of another length: a scan of every link per call was a third of
-        planning 40 one-node regions (820 links, a region path prices every pair)."""
-        index = self._link_index
-        if index is None or index[0] is not self.links or index[1] != len(self.links):
+        each the file lists). Looked up in an index of the links (a scan of every link per call was
+        a third of planning 40 one-node regions: 820 links, and a region path prices every pair),
+        made again whenever the links are not the ones it was made of."""
+        ids = tuple(map(id, self.links))  # the index holds the links: none of these ids is reused
+        index = _LINK_INDEXES.get(id(self))
+        if index is None or index[0] != ids:
+            if index is None:  # kept beside the profile, not in it: pydantic's == compares what is in it
+                weakref.finalize(self, _LINK_INDEXES.pop, id(self), None)
             by_nodes: dict[frozenset, LinkProfile] = {}
             by_regions: dict[tuple, LinkProfile] = {}
             for link in self.links:
@@ -199,10 +201,10 @@ class Profile(_Strict):
                     by_nodes.setdefault(frozenset(link.nodes), link)
                 if link.regions is not None:
                     by_regions.setdefault(tuple(sorted(link.regions)), link)
-            index = self._link_index = (self.links, len(self.links), by_nodes, by_regions)
-        found = index[2].get(frozenset((a.name, b.name)))
+            index = _LINK_INDEXES[id(self)] = (ids, by_nodes, by_regions)
+        found = index[1].get(frozenset((a.name, b.name)))
         if found is None:
-            found = index[3].get(tuple(sorted((a.region, b.region))))
+            found = index[2].get(tuple(sorted((a.region, b.region))))
         if found is not None:
             return found
         raise ProfileError(f"profile has no link between {a.name} ({a.region}) and {b.name} ({b.region}); "
@@ -215,6 +217,11 @@ class Profile(_Strict):
         if self.micro_batch_size != micro_batch_size:
             raise ProfileError(f"the profile was measured at micro-batch size {self.micro_batch_size}, "
                                f"not {micro_batch_size}")
+
+
+# Profile.link's indexes, by the profile's id: (the ids of the links indexed, by node pair, by region
+# pair); each removed when its profile is collected.
+_LINK_INDEXES: dict[int, tuple] = {}
 
 
 def load_profile(path: str | Path) -> Profile:

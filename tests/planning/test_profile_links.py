@@ -51,3 +51,16 @@ def test_a_copy_with_other_links_is_not_answered_from_the_old_index():
     assert profile.link(a, b) is _scanned(profile, a, b)
     profile.links.append(LinkProfile(nodes=(a.name, b.name), bandwidth_bytes_per_s=3.0, latency_s=1.0))
     assert profile.link(a, b).nodes == (a.name, b.name)  # a list grown in place is indexed again
+    profile.links[0] = LinkProfile(regions=profile.links[0].regions, bandwidth_bytes_per_s=7.0, latency_s=1.0)
+    for x, y in itertools.product(profile.nodes, repeat=2):  # a link replaced in place is seen too
+        assert profile.link(x, y) is _scanned(profile, x, y)
+
+
+def test_a_profile_that_looked_up_a_link_still_equals_its_copy():
+    """pydantic's == compares a model's private state: an index kept in it made a profile unequal to
+    its own copy once link() had run (a review)."""
+    profile = random_profile(random.Random(4), 3, 2, 4)
+    copy = profile.model_copy(deep=True)
+    profile.link(profile.nodes[0], profile.nodes[1])
+    assert profile == copy
+

@@ -1,0 +1,41 @@
+"""`hetlaunch status` and `down` against a real coordinator (gRPC on 127.0.0.1) with a token it
+refuses, or a --token-file that is not there: bad input, exit 2 (a review: a refused token read
+"did not answer" and exited 1, and a missing --token-file fell back to $HETLAUNCH_TOKEN)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from conftest import hetlaunch_env, run_hetlaunch
+from finished_run import one_error_line
+from hetlaunch.launcher.coordinator import CoordinatorServer
+
+TOKEN = "test-token-123"
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    server = CoordinatorServer("127.0.0.1", 0, TOKEN, ["a"]).start()
+    try:
+        (tmp_path / "coordinator.json").write_text(json.dumps({"address": server.address, "pid": os.getpid()}))
+        (tmp_path / "token").write_text(TOKEN + "\n")
+        yield tmp_path
+    finally:
+        server.stop(0.5)
+
+
+@pytest.mark.timeout(120)
+def test_a_refused_token_and_a_missing_token_file_are_bad_input(run_dir, tmp_path):
+    assert run_hetlaunch("status", str(run_dir), timeout=30).returncode == 0  # the right token
+    wrong = tmp_path / "wrong-token"
+    wrong.write_text("not-the-token\n")
+    for command in ("status", "down"):
+        line = one_error_line(run_hetlaunch(command, str(run_dir), "--token-file", str(wrong), timeout=30), 2)
+        assert "refused the token" in line, line
+    env = {**hetlaunch_env(), "HETLAUNCH_TOKEN": TOKEN}  # what a missing --token-file fell back to
+    line = one_error_line(run_hetlaunch("status", str(run_dir), "--token-file", str(tmp_path / "nowhere"),
+                                        timeout=30, env=env), 2)
+    assert "--token-file" in line and "no such file" in line, line
