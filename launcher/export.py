@@ -57,6 +57,9 @@ def _checkpoint(path: Path) -> tuple[Path, object, list[tuple[int, Path, str]], 
                 return *found, skipped, True  # newest_intact_checkpoint read every part's sha256
             if skipped:
                 raise ExportError(f"{root}: no intact checkpoint; the newest, of step {skipped[0][0]}: {skipped[0][2]}")
+    if (path / "events.jsonl").is_file() and not (path / "checkpoints").exists():  # a run dir, checkpoints elsewhere
+        raise ExportError(f"{path}: a run directory without checkpoints/: a run whose YAML sets checkpoint.dir keeps "
+                          "them there; export that directory")
     raise ExportError(f"{path}: no committed checkpoint (a run directory, a checkpoint root or a step-<k> "
                       "directory with a manifest.json)")
 

@@ -69,3 +69,11 @@ def test_folders_are_made_through_dot_dot_and_beside_a_racing_export(tmp_path):
         for thread in threads:
             thread.join(10)
     assert errors == []
+
+
+def test_a_run_whose_checkpoints_went_elsewhere_is_told_where_to_look(tmp_path):
+    """A review: `export RUN` of a run with checkpoint.dir said only "no committed checkpoint"."""
+    (tmp_path / "events.jsonl").write_text("")
+    with pytest.raises(export.ExportError, match="checkpoint.dir keeps them there; export that directory"):
+        export._checkpoint(tmp_path)
+
