@@ -89,8 +89,8 @@ def _work_out(cm: CostModel, chain: list[NodeProfile], j: int, S: int, keys: lis
     can reach are worked out first (those not known yet, in one call), then this suffix's states
     in one call, their rows built in C where _cutfront.c was built. One state at a time, a Python
     loop over its ends was half of planning 10 one-node regions (8 s at 400 micro-batches).
-    A state of a suffix depends on that suffix's nodes only (see best_cuts), so a suffix's states
-    worked out here serve every chain that ends with it."""
+    A state depends on its suffix's nodes and what their stages keep in flight (best_cuts' keys),
+    so a suffix's states worked out here serve every chain that ends with it alike."""
     fronts = cm.suffix_fronts.setdefault(keys[j], {})
     L, node = cm.num_layers, chain[j]
     if j == S - 1:
