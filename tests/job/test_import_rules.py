@@ -118,6 +118,7 @@ LOADS_TORCH = ("torch", "safetensors.torch", "transformers")
 # Launcher functions that may load torch: they belong to commands that are not the coordinator
 # (`validate` asks an entrypoint model its vocabulary; `up` calls model_vocabulary without asking).
 MAY_LOAD_TORCH = {("launcher/cli.py", "agent"), ("launcher/export.py", "export"), ("launcher/export.py", "_check_shapes"),
+                  ("launcher/export.py", "_write"),
                   ("launcher/token_check.py", "model_vocabulary")}
 
 
