@@ -25,7 +25,7 @@ from safetensors import SafetensorError, safe_open
 from torch import Tensor, nn
 
 from hetlaunch.runtime.checkpoint_manifest import (CHECKPOINT_FORMAT, MANIFEST_NAME, CheckpointError, Manifest,
-                                                   PartInfo, check_part_file, layer_of)
+                                                   PartInfo, layer_of, opened_part, part_path)
 from hetlaunch.runtime.files import write_whole
 
 # Optimizer state saved per parameter (max_exp_avg_sq only exists with amsgrad=True).
@@ -100,24 +100,31 @@ def load_layers(directory: Path, manifest: Manifest, layer_start: int, layer_end
     state: dict[str, Tensor] = {}
     for part, layers in wanted.items():
         path = Path(directory) / part.file
-        if verify:
-            check_part_file(path, part, sha256=True)
-        try:
-            with safe_open(str(path), framework="pt", device="cpu") as f:
-                meta = f.metadata() or {}
-                if (meta.get("format"), meta.get("layer_start"), meta.get("layer_end")) != (
-                        CHECKPOINT_FORMAT, str(part.layer_start), str(part.layer_end)):
-                    raise CheckpointError(f"{path}: its metadata does not say layers "
-                                          f"[{part.layer_start}, {part.layer_end}) of {CHECKPOINT_FORMAT}")
-                for key in f.keys():
-                    layer = layer_of(key)
-                    if layer is not None and any(a <= layer < b for a, b in layers):
-                        state[key] = f.get_tensor(key)
-        except (OSError, SafetensorError) as err:
-            raise CheckpointError(f"{path}: not a readable safetensors file ({err})") from None
+        # Read through the descriptor that was checked: a caller that verified the checkpoint
+        # before (export) or a check here must not be followed by a read of a link swapped in.
+        with opened_part(path, part, sha256=verify) as checked:
+            _read_part(part_path(checked, path), path, part, layers, state)
     # A layer without parameters or buffers legitimately has no keys (user entrypoints may have
     # such layers); apply_state's strict check is what catches a part missing real tensors.
     return state
+
+
+def _read_part(readable: str, path: Path, part: PartInfo, layers: list[tuple[int, int]],
+               state: dict[str, Tensor]) -> None:
+    """The tensors of `layers` from the part at `readable` (named `path` in errors) into `state`."""
+    try:
+        with safe_open(readable, framework="pt", device="cpu") as f:
+            meta = f.metadata() or {}
+            if (meta.get("format"), meta.get("layer_start"), meta.get("layer_end")) != (
+                    CHECKPOINT_FORMAT, str(part.layer_start), str(part.layer_end)):
+                raise CheckpointError(f"{path}: its metadata does not say layers "
+                                      f"[{part.layer_start}, {part.layer_end}) of {CHECKPOINT_FORMAT}")
+            for key in f.keys():
+                layer = layer_of(key)
+                if layer is not None and any(a <= layer < b for a, b in layers):
+                    state[key] = f.get_tensor(key)
+    except (OSError, SafetensorError) as err:
+        raise CheckpointError(f"{path}: not a readable safetensors file ({err})") from None
 
 
 def _holders(parts: list[PartInfo], start: int, end: int, directory: Path) -> dict[PartInfo, list[tuple[int, int]]]:

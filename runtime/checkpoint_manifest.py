@@ -12,6 +12,7 @@ coordinator, which commits, finds, prunes and resumes checkpoints, never loads t
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -146,24 +147,47 @@ def write_manifest(directory: Path, step: int, num_layers: int, parts: list[Part
 
 def check_part_file(path: Path, part: PartInfo, sha256: bool) -> None:
     """Is this the file the manifest names: its size, and with `sha256` its content."""
+    with opened_part(path, part, sha256):
+        pass
+
+
+@contextlib.contextmanager
+def opened_part(path: Path, part: PartInfo, sha256: bool):
+    """The part open for binary reading once check_part_file's checks pass on what was opened:
+    the caller reads the very file that was checked (part_path gives a path to it), not whatever
+    the name points at by the time it reads (a link swapped in after the check)."""
     digest = hashlib.sha256()
     try:
         # Not blocking: a FIFO or /dev/zero in a part's place (with a manifest saying 0 bytes) held
         # export and resume forever. Not a link either: the run writes its parts as files, and a
         # checkpoint handed over could link one to any file of the reader's.
-        with open_regular_file(path, follow_link=False) as f:
-            size = os.fstat(f.fileno()).st_size
-            if sha256 and size == part.bytes:
-                while chunk := f.read(1 << 22):
-                    digest.update(chunk)
+        f = open_regular_file(path, follow_link=False)
     except UnreadableFile as err:
         raise CheckpointError(f"{path}: {err}") from None
     except OSError as err:
         raise CheckpointError(f"{path}: cannot read ({err.strerror or err})") from None
-    if size != part.bytes:
-        raise CheckpointError(f"{path}: {size} bytes, the manifest says {part.bytes}")
-    if sha256 and digest.hexdigest() != part.sha256:
-        raise CheckpointError(f"{path}: sha256 does not match the manifest (changed after it was written)")
+    with f:
+        try:
+            size = os.fstat(f.fileno()).st_size
+            if sha256 and size == part.bytes:
+                while chunk := f.read(1 << 22):
+                    digest.update(chunk)
+                f.seek(0)
+        except OSError as err:
+            raise CheckpointError(f"{path}: cannot read ({err.strerror or err})") from None
+        if size != part.bytes:
+            raise CheckpointError(f"{path}: {size} bytes, the manifest says {part.bytes}")
+        if sha256 and digest.hexdigest() != part.sha256:
+            raise CheckpointError(f"{path}: sha256 does not match the manifest (changed after it was written)")
+        yield f
+
+
+def part_path(opened, path: Path) -> str:
+    """A path that names the file `opened` (opened_part's), for a reader that takes a path
+    (safetensors' safe_open): on Linux /proc/self/fd/N, which opens that file even after its name
+    was pointed elsewhere; elsewhere the name itself."""
+    by_descriptor = f"/proc/self/fd/{opened.fileno()}"
+    return by_descriptor if os.path.exists(by_descriptor) else str(path)
 
 
 def read_manifest(directory: Path) -> Manifest:

@@ -161,6 +161,34 @@ def test_a_tampered_part_is_named(tmp_path):
         load_layers(directory, manifest, 3, 4)
 
 
+@pytest.mark.parametrize("verify", [True, False], ids=["checked-here", "verified-before"])
+def test_a_link_swapped_in_after_the_check_is_not_read(tmp_path, monkeypatch, verify):
+    """The part is read through the descriptor that was checked: a name pointed at another file
+    between the check and the read (export verifies first, then loads) reads the checked file."""
+    import hetlaunch.runtime.checkpoint as checkpoint
+
+    cut = make_cut([0, 2, N], seed=1)
+    train_step(cut, 0)
+    directory = save(cut, tmp_path, 1)
+    expected = load_layers(directory, read_manifest(directory), 0, 2)
+    decoy = save(make_cut([0, 2, N], seed=7), tmp_path / "decoy", 1) / "layers-0-2.safetensors"
+    part, real_open = directory / "layers-0-2.safetensors", checkpoint.safe_open
+    swapped = []
+
+    def swap_then_open(readable, **kwargs):
+        part.unlink()
+        part.symlink_to(decoy)  # the name now points at a valid part of other weights
+        swapped.append(readable)
+        return real_open(readable, **kwargs)
+
+    monkeypatch.setattr(checkpoint, "safe_open", swap_then_open)
+    state = load_layers(directory, read_manifest(directory), 0, 2, verify=verify)
+    assert swapped and all(torch.equal(state[k], expected[k]) for k in expected) and state.keys() == expected.keys()
+    monkeypatch.setattr(checkpoint, "safe_open", real_open)
+    with pytest.raises(CheckpointError, match="a link, not a file of its own"):
+        load_layers(directory, read_manifest(directory), 0, 2, verify=verify)
+
+
 def test_a_part_whose_keys_do_not_fit_the_stage_is_refused(tmp_path):
     cut = make_cut([0, 2, N], seed=1)
     directory = save(cut, tmp_path, 0)
