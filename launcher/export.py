@@ -44,17 +44,16 @@ class Exported:
     skipped: list[tuple[int, str]] = field(default_factory=list)  # newer checkpoints not intact: (step, why)
 
 
-def _checkpoint(path: Path) -> tuple[Path, object, list[tuple[int, Path, str]], bool]:
-    """(directory, manifest, the newer checkpoints skipped as not intact, with why, whether its
-    parts were verified here): a corrupt newest manifest made export take the one before without
-    a word (a hostile review)."""
+def _checkpoint(path: Path) -> tuple[Path, object, list[tuple[int, Path, str]]]:
+    """(directory, manifest, the newer checkpoints skipped as not intact, with why): a corrupt
+    newest manifest made export take the one before without a word (a hostile review)."""
     if (path / "manifest.json").is_file():
-        return path, read_manifest(path), [], False
+        return path, read_manifest(path), []
     for root in (path / "checkpoints", path):
         if root.is_dir():
             found, skipped = newest_intact_checkpoint(root)
             if found is not None:
-                return *found, skipped, True  # newest_intact_checkpoint read every part's sha256
+                return *found, skipped
             if skipped:
                 raise ExportError(f"{root}: no intact checkpoint; the newest, of step {skipped[0][0]}: {skipped[0][2]}")
     if (path / "events.jsonl").is_file() and not (path / "checkpoints").exists():  # a run dir, checkpoints elsewhere
@@ -84,8 +83,10 @@ def export(path: Path, output: Path, allow_entrypoints: tuple[str, ...] = ()) ->
     from hetlaunch.runtime.model import describe_model
 
     try:
-        directory, manifest, skipped, verified = _checkpoint(path)
-        state = load_layers(directory, manifest, 0, manifest.num_layers, verify=not verified)
+        directory, manifest, skipped = _checkpoint(path)
+        # Hashed again as it is read, even where _checkpoint verified it: what is read is then what
+        # matches the manifest, whatever was renamed over a part (or its folder) in between.
+        state = load_layers(directory, manifest, 0, manifest.num_layers)
     except CheckpointError as err:
         raise ExportError(str(err)) from None
     saved = manifest.extra.get("model_spec")

@@ -19,6 +19,7 @@ from typing import Iterable, Iterator
 
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.runtime.checkpoint_manifest import checkpoint_dir
+from hetlaunch.runtime.files import UnreadableFile, open_regular_file
 
 CHUNK_BYTES = 1 << 20
 _PLAIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,200}$")
@@ -73,8 +74,13 @@ def send(root: Path, request: pb.DownloadPartRequest) -> Iterator[pb.PartChunk]:
     if not _CHECKPOINT_NAME.match(request.checkpoint):
         raise PartRefused(f"checkpoint {request.checkpoint[:80]!r} is not a step-<n> directory name")
     path = root / request.checkpoint / _plain(request.file, "file")
+    if path.parent.is_symlink():
+        raise PartRefused(f"checkpoint {request.checkpoint} is a link, not a directory of the run")
     try:
-        f = open(path, "rb")
+        # Neither a link (to any file of the coordinator's) nor a FIFO (which held the handler forever).
+        f = open_regular_file(path, follow_link=False)
+    except UnreadableFile as err:
+        raise PartRefused(f"cannot read {request.checkpoint}/{request.file}: {err}") from None
     except OSError as err:
         raise PartRefused(f"cannot read {request.checkpoint}/{request.file}: {err.strerror or err}") from None
     with f:

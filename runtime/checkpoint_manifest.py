@@ -154,8 +154,9 @@ def check_part_file(path: Path, part: PartInfo, sha256: bool) -> None:
 @contextlib.contextmanager
 def opened_part(path: Path, part: PartInfo, sha256: bool):
     """The part open for binary reading once check_part_file's checks pass on what was opened:
-    the caller reads the very file that was checked (part_path gives a path to it), not whatever
-    the name points at by the time it reads (a link swapped in after the check)."""
+    the caller reads the file that was checked (part_path gives a path to it), not whatever the
+    name points at by the time it reads (a link or another file renamed over it after the check).
+    Not covered: the same file rewritten in place after its hash, by someone who may write it."""
     digest = hashlib.sha256()
     try:
         # Not blocking: a FIFO or /dev/zero in a part's place (with a manifest saying 0 bytes) held
@@ -183,17 +184,21 @@ def opened_part(path: Path, part: PartInfo, sha256: bool):
 
 
 def part_path(opened, path: Path) -> str:
-    """A path that names the file `opened` (opened_part's), for a reader that takes a path
-    (safetensors' safe_open): on Linux /proc/self/fd/N, which opens that file even after its name
-    was pointed elsewhere; elsewhere the name itself."""
-    by_descriptor = f"/proc/self/fd/{opened.fileno()}"
-    return by_descriptor if os.path.exists(by_descriptor) else str(path)
+    """A path that opens the file `opened` (opened_part's) itself, for a reader that takes a path
+    (safetensors' safe_open): /proc/self/fd/N on Linux, /dev/fd/N elsewhere, each of which reaches
+    that file even after its name was pointed elsewhere. CheckpointError where neither exists: the
+    name itself could be another file by now."""
+    for by_descriptor in (f"/proc/self/fd/{opened.fileno()}", f"/dev/fd/{opened.fileno()}"):
+        if os.path.exists(by_descriptor):
+            return by_descriptor
+    raise CheckpointError(f"{path}: cannot read it through the descriptor that was checked "
+                          "(neither /proc/self/fd nor /dev/fd is there)")
 
 
 def read_manifest(directory: Path) -> Manifest:
     path = Path(directory) / MANIFEST_NAME
     try:
-        raw = read_json(path, MAX_MANIFEST_BYTES)
+        raw = read_json(path, MAX_MANIFEST_BYTES, follow_link=False)  # written by the run, never a link
     except FileNotFoundError:
         raise CheckpointError(f"{path}: no manifest (the checkpoint was never committed)") from None
     except UnreadableFile as err:

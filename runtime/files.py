@@ -90,11 +90,11 @@ def open_regular_file(path: str | Path, follow_link: bool = True):
     return os.fdopen(fd, "rb")
 
 
-def read_regular_file(path: str | Path, max_bytes: int) -> bytes:
+def read_regular_file(path: str | Path, max_bytes: int, follow_link: bool = True) -> bytes:
     """A small file's bytes, read as if it may be hostile: open_regular_file, and never more than
     max_bytes. FileNotFoundError passes through; any other failure is UnreadableFile."""
     try:
-        with open_regular_file(path) as f:
+        with open_regular_file(path, follow_link) as f:
             raw = f.read(max_bytes + 1)
     except FileNotFoundError:
         raise
@@ -105,12 +105,12 @@ def read_regular_file(path: str | Path, max_bytes: int) -> bytes:
     return raw
 
 
-def read_json(path: Path, max_bytes: int) -> object:
+def read_json(path: Path, max_bytes: int, follow_link: bool = True) -> object:
     """Parse a JSON file that may be hostile: read by read_regular_file, and everything Python's
     json would raise on (NaN and Infinity, an integer of thousands of digits, deep nesting, bytes
     that are not UTF-8), and a key given twice in one object, turned into UnreadableFile.
     FileNotFoundError passes through."""
-    raw = read_regular_file(path, max_bytes)
+    raw = read_regular_file(path, max_bytes, follow_link)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:

@@ -19,13 +19,14 @@ import grpc
 
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.runtime.checkpoint_manifest import MANIFEST_NAME, read_manifest
+from hetlaunch.runtime.files import open_regular_file
 
 CHUNK_BYTES = 1 << 20
 TRANSFER_TIMEOUT_S = 3600.0  # a multi-GB part over a WAN link takes a while; a dead peer still ends it
 
 
 def _chunks(path: Path, first: pb.PartChunk):
-    with open(path, "rb") as f:
+    with open_regular_file(path, follow_link=False) as f:  # a part this agent wrote: never a link or a FIFO
         first.data = f.read(CHUNK_BYTES)
         yield first
         while data := f.read(CHUNK_BYTES):

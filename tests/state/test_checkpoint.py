@@ -189,6 +189,55 @@ def test_a_link_swapped_in_after_the_check_is_not_read(tmp_path, monkeypatch, ve
         load_layers(directory, read_manifest(directory), 0, 2, verify=verify)
 
 
+def test_a_file_renamed_over_a_part_after_verification_is_not_exported(tmp_path, monkeypatch):
+    """Export verified the checkpoint, then read its parts by name again: another part of the same
+    size renamed over one in between was exported as if it were the checkpoint's. What export
+    reads is now hashed as it is read."""
+    from hetlaunch.launcher import export as export_module
+
+    cut = make_cut([0, 2, N], seed=1)
+    train_step(cut, 0)
+    directory = save(cut, tmp_path / "run" / "checkpoints", 1)
+    other = make_cut([0, 2, N], seed=7)
+    train_step(other, 0)
+    decoy = save(other, tmp_path / "decoy", 1) / "layers-0-2.safetensors"
+    part = directory / "layers-0-2.safetensors"
+    assert decoy.stat().st_size == part.stat().st_size  # only its bytes differ
+    verified = export_module._checkpoint
+
+    def verify_then_swap(path):
+        found = verified(path)
+        os.replace(decoy, part)
+        return found
+
+    monkeypatch.setattr(export_module, "_checkpoint", verify_then_swap)
+    with pytest.raises(export_module.ExportError, match="layers-0-2.safetensors: sha256 does not match"):
+        export_module.export(tmp_path / "run", tmp_path / "out.safetensors")
+    assert not (tmp_path / "out.safetensors").exists()
+
+
+def test_a_part_is_not_read_by_name_where_no_descriptor_path_exists(tmp_path, monkeypatch):
+    """Without /proc/self/fd or /dev/fd the name could be another file by now: refused, not read."""
+    from hetlaunch.runtime import checkpoint_manifest
+
+    directory = save(make_cut([0, 2, N], seed=1), tmp_path, 1)
+    real_exists = os.path.exists
+    monkeypatch.setattr(checkpoint_manifest.os.path, "exists",
+                        lambda p: False if str(p).startswith(("/proc/self/fd/", "/dev/fd/")) else real_exists(p))
+    with pytest.raises(CheckpointError, match="through the descriptor that was checked"):
+        load_layers(directory, read_manifest(directory), 0, 2)
+
+
+def test_a_manifest_that_is_a_link_is_refused(tmp_path):
+    directory = save(make_cut([0, 2, N], seed=1), tmp_path, 1)
+    elsewhere = tmp_path / "elsewhere.json"
+    os.replace(directory / MANIFEST_NAME, elsewhere)
+    (directory / MANIFEST_NAME).symlink_to(elsewhere)
+    with pytest.raises(CheckpointError, match="a link, not a file of its own"):
+        read_manifest(directory)
+    assert latest_checkpoint(tmp_path) is None
+
+
 def test_a_part_whose_keys_do_not_fit_the_stage_is_refused(tmp_path):
     cut = make_cut([0, 2, N], seed=1)
     directory = save(cut, tmp_path, 0)
