@@ -188,20 +188,25 @@ class Profile(_Strict):
         """The measured link between two nodes: by node pair, else by region pair (the first of
         each the file lists). Looked up in an index of the links (a scan of every link per call was
         a third of planning 40 one-node regions: 820 links, and a region path prices every pair),
-        made again whenever the links are not the ones it was made of."""
-        ids = tuple(map(id, self.links))  # the index holds the links: none of these ids is reused
+        made again whenever the links are not the ones it was made of: another list, or this one
+        changed since (a _Links counts its changes; comparing every link's id on every call made a
+        lookup cost as much as a scan at 20,100 links, a hostile review)."""
+        links = self.links
+        if type(links) is not _Links:  # as validated or copied in: counted from here on
+            links = self.__dict__["links"] = _Links(links)
+        stamp = (id(links), links.changes)  # the index holds the list: its id is not reused meanwhile
         index = _LINK_INDEXES.get(id(self))
-        if index is None or index[0] != ids:
+        if index is None or index[0] != stamp:
             if index is None:  # kept beside the profile, not in it: pydantic's == compares what is in it
                 weakref.finalize(self, _LINK_INDEXES.pop, id(self), None)
             by_nodes: dict[frozenset, LinkProfile] = {}
             by_regions: dict[tuple, LinkProfile] = {}
-            for link in self.links:
+            for link in links:
                 if link.nodes is not None:
                     by_nodes.setdefault(frozenset(link.nodes), link)
                 if link.regions is not None:
                     by_regions.setdefault(tuple(sorted(link.regions)), link)
-            index = _LINK_INDEXES[id(self)] = (ids, by_nodes, by_regions)
+            index = _LINK_INDEXES[id(self)] = (stamp, by_nodes, by_regions, links)
         found = index[1].get(frozenset((a.name, b.name)))
         if found is None:
             found = index[2].get(tuple(sorted((a.region, b.region))))
@@ -219,9 +224,28 @@ class Profile(_Strict):
                                f"not {micro_batch_size}")
 
 
-# Profile.link's indexes, by the profile's id: (the ids of the links indexed, by node pair, by region
-# pair); each removed when its profile is collected.
+# Profile.link's indexes, by the profile's id: ((the id of the list indexed, its count of changes), by
+# node pair, by region pair, the list); each removed when its profile is collected.
 _LINK_INDEXES: dict[int, tuple] = {}
+
+
+class _Links(list):
+    """A profile's links, counting every change made to the list in place (Profile.link's index
+    is made again after one); equal to the plain list it holds."""
+
+    changes = 0
+
+    def _changed(method):
+        def counted(self, *args, **kwargs):
+            self.changes += 1
+            return method(self, *args, **kwargs)
+        counted.__name__ = method.__name__
+        return counted
+
+    for _name in ("__setitem__", "__delitem__", "__iadd__", "__imul__", "append", "extend", "insert", "pop",
+                  "remove", "clear", "sort", "reverse"):
+        locals()[_name] = _changed(getattr(list, _name))
+    del _name, _changed
 
 
 def load_profile(path: str | Path) -> Profile:
