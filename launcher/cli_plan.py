@@ -106,7 +106,9 @@ def plan(
         return
     try:
         result = plan_for(measured, request)  # the function `up` plans with
-    except (PlanningError, ProfileError) as err:
+    except ProfileError as err:  # what the profile lacks (a link between two of its nodes): bad input
+        fail(f"{profile_file}: {err}" if profile_file is not None else str(err), EXIT_BAD_INPUT)
+    except PlanningError as err:
         fail(str(err), EXIT_JOB_FAILED)
     print_planner_result(plain_console(), measured, result, as_json=as_json)
 
@@ -159,9 +161,9 @@ def _print_plan_of(make, as_json: bool, done: str) -> None:
     started = time.perf_counter()
     try:
         plan = make()
-    except TilingError as err:  # pinned ranges of a model only agents can count
+    except (TilingError, ProfileError) as err:  # pinned ranges of a model only agents can count; the profile's gaps
         fail(str(err), EXIT_BAD_INPUT)
-    except (PlanningError, ProfileError) as err:
+    except PlanningError as err:
         fail(str(err), EXIT_JOB_FAILED)
     planning_s = time.perf_counter() - started
     if as_json:

@@ -45,7 +45,7 @@ from hetlaunch.launcher.planning.replicas import PipelineSet, Replicas, replica_
 from hetlaunch.launcher.planning.sync_cost import SyncCost, plan_step_s, sync_costs
 from hetlaunch.launcher.planning.topology import Topology
 from hetlaunch.runtime.registry import STATIC_BYTES_PER_PARAM_BYTE
-from hetlaunch.runtime.schedules import schedule_for, schedule_named, simulate, simulate_stages
+from hetlaunch.runtime.schedules import SCHEDULES, schedule_for, schedule_named, simulate, simulate_stages
 
 
 
@@ -104,6 +104,10 @@ def plan(profile: Profile, num_microbatches: int, schedule: str = "1f1b", max_pi
     started = time.perf_counter()
     if not 1 <= num_microbatches <= MAX_MICROBATCHES:
         raise PlanningError(f"{num_microbatches} micro-batches per step: from 1 to {MAX_MICROBATCHES:,}")
+    if max_pipelines < 1:  # 0 divided by zero (a hostile review)
+        raise PlanningError(f"max_pipelines {max_pipelines}: at least 1")
+    if schedule not in SCHEDULES:  # several stages per node are planned by plan_for (launcher/planning/request.py)
+        raise PlanningError(f"schedule {schedule!r}: plan() cuts one stage per node under one of {', '.join(SCHEDULES)}")
     num_layers = profile.model.num_layers
     if stages is not None and stages > num_layers:
         raise PlanningError(f"{stages} stages requested but the model has only {num_layers} layers")
@@ -146,6 +150,10 @@ def plan_global_batch(profile: Profile, global_batch: int, schedule: str = "1f1b
     """plan() for a global batch of samples: each candidate micro-batch size (or the one a fixed
     `num_microbatches` gives) planned at its count, the most tokens/s kept (launcher/planning/batch_sizes.py)."""
     started = time.perf_counter()
+    if global_batch < 1:  # said "0 ... is more than the 16,384 micro-batches" (a hostile review)
+        raise PlanningError(f"a global batch of {global_batch} samples: at least 1")
+    if num_microbatches is not None and not 1 <= num_microbatches <= MAX_MICROBATCHES:  # 0 divided by zero
+        raise PlanningError(f"{num_microbatches} micro-batches per step: from 1 to {MAX_MICROBATCHES:,}")
     if num_microbatches is not None and global_batch % num_microbatches:
         raise PlanningError(f"{num_microbatches} micro-batches do not divide the global batch of {global_batch}")
     sizes = ([global_batch // num_microbatches] if num_microbatches is not None

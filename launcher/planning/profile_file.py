@@ -46,6 +46,9 @@ class ProfileError(Exception):
 
 MAX_PROFILE_BYTES = 64 << 20  # ~100 bytes a layer and a node: a bigger file is not a profile
 MAX_SECONDS = 86_400.0  # one layer, one micro-batch: over a day is no timing
+# ... and under a nanosecond neither: 5e-324 s layers (above zero) made a step 0 s or too small to
+# divide by, and plans crashed or said "inf tokens/s" (a hostile review).
+MIN_SECONDS = 1e-9
 MAX_BYTES = 1 << 53  # byte counts stay exact as floats (8 PiB)
 MIN_BANDWIDTH = 1.0  # bytes/s of a link
 # The YAML's own bounds (launcher/config_types.py MAX_COUNT, MAX_MODEL_DIM; the planner imports no config).
@@ -65,11 +68,25 @@ def _json_number(value: object) -> object:
 Number = BeforeValidator(_json_number)
 # What every measured number must be, in a profile file and in the profile cache alike: a
 # negative, zero or NaN time would price a plan at "-103 tokens/s" or divide by zero.
-Seconds = Annotated[float, Number, Field(gt=0, le=MAX_SECONDS)]
+Seconds = Annotated[float, Number, Field(ge=MIN_SECONDS, le=MAX_SECONDS)]
 MaybeZeroSeconds = Annotated[float, Number, Field(ge=0, le=MAX_SECONDS)]
 ByteCount = Annotated[int, Number, Field(ge=0, le=MAX_BYTES)]
 Count = Annotated[int, Number]
 Real = Annotated[float, Number]
+
+
+def _size_keys(value: object) -> object:
+    """layer_seconds_by_size's keys as JSON writes a micro-batch size: digits ("2.0" and " 2" were
+    taken as 2, and 10**400 crashed the global-batch planner; a hostile review)."""
+    if isinstance(value, dict):
+        for key in value:
+            if not (isinstance(key, int) and not isinstance(key, bool)
+                    or isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 8):
+                raise ValueError(f"a micro-batch size must be written as digits, not {key!r:.40}")
+    return value
+
+
+MicroBatchSize = Annotated[int, Field(ge=1, le=MAX_MICRO_BATCH)]
 
 
 # Node and region names as the cluster YAML allows them: they are printed in tables and messages,
@@ -107,7 +124,7 @@ class NodeProfile(_Strict):
     codec_seconds_per_byte: dict[str, MaybeZeroSeconds] | None = None  # encode + decode per raw byte; default 0
     # layer_seconds measured at other micro-batch sizes (a global batch lets the planner choose the
     # size; launcher/planning/batch_sizes.py interpolates between these and reports its error)
-    layer_seconds_by_size: dict[int, list[Seconds]] | None = None
+    layer_seconds_by_size: Annotated[dict[MicroBatchSize, list[Seconds]] | None, BeforeValidator(_size_keys)] = None
     # Where it runs: nodes with one host share its cores (launcher/planning/contention.py).
     host: str | None = Field(None, max_length=255)
     host_cores: Count | None = Field(None, ge=1, le=1_000_000)

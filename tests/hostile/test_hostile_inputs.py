@@ -175,8 +175,18 @@ def _set_node(key, value):
 
 
 BAD_PROFILES = {
-    "negative_time": (lambda t: _profile_text(t, _set_node("layer_seconds", [-0.01] * 8)), "greater than 0"),
-    "zero_time": (lambda t: _profile_text(t, _set_node("layer_seconds", [0.0] * 8)), "greater than 0"),
+    "negative_time": (lambda t: _profile_text(t, _set_node("layer_seconds", [-0.01] * 8)),
+                      "greater than or equal to 0.000000001"),
+    "zero_time": (lambda t: _profile_text(t, _set_node("layer_seconds", [0.0] * 8)), "greater than or equal to 0.000000001"),
+    # Above zero but too small to divide by: plans crashed (NaN, ZeroDivisionError) or said inf tokens/s.
+    "subnormal_time": (lambda t: _profile_text(t, _set_node("layer_seconds", [5e-324] * 8)), "layer_seconds"),
+    # 10**400 crashed the global-batch planner (int too large to convert to float); "2.0" was taken as 2.
+    "huge_size_key": (lambda t: _profile_text(t, _set_node("layer_seconds_by_size", {str(10**400): [0.01] * 8})),
+                      "must be written as digits"),
+    "size_key_not_digits": (lambda t: _profile_text(t, _set_node("layer_seconds_by_size", {"2.0": [0.01] * 8})),
+                            "must be written as digits"),
+    "size_key_too_big": (lambda t: _profile_text(t, _set_node("layer_seconds_by_size", {str(2**21): [0.01] * 8})),
+                         "layer_seconds_by_size"),
     "negative_optimizer": (lambda t: _profile_text(t, _set_node("optimizer_seconds", [-1.0] * 8)), "optimizer_seconds"),
     "negative_codec_cost": (lambda t: _profile_text(t, _set_node("codec_seconds_per_byte", {"int8": -1.0})),
                             "codec_seconds_per_byte"),
@@ -203,6 +213,10 @@ BAD_PROFILES = {
         {"nodes": ["n0", "n0"], "bandwidth_bytes_per_s": 1e9, "latency_s": 0.0})), "joins node n0 to itself"),
     "unknown_region": (lambda t: _profile_text(t, lambda d: d["links"].append(
         {"regions": ["east", "mars"], "bandwidth_bytes_per_s": 1e9, "latency_s": 0.0})), "no node is in region mars"),
+    # Valid on its own, but no link joins the two regions: planning found that and exited 1, not 2.
+    "missing_link": (lambda t: _profile_text(t, lambda d: d.update(links=[link for link in d["links"]
+                                                                          if link["regions"][0] == link["regions"][1]])),
+                     "has no link between"),
     "link_twice": (lambda t: _profile_text(t, lambda d: d["links"].append(
         {"regions": ["west", "east"], "bandwidth_bytes_per_s": 1e3, "latency_s": 0.0})), "are given twice"),
     # A key that is a terminal's escape sequence (retitle the window, clear the screen): escaped.

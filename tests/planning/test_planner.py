@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 
 from hetlaunch.launcher.planning.cost_model import CostModel
-from hetlaunch.launcher.planning.planner import PlanningError, plan
+from hetlaunch.launcher.planning.planner import PlanningError, plan, plan_global_batch
 from plan_reference import GiB, uniform_profile
 
 
@@ -103,3 +104,16 @@ def test_long_chains_use_the_bisection_heuristic_and_stay_valid():
     assert bottleneck_cuts(cm, short).step_s >= best_cuts(cm, short).step_s - 1e-12
     result = plan(profile, 16)
     assert sum(s.layer_end - s.layer_start for s in result.pipelines[0].cost.stages) == 48
+
+
+@pytest.mark.parametrize("call,says", [
+    (lambda p: plan(p, 8, max_pipelines=0), "max_pipelines 0: at least 1"),  # ZeroDivisionError
+    (lambda p: plan(p, 8, max_pipelines=-1), "max_pipelines -1: at least 1"),  # planned one pipeline
+    (lambda p: plan(p, 8, schedule="zb-v"), "plan() cuts one stage per node"),  # a raw ValueError
+    (lambda p: plan_global_batch(p, 12, num_microbatches=0), "0 micro-batches per step"),  # ZeroDivisionError
+    (lambda p: plan_global_batch(p, 0), "a global batch of 0 samples"),  # "more than the 16,384 micro-batches"
+])
+def test_a_bad_argument_is_a_planning_error_that_says_which(call, says):
+    """Each escaped as a raw exception or planned something else (a hostile review)."""
+    with pytest.raises(PlanningError, match=re.escape(says)):
+        call(uniform_profile([1.0, 0.5], ["east", "west"]))
