@@ -33,9 +33,10 @@ import weakref
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from hetlaunch.runtime.files import UnreadableFile, read_json, write_whole
+from hetlaunch.runtime.registry import CODEC_NAMES
 
 FORMAT = "hetlaunch-profile/1"
 
@@ -89,6 +90,15 @@ def _size_keys(value: object) -> object:
 MicroBatchSize = Annotated[int, Field(ge=1, le=MAX_MICRO_BATCH)]
 
 
+def _codec_name(name: str) -> str:
+    if name not in CODEC_NAMES:
+        raise ValueError(f"{name!r:.40} is not a codec (known: {', '.join(CODEC_NAMES)})")
+    return name
+
+
+CodecName = Annotated[str, AfterValidator(_codec_name)]
+
+
 # Node and region names as the cluster YAML allows them: they are printed in tables and messages,
 # so no control character, newline or empty name gets there from a hand-written profile.
 NodeName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
@@ -121,7 +131,8 @@ class NodeProfile(_Strict):
     # graph's analysis) and the weights'. None: not measured (the planner halves the backward).
     input_grad_seconds: list[MaybeZeroSeconds] | None = None
     weight_grad_seconds: list[MaybeZeroSeconds] | None = None
-    codec_seconds_per_byte: dict[str, MaybeZeroSeconds] | None = None  # encode + decode per raw byte; default 0
+    # encode + decode per raw byte; default 0 (a name no codec has was ignored: "int-8" left int8 priced free)
+    codec_seconds_per_byte: dict[CodecName, MaybeZeroSeconds] | None = None
     # layer_seconds measured at other micro-batch sizes (a global batch lets the planner choose the
     # size; launcher/planning/batch_sizes.py interpolates between these and reports its error)
     layer_seconds_by_size: Annotated[dict[MicroBatchSize, list[Seconds]] | None, BeforeValidator(_size_keys)] = None

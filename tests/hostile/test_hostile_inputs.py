@@ -190,6 +190,7 @@ BAD_PROFILES = {
     "negative_optimizer": (lambda t: _profile_text(t, _set_node("optimizer_seconds", [-1.0] * 8)), "optimizer_seconds"),
     "negative_codec_cost": (lambda t: _profile_text(t, _set_node("codec_seconds_per_byte", {"int8": -1.0})),
                             "codec_seconds_per_byte"),
+    "unknown_codec": (lambda t: _profile_text(t, _set_node("codec_seconds_per_byte", {"int-8": 1e-9})), "is not a codec"),
     "nan": (lambda t: _profile_text(t).replace("0.01", "NaN", 1), "NaN is not a JSON number"),
     "huge_number": (lambda t: _profile_text(t).replace("0.01", "1e400", 1), "finite"),
     "5000_digits": (lambda t: _profile_text(t).replace('"micro_batch_size": 4', '"micro_batch_size": ' + "9" * 5000),
