@@ -8,6 +8,7 @@ from __future__ import annotations
 import statistics
 import time
 
+from pydantic import ValidationError
 from rich.console import Console
 
 from hetlaunch.launcher.planning.batch_sizes import candidate_sizes
@@ -190,6 +191,22 @@ def _entry(report: pb.ReportProfileRequest) -> dict:
 def _assemble(session: ClusterSession, spec: ModelSpec, model: str, micro_batch_size: int,
               reports: dict[str, pb.ReportProfileRequest], link_reports: dict[str, pb.ReportProfileRequest],
               cached: dict[str, dict], keys: dict[str, str]) -> Profile:
+    """The profile from the nodes' reports; JobError (one line) where a report is not a measurement
+    (an agent that reported 0 bytes of memory or NaN seconds ended `up` with a traceback; a review)."""
+    try:
+        return _assembled(session, spec, model, micro_batch_size, reports, link_reports, cached, keys)
+    except ValidationError as err:
+        raise JobError(f"the nodes' reports make no profile: {_first_error(err)}") from None
+
+
+def _first_error(err: ValidationError) -> str:
+    first = err.errors()[0]
+    return ".".join(str(part) for part in first["loc"]) + ": " + first["msg"]
+
+
+def _assembled(session: ClusterSession, spec: ModelSpec, model: str, micro_batch_size: int,
+               reports: dict[str, pb.ReportProfileRequest], link_reports: dict[str, pb.ReportProfileRequest],
+               cached: dict[str, dict], keys: dict[str, str]) -> Profile:
     cluster = session.cluster
     layer_infos = None
     nodes = []
@@ -198,11 +215,7 @@ def _assemble(session: ClusterSession, spec: ModelSpec, model: str, micro_batch_
         if node.name not in reports:  # not measured this time (a lost node)
             continue
         report = reports[node.name]
-        if report.layers:
-            entry = _entry(report)
-            store_node(keys[node.name], entry, session.console)
-        else:
-            entry = cached[node.name]
+        entry = _entry(report) if report.layers else cached[node.name]
         counts[node.name] = len(entry["layer_seconds"])
         if len(set(counts.values())) > 1:  # agents with different code, or a stale cache entry
             raise JobError("the nodes disagree on the model's layer count: " +
@@ -210,18 +223,27 @@ def _assemble(session: ClusterSession, spec: ModelSpec, model: str, micro_batch_
                            " (is the same model code installed on every node? --reprofile re-measures)")
         layer_infos = layer_infos or [LayerInfo(**layer) for layer in entry["layers"]]
         info = session.state.agent_info(node.name)
-        nodes.append(NodeProfile(name=node.name, region=node.region, device=report.device_name,
-                                 memory_bytes=report.memory_bytes, layer_seconds=entry["layer_seconds"],
-                                 optimizer_seconds=entry["optimizer_seconds"],
-                                 input_grad_seconds=entry.get("input_grad_seconds"),
-                                 weight_grad_seconds=entry.get("weight_grad_seconds"),
-                                 codec_seconds_per_byte=entry.get("codec_seconds_per_byte"),
-                                 host=info.hostname[:255] or None, host_cores=info.cpu_count or None,
-                                 cpu_per_wall=entry.get("cpu_per_wall"),
-                                 cipher_seconds_per_byte=entry.get("cipher_seconds_per_byte")))
+        try:
+            measured_node = NodeProfile(name=node.name, region=node.region, device=report.device_name,
+                                        memory_bytes=report.memory_bytes, layer_seconds=entry["layer_seconds"],
+                                        optimizer_seconds=entry["optimizer_seconds"],
+                                        input_grad_seconds=entry.get("input_grad_seconds"),
+                                        weight_grad_seconds=entry.get("weight_grad_seconds"),
+                                        codec_seconds_per_byte=entry.get("codec_seconds_per_byte"),
+                                        host=info.hostname[:255] or None, host_cores=info.cpu_count or None,
+                                        cpu_per_wall=entry.get("cpu_per_wall"),
+                                        cipher_seconds_per_byte=entry.get("cipher_seconds_per_byte"))
+        except ValidationError as err:
+            raise JobError(f"node {node.name} reported a profile that is not a measurement: {_first_error(err)}") from None
+        nodes.append(measured_node)
+        if report.layers:  # stored once it has passed as a measurement: a bad report is not kept for the next run
+            store_node(keys[node.name], entry, session.console)
     links, by_regions = [], {}
+    measured = {n.name for n in nodes}
     for name, report in link_reports.items():
         for probe in report.links:
+            if probe.peer_node not in measured or name not in measured:
+                continue  # a probe of a node this profile does not have (a node it was never asked to probe)
             links.append(LinkProfile(nodes=(name, probe.peer_node), bandwidth_bytes_per_s=probe.bandwidth_bytes_per_s,
                                      latency_s=probe.latency_s))
             regions = tuple(sorted((cluster.node(name).region, cluster.node(probe.peer_node).region)))

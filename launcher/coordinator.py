@@ -7,10 +7,12 @@ the job by reading and writing that state; the servicer never decides anything a
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import queue
 import resource
+import threading
 import time
 from concurrent import futures
 
@@ -26,6 +28,7 @@ from hetlaunch.launcher.rendezvous_store import StoreRefused
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.protos import control_pb2_grpc
 from hetlaunch.runtime import host_clock
+from hetlaunch.runtime.step_reporter import MAX_PENDING
 from hetlaunch.runtime.store_keys import generation_prefix
 from hetlaunch.runtime.version import hetlaunch_version, torch_version
 
@@ -34,9 +37,25 @@ MAX_PART_BYTES = 1 << 40  # a sanity bound on one uploaded checkpoint part (1 Ti
 
 
 class CoordinatorServicer(control_pb2_grpc.CoordinatorServicer):
-    def __init__(self, state: CoordinatorState, heartbeat_interval_ms: int = 1000):
+    def __init__(self, state: CoordinatorState, heartbeat_interval_ms: int = 1000, transfers: int = 16):
         self.state = state
         self.heartbeat_interval_ms = heartbeat_interval_ms
+        # Part uploads and downloads under way at once: each holds a thread for as long as its peer
+        # likes (a stream that sends nothing, a download never read), and 40 of them from one agent
+        # took every thread, so good agents' heartbeats went unanswered (a hostile review). The
+        # pool has threads for these beside everything else (call_guard.pool_threads).
+        self._transfers = threading.BoundedSemaphore(transfers)
+        self._transfer_limit = transfers
+
+    @contextlib.contextmanager
+    def _transfer(self, context):
+        if not self._transfers.acquire(blocking=False):
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"{self._transfer_limit} checkpoint transfers are under way already; try again")
+        try:
+            yield
+        finally:
+            self._transfers.release()
 
     def Register(self, request, context):
         agent = request.agent
@@ -65,19 +84,28 @@ class CoordinatorServicer(control_pb2_grpc.CoordinatorServicer):
 
     def WatchCommands(self, request, context):
         record = self._record(request.agent_id, context)
-        while context.is_active() and not record.lost:
+        me = record.watcher = object()  # an agent that reconnects replaces its stream; more never pile up
+        while context.is_active() and not record.lost and record.watcher is me:
             try:
                 command = record.commands.get(timeout=0.5)
             except queue.Empty:
                 continue
+            if record.watcher is not me:  # replaced meanwhile: back at the head, for the newer stream, in order
+                with record.commands.mutex:
+                    record.commands.queue.appendleft(command)
+                    record.commands.not_empty.notify()
+                return
             yield command
             if command.HasField("shutdown"):
                 return
-        if not record.lost:
+        if not record.lost and record.watcher is me:
             self.state.stream_broke(record)  # the agent went away without being told to
 
     def ReportStep(self, request, context):
         record = self._record(request.agent_id, context)
+        if len(request.more_metrics) >= MAX_PENDING:  # an agent coalesces at most what its relay queues
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"{len(request.more_metrics) + 1} steps in one report: at most {MAX_PENDING}")
         for metrics in (request.metrics, *request.more_metrics):  # coalesced: one RPC, the steps in order
             self.state.report_step(record.node_name, request.generation, metrics)
         return pb.ReportStepResponse()
@@ -101,6 +129,10 @@ class CoordinatorServicer(control_pb2_grpc.CoordinatorServicer):
         return pb.ReportMoveResponse()
 
     def UploadPart(self, request_iterator, context):
+        with self._transfer(context):
+            return self._upload(request_iterator, context)
+
+    def _upload(self, request_iterator, context):
         first = next(request_iterator, None)
         if first is None:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "an empty upload")
@@ -108,6 +140,9 @@ class CoordinatorServicer(control_pb2_grpc.CoordinatorServicer):
         root = self.state.checkpoint_root
         if root is None:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, "this job takes no checkpoint uploads")
+        if first.generation != self.state.generation:  # its report would be dropped as stale: nothing to keep
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"a part of generation {first.generation}, not the current one ({self.state.generation})")
         try:
             return receive(itertools.chain([first], request_iterator), upload_target(root, record.node_name, first),
                            MAX_PART_BYTES)
@@ -121,10 +156,11 @@ class CoordinatorServicer(control_pb2_grpc.CoordinatorServicer):
         root = self.state.checkpoint_root
         if root is None:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, "this job has no checkpoints to download")
-        try:
-            yield from send(root, request)
-        except PartRefused as err:
-            context.abort(grpc.StatusCode.NOT_FOUND, str(err))
+        with self._transfer(context):
+            try:
+                yield from send(root, request)
+            except PartRefused as err:
+                context.abort(grpc.StatusCode.NOT_FOUND, str(err))
 
     def StoreOp(self, request, context):
         # Only a registered, live agent's worker, and only in the current generation's keys: a token
@@ -194,12 +230,13 @@ class CoordinatorServer:
         raise_open_file_limit()
         self.state = CoordinatorState(expected_nodes, discovery)
         most = len(expected_nodes) + (0 if discovery is None else discovery.limit or 64)
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=pool_threads(most)),
+        transfers = 2 * most  # an upload and a download per node at once; the pool has threads for them
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=pool_threads(most) + transfers),
                                   interceptors=[CallGuard(token, SERVICE_NAME)],
                                   options=[("grpc.server_handshake_timeout_ms", HANDSHAKE_TIMEOUT_MS),
                                            ("grpc.max_connection_idle_ms", MAX_CONNECTION_IDLE_MS)])
         control_pb2_grpc.add_CoordinatorServicer_to_server(
-            CoordinatorServicer(self.state, heartbeat_interval_ms), self.server)
+            CoordinatorServicer(self.state, heartbeat_interval_ms, transfers), self.server)
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.host = host

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from hetlaunch.protos import control_pb2 as pb
-from hetlaunch.runtime.checkpoint_manifest import checkpoint_dir
+from hetlaunch.runtime.checkpoint_manifest import MANIFEST_NAME, checkpoint_dir
 from hetlaunch.runtime.files import UnreadableFile, open_regular_file
 
 CHUNK_BYTES = 1 << 20
@@ -37,11 +37,19 @@ def _plain(name: str, what: str) -> str:
 
 
 def upload_target(root: Path, node: str, first: pb.PartChunk) -> Path:
-    """Where an uploaded part goes: the step's directory, or the generation's snapshot directory."""
+    """Where an uploaded part goes: the step's directory, or the generation's snapshot directory.
+    Never a manifest, and nothing into a checkpoint already committed: an agent uploaded a part
+    and a manifest of its own for a step far ahead, which resume then took and pruning kept while
+    it deleted the run's real checkpoints (a hostile review). The coordinator writes manifests."""
     name = _plain(first.file, "file")
+    if name == MANIFEST_NAME:
+        raise PartRefused(f"{name} is written by the coordinator once every part is in, never uploaded")
     if first.snapshot:
         return root / f"replica-g{first.generation}" / _plain(node, "node") / name
-    return checkpoint_dir(root, first.step) / name
+    directory = checkpoint_dir(root, first.step)
+    if (directory / MANIFEST_NAME).exists() or directory.is_symlink():
+        raise PartRefused(f"the checkpoint of step {first.step} is committed: its parts are not replaced")
+    return directory / name
 
 
 def receive(chunks: Iterable[pb.PartChunk], target: Path, max_bytes: int) -> pb.UploadPartResponse:

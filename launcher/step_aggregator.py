@@ -10,6 +10,9 @@ from hetlaunch.launcher.run_record import StepRecord
 from hetlaunch.protos import control_pb2 as pb
 
 
+MAX_PENDING_STEPS = 4096  # steps some stage has reported and another not yet: a few in a real job
+
+
 class StepAggregator:
     """Joins the per-stage reports of one step into one record once every stage has reported.
 
@@ -37,13 +40,22 @@ class StepAggregator:
         self.carried = carried
 
     def add(self, node: str, metrics: pb.StepMetrics) -> StepRecord | None:
-        position = self.position[node]
+        position = self.position.get(node)
+        if position is None:  # a node this plan does not use (a spare that joined): a KeyError ended `up`
+            return None
         if metrics.eval_only:
             self.late_evals.setdefault(metrics.step, {})[position] = \
                 metrics.eval_loss if metrics.has_eval_loss else None
             if self.carried is not None and metrics.step == self.carried.step:
                 return self._complete_carried()
         else:
+            if metrics.step not in self.pending and len(self.pending) >= MAX_PENDING_STEPS:
+                # Steps no other stage reports (an agent counting its own) were held forever: 400,000
+                # held 426 MB (a review). The furthest ahead goes: the steps under way are the lowest.
+                furthest = max(self.pending)
+                if metrics.step > furthest:
+                    return None
+                del self.pending[furthest]
             self.pending.setdefault(metrics.step, {})[position] = (node, metrics)
         return self._ready(metrics.step)
 

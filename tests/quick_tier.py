@@ -25,7 +25,7 @@ MODULES = {
     "test_codecs", "test_registry", "test_link", "test_link_layout", "test_link_hostile_peer", "test_link_probe",
     "test_grad_sync", "test_sealing",  # codecs, links, sync, seals
     "test_cluster_config", "test_hostile_yaml", "test_cli_errors", "test_memory_limit", "test_slurm_config",  # config
-    "test_protos", "test_coordinator", "test_move_protocol", "test_rendezvous_store",
+    "test_protos", "test_coordinator", "test_coordinator_hostile_agent", "test_move_protocol", "test_rendezvous_store",
     "test_step_reporter",  # the control-plane protocol
     "test_model", "test_data", "test_checkpoint", "test_part_store", "test_recipe",  # the model, data, checkpoints, optimizers
     "test_import_rules", "test_process_rules", "test_packaging", "test_late_steps", "test_topology", "test_pinned_windows_priced",

@@ -261,3 +261,26 @@ def test_the_summary_gives_no_island_losses_when_the_run_ended_synchronous(tmp_p
     assert record.summarize()["outer"]["final_island_losses"] == [3.2, 3.6]
     record.add(StepRecord(2, 2.9, 1000.0, 0.1, []))  # synchronous from here
     assert record.summarize()["outer"]["final_island_losses"] == []
+
+
+def test_a_report_of_a_node_the_plan_does_not_use_is_dropped():
+    """A node that joined as a spare reported a step of the current generation: a KeyError in the
+    aggregator ended `up` with a traceback (a hostile review)."""
+    aggregator = StepAggregator(_plan())
+    assert aggregator.add("spare", _metrics("a", 5)) is None
+    for node in NODES:
+        record = aggregator.add(node, _metrics(node, 5))
+    assert record is not None and record.step == 5 and not record.missing
+
+
+def test_steps_only_one_stage_reports_are_held_within_a_bound():
+    """An agent reporting step numbers no other stage reaches had each held forever (a review)."""
+    from hetlaunch.launcher.step_aggregator import MAX_PENDING_STEPS
+
+    aggregator = StepAggregator(_plan())
+    for step in range(MAX_PENDING_STEPS + 500):
+        aggregator.add("a", _metrics("a", 10**6 + step))
+    assert len(aggregator.pending) == MAX_PENDING_STEPS
+    for node in NODES:  # a real step still completes
+        record = aggregator.add(node, _metrics(node, 5))
+    assert record is not None and record.step == 5

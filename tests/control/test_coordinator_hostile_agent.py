@@ -1,0 +1,92 @@
+"""What an agent holding the job's token cannot do to the coordinator (a hostile review): forge or
+overwrite a checkpoint through part uploads, take every server thread with transfers that never
+move so good agents' heartbeats go unanswered, or pile up command streams. Real gRPC on 127.0.0.1."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import grpc
+import pytest
+
+from hetlaunch.protos import control_pb2 as pb
+from hetlaunch.runtime.checkpoint_manifest import MANIFEST_NAME, checkpoint_dir
+from test_coordinator import RPC_TIMEOUT, auth, channel, register, server, stub  # noqa: F401 (fixtures)
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _upload(stub, agent_id: str, file: str, step: int = 5, generation: int = 0, data: bytes = b"bytes"):
+    return stub.UploadPart(iter([pb.PartChunk(agent_id=agent_id, generation=generation, step=step, file=file,
+                                              data=data)]), metadata=auth(), timeout=RPC_TIMEOUT)
+
+
+def _refused(call) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as caught:
+        call()
+    return caught.value
+
+
+def test_an_upload_never_writes_a_manifest_or_into_a_committed_checkpoint(server, stub, tmp_path):
+    server.state.checkpoint_root = tmp_path
+    agent = register(stub, "a").agent_id
+    err = _refused(lambda: _upload(stub, agent, MANIFEST_NAME, step=99999999))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "written by the coordinator" in err.details()
+    committed = checkpoint_dir(tmp_path, 20)
+    committed.mkdir()
+    (committed / MANIFEST_NAME).write_text("{}")
+    (committed / "layers-0-2.safetensors").write_bytes(b"the run's")
+    err = _refused(lambda: _upload(stub, agent, "layers-0-2.safetensors", step=20))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "is committed" in err.details()
+    assert (committed / "layers-0-2.safetensors").read_bytes() == b"the run's"
+    err = _refused(lambda: _upload(stub, agent, "layers-0-2.safetensors", generation=7))
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION and "generation 7" in err.details()
+    assert not checkpoint_dir(tmp_path, 5).exists()
+    reply = _upload(stub, agent, "layers-0-2.safetensors")  # a part of this generation, not yet committed
+    assert reply.bytes == 5 and (checkpoint_dir(tmp_path, 5) / "layers-0-2.safetensors").read_bytes() == b"bytes"
+
+
+def test_transfers_that_never_move_cannot_take_the_threads_heartbeats_need(server, stub, tmp_path):
+    server.state.checkpoint_root = tmp_path
+    hostile, good = register(stub, "a").agent_id, register(stub, "b").agent_id
+    release = threading.Event()
+
+    def silent():  # an upload that never sends its first chunk
+        release.wait(RPC_TIMEOUT * 3)
+        return
+        yield
+
+    held = [stub.UploadPart.future(silent(), metadata=auth(), timeout=RPC_TIMEOUT * 4) for _ in range(40)]
+    try:
+        deadline, exhausted = time.monotonic() + RPC_TIMEOUT * 2, None
+        while exhausted is None and time.monotonic() < deadline:
+            try:  # refused at once once the transfers allowed are all held, not queued behind them
+                _upload(stub, hostile, "layers-0-2.safetensors")
+            except grpc.RpcError as err:
+                exhausted = err
+        assert exhausted is not None and exhausted.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, exhausted
+        for _ in range(5):
+            stub.Heartbeat(pb.HeartbeatRequest(agent_id=good), metadata=auth(), timeout=RPC_TIMEOUT)
+    finally:
+        release.set()
+        for call in held:
+            try:
+                call.result()
+            except grpc.RpcError:
+                pass  # refused: too many transfers, or an empty upload
+
+
+def test_a_second_command_stream_of_an_agent_replaces_the_first(server, stub):
+    agent = register(stub, "a").agent_id
+    first = stub.WatchCommands(pb.WatchCommandsRequest(agent_id=agent), metadata=auth(), timeout=RPC_TIMEOUT * 2)
+    server.state.send("a", pb.Command(run_stage=pb.RunStage(stage=pb.StageSpec(stage_index=0))))
+    assert next(first).WhichOneof("kind") == "run_stage"  # the first stream is being served
+    second = stub.WatchCommands(pb.WatchCommandsRequest(agent_id=agent), metadata=auth(), timeout=RPC_TIMEOUT * 2)
+    assert list(first) == []  # the older stream ends, without a command, once the newer one is there
+    for index in (1, 2):
+        server.state.send("a", pb.Command(run_stage=pb.RunStage(stage=pb.StageSpec(stage_index=index))))
+    server.state.send("a", pb.Command(shutdown=pb.Shutdown(reason="done")))
+    received = list(second)  # every later command, in order, on the newer stream
+    assert [c.WhichOneof("kind") for c in received] == ["run_stage", "run_stage", "shutdown"]
+    assert [c.run_stage.stage.stage_index for c in received[:2]] == [1, 2]
