@@ -174,7 +174,10 @@ class CoordinatorServicer(control_pb2_grpc.CoordinatorServicer):
         try:
             return self.state.store.handle(request, min(remaining - 1.0, 600.0) if remaining is not None else 600.0,
                                            context.is_active)
-        except (StoreRefused, IndexError, ValueError) as err:
+        except StoreRefused as err:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED if err.full else grpc.StatusCode.INVALID_ARGUMENT,
+                          f"store: {err}")
+        except (IndexError, ValueError) as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"store: {err}")
 
     def GetStatus(self, request, context):

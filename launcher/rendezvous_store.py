@@ -27,7 +27,12 @@ MAX_TOTAL_BYTES = 64 << 20
 
 
 class StoreRefused(ValueError):
-    """An operation the store will not do (too large, too many keys, unknown op)."""
+    """An operation the store will not do (too large, too many keys, unknown op). `full`: refused
+    for a limit of the store's (keys, bytes, waiting calls), not for what was asked."""
+
+    def __init__(self, message: str, full: bool = False):
+        super().__init__(message)
+        self.full = full
 
 
 class RendezvousStore:
@@ -56,10 +61,10 @@ class RendezvousStore:
         if len(key.encode()) > MAX_KEY_BYTES or len(value) > MAX_VALUE_BYTES:
             raise StoreRefused(f"key of {len(key.encode())} or value of {len(value)} bytes is over the limit")
         if key not in self._data and len(self._data) >= MAX_KEYS:
-            raise StoreRefused(f"the store holds {MAX_KEYS} keys already")
+            raise StoreRefused(f"the store holds {MAX_KEYS} keys already", full=True)
         grown = self._bytes + len(value) - len(self._data.get(key, b""))
         if grown > MAX_TOTAL_BYTES:
-            raise StoreRefused(f"the store would hold {grown} bytes, over its {MAX_TOTAL_BYTES >> 20} MiB")
+            raise StoreRefused(f"the store would hold {grown} bytes, over its {MAX_TOTAL_BYTES >> 20} MiB", full=True)
         self._bytes = grown
         self._data[key] = value
         self._changed.notify_all()
@@ -68,7 +73,7 @@ class RendezvousStore:
         if all(k in self._data for k in keys):
             return True
         if not self._blocked.acquire(blocking=False):  # only a call that would block counts
-            raise StoreRefused(f"{self.max_blocked} store calls are waiting already")
+            raise StoreRefused(f"{self.max_blocked} store calls are waiting already", full=True)
         try:
             deadline = time.monotonic() + max(0.0, timeout_s)
             while not all(k in self._data for k in keys):
@@ -97,9 +102,15 @@ class RendezvousStore:
                     return pb.StoreResponse(ok=False)
                 return pb.StoreResponse(ok=True, value=self._data[keys[0]])
             if op == "add":
-                current = int(self._data.get(keys[0], b"0") or b"0")
-                self._put(keys[0], str(current + request.amount).encode())
-                return pb.StoreResponse(ok=True, number=current + request.amount)
+                try:
+                    current = int(self._data.get(keys[0], b"0") or b"0")
+                except ValueError:
+                    raise StoreRefused(f"key {keys[0][:80]!r} does not hold a number") from None
+                total = current + request.amount
+                if not -(1 << 63) <= total < 1 << 63:  # checked before it is kept: the reply could not carry it
+                    raise StoreRefused(f"key {keys[0][:80]!r} would hold {total}, beyond a 64-bit count")
+                self._put(keys[0], str(total).encode())
+                return pb.StoreResponse(ok=True, number=total)
             if op == "compare_set":
                 current = self._data.get(keys[0])
                 if (current is None and request.expected == b"") or current == request.expected:

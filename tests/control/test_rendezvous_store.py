@@ -41,6 +41,22 @@ def test_the_store_does_what_c10d_asks_and_refuses_what_is_too_big():
     assert store.handle(pb.StoreRequest(op="num_keys"), 5).number == 3
 
 
+def test_an_add_beyond_a_count_or_onto_text_is_refused_and_keeps_the_value():
+    """An add past 2**63 was kept, then failed to reply, and read back as 18446744073709551615; an
+    add onto a key holding text raised a bare ValueError (a review)."""
+    store = RendezvousStore()
+    store.handle(pb.StoreRequest(op="add", keys=["n"], amount=(1 << 63) - 1), 5)
+    with pytest.raises(StoreRefused, match="beyond a 64-bit count"):
+        store.handle(pb.StoreRequest(op="add", keys=["n"], amount=1), 5)
+    assert store.handle(pb.StoreRequest(op="get", keys=["n"]), 5).value == str((1 << 63) - 1).encode()
+    store.handle(pb.StoreRequest(op="set", keys=["t"], value=b"text"), 5)
+    with pytest.raises(StoreRefused, match="does not hold a number"):
+        store.handle(pb.StoreRequest(op="add", keys=["t"], amount=1), 5)
+    with pytest.raises(StoreRefused) as full:
+        store.handle(pb.StoreRequest(op="set", keys=["big"], value=b"x" * (MAX_VALUE_BYTES + 1)), 5)
+    assert not full.value.full  # what was asked is wrong (INVALID_ARGUMENT), not the store full
+
+
 def test_the_store_rpc_needs_the_token():
     server = CoordinatorServer("127.0.0.1", 0, "right-token", ["a"]).start()
     try:
