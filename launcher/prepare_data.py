@@ -93,6 +93,10 @@ def prepare(text_path: Path, tokenizer_name: str, output: Path,
     if output.exists() and output.samefile(text_path):
         raise PrepareError(f"{output}: is the text file itself; the token file goes elsewhere")
     tokenizer = load_tokenizer(tokenizer_name)
+    # A tokenizer.json may carry truncation or padding (some on the hub do): each 4 MiB piece was cut
+    # to 512 tokens, or 15 tokens padded to 100,000, and the file written without a word (a review).
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
     # The ids' bound, not the entries' count: a vocabulary {hello: 70000, ...} of 3 entries gave
     # uint16 and an OverflowError (or, at 60000, a vocabulary of 3 for ids up to 60000).
     ids_bound = max(tokenizer.get_vocab(with_added_tokens=True).values(), default=-1) + 1
@@ -108,7 +112,12 @@ def prepare(text_path: Path, tokenizer_name: str, output: Path,
                     text = chunk.decode("utf-8")
                 except UnicodeDecodeError as err:
                     raise PrepareError(f"{text_path} is not UTF-8 text ({err.reason} at byte {offset + err.start:,})") from None
-                ids = np.asarray(tokenizer.encode(text, add_special_tokens=False).ids, dtype=dtype)
+                try:
+                    encoded = tokenizer.encode(text, add_special_tokens=False).ids
+                except Exception as err:  # the library's own, whatever their type (a WordLevel without its unk token)
+                    raise PrepareError(f"the tokenizer failed on {text_path} near byte {offset:,}: "
+                                       f"{' '.join(str(err).split())[:300]}") from None
+                ids = np.asarray(encoded, dtype=dtype)
                 out.write(ids.tobytes())
                 tokens += ids.size
                 offset += len(chunk)

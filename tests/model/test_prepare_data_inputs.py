@@ -94,3 +94,36 @@ def test_sigterm_mid_way_leaves_no_temp_file(tmp_path):
         proc.kill()
     assert proc.returncode == 130 and "Traceback" not in err, err  # as Ctrl-C ends it
     assert not list(tmp_path.glob(".train.bin.*")) and not out.exists()
+
+
+@pytest.mark.parametrize("setting", ["truncation", "padding"])
+def test_a_tokenizer_that_truncates_or_pads_writes_every_token_and_only_those(tmp_path, setting):
+    """A tokenizer.json with truncation (or padding) set cut each 4 MiB piece to its length (or
+    padded 15 tokens to 100,000) and prepare-data said nothing (a review)."""
+    from tokenizers import Tokenizer
+
+    path = _word_level(tmp_path / "tokenizer.json", {"[UNK]": 0, "hello": 1, "world": 2})
+    tokenizer = Tokenizer.from_file(str(path))
+    if setting == "truncation":
+        tokenizer.enable_truncation(max_length=3)
+    else:
+        tokenizer.enable_padding(length=50, pad_id=0)
+    tokenizer.save(str(path))
+    text = tmp_path / "t.txt"
+    text.write_text("hello world " * 10 + "\n")
+    out = tmp_path / "o.bin"
+    result = run_hetlaunch("prepare-data", str(text), "--tokenizer", str(path), "-o", str(out), timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert np.fromfile(out, dtype=np.uint16).tolist() == [1, 2] * 10
+
+
+def test_a_tokenizer_that_fails_on_the_text_is_one_line(tmp_path):
+    """A WordLevel tokenizer whose unknown token is not in its vocabulary raised its own Exception
+    through the CLI: a traceback, exit 1 (a review)."""
+    path = _word_level(tmp_path / "tokenizer.json", {"hello": 1, "world": 2})
+    text = tmp_path / "t.txt"
+    text.write_text("hello there\n")
+    result = run_hetlaunch("prepare-data", str(text), "--tokenizer", str(path), "-o", str(tmp_path / "o.bin"),
+                           timeout=60)
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "the tokenizer failed on" in result.stderr and not (tmp_path / "o.bin").exists()
