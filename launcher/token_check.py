@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
+
 from hetlaunch.launcher.cluster_config import ClusterConfig
 from hetlaunch.runtime.token_file import check_token_ids, token_file
 
@@ -49,6 +51,13 @@ def check_tokens(cluster: ClusterConfig, source: str, ask_entrypoint: bool) -> s
     if data.format != "tokens" or data.path is None:
         if data.path is not None and os.path.isfile(data.path):  # text: a token a byte
             check_length(cluster, os.path.getsize(data.path), where)
+            vocab, _ = model_vocabulary(cluster, ask_entrypoint)
+            if vocab is not None and vocab < 256:  # a byte past it passed here and crashed step 140 (a review)
+                try:
+                    check_token_ids(np.memmap(data.path, dtype=np.uint8, mode="r"), vocab, where)
+                except (OSError, ValueError) as err:
+                    raise BadTokens(" ".join(str(err).split())) from None
+                return f"bytes: all of {data.path} below the vocabulary of {vocab:,}"
         return None
     vocab, why = model_vocabulary(cluster, ask_entrypoint)
     if vocab is None and not os.path.isfile(data.path):  # the stages' own copies are what they check

@@ -168,6 +168,8 @@ def open_data(path: str, data_format: str, dtype: str, seq_len: int, seed: int, 
     elif data_format in ("", "text"):
         data = text_file(path) if path else stdlib_text_bytes()
         source = f"data file {path!r}" if path else "the standard library's text"
+        if vocab_size is not None and vocab_size < 256:  # a byte a token: one byte too big crashed step 140
+            check_token_ids(np.frombuffer(data, dtype=np.uint8) if isinstance(data, bytes) else data, vocab_size, source)
     else:
         raise ValueError(f"data.format {data_format!r} is not one of text, tokens")
     if not eval_fraction:

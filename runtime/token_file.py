@@ -57,9 +57,25 @@ def first_id_outside(tokens: np.ndarray, vocab_size: int) -> tuple[int, int] | N
 
 
 def check_token_ids(tokens: np.ndarray, vocab_size: int, source: str) -> None:
-    """Raise one line naming the first id outside [0, vocab_size), its position and the vocabulary."""
+    """Raise one line naming the first id outside [0, vocab_size), its position and the vocabulary;
+    or, for 16-bit ids and a vocabulary past 16 bits, saying the file looks 32-bit (read_as_narrower)."""
+    if read_as_narrower(tokens, vocab_size):
+        raise ValueError(f"{source} looks like a uint32 token file read as uint16: every other id is the high "
+                         f"half of a 32-bit one (at most {(vocab_size - 1) >> 16}); set data.dtype: uint32")
     found = first_id_outside(tokens, vocab_size)
     if found is not None:
         position, token = found
         raise ValueError(f"{source} holds token id {token}, outside the model's vocabulary of {vocab_size} "
                          f"(ids 0..{vocab_size - 1}), at position {position} of {len(tokens)}")
+
+
+def read_as_narrower(tokens: np.ndarray, vocab_size: int, sample: int = 1 << 16) -> bool:
+    """Whether 16-bit ids look like a 32-bit file's halves: prepare-data writes uint32 for a
+    vocabulary past 65,536 (Llama 3's 128,256), and read with the default uint16 every other id is
+    a high half (0 or 1), all below the vocabulary, so the check of ids passed and training ran on
+    garbage (a review). Real text has no id that small at every odd place of its first 65,536."""
+    if tokens.dtype != np.uint16 or vocab_size <= 1 << 16 or len(tokens) < 4:
+        return False
+    head = np.asarray(tokens[:sample - sample % 2] if len(tokens) >= sample else tokens[:len(tokens) - len(tokens) % 2])
+    high = (vocab_size - 1) >> 16
+    return bool(head[1::2].max() <= high < head[0::2].max())

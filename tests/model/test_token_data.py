@@ -92,6 +92,35 @@ def _validate_fails_on_the_last_id(tmp_path, model: str, vocab: int):
     assert f"token ids: all 70,000 of {path} below the vocabulary of {vocab:,}" in result.stdout
 
 
+def test_a_32_bit_token_file_read_as_16_bit_is_named_not_trained_on(tmp_path):
+    """prepare-data writes uint32 for a vocabulary past 65,536; read with the default uint16 every
+    other id was a high half (0 or 1), all below the vocabulary, and training ran on it (a review)."""
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 128_256, size=20_000)
+    path = write_tokens(tmp_path / "wide.bin", ids, "uint32")
+    with pytest.raises(ValueError, match="looks like a uint32 token file read as uint16.*set data.dtype: uint32"):
+        open_data(str(path), "tokens", "uint16", seq_len=8, seed=0, vocab_size=128_256)
+    open_data(str(path), "tokens", "uint32", seq_len=8, seed=0, vocab_size=128_256)  # read as written
+    narrow = write_tokens(tmp_path / "narrow.bin", rng.integers(0, 65_536, size=20_000), "uint16")
+    open_data(str(narrow), "tokens", "uint16", seq_len=8, seed=0, vocab_size=128_256)  # 16-bit ids of a big model
+
+
+def test_text_data_is_checked_against_a_vocabulary_under_a_byte(tmp_path):
+    """Text is a token a byte: with vocab_size 128, one byte of an 'e' with an accent passed
+    `validate` and crashed the run at step 140 (a review). Refused at validate and when opened."""
+    text = tmp_path / "t.txt"
+    text.write_text("plain ascii text " * 400 + "caf\u00e9\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="holds token id 195, outside the model's vocabulary of 128"):
+        open_data(str(text), "text", "uint16", seq_len=8, seed=0, vocab_size=128)
+    (tmp_path / "c.yaml").write_text(f"name: t\nmodel: {{preset: tiny, vocab_size: 128}}\n"
+                                     f"data: {{format: text, path: {text}}}\nnodes: [{{name: a}}]\n")
+    result = run_hetlaunch("validate", str(tmp_path / "c.yaml"), timeout=90)
+    assert result.returncode == 2 and "holds token id 195" in result.stderr, result.stdout + result.stderr
+    text.write_text("plain ascii text " * 400, encoding="utf-8")
+    result = run_hetlaunch("validate", str(tmp_path / "c.yaml"), timeout=90)
+    assert result.returncode == 0 and "below the vocabulary of 128" in result.stdout, result.stderr
+
+
 def test_validate_checks_every_token_id_against_the_built_in_models_vocabulary(tmp_path):
     _validate_fails_on_the_last_id(tmp_path, "{preset: tiny, vocab_size: 300}", 300)
 
