@@ -337,3 +337,20 @@ nodes:
     assert "Traceback" not in result.stderr
     metrics = tmp_path / "run" / "metrics.jsonl"
     assert not metrics.exists() or not metrics.read_text().strip()  # not one step trained
+
+
+def test_an_entrypoint_that_names_no_vocabulary_is_bounded_by_its_embedding():
+    """An old-form entrypoint ((layers, loss_fn), no vocab_size) let an id past its embedding reach
+    it mid-step as a bare IndexError (a review): the rows of the first layer's largest table bound it."""
+    from torch import nn
+
+    from hetlaunch.runtime.model import _embedding_rows
+
+    class Embed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.position = nn.Embedding(64, 8)  # registered first, and smaller
+            self.token = nn.Embedding(2000, 8)
+
+    assert _embedding_rows(Embed()) == 2000
+    assert _embedding_rows(nn.Linear(2, 2)) is None
