@@ -9,6 +9,7 @@ line `error: ...` on stderr with the exit code below.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -179,8 +180,11 @@ def prepare_data(
     except OSError as err:
         fail(f"{err.filename or output}: {err.strerror or err}", EXIT_BAD_INPUT)
     shown = escape_controls(str(output))  # a name with escape sequences is printed, not obeyed
+    # quoted (a JSON string is a YAML one): a path with ", " or " #" in it gave a line that read back
+    # as something else or not at all (a review)
+    quoted = escape_controls(json.dumps(str(output), ensure_ascii=False))
     print(f"{shown}: {done.tokens:,} tokens as {done.dtype}, vocabulary {done.vocab_size:,}. In the cluster YAML:\n"
-          f"  data: {{format: tokens, path: {shown}, dtype: {done.dtype}}}\n"
+          f"  data: {{format: tokens, path: {quoted}, dtype: {done.dtype}}}\n"
           f"  model: {{vocab_size: {done.vocab_size}}}   # or your entrypoint's vocabulary", flush=True)
 
 

@@ -127,3 +127,18 @@ def test_a_tokenizer_that_fails_on_the_text_is_one_line(tmp_path):
                            timeout=60)
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert "the tokenizer failed on" in result.stderr and not (tmp_path / "o.bin").exists()
+
+
+def test_the_yaml_line_it_prints_reads_back_as_the_path(tmp_path):
+    """The `data:` line was printed unquoted: a path with ", " or " #" in it read back as something
+    else, or not at all (a review)."""
+    import yaml
+
+    text = tmp_path / "corpus.txt"
+    text.write_text("hello world\n" * 20)
+    tokenizer = _word_level(tmp_path / "tokenizer.json", {"[UNK]": 0, "hello": 1, "world": 2})
+    out = tmp_path / "a, b #c: d.bin"
+    result = run_hetlaunch("prepare-data", str(text), "--tokenizer", str(tokenizer), "-o", str(out), timeout=60)
+    assert result.returncode == 0, result.stderr
+    line = next(line for line in result.stdout.splitlines() if line.strip().startswith("data:"))
+    assert yaml.safe_load(line)["data"] == {"format": "tokens", "path": str(out), "dtype": "uint16"}
