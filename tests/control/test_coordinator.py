@@ -6,51 +6,10 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from hetlaunch.launcher.coordinator import SERVICE_NAME, CoordinatorServer
+from coordinator_client import NODES, RPC_TIMEOUT, auth, channel, register, server, stub  # noqa: F401 (fixtures)
+from hetlaunch.launcher.coordinator import SERVICE_NAME
 from hetlaunch.protos import control_pb2 as pb
-from hetlaunch.protos import control_pb2_grpc
-from hetlaunch.runtime.auth import TOKEN_METADATA_KEY
-from hetlaunch.runtime.version import hetlaunch_version, torch_version
-
-TOKEN = "test-token-123"
-NODES = ["a", "b"]
-RPC_TIMEOUT = 10
-
-
-@pytest.fixture
-def server():
-    srv = CoordinatorServer("127.0.0.1", 0, TOKEN, NODES).start()
-    try:
-        yield srv
-    finally:
-        srv.stop(0.5)
-
-
-@pytest.fixture
-def channel(server):
-    with grpc.insecure_channel(server.address) as ch:
-        grpc.channel_ready_future(ch).result(timeout=RPC_TIMEOUT)
-        yield ch
-
-
-@pytest.fixture
-def stub(channel):
-    return control_pb2_grpc.CoordinatorStub(channel)
-
-
-def auth(token: str = TOKEN):
-    return ((TOKEN_METADATA_KEY, token),)
-
-
-def agent_info(name: str, agent_version: str | None = None) -> pb.AgentInfo:
-    return pb.AgentInfo(node_name=name, hostname="test-host", agent_version=agent_version or hetlaunch_version(),
-                        torch_version=torch_version(), pid=1,
-                        devices=[pb.Device(kind=pb.DEVICE_KIND_CPU, name="cpu", index=0, memory_bytes=1 << 30)])
-
-
-def register(stub, name: str, metadata=None, agent_version: str | None = None) -> pb.RegisterResponse:
-    return stub.Register(pb.RegisterRequest(agent=agent_info(name, agent_version)),
-                         metadata=auth() if metadata is None else metadata, timeout=RPC_TIMEOUT)
+from hetlaunch.runtime.version import hetlaunch_version
 
 
 def assert_untouched(server) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.runtime.checkpoint_manifest import MANIFEST_NAME, checkpoint_dir
-from test_coordinator import RPC_TIMEOUT, auth, channel, register, server, stub  # noqa: F401 (fixtures)
+from coordinator_client import RPC_TIMEOUT, auth, channel, register, server, stub  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.timeout(60)
 
