@@ -14,23 +14,13 @@ import pytest
 from grpc_health.v1 import health_pb2
 
 from hetlaunch.launcher import call_guard
-from hetlaunch.launcher.coordinator import SERVICE_NAME, CoordinatorServer
+from hetlaunch.launcher.coordinator import SERVICE_NAME
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.protos import control_pb2_grpc
 from hetlaunch.runtime.auth import TOKEN_METADATA_KEY
+from coordinator_client import TOKEN, server  # noqa: F401 (a fixture)
 from stalled_calls import code_of, settle, stall
 
-TOKEN = "guard-token"
-NODES = ["a", "b"]
-
-
-@pytest.fixture
-def server():
-    srv = CoordinatorServer("127.0.0.1", 0, TOKEN, NODES).start()
-    try:
-        yield srv
-    finally:
-        srv.stop(0.5)
 
 
 def served_with_token(address: str) -> float:
