@@ -163,18 +163,8 @@ def _old_form(entrypoint: str, kwargs: dict, seed: int, described: list[nn.Modul
             real.extend(untie(whole, tied))
         return real[index]
     kinds = [_structure(layer) for layer in described]
-    if vocab_size is None:
-        vocab_size = _embedding_rows(described[0]) if described else None
     return LayeredModel(len(described), make_layer, loss_fn, vocab_size=vocab_size, layer_kind=kinds.__getitem__,
                         tied=tied)
-
-
-def _embedding_rows(first: nn.Module) -> int | None:
-    """A bound on the ids a first layer with embeddings takes: the rows of its largest table (of a
-    token table and a position table, no valid id reaches past the larger). Where the entrypoint
-    names no vocabulary, an id past the table reached it as a bare IndexError after step 1 (on CUDA
-    a device assert), naming neither the file nor the id (a review). None: no embedding there."""
-    return max((m.num_embeddings for m in first.modules() if isinstance(m, nn.Embedding)), default=None)
 
 
 def gpt_model(cfg: GPTConfig) -> LayeredModel:

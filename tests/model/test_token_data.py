@@ -337,23 +337,3 @@ nodes:
     assert "Traceback" not in result.stderr
     metrics = tmp_path / "run" / "metrics.jsonl"
     assert not metrics.exists() or not metrics.read_text().strip()  # not one step trained
-
-
-
-def test_an_entrypoint_that_names_no_vocabulary_is_bounded_by_its_embedding(tmp_path):
-    """An old-form entrypoint ((layers, loss_fn)) given no vocab_size kwarg let an id past its
-    embedding reach it mid-step as a bare IndexError (a review): the rows of the first layer's
-    largest embedding bound the ids, at validate as for a model that names its vocabulary."""
-    from torch import nn
-
-    from hetlaunch.runtime.model import _embedding_rows
-
-    _validate_fails_on_the_last_id(tmp_path, "{entrypoint: user_model:make_mlp_lm, kwargs: {seq_len: 16}}", 256)
-
-    class Embed(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.position = nn.Embedding(64, 8)  # registered first, and smaller: no valid id reaches the larger
-            self.token = nn.Embedding(2000, 8)
-
-    assert _embedding_rows(Embed()) == 2000 and _embedding_rows(nn.Linear(2, 2)) is None
