@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hetlaunch.launcher.job_errors import JobError
+from hetlaunch.launcher.part_store import COMMIT_LOCK
 from hetlaunch.launcher.planning.topology import Placement
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.runtime.checkpoint_manifest import (CheckpointError, PartInfo, checkpoint_dir, latest_checkpoint,
@@ -92,7 +93,8 @@ class CheckpointBook:
         infos = [PartInfo(file=p.file, layer_start=p.layer_start, layer_end=p.layer_end, bytes=p.bytes,
                           sha256=p.sha256) for p in parts]
         try:
-            write_manifest(directory, step, self.num_layers, infos, {**self.extra, "source": source})
+            with COMMIT_LOCK:  # no uploaded part lands in the directory while it is committed
+                write_manifest(directory, step, self.num_layers, infos, {**self.extra, "source": source})
             prune_checkpoints(self.root, self.keep)
         except (CheckpointError, OSError) as err:
             raise JobError(f"cannot commit the checkpoint of step {step} in {directory}: {err}") from None

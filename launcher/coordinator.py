@@ -15,6 +15,7 @@ import resource
 import threading
 import time
 from concurrent import futures
+from typing import Callable
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -34,6 +35,25 @@ from hetlaunch.runtime.version import hetlaunch_version, torch_version
 
 SERVICE_NAME = "hetlaunch.v1.Coordinator"
 MAX_PART_BYTES = 1 << 40  # a sanity bound on one uploaded checkpoint part (1 TiB)
+
+
+def _next_command(commands: queue.Queue, still_mine: Callable[[], bool], timeout_s: float) -> pb.Command | None:
+    """The next command, taken only while `still_mine()` (checked under the queue's lock, which a
+    newer stream takes to replace this one: a command is never taken by a stream already replaced,
+    so none is handed back out of order); None after `timeout_s` or once replaced. queue.Queue's
+    lock, condition and deque are used as its own get() uses them."""
+    deadline = time.monotonic() + timeout_s
+    with commands.not_empty:
+        while not commands.queue:
+            left = deadline - time.monotonic()
+            if left <= 0 or not still_mine():
+                return None
+            commands.not_empty.wait(left)
+        if not still_mine():
+            return None
+        command = commands.queue.popleft()
+        commands.not_full.notify()
+        return command
 
 
 class CoordinatorServicer(control_pb2_grpc.CoordinatorServicer):
@@ -84,17 +104,14 @@ class CoordinatorServicer(control_pb2_grpc.CoordinatorServicer):
 
     def WatchCommands(self, request, context):
         record = self._record(request.agent_id, context)
-        me = record.watcher = object()  # an agent that reconnects replaces its stream; more never pile up
+        commands = record.commands
+        with commands.mutex:  # an agent that reconnects replaces its stream: more never pile up
+            me = record.watcher = object()
+            commands.not_empty.notify_all()  # the older stream sees it at once
         while context.is_active() and not record.lost and record.watcher is me:
-            try:
-                command = record.commands.get(timeout=0.5)
-            except queue.Empty:
+            command = _next_command(commands, lambda: record.watcher is me, 0.5)
+            if command is None:
                 continue
-            if record.watcher is not me:  # replaced meanwhile: back at the head, for the newer stream, in order
-                with record.commands.mutex:
-                    record.commands.queue.appendleft(command)
-                    record.commands.not_empty.notify()
-                return
             yield command
             if command.HasField("shutdown"):
                 return

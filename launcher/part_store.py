@@ -14,6 +14,7 @@ import hashlib
 import os
 import re
 import secrets
+import threading
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -24,6 +25,11 @@ from hetlaunch.runtime.files import UnreadableFile, open_regular_file
 CHUNK_BYTES = 1 << 20
 _PLAIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,200}$")
 _CHECKPOINT_NAME = re.compile(r"^step-\d{8,12}$")
+
+
+# Held while an uploaded part lands in its step directory and while the coordinator writes a
+# step's manifest (launcher/checkpoint_book.py): no part replaces one of a committed checkpoint.
+COMMIT_LOCK = threading.Lock()
 
 
 class PartRefused(ValueError):
@@ -67,7 +73,11 @@ def receive(chunks: Iterable[pb.PartChunk], target: Path, max_bytes: int) -> pb.
                 out.write(chunk.data)
             out.flush()
             os.fsync(out.fileno())
-        os.replace(tmp, target)
+        with COMMIT_LOCK:  # checked again as it lands: an upload begun before the commit ended after it
+            if (target.parent / MANIFEST_NAME).exists():
+                raise PartRefused(f"the checkpoint in {target.parent.name} was committed meanwhile: "
+                                  "its parts are not replaced")
+            os.replace(tmp, target)
     except BaseException:
         try:
             os.unlink(tmp)

@@ -44,6 +44,8 @@ class StepAggregator:
         if position is None:  # a node this plan does not use (a spare that joined): a KeyError ended `up`
             return None
         if metrics.eval_only:
+            if metrics.step not in self.late_evals and len(self.late_evals) >= MAX_PENDING_STEPS:
+                return None  # bounded as pending is: evaluations of steps that never complete
             self.late_evals.setdefault(metrics.step, {})[position] = \
                 metrics.eval_loss if metrics.has_eval_loss else None
             if self.carried is not None and metrics.step == self.carried.step:

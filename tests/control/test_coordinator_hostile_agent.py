@@ -90,3 +90,60 @@ def test_a_second_command_stream_of_an_agent_replaces_the_first(server, stub):
     received = list(second)  # every later command, in order, on the newer stream
     assert [c.WhichOneof("kind") for c in received] == ["run_stage", "run_stage", "shutdown"]
     assert [c.run_stage.stage.stage_index for c in received[:2]] == [1, 2]
+
+
+def test_an_upload_that_lands_after_the_commit_does_not_replace_the_committed_part(server, stub, tmp_path):
+    """The committed check ran only when an upload began: one begun before the manifest was written
+    replaced the committed part when it ended (a review). Checked again as it lands."""
+    server.state.checkpoint_root = tmp_path
+    agent = register(stub, "a").agent_id
+    step = checkpoint_dir(tmp_path, 5)
+
+    def slow():
+        yield pb.PartChunk(agent_id=agent, generation=0, step=5, file="layers-0-2.safetensors", data=b"forged")
+        deadline = time.monotonic() + RPC_TIMEOUT  # until the server writes the upload (past its first check)
+        while not list(step.glob(".*.tmp")) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        # the run's part and manifest, committed while the upload is under way
+        (step / "layers-0-2.safetensors").write_bytes(b"the run's")
+        (step / MANIFEST_NAME).write_text("{}")
+        yield pb.PartChunk(data=b" bytes")
+
+    err = _refused(lambda: stub.UploadPart(slow(), metadata=auth(), timeout=RPC_TIMEOUT))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "committed meanwhile" in err.details()
+    assert (step / "layers-0-2.safetensors").read_bytes() == b"the run's"
+    assert sorted(p.name for p in step.iterdir()) == sorted([MANIFEST_NAME, "layers-0-2.safetensors"])  # no temp left
+
+
+def test_a_replaced_command_stream_takes_no_command():
+    """A stream replaced while it waited took the next command and handed it back to the queue's
+    head, after the newer stream could have taken a later one: out of order (a review)."""
+    import queue
+
+    from hetlaunch.launcher.coordinator import _next_command
+
+    commands: queue.Queue = queue.Queue()
+    commands.put("first")
+    assert _next_command(commands, lambda: False, 0.01) is None  # replaced: left where it is
+    assert _next_command(commands, lambda: True, 0.01) == "first"
+    assert _next_command(commands, lambda: True, 0.01) is None  # nothing left: waits, then None
+
+
+def test_step_reports_are_bounded_per_call_and_in_the_queue(server, stub, monkeypatch):
+    """A report of 400,000 steps, and reports queued while nothing took them, grew the coordinator by
+    634 MB in 6 s (a review): a call holds at most what an agent's relay coalesces, the queue a bound."""
+    from hetlaunch.launcher import coordinator_state
+    from hetlaunch.runtime.step_reporter import MAX_PENDING
+
+    agent = register(stub, "a").agent_id
+    many = pb.ReportStepRequest(agent_id=agent, generation=0, metrics=pb.StepMetrics(step=1),
+                                more_metrics=[pb.StepMetrics(step=s) for s in range(2, MAX_PENDING + 2)])
+    err = _refused(lambda: stub.ReportStep(many, metadata=auth(), timeout=RPC_TIMEOUT))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and f"at most {MAX_PENDING}" in err.details()
+    del many.more_metrics[-1]  # what a relay sends at most
+    stub.ReportStep(many, metadata=auth(), timeout=RPC_TIMEOUT)
+    monkeypatch.setattr(coordinator_state, "MAX_QUEUED_STEPS", 5)
+    state = coordinator_state.CoordinatorState(["a"])
+    for step in range(8):
+        state.report_step("a", 0, pb.StepMetrics(step=step))
+    assert state.dropped_reports == 3 and state._steps.qsize() == 5

@@ -284,3 +284,14 @@ def test_steps_only_one_stage_reports_are_held_within_a_bound():
     for node in NODES:  # a real step still completes
         record = aggregator.add(node, _metrics(node, 5))
     assert record is not None and record.step == 5
+
+
+def test_late_evaluations_of_steps_that_never_complete_are_held_within_a_bound():
+    from hetlaunch.launcher.step_aggregator import MAX_PENDING_STEPS
+
+    aggregator = StepAggregator(_plan())
+    for step in range(MAX_PENDING_STEPS + 500):
+        metrics = _metrics("b", 10**6 + step)
+        metrics.eval_only = True
+        aggregator.add("b", metrics)
+    assert len(aggregator.late_evals) == MAX_PENDING_STEPS
