@@ -76,6 +76,6 @@ def read_as_narrower(tokens: np.ndarray, vocab_size: int, sample: int = 1 << 16)
     garbage (a review). Real text has no id that small at every odd place of its first 65,536."""
     if tokens.dtype != np.uint16 or vocab_size <= 1 << 16 or len(tokens) < 4:
         return False
-    head = np.asarray(tokens[:sample - sample % 2] if len(tokens) >= sample else tokens[:len(tokens) - len(tokens) % 2])
+    head = np.asarray(tokens[:min(len(tokens), sample) // 2 * 2])  # whole pairs of 16-bit halves
     high = (vocab_size - 1) >> 16
     return bool(head[1::2].max() <= high < head[0::2].max())
