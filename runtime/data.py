@@ -14,6 +14,7 @@ on every machine, nothing downloaded.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
@@ -178,3 +179,19 @@ def open_data(path: str, data_format: str, dtype: str, seq_len: int, seed: int, 
     held_out = f"{source} (its held-out last {eval_fraction:g})"
     return (TokenBatches(data[:cut], seq_len, seed, vocab_size, source),
             TokenBatches(data[cut:], seq_len, seed + 1, vocab_size, held_out))
+
+
+@contextlib.contextmanager
+def token_ids_named(first: bool, inputs):
+    """Around the first layers' forward: an IndexError they raise names the batch's largest token
+    id. A model that names no vocabulary (no vocab_size kwarg, no LayeredModel.vocab_size) has
+    its ids checked by nothing before training, and an id past its embedding ended the run with
+    only "IndexError: index out of range in self"."""
+    try:
+        yield
+    except IndexError as err:
+        if not first or not isinstance(inputs, Tensor) or inputs.is_floating_point() or inputs.numel() == 0:
+            raise
+        raise IndexError(f"{err} (in the first stage's layers, on a batch of token ids up to {int(inputs.max()):,}: "
+                         f"is an id at or past the model's vocabulary? Ids are checked before training only "
+                         f"where the model names its vocabulary: a vocab_size kwarg or LayeredModel.vocab_size)") from err

@@ -24,6 +24,7 @@ from torch import nn
 
 from hetlaunch.runtime import host_clock
 from hetlaunch.runtime.boundary import Message, differentiable, map_tensors, tensors
+from hetlaunch.runtime.data import token_ids_named
 from hetlaunch.runtime.emulation import ComputeEmulation
 from hetlaunch.runtime.grad_sync import GradientSync, SyncStats
 from hetlaunch.runtime.link import Link
@@ -365,7 +366,8 @@ class StageExecutor:
             inputs = self._received(part.prev_eval_link)
         with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []), \
                 autocast(self.device, self._dtype):
-            output = self._timed(part.module, map_tensors(lambda t: from_wire(t, self._dtype), inputs))
+            with token_ids_named(part.is_first, inputs):
+                output = self._timed(part.module, map_tensors(lambda t: from_wire(t, self._dtype), inputs))
             if part.is_last:
                 eval_losses.append(self.loss_fn(output, eval_microbatches[k][1].to(self.device)).item())
         if not part.is_last:
@@ -391,7 +393,8 @@ class StageExecutor:
                 t.requires_grad_()
             x = map_tensors(self.wire.receive, inputs)
         with autocast(self.device, self._dtype):
-            output = self._timed(part.module, x)
+            with token_ids_named(part.is_first, x):
+                output = self._timed(part.module, x)
             if part.is_last:
                 targets = microbatches[mb][1].to(self.device, non_blocking=True)
                 loss = self._timed(self.loss_fn, output, targets)

@@ -337,3 +337,24 @@ nodes:
     assert "Traceback" not in result.stderr
     metrics = tmp_path / "run" / "metrics.jsonl"
     assert not metrics.exists() or not metrics.read_text().strip()  # not one step trained
+
+
+@pytest.mark.timeout(180)
+def test_an_id_past_a_model_that_names_no_vocabulary_is_named_in_the_error(tmp_path):
+    # Nothing checks the ids of a model without vocab_size before training: the first layer's
+    # IndexError ends the run, and it must say which ids it was given (it said only "index out
+    # of range in self").
+    path = write_tokens(tmp_path / "train.bin", [9000] * 3000, "uint16")
+    (tmp_path / "c.yaml").write_text(f"""name: bad-ids
+model: {{entrypoint: user_model:make_mlp_lm, kwargs: {{seq_len: 16, d: 16, n_hidden: 1}}}}
+data: {{format: tokens, path: {path}}}
+train: {{steps: 400, micro_batch_size: 4, num_microbatches: 1, checkpoint_every: 0}}
+nodes:
+  - {{name: a, device: cpu, threads: 1}}
+""")
+    result = run_hetlaunch("up", str(tmp_path / "c.yaml"), "--run-dir", str(tmp_path / "run"), timeout=150)
+    assert result.returncode == 1, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "IndexError: index out of range in self (in the first stage's layers, on a batch " \
+                                "of token ids up to 9,000: is an id at or past the model's vocabulary?" in errors[0], result.stderr
+    assert "Traceback" not in result.stderr
