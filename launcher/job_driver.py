@@ -271,6 +271,8 @@ def _finish(session: ClusterSession, plan: Plan, record: RunRecord, book: Checkp
     summary = {"run_id": session.run_dir.name, "plan": plan.to_dict(), **record.summarize(), **extra,
                "memory": memory_summary(plan, record.records),
                "checkpoints_committed": book.committed, "events": dict(events.counts)}
+    if session.state.dropped_reports:  # past the coordinator's queue (a flood no real agent sends)
+        summary["dropped_reports"] = session.state.dropped_reports
     calibration = observers.calibration.finish(record.records)
     if calibration is not None:
         summary["calibration"] = calibration

@@ -168,6 +168,9 @@ def print_summary(console: Console, summary: dict, run_dir: Path) -> None:
         _say(console, f"  gradient sync from {sync['node']}: {sync['raw_bytes'] / 2**20:,.1f} MiB raw, "
                       f"{sync['wire_bytes'] / 2**20:,.1f} MiB on the wire, "
                       f"{sync['mean_blocked_s'] * 1e3:.1f} ms/step blocked")
+    if summary.get("dropped_reports"):
+        _say(console, f"  {summary['dropped_reports']:,} step report(s) dropped: more were waiting for the coordinator "
+                      f"than it keeps (an agent sent far more than a job's steps)")
     _memory_summary(console, summary.get("memory"))
     outer = summary.get("outer")
     if outer:

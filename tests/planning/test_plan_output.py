@@ -226,6 +226,13 @@ def test_summary_prints_brackets_verbatim():
     assert text.startswith("done: 3 steps")
     for piece in ("/runs/[/bold]:smile:/metrics.jsonl", "link gpu[/bold] ↔ [x]", "gradient sync from [bold]n"):
         assert piece in text, piece
+    assert "dropped" not in text
+
+
+def test_the_summary_says_how_many_step_reports_the_coordinator_dropped():
+    out = console()
+    print_summary(out, {"steps": 3, "wall_s": 1.0, "dropped_reports": 70000}, Path("/runs/x"))
+    assert "  70,000 step report(s) dropped: more were waiting for the coordinator than it keeps" in out.file.getvalue()
 
 
 def test_styles_are_kept():
