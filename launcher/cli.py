@@ -161,13 +161,17 @@ def report(
 def prepare_data(
     text_file: Path = typer.Argument(..., help="UTF-8 text to tokenize"),
     tokenizer: str = typer.Option(..., help="a tokenizer.json (or a directory holding one), or a Hugging Face hub name such as gpt2 (needs the network)"),
-    output: Path = typer.Option(..., "-o", "--output", help="the token file to write (e.g. train.bin)"),
+    output_name: str = typer.Option(..., "-o", "--output", help="the token file to write (e.g. train.bin)"),
 ) -> None:
     """Tokenize a text file into a token file for `data: {format: tokens}` (needs tokenizers: the data extra)."""
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
     from hetlaunch.launcher.prepare_data import PrepareError, prepare
 
+    output = Path(output_name)
+    if output_name.endswith(("/", os.sep)) or output.is_dir():  # Path() drops the slash: "out/" became a file "out"
+        fail(f"{escape_controls(output_name)}: names a folder; give the token file's name (e.g. {escape_controls(str(output / 'train.bin'))})",
+             EXIT_BAD_INPUT)
     interrupt_on_sigterm()
     try:
         total = text_file.stat().st_size if text_file.is_file() else None

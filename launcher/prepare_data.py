@@ -4,19 +4,19 @@ array of uint16 or uint32 ids, no header) that `data: {format: tokens}` trains o
 The tokenizer comes from the `tokenizers` package (the `hetlaunch[data]` extra): a
 `tokenizer.json` file, or a name on the Hugging Face hub (which needs the network). The text is
 read and encoded in chunks cut at line ends, so a corpus larger than memory works, with a
-progress bar; the output is written whole (a temp file renamed at the end) or not at all.
+progress bar; the output is written whole or not at all (runtime/files.py whole_file_beside: a
+file with no name until it is whole, so even a SIGKILL mid-way leaves nothing behind).
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
-from hetlaunch.runtime.files import UnreadableFile, new_temp_beside, read_regular_file
+from hetlaunch.runtime.files import UnreadableFile, read_regular_file, whole_file_beside
 
 CHUNK_BYTES = 4 * 2**20
 MAX_TOKENIZER_BYTES = 256 << 20  # the largest hub tokenizer.json files are tens of MB
@@ -103,31 +103,23 @@ def prepare(text_path: Path, tokenizer_name: str, output: Path,
     vocab_size = max(tokenizer.get_vocab_size(with_added_tokens=True), ids_bound)
     dtype = "uint16" if vocab_size <= 2**16 else "uint32"
     output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = new_temp_beside(output)
     tokens = offset = 0
-    try:
-        with open(tmp, "wb") as out:
-            for chunk in _chunks(text_path, CHUNK_BYTES):
-                try:
-                    text = chunk.decode("utf-8")
-                except UnicodeDecodeError as err:
-                    raise PrepareError(f"{text_path} is not UTF-8 text ({err.reason} at byte {offset + err.start:,})") from None
-                try:
-                    encoded = tokenizer.encode(text, add_special_tokens=False).ids
-                except Exception as err:  # the library's own, whatever their type (a WordLevel without its unk token)
-                    raise PrepareError(f"the tokenizer failed on {text_path} near byte {offset:,}: "
-                                       f"{' '.join(str(err).split())[:300]}") from None
-                ids = np.asarray(encoded, dtype=dtype)
-                out.write(ids.tobytes())
-                tokens += ids.size
-                offset += len(chunk)
-                advance(len(chunk))
-            out.flush()
-            os.fsync(out.fileno())
+    with whole_file_beside(output) as out:
+        for chunk in _chunks(text_path, CHUNK_BYTES):
+            try:
+                text = chunk.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise PrepareError(f"{text_path} is not UTF-8 text ({err.reason} at byte {offset + err.start:,})") from None
+            try:
+                encoded = tokenizer.encode(text, add_special_tokens=False).ids
+            except Exception as err:  # the library's own, whatever their type (a WordLevel without its unk token)
+                raise PrepareError(f"the tokenizer failed on {text_path} near byte {offset:,}: "
+                                   f"{' '.join(str(err).split())[:300]}") from None
+            ids = np.asarray(encoded, dtype=dtype)
+            out.write(ids.tobytes())
+            tokens += ids.size
+            offset += len(chunk)
+            advance(len(chunk))
         if tokens < 2:
             raise PrepareError(f"{text_path} gave {tokens} token(s); training needs more")
-        os.replace(tmp, output)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return Prepared(tokens=tokens, vocab_size=vocab_size, dtype=dtype)

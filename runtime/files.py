@@ -3,12 +3,14 @@ files read without trusting them."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import secrets
 import stat
 from pathlib import Path
+from typing import BinaryIO, Iterator
 
 
 def write_whole(path: Path, text: str | bytes, mode: int = 0o666) -> None:
@@ -46,6 +48,72 @@ def new_temp_beside(path: Path) -> Path:
     tmp = _temp_name(path)
     os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666))
     return tmp
+
+
+@contextlib.contextmanager
+def whole_file_beside(path: Path) -> Iterator[BinaryIO]:
+    """A file open for writing that becomes `path` whole when the block ends (fsynced, renamed over
+    it) and leaves nothing when the block raises. Where Linux allows (O_TMPFILE and /proc), the
+    file has no name until it is whole, so a SIGKILL or the OOM killer mid-way leaves nothing
+    behind either (a named temp file left gigabytes of a large corpus); elsewhere a hidden temp
+    name beside `path`. Created as a plain file is (0o666 less the umask). An OSError names `path`."""
+    fd, tmp = _unnamed_beside(path), None
+    if fd is None:
+        tmp = _named(path, new_temp_beside)
+        fd = _named(path, lambda _: os.open(tmp, os.O_WRONLY | os.O_CLOEXEC))
+    try:
+        with os.fdopen(fd, "wb", closefd=False) as out:
+            yield out
+            out.flush()
+        os.fsync(fd)
+        if tmp is None:  # named only now, whole, and at once renamed over `path`
+            tmp = _temp_name(path)
+            _named(path, lambda _: _link_unnamed(fd, tmp))
+        os.replace(tmp, path)
+    except BaseException:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        raise
+    finally:
+        os.close(fd)
+    _fsync_dir(path.parent)
+
+
+def _unnamed_beside(path: Path) -> int | None:
+    """An O_TMPFILE descriptor in path's folder that /proc can name later, or None where either is
+    missing (another OS, a file system without it, no /proc)."""
+    flag = getattr(os, "O_TMPFILE", None)
+    if flag is None:
+        return None
+    try:
+        fd = os.open(path.parent, flag | os.O_WRONLY | os.O_CLOEXEC, 0o666)
+    except OSError as err:
+        if err.errno in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+            return None
+        raise OSError(err.errno, err.strerror, str(path)) from None
+    if not os.path.exists(f"/proc/self/fd/{fd}"):
+        os.close(fd)
+        return None
+    return fd
+
+
+def _link_unnamed(fd: int, name: Path) -> None:
+    """Give the O_TMPFILE file `fd` the name `name`: linkat(2) of its /proc link, followed. A
+    directory descriptor makes os.link call linkat with AT_SYMLINK_FOLLOW; without one it calls
+    link(2), which links the /proc entry itself and fails with EXDEV."""
+    folder = os.open(name.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.link(f"/proc/self/fd/{fd}", name.name, src_dir_fd=folder, dst_dir_fd=folder, follow_symlinks=True)
+    finally:
+        os.close(folder)
+
+
+def _named(path: Path, call):
+    """call(path), its OSError naming `path` rather than a hidden temp name the user never gave."""
+    try:
+        return call(path)
+    except OSError as err:
+        raise OSError(err.errno, err.strerror, str(path)) from None
 
 
 def _temp_name(path: Path) -> Path:

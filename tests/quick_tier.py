@@ -27,7 +27,7 @@ MODULES = {
     "test_cluster_config", "test_hostile_yaml", "test_cli_errors", "test_memory_limit", "test_slurm_config",  # config
     "test_protos", "test_coordinator", "test_coordinator_hostile_agent", "test_move_protocol", "test_rendezvous_store",
     "test_step_reporter",  # the control-plane protocol
-    "test_model", "test_data", "test_checkpoint", "test_part_store", "test_recipe",  # the model, data, checkpoints, optimizers
+    "test_model", "test_data", "test_checkpoint", "test_part_store", "test_recipe", "test_whole_file",  # the model, data, checkpoints, optimizers
     "test_import_rules", "test_process_rules", "test_packaging", "test_late_steps", "test_topology", "test_pinned_windows_priced",
     "test_islands_plan",  # islands: grouping, H, the merged plan, the YAML
     "test_device_plans", "test_device_schedule_config",  # several stages per node: plans and the YAML

@@ -6,7 +6,11 @@ with escape sequences (printed raw, retitling the terminal). Each failed before 
 
 from __future__ import annotations
 
+import os
+import signal
 import stat
+import subprocess
+import time
 
 import numpy as np
 import pytest
@@ -66,13 +70,27 @@ def test_an_output_named_with_escape_sequences_is_printed_escaped(tmp_path):
     assert result.returncode == 0 and "\x1b" not in result.stdout and "e\\x1b]0;TITLE\\x07.bin" in result.stdout
 
 
-def test_sigterm_mid_way_leaves_no_temp_file(tmp_path):
-    """SIGTERM's default ended prepare-data with its hidden temp file left (gigabytes for a large
-    corpus); it now unwinds as Ctrl-C does, which removes it."""
-    import signal
-    import subprocess
-    import time
+def _writing(pid: int, folder) -> bool:
+    """Whether process `pid` holds a file open in `folder` that has no name there (O_TMPFILE)."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(f"{folder}/#") and target.endswith(" (deleted)"):
+            return True
+    return False
 
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 130), (signal.SIGKILL, -9)])
+def test_a_signal_mid_way_leaves_nothing_behind(tmp_path, sig, code):
+    """SIGTERM's default ended prepare-data with its hidden temp file left (gigabytes for a large
+    corpus); it now unwinds as Ctrl-C does. A SIGKILL (the OOM killer) cannot be unwound: the
+    token file has no name until it is whole, so nothing is left either."""
     from conftest import hetlaunch_cmd, hetlaunch_env
 
     text = tmp_path / "corpus.txt"
@@ -85,15 +103,31 @@ def test_sigterm_mid_way_leaves_no_temp_file(tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=hetlaunch_env())
     try:
         deadline = time.monotonic() + 60
-        while not list(tmp_path.glob(".train.bin.*.tmp")) and proc.poll() is None and time.monotonic() < deadline:
+        while not _writing(proc.pid, tmp_path) and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert proc.poll() is None and list(tmp_path.glob(".train.bin.*.tmp")), "it never got to writing"
-        proc.send_signal(signal.SIGTERM)
+        assert proc.poll() is None and _writing(proc.pid, tmp_path), "it never got to writing"
+        proc.send_signal(sig)
         _, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
-    assert proc.returncode == 130 and "Traceback" not in err, err  # as Ctrl-C ends it
-    assert not list(tmp_path.glob(".train.bin.*")) and not out.exists()
+    assert proc.returncode == code and "Traceback" not in err, err  # SIGTERM ends it as Ctrl-C does
+    assert sorted(os.listdir(tmp_path)) == ["corpus.txt", "tokenizer.json"]
+
+
+@pytest.mark.parametrize("given", ["out/", "existing"])
+def test_an_output_that_names_a_folder_is_refused_before_any_work(tmp_path, given):
+    # Path() drops a trailing slash: "-o out/" wrote a token file named "out".
+    (tmp_path / "existing").mkdir()
+    text = tmp_path / "corpus.txt"
+    text.write_text("hello world\n" * 20)
+    tokenizer = _word_level(tmp_path / "tokenizer.json", {"[UNK]": 0, "hello": 1, "world": 2})
+    result = run_hetlaunch("prepare-data", str(text), "--tokenizer", str(tokenizer), "-o", given, timeout=60,
+                           cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == f"error: {given}: names a folder; give the token file's name (e.g. " \
+                            f"{given.rstrip('/')}/train.bin)\n"
+    assert sorted(os.listdir(tmp_path)) == ["corpus.txt", "existing", "tokenizer.json"]
+    assert os.listdir(tmp_path / "existing") == []
 
 
 @pytest.mark.parametrize("setting", ["truncation", "padding"])
