@@ -190,7 +190,7 @@ class CoordinatorServicer(control_pb2_grpc.CoordinatorServicer):
         remaining = context.time_remaining()
         try:
             return self.state.store.handle(request, min(remaining - 1.0, 600.0) if remaining is not None else 600.0,
-                                           context.is_active)
+                                           context.is_active, caller=request.agent_id)
         except StoreRefused as err:
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED if err.full else grpc.StatusCode.INVALID_ARGUMENT,
                           f"store: {err}")

@@ -24,6 +24,7 @@ MAX_KEY_BYTES = 512
 MAX_VALUE_BYTES = 1 << 20
 MAX_KEYS = 100_000
 MAX_TOTAL_BYTES = 64 << 20
+MAX_BLOCKED_PER_CALLER = 8  # waiting calls of one agent at once (its worker makes a group or two at a time)
 
 
 class StoreRefused(ValueError):
@@ -36,13 +37,23 @@ class StoreRefused(ValueError):
 
 
 class RendezvousStore:
-    def __init__(self, max_blocked: int = 64) -> None:
+    def __init__(self, max_blocked: int = 64, max_blocked_per_caller: int = MAX_BLOCKED_PER_CALLER) -> None:
         self._data: dict[str, bytes] = {}
         self._bytes = 0
         self._changed = threading.Condition()
         self._closed = False
         self._blocked = threading.BoundedSemaphore(max_blocked)
         self.max_blocked = max_blocked
+        # One agent's worker waits on a key or two at a time (a rendezvous, a group being made
+        # beside another); without a share of its own, one token holder took every waiting place
+        # and the others' rendezvous were refused.
+        self._blocked_by: dict[str, int] = {}
+        self.max_blocked_per_caller = max_blocked_per_caller
+
+    def blocked_calls(self) -> dict[str, int]:
+        """Per caller, its calls waiting now."""
+        with self._changed:
+            return dict(self._blocked_by)
 
     def keep_only(self, prefix: str) -> None:
         """Drop every key outside `prefix` (a new generation: the old one's keys serve no one)."""
@@ -69,11 +80,15 @@ class RendezvousStore:
         self._data[key] = value
         self._changed.notify_all()
 
-    def _wait_for(self, keys: list[str], timeout_s: float, wanted: Callable[[], bool]) -> bool:
+    def _wait_for(self, keys: list[str], timeout_s: float, wanted: Callable[[], bool], caller: str) -> bool:
         if all(k in self._data for k in keys):
             return True
+        held = self._blocked_by.get(caller, 0)  # under the lock: _handle holds it, wait() gives it back
+        if held >= self.max_blocked_per_caller:
+            raise StoreRefused(f"{held} store calls of this agent are waiting already", full=True)
         if not self._blocked.acquire(blocking=False):  # only a call that would block counts
             raise StoreRefused(f"{self.max_blocked} store calls are waiting already", full=True)
+        self._blocked_by[caller] = held + 1
         try:
             deadline = time.monotonic() + max(0.0, timeout_s)
             while not all(k in self._data for k in keys):
@@ -84,21 +99,27 @@ class RendezvousStore:
             return True
         finally:
             self._blocked.release()
+            if self._blocked_by[caller] == 1:
+                del self._blocked_by[caller]
+            else:
+                self._blocked_by[caller] -= 1
 
     def handle(self, request: pb.StoreRequest, limit_s: float,
-               wanted: Callable[[], bool] = lambda: True) -> pb.StoreResponse:
-        """Do one operation; `limit_s` caps any wait (the RPC's own deadline); a wait ends early
-        once `wanted()` is false (the caller cancelled) or the store is closed."""
-        return self._handle(request, min(request.timeout_s or limit_s, limit_s), wanted)
+               wanted: Callable[[], bool] = lambda: True, caller: str = "") -> pb.StoreResponse:
+        """Do one operation for `caller` (its agent); `limit_s` caps any wait (the RPC's own
+        deadline); a wait ends early once `wanted()` is false (the caller cancelled) or the store
+        is closed."""
+        return self._handle(request, min(request.timeout_s or limit_s, limit_s), wanted, caller)
 
-    def _handle(self, request: pb.StoreRequest, timeout_s: float, wanted: Callable[[], bool]) -> pb.StoreResponse:
+    def _handle(self, request: pb.StoreRequest, timeout_s: float, wanted: Callable[[], bool],
+                caller: str) -> pb.StoreResponse:
         op, keys = request.op, list(request.keys)
         with self._changed:
             if op == "set":
                 self._put(keys[0], request.value)
                 return pb.StoreResponse(ok=True)
             if op == "get":
-                if not self._wait_for(keys[:1], timeout_s, wanted):
+                if not self._wait_for(keys[:1], timeout_s, wanted, caller):
                     return pb.StoreResponse(ok=False)
                 return pb.StoreResponse(ok=True, value=self._data[keys[0]])
             if op == "add":
@@ -118,7 +139,7 @@ class RendezvousStore:
                     return pb.StoreResponse(ok=True, value=request.value)
                 return pb.StoreResponse(ok=True, value=current if current is not None else request.expected)
             if op == "wait":
-                return pb.StoreResponse(ok=self._wait_for(keys, timeout_s, wanted))
+                return pb.StoreResponse(ok=self._wait_for(keys, timeout_s, wanted, caller))
             if op == "check":
                 return pb.StoreResponse(ok=all(k in self._data for k in keys))
             if op == "delete":

@@ -147,3 +147,33 @@ def test_step_reports_are_bounded_per_call_and_in_the_queue(server, stub, monkey
     for step in range(8):
         state.report_step("a", 0, pb.StepMetrics(step=step))
     assert state.dropped_reports == 3 and state._steps.qsize() == 5
+
+
+def test_one_agents_store_waits_leave_places_for_the_others(server, stub):
+    from hetlaunch.launcher.rendezvous_store import MAX_BLOCKED_PER_CALLER
+
+    hostile, good = register(stub, "a").agent_id, register(stub, "b").agent_id
+    key = f"gen{server.state.generation}/never"
+
+    def wait(agent: str):
+        return stub.StoreOp.future(pb.StoreRequest(op="wait", keys=[key], timeout_s=20, agent_id=agent),
+                                   metadata=auth(), timeout=30)
+    held = [wait(hostile) for _ in range(MAX_BLOCKED_PER_CALLER)]
+    try:
+        deadline = time.monotonic() + 20
+        while server.state.store.blocked_calls().get(hostile, 0) < MAX_BLOCKED_PER_CALLER:
+            assert time.monotonic() < deadline, server.state.store.blocked_calls()
+            time.sleep(0.05)
+        err = _refused(lambda: stub.StoreOp(pb.StoreRequest(op="wait", keys=[key], timeout_s=20, agent_id=hostile),
+                                            metadata=auth(), timeout=RPC_TIMEOUT))
+        assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "of this agent" in err.details()
+        held.append(wait(good))  # the other agent's rendezvous still waits, and is answered
+        while server.state.store.blocked_calls().get(good, 0) < 1:
+            assert time.monotonic() < deadline, server.state.store.blocked_calls()
+            time.sleep(0.05)
+        stub.StoreOp(pb.StoreRequest(op="set", keys=[key], value=b"v", agent_id=good), metadata=auth(), timeout=RPC_TIMEOUT)
+        assert all(call.result(timeout=RPC_TIMEOUT).ok for call in held)
+    finally:
+        server.state.store.close()
+        for call in held:
+            call.cancel()

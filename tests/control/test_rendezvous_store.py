@@ -147,8 +147,8 @@ def test_blocking_store_calls_are_capped_and_the_others_still_served():
                                                            5.0)) for _ in range(3)]
     for thread in waiting:
         thread.start()
-    time.sleep(0.3)  # the three are blocked (a fourth is refused whenever it comes while they are)
     try:
+        wait_for(lambda: store.blocked_calls() == {"": 3}, 20, "the three calls to block")
         with pytest.raises(StoreRefused, match="3 store calls are waiting already"):
             store.handle(pb.StoreRequest(op="get", keys=["never"], timeout_s=5), 5.0)
         assert store.handle(pb.StoreRequest(op="set", keys=["k"], value=b"v"), 1.0).ok  # not blocking: served
@@ -158,3 +158,28 @@ def test_blocking_store_calls_are_capped_and_the_others_still_served():
         for thread in waiting:
             thread.join(timeout=10)
     assert store.handle(pb.StoreRequest(op="check", keys=["k"]), 1.0).ok
+
+
+@pytest.mark.timeout(30)
+def test_one_agent_cannot_take_every_waiting_place():
+    store = RendezvousStore(max_blocked=6, max_blocked_per_caller=2)
+
+    def wait(caller: str) -> threading.Thread:
+        thread = threading.Thread(target=store.handle, args=(pb.StoreRequest(op="wait", keys=["never"], timeout_s=20),
+                                                             20.0), kwargs={"caller": caller})
+        thread.start()
+        return thread
+    waiting = [wait("hostile"), wait("hostile")]
+    try:
+        wait_for(lambda: store.blocked_calls() == {"hostile": 2}, 20, "the hostile agent's calls to block")
+        with pytest.raises(StoreRefused, match="2 store calls of this agent are waiting already"):
+            store.handle(pb.StoreRequest(op="wait", keys=["never"], timeout_s=20), 20.0, caller="hostile")
+        waiting += [wait("good")]  # another agent still gets a place
+        wait_for(lambda: store.blocked_calls() == {"hostile": 2, "good": 1}, 20, "the good agent's call to block")
+        store.handle(pb.StoreRequest(op="set", keys=["never"], value=b"v"), 1.0)
+        wait_for(lambda: store.blocked_calls() == {}, 20, "every call to end once the key is set")
+        assert store.handle(pb.StoreRequest(op="wait", keys=["never"], timeout_s=1), 1.0, caller="hostile").ok
+    finally:
+        store.close()
+        for thread in waiting:
+            thread.join(timeout=10)
