@@ -59,8 +59,8 @@ def whole_file_beside(path: Path) -> Iterator[BinaryIO]:
     name beside `path`. Created as a plain file is (0o666 less the umask). An OSError names `path`."""
     fd, tmp = _unnamed_beside(path), None
     if fd is None:
-        tmp = _named(path, new_temp_beside)
-        fd = _named(path, lambda _: os.open(tmp, os.O_WRONLY | os.O_CLOEXEC))
+        tmp = _temp_name(path)
+        fd = _named(path, lambda _: os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666))
     try:
         with os.fdopen(fd, "wb", closefd=False) as out:
             yield out
@@ -69,7 +69,7 @@ def whole_file_beside(path: Path) -> Iterator[BinaryIO]:
         if tmp is None:  # named only now, whole, and at once renamed over `path`
             tmp = _temp_name(path)
             _named(path, lambda _: _link_unnamed(fd, tmp))
-        os.replace(tmp, path)
+        _named(path, lambda _: os.replace(tmp, path))
     except BaseException:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
