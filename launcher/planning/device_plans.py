@@ -132,8 +132,8 @@ def _cut_in_rounds(profile: Profile, chain: list[NodeProfile], num_microbatches:
                 continue
             subs = list(itertools.islice(itertools.combinations(chain, size), MAX_SUBCHAINS + 1))
             if len(subs) > MAX_SUBCHAINS:  # the fastest nodes, in the chain's order
-                fastest = set(sorted(chain, key=lambda n: sum(n.layer_seconds))[:size])
-                subs = [tuple(n for n in chain if n in fastest)]
+                fastest = {n.name for n in sorted(chain, key=lambda n: sum(n.layer_seconds))[:size]}
+                subs = [tuple(n for n in chain if n.name in fastest)]  # by name: a NodeProfile is not hashable
             found = []
             for sub in subs:
                 try:

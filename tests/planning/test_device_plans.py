@@ -152,6 +152,22 @@ def test_interleaved_leaves_out_the_nodes_its_micro_batches_do_not_suit():
     assert plan_for(profile, _request("interleaved-1f1b", m=6)).excluded == {}  # 3 divides 6: all three
 
 
+def test_a_chain_with_more_sub_chains_than_are_tried_takes_its_fastest_nodes():
+    """Past MAX_SUBCHAINS sub-chains the fastest nodes are taken: they were gathered in a set of
+    NodeProfiles, which are not hashable, and every plan of 12 nodes at 4 micro-batches under
+    interleaved 1F1B ended in a TypeError traceback (a hostile review)."""
+    profile = regions_profile(per_region=12, regions=("a",), num_layers=24, layer_s=0.01, output_bytes=2**16)
+    nodes = list(profile.nodes)
+    for i in (0, 2, 5):
+        nodes[i] = nodes[i].model_copy(update={"layer_seconds": [t * 3.0 for t in nodes[i].layer_seconds]})
+    profile = profile.model_copy(update={"nodes": nodes})
+    result = plan_for(profile, _request("interleaved-1f1b", m=4))
+    cost = result.pipelines[0].cost
+    used = {s.node for s in cost.stages}
+    assert len(used) == 4 and not used & {"a0", "a2", "a5"}, used
+    check_device_priced("interleaved-1f1b", 4, cost)
+
+
 @pytest.mark.parametrize("schedule", ["zb-v", "interleaved-1f1b"])
 def test_random_profiles_plan_honestly_or_say_no_plan(schedule):
     """Small random clusters with extreme speeds and memories that may not fit: a plan whose step is
