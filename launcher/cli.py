@@ -19,7 +19,7 @@ import typer
 
 from hetlaunch.launcher.cli_cluster import (check_extras, check_token_files, join_token, load_cluster_file, new_token,
                                             with_cluster)
-from hetlaunch.launcher.cli_common import EXIT_BAD_INPUT, fail, interrupt_on_sigterm, plain_console
+from hetlaunch.launcher.cli_common import EXIT_BAD_INPUT, fail, interrupt_on_sigterm, output_file, plain_console
 from hetlaunch.launcher.plain_text import escape_controls
 from hetlaunch.launcher.cli_plan import plan
 from hetlaunch.launcher.cli_run_commands import certs_app, down, logs, status
@@ -107,7 +107,7 @@ def up(
 @app.command()
 def profile(
     cluster_yaml: Path = typer.Argument(..., help="cluster YAML file"),
-    output: Path = typer.Option(..., "-o", "--output", help="where to write the profile JSON"),
+    output_name: str = typer.Option(..., "-o", "--output", help="where to write the profile JSON"),
     run_dir: Optional[Path] = typer.Option(None, help="agent logs go here (default: runs/<run-id>)"),
     token_file: Optional[Path] = typer.Option(None, help="join token for remote agents"),
     reprofile: bool = typer.Option(False, help="measure every node again instead of using cached profiles"),
@@ -115,8 +115,9 @@ def profile(
     """Start the cluster's agents, measure nodes and links, save the profile; train nothing."""
     cluster = load_cluster_file(cluster_yaml)
     token = join_token(cluster, token_file)
+    output = output_file(output_name, "profile.json")
     directory = output.parent
-    why = ("it is a directory" if output.is_dir() else f"no directory {directory}" if not directory.is_dir()
+    why = (f"no directory {directory}" if not directory.is_dir()
            else f"{directory} is not writable" if not os.access(directory, os.W_OK) else None)
     if why:  # find out now, not after minutes of measuring
         fail(f"cannot write {output}: {why}", EXIT_BAD_INPUT)
@@ -168,10 +169,7 @@ def prepare_data(
 
     from hetlaunch.launcher.prepare_data import PrepareError, prepare
 
-    output = Path(output_name)
-    if output_name.endswith(("/", os.sep)) or output.is_dir():  # Path() drops the slash: "out/" became a file "out"
-        fail(f"{escape_controls(output_name)}: names a folder; give the token file's name (e.g. {escape_controls(str(output / 'train.bin'))})",
-             EXIT_BAD_INPUT)
+    output = output_file(output_name, "train.bin")
     interrupt_on_sigterm()
     try:
         total = text_file.stat().st_size if text_file.is_file() else None

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import signal
+import stat
 import sys
+from pathlib import Path
 
 import typer
 
@@ -37,3 +40,24 @@ def interrupt_on_sigterm() -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def output_file(raw: str, example: str) -> Path:
+    """The file an -o names, or one line (exit 2) where writing it would not do what was asked:
+    an empty name (it became "."), a folder ("out/" lost its slash and became a file "out"), or
+    something that is not a regular file (a FIFO or /dev/null would be replaced by the file
+    renamed over it). Checked before any work, not after minutes of it."""
+    if not raw:
+        fail("-o: an empty file name", EXIT_BAD_INPUT)
+    path = Path(raw)
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as err:  # a name too long, a loop of links, a file where a folder should be
+        fail(f"cannot write {raw}: {err.strerror or err}", EXIT_BAD_INPUT)
+    if raw.endswith(("/", os.sep)) or (mode is not None and stat.S_ISDIR(mode)):
+        fail(f"{raw}: names a folder; give the file's name (e.g. {path / example})", EXIT_BAD_INPUT)
+    if mode is not None and not stat.S_ISREG(mode):
+        fail(f"{raw} exists and is not a regular file", EXIT_BAD_INPUT)
+    return path

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import time
 
 import pytest
@@ -117,16 +118,23 @@ nodes:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("where", ["missing/dir/p.json", "a_file/p.json", "."])
-def test_profile_output_that_cannot_be_written_is_refused_before_measuring(tmp_path, where):
+@pytest.mark.parametrize("where, said", [("missing/dir/p.json", "cannot write"), ("a_file/p.json", "cannot write"),
+                                         (".", "names a folder"), ("newdir/", "names a folder"),
+                                         ("fifo", "exists and is not a regular file"), ("x" * 300, "File name too long")])
+def test_profile_output_that_cannot_be_written_is_refused_before_measuring(tmp_path, where, said):
+    # A FIFO (or, as root, /dev/null itself) was replaced by the profile renamed over it; "newdir/"
+    # became a file "newdir" (a hostile review).
     (tmp_path / "a_file").write_text("x")
+    os.mkfifo(tmp_path / "fifo")
     (tmp_path / "cluster.yaml").write_text("nodes: [{name: a, device: cpu, threads: 1}]\n")
     started = time.monotonic()
-    result = run_hetlaunch("profile", str(tmp_path / "cluster.yaml"), "-o", str(tmp_path / where),
+    result = run_hetlaunch("profile", str(tmp_path / "cluster.yaml"), "-o", str(tmp_path) + "/" + where,
                            "--run-dir", str(tmp_path / "run"), timeout=50)
     assert result.returncode == 2, result.stderr + result.stdout
-    assert result.stderr.startswith("error: cannot write") and len(result.stderr.splitlines()) == 1, result.stderr
+    assert result.stderr.startswith("error: ") and said in result.stderr and len(result.stderr.splitlines()) == 1, \
+        result.stderr
     assert time.monotonic() - started < 20 and not (tmp_path / "run").exists()
+    assert stat.S_ISFIFO(os.stat(tmp_path / "fifo").st_mode) and not (tmp_path / "newdir").exists()
 
 
 def test_save_profile_is_whole_or_a_one_line_error(tmp_path):

@@ -124,7 +124,7 @@ def test_an_output_that_names_a_folder_is_refused_before_any_work(tmp_path, give
     result = run_hetlaunch("prepare-data", str(text), "--tokenizer", str(tokenizer), "-o", given, timeout=60,
                            cwd=tmp_path)
     assert result.returncode == 2, result.stderr
-    assert result.stderr == f"error: {given}: names a folder; give the token file's name (e.g. " \
+    assert result.stderr == f"error: {given}: names a folder; give the file's name (e.g. " \
                             f"{given.rstrip('/')}/train.bin)\n"
     assert sorted(os.listdir(tmp_path)) == ["corpus.txt", "existing", "tokenizer.json"]
     assert os.listdir(tmp_path / "existing") == []
