@@ -9,6 +9,7 @@ line `error: ...` on stderr with the exit code below.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
@@ -335,6 +336,18 @@ def _run() -> int:
     except typer.Abort:  # Ctrl-C or end of input at a prompt (typer's own class in typer 0.2x, click's before)
         typer.echo("error: aborted", err=True)
         return 130
+    except OSError as error:
+        if error.errno not in (errno.ENAMETOOLONG, errno.ELOOP):
+            raise
+        # A path given on the command line that no file system can open: one line wherever the
+        # command first touched it (report, logs, deploy -o, --run-dir, --token-file...), not a traceback.
+        typer.echo(f"error: {escape_controls(str(error.filename))[:300]}: {error.strerror}", err=True)
+        return EXIT_BAD_INPUT
+    except RuntimeError as error:
+        if not str(error).startswith("Symlink loop"):  # pathlib's resolve() on a loop of links (Python < 3.13)
+            raise
+        typer.echo(f"error: {escape_controls(str(error))[:300]}", err=True)
+        return EXIT_BAD_INPUT
     return result if isinstance(result, int) else 0
 
 

@@ -227,3 +227,19 @@ def test_main_routes_an_abort_to_one_line_and_lets_other_errors_through(raised, 
             cli.main()
         assert exited.value.code == code
         assert capsys.readouterr().err.strip() == line
+
+
+@pytest.mark.parametrize("args", [("report", "{long}"), ("logs", "{long}", "n0"), ("status", "{long}"),
+                                  ("validate", "{long}.yaml"), ("report", "{loop}"),
+                                  ("up", "{example}", "--run-dir", "{long}"), ("up", "{example}", "--token-file", "{long}")])
+def test_a_path_no_file_system_can_open_is_one_line(args, tmp_path):
+    """A name of over 255 characters (ENAMETOOLONG) or a loop of links gave a traceback in most
+    commands (a hostile review); now one line naming it, exit 2, whichever command met it first."""
+    (tmp_path / "l1").symlink_to(tmp_path / "l2")
+    (tmp_path / "l2").symlink_to(tmp_path / "l1")
+    names = {"long": str(tmp_path / ("x" * 300)), "loop": str(tmp_path / "l1"),
+             "example": str(REPO / "cluster_examples" / "tiny_test.yaml")}
+    result = run_hetlaunch(*(a.format(**names) for a in args), timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("error: ") and len(result.stderr.splitlines()) == 1, result.stderr
+    assert "File name too long" in result.stderr or "l1" in result.stderr, result.stderr
