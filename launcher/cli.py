@@ -48,11 +48,14 @@ def _main(version: bool = typer.Option(False, "--version", callback=_show_versio
 
 
 @app.command()
-def validate(cluster_yaml: Path = typer.Argument(..., help="cluster YAML file")) -> None:
+def validate(cluster_yaml: Path = typer.Argument(..., help="cluster YAML file"),
+             allow_entrypoint: list[str] = typer.Option([], help="fnmatch pattern of model entrypoints validate may "
+                                                       "import to check a token file against their vocabulary "
+                                                       "(hetlaunch.models.* always; a YAML can name any code)")) -> None:
     """Check a cluster YAML file without starting anything."""
     cluster = load_cluster_file(cluster_yaml)
     check_extras(cluster)
-    tokens = check_token_files(cluster, cluster_yaml, ask_entrypoint=True)
+    tokens = check_token_files(cluster, cluster_yaml, ask_entrypoint=tuple(allow_entrypoint))
     slurm = sum(n.launch == "slurm" for n in cluster.nodes)
     on_ray = sum(n.launch == "ray" for n in cluster.nodes)
     print(f"{cluster_yaml}: ok ({len(cluster.nodes)} nodes, {len(cluster.local_nodes)} local, "
@@ -95,7 +98,7 @@ def up(
     """Start a coordinator and the local agents, wait for remote ones, profile, plan, train, write runs/<run-id>/."""
     cluster = load_cluster_file(cluster_yaml)
     check_extras(cluster)
-    check_token_files(cluster, cluster_yaml, ask_entrypoint=False)  # an entrypoint's vocabulary: the stages check
+    check_token_files(cluster, cluster_yaml, ask_entrypoint=None)  # an entrypoint's vocabulary: the stages check
     token = join_token(cluster, token_file)
     if resume is not None and run_dir is not None and resume.resolve() != run_dir.resolve():
         fail("--resume continues in its own run directory; leave --run-dir out", 2)

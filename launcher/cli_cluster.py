@@ -37,7 +37,7 @@ def check_extras(cluster) -> None:
         fail(str(err), EXIT_BAD_INPUT)
 
 
-def check_token_files(cluster, cluster_yaml: Path, ask_entrypoint: bool) -> str | None:
+def check_token_files(cluster, cluster_yaml: Path, ask_entrypoint: tuple[str, ...] | None) -> str | None:
     """Every id of a token file below the model's vocabulary (launcher/token_check.py), or one line."""
     from hetlaunch.launcher.token_check import BadTokens, check_tokens
 

@@ -17,7 +17,6 @@ config.json last, so a directory with a config.json from this export has its wei
 
 from __future__ import annotations
 
-import fnmatch
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +26,7 @@ from google.protobuf import json_format
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.runtime.checkpoint_manifest import CheckpointError, newest_intact_checkpoint, read_manifest
 from hetlaunch.runtime.files import new_temp_beside, write_whole
+from hetlaunch.runtime.policy import OWN_ENTRYPOINTS, entrypoint_allowed
 from hetlaunch.runtime.wire import model_spec_from_proto
 
 
@@ -63,14 +63,11 @@ def _checkpoint(path: Path) -> tuple[Path, object, list[tuple[int, Path, str]]]:
                       "directory with a manifest.json)")
 
 
-OWN_ENTRYPOINTS = ("hetlaunch.models.*",)  # importable without --allow-entrypoint: hetlaunch's own code
-
-
 def _allowed(model: pb.ModelSpec, directory: Path, allow_entrypoints: tuple[str, ...]) -> None:
     if not model.HasField("entrypoint"):
         return  # the built-in GPT
     name = model.entrypoint.entrypoint
-    if not any(fnmatch.fnmatchcase(name, pattern) for pattern in (*OWN_ENTRYPOINTS, *allow_entrypoints)):
+    if not entrypoint_allowed(name, (*OWN_ENTRYPOINTS, *allow_entrypoints)):
         raise ExportError(f"{directory}: the checkpoint names model entrypoint {name!r}, which export imports only "
                           f"when --allow-entrypoint matches it (a checkpoint can name any code)")
 

@@ -4,8 +4,9 @@ per GB from the page cache), so one bad id at the end of a corpus is a one-line 
 a crash hours into the run.
 
 Where the vocabulary comes from: the built-in GPT's is in the YAML (no torch). An entrypoint's
-is known only to the model: `validate` asks it (importing torch and the entrypoint, here);
-`up` does not, so the coordinator stays free of torch, and leaves the check to the stages,
+is known only to the model: `validate` asks it (importing torch and the entrypoint, here) where
+the entrypoint is hetlaunch's own or `--allow-entrypoint` matches it (a YAML from elsewhere can
+name any code, and validate is what one runs on it first); `up` does not, so the coordinator stays free of torch, and leaves the check to the stages,
 which run it when they open the file (runtime/data.py), still before the first step. Every
 stage checks the copy it reads, since a remote node has its own copy of the file.
 """
@@ -17,6 +18,7 @@ import os
 import numpy as np
 
 from hetlaunch.launcher.cluster_config import ClusterConfig
+from hetlaunch.runtime.policy import OWN_ENTRYPOINTS, entrypoint_allowed
 from hetlaunch.runtime.token_file import check_token_ids, token_file
 
 
@@ -24,13 +26,17 @@ class BadTokens(ValueError):
     """A token id outside the vocabulary, or a file that cannot be read as tokens: one line."""
 
 
-def model_vocabulary(cluster: ClusterConfig, ask_entrypoint: bool) -> tuple[int | None, str]:
-    """(vocabulary or None, why None)."""
+def model_vocabulary(cluster: ClusterConfig, ask_entrypoint: tuple[str, ...] | None) -> tuple[int | None, str]:
+    """(vocabulary or None, why None). `ask_entrypoint`: the patterns of entrypoints that may be
+    imported here to ask (hetlaunch's own always may); None: none is."""
     spec = cluster.model.to_spec()
     if spec.gpt is not None:
         return spec.gpt.vocab_size, ""
-    if not ask_entrypoint:
+    if ask_entrypoint is None:
         return None, "the stages check them against the model's vocabulary when they open the file"
+    if not entrypoint_allowed(spec.entrypoint, (*OWN_ENTRYPOINTS, *ask_entrypoint)):
+        return None, (f"validate imports {spec.entrypoint} to ask its vocabulary only where --allow-entrypoint "
+                      f"matches it (a YAML can name any code); the stages check them when they open the file")
     try:
         from hetlaunch.runtime.model import describe_model
 
@@ -43,7 +49,7 @@ def model_vocabulary(cluster: ClusterConfig, ask_entrypoint: bool) -> tuple[int 
     return vocab, ""
 
 
-def check_tokens(cluster: ClusterConfig, source: str, ask_entrypoint: bool) -> str | None:
+def check_tokens(cluster: ClusterConfig, source: str, ask_entrypoint: tuple[str, ...] | None) -> str | None:
     """Raise BadTokens for an id outside the vocabulary, or a data file too short to draw a
     sample from; return what was checked (None: no token file). `source` names the YAML in the message."""
     data = cluster.data

@@ -23,6 +23,14 @@ from pathlib import Path
 from hetlaunch.protos import control_pb2 as pb
 
 
+OWN_ENTRYPOINTS = ("hetlaunch.models.*",)  # hetlaunch's own model code: what export and validate import unasked
+
+
+def entrypoint_allowed(name: str, patterns: tuple[str, ...]) -> bool:
+    """Whether "module:function" matches one of the fnmatch `patterns`."""
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
+
+
 class PolicyRefusal(ValueError):
     """A command this agent's operator did not allow, with the rule that refused it."""
 
@@ -47,7 +55,7 @@ class AgentPolicy:
         if not model.HasField("entrypoint"):
             return  # the built-in GPT: hetlaunch's own code
         name = model.entrypoint.entrypoint
-        if not any(fnmatch.fnmatchcase(name, pattern) for pattern in self.entrypoints):
+        if not entrypoint_allowed(name, self.entrypoints):
             allowed = ", ".join(self.entrypoints) or "none: only the built-in GPT"
             raise PolicyRefusal(f"refused by this agent's policy: model entrypoint {name!r} is not allowed "
                                 f"(--allow-entrypoint: {allowed})")

@@ -77,17 +77,17 @@ def test_every_id_is_checked_in_chunks_and_the_first_bad_one_is_named(monkeypatc
         tf.check_token_ids(bad, 1000, "f")
 
 
-def _validate_fails_on_the_last_id(tmp_path, model: str, vocab: int):
+def _validate_fails_on_the_last_id(tmp_path, model: str, vocab: int, *flags: str):
     path = write_tokens(tmp_path / "train.bin", [7] * 69_999 + [vocab])  # one bad id, at the very end
     (tmp_path / "c.yaml").write_text(f"name: t\nmodel: {model}\ndata: {{format: tokens, path: {path}}}\n"
                                      "nodes: [{name: a}]\n")
-    result = run_hetlaunch("validate", str(tmp_path / "c.yaml"), timeout=90)
+    result = run_hetlaunch("validate", str(tmp_path / "c.yaml"), *flags, timeout=90)
     assert result.returncode == 2, result.stdout + result.stderr
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
     assert result.stderr == (f"error: {tmp_path / 'c.yaml'}: data.path: {path} holds token id {vocab}, outside the "
                              f"model's vocabulary of {vocab} (ids 0..{vocab - 1}), at position 69999 of 70000\n")
     write_tokens(path, [7] * 70_000)
-    result = run_hetlaunch("validate", str(tmp_path / "c.yaml"), timeout=90)
+    result = run_hetlaunch("validate", str(tmp_path / "c.yaml"), *flags, timeout=90)
     assert result.returncode == 0, result.stderr
     assert f"token ids: all 70,000 of {path} below the vocabulary of {vocab:,}" in result.stdout
 
@@ -125,9 +125,26 @@ def test_validate_checks_every_token_id_against_the_built_in_models_vocabulary(t
     _validate_fails_on_the_last_id(tmp_path, "{preset: tiny, vocab_size: 300}", 300)
 
 
-def test_validate_asks_an_entrypoint_model_its_vocabulary(tmp_path):
+def test_validate_asks_an_entrypoint_model_its_vocabulary_where_allowed(tmp_path):
     _validate_fails_on_the_last_id(tmp_path, "{entrypoint: user_model:make_layered_mlp_lm, kwargs: "
-                                             "{seq_len: 16, vocab_size: 260}}", 260)
+                                             "{seq_len: 16, vocab_size: 260}}", 260, "--allow-entrypoint", "user_model:*")
+
+
+def test_validate_imports_no_entrypoint_it_was_not_allowed(tmp_path):
+    """validate is what one runs on a YAML from elsewhere, and it imported whatever it named:
+    logging:basicConfig with a filename truncated that file (a hostile review). Only hetlaunch's
+    own models, or what --allow-entrypoint matches, are imported."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("kept")
+    path = write_tokens(tmp_path / "train.bin", [7] * 1000)
+    (tmp_path / "c.yaml").write_text(
+        f"name: t\nmodel: {{entrypoint: 'logging:basicConfig', kwargs: {{seq_len: 4, filename: '{victim}', "
+        f"filemode: w}}}}\ndata: {{format: tokens, path: {path}}}\nnodes: [{{name: a}}]\n")
+    result = run_hetlaunch("validate", str(tmp_path / "c.yaml"), timeout=90)
+    assert result.returncode == 0, result.stderr
+    assert victim.read_text() == "kept"
+    assert (f"token ids of {path} not checked here: validate imports logging:basicConfig to ask its vocabulary only "
+            "where --allow-entrypoint matches it") in result.stdout, result.stdout
 
 
 def test_files_that_are_not_whole_tokens_are_refused(tmp_path):
