@@ -37,7 +37,8 @@ from hetlaunch.launcher.memory_summary import memory_summary
 from hetlaunch.launcher.progress import TrainingProgress, print_calibration, print_plan, print_summary
 from hetlaunch.launcher.run_dir_lock import RunDirLock
 from hetlaunch.launcher.run_record import RunRecord, StepRecord, make_run_dir
-from hetlaunch.launcher.run_start import check_fresh, check_resumable, checkpoint_book, checkpoint_lock, start_point
+from hetlaunch.launcher.run_start import (check_fresh, check_resumable, checkpoint_book, checkpoint_lock, start_point,
+                                          trained_to_the_end)
 from hetlaunch.launcher.step_aggregator import StepAggregator
 from hetlaunch.launcher.session import ClusterSession, JobError
 from hetlaunch.launcher.stage_launch import eval_fill_event, launch
@@ -124,6 +125,8 @@ def run_up(cluster, options: UpOptions, console: Console) -> Path:
             if created:  # refused before anything ran: leave nothing behind
                 shutil.rmtree(run_dir, ignore_errors=True)
             raise
+        if options.resume is not None and trained_to_the_end(session, console):
+            return run_dir
         with session:
             while not session.state.joins.empty():  # the first registrations are not joins to act on
                 session.state.joins.get_nowait()

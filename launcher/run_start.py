@@ -77,6 +77,19 @@ def check_resumable(run_dir: Path) -> None:
             raise JobError(f"cannot resume {run_dir}: its coordinator (pid {pid}) is still running")
 
 
+def trained_to_the_end(session: ClusterSession, console: Console) -> bool:
+    """Whether the run being resumed committed a checkpoint at train.steps or past it: then
+    nothing starts and nothing of the run is written (a resume that trained nothing rewrote
+    summary.json with a wall time of 0, no checkpoints and no events; a hostile review)."""
+    root, steps = session.checkpoint_root, session.cluster.train.steps
+    found, _ = newest_intact_checkpoint(root) if root.is_dir() else (None, [])
+    if found is None or found[1].step < steps:
+        return False
+    console.print(f"the checkpoint at step {found[1].step} is this run's last (train.steps: {steps}): nothing left "
+                  f"to train; {session.run_dir} is left as it was")
+    return True
+
+
 def checkpoint_book(session: ClusterSession, spec, plan: Plan) -> CheckpointBook:
     """The run's checkpoints, each manifest naming the model and seeds a restore must match."""
     cluster = session.cluster

@@ -60,11 +60,17 @@ def test_a_fifo_in_a_checkpoint_parts_place_is_refused_not_waited_on(run, tmp_pa
 
 @pytest.mark.timeout(150)
 def test_resuming_a_run_at_its_last_step_says_there_is_nothing_left(run, tmp_path):
-    """It ended in a traceback (no generation had run, so no plan was current)."""
+    """It ended in a traceback (no generation had run, so no plan was current); then it started
+    every agent, profiled and rewrote summary.json with a wall time of 0, no checkpoints and no
+    events (a hostile review). Now nothing starts and nothing of the run is written."""
+    def records():  # every file but the locks, which hold the pid of whoever took them last
+        return {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != "up.lock"}
+    before = records()
     result = run_hetlaunch("up", str(tmp_path / "cluster.yaml"), "--resume", str(run), timeout=120)
     assert result.returncode == 0, result.stderr
     assert "the checkpoint at step 4 is this run's last (train.steps: 4): nothing left to train" in result.stdout
-    assert json.loads((run / "summary.json").read_text())["steps"] == 4
+    assert "coordinator listening" not in result.stdout and "plan" not in result.stdout.lower(), result.stdout
+    assert records() == before
 
 
 @pytest.mark.timeout(120)
