@@ -27,14 +27,23 @@ def _steps_increase(changes: list) -> list:
     return changes
 
 
+# Emulation knobs past these turned into tracebacks once training started (a hostile review): a
+# speed of 1e-300 or a latency of 1e300 ms overflowed a timestamp, 1e300 GB of memory an integer,
+# 1e-30 GB reported 0 bytes. Far beyond any real device or link, never in the way of one.
+MIN_SPEED = 1e-3  # a thousandth of the real speed
+MAX_LATENCY_MS = 600_000.0  # ten minutes one way
+BANDWIDTH_MBPS = {"ge": 1e-3, "le": 1e9}  # a kilobit to a petabit a second
+MEMORY_GB = {"ge": 1e-9, "le": 1e6}  # a byte (tests cap a stage at a kilobyte) to a petabyte
+
+
 class BandwidthChange(Strict):
     at_step: int = Field(ge=0, le=MAX_STEPS)
-    bandwidth_mbps: YamlFloat = Field(gt=0)
+    bandwidth_mbps: YamlFloat = Field(**BANDWIDTH_MBPS)
 
 
 class LinkEmulation(Strict):
-    bandwidth_mbps: YamlFloat | None = Field(None, gt=0)  # megabits/s the link carries (after compression)
-    latency_ms: YamlFloat | None = Field(None, ge=0)  # one-way latency added to every message
+    bandwidth_mbps: YamlFloat | None = Field(None, **BANDWIDTH_MBPS)  # megabits/s the link carries (after compression)
+    latency_ms: YamlFloat | None = Field(None, ge=0, le=MAX_LATENCY_MS)  # one-way latency added to every message
     # Training only, never profiled (a congested link): from each at_step on the stage boundaries
     # over this link carry that many megabits/s instead.
     bandwidth_changes: Annotated[list[BandwidthChange], AfterValidator(_steps_increase)] = Field(default_factory=list)
@@ -54,12 +63,12 @@ class LinkConfig(Strict):
 
 class SpeedChange(Strict):
     at_step: int = Field(ge=0, le=MAX_STEPS)
-    speed: YamlFloat = Field(gt=0, le=1)
+    speed: YamlFloat = Field(ge=MIN_SPEED, le=1)
 
 
 class NodeEmulation(Strict):
-    speed: YamlFloat = Field(1.0, gt=0, le=1)  # fraction of real compute speed; < 1 stretches every layer's time
-    memory_gb: YamlFloat | None = Field(None, gt=0)  # caps the memory the agent reports and may use
+    speed: YamlFloat = Field(1.0, ge=MIN_SPEED, le=1)  # fraction of real compute speed; < 1 stretches every layer's time
+    memory_gb: YamlFloat | None = Field(None, **MEMORY_GB)  # caps the memory the agent reports and may use
     # Training only, never profiled (a straggler, or a node profiled faster than it trains): from
     # each at_step on the node computes at that speed instead.
     speed_changes: Annotated[list[SpeedChange], AfterValidator(_steps_increase)] = Field(default_factory=list)
@@ -105,7 +114,7 @@ class NodeConfig(Strict):
     ssh_options: list[str] = Field(default_factory=list)  # ssh only: passed to ssh before the host, e.g. [-i, key]
     remote_python: str = Field("python3", min_length=1)  # ssh only: the remote interpreter that has hetlaunch
     slurm: Name | None = None  # slurm only: its group in the top-level slurm: list (default: the only one)
-    device: str = Field("auto", pattern=r"^(auto|cpu|cuda|cuda:\d+)$")  # auto | cpu | cuda | cuda:N
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda|cuda:\d{1,4})$")  # auto | cpu | cuda | cuda:N (N < 10,000)
     threads: int | None = Field(None, ge=1, le=MAX_THREADS)  # local nodes only: torch intra-op threads (default: cores / local agents)
     # CUDA only: the share of the GPU's memory this node's stage may allocate (the allocator
     # refuses more; the planner fits stages under it); null: all that is free.

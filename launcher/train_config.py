@@ -98,7 +98,7 @@ class TrainConfig(Strict):
     # runtime/wire_rounding.py. fp16 always rounds to nearest
     link_rounding: Literal["nearest", "stochastic"] = DEFAULT_LINK_ROUNDING
     optimizer: Literal["adamw", "sgd"] = "adamw"
-    lr: YamlFloat = Field(3.0e-3, gt=0)  # peak learning rate
+    lr: YamlFloat = Field(3.0e-3, gt=0, le=1e3)  # peak learning rate (1e308 trained to NaN at once without a word)
     momentum: YamlFloat = Field(0.9, ge=0, lt=1)  # sgd only
     weight_decay: YamlFloat = Field(0.0, ge=0)  # decoupled (AdamW) or L2 (SGD); only on weights of >= 2 dimensions
     lr_schedule: Literal["constant", "cosine", "linear"] = "constant"  # after warm-up, down to lr * min_lr_ratio by the end of the run

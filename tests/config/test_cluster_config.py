@@ -195,9 +195,29 @@ def test_bound_violation() -> None:
     assert "train.lr: must be > 0 (got 0.0)" in error_of("train: {lr: 0.0}\nnodes: [{name: a}]")
     assert "coordinator.port: must be <= 65535 (got 70000)" in error_of("coordinator: {port: 70000}\nnodes: [{name: a}]")
     assert "nodes[0].emulate.speed: must be <= 1 (got 2)" in error_of("nodes: [{name: a, emulate: {speed: 2}}]")
-    assert "nodes[0].emulate.memory_gb: must be > 0" in error_of("nodes: [{name: a, emulate: {memory_gb: 0}}]")
-    assert "train.lr: must be a finite number (got inf)" in error_of("train: {lr: .inf}\nnodes: [{name: a}]")
-    assert "train.lr: must be > 0 (got nan)" in error_of("train: {lr: .nan}\nnodes: [{name: a}]")
+    assert "nodes[0].emulate.memory_gb: must be >= 1e-09" in error_of("nodes: [{name: a, emulate: {memory_gb: 0}}]")
+    assert "train.lr: must be <= 1000 (got inf)" in error_of("train: {lr: .inf}\nnodes: [{name: a}]")
+    assert "train.lr: must be <= 1000 (got nan)" in error_of("train: {lr: .nan}\nnodes: [{name: a}]")
+
+
+@pytest.mark.parametrize("text, said", [
+    ("nodes: [{name: a, emulate: {memory_gb: 1e300}}]", "nodes[0].emulate.memory_gb: must be <= 1000000"),
+    ("nodes: [{name: a, emulate: {memory_gb: 1e-30}}]", "nodes[0].emulate.memory_gb: must be >= 1e-09"),
+    ("nodes: [{name: a, emulate: {speed: 1e-300}}]", "nodes[0].emulate.speed: must be >= 0.001"),
+    ("nodes: [{name: a, emulate: {speed_changes: [{at_step: 1, speed: 1e-9}]}}]",
+     "nodes[0].emulate.speed_changes[0].speed: must be >= 0.001"),
+    ("nodes: [{name: a, region: x}, {name: b, region: y}]\nlinks: [{between: [x, y], emulate: {latency_ms: 1e300}}]",
+     "links[0].emulate.latency_ms: must be <= 600000"),
+    ("nodes: [{name: a, region: x}, {name: b, region: y}]\nlinks: [{between: [x, y], emulate: {bandwidth_mbps: 1e-300}}]",
+     "links[0].emulate.bandwidth_mbps: must be >= 0.001"),
+    ("nodes: [{name: a, device: 'cuda:99999999999999999999'}]", "nodes[0].device: must match"),
+    ("train: {lr: 1e308}\nnodes: [{name: a}]", "train.lr: must be <= 1000"),
+])
+def test_emulation_and_training_numbers_past_any_real_use_are_refused(text: str, said: str) -> None:
+    """Each passed validate and then failed `up` after its agents had started, in a raw Python
+    message (timestamp out of range, cannot convert infinity to integer, torch's device parser),
+    or trained to NaN at once without a word (a hostile review)."""
+    assert said in error_of(text)
 
 
 def test_several_errors_report_the_first_and_count() -> None:
@@ -269,7 +289,7 @@ def test_link_needs_two_distinct_regions() -> None:
     assert "links[0].between: needs two different regions" in error_of(NODES_2_REGIONS + "links: [{between: [r1, r1]}]")
     assert "links[0].between: must be a pair [a, b] (got 3 items)" in \
         error_of(NODES_2_REGIONS + "links: [{between: [r1, r2, r1]}]")
-    assert "links[0].emulate.bandwidth_mbps: must be > 0" in \
+    assert "links[0].emulate.bandwidth_mbps: must be >= 0.001" in \
         error_of(NODES_2_REGIONS + "links: [{between: [r1, r2], emulate: {bandwidth_mbps: 0}}]")
 
 
