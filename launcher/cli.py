@@ -248,8 +248,9 @@ def agent(
     import math
     import re
 
-    if not (math.isfinite(connect_timeout) and connect_timeout > 0):
-        fail(f"--connect-timeout must be a positive number of seconds (got {connect_timeout})", EXIT_BAD_INPUT)
+    if not (math.isfinite(connect_timeout) and 0 < connect_timeout <= 365 * 86400):  # 1e10 s overflowed a deadline
+        fail(f"--connect-timeout must be a positive number of seconds, at most a year (got {connect_timeout})",
+             EXIT_BAD_INPUT)
     match = re.fullmatch(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})", coordinator)
     if match is None or not 0 < int(match.group(2)) < 65536:
         fail(f"--coordinator must be HOST:PORT (e.g. 10.0.0.5:29400 or [::1]:29400), not {coordinator!r}",

@@ -38,7 +38,7 @@ def plan(
     reprofile: bool = typer.Option(False, help="measure every node again instead of using cached profiles"),
     islands: bool = typer.Option(False, "--islands", help="plan islands with outer steps, one per region (the "
                                                         "YAML's train.outer when it has one)"),
-    outer_every: Optional[int] = typer.Option(None, "--outer-every", min=1,
+    outer_every: Optional[int] = typer.Option(None, "--outer-every", min=1, max=10**9,
                                               help="with --islands: inner steps between outer steps (default: "
                                                    "the YAML's, else chosen)"),
 ) -> None:
@@ -183,9 +183,16 @@ def _plan_islands(measured, request, train, every: int | None, as_json: bool) ->
     if every is not None:
         outer = outer.model_copy(update={"every": every, "delay": min(outer.delay, every - 1)})
     if train is None:  # offline without a YAML: the request's batch at the profile's micro-batch size
+        from pydantic import ValidationError
+
+        from hetlaunch.launcher.config_errors import describe
+
         batch = ({"global_batch": request.global_batch} if request.global_batch is not None
                  else {"num_microbatches": request.num_microbatches})
-        train = TrainConfig(micro_batch_size=measured.micro_batch_size, **batch)
+        try:
+            train = TrainConfig(micro_batch_size=measured.micro_batch_size, **batch)
+        except ValidationError as err:  # 65,537 samples at the profile's micro-batch size: too many micro-batches
+            fail(f"--global-batch {request.global_batch}: {describe(err.errors()[0], TrainConfig)}", EXIT_BAD_INPUT)
     train = train.model_copy(update={"outer": outer})
     _print_plan_of(lambda: plan_islands(ProfileCluster(measured, train), measured, request), as_json, "planned")
 

@@ -178,6 +178,16 @@ nodes:
     assert "the-right-token" not in err
 
 
+@pytest.mark.parametrize("seconds", ["0", "nan", "inf", "1e10"])
+def test_an_agent_connect_timeout_past_any_use_is_one_line_before_dialing(seconds):
+    """1e10 s passed and overflowed a deadline: a traceback (a hostile review)."""
+    agent = run_hetlaunch("agent", "--coordinator", "127.0.0.1:9", "--name", "a", "--connect-timeout", seconds,
+                          env=hetlaunch_env(HETLAUNCH_TOKEN="t"), timeout=30)
+    assert agent.returncode == 2 and agent.stderr.strip().splitlines() == [
+        f"error: --connect-timeout must be a positive number of seconds, at most a year (got {float(seconds)})"
+    ], agent.stderr
+
+
 @pytest.mark.parametrize("name", ["a\nb", "-rf", "x" * 65, "a b", ""])
 def test_an_agent_name_that_no_yaml_could_give_is_one_line_before_dialing(name):
     """A newline in --name split the agent's error over two lines, after it had dialed."""

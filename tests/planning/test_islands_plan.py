@@ -126,6 +126,20 @@ def test_plan_offline_with_islands_as_json(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
+    (["--global-batch", "65537"], "--global-batch 65537: global_batch: 65537 samples at micro_batch_size"),
+    (["--outer-every", str(10**12)], "hetlaunch plan: Invalid value for '--outer-every'"),
+])
+def test_plan_offline_with_islands_refuses_a_batch_or_period_past_the_bounds_in_one_line(tmp_path, args, message):
+    """A global batch of more micro-batches than a step may have was a pydantic traceback; an outer
+    period of 10^12 was planned (a hostile review)."""
+    profile, _, _ = _offline()
+    save_profile(profile, tmp_path / "p.json")
+    result = run_hetlaunch("plan", "--profile", str(tmp_path / "p.json"), "--islands", *args, timeout=60)
+    assert result.returncode == 2 and result.stderr.startswith(f"error: {message}"), result.stderr
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+
+
+@pytest.mark.parametrize("args, message", [
     (["--schedule", "zb-v"], "--schedule zb-v: islands are not supported with it"),
     (["--schedule", "interleaved-1f1b"], "--schedule interleaved-1f1b: islands are not supported with it"),
     (["--global-batch", "48"], "--global-batch: with islands the YAML's batch is planned, as `up` runs it"),
