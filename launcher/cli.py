@@ -58,7 +58,7 @@ def validate(cluster_yaml: Path = typer.Argument(..., help="cluster YAML file"),
     tokens = check_token_files(cluster, cluster_yaml, ask_entrypoint=tuple(allow_entrypoint))
     slurm = sum(n.launch == "slurm" for n in cluster.nodes)
     on_ray = sum(n.launch == "ray" for n in cluster.nodes)
-    print(f"{cluster_yaml}: ok ({len(cluster.nodes)} nodes, {len(cluster.local_nodes)} local, "
+    print(f"{escape_controls(str(cluster_yaml))}: ok ({len(cluster.nodes)} nodes, {len(cluster.local_nodes)} local, "
           f"{len(cluster.remote_nodes)} remote, {len(cluster.ssh_nodes)} over ssh"
           f"{f', {slurm} by slurm' if slurm else ''}{f', {on_ray} on Ray' if on_ray else ''})", flush=True)
     if tokens:

@@ -40,9 +40,11 @@ from hetlaunch.launcher.run_record import RunRecord, StepRecord, make_run_dir
 from hetlaunch.launcher.run_start import (check_fresh, check_resumable, checkpoint_book, checkpoint_lock, start_point,
                                           trained_to_the_end)
 from hetlaunch.launcher.step_aggregator import StepAggregator
+from hetlaunch.launcher.job_errors import BadInputError
 from hetlaunch.launcher.session import ClusterSession, JobError
 from hetlaunch.launcher.stage_launch import eval_fill_event, launch
 from hetlaunch.launcher.observers import Observers
+from hetlaunch.launcher.plain_text import escape_controls
 from hetlaunch.protos import control_pb2 as pb
 
 __all__ = ["JobError", "UpOptions", "run_up", "make_plan", "new_run_dir"]
@@ -61,7 +63,11 @@ class UpOptions:
 
 
 def new_run_dir(cluster, options: UpOptions) -> Path:
-    return options.resume or options.run_dir or options.run_root / f"{cluster.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+    run_dir = options.resume or options.run_dir or options.run_root / f"{cluster.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+    if escape_controls(str(run_dir)) != str(run_dir):  # printed in many lines: an ESC cleared the screen, a newline split them
+        raise BadInputError(f"run directory {escape_controls(str(run_dir))}: a name with control characters (a newline, "
+                            "an escape) is refused")
+    return run_dir
 
 
 def make_plan(session: ClusterSession, spec, reprofile: bool, console: Console) -> tuple[Plan, Replanner]:

@@ -253,3 +253,18 @@ def test_a_path_no_file_system_can_open_is_one_line(args, tmp_path):
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith("error: ") and len(result.stderr.splitlines()) == 1, result.stderr
     assert "File name too long" in result.stderr or "l1" in result.stderr, result.stderr
+
+
+def test_control_characters_in_a_run_dir_or_yaml_name_never_reach_the_terminal(tmp_path):
+    """An ESC in --run-dir cleared the screen in "coordinator listening ... (run dir ...)" and
+    "metrics in ..."; a newline split them; validate printed its YAML's name raw (a hostile review)."""
+    odd = tmp_path / "a\x1b[2J\nb"
+    result = run_hetlaunch("up", str(REPO / "cluster_examples" / "tiny_test.yaml"), "--run-dir", str(odd), timeout=60)
+    assert result.returncode == 2 and "\x1b" not in result.stdout + result.stderr, result.stderr
+    assert result.stderr.splitlines() == [f"error: run directory {tmp_path}/a\\x1b[2J\\x0ab: a name with control "
+                                          "characters (a newline, an escape) is refused"], result.stderr
+    assert not odd.exists()
+    named = tmp_path / "c\x1b[2J.yaml"
+    named.write_text((REPO / "cluster_examples" / "tiny_test.yaml").read_text())
+    result = run_hetlaunch("validate", str(named), timeout=60)
+    assert result.returncode == 0 and result.stdout.startswith(f"{tmp_path}/c\\x1b[2J.yaml: ok"), result.stdout
