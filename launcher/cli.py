@@ -20,7 +20,8 @@ import typer
 
 from hetlaunch.launcher.cli_cluster import (check_extras, check_token_files, join_token, load_cluster_file, new_token,
                                             with_cluster)
-from hetlaunch.launcher.cli_common import EXIT_BAD_INPUT, fail, interrupt_on_sigterm, output_file, plain_console
+from hetlaunch.launcher.cli_common import (EXIT_BAD_INPUT, fail, given_path, interrupt_on_sigterm, output_file,
+                                          plain_console)
 from hetlaunch.launcher.plain_text import escape_controls
 from hetlaunch.launcher.cli_plan import plan
 from hetlaunch.launcher.cli_run_commands import certs_app, down, logs, status
@@ -148,12 +149,13 @@ app.command()(plan)  # launcher/cli_plan.py
 @app.command()
 def report(
     run_dir: Path = typer.Argument(..., help="a run directory (runs/<run-id>)"),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="where the PNGs go (default: RUN_DIR/report)"),
+    output_name: Optional[str] = typer.Option(None, "-o", "--output", help="where the PNGs go (default: RUN_DIR/report)"),
 ) -> None:
     """Draw a run: loss and tokens/s with its events, the plan, and each stage's predicted vs measured
     compute and communication, as PNGs (needs matplotlib: the plots extra)."""
     from hetlaunch.launcher.report import ReportError, make_report
 
+    output = None if output_name is None else given_path(output_name, "-o")
     try:
         written = make_report(run_dir, output)
     except ReportError as err:
@@ -197,14 +199,15 @@ def prepare_data(
 @app.command()
 def export(
     run: Path = typer.Argument(..., help="a run directory, a checkpoint root, or one step-<k> checkpoint"),
-    output: Path = typer.Option(..., "-o", "--output", help="a .safetensors file, or a directory: model.safetensors "
-                                                            "+ config.json (HF models) for from_pretrained"),
+    output_name: str = typer.Option(..., "-o", "--output", help="a .safetensors file, or a directory: model.safetensors "
+                                                                "+ config.json (HF models) for from_pretrained"),
     allow_entrypoint: list[str] = typer.Option([], help="fnmatch pattern of model entrypoints the checkpoint may "
                                                         "name (default: hetlaunch's own models only); repeatable"),
 ) -> None:
     """Merge a run's newest checkpoint into one state dict (Hugging Face names, and config.json, for HF models)."""
     from hetlaunch.launcher.export import ExportError, export as export_run
 
+    output = given_path(output_name, "-o")
     interrupt_on_sigterm()
     try:
         done = export_run(run, output, tuple(allow_entrypoint))
@@ -282,7 +285,7 @@ deploy_app = typer.Typer(no_args_is_help=True, help="Render what runs agents els
 @deploy_app.command("k8s")
 def deploy_k8s(
     cluster_yaml: Path = typer.Argument(..., help="cluster YAML file with a kubernetes: section"),
-    output: Path = typer.Option(..., "-o", "--output", help="directory for the manifests (made if missing)"),
+    output_name: str = typer.Option(..., "-o", "--output", help="directory for the manifests (made if missing)"),
     token_file: Optional[Path] = typer.Option(None, help="join token for the Secret (default: $HETLAUNCH_TOKEN, "
                                                          "else a new one written to OUTPUT/token)"),
 ) -> None:
@@ -290,6 +293,7 @@ def deploy_k8s(
     from hetlaunch.launcher.plain_text import escape_controls
     from hetlaunch.launcher.providers.kubernetes_deploy import DeployError, deploy
 
+    output = given_path(output_name, "-o")
     cluster = load_cluster_file(cluster_yaml)
     try:
         done = deploy(cluster, output, token_file, str(cluster_yaml))

@@ -47,9 +47,7 @@ def output_file(raw: str, example: str) -> Path:
     an empty name (it became "."), a folder ("out/" lost its slash and became a file "out"), or
     something that is not a regular file (a FIFO or /dev/null would be replaced by the file
     renamed over it). Checked before any work, not after minutes of it."""
-    if not raw:
-        fail("-o: an empty file name", EXIT_BAD_INPUT)
-    path = Path(raw)
+    path = given_path(raw, "-o")
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
@@ -61,3 +59,11 @@ def output_file(raw: str, example: str) -> Path:
     if mode is not None and not stat.S_ISREG(mode):
         fail(f"{raw} exists and is not a regular file", EXIT_BAD_INPUT)
     return path
+
+
+def given_path(raw: str, what: str) -> Path:
+    """A path from the command line, refused in one line when empty: Path("") is ".", and an empty
+    -o (an unset shell variable) wrote into the current directory."""
+    if not raw:
+        fail(f"{what}: an empty path (give '.' for the current directory)", EXIT_BAD_INPUT)
+    return Path(raw)

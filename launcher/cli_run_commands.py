@@ -11,7 +11,7 @@ from typing import Optional
 
 import typer
 
-from hetlaunch.launcher.cli_common import EXIT_BAD_INPUT, EXIT_JOB_FAILED, fail
+from hetlaunch.launcher.cli_common import EXIT_BAD_INPUT, EXIT_JOB_FAILED, fail, given_path
 from hetlaunch.launcher.plain_text import escape_controls, plain
 
 
@@ -91,14 +91,14 @@ certs_app = typer.Typer(add_completion=False, no_args_is_help=True,
 
 @certs_app.command("init")
 def certs_init(
-    directory: Path = typer.Argument(..., help="where the CA, coordinator and agent certificates go"),
+    directory: str = typer.Argument(..., help="where the CA, coordinator and agent certificates go"),
     host: list[str] = typer.Option([], "--host", help="an address agents dial the coordinator at (repeat)"),
 ) -> None:
     """Make a private CA, a coordinator certificate (localhost, 127.0.0.1, ::1 and each --host) and an agent certificate."""
     from hetlaunch.launcher.certs import CertError, init_certs
 
     try:
-        issued = init_certs(directory, host)
+        issued = init_certs(given_path(directory, "DIRECTORY"), host)
     except CertError as err:
         fail(str(err), EXIT_BAD_INPUT)
     except OSError as err:

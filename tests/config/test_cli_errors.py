@@ -268,3 +268,14 @@ def test_control_characters_in_a_run_dir_or_yaml_name_never_reach_the_terminal(t
     named.write_text((REPO / "cluster_examples" / "tiny_test.yaml").read_text())
     result = run_hetlaunch("validate", str(named), timeout=60)
     assert result.returncode == 0 and result.stdout.startswith(f"{tmp_path}/c\\x1b[2J.yaml: ok"), result.stdout
+
+
+@pytest.mark.parametrize("args, flag", [(("export", "run", "-o", ""), "-o"), (("report", "run", "-o", ""), "-o"),
+                                        (("deploy", "k8s", "c.yaml", "-o", ""), "-o"), (("certs", "init", ""), "DIRECTORY"),
+                                        (("prepare-data", "t.txt", "--tokenizer", "t.json", "-o", ""), "-o")])
+def test_an_empty_path_is_refused_not_taken_as_the_current_directory(args, flag, tmp_path):
+    """Path("") is ".": an empty -o (an unset shell variable) wrote into the current directory (a hostile review)."""
+    result = run_hetlaunch(*args, timeout=60, cwd=tmp_path)
+    assert result.returncode == 2 and result.stderr == (f"error: {flag}: an empty path (give '.' for the current "
+                                                        "directory)\n"), result.stderr
+    assert list(tmp_path.iterdir()) == []
