@@ -60,7 +60,9 @@ class Timeline:
         self._steps.setdefault(metrics.step, {})[node] = events
         for old in sorted(self._steps)[:-MAX_STEPS]:
             del self._steps[old]
-        if len(self._steps[metrics.step]) == len(self._where):
+        # A report behind the 8 newest steps (a node's backlog, after `up` was stopped a while) is
+        # dropped by that pruning at once: a KeyError here ended `up`.
+        if len(self._steps.get(metrics.step, ())) == len(self._where):
             self.write()
 
     def write(self) -> None:

@@ -123,3 +123,25 @@ def test_trace_every_zero_writes_no_trace(tmp_path):
                            cwd=tmp_path)
     assert result.returncode == 0, result.stderr + result.stdout
     assert not (tmp_path / "run" / "trace.json").exists()
+
+
+def test_a_report_behind_the_newest_sampled_steps_is_dropped_not_a_crash(tmp_path):
+    """After `up` was stopped for 13 s, one node's backlog of sampled steps came in after another's
+    newer ones: its oldest was pruned as it was added, and the KeyError ended `up` (a hostile review)."""
+    from hetlaunch.launcher.planning.plan import Plan, StagePlan
+    from hetlaunch.launcher.timeline import MAX_STEPS, Timeline
+    from hetlaunch.protos import control_pb2 as pb
+
+    plan = Plan(stages=(StagePlan("n0", "a", 0, 2), StagePlan("n1", "a", 2, 4)), num_layers=4, micro_batch_size=2,
+                num_microbatches=1, schedule="1f1b", source="even")
+    timeline = Timeline(tmp_path)
+
+    def report(step: int) -> pb.StepMetrics:
+        return pb.StepMetrics(step=step, trace=[pb.TraceEvent(name="forward", start=step, end=step + 0.1, microbatch=0)])
+    for step in range(MAX_STEPS + 2):
+        timeline.add("n0", report(step), plan, {})
+    timeline.add("n1", report(0), plan, {})  # behind the newest MAX_STEPS: dropped
+    assert not timeline.path.exists()
+    timeline.add("n1", report(MAX_STEPS + 1), plan, {})  # a step both stages sent: written
+    names = {e.get("name") for e in json.loads(timeline.path.read_text())["traceEvents"]}
+    assert "F0" in names  # the forward of micro-batch 0
