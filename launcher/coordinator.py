@@ -198,7 +198,7 @@ class CoordinatorServicer(control_pb2_grpc.CoordinatorServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"store: {err}")
 
     def GetStatus(self, request, context):
-        return self.state.status(time.monotonic())
+        return self.state.status()
 
     def Down(self, request, context):
         self.state.down_requested = " ".join(request.reason.split())[:200] or "hetlaunch down"
@@ -278,5 +278,6 @@ class CoordinatorServer:
 
     def stop(self, grace_s: float = 1.0) -> None:
         self.state.store.close()  # before the server waits for its handlers: release blocked rendezvous calls
+        self.state.clock.stop()
         self.health.enter_graceful_shutdown()
         self.server.stop(grace_s).wait(grace_s + 1)

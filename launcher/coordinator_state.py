@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import queue
 import threading
-import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import grpc
 
 from hetlaunch.launcher.discovery import Discovery
+from hetlaunch.launcher.pause_clock import PauseClock
 from hetlaunch.launcher.rendezvous_store import RendezvousStore
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.runtime.store_keys import generation_prefix
@@ -59,6 +59,9 @@ class CoordinatorState:
 
     def __init__(self, expected_nodes: list[str], discovery: Discovery | None = None):
         self._lock = threading.Lock()
+        # Silence is measured on a clock that leaves out the time this process did not run
+        # (launcher/pause_clock.py): `up` stopped by Ctrl-Z found every node silent on waking.
+        self.clock = PauseClock()
         self.expected_nodes = list(expected_nodes)
         self.discovery = discovery  # who else may join (launcher/discovery.py); None: only the listed nodes
         self._agents: dict[str, AgentRecord] = {}   # by node name
@@ -105,7 +108,7 @@ class CoordinatorState:
             if mismatch:
                 self._refusals[name] = mismatch  # a listed node that cannot run ends `up` at once, by name
                 raise Refused(grpc.StatusCode.FAILED_PRECONDITION, mismatch)
-            record = AgentRecord(agent_id=uuid.uuid4().hex[:12], node_name=name, info=info, last_seen=time.monotonic())
+            record = AgentRecord(agent_id=uuid.uuid4().hex[:12], node_name=name, info=info, last_seen=self.clock.now())
             self._agents[name] = record
             self._by_id[record.agent_id] = record
             self._refusals.pop(name, None)
@@ -117,7 +120,7 @@ class CoordinatorState:
         with self._lock:
             record = self._by_id.get(agent_id)
             if record is not None:
-                record.last_seen = time.monotonic()
+                record.last_seen = self.clock.now()
                 if state is not None:
                     record.state, record.step = state, step
             return record
@@ -219,16 +222,19 @@ class CoordinatorState:
         with self._lock:
             return self._agents[node_name].info
 
-    def status(self, now: float) -> pb.GetStatusResponse:
+    def status(self) -> pb.GetStatusResponse:
         states = {pb.AGENT_STATE_IDLE: "idle", pb.AGENT_STATE_PROFILING: "profiling",
                   pb.AGENT_STATE_TRAINING: "training"}
+        now = self.clock.now()
         with self._lock:
             nodes = [pb.NodeStatus(node=name, state="lost" if rec.lost else states.get(rec.state, "idle"),
                                    step=rec.step, silent_s=now - rec.last_seen) for name, rec in self._agents.items()]
             return pb.GetStatusResponse(generation=self._generation, nodes=nodes, down_requested=self.down_requested)
 
-    def silent_for(self, now: float) -> dict[str, tuple[float, int, int]]:
-        """Per joined node: (seconds since it was last heard from, its last state, its last step)."""
+    def silent_for(self) -> dict[str, tuple[float, int, int]]:
+        """Per joined node: (seconds since it was last heard from, not counting time this process
+        did not run; its last state, its last step)."""
+        now = self.clock.now()
         with self._lock:
             return {name: (now - rec.last_seen, rec.state, rec.step) for name, rec in self._agents.items()}
 

@@ -255,7 +255,7 @@ def _recover(session: ClusterSession, spec, replanner: Replanner, plan: Plan, ou
     stepped = (bool(record.records and record.records[-1].step >= started)
                or bool(outcome.aggregator is not None and outcome.aggregator.pending)
                or session.state.steps_pending()
-               or any(step >= started for _, _, step in session.state.silent_for(time.monotonic()).values()))
+               or any(step >= started for _, _, step in session.state.silent_for().values()))
     restore = _abort_and_restore(session, plan, book, events, outcome.failed, snapshots=stepped)
     lost_steps = record.rewind(restore.step)
     _record_late_steps(session, outcome.aggregator, record, started, restore.step)

@@ -180,7 +180,7 @@ class _Prometheus:
             def collect(self):
                 family = GaugeMetricFamily("hetlaunch_heartbeat_age_seconds", "seconds since a node was last heard from",
                                            labels=["node"])
-                for node, (silent, _, _) in sorted(silent_for(time.monotonic()).items()):
+                for node, (silent, _, _) in sorted(silent_for().items()):
                     family.add_metric([node], silent)
                 yield family
 

@@ -239,7 +239,7 @@ class ClusterSession:
                 lost[node] = (f"{what} was killed by {signal.Signals(-code).name}" if code < 0 else
                               f"{what} exited with code {code}: {self.agents.log_tail(node)}")
         timeout = self.cluster.coordinator.heartbeat_timeout_s
-        for node, (silent, state, step) in self.state.silent_for(time.monotonic()).items():
+        for node, (silent, state, step) in self.state.silent_for().items():
             if node in done or node in lost:
                 continue
             if self.state.disconnected(node):

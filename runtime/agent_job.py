@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import grpc
+import psutil
 
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.protos import control_pb2_grpc
@@ -241,10 +242,23 @@ class Agent:
                 if err.code() == grpc.StatusCode.FAILED_PRECONDITION:  # declared lost while we were silent
                     self.exit(EXIT_DECLARED_LOST, f"{err.details()}; restart the agent to rejoin")
                     return
+                if self._parent_stopped():  # `up` suspended (Ctrl-Z): its silence is no lost coordinator
+                    last_ok = time.monotonic()
                 if time.monotonic() - last_ok > lost_after:
                     self.exit(EXIT_LOST_COORDINATOR,
                               f"no heartbeat accepted for {lost_after:.0f}s ({err.code().name}); exiting")
                     return
+
+    def _parent_stopped(self) -> bool:
+        """Whether the `up` that started this agent is stopped (Ctrl-Z, SIGSTOP): then its
+        coordinator answers nothing until it is continued, and this agent waits for it rather
+        than leave after 10 s (a hostile review: a 13 s Ctrl-Z of `up` ended the job)."""
+        if self.parent_pid is None:
+            return False
+        try:
+            return psutil.Process(self.parent_pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+        except psutil.Error:
+            return False
 
     def exit(self, code: int, why: str) -> None:
         """Leave the job for good: in a service, end it; else stop the worker and end the process."""

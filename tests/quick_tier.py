@@ -39,6 +39,7 @@ MODULES = {
 
 # Single tests of slower modules (module::test function).
 TESTS = {
+    "test_pause_up::test_the_clock_leaves_out_a_gap_longer_than_a_pause_and_keeps_short_ones",
     "test_end_to_end::test_tiny_example_trains_and_writes_the_run_dir",  # one small end-to-end run
     "test_memory_summary::test_the_summary_keeps_each_stages_largest_report_beside_the_prediction",
     "test_live_move::test_transfers_come_from_the_old_holder_in_the_same_pipeline_in_one_order",

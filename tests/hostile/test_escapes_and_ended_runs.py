@@ -42,7 +42,7 @@ def test_a_workers_failure_and_an_agents_hostname_arrive_without_escapes():
                                                      generation=server.state.generation), metadata=meta, timeout=10)
         (node, result), = server.state.results()
         assert node == "a" and result.error == plain(HOSTILE) and "\x1b" not in result.error
-        assert "\x1b" not in json.dumps(str(server.state.status(0.0)))
+        assert "\x1b" not in json.dumps(str(server.state.status()))
     finally:
         server.stop(0.5)
 
