@@ -105,7 +105,7 @@ def up(
         fail("--resume continues in its own run directory; leave --run-dir out", 2)
     from hetlaunch.launcher.job_driver import UpOptions, run_up
 
-    options = UpOptions(run_dir=run_dir, token=token, reprofile=reprofile, resume=resume)
+    options = UpOptions(run_dir=run_dir, token=token, source=cluster_yaml, reprofile=reprofile, resume=resume)
     with_cluster(lambda: run_up(cluster, options, plain_console()))
 
 

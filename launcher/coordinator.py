@@ -21,7 +21,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from hetlaunch.launcher.call_guard import CallGuard, pool_threads
-from hetlaunch.launcher.coordinator_state import AgentRecord, CoordinatorState, Refused
+from hetlaunch.launcher.coordinator_state import DEFAULT_DOWN_REASON, AgentRecord, CoordinatorState, Refused
 from hetlaunch.launcher.discovery import Discovery
 from hetlaunch.launcher.plain_text import plain
 from hetlaunch.launcher.part_store import PartRefused, receive, send, upload_target
@@ -201,7 +201,7 @@ class CoordinatorServicer(control_pb2_grpc.CoordinatorServicer):
         return self.state.status()
 
     def Down(self, request, context):
-        self.state.down_requested = " ".join(request.reason.split())[:200] or "hetlaunch down"
+        self.state.down_requested = " ".join(request.reason.split())[:200] or DEFAULT_DOWN_REASON
         return pb.DownResponse()
 
     def ReportCheckpoint(self, request, context):

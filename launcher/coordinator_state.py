@@ -38,6 +38,7 @@ class AgentRecord:
     watcher: object | None = None  # its command stream now: a newer one ends the older (one thread an agent)
 
 
+DEFAULT_DOWN_REASON = "hetlaunch down"  # what `down` without --reason asks for (said once, not twice)
 MAX_QUEUED_STEPS = 1 << 16  # step reports waiting for the job driver (about 200 bytes each)
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from rich.text import Text
 
 from hetlaunch.launcher.checkpoint_book import CheckpointBook
+from hetlaunch.launcher.coordinator_state import DEFAULT_DOWN_REASON
 from hetlaunch.launcher.events import EventLog
 from hetlaunch.launcher.adapt.current_plan import CurrentPlan
 from hetlaunch.launcher.adapt.live_moves import LiveMove
@@ -79,7 +80,9 @@ def _follow(session: ClusterSession, running: _Running, record: RunRecord, book:
             where = f"at the checkpoint of step {committed}" if committed is not None else "(checkpoints are off)"
             if committed is not None:
                 gen.catch_up(committed, progress, observers)
-            return Outcome(down=True, message=f"stopped by `hetlaunch down` {where}: {session.state.down_requested}")
+            why = session.state.down_requested
+            return Outcome(down=True, message=f"stopped by `hetlaunch down` {where}"
+                                              + (f": {why}" if why != DEFAULT_DOWN_REASON else ""))
         ended = gen.losses(progress)
         if ended is not None:
             return ended

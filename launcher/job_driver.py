@@ -60,6 +60,7 @@ class UpOptions:
     token: str | None = None
     reprofile: bool = False
     resume: Path | None = None  # a run directory to continue from its last committed checkpoint
+    source: Path | None = None  # the cluster YAML, for the command that resumes the run
 
 
 def new_run_dir(cluster, options: UpOptions) -> Path:
@@ -196,7 +197,9 @@ def _run(session: ClusterSession, spec, options: UpOptions, events: EventLog, co
                     _abort(session, plan, "hetlaunch down", snapshot_root=None)
                     events.write("down", why=session.state.down_requested, step=book.latest[0] if book.latest else 0)
                     resumes = (f"from step {book.latest[0]}" if book.latest else "from step 0: no checkpoint was committed")
-                    console.print(f"{outcome.message}; `hetlaunch up --resume {session.run_dir}` continues {resumes}")
+                    yaml_path = escape_controls(str(options.source)) if options.source else "CLUSTER.yaml"
+                    console.print(f"{outcome.message}; `hetlaunch up {yaml_path} --resume {session.run_dir}` continues "
+                                  f"{resumes}")
                     break
                 if outcome.grow is not None:  # at a checkpoint: switch to the better plan
                     _abort(session, plan, outcome.message, snapshot_root=None)

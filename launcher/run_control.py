@@ -81,7 +81,7 @@ def _stub(run_dir: Path, token_file: Path | None):
         summary = run_dir / "summary.json"
         where = (f"see {summary}" if summary.is_file() else
                  f"it wrote no summary.json: it was stopped before its end; see {run_dir / 'events.jsonl'}, "
-                 f"or continue it with `hetlaunch up --resume {run_dir}`")
+                 f"or continue it with `hetlaunch up <its cluster YAML> --resume {run_dir}`")
         raise RunControlError(f"{run_dir}: its coordinator (pid {contact.pid}) is not running; the run has ended ({where})")
     path = token_file or (run_dir / "token")
     try:

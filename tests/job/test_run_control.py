@@ -59,7 +59,9 @@ nodes:
     downs = [e for e in events if e["event"] == "down"]
     assert downs and downs[0]["why"] == "maintenance" and downs[0]["step"] % 20 == 0
     said = "".join((out + err).split())  # the console wraps a long line: compare without whitespace
-    assert "".join(f"--resume {run_dir}` continues from step {downs[0]['step']}".split()) in said  # where, said
+    # where, said as a command that runs (it lacked the YAML; a review)
+    assert "".join(f"`hetlaunch up {yaml} --resume {run_dir}` continues from step {downs[0]['step']}".split()) in said
+    assert "".join(f"at the checkpoint of step {downs[0]['step']}: maintenance;".split()) in said
     # The run has ended: status says so in one line; a bad node name for logs too.
     ended = run_hetlaunch("status", str(run_dir), timeout=30)
     assert ended.returncode == 1 and "is not running" in ended.stderr
