@@ -281,10 +281,7 @@ class ClusterSession:
             cause = next((n for n, e in failures.items() if not is_peer_error(e)), next(iter(failures)))
             message = f"{what} on node {cause} failed: {failures[cause]}"
             lost = {cause: f"its {what} failed: {first_line(failures[cause])}"}
-        others = [f"{n} ({first_line(e)})" for n, e in failures.items() if n not in lost]
-        if others:
-            message += "; then failed as a consequence: " + ", ".join(others)
-        return lost, message
+        return lost, message + consequences(failures, lost)
 
     def _stage_failures(self) -> list[tuple[str, str]]:
         return [(node, result.error) for node, result in self.state.results() if not result.ok]
@@ -350,6 +347,15 @@ def _last_seen(state: int, step: int) -> str:
     if state == pb.AGENT_STATE_TRAINING:
         return f" (it was training, last step {step})" if step >= 0 else " (it was training, before its first step)"
     return ""
+
+
+def consequences(failures: dict[str, str], lost: dict[str, str]) -> str:
+    """"; then failed as a consequence: ..." for the failed nodes that are not the cause. A peer's
+    broken connection is said as that, not as gloo's internals ("[/__w/pytorch/.../pair.cc:537] Read
+    error [127.0.0.1]:65165: Connection reset by peer. This is typicall..."); the logs keep them."""
+    others = [f"{n} ({'its connection to a failed peer broke' if is_peer_error(e) else first_line(e)})"
+              for n, e in failures.items() if n not in lost]
+    return "; then failed as a consequence: " + ", ".join(others) if others else ""
 
 
 def is_peer_error(error: str) -> bool:

@@ -403,6 +403,20 @@ def test_a_loss_of_several_nodes_names_them_all():
         "lost nodes n1, n3: n1: heartbeats stopped; n3: agent exited"
 
 
+def test_a_peers_broken_connection_is_said_as_that_not_as_gloos_internals():
+    """A recovery line read "then failed as a consequence: n1 (RuntimeError: [/__w/pytorch/pytorch/
+    third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:65165: Connection reset by
+    peer. This is typicall...)" (a hostile review)."""
+    from hetlaunch.launcher.session import consequences
+
+    gloo = ("RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
+            "[127.0.0.1]:65165: Connection reset by peer. This is typically caused by a peer dying")
+    assert consequences({"n3": "the worker was killed by SIGKILL", "n1": gloo, "n2": "ValueError: bad shape"},
+                        {"n3": "its stage failed"}) == \
+        "; then failed as a consequence: n1 (its connection to a failed peer broke), n2 (ValueError: bad shape)"
+    assert consequences({"n3": "killed"}, {"n3": "its stage failed"}) == ""
+
+
 # A model whose entrypoint kills the worker building it where the node runs 2 threads (the profile
 # command sets the worker's threads before it builds the model): a worker that dies while its node's
 # layers are timed, at that moment and no other, whatever the load.
