@@ -323,7 +323,11 @@ class RunRecord:
         tokens = sum(r.tokens_per_s * r.step_s for r in timed)
         seconds = sum(r.step_s for r in timed)
         evals = [r.eval_loss for r in self.records if r.eval_loss is not None]
-        return {"steps": len(self.records), "first_loss": self.records[0].loss,
+        # Steps the run took: the records and the steps whose report never came (`unrecorded`, said
+        # as they happened), which counted 399 of a 400-step run (a review); the records alone beside.
+        taken = len({r.step for r in self.records} | set(self.unrecorded))
+        return {"steps": taken, **({"recorded_steps": len(self.records)} if taken != len(self.records) else {}),
+                "first_loss": self.records[0].loss,
                 "final_loss": self.records[-1].loss, **({"final_eval_loss": evals[-1]} if evals else {}), "mean_tokens_per_s": tokens / seconds if seconds else 0.0,
                 "links": self._links(), "gradient_sync": self._sync(), **self._outer()}
 

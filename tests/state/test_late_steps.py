@@ -166,6 +166,8 @@ def test_steps_given_up_on_are_accounted_once_and_run_again_after_a_rewind(tmp_p
     assert record.give_up_before(6, since=3) == [3, 4]
     assert record.give_up_before(6, since=3) == []  # once
     assert record.accounted() == 6 and record.next_step == 6
+    summary = record.summarize()  # the steps taken, not only those recorded (399 of 400 were said; a review)
+    assert summary["steps"] == 6 and summary["recorded_steps"] == 4
     record.rewind(4)  # a restore from step 4: step 4 on runs again, and must be reported then
     assert record.unrecorded == [3] and record.accounted() == 4 and record.next_step == 3
 
