@@ -292,8 +292,13 @@ def salloc_command(components: list[Component], granted: Path) -> list[str]:
     # (release) is passed to salloc and the shell waits on; once salloc is gone it ends what is
     # left of its group (the watcher's cat) and exits with salloc's code. (fd 3: a background
     # list's stdin is /dev/null, and dash does so even with `0<&0`.)
-    watch = ('exec 3<&0; trap \'kill -TERM $s 2>/dev/null\' TERM; "$@" <&3 & s=$!; '
+    # The TERM trap is set only after both children are forked: a child forked under it takes
+    # the shell's handler until it resets its traps, and a TERM to the group in that moment ran
+    # the handler there instead of ending it: under load 25 of 200 wrappers left the watcher and
+    # its cat behind. A TERM before the trap is set ends the shell; stdin's end still withdraws.
+    watch = ('exec 3<&0; "$@" <&3 & s=$!; '
              '{ cat >/dev/null; [ -e "$0" ] || kill -TERM $s 2>/dev/null; } <&3 & '
+             'trap \'kill -TERM $s 2>/dev/null\' TERM; '
              'while :; do wait $s; r=$?; kill -0 $s 2>/dev/null || break; done; '
              'trap "" TERM; kill -TERM 0 2>/dev/null; exit $r')
     return ["sh", "-c", watch, str(granted), "salloc", *parts, "--", "sh", "-c", hold, str(granted)]
