@@ -38,6 +38,10 @@ class StepAggregator:
         self.pending: dict[int, dict[tuple[int, int], tuple[str, pb.StepMetrics]]] = {}
         self.late_evals: dict[int, dict[tuple[int, int], float | None]] = {}  # step -> last stage -> its loss
         self.carried = carried
+        # The highest step recorded: a report of it or an earlier one is a copy (an agent sends a
+        # report again when the first timed out while `up` was stopped, and it may have landed).
+        # Each stage reports its steps in order, so every report of a recorded step came before.
+        self.recorded_through = -1
 
     def add(self, node: str, metrics: pb.StepMetrics) -> StepRecord | None:
         position = self.position.get(node)
@@ -51,6 +55,8 @@ class StepAggregator:
             if self.carried is not None and metrics.step == self.carried.step:
                 return self._complete_carried()
         else:
+            if metrics.step <= self.recorded_through:
+                return None
             if metrics.step not in self.pending and len(self.pending) >= MAX_PENDING_STEPS:
                 # Steps no other stage reports (an agent counting its own) were held forever: 400,000
                 # held 426 MB (a review). The furthest ahead goes: the steps under way are the lowest.
@@ -69,6 +75,7 @@ class StepAggregator:
         if not awaited <= self.late_evals.get(step, {}).keys():
             return None
         del self.pending[step]
+        self.recorded_through = max(self.recorded_through, step)
         return self._record(step, reports)
 
     def _complete_carried(self) -> StepRecord | None:
@@ -88,6 +95,7 @@ class StepAggregator:
         out = []
         for step in sorted(s for s in self.pending if s < before):
             reports = self.pending.pop(step)
+            self.recorded_through = max(self.recorded_through, step)
             record = self._record(step, reports)
             record.missing = sorted(n for n, pos in self.position.items() if pos not in reports)
             record.eval_awaited = any(m.eval_follows for _, m in reports.values()) and record.eval_loss is None

@@ -77,6 +77,20 @@ def test_a_late_report_that_completes_a_step_records_it_whole():
     assert not late[0].missing
 
 
+def test_a_report_sent_again_after_its_step_was_recorded_is_dropped():
+    """An agent sends a report again when the first timed out while `up` was stopped; should the
+    first have landed, the copy must not record the step twice."""
+    aggregator = StepAggregator(_plan())
+    for node in NODES:
+        done = aggregator.add(node, _metrics(node, 3))
+    assert done is not None and done.step == 3
+    assert all(aggregator.add(node, _metrics(node, 3)) is None for node in NODES)  # every copy dropped
+    assert 3 not in aggregator.pending
+    for node in NODES:
+        done = aggregator.add(node, _metrics(node, 4))
+    assert done is not None and done.step == 4
+
+
 def test_a_generation_ending_at_a_checkpoint_first_records_the_steps_before_it(tmp_path):
     """`down` or a switch at the checkpoint of step 4, whose parts came before the reports of
     steps 2 and 3 (they travel on their own thread): those steps are taken before it ends (a
