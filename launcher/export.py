@@ -26,7 +26,7 @@ from google.protobuf import json_format
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.runtime.checkpoint_manifest import CheckpointError, newest_intact_checkpoint, read_manifest
 from hetlaunch.runtime.files import new_temp_beside, write_whole
-from hetlaunch.runtime.policy import OWN_ENTRYPOINTS, entrypoint_allowed
+from hetlaunch.runtime.entrypoint_patterns import OWN_ENTRYPOINTS, entrypoint_allowed
 from hetlaunch.runtime.wire import model_spec_from_proto
 
 

@@ -18,7 +18,7 @@ import os
 import numpy as np
 
 from hetlaunch.launcher.cluster_config import ClusterConfig
-from hetlaunch.runtime.policy import OWN_ENTRYPOINTS, entrypoint_allowed
+from hetlaunch.runtime.entrypoint_patterns import OWN_ENTRYPOINTS, entrypoint_allowed
 from hetlaunch.runtime.token_file import check_token_ids, token_file
 
 

@@ -16,19 +16,11 @@ entrypoint, data file and checkpoint directory.
 
 from __future__ import annotations
 
-import fnmatch
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from hetlaunch.protos import control_pb2 as pb
-
-
-OWN_ENTRYPOINTS = ("hetlaunch.models.*",)  # hetlaunch's own model code: what export and validate import unasked
-
-
-def entrypoint_allowed(name: str, patterns: tuple[str, ...]) -> bool:
-    """Whether "module:function" matches one of the fnmatch `patterns`."""
-    return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
+from hetlaunch.runtime.entrypoint_patterns import entrypoint_allowed
 
 
 class PolicyRefusal(ValueError):
