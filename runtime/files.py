@@ -101,7 +101,8 @@ def _link_unnamed(fd: int, name: Path) -> None:
     """Give the O_TMPFILE file `fd` the name `name`: linkat(2) of its /proc link, followed. A
     directory descriptor makes os.link call linkat with AT_SYMLINK_FOLLOW; without one it calls
     link(2), which links the /proc entry itself and fails with EXDEV."""
-    folder = os.open(name.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    # O_PATH: a folder one may write but not list (mode 0333) refused O_RDONLY, after all the writing.
+    folder = os.open(name.parent, getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.link(f"/proc/self/fd/{fd}", name.name, src_dir_fd=folder, dst_dir_fd=folder, follow_symlinks=True)
     finally:

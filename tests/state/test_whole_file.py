@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -84,3 +85,38 @@ def test_a_process_killed_while_writing_leaves_nothing_behind(tmp_path):
     finally:
         proc.kill()
     assert os.listdir(tmp_path) == []
+
+
+def test_a_folder_one_may_write_but_not_list_takes_the_file():
+    """The unnamed file is linked through a descriptor of its folder, which O_RDONLY could not open
+    in a folder of mode 0333: the write failed after all the work (a review). Run as an unprivileged
+    user, for whom the mode counts (root's permissions ignore it)."""
+    import shutil
+    import tempfile
+
+    # Not under pytest's tmp_path: its root folder is root's alone, where the other user cannot go.
+    top = Path(tempfile.mkdtemp(prefix="hetlaunch-drop-", dir="/tmp"))
+    folder = top / "drop"
+    folder.mkdir()
+    script = textwrap.dedent(f"""
+        import os, sys
+        from pathlib import Path
+        from hetlaunch.runtime.files import whole_file_beside  # before the user changes: root's files
+        if os.getuid() == 0:
+            os.setgid(65534)
+            os.setuid(65534)
+        with whole_file_beside(Path({str(folder / 'out.bin')!r})) as out:
+            out.write(b"data")
+        """)
+    try:
+        if os.getuid() == 0:
+            os.chown(folder, 65534, 65534)
+        top.chmod(0o755)
+        folder.chmod(0o333)
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        folder.chmod(0o755)
+        assert (folder / "out.bin").read_bytes() == b"data"
+    finally:
+        folder.chmod(0o755)
+        shutil.rmtree(top)
