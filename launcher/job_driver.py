@@ -132,7 +132,7 @@ def run_up(cluster, options: UpOptions, console: Console) -> Path:
             if created:  # refused before anything ran: leave nothing behind
                 shutil.rmtree(run_dir, ignore_errors=True)
             raise
-        if options.resume is not None and trained_to_the_end(session, console):
+        if options.resume is not None and trained_to_the_end(session, spec, console):
             return run_dir
         with session:
             while not session.state.joins.empty():  # the first registrations are not joins to act on
