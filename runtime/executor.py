@@ -310,7 +310,8 @@ class StageExecutor:
             for mb in range(count):
                 inputs = microbatches[mb][0].to(self.device) if part.is_first else part.prev_link.recv()
                 with autocast(self.device, self._dtype):
-                    output = part.module(map_tensors(lambda t: from_wire(t, self._dtype), inputs))
+                    with token_ids_named(part.is_first, inputs):
+                        output = part.module(map_tensors(lambda t: from_wire(t, self._dtype), inputs))
                     if part.is_last:
                         losses.append(self.loss_fn(output, microbatches[mb][1].to(self.device)).item())
                 if not part.is_last:

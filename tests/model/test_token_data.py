@@ -357,15 +357,18 @@ nodes:
 
 
 @pytest.mark.timeout(180)
-def test_an_id_past_a_model_that_names_no_vocabulary_is_named_in_the_error(tmp_path):
+@pytest.mark.parametrize("held_out", [False, True])
+def test_an_id_past_a_model_that_names_no_vocabulary_is_named_in_the_error(tmp_path, held_out):
     # Nothing checks the ids of a model without vocab_size before training: the first layer's
     # IndexError ends the run, and it must say which ids it was given (it said only "index out
     # of range in self").
-    path = write_tokens(tmp_path / "train.bin", [9000] * 3000, "uint16")
+    # held_out: the bad ids only in the held-out tail, evaluated after the step (a path of its own)
+    path = write_tokens(tmp_path / "train.bin", [5] * 2700 + [9000] * 300 if held_out else [9000] * 3000, "uint16")
+    evaluation = ", eval_every: 1, eval_in_bubbles: false" if held_out else ""
     (tmp_path / "c.yaml").write_text(f"""name: bad-ids
 model: {{entrypoint: user_model:make_mlp_lm, kwargs: {{seq_len: 16, d: 16, n_hidden: 1}}}}
 data: {{format: tokens, path: {path}}}
-train: {{steps: 400, micro_batch_size: 4, num_microbatches: 1, checkpoint_every: 0}}
+train: {{steps: 400, micro_batch_size: 4, num_microbatches: 1, checkpoint_every: 0{evaluation}}}
 nodes:
   - {{name: a, device: cpu, threads: 1}}
 """)
