@@ -318,7 +318,7 @@ class RunRecord:
     def summarize(self) -> dict:
         """Loss at both ends and mean throughput; the first step is left out of the mean (warm-up)."""
         if not self.records:
-            return {"steps": 0}
+            return {"steps": len(set(self.unrecorded)), **({"recorded_steps": 0} if self.unrecorded else {})}
         timed = self.records[1:] or self.records
         tokens = sum(r.tokens_per_s * r.step_s for r in timed)
         seconds = sum(r.step_s for r in timed)

@@ -353,9 +353,15 @@ def consequences(failures: dict[str, str], lost: dict[str, str]) -> str:
     """"; then failed as a consequence: ..." for the failed nodes that are not the cause. A peer's
     broken connection is said as that, not as gloo's internals ("[/__w/pytorch/.../pair.cc:537] Read
     error [127.0.0.1]:65165: Connection reset by peer. This is typicall..."); the logs keep them."""
-    others = [f"{n} ({'its connection to a failed peer broke' if is_peer_error(e) else first_line(e)})"
+    others = [f"{n} ({'its connection to a failed peer broke' if _broken_connection(e) else first_line(e)})"
               for n, e in failures.items() if n not in lost]
     return "; then failed as a consequence: " + ", ".join(others) if others else ""
+
+
+def _broken_connection(error: str) -> bool:
+    """A peer's connection broke (not a timeout, which may be a collective's own, such as NCCL's watchdog)."""
+    return any(marker in error.lower() for marker in ("connection closed by peer", "connection reset", "broken pipe",
+                                                      "remote process exited", "connection refused"))
 
 
 def is_peer_error(error: str) -> bool:

@@ -415,6 +415,8 @@ def test_a_peers_broken_connection_is_said_as_that_not_as_gloos_internals():
                         {"n3": "its stage failed"}) == \
         "; then failed as a consequence: n1 (its connection to a failed peer broke), n2 (ValueError: bad shape)"
     assert consequences({"n3": "killed"}, {"n3": "its stage failed"}) == ""
+    watchdog = "RuntimeError: NCCL watchdog: collective operation timeout after 600000 ms"  # not a broken connection
+    assert consequences({"n3": "killed", "n1": watchdog}, {"n3": "x"}) == f"; then failed as a consequence: n1 ({watchdog})"
 
 
 # A model whose entrypoint kills the worker building it where the node runs 2 threads (the profile
