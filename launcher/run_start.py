@@ -78,16 +78,21 @@ def check_resumable(run_dir: Path) -> None:
 
 
 def trained_to_the_end(session: ClusterSession, spec, console: Console) -> bool:
-    """Whether the run being resumed ended whole (its summary.json written) with a checkpoint of
-    this model at train.steps or past it: then nothing starts and nothing of the run is written
+    """Whether the run being resumed ended whole (a summary.json of at least its newest
+    checkpoint's steps) with a checkpoint of this model at train.steps or past it: then nothing starts and nothing of the run is written
     (a resume that trained nothing rewrote summary.json with a wall time of 0, no checkpoints and
     no events; a hostile review). A run killed before its summary, or a checkpoint of another
     model, goes the whole way: the resume writes the summary, or names the other model."""
     root, steps = session.checkpoint_root, session.cluster.train.steps
-    if not (session.run_dir / "summary.json").is_file():
-        return False
     found = latest_checkpoint(root) if root.is_dir() else None  # read, not verified: nothing is loaded
     if found is None or found[1].step < steps or found[1].extra.get("model") != spec.describe():
+        return False
+    try:  # a summary of this end, not of an earlier `down` the resume went on from (a review)
+        summary = read_json(session.run_dir / "summary.json", 64 << 20)
+    except (FileNotFoundError, UnreadableFile):
+        return False
+    ended_at = summary.get("steps") if isinstance(summary, dict) else None
+    if not isinstance(ended_at, int) or isinstance(ended_at, bool) or ended_at < found[1].step:
         return False
     console.print(f"the checkpoint at step {found[1].step} is this run's last (train.steps: {steps}): nothing left "
                   f"to train; {session.run_dir} is left as it was")

@@ -12,7 +12,6 @@ then ends only the Agent.
 
 from __future__ import annotations
 
-import math
 import os
 import queue
 import socket
@@ -40,8 +39,6 @@ from hetlaunch.runtime.version import hetlaunch_version, torch_version
 EXIT_REFUSED = 1
 EXIT_LOST_COORDINATOR = 3
 EXIT_DECLARED_LOST = 5  # the coordinator gave our place up (we were silent too long); restart to rejoin
-PAUSED_RETRIES = 120  # reports sent again while `up` is stopped: an hour of 30 s tries
-PAUSE_MEMORY_S = 45.0  # a report that failed this soon after `up` was last seen stopped is tried again
 
 
 def _log(node: str, message: str) -> None:
@@ -63,7 +60,6 @@ class Agent:
         self.work_dir = work_dir or default_work_dir(node_name)
         self.policy = policy or AgentPolicy.of((), (), (), self.work_dir)
         self.parent_pid = parent_pid
-        self._parent_stopped_at = -math.inf  # when the heartbeat last found the `up` that started this agent stopped
         self.tls = credentials is not None
         self.channel = (grpc.secure_channel(coordinator, credentials.credentials()) if credentials is not None
                         else grpc.insecure_channel(coordinator))
@@ -193,22 +189,13 @@ class Agent:
                                                               generation=command.generation))
 
     def _call(self, method: str, request) -> None:
-        """A report to the coordinator. One that timed out while the `up` that started this agent
-        was stopped (Ctrl-Z) is sent again: a pause past the 30 s lost step reports and checkpoint
-        parts, and the run ended short of its steps (a review). The coordinator drops a step it
-        already recorded, should the first one have landed after all."""
-        for _ in range(PAUSED_RETRIES + 1):
-            try:
-                getattr(self.stub, method)(request, metadata=self.metadata, timeout=30)
-                return
-            except grpc.RpcError as err:
-                paused = time.monotonic() - self._parent_stopped_at < PAUSE_MEMORY_S or self._parent_stopped()
-                if not (paused and err.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE,
-                                                  grpc.StatusCode.CANCELLED)):
-                    _log(self.node, f"{method} failed ({err.code().name}): {err.details()}")
-                    return
-        _log(self.node, f"{method} failed: the coordinator did not answer in {PAUSED_RETRIES + 1} tries while "
-                        "the up that started this agent was stopped")
+        # Not sent again after a timeout: this runs on the relay thread too, and a relay held
+        # retrying (while `up` is stopped) starves the stage watchdog, which then kills a healthy
+        # worker, and lets a result overtake the step reports (a review of a retry tried here).
+        try:
+            getattr(self.stub, method)(request, metadata=self.metadata, timeout=30)
+        except grpc.RpcError as err:
+            _log(self.node, f"{method} failed ({err.code().name}): {err.details()}")
 
     def _command_reader(self) -> None:
         request = pb.WatchCommandsRequest(agent_id=self.agent_id)
@@ -259,7 +246,7 @@ class Agent:
                     self.exit(EXIT_DECLARED_LOST, f"{err.details()}; restart the agent to rejoin")
                     return
                 if self._parent_stopped():  # `up` suspended (Ctrl-Z): its silence is no lost coordinator
-                    last_ok = self._parent_stopped_at = time.monotonic()
+                    last_ok = time.monotonic()
                 if time.monotonic() - last_ok > lost_after:
                     self.exit(EXIT_LOST_COORDINATOR,
                               f"no heartbeat accepted for {lost_after:.0f}s ({err.code().name}); exiting")

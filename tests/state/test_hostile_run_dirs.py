@@ -71,7 +71,12 @@ def test_resuming_a_run_at_its_last_step_says_there_is_nothing_left(run, tmp_pat
     assert "the checkpoint at step 4 is this run's last (train.steps: 4): nothing left to train" in result.stdout
     assert "coordinator listening" not in result.stdout and "plan" not in result.stdout.lower(), result.stdout
     assert records() == before
-    # A run killed after its last checkpoint, before its summary: the resume writes the summary.
+    # A run killed after its last checkpoint, before its summary (or with the summary of an earlier
+    # `down`, of fewer steps): the resume writes the summary.
+    summary = json.loads((run / "summary.json").read_text())
+    (run / "summary.json").write_text(json.dumps({**summary, "steps": 2}))
+    stale = run_hetlaunch("up", str(tmp_path / "cluster.yaml"), "--resume", str(run), timeout=120)
+    assert stale.returncode == 0 and json.loads((run / "summary.json").read_text())["steps"] == 4, stale.stderr
     (run / "summary.json").unlink()
     again = run_hetlaunch("up", str(tmp_path / "cluster.yaml"), "--resume", str(run), timeout=120)
     assert again.returncode == 0, again.stderr
