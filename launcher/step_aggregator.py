@@ -38,8 +38,8 @@ class StepAggregator:
         self.pending: dict[int, dict[tuple[int, int], tuple[str, pb.StepMetrics]]] = {}
         self.late_evals: dict[int, dict[tuple[int, int], float | None]] = {}  # step -> last stage -> its loss
         self.carried = carried
-        # The highest step recorded: a report of it or an earlier one is a copy (an agent sends a
-        # report again when the first timed out while `up` was stopped, and it may have landed).
+        # The highest step recorded: a report of it or an earlier one is a copy (a client that sends
+        # a report again after a timeout, where the first landed after all), never recorded twice.
         # Each stage reports its steps in order, so every report of a recorded step came before.
         self.recorded_through = -1
 

@@ -78,8 +78,8 @@ def test_a_late_report_that_completes_a_step_records_it_whole():
 
 
 def test_a_report_sent_again_after_its_step_was_recorded_is_dropped():
-    """An agent sends a report again when the first timed out while `up` was stopped; should the
-    first have landed, the copy must not record the step twice."""
+    """A report sent again after a timeout, where the first landed after all, must not record the
+    step twice."""
     aggregator = StepAggregator(_plan())
     for node in NODES:
         done = aggregator.add(node, _metrics(node, 3))
