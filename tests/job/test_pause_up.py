@@ -31,8 +31,10 @@ def test_the_clock_leaves_out_a_gap_longer_than_a_pause_and_keeps_short_ones():
 
 @pytest.mark.timeout(300)
 def test_up_stopped_for_longer_than_any_timeout_goes_on_when_continued(tmp_path):
-    cluster = (REPO / "cluster_examples" / "tiny_test.yaml").read_text().replace("  steps: 20\n", "  steps: 300\n", 1)
-    assert "steps: 300" in cluster
+    # rebalance off: a straggler restart beside a busy machine is no loss the pause caused (it failed so once)
+    cluster = (REPO / "cluster_examples" / "tiny_test.yaml").read_text().replace(
+        "  steps: 20\n", "  steps: 300\n  rebalance: off\n", 1)
+    assert "steps: 300\n  rebalance: off" in cluster
     (tmp_path / "c.yaml").write_text(cluster)
     run = tmp_path / "run"
     proc = popen_hetlaunch("up", str(tmp_path / "c.yaml"), "--run-dir", str(run))
