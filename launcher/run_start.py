@@ -79,12 +79,16 @@ def check_resumable(run_dir: Path) -> None:
 
 def trained_to_the_end(session: ClusterSession, spec, console: Console) -> bool:
     """Whether the run being resumed ended whole (a summary.json of at least its newest
-    checkpoint's steps) with a checkpoint of this model at train.steps or past it: then nothing starts and nothing of the run is written
-    (a resume that trained nothing rewrote summary.json with a wall time of 0, no checkpoints and
-    no events; a hostile review). A run killed before its summary, or a checkpoint of another
-    model, goes the whole way: the resume writes the summary, or names the other model."""
+    checkpoint's steps) with an intact checkpoint of this model at train.steps or past it: then
+    nothing starts and nothing of the run is written (a resume that trained nothing rewrote
+    summary.json with a wall time of 0, no checkpoints and no events; a hostile review). A run
+    killed before its summary, a broken last checkpoint or one of another model goes the whole
+    way: the resume writes the summary, trains again from the one before, or names the model."""
     root, steps = session.checkpoint_root, session.cluster.train.steps
-    found = latest_checkpoint(root) if root.is_dir() else None  # read, not verified: nothing is loaded
+    newest = latest_checkpoint(root) if root.is_dir() else None  # read, not verified: cheap, and most resumes end here
+    if newest is None or newest[1].step < steps:
+        return False
+    found, _ = newest_intact_checkpoint(root)  # a broken last checkpoint is set aside by the resume, which trains again
     if found is None or found[1].step < steps or found[1].extra.get("model") != spec.describe():
         return False
     try:  # a summary of this end, not of an earlier `down` the resume went on from (a review)
