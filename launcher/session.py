@@ -29,8 +29,10 @@ from hetlaunch.runtime.sealing import REFUSED, generation_keys
 RENDEZVOUS_TIMEOUT_S = 120.0
 BLAME_GRACE_S = 3.0  # how long a failure waits for its cause (a lost node) to show before it is reported
 # What a stage reports when the other end of a data-plane link went away (gloo, NCCL, c10d store).
-PEER_ERRORS = ("connection closed by peer", "connection reset", "broken pipe", "timed out", "timeout",
-               "remote process exited", "socket", "nccl communicator was aborted", "connection refused")
+# A peer's connection broke; with timeouts and the rest, what a failed peer's neighbours see.
+BROKEN_CONNECTION = ("connection closed by peer", "connection reset", "broken pipe", "remote process exited",
+                     "connection refused")
+PEER_ERRORS = (*BROKEN_CONNECTION, "timed out", "timeout", "socket", "nccl communicator was aborted")
 
 
 def lost_message(lost: dict[str, str]) -> str:
@@ -360,8 +362,7 @@ def consequences(failures: dict[str, str], lost: dict[str, str]) -> str:
 
 def _broken_connection(error: str) -> bool:
     """A peer's connection broke (not a timeout, which may be a collective's own, such as NCCL's watchdog)."""
-    return any(marker in error.lower() for marker in ("connection closed by peer", "connection reset", "broken pipe",
-                                                      "remote process exited", "connection refused"))
+    return any(marker in error.lower() for marker in BROKEN_CONNECTION)
 
 
 def is_peer_error(error: str) -> bool:

@@ -60,7 +60,7 @@ def whole_file_beside(path: Path) -> Iterator[BinaryIO]:
     fd, tmp = _unnamed_beside(path), None
     if fd is None:
         tmp = _temp_name(path)
-        fd = _named(path, lambda _: os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666))
+        fd = _named(path, lambda: os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666))
     try:
         with os.fdopen(fd, "wb", closefd=False) as out:
             yield out
@@ -68,8 +68,8 @@ def whole_file_beside(path: Path) -> Iterator[BinaryIO]:
         os.fsync(fd)
         if tmp is None:  # named only now, whole, and at once renamed over `path`
             tmp = _temp_name(path)
-            _named(path, lambda _: _link_unnamed(fd, tmp))
-        _named(path, lambda _: os.replace(tmp, path))
+            _named(path, lambda: _link_unnamed(fd, tmp))
+        _named(path, lambda: os.replace(tmp, path))
     except BaseException:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
@@ -110,9 +110,9 @@ def _link_unnamed(fd: int, name: Path) -> None:
 
 
 def _named(path: Path, call):
-    """call(path), its OSError naming `path` rather than a hidden temp name the user never gave."""
+    """call(), its OSError naming `path` rather than a hidden temp name the user never gave."""
     try:
-        return call(path)
+        return call()
     except OSError as err:
         raise OSError(err.errno, err.strerror, str(path)) from None
 
