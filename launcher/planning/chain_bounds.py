@@ -100,6 +100,25 @@ def floors_program_python(layers: list[list[float]], memory: list[list[float]], 
     return L in states
 
 
+def least_first_stage_end(cm: CostModel, chain: list[NodeProfile], share: int, bound: float) -> int:
+    """The fewest layers the chain's first stage holds in any cut that fits memory and keeps every
+    later stage's share x t_j under `bound` (fills_under's argument: no step of the chain at
+    `share` micro-batches comes under `bound` otherwise). Later stages filled from the last, each
+    taking all it can, empty ones allowed: the least start the relaxation reaches (prefix sums
+    only grow), so no such cut's first stage is shorter. The pair search's sync floor needs it:
+    the two first stages' shared layers are the group whose reduction follows the step."""
+    S, end = len(chain), cm.num_layers
+    if S == 1 or share < 1:
+        return end if S == 1 else 1
+    memory, limit = cm.memory_prefixes(S), bound / share * (1 + SLACK)
+    for j in range(S - 1, 0, -1):
+        acc, mem = cm.layer_prefix(chain[j]), memory[j]
+        end = max(bisect.bisect_left(acc, acc[end] - limit, 0, end), bisect.bisect_left(mem, mem[end] - chain[j].memory_bytes, 0, end))
+        if end == 0:
+            break
+    return max(end, 1)
+
+
 def shared_work_floor(layers: list[list[float]]) -> float:
     """Every layer at its fastest node (each node's per-layer prefix sums), shared perfectly among
     the nodes: no cut's busiest stage is lower, whatever the order and memory."""

@@ -72,7 +72,7 @@ class Replicas:
         self._paths: dict[tuple[str, ...], list[str]] = {}  # region orders, shared by every search
         self._classes = node_classes(profile)  # node signatures, shared by every search
         self._sync = SyncModel(profile)
-        self._sync_floors: dict[tuple[str, str], float] = {}
+        self._sync_floors: dict[tuple[str, str, int], float] = {}
         self._index = {n.name: n for n in profile.nodes}
         self._by_regions: dict[tuple[int, frozenset[str]], list[NodeProfile] | None] = {}
 
@@ -123,12 +123,13 @@ class Replicas:
         sync = self._sync.costs(costs, self.compression)
         return PipelineSet(costs, sync, plan_step_s(costs, sync))
 
-    def sync_floor(self, first: NodeProfile, second: NodeProfile) -> float:
-        """What the sync of two pipelines starting on these nodes adds at least to the slower one's
-        step (SyncModel.first_group_floor), remembered per pair."""
-        key = (first.name, second.name)
+    def sync_floor(self, first: NodeProfile, second: NodeProfile, least_end: int = 1) -> float:
+        """What the sync of two pipelines starting on these nodes, each first stage holding at least
+        `least_end` layers, adds at least to the slower one's step (SyncModel.first_group_floor),
+        remembered per pair and least end."""
+        key = (first.name, second.name, least_end)
         if key not in self._sync_floors:
-            self._sync_floors[key] = self._sync.first_group_floor(first, second, self.compression)
+            self._sync_floors[key] = self._sync.first_group_floor(first, second, self.compression, least_end)
         return self._sync_floors[key]
 
     def sync_tail(self, a: list[NodeProfile], m1: int, b: list[NodeProfile], m2: int) -> float:

@@ -270,10 +270,12 @@ class SyncModel:
                 floor = max(floor, _reduction_end(d.ready, d.backward, least, d.bytes))
         return floor * (1 - 1e-9)  # below costs()'s rounding
 
-    def first_group_floor(self, first: NodeProfile, second: NodeProfile, compression: CompressionConfig) -> float:
+    def first_group_floor(self, first: NodeProfile, second: NodeProfile, compression: CompressionConfig,
+                          least_end: int = 1) -> float:
         """What the sync adds at least to the slower of two pipelines whose first stages run on
-        `first` and `second`, whatever their cuts and shares: their sync group G of layers
-        [0, g) (g >= 1) is ready only when the slower pipeline ends (nothing follows a first
+        `first` and `second`, whatever their cuts and shares, where each first stage holds at least
+        `least_end` layers: their sync group G of layers
+        [0, g) (g >= least_end) is ready only when the slower pipeline ends (nothing follows a first
         stage's last backward: its drain is 0 and no layer lies below it), and it ends no sooner
         than `priced` says: ready + A / buckets, and ready - backward(G) + A. A is at least G's
         bytes at the most compressing codec it may use over their link plus one latency (no codec
@@ -284,10 +286,12 @@ class SyncModel:
             return 0.0
         bandwidth, latency = self._slowest_link([first, second])
         cross = first.region != second.region
-        streamed = _least_reduce_s(min(self.params[1], SYNC_BUCKET_BYTES / 2), bandwidth, 0.0, compression, cross)
+        least_end = max(1, least_end)
+        streamed = _least_reduce_s(min(self.params[least_end], SYNC_BUCKET_BYTES / 2), bandwidth, 0.0, compression,
+                                   cross)
         exposed = min(_least_reduce_s(self.params[g], bandwidth, latency, compression, cross)
                       - BACKWARD_SHARE * max(self._compute(first, 0, g, 1), self._compute(second, 0, g, 1))
-                      for g in range(1, len(self.params)))
+                      for g in range(least_end, len(self.params)))
         return max(streamed, exposed, 0.0) * (1 - 1e-9)  # below plan_step_s's rounding
 
     def first_group_tail(self, first: NodeProfile, second: NodeProfile, layers_end: int, shares: tuple[int, int],

@@ -16,6 +16,7 @@ import random
 import pytest
 
 from hetlaunch.launcher.planning import replicas as replicas_module
+from hetlaunch.launcher.planning.chain_bounds import least_first_stage_end
 from hetlaunch.launcher.planning.compression import NONE, CompressionConfig
 from hetlaunch.launcher.planning.cost_model import CostModel
 from hetlaunch.launcher.planning.planner import plan
@@ -53,8 +54,11 @@ def test_the_floor_is_below_the_price_of_any_cut_and_share(seed, policy):
         floor = sync.first_group_floor(a[0], b[0], compression)
         assert step >= slower + floor, (step, slower, floor)
         tight += floor > 0.25 * (step - slower)
-        # ... and the two the search asks once the cuts are known: the group of layer 0 alone, every group
+        # ... where the first stages hold at least as many layers as they do (least_end) ...
         first_end = min(costs[0].stages[0].layer_end, costs[1].stages[0].layer_end)
+        at_least = sync.first_group_floor(a[0], b[0], compression, least_end=rng.randint(1, first_end))
+        assert floor <= at_least * (1 + 1e-6) + 1e-12 and step >= slower + at_least, (step, slower, at_least)
+        # ... and the two the search asks once the cuts are known: the group of layer 0 alone, every group
         tail = sync.first_group_tail(a[0], b[0], first_end, (m, M - m), compression)
         assert floor <= tail * (1 + 1e-6) + 1e-12 and step >= slower + tail, (step, slower, tail)
         whole = sync.pair_floor(costs, compression)
@@ -70,7 +74,7 @@ def test_pruning_by_it_returns_the_plan_of_the_search_without_it(seed, microbatc
     profile = random_profile(random.Random(100 + seed), 6, 3, 12)
     kwargs = dict(num_microbatches=microbatches, schedule="1f1b", max_pipelines=6, compression=POLICIES[policy])
     pruned = plan(profile, **kwargs)
-    monkeypatch.setattr(replicas_module.Replicas, "sync_floor", lambda self, first, second: 0.0)
+    monkeypatch.setattr(replicas_module.Replicas, "sync_floor", lambda self, first, second, least_end=1: 0.0)
     monkeypatch.setattr(replicas_module.Replicas, "sync_tail", lambda self, a, m1, b, m2: 0.0)
     monkeypatch.setattr(SyncModel, "pair_floor", lambda self, pipelines, compression: -math.inf)
     unpruned = plan(profile, **kwargs)
@@ -79,3 +83,37 @@ def test_pruning_by_it_returns_the_plan_of_the_search_without_it(seed, microbatc
     def cuts(result):
         return [[(s.node, s.layer_start, s.layer_end, s.window, s.codec) for s in p.cost.stages] for p in result.pipelines]
     assert cuts(pruned) == cuts(unpruned)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_least_first_stage_end_is_at_most_every_fitting_cuts(seed):
+    """chain_bounds.least_first_stage_end, which the pair search's sync floor takes the first group
+    from, against every cut: no cut whose later stages each keep share x layer time under the
+    bound and fit memory has a shorter first stage (else the floor would prune a pair that wins)."""
+    rng = random.Random(seed)
+    profile = random_profile(rng, 6, 3, 12)
+    exact = informative = 0
+    for _ in range(120):
+        chain = rng.sample(profile.nodes, rng.randint(2, 4))
+        share = rng.choice([1, 4, 24])
+        cm = CostModel(profile, share, "1f1b", NONE)
+        S, memory = len(chain), cm.memory_prefixes(len(chain))
+        total = max(cm.layer_prefix(n)[12] for n in chain)
+        bound = share * total * rng.uniform(0.1, 0.6)
+        least = least_first_stage_end(cm, chain, share, bound)
+        fitting = []
+        for cut in _every_cut(S, 12):
+            later = list(zip(chain, cut, memory))[1:]
+            if all(share * (cm.layer_prefix(n)[e] - cm.layer_prefix(n)[s]) < bound
+                   and mem[e] - mem[s] <= n.memory_bytes for n, (s, e), mem in later):
+                fitting.append(cut[0][1])
+        assert all(end >= least for end in fitting), (least, min(fitting))
+        exact += bool(fitting) and min(fitting) == least
+        informative += least > 1
+    assert informative >= 30 and exact >= 20  # a floor that is always 1 would pass the check above
+
+
+def _every_cut(stages: int, layers: int):
+    for ends in itertools.combinations(range(1, layers), stages - 1):
+        bounds = (0,) + ends + (layers,)
+        yield list(zip(bounds, bounds[1:]))
