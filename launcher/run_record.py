@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hetlaunch.launcher.job_errors import JobError
+from hetlaunch.launcher.job_errors import BadInputError, JobError
 from hetlaunch.runtime import host_clock
 from hetlaunch.runtime.files import UnreadableFile, read_regular_file, write_whole
 
@@ -41,13 +41,16 @@ def strict_json(value, indent: int | None = None) -> str:
 
 
 def make_run_dir(path: Path) -> None:
-    """Create the run directory (and its parents); JobError naming the path and why not."""
+    """Create the run directory (and its parents); a one-line error naming the path and why not:
+    BadInputError (exit 2, as a bad YAML) where the path itself is the fault (a file in its place
+    or above it, a place not writable), JobError for the machine's (a full disk)."""
     try:
         path.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
-        raise JobError(f"cannot create run directory {path}: it exists and is not a directory") from None
+        raise BadInputError(f"cannot create run directory {path}: it exists and is not a directory") from None
     except OSError as err:
-        raise JobError(f"cannot create run directory {path}: {_reason(err)}") from None
+        machine = err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.ENOMEM, errno.EMFILE, errno.ENFILE)
+        raise (JobError if machine else BadInputError)(f"cannot create run directory {path}: {_reason(err)}") from None
 
 
 def write_run_file(path: Path, text: str, mode: int = 0o666) -> None:

@@ -9,6 +9,7 @@ mount is refused with EPERM.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -22,8 +23,8 @@ from small_disk import fill, small_tmpfs
 from hetlaunch.launcher.profile_cache import (MAX_ENTRY_BYTES, BadCacheEntry, cached_node, check_entry, node_cache_key,
                                               read_entry, store_node)
 from hetlaunch.launcher.run_dir_lock import LOCK_NAME
-from hetlaunch.launcher.run_record import RunRecord, StepRecord, write_run_file
-from hetlaunch.launcher.job_errors import JobError
+from hetlaunch.launcher.run_record import RunRecord, StepRecord, make_run_dir, write_run_file
+from hetlaunch.launcher.job_errors import BadInputError, JobError
 from hetlaunch.runtime.registry import CODEC_NAMES
 
 NUM_LAYERS = 4  # n_layers 2: embedding, 2 blocks, head
@@ -323,7 +324,7 @@ def test_unwritable_run_dir_is_one_line_naming_the_path(tmp_path, where):
     for command in (["up", str(cluster_yaml(tmp_path))],
                     ["profile", str(cluster_yaml(tmp_path)), "-o", str(tmp_path / "p.json")]):
         result = run_hetlaunch(*command, "--run-dir", str(run_dir), env=env, timeout=60)
-        assert result.returncode == 1, result.stderr + result.stdout  # the job could not run: exit 1, like JobError
+        assert result.returncode == 2, result.stderr + result.stdout  # the place named is at fault: exit 2, like a bad YAML
         line = the_error_line(result.stderr)
         assert f"cannot create run directory {run_dir}" in line and reason in line, line
 
@@ -332,6 +333,16 @@ def test_unwritable_run_dir_is_one_line_naming_the_path(tmp_path, where):
 
 
 @pytest.mark.timeout(180)
+def test_a_run_directory_the_disk_has_no_room_for_is_the_machines_fault_not_the_users(tmp_path, monkeypatch):
+    """Exit 1 (JobError), where a file in the way is the user's (exit 2, above)."""
+    def full(self, *args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self))
+    monkeypatch.setattr(Path, "mkdir", full)
+    with pytest.raises(JobError) as caught:
+        make_run_dir(tmp_path / "run")
+    assert not isinstance(caught.value, BadInputError) and "No space left on device" in str(caught.value)
+
+
 def test_disk_full_mid_run_is_one_line_whole_metrics_and_no_leftovers(tmp_path):
     with small_tmpfs(tmp_path / "disk", "64k") as disk:
         run_dir = disk / "run"
