@@ -43,7 +43,7 @@ from hetlaunch.launcher.step_aggregator import StepAggregator
 from hetlaunch.launcher.job_errors import BadInputError
 from hetlaunch.launcher.session import ClusterSession, JobError
 from hetlaunch.launcher.stage_launch import eval_fill_event, launch
-from hetlaunch.launcher.observers import Observers
+from hetlaunch.launcher.observers import Observers, check_metrics_port
 from hetlaunch.launcher.plain_text import escape_controls
 from hetlaunch.protos import control_pb2 as pb
 
@@ -121,6 +121,7 @@ def run_up(cluster, options: UpOptions, console: Console) -> Path:
     run_dir = new_run_dir(cluster, options)
     session = ClusterSession(cluster, run_dir, options.token or secrets.token_urlsafe(24), console)
     session.agents.preflight()  # a tool this machine lacks fails before the run directory exists
+    check_metrics_port(cluster)  # not found only after profiling
     created = not run_dir.exists()
     make_run_dir(run_dir)
     with RunDirLock(run_dir), contextlib.ExitStack() as locks:  # first: a running job's directories are refused

@@ -75,6 +75,16 @@ class _Server(ThreadingMixIn, WSGIServer):
         """A client that stalled, reset or sent garbage: its connection ends, nothing is printed."""
 
 
+def can_listen(host: str, port: int) -> None:
+    """OSError where serve_metrics could not listen on host:port (a port in use): `up` asks before
+    its agents start and profile, where the server starts only once the plan is made. A port taken
+    in between is still said then."""
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds (allow_reuse_address)
+        probe.bind((host, port))
+
+
 def serve_metrics(host: str, port: int, app) -> tuple[WSGIServer, threading.Thread]:
     """Serve the WSGI `app` on host:port (port 0: any free one) from a daemon thread."""
     family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]

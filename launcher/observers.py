@@ -26,13 +26,27 @@ from hetlaunch.launcher.adapt.current_plan import CurrentPlan
 from hetlaunch.launcher.device_schedule_checks import several_stages_per_node
 from hetlaunch.launcher.adapt.straggler import StragglerWatch
 from hetlaunch.launcher.extras import check_extras
-from hetlaunch.launcher.metrics_server import serve_metrics
+from hetlaunch.launcher.metrics_server import can_listen, serve_metrics
 from hetlaunch.launcher.planning.plan import Plan
 from hetlaunch.launcher.planning.profile_file import Profile
 from hetlaunch.launcher.run_record import StepRecord
 from hetlaunch.launcher.session import JobError
 from hetlaunch.launcher.timeline import Timeline
 from hetlaunch.protos import control_pb2 as pb
+
+def metrics_port_refused(host: str, port: int, err: OSError) -> str:
+    return f"coordinator.metrics_port {port}: cannot listen on {host}: {err.strerror or err}"
+
+
+def check_metrics_port(cluster) -> None:
+    """JobError, before any agent starts, where the metrics server could not listen."""
+    host, port = cluster.coordinator.host, cluster.coordinator.metrics_port
+    if port:  # null: off; 0: any free port
+        try:
+            can_listen(host, port)
+        except OSError as err:
+            raise JobError(metrics_port_refused(host, port, err)) from None
+
 
 class Observers:
     """The sinks a run writes to, fed by the job driver."""
@@ -188,7 +202,7 @@ class _Prometheus:
         try:
             self.server, self.thread = serve_metrics(host, port, make_wsgi_app(registry))
         except OSError as err:
-            raise JobError(f"coordinator.metrics_port {port}: cannot listen on {host}: {err.strerror or err}") from None
+            raise JobError(metrics_port_refused(host, port, err)) from None
         self.address = f"{host}:{self.server.server_port}"
 
     def step(self, record: StepRecord, generation: int) -> None:

@@ -182,3 +182,19 @@ def test_report_on_hostile_run_files_is_one_line(tmp_path):
     (huge / "summary.json").write_text(json.dumps({"plan": {"stages": [stage] * 20_000, "num_layers": 1}}))
     refused(huge, "its plan has 20,000 stages, more than the 1,024 plan.png draws (training.png is written)")
     assert (huge / "report" / "training.png").read_bytes().startswith(PNG_SIGNATURE)
+
+
+@pytest.mark.timeout(120)
+def test_a_metrics_port_in_use_is_refused_before_any_agent_starts(tmp_path):
+    """It was found only when the server started, after every agent had profiled."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        path = _cluster(tmp_path, coordinator__metrics_port=port)
+        result = run_hetlaunch("up", path, "--run-dir", str(tmp_path / "run"), timeout=90, cwd=tmp_path)
+    assert result.returncode == 1, result.stderr + result.stdout
+    assert result.stderr.strip().splitlines()[-1] == (f"error: coordinator.metrics_port {port}: cannot listen on "
+                                                      "127.0.0.1: Address already in use")
+    assert "agent" not in result.stdout and "profil" not in result.stdout, result.stdout  # nothing started
+    assert not (tmp_path / "run").exists()
