@@ -24,7 +24,7 @@ from pathlib import Path
 from google.protobuf import json_format
 
 from hetlaunch.protos import control_pb2 as pb
-from hetlaunch.runtime.checkpoint_manifest import CheckpointError, newest_intact_checkpoint, read_manifest
+from hetlaunch.runtime.checkpoint_manifest import CheckpointError, is_step_dir, newest_intact_checkpoint, read_manifest
 from hetlaunch.runtime.files import new_temp_beside, write_whole
 from hetlaunch.runtime.entrypoint_patterns import OWN_ENTRYPOINTS, entrypoint_allowed
 from hetlaunch.runtime.wire import model_spec_from_proto
@@ -108,9 +108,14 @@ def export(path: Path, output: Path, allow_entrypoints: tuple[str, ...] = ()) ->
         name = model.export_name(int(index), local) if model.export_name else key
         merged[name] = tensor.contiguous()
     weights, config = _targets(output, model.export_config is not None)
+    # Nor into the checkpoint root above it: its folders are a run's, which resumes and prunes there.
+    root = directory.parent if is_step_dir(directory.name) else None
     for target in (weights, config):
         if target is not None and target.resolve().is_relative_to(directory.resolve()):
             raise ExportError(f"{target}: inside the checkpoint it exports ({directory}); write it elsewhere")
+        if target is not None and root is not None and target.resolve().is_relative_to(root.resolve()):
+            raise ExportError(f"{target}: inside the checkpoint root of the checkpoint it exports ({root}); "
+                              "write it elsewhere")
     created = _made_by(weights.parent)
     try:
         _write(weights, config, merged, manifest.step, spec, model.export_config)

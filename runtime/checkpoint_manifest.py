@@ -30,6 +30,11 @@ _STEP_DIR = re.compile(r"step-(\d{8,})")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
+def is_step_dir(name: str) -> bool:
+    """Whether a folder name is a checkpoint's (step-00000004) under a checkpoint root."""
+    return _STEP_DIR.fullmatch(name) is not None
+
+
 class CheckpointError(ValueError):
     """One-line reason a checkpoint cannot be written or used, naming the file."""
 

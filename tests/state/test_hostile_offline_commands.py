@@ -67,6 +67,16 @@ def test_export_never_writes_into_the_checkpoint_it_reads(run_copy, tmp_path):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("where", ["checkpoints/model.safetensors", "checkpoints/new/model.safetensors"])
+def test_export_never_writes_into_the_checkpoint_root_it_reads_from(run_copy, tmp_path, where):
+    """-o RUN/checkpoints put the merged file among the run's step folders."""
+    before = sorted(p.name for p in (run_copy / "checkpoints").iterdir())
+    result = run_hetlaunch("export", str(run_copy), "-o", str(run_copy / where), timeout=60)
+    assert "inside the checkpoint root of the checkpoint it exports" in one_error_line(result, 2)
+    assert sorted(p.name for p in (run_copy / "checkpoints").iterdir()) == before
+
+
+@pytest.mark.timeout(120)
 def test_report_writes_through_no_link_planted_where_it_writes(run_copy, tmp_path):
     """report wrote training.png.tmp, a fixed name: a link planted there took its PNG into the
     file it pointed at. A link at a PNG's own place is replaced, never written through."""
