@@ -29,7 +29,7 @@ MODULES = {
     "test_step_reporter",  # the control-plane protocol
     "test_model", "test_data", "test_checkpoint", "test_part_store", "test_recipe", "test_whole_file",  # the model, data, checkpoints, optimizers
     "test_import_rules", "test_process_rules", "test_packaging", "test_late_steps", "test_topology", "test_pinned_windows_priced",
-    "test_report_marks",  # report: the events marked on training.png
+    "test_report_marks", "test_report_rows",  # report: the events marked on training.png, metrics rows read sampled
     "test_islands_plan",  # islands: grouping, H, the merged plan, the YAML
     "test_device_plans", "test_device_schedule_config",  # several stages per node: plans and the YAML
     "test_auto_device_schedules",  # ... and schedule: auto choosing them
