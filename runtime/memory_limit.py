@@ -8,7 +8,9 @@ the caching allocator's own peak, and the limit is also set as the allocator's m
 fraction, so CUDA itself refuses to go over. On CPU there is no allocator to ask, so the stage
 counts its tensors itself: parameters, gradients and optimizer state, plus the peak of the
 activations that forwards keep for their backwards (every tensor autograd saves, counted once
-per storage, released when its micro-batch's backward is done). The interpreter, torch and
+per storage, released when the backward of the last micro-batch that saved it is done: the
+micro-batches of a step are views of one token batch, whose storage was counted once per
+micro-batch in flight, 4 times on a first stage holding only the embedding). The interpreter, torch and
 gloo are not counted, as a GPU's limit does not count the CUDA context: this is not the
 process's RSS.
 
@@ -53,6 +55,7 @@ class StageMemory:
         self.device = device
         self.setting = setting  # names the limit in the error, e.g. "emulate.memory_gb (1.0) of node a"
         self._saved: dict[int, dict[int, int]] = defaultdict(dict)  # micro-batch -> storage -> bytes
+        self._holders: dict[int, int] = {}  # storage -> how many micro-batches in flight saved it
         self._live = 0
         self.peak_activation_bytes = 0  # the most bytes of saved activations alive at once, over the counted steps
         self.peak_used_bytes = 0  # the most tensor bytes in use (used_bytes) after a counted step
@@ -90,15 +93,23 @@ class StageMemory:
             if key not in self._parameter_storages:  # parameters are counted as parameters
                 if key not in saved:
                     saved[key] = _tensor_bytes(t)
-                    self._live += saved[key]
-                    self.peak_activation_bytes = max(self.peak_activation_bytes, self._live)
+                    held = self._holders.get(key, 0)
+                    self._holders[key] = held + 1
+                    if not held:  # alive already for another micro-batch: in memory once
+                        self._live += saved[key]
+                        self.peak_activation_bytes = max(self.peak_activation_bytes, self._live)
             return t
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             yield
 
     def backward_done(self, microbatch: int) -> None:
-        self._live -= sum(self._saved.pop(microbatch, {}).values())
+        for key, nbytes in self._saved.pop(microbatch, {}).items():
+            held = self._holders.pop(key) - 1
+            if held:
+                self._holders[key] = held
+            else:
+                self._live -= nbytes
 
     def used_bytes(self, module: nn.Module, optimizer: torch.optim.Optimizer | None) -> int:
         """The stage's peak tensor memory so far."""

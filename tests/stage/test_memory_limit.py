@@ -40,6 +40,31 @@ def test_counts_parameters_gradients_adamw_state_and_peak_activations():
     memory.check(executor.module, executor.optimizer, "at step 0")  # no limit: never raises
 
 
+def test_a_storage_that_micro_batches_in_flight_share_is_counted_once_until_the_last_backward():
+    """The micro-batches of a step are views of one token batch, and the embedding saves its ids:
+    a first stage holding only the embedding counted the batch's storage once per micro-batch
+    in flight (4 x 64 KiB where 64 KiB were held; the full suite found it as a plan cut there)."""
+    embedding = nn.Embedding(256, 8)
+    memory = StageMemory(0, torch.device("cpu"))
+    memory.attach(embedding)
+    tokens = torch.randint(0, 256, (4, 64))  # one step's batch: int64, 2 KiB
+    outputs = []
+    for mb, ids in enumerate(tokens.split(1)):
+        with memory.forward(mb):
+            outputs.append(embedding(ids))
+    assert memory.peak_activation_bytes == tokens.untyped_storage().nbytes() == 2048
+    for mb, out in enumerate(outputs[:3]):
+        out.sum().backward()
+        memory.backward_done(mb)
+    with memory.forward(4):  # a storage of its own, beside the batch that micro-batch 3 still holds
+        embedding(torch.randint(0, 256, (1, 64)))
+    assert memory.peak_activation_bytes == 2048 + 512
+    outputs[3].sum().backward()
+    memory.backward_done(3)
+    memory.backward_done(4)
+    assert memory._live == 0 and not memory._holders
+
+
 def test_without_a_limit_it_measures_the_peak_and_never_refuses():
     d, batch = 64, 8
     memory = StageMemory(0, CPU)  # what every stage without emulate.memory_gb or memory_fraction gets
