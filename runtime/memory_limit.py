@@ -54,8 +54,12 @@ class StageMemory:
         self.limit_bytes = limit_bytes
         self.device = device
         self.setting = setting  # names the limit in the error, e.g. "emulate.memory_gb (1.0) of node a"
-        self._saved: dict[int, dict[int, int]] = defaultdict(dict)  # micro-batch -> storage -> bytes
-        self._holders: dict[int, int] = {}  # storage -> how many micro-batches in flight saved it
+        # micro-batch -> the storages its forward saved, each as (address, bytes): a storage freed
+        # before its micro-batch's backward_done (a zero-bubble I pass that runs the whole backward,
+        # W after the next forward) can have its address reused by one of another size, which
+        # must neither pass for it nor be subtracted in its place
+        self._saved: dict[int, set[tuple[int, int]]] = defaultdict(set)
+        self._holders: dict[tuple[int, int], int] = {}  # storage -> how many micro-batches in flight saved it
         self._live = 0
         self.peak_activation_bytes = 0  # the most bytes of saved activations alive at once, over the counted steps
         self.peak_used_bytes = 0  # the most tensor bytes in use (used_bytes) after a counted step
@@ -89,14 +93,15 @@ class StageMemory:
         saved = self._saved[microbatch]
 
         def pack(t: torch.Tensor):
-            key = t.untyped_storage().data_ptr()
-            if key not in self._parameter_storages:  # parameters are counted as parameters
+            address = t.untyped_storage().data_ptr()
+            if address not in self._parameter_storages:  # parameters are counted as parameters
+                key = (address, _tensor_bytes(t))
                 if key not in saved:
-                    saved[key] = _tensor_bytes(t)
+                    saved.add(key)
                     held = self._holders.get(key, 0)
                     self._holders[key] = held + 1
                     if not held:  # alive already for another micro-batch: in memory once
-                        self._live += saved[key]
+                        self._live += key[1]
                         self.peak_activation_bytes = max(self.peak_activation_bytes, self._live)
             return t
 
@@ -104,12 +109,12 @@ class StageMemory:
             yield
 
     def backward_done(self, microbatch: int) -> None:
-        for key, nbytes in self._saved.pop(microbatch, {}).items():
+        for key in self._saved.pop(microbatch, ()):
             held = self._holders.pop(key) - 1
             if held:
                 self._holders[key] = held
             else:
-                self._live -= nbytes
+                self._live -= key[1]
 
     def used_bytes(self, module: nn.Module, optimizer: torch.optim.Optimizer | None) -> int:
         """The stage's peak tensor memory so far."""
