@@ -69,6 +69,8 @@ class CoordinatorConfig(Strict):
             raise FieldError(("host",), f"binds {self.host} without coordinator.tls: the join token and every command "
                                         "would cross the network in clear text; set coordinator.tls (hetlaunch certs "
                                         "init) or, on a network you trust, insecure: true")
+        if self.metrics_port and self.metrics_port == self.port:  # both bind host: the gRPC server takes it first
+            raise FieldError(("metrics_port",), f"{self.metrics_port} is coordinator.port too: give each its own")
         if self.heartbeat_timeout_s < 2 * self.heartbeat_interval_s:
             raise FieldError(("heartbeat_timeout_s",), f"{self.heartbeat_timeout_s:g} must be at least twice "
                                                         f"heartbeat_interval_s ({self.heartbeat_interval_s:g}): "

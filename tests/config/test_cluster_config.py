@@ -433,6 +433,14 @@ def test_heartbeat_timeout_must_span_two_heartbeats() -> None:
         parse_cluster("coordinator: {heartbeat_interval_s: 1, heartbeat_timeout_s: 1}\nnodes: [{name: a}]")
 
 
+def test_metrics_port_and_coordinator_port_are_two_ports() -> None:
+    """Both bind the coordinator's host: the gRPC server took the port first and `up` failed on
+    the metrics server only after every node had profiled (a review)."""
+    with pytest.raises(ConfigError, match=r"coordinator\.metrics_port: 9108 is coordinator\.port too"):
+        parse_cluster("coordinator: {port: 9108, metrics_port: 9108}\nnodes: [{name: a}]")
+    assert parse_cluster("coordinator: {port: 0, metrics_port: 0}\nnodes: [{name: a}]").coordinator.metrics_port == 0
+
+
 TLS_TWO_REGIONS = """coordinator: {host: 0.0.0.0, tls: {cert: c.pem, key: k.pem}}
 nodes: [{name: a, region: east, launch: remote}, {name: b, region: west, launch: remote}]
 """
