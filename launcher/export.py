@@ -23,6 +23,7 @@ from pathlib import Path
 
 from google.protobuf import json_format
 
+from hetlaunch.launcher.run_dir_lock import LOCK_NAME
 from hetlaunch.protos import control_pb2 as pb
 from hetlaunch.runtime.checkpoint_manifest import CheckpointError, is_step_dir, newest_intact_checkpoint, read_manifest
 from hetlaunch.runtime.files import new_temp_beside, write_whole
@@ -108,8 +109,10 @@ def export(path: Path, output: Path, allow_entrypoints: tuple[str, ...] = ()) ->
         name = model.export_name(int(index), local) if model.export_name else key
         merged[name] = tensor.contiguous()
     weights, config = _targets(output, model.export_config is not None)
-    # Nor into the checkpoint root above it: its folders are a run's, which resumes and prunes there.
-    root = directory.parent if is_step_dir(directory.name) else None
+    # Nor into the checkpoint root above it, where `up` keeps a run's checkpoints (its lock file
+    # says so: a step folder copied elsewhere makes no root of where it was copied to).
+    found = directory.resolve()
+    root = found.parent if is_step_dir(found.name) and (found.parent / LOCK_NAME).is_file() else None
     for target in (weights, config):
         if target is not None and target.resolve().is_relative_to(directory.resolve()):
             raise ExportError(f"{target}: inside the checkpoint it exports ({directory}); write it elsewhere")

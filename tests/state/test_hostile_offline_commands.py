@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import pytest
 
@@ -67,13 +68,32 @@ def test_export_never_writes_into_the_checkpoint_it_reads(run_copy, tmp_path):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("read", ["run", "a_link_to_its_step"])
 @pytest.mark.parametrize("where", ["checkpoints/model.safetensors", "checkpoints/new/model.safetensors"])
-def test_export_never_writes_into_the_checkpoint_root_it_reads_from(run_copy, tmp_path, where):
-    """-o RUN/checkpoints put the merged file among the run's step folders."""
+def test_export_never_writes_into_the_checkpoint_root_it_reads_from(run_copy, tmp_path, where, read):
+    """-o RUN/checkpoints put the merged file among the run's step folders; a link to a step folder
+    (named by a review) took the link's own folder for its root."""
     before = sorted(p.name for p in (run_copy / "checkpoints").iterdir())
-    result = run_hetlaunch("export", str(run_copy), "-o", str(run_copy / where), timeout=60)
+    source = run_copy
+    if read == "a_link_to_its_step":
+        source = tmp_path / "steplink"
+        source.symlink_to(checkpoint_step(run_copy, 4))
+    result = run_hetlaunch("export", str(source), "-o", str(run_copy / where), timeout=60)
     assert "inside the checkpoint root of the checkpoint it exports" in one_error_line(result, 2)
     assert sorted(p.name for p in (run_copy / "checkpoints").iterdir()) == before
+
+
+@pytest.mark.timeout(120)
+def test_export_writes_beside_a_step_folder_copied_out_of_its_run(run_copy, tmp_path):
+    """A checkpoint root is where `up` kept a run's checkpoints (its lock file there): a step
+    folder copied into a home made every -o under that home "inside the checkpoint root" (a review)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    shutil.copytree(checkpoint_step(run_copy, 4), home / "step-00000004")
+    result = run_hetlaunch("export", str(home / "step-00000004"), "-o", str(home / "models" / "m.safetensors"),
+                           timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert (home / "models" / "m.safetensors").is_file()
 
 
 @pytest.mark.timeout(120)
