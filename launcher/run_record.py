@@ -43,14 +43,15 @@ def strict_json(value, indent: int | None = None) -> str:
 def make_run_dir(path: Path) -> None:
     """Create the run directory (and its parents); a one-line error naming the path and why not:
     BadInputError (exit 2, as a bad YAML) where the path itself is the fault (a file in its place
-    or above it, a place not writable), JobError for the machine's (a full disk)."""
+    or above it, a place not writable), JobError for the machine's (a full disk, a stale mount)."""
     try:
         path.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
         raise BadInputError(f"cannot create run directory {path}: it exists and is not a directory") from None
     except OSError as err:
-        machine = err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.ENOMEM, errno.EMFILE, errno.ENFILE)
-        raise (JobError if machine else BadInputError)(f"cannot create run directory {path}: {_reason(err)}") from None
+        named = err.errno in (errno.ENOTDIR, errno.ENOENT, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENAMETOOLONG,
+                              errno.ELOOP, errno.EISDIR)  # a stale mount, a full disk: the machine's
+        raise (BadInputError if named else JobError)(f"cannot create run directory {path}: {_reason(err)}") from None
 
 
 def write_run_file(path: Path, text: str, mode: int = 0o666) -> None:
