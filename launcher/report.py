@@ -30,6 +30,10 @@ MAX_FILE_BYTES = 256 << 20
 STAGE_ROWS_READ = 20_000  # stages.png's medians: over at most this many steps' stage rows, evenly spaced
 _STAGES_KEY = ', "stages": '  # how RunRecord writes a row's last field (json.dumps' separators)
 _NO_STAGES = object()  # a row without stage rows: not one of ours
+# What RunRecord writes in every row before its stage rows: a row whose part before them lacks one
+# was not written that way (keys sorted by a tool, stages first) and is read whole, so that no
+# field after the stage rows is lost.
+_WRITTEN_BEFORE_STAGES = frozenset({"step", "loss", "tokens_per_s", "step_s", "time"})
 MAX_DRAWN_STAGES = 1024  # plan.png and stages.png: a row a stage (20,000 took minutes and 1.3 GB)
 MAX_MARKS = 200  # events marked on training.png (5,000 took 29 s; a real run has a handful)
 _MARKED = {"restart": "restart", "lost": "lost", "join": "join", "generation": "new plan", "resume": "resume"}
@@ -59,9 +63,12 @@ def _metric_rows(path: Path) -> list[tuple[dict, list | None]]:
     """metrics.jsonl's rows as (the step's own fields, its stage rows or None). A row's stage rows
     (RunRecord writes them last) are most of its bytes and of its reading, and only stages.png's
     medians use them: they are read for at most STAGE_ROWS_READ rows, evenly spaced, and the
-    rest of each row alone. A 200 MB file of 178,000 steps took 34 s and 1.7 GB read whole."""
+    rest of each row alone. A 200 MB file of 178,000 steps took 34 s and 1.7 GB read whole.
+    Unsampled rows are trusted past that cut: a line broken inside its stage rows is said only
+    where they are read, and a field a hand-made row puts after them, beyond those every row
+    has before them, is not read."""
     lines = _read(path).splitlines()
-    every = max(1, len(lines) // STAGE_ROWS_READ)
+    every = max(1, -(-len(lines) // STAGE_ROWS_READ))  # rounded up: at most STAGE_ROWS_READ (and step 1's)
     out = []
     for number, line in enumerate(lines, 1):
         cut = line.find(_STAGES_KEY) if line.endswith("]}") else -1
@@ -73,7 +80,8 @@ def _metric_rows(path: Path) -> list[tuple[dict, list | None]]:
                     stages = json.loads(line[cut + len(_STAGES_KEY):-1])
             except (ValueError, RecursionError):
                 row = None
-        if not isinstance(row, dict) or (stages is not None and not isinstance(stages, list)):
+        if not (isinstance(row, dict) and _WRITTEN_BEFORE_STAGES <= row.keys()) or (stages is not None
+                                                                                  and not isinstance(stages, list)):
             try:  # not as RunRecord writes a row (or a stage row to read): the whole line, as any JSON
                 row = json.loads(line)
             except (ValueError, RecursionError):  # RecursionError: a line nested thousands deep

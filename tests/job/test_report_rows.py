@@ -36,9 +36,9 @@ def test_each_rows_own_fields_are_the_whole_lines_and_stage_rows_an_even_sample(
         if stages is not None:
             assert stages == whole["stages"]
             sampled.append(whole["step"])
-    # every 7th (50 // 7) and step 1 (stages.png reads the steps after the first); a row whose
-    # islands hold the marker first is not as RunRecord writes them: read whole
-    assert sampled == sorted({1, *range(0, 50, 7), *range(0, 50, 5)})
+    # every 8th (50 / 7 rounded up: at most 7) and step 1 (stages.png reads the steps after the
+    # first); a row whose islands hold the marker first is not as RunRecord writes them: read whole
+    assert sampled == sorted({1, *range(0, 50, 8), *range(0, 50, 5)})
 
 
 def test_with_few_rows_every_stage_row_is_read(tmp_path):
@@ -57,3 +57,22 @@ def test_a_broken_stage_row_is_said_where_it_is_read_and_a_cut_last_line_is_left
     path.write_text("\n".join(broken) + "\n")
     with pytest.raises(report.ReportError, match="line 4 is not JSON"):
         report._metric_rows(path)
+
+
+def test_a_row_with_fields_after_its_stage_rows_is_read_whole(tmp_path, monkeypatch):
+    """A tool that rewrote the rows with "stages" second and a list last (the line still ends in
+    "]}"): cut at the stage rows, a row lost tokens_per_s and time, and the report said the file
+    was not hetlaunch's (a review)."""
+    lines = _write(tmp_path, 30)
+    moved = []
+    for line in lines:
+        row = json.loads(line)
+        step, stages = row.pop("step"), row.pop("stages")
+        moved.append({"step": step, "stages": stages, **row, "missing": ["n9"]})
+    monkeypatch.setattr(report, "STAGE_ROWS_READ", 7)  # the rows not sampled are the ones cut
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in moved))
+    assert all(json.dumps(row).endswith("]}") for row in moved)
+    rows = report._metric_rows(path)
+    assert [own for own, _ in rows] == [{k: v for k, v in row.items() if k != "stages"} for row in moved]
+    assert [stages for _, stages in rows] == [row["stages"] for row in moved]
