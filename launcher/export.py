@@ -110,15 +110,17 @@ def export(path: Path, output: Path, allow_entrypoints: tuple[str, ...] = ()) ->
         merged[name] = tensor.contiguous()
     weights, config = _targets(output, model.export_config is not None)
     # Nor into the checkpoint root above it, where `up` keeps a run's checkpoints (its lock file
-    # says so: a step folder copied elsewhere makes no root of where it was copied to).
-    found = directory.resolve()
-    root = found.parent if is_step_dir(found.name) and (found.parent / LOCK_NAME).is_file() else None
+    # says so: a step folder copied elsewhere makes no root of where it was copied to), whether
+    # the path named leads there through a link or the root holds the step folder as a link.
+    roots = [place.parent for place in (directory, directory.resolve())
+             if is_step_dir(place.name) and (place.parent / LOCK_NAME).is_file()]
     for target in (weights, config):
         if target is not None and target.resolve().is_relative_to(directory.resolve()):
             raise ExportError(f"{target}: inside the checkpoint it exports ({directory}); write it elsewhere")
-        if target is not None and root is not None and target.resolve().is_relative_to(root.resolve()):
-            raise ExportError(f"{target}: inside the checkpoint root of the checkpoint it exports ({root}); "
-                              "write it elsewhere")
+        for root in roots:
+            if target is not None and target.resolve().is_relative_to(root.resolve()):
+                raise ExportError(f"{target}: inside the checkpoint root of the checkpoint it exports ({root}); "
+                                  "write it elsewhere")
     created = _made_by(weights.parent)
     try:
         _write(weights, config, merged, manifest.step, spec, model.export_config)

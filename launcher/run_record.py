@@ -50,7 +50,8 @@ def make_run_dir(path: Path) -> None:
         raise BadInputError(f"cannot create run directory {path}: it exists and is not a directory") from None
     except OSError as err:
         named = err.errno in (errno.ENOTDIR, errno.ENOENT, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENAMETOOLONG,
-                              errno.ELOOP, errno.EISDIR)  # a stale mount, a full disk: the machine's
+                              errno.ELOOP, errno.EINVAL, errno.EMLINK)  # EINVAL: a name the file system refuses
+        # (run:1 on vfat); anything else (a stale mount, a full disk) is the machine's
         raise (BadInputError if named else JobError)(f"cannot create run directory {path}: {_reason(err)}") from None
 
 

@@ -333,16 +333,18 @@ def test_unwritable_run_dir_is_one_line_naming_the_path(tmp_path, where):
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("fault", [errno.ENOSPC, errno.ESTALE, errno.ENOTCONN, errno.EIO])
-def test_a_run_directory_the_machine_cannot_make_is_its_fault_not_the_users(tmp_path, monkeypatch, fault):
+@pytest.mark.parametrize("fault,users", [(errno.ENOSPC, False), (errno.ESTALE, False), (errno.ENOTCONN, False),
+                                          (errno.EIO, False), (errno.EINVAL, True), (errno.EROFS, True)])
+def test_a_run_directory_the_machine_cannot_make_is_its_fault_not_the_users(tmp_path, monkeypatch, fault, users):
     """Exit 1 (JobError) for a full disk or a dead mount, where a file in the way is the user's
-    (exit 2, above); a review found a stale NFS handle taken for bad input."""
+    (exit 2, above) and so is a name the file system refuses (EINVAL: run:1 on vfat) or a read-only
+    place; a review found a stale NFS handle taken for bad input."""
     def failing(self, *args, **kwargs):
         raise OSError(fault, os.strerror(fault), str(self))
     monkeypatch.setattr(Path, "mkdir", failing)
     with pytest.raises(JobError) as caught:
         make_run_dir(tmp_path / "run")
-    assert not isinstance(caught.value, BadInputError) and os.strerror(fault) in str(caught.value)
+    assert isinstance(caught.value, BadInputError) == users and os.strerror(fault) in str(caught.value)
 
 
 def test_disk_full_mid_run_is_one_line_whole_metrics_and_no_leftovers(tmp_path):

@@ -68,7 +68,7 @@ def test_export_never_writes_into_the_checkpoint_it_reads(run_copy, tmp_path):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("read", ["run", "a_link_to_its_step"])
+@pytest.mark.parametrize("read", ["run", "a_link_to_its_step", "a_step_its_root_holds_as_a_link"])
 @pytest.mark.parametrize("where", ["checkpoints/model.safetensors", "checkpoints/new/model.safetensors"])
 def test_export_never_writes_into_the_checkpoint_root_it_reads_from(run_copy, tmp_path, where, read):
     """-o RUN/checkpoints put the merged file among the run's step folders; a link to a step folder
@@ -78,6 +78,11 @@ def test_export_never_writes_into_the_checkpoint_root_it_reads_from(run_copy, tm
     if read == "a_link_to_its_step":
         source = tmp_path / "steplink"
         source.symlink_to(checkpoint_step(run_copy, 4))
+    if read == "a_step_its_root_holds_as_a_link":  # the step folder elsewhere, a link to it in the root
+        step = checkpoint_step(run_copy, 4)
+        shutil.move(step, tmp_path / step.name)
+        step.symlink_to(tmp_path / step.name)
+        source = step
     result = run_hetlaunch("export", str(source), "-o", str(run_copy / where), timeout=60)
     assert "inside the checkpoint root of the checkpoint it exports" in one_error_line(result, 2)
     assert sorted(p.name for p in (run_copy / "checkpoints").iterdir()) == before
