@@ -44,19 +44,28 @@ class ReportError(Exception):
 
 
 def _lines(path: Path) -> list[dict]:
-    text = _read(path)
+    lines = _read(path).splitlines()
     out = []
-    for number, line in enumerate(text.splitlines(), 1):
-        try:
-            value = json.loads(line)
-        except (ValueError, RecursionError):  # RecursionError: a line nested thousands deep
-            if number == len(text.splitlines()):
-                break  # a line cut off by a crash
-            raise ReportError(f"{path}: line {number} is not JSON") from None
-        if not isinstance(value, dict):
-            raise ReportError(f"{path}: line {number} is not a JSON object")
+    for number, line in enumerate(lines, 1):
+        value = _line_object(path, line, number, len(lines))
+        if value is None:
+            break
         out.append(value)
     return out
+
+
+def _line_object(path: Path, line: str, number: int, total: int) -> dict | None:
+    """A JSON lines file's line `number` of `total`: its object, or None for a last line a crash cut
+    off; ReportError for any other line that is not a JSON object."""
+    try:
+        value = json.loads(line)
+    except (ValueError, RecursionError):  # RecursionError: a line nested thousands deep
+        if number == total:
+            return None
+        raise ReportError(f"{path}: line {number} is not JSON") from None
+    if not isinstance(value, dict):
+        raise ReportError(f"{path}: line {number} is not a JSON object")
+    return value
 
 
 def _metric_rows(path: Path) -> list[tuple[dict, list | None]]:
@@ -82,14 +91,9 @@ def _metric_rows(path: Path) -> list[tuple[dict, list | None]]:
                 row = None
         if not (isinstance(row, dict) and _WRITTEN_BEFORE_STAGES <= row.keys()) or (stages is not None
                                                                                   and not isinstance(stages, list)):
-            try:  # not as RunRecord writes a row (or a stage row to read): the whole line, as any JSON
-                row = json.loads(line)
-            except (ValueError, RecursionError):  # RecursionError: a line nested thousands deep
-                if number == len(lines):
-                    break  # a line cut off by a crash
-                raise ReportError(f"{path}: line {number} is not JSON") from None
-            if not isinstance(row, dict):
-                raise ReportError(f"{path}: line {number} is not a JSON object")
+            row = _line_object(path, line, number, len(lines))  # not as RunRecord writes a row: the whole line
+            if row is None:
+                break
             stages = row.pop("stages", _NO_STAGES)
         out.append((row, stages))
     if any(stages is _NO_STAGES for _, stages in out):  # said once every line is JSON (a broken line first)
