@@ -39,6 +39,11 @@ from hetlaunch.runtime.version import hetlaunch_version, torch_version
 EXIT_REFUSED = 1
 EXIT_LOST_COORDINATOR = 3
 EXIT_DECLARED_LOST = 5  # the coordinator gave our place up (we were silent too long); restart to rejoin
+REPORT_TIMEOUT_S = 30.0  # one attempt of a report RPC
+# A report is sent again after these (_send): the coordinator did not answer in time (its `up`
+# stopped, a slow link) or could not be reached for a moment.
+RESENT_CODES = (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE)
+RESEND_PAUSE_S = 1.0
 
 
 def _log(node: str, message: str) -> None:
@@ -78,8 +83,7 @@ class Agent:
         self.finished = threading.Event()
         self.exit_code: int | None = None
         # Step metrics go out from a thread of their own, so a slow RPC never holds up the relay.
-        self.step_reports = StepReporter(lambda request: self._call("ReportStep", request),
-                                         coalesce_step_reports, STEP_REPORT_INTERVAL_S)
+        self.step_reports = StepReporter(self._send_step_report, coalesce_step_reports, STEP_REPORT_INTERVAL_S)
         self.tasks = TaskRelay(node_name, self._call, self.step_reports, store_access, self.stub, self.metadata,
                                self.work_dir)
 
@@ -189,13 +193,33 @@ class Agent:
                                                               generation=command.generation))
 
     def _call(self, method: str, request) -> None:
-        # Not sent again after a timeout: this runs on the relay thread too, and a relay held
-        # retrying (while `up` is stopped) starves the stage watchdog, which then kills a healthy
-        # worker, and lets a result overtake the step reports (a review of a retry tried here).
-        try:
-            getattr(self.stub, method)(request, metadata=self.metadata, timeout=30)
-        except grpc.RpcError as err:
-            _log(self.node, f"{method} failed ({err.code().name}): {err.details()}")
+        """A report RPC, failures logged. Sent again only while the `up` that started this agent is
+        stopped (Ctrl-Z): then the coordinator is known to be alive, and a result sent once into a
+        pause over 30 s was lost. The relay thread that calls this holds the stage watchdog meanwhile,
+        and every step report goes before it (StepReporter.flush waits for them)."""
+        self._send(method, request, resend=self._parent_stopped)
+
+    def _send_step_report(self, request: pb.ReportStepRequest) -> None:
+        """Step reports are sent again after a timeout for as long as this job lives (the heartbeat
+        loop ends it once the coordinator is lost): sent once, a 40 s Ctrl-Z of `up` lost the 19
+        steps in flight and the run ended short of them. Safe to send twice: the coordinator keeps
+        one report per stage and step (launcher/step_aggregator.py). This runs on the reporter's own
+        thread; the relay meanwhile waits on the full queue with the stage watchdog held."""
+        self._send("ReportStep", request, resend=lambda: True)
+
+    def _send(self, method: str, request, resend) -> None:
+        while True:
+            try:
+                getattr(self.stub, method)(request, metadata=self.metadata, timeout=REPORT_TIMEOUT_S)
+                return
+            except grpc.RpcError as err:
+                if err.code() not in RESENT_CODES or self.finished.is_set() or not resend():
+                    _log(self.node, f"{method} failed ({err.code().name}): {err.details()}")
+                    return
+                _log(self.node, f"{method} not answered ({err.code().name}): sending it again")
+            if self.finished.wait(RESEND_PAUSE_S):
+                _log(self.node, f"{method} not sent: the job ended")
+                return
 
     def _command_reader(self) -> None:
         request = pb.WatchCommandsRequest(agent_id=self.agent_id)

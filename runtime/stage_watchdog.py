@@ -19,6 +19,7 @@ reported as the stage's failure:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -46,6 +47,7 @@ class StageWatchdog:
         self._steps = 0
         self._step = -1
         self._done = threading.Event()
+        self._held = 0  # waits of the agent's own on the coordinator under way (held())
         self._cpu_at_progress = _cpu_s(pid) if bound_s > 0 else 0.0
         if bound_s > 0:
             threading.Thread(target=self._watch, name="stage-watchdog", daemon=True).start()
@@ -56,6 +58,18 @@ class StageWatchdog:
         if step is not None:
             self._steps, self._step = self._steps + 1, step
 
+    @contextlib.contextmanager
+    def held(self):
+        """The agent itself is waiting on the coordinator (a full step-report queue, a report sent
+        while `up` is stopped): the worker, blocked on its pipe meanwhile, is not stalled. Without
+        this a Ctrl-Z of `up` longer than the bound killed every healthy worker."""
+        self._held += 1  # only the relay thread holds: no lock needed for the count
+        try:
+            yield
+        finally:
+            self._held -= 1
+            self._last = time.monotonic()
+
     def stop(self) -> None:
         """No more watching: the task ended, or an abort or a shutdown is stopping it."""
         self._done.set()
@@ -63,6 +77,8 @@ class StageWatchdog:
     def _watch(self) -> None:
         seen = self._last
         while not self._done.wait(POLL_S):
+            if self._held:
+                self._last = time.monotonic()
             if self._last != seen:  # progress since the last look: CPU time is counted from here
                 seen, self._cpu_at_progress = self._last, _cpu_s(self.pid)
             bound = self.bound_s if self._steps else self.first_bound_s

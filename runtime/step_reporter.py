@@ -58,12 +58,14 @@ class StepReporter:
     def report(self, request) -> None:
         self._queue.put(request)
 
-    def flush(self, timeout_s: float = 60.0) -> bool:
-        """Wait until every queued report was sent (or failed); False if that took over timeout_s."""
-        deadline = time.monotonic() + timeout_s
+    def flush(self, timeout_s: float | None = None) -> bool:
+        """Wait until every queued report was sent (or given up by `send`); False if that took over
+        timeout_s. No timeout by default: a result, a checkpoint part or a move that went ahead of
+        the steps before it (after 60 s of a stopped `up`) ended the run short of those steps."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while self._queue.unfinished_tasks:
             self._hurry.set()
-            if time.monotonic() > deadline:
+            if deadline is not None and time.monotonic() > deadline:
                 return False
             time.sleep(0.005)
         return True

@@ -150,26 +150,36 @@ class TaskRelay:
                 self.watchdog.progressed(event.step.step if took_step else None)
                 if kind == "step":
                     self.step = event.step.step if took_step else self.step
-                    self.step_reports.report(pb.ReportStepRequest(agent_id=self.agent_id, metrics=event.step,
-                                                                  generation=generation))
-                elif kind == "checkpoint":
-                    self.step_reports.flush()  # the steps before it are reported first (a failed write ends the job)
-                    if self.uploading and not event.checkpoint.error:  # reported once it is on the coordinator
-                        self._uploader().submit(event.checkpoint, generation)
-                    else:
-                        self._report_part(event.checkpoint, generation)
-                elif kind == "move":
-                    self.step_reports.flush()  # the steps before the move are reported before it
-                    self._call("ReportMove", pb.ReportMoveRequest(agent_id=self.agent_id, report=event.move,
-                                                                  generation=generation))
-                elif kind == "profile":
+                if kind == "profile":
                     profile = event.profile
                 elif kind == "done":
                     done = event.done
+                else:
+                    # What is sent here waits on the coordinator (a full step-report queue, the reports
+                    # before a part or a move, a report while `up` is stopped), not on the worker: the
+                    # watchdog is held meanwhile (a Ctrl-Z of `up` past its bound killed healthy workers).
+                    with self.watchdog.held():
+                        self._pass_on(kind, event, generation)
         except FrameError as err:  # a worker runs user code; garbage on its pipe ends it
             worker.kill()
             done = wpb.WorkerDone(ok=False, error=f"the worker sent garbage: {err}")
         return done, profile
+
+    def _pass_on(self, kind: str, event: wpb.WorkerEvent, generation: int) -> None:
+        """A step, checkpoint part or live-move report of the worker's, to the coordinator."""
+        if kind == "step":
+            self.step_reports.report(pb.ReportStepRequest(agent_id=self.agent_id, metrics=event.step,
+                                                          generation=generation))
+        elif kind == "checkpoint":
+            self.step_reports.flush()  # the steps before it are reported first (a failed write ends the job)
+            if self.uploading and not event.checkpoint.error:  # reported once it is on the coordinator
+                self._uploader().submit(event.checkpoint, generation)
+            else:
+                self._report_part(event.checkpoint, generation)
+        elif kind == "move":
+            self.step_reports.flush()  # the steps before the move are reported before it
+            self._call("ReportMove", pb.ReportMoveRequest(agent_id=self.agent_id, report=event.move,
+                                                          generation=generation))
 
     def _report_end(self, task: wpb.WorkerTask, worker: WorkerProcess, done: wpb.WorkerDone | None, profile,
                     generation: int, died: bool | None = None) -> None:
