@@ -2,7 +2,7 @@
 array of uint16 or uint32 ids, no header) that `data: {format: tokens}` trains on.
 
 The tokenizer comes from the `tokenizers` package (the `hetlaunch[data]` extra): a
-`tokenizer.json` file, or a name on the Hugging Face hub (which needs the network). The text is
+`tokenizer.json` file, or a name on the Hugging Face hub (from its local cache, else the network). The text is
 read and encoded in chunks cut at line ends, so a corpus larger than memory works, with a
 progress bar; the output is written whole or not at all (runtime/files.py whole_file_beside: a
 file with no name until it is whole, so even a SIGKILL mid-way leaves nothing behind).
@@ -10,9 +10,11 @@ file with no name until it is whole, so even a SIGKILL mid-way leaves nothing be
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
+from urllib.parse import urlsplit
 
 import numpy as np
 
@@ -20,6 +22,7 @@ from hetlaunch.runtime.files import UnreadableFile, read_regular_file, whole_fil
 
 CHUNK_BYTES = 4 * 2**20
 MAX_TOKENIZER_BYTES = 256 << 20  # the largest hub tokenizer.json files are tens of MB
+HUB_CONNECT_TIMEOUT_S = 5.0
 
 
 class PrepareError(Exception):
@@ -44,20 +47,42 @@ def load_tokenizer(name: str):
     local = given.is_dir() or given.is_absolute() or name.startswith((".", "~")) or given.suffix == ".json"
     if local and not path.exists():
         raise PrepareError(f"{path}: no such tokenizer file")
-    if path.exists():
-        try:  # never waited on (a FIFO) nor read without end (/dev/zero grew to 23 GB)
-            raw = read_regular_file(path, MAX_TOKENIZER_BYTES)
-            return Tokenizer.from_str(raw.decode("utf-8"))
-        except UnreadableFile as err:
-            raise PrepareError(f"{path}: {err}") from None
-        except Exception as err:  # the library's own parse errors, whatever their type
-            raise PrepareError(f"{path} is not a tokenizer.json the tokenizers package can read: "
-                               f"{' '.join(str(err).split())[:300]}") from None
+    if not path.exists():
+        path = _from_hub(name)
+    try:  # never waited on (a FIFO) nor read without end (/dev/zero grew to 23 GB)
+        raw = read_regular_file(path, MAX_TOKENIZER_BYTES)
+        return Tokenizer.from_str(raw.decode("utf-8"))
+    except UnreadableFile as err:
+        raise PrepareError(f"{path}: {err}") from None
+    except Exception as err:  # the library's own parse errors, whatever their type
+        raise PrepareError(f"{path} is not a tokenizer.json the tokenizers package can read: "
+                           f"{' '.join(str(err).split())[:300]}") from None
+
+
+def _from_hub(name: str) -> Path:
+    """The hub tokenizer's tokenizer.json: from the local Hugging Face cache if it is there (no
+    network asked), else downloaded, once the hub was found reachable. Asked directly, the hub
+    client retried an unreachable hub for 24 s before the error, even for a cached tokenizer."""
+    from huggingface_hub import constants, hf_hub_download  # the tokenizers package's own dependency
+
     try:
-        return Tokenizer.from_pretrained(name)
+        return Path(hf_hub_download(name, "tokenizer.json", local_files_only=True))
+    except Exception:  # not cached (or a name the hub would refuse: asked below, it says why)
+        pass
+    prefix = f"tokenizer {name!r} is neither a tokenizer.json file nor a directory holding one, nor in the Hugging Face cache"
+    if constants.HF_HUB_OFFLINE:
+        raise PrepareError(f"{prefix}, and HF_HUB_OFFLINE is set")
+    endpoint = urlsplit(constants.ENDPOINT)
+    host, port = endpoint.hostname or "", endpoint.port or (80 if endpoint.scheme == "http" else 443)
+    try:
+        socket.create_connection((host, port), timeout=HUB_CONNECT_TIMEOUT_S).close()
+    except OSError as err:
+        raise PrepareError(f"{prefix}, and the hub ({host}:{port}) cannot be reached: "
+                           f"{err.strerror or err}") from None
+    try:
+        return Path(hf_hub_download(name, "tokenizer.json"))
     except Exception as err:
-        raise PrepareError(f"tokenizer {name!r} is neither a tokenizer.json file nor a directory holding one, "
-                           f"and fetching it from the Hugging Face hub failed: {' '.join(str(err).split())}") from None
+        raise PrepareError(f"{prefix}, and fetching it from the hub failed: {' '.join(str(err).split())[:300]}") from None
 
 
 def _chunks(path: Path, size: int):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import stat
 import subprocess
 import time
@@ -15,7 +16,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import run_hetlaunch
+from conftest import hetlaunch_env, run_hetlaunch
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -176,3 +177,44 @@ def test_the_yaml_line_it_prints_reads_back_as_the_path(tmp_path):
     assert result.returncode == 0, result.stderr
     line = next(line for line in result.stdout.splitlines() if line.strip().startswith("data:"))
     assert yaml.safe_load(line)["data"] == {"format": "tokens", "path": str(out), "dtype": "uint16"}
+
+
+def _hub_env(tmp_path) -> dict:
+    """A Hugging Face cache of our own and a hub at a closed loopback port: no traffic leaves."""
+    with socket.socket() as probe:  # a port nothing listens on: bound, then closed
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    return {**hetlaunch_env(), "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_ENDPOINT": f"http://127.0.0.1:{port}",
+            "HF_HUB_OFFLINE": "0"}
+
+
+def test_a_hub_name_with_the_hub_unreachable_is_one_line_at_once(tmp_path):
+    """The hub client retried a refused connection for 24 s before this error."""
+    text = tmp_path / "corpus.txt"
+    text.write_text("hello world\n")
+    started = time.monotonic()
+    result = run_hetlaunch("prepare-data", str(text), "--tokenizer", "someorg/sometokenizer", "-o",
+                           str(tmp_path / "o.bin"), timeout=60, env=_hub_env(tmp_path))
+    took = time.monotonic() - started
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "nor in the Hugging Face cache" in lines[0] and "cannot be reached" in lines[0], lines
+    assert took < 15, took  # an interpreter start and the refused connection, not the client's backoff
+    assert not (tmp_path / "o.bin").exists()
+
+
+def test_a_hub_tokenizer_in_the_local_cache_is_used_without_the_network(tmp_path):
+    env = _hub_env(tmp_path)
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--someorg--sometokenizer"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    (repo / "snapshots" / commit).mkdir(parents=True)
+    _word_level(repo / "snapshots" / commit / "tokenizer.json", {"[UNK]": 0, "hello": 1, "world": 2})
+    text = tmp_path / "corpus.txt"
+    text.write_text("hello world\n" * 3)
+    out = tmp_path / "train.bin"
+    result = run_hetlaunch("prepare-data", str(text), "--tokenizer", "someorg/sometokenizer", "-o", str(out),
+                           timeout=60, env=env)
+    assert result.returncode == 0, result.stderr
+    assert np.fromfile(out, dtype="uint16").tolist() == [1, 2] * 3
