@@ -44,6 +44,10 @@ REPORT_TIMEOUT_S = 30.0  # one attempt of a report RPC
 # stopped, a slow link) or could not be reached for a moment.
 RESENT_CODES = (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE)
 RESEND_PAUSE_S = 1.0
+# A coordinator that takes connections but answers nothing (its `up` stopped on another host) is
+# waited for this long before the agent leaves; one whose port is closed or unreachable, 10 s.
+SILENT_COORDINATOR_WAIT_S = 600.0
+PORT_CHECK_TIMEOUT_S = 2.0
 
 
 def _log(node: str, message: str) -> None:
@@ -193,11 +197,11 @@ class Agent:
                                                               generation=command.generation))
 
     def _call(self, method: str, request) -> None:
-        """A report RPC, failures logged. Sent again only while the `up` that started this agent is
-        stopped (Ctrl-Z): then the coordinator is known to be alive, and a result sent once into a
-        pause over 30 s was lost. The relay thread that calls this holds the stage watchdog meanwhile,
+        """A report RPC, failures logged. Sent again only while the coordinator is known to be there
+        (the `up` that started this agent is stopped, or its port takes connections): a result sent
+        once into a pause over 30 s was lost. The relay thread that calls this holds the stage watchdog meanwhile,
         and every step report goes before it (StepReporter.flush waits for them)."""
-        self._send(method, request, resend=self._parent_stopped)
+        self._send(method, request, resend=lambda: self._parent_stopped() or self._coordinator_port_open())
 
     def _send_step_report(self, request: pb.ReportStepRequest) -> None:
         """Step reports are sent again after a timeout for as long as this job lives (the heartbeat
@@ -250,6 +254,7 @@ class Agent:
 
     def _heartbeat_loop(self, interval: float) -> None:
         last_ok = time.monotonic()
+        there_since = None  # since when the coordinator's port took connections while it answered nothing
         lost_after = max(10 * interval, 10.0)
         while not self.finished.wait(interval):
             if self.parent_pid is not None and os.getppid() != self.parent_pid:
@@ -269,12 +274,21 @@ class Agent:
                 if err.code() == grpc.StatusCode.FAILED_PRECONDITION:  # declared lost while we were silent
                     self.exit(EXIT_DECLARED_LOST, f"{err.details()}; restart the agent to rejoin")
                     return
+                there = False
                 if self._parent_stopped():  # `up` suspended (Ctrl-Z): its silence is no lost coordinator
                     last_ok = time.monotonic()
+                elif err.code() == grpc.StatusCode.DEADLINE_EXCEEDED and self._coordinator_port_open():
+                    there = True  # there, but answering nothing (its `up` stopped on another host)
+                    there_since = there_since or time.monotonic()
+                    if time.monotonic() - there_since <= SILENT_COORDINATOR_WAIT_S:
+                        last_ok = time.monotonic()
                 if time.monotonic() - last_ok > lost_after:
-                    self.exit(EXIT_LOST_COORDINATOR,
-                              f"no heartbeat accepted for {lost_after:.0f}s ({err.code().name}); exiting")
+                    why = (f"the coordinator took connections but answered nothing for {SILENT_COORDINATOR_WAIT_S:.0f}s"
+                           if there else f"no heartbeat accepted for {lost_after:.0f}s")
+                    self.exit(EXIT_LOST_COORDINATOR, f"{why} ({err.code().name}); exiting")
                     return
+                continue
+            there_since = None
 
     def _parent_stopped(self) -> bool:
         """Whether the `up` that started this agent is stopped (Ctrl-Z, SIGSTOP): then its
@@ -285,6 +299,19 @@ class Agent:
         try:
             return psutil.Process(self.parent_pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
         except psutil.Error:
+            return False
+
+    def _coordinator_port_open(self) -> bool:
+        """Whether the coordinator's port still takes a TCP connection. The kernel of its host
+        completes one for a process that is stopped (Ctrl-Z of an `up` on another machine) or busy;
+        a dead coordinator's host refuses it, and a dead host or a cut link never answers. So an
+        agent on another host waits out a paused `up` (it left after 10 s) and still leaves one that
+        is gone. The connection is closed at once, having sent nothing."""
+        host, _, port = self.coordinator.rpartition(":")
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=PORT_CHECK_TIMEOUT_S).close()
+            return True
+        except (OSError, ValueError):
             return False
 
     def exit(self, code: int, why: str) -> None:
