@@ -25,7 +25,8 @@ from google.protobuf import json_format
 
 from hetlaunch.launcher.run_dir_lock import LOCK_NAME
 from hetlaunch.protos import control_pb2 as pb
-from hetlaunch.runtime.checkpoint_manifest import CheckpointError, is_step_dir, newest_intact_checkpoint, read_manifest
+from hetlaunch.runtime.checkpoint_manifest import (CheckpointError, checkpoint_manifest, is_step_dir,
+                                                  newest_intact_checkpoint, read_manifest)
 from hetlaunch.runtime.files import new_temp_beside, write_whole
 from hetlaunch.runtime.entrypoint_patterns import OWN_ENTRYPOINTS, entrypoint_allowed
 from hetlaunch.runtime.wire import model_spec_from_proto
@@ -45,16 +46,25 @@ class Exported:
     skipped: list[tuple[int, str]] = field(default_factory=list)  # newer checkpoints not intact: (step, why)
 
 
-def _checkpoint(path: Path) -> tuple[Path, object, list[tuple[int, Path, str]]]:
-    """(directory, manifest, the newer checkpoints skipped as not intact, with why): a corrupt
-    newest manifest made export take the one before without a word (a hostile review)."""
+def _checkpoint(path: Path) -> tuple[Path, object, dict, list[tuple[int, Path, str]]]:
+    """(directory, manifest, its layers' tensors, the newer checkpoints skipped as not intact, with
+    why): a corrupt newest manifest made export take the one before without a word (a hostile
+    review). Each part is hashed as it is read, once: what is read is then what matches the
+    manifest, whatever was renamed over a part (or its folder) before (export verified every part,
+    then read and hashed them again: twice the reading of a large checkpoint)."""
+    from hetlaunch.runtime.checkpoint import load_layers
+
+    def loaded(step: int | None, directory: Path) -> tuple[object, dict]:
+        manifest = read_manifest(directory) if step is None else checkpoint_manifest(step, directory)
+        return manifest, load_layers(directory, manifest, 0, manifest.num_layers)
+
     if (path / "manifest.json").is_file():
-        return path, read_manifest(path), []
+        return path, *loaded(None, path), []
     for root in (path / "checkpoints", path):
         if root.is_dir():
-            found, skipped = newest_intact_checkpoint(root)
+            found, skipped = newest_intact_checkpoint(root, loaded)
             if found is not None:
-                return *found, skipped
+                return found[0], *found[1], skipped
             if skipped:
                 raise ExportError(f"{root}: no intact checkpoint; the newest, of step {skipped[0][0]}: {skipped[0][2]}")
     if (path / "events.jsonl").is_file() and not (path / "checkpoints").exists():  # a run dir, checkpoints elsewhere
@@ -77,14 +87,10 @@ def export(path: Path, output: Path, allow_entrypoints: tuple[str, ...] = ()) ->
     # torch only here, never at the top: the rest of the launcher (the coordinator above all) runs without it.
     import torch
 
-    from hetlaunch.runtime.checkpoint import load_layers
     from hetlaunch.runtime.model import describe_model
 
     try:
-        directory, manifest, skipped = _checkpoint(path)
-        # Hashed again as it is read, even where _checkpoint verified it: what is read is then what
-        # matches the manifest, whatever was renamed over a part (or its folder) in between.
-        state = load_layers(directory, manifest, 0, manifest.num_layers)
+        directory, manifest, state, skipped = _checkpoint(path)
     except CheckpointError as err:
         raise ExportError(str(err)) from None
     saved = manifest.extra.get("model_spec")

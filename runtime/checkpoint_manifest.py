@@ -20,8 +20,11 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, TypeVar
 
 from hetlaunch.runtime.files import UnreadableFile, open_regular_file, read_json, write_whole
+
+T = TypeVar("T")
 
 CHECKPOINT_FORMAT = "hetlaunch-checkpoint/1"
 MANIFEST_NAME = "manifest.json"
@@ -239,23 +242,31 @@ def verify_checkpoint(step: int, directory: Path) -> Manifest:
     """The manifest of the checkpoint of `step` in `directory`, once everything it names is as
     written: a directory of its own (not a link to elsewhere), the manifest of that step, every
     part's size and sha256. CheckpointError (one line) naming what is not."""
-    if directory.is_symlink():
-        raise CheckpointError(f"{directory}: a link to {os.readlink(directory)!r:.120}, not a directory of the run")
-    manifest = read_manifest(directory)
-    if manifest.step != step:
-        raise CheckpointError(f"{directory / MANIFEST_NAME}: says step {manifest.step}, in the directory of step {step}")
+    manifest = checkpoint_manifest(step, directory)
     for part in manifest.parts:
         check_part_file(directory / part.file, part, sha256=True)
     return manifest
 
 
-def newest_intact_checkpoint(root: Path) -> tuple[tuple[Path, Manifest] | None, list[tuple[int, Path, str]]]:
-    """The newest checkpoint that verify_checkpoint accepts, and the newer ones it refused
-    (step, directory, why), newest first."""
+def checkpoint_manifest(step: int, directory: Path) -> Manifest:
+    """verify_checkpoint without the parts: for a reader that hashes them as it reads them."""
+    if directory.is_symlink():
+        raise CheckpointError(f"{directory}: a link to {os.readlink(directory)!r:.120}, not a directory of the run")
+    manifest = read_manifest(directory)
+    if manifest.step != step:
+        raise CheckpointError(f"{directory / MANIFEST_NAME}: says step {manifest.step}, in the directory of step {step}")
+    return manifest
+
+
+def newest_intact_checkpoint(root: Path, accept: Callable[[int, Path], T] = verify_checkpoint,
+                             ) -> tuple[tuple[Path, T] | None, list[tuple[int, Path, str]]]:
+    """The newest checkpoint that `accept` takes (verify_checkpoint: its manifest, everything
+    checked), with what `accept` returned, and the newer ones it refused (step, directory, why),
+    newest first."""
     refused = []
     for step, directory in _step_dirs(root):
         try:
-            return (directory, verify_checkpoint(step, directory)), refused
+            return (directory, accept(step, directory)), refused
         except CheckpointError as err:
             refused.append((step, directory, str(err)))
     return None, refused

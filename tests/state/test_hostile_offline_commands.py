@@ -57,6 +57,41 @@ def test_export_says_which_newer_checkpoint_it_skipped_as_not_intact(run_copy, t
 
 
 @pytest.mark.timeout(120)
+def test_export_skips_a_newer_checkpoint_whose_part_was_changed_and_says_so(run_copy, tmp_path):
+    """Each part is hashed as export reads it (not verified first, then read and hashed again):
+    a changed part still sends it to the checkpoint before."""
+    step = checkpoint_step(run_copy, 4)
+    part = next(p for p in step.iterdir() if p.suffix == ".safetensors")
+    data = bytearray(part.read_bytes())
+    data[-1] ^= 0xFF  # the same size: only the hash tells
+    part.write_bytes(bytes(data))
+    result = run_hetlaunch("export", str(run_copy), "-o", str(tmp_path / "m.safetensors"), timeout=60)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("skipped the checkpoint of step 4, not intact: ") and "sha256" in lines[0], lines
+    assert "at step 2" in lines[1], lines
+
+
+@pytest.mark.timeout(120)
+def test_export_reads_each_part_once(run_copy, tmp_path):
+    """It read every part twice (verified, then hashed again as it loaded): twice the reading of
+    a checkpoint of hundreds of GB. Counted by the kernel (/proc/self/io rchar: the bytes this
+    process read), around a second export, the first having imported what export imports."""
+    from hetlaunch.launcher.export import export
+
+    def bytes_read() -> int:
+        with open("/proc/self/io") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("rchar:"))
+
+    export(run_copy, tmp_path / "first" / "m.safetensors")
+    before = bytes_read()
+    export(run_copy, tmp_path / "second" / "m.safetensors")
+    read = bytes_read() - before
+    parts = sum(p.stat().st_size for p in checkpoint_step(run_copy, 4).glob("*.safetensors"))
+    assert parts <= read < 1.5 * parts, (read, parts)
+
+
+@pytest.mark.timeout(120)
 def test_export_never_writes_into_the_checkpoint_it_reads(run_copy, tmp_path):
     """-o naming a part of the checkpoint replaced it with the merged file: the checkpoint broke."""
     step = checkpoint_step(run_copy, 4)
