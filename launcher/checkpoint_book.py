@@ -46,6 +46,7 @@ class CheckpointBook:
         # node -> its writer's key; with several stages, first layer -> the key of the stage starting there
         self._writer_of: dict[str, tuple[str, int] | dict[int, tuple[str, int]]] = {}
         self._parts: dict[int, dict[tuple[str, int], pb.CheckpointPart]] = {}  # step -> writer -> its part
+        self._committed_through = -1  # the newest step this generation committed from its parts
         self.snapshots: dict[str, pb.CheckpointPart] = {}  # node -> the snapshot it wrote this generation
         self.committed = 0
         self.write_s: list[float] = []
@@ -63,6 +64,7 @@ class CheckpointBook:
         self._writer_of = {node: mine[0][0] if len(mine) == 1 else {q.layer_start: key for key, q in mine}
                            for node, mine in by_node.items()}
         self._parts.clear()
+        self._committed_through = -1
         self.snapshots.clear()
 
     def add(self, node: str, part: pb.CheckpointPart, source: str = "file") -> int | None:
@@ -78,6 +80,10 @@ class CheckpointBook:
             writer = writer.get(part.layer_start)
         if writer is None:
             return None
+        if part.step <= self._committed_through or writer in self._parts.get(part.step, {}):
+            # A report sent again (runtime/agent_job.py, while `up` was stopped) whose first copy did
+            # arrive: committed twice, it counted two checkpoints and their write times twice.
+            return None
         self.write_s.append(part.write_s)
         self.stall_s.append(part.stall_s)
         parts = self._parts.setdefault(part.step, {})
@@ -86,6 +92,7 @@ class CheckpointBook:
             return None
         del self._parts[part.step]
         self._commit(part.step, list(parts.values()), source)
+        self._committed_through = part.step
         return part.step
 
     def _commit(self, step: int, parts: list[pb.CheckpointPart], source: str) -> None:

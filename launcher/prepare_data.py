@@ -11,6 +11,7 @@ file with no name until it is whole, so even a SIGKILL mid-way leaves nothing be
 from __future__ import annotations
 
 import socket
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -60,29 +61,53 @@ def load_tokenizer(name: str):
 
 
 def _from_hub(name: str) -> Path:
-    """The hub tokenizer's tokenizer.json: from the local Hugging Face cache if it is there (no
-    network asked), else downloaded, once the hub was found reachable. Asked directly, the hub
-    client retried an unreachable hub for 24 s before the error, even for a cached tokenizer."""
-    from huggingface_hub import constants, hf_hub_download  # the tokenizers package's own dependency
-
+    """The hub tokenizer's tokenizer.json: from the local Hugging Face cache if it is there, else
+    downloaded, once the hub was found reachable (unless a proxy stands between: then the
+    download goes through it as the hub client sends it). Asked directly, the hub client retried an
+    unreachable hub for 24 s before the error, even for a cached tokenizer."""
+    try:  # the tokenizers package's own dependency; it reads HF_ENDPOINT as it is imported
+        from huggingface_hub import constants, hf_hub_download
+        from huggingface_hub.utils import validate_repo_id
+    except Exception as err:
+        raise PrepareError(f"tokenizer {name!r}: the Hugging Face hub client cannot start "
+                           f"({' '.join(str(err).split())[:200]}; is HF_ENDPOINT a URL?)") from None
+    try:
+        validate_repo_id(name)
+    except ValueError as err:  # the hub's own name rules
+        raise PrepareError(f"tokenizer {name!r} is neither a tokenizer.json file, a directory holding one, nor a "
+                           f"hub name: {' '.join(str(err).split())[:200]}") from None
     try:
         return Path(hf_hub_download(name, "tokenizer.json", local_files_only=True))
-    except Exception:  # not cached (or a name the hub would refuse: asked below, it says why)
+    except Exception:  # not cached
         pass
     prefix = f"tokenizer {name!r} is neither a tokenizer.json file nor a directory holding one, nor in the Hugging Face cache"
     if constants.HF_HUB_OFFLINE:
         raise PrepareError(f"{prefix}, and HF_HUB_OFFLINE is set")
-    endpoint = urlsplit(constants.ENDPOINT)
-    host, port = endpoint.hostname or "", endpoint.port or (80 if endpoint.scheme == "http" else 443)
-    try:
-        socket.create_connection((host, port), timeout=HUB_CONNECT_TIMEOUT_S).close()
-    except OSError as err:
-        raise PrepareError(f"{prefix}, and the hub ({host}:{port}) cannot be reached: "
-                           f"{err.strerror or err}") from None
+    unreachable = _unreachable(constants.ENDPOINT)
+    if unreachable:
+        raise PrepareError(f"{prefix}, and {unreachable}")
     try:
         return Path(hf_hub_download(name, "tokenizer.json"))
     except Exception as err:
         raise PrepareError(f"{prefix}, and fetching it from the hub failed: {' '.join(str(err).split())[:300]}") from None
+
+
+def _unreachable(endpoint: str) -> str | None:
+    """Why the hub at `endpoint` cannot be reached, or None where it answers a TCP connection or
+    a proxy stands between (the client then reaches it through that proxy: not checked here)."""
+    try:
+        parts = urlsplit(endpoint)
+        host, port = parts.hostname or "", parts.port or (80 if parts.scheme == "http" else 443)
+    except ValueError as err:  # a port out of range or not a number
+        return f"the hub endpoint {endpoint!r} is not a URL ({err})"
+    proxies = urllib.request.getproxies()
+    if proxies.get(parts.scheme) and not urllib.request.proxy_bypass(host):
+        return None
+    try:
+        socket.create_connection((host, port), timeout=HUB_CONNECT_TIMEOUT_S).close()
+    except OSError as err:
+        return f"the hub ({host}:{port}) cannot be reached: {err.strerror or err}"
+    return None
 
 
 def _chunks(path: Path, size: int):

@@ -12,6 +12,7 @@ then ends only the Agent.
 
 from __future__ import annotations
 
+import itertools
 import os
 import queue
 import socket
@@ -29,6 +30,7 @@ from hetlaunch.protos import worker_pb2 as wpb
 from hetlaunch.runtime import host_clock
 from hetlaunch.runtime.auth import TOKEN_METADATA_KEY
 from hetlaunch.runtime.clock_offset import ClockOffset
+from hetlaunch.runtime.coordinator_probe import CoordinatorProbe
 from hetlaunch.runtime.node_devices import describe_devices
 from hetlaunch.runtime.policy import AgentPolicy, PolicyRefusal
 from hetlaunch.runtime.step_reporter import STEP_REPORT_INTERVAL_S, StepReporter, coalesce_step_reports
@@ -44,10 +46,9 @@ REPORT_TIMEOUT_S = 30.0  # one attempt of a report RPC
 # stopped, a slow link) or could not be reached for a moment.
 RESENT_CODES = (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE)
 RESEND_PAUSE_S = 1.0
-# A coordinator that takes connections but answers nothing (its `up` stopped on another host) is
-# waited for this long before the agent leaves; one whose port is closed or unreachable, 10 s.
+# A coordinator found stopped (its `up` on another host: runtime/coordinator_probe.py) is waited
+# for this long before the agent leaves; one that is gone, 10 s.
 SILENT_COORDINATOR_WAIT_S = 600.0
-PORT_CHECK_TIMEOUT_S = 2.0
 
 
 def _log(node: str, message: str) -> None:
@@ -74,6 +75,7 @@ class Agent:
                         else grpc.insecure_channel(coordinator))
         self.coordinator = coordinator
         self.stub = control_pb2_grpc.CoordinatorStub(self.channel)
+        self.probe = CoordinatorProbe(coordinator)  # a silent coordinator: stopped, or gone?
         self.metadata = ((TOKEN_METADATA_KEY, token),)
         # What a worker needs to reach the rendezvous store on the coordinator (runtime/grpc_store.py).
         tls = credentials or ClientTls(b"")
@@ -198,10 +200,10 @@ class Agent:
 
     def _call(self, method: str, request) -> None:
         """A report RPC, failures logged. Sent again only while the coordinator is known to be there
-        (the `up` that started this agent is stopped, or its port takes connections): a result sent
-        once into a pause over 30 s was lost. The relay thread that calls this holds the stage watchdog meanwhile,
+        but stopped (the `up` that started this agent is, or runtime/coordinator_probe.py says so):
+        a result sent once into a pause over 30 s was lost. The relay thread that calls this holds the stage watchdog meanwhile,
         and every step report goes before it (StepReporter.flush waits for them)."""
-        self._send(method, request, resend=lambda: self._parent_stopped() or self._coordinator_port_open())
+        self._send(method, request, resend=lambda: self._parent_stopped() or self.probe.stopped())
 
     def _send_step_report(self, request: pb.ReportStepRequest) -> None:
         """Step reports are sent again after a timeout for as long as this job lives (the heartbeat
@@ -212,15 +214,18 @@ class Agent:
         self._send("ReportStep", request, resend=lambda: True)
 
     def _send(self, method: str, request, resend) -> None:
-        while True:
+        for attempt in itertools.count(1):
             try:
                 getattr(self.stub, method)(request, metadata=self.metadata, timeout=REPORT_TIMEOUT_S)
+                if attempt > 1:
+                    _log(self.node, f"{method} answered at attempt {attempt}")
                 return
             except grpc.RpcError as err:
                 if err.code() not in RESENT_CODES or self.finished.is_set() or not resend():
                     _log(self.node, f"{method} failed ({err.code().name}): {err.details()}")
                     return
-                _log(self.node, f"{method} not answered ({err.code().name}): sending it again")
+                if attempt == 1:  # said once: refused connections fail at once, and this repeats each second
+                    _log(self.node, f"{method} not answered ({err.code().name}): sending it again until it is")
             if self.finished.wait(RESEND_PAUSE_S):
                 _log(self.node, f"{method} not sent: the job ended")
                 return
@@ -254,7 +259,7 @@ class Agent:
 
     def _heartbeat_loop(self, interval: float) -> None:
         last_ok = time.monotonic()
-        there_since = None  # since when the coordinator's port took connections while it answered nothing
+        there_since = None  # since when the coordinator was found stopped (runtime/coordinator_probe.py)
         lost_after = max(10 * interval, 10.0)
         while not self.finished.wait(interval):
             if self.parent_pid is not None and os.getppid() != self.parent_pid:
@@ -277,17 +282,19 @@ class Agent:
                 there = False
                 if self._parent_stopped():  # `up` suspended (Ctrl-Z): its silence is no lost coordinator
                     last_ok = time.monotonic()
-                elif err.code() == grpc.StatusCode.DEADLINE_EXCEEDED and self._coordinator_port_open():
-                    there = True  # there, but answering nothing (its `up` stopped on another host)
+                elif err.code() == grpc.StatusCode.DEADLINE_EXCEEDED and self.probe.stopped():
+                    there = True  # stopped (its `up` on another host), not gone
                     there_since = there_since or time.monotonic()
                     if time.monotonic() - there_since <= SILENT_COORDINATOR_WAIT_S:
                         last_ok = time.monotonic()
                 if time.monotonic() - last_ok > lost_after:
-                    why = (f"the coordinator took connections but answered nothing for {SILENT_COORDINATOR_WAIT_S:.0f}s"
+                    why = (f"the coordinator was stopped for over {SILENT_COORDINATOR_WAIT_S:.0f}s"
                            if there else f"no heartbeat accepted for {lost_after:.0f}s")
                     self.exit(EXIT_LOST_COORDINATOR, f"{why} ({err.code().name}); exiting")
                     return
                 continue
+            # Answered: the next silence is asked about afresh (a report sender may have asked meanwhile).
+            self.probe.end_silence()
             there_since = None
 
     def _parent_stopped(self) -> bool:
@@ -299,19 +306,6 @@ class Agent:
         try:
             return psutil.Process(self.parent_pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
         except psutil.Error:
-            return False
-
-    def _coordinator_port_open(self) -> bool:
-        """Whether the coordinator's port still takes a TCP connection. The kernel of its host
-        completes one for a process that is stopped (Ctrl-Z of an `up` on another machine) or busy;
-        a dead coordinator's host refuses it, and a dead host or a cut link never answers. So an
-        agent on another host waits out a paused `up` (it left after 10 s) and still leaves one that
-        is gone. The connection is closed at once, having sent nothing."""
-        host, _, port = self.coordinator.rpartition(":")
-        try:
-            socket.create_connection((host.strip("[]"), int(port)), timeout=PORT_CHECK_TIMEOUT_S).close()
-            return True
-        except (OSError, ValueError):
             return False
 
     def exit(self, code: int, why: str) -> None:

@@ -57,7 +57,7 @@ def test_up_stopped_for_longer_than_any_timeout_goes_on_when_continued(tmp_path)
     assert "lost" not in events and "restart" not in events, events
     # the reports in flight timed out and were sent again (else this run did not test that)
     logs = "".join(path.read_text() for path in (run / "logs").glob("*.log"))
-    assert "ReportStep not answered (DEADLINE_EXCEEDED): sending it again" in logs
+    assert "ReportStep not answered (DEADLINE_EXCEEDED): sending it again until it is" in logs
 
 
 REMOTE_CLUSTER = """

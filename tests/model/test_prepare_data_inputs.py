@@ -11,6 +11,7 @@ import signal
 import socket
 import stat
 import subprocess
+import threading
 import time
 
 import numpy as np
@@ -203,7 +204,7 @@ def test_a_hub_name_with_the_hub_unreachable_is_one_line_at_once(tmp_path):
     assert not (tmp_path / "o.bin").exists()
 
 
-def test_a_hub_tokenizer_in_the_local_cache_is_used_without_the_network(tmp_path):
+def test_a_hub_tokenizer_in_the_local_cache_is_used_with_the_hub_unreachable(tmp_path):
     env = _hub_env(tmp_path)
     commit = "0123456789abcdef0123456789abcdef01234567"
     repo = tmp_path / "hub" / "models--someorg--sometokenizer"
@@ -218,3 +219,57 @@ def test_a_hub_tokenizer_in_the_local_cache_is_used_without_the_network(tmp_path
                            timeout=60, env=env)
     assert result.returncode == 0, result.stderr
     assert np.fromfile(out, dtype="uint16").tolist() == [1, 2] * 3
+
+
+def test_a_hub_name_is_fetched_through_the_proxy_the_environment_names(tmp_path):
+    """A first version of the reachability check dialled the hub itself: behind a proxy (the only
+    way out of many clusters) every hub tokenizer not cached failed. The proxy here is a loopback
+    listener that refuses the tunnel the client asks for."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    asked = []
+
+    def proxy():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            asked.append(conn.recv(200))
+            conn.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n")
+            conn.close()
+    threading.Thread(target=proxy, daemon=True).start()
+    env = {k: v for k, v in hetlaunch_env().items() if k.lower() not in ("no_proxy", "hf_endpoint")}
+    env.update(HTTPS_PROXY=f"http://127.0.0.1:{listener.getsockname()[1]}", HF_HUB_CACHE=str(tmp_path / "hub"),
+               HF_HUB_OFFLINE="0")
+    text = tmp_path / "corpus.txt"
+    text.write_text("hello world\n")
+    try:
+        result = run_hetlaunch("prepare-data", str(text), "--tokenizer", "someorg/sometokenizer", "-o",
+                               str(tmp_path / "o.bin"), timeout=90, env=env)
+    finally:
+        listener.close()
+    assert asked and asked[0].startswith(b"CONNECT huggingface.co:443 "), asked
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and "fetching it from the hub failed" in lines[0], lines
+
+
+@pytest.mark.parametrize("endpoint", ["https://hub.example:99999", "https://hub.example:4x3"])
+def test_a_hub_endpoint_that_is_not_a_url_is_one_line(tmp_path, endpoint):
+    text = tmp_path / "corpus.txt"
+    text.write_text("hello world\n")
+    env = {**_hub_env(tmp_path), "HF_ENDPOINT": endpoint}
+    result = run_hetlaunch("prepare-data", str(text), "--tokenizer", "gpt2", "-o", str(tmp_path / "o.bin"),
+                           timeout=60, env=env)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and "is HF_ENDPOINT a URL?" in lines[0], result.stderr
+
+
+def test_a_name_that_is_neither_a_file_nor_a_hub_name_says_so(tmp_path):
+    text = tmp_path / "corpus.txt"
+    text.write_text("hello world\n")
+    result = run_hetlaunch("prepare-data", str(text), "--tokenizer", "bad name//x", "-o", str(tmp_path / "o.bin"),
+                           timeout=60, env=_hub_env(tmp_path))
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and "nor a hub name" in lines[0], result.stderr

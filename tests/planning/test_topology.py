@@ -154,6 +154,10 @@ def test_the_checkpoint_book_takes_each_stage_of_a_node_as_a_writer_told_by_its_
     assert book.add("b", part(4, 6)) is None
     assert book.add("c", part(0, 5)) is None  # pipeline 1's stages are not writers
     assert book.add("a", part(6, 8)) == 2 and book.latest[0] == 2
+    # A part sent again after its first copy arrived (an agent resends while `up` is stopped): one
+    # checkpoint, each write time counted once (it committed twice, counting two checkpoints).
+    assert book.add("a", part(6, 8)) is None and book.add("b", part(2, 4)) is None
+    assert book.committed == 1 and len(book.write_s) == 4
 
 
 def test_a_topology_refuses_placements_that_are_not_a_plan():
