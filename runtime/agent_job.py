@@ -30,7 +30,7 @@ from hetlaunch.protos import worker_pb2 as wpb
 from hetlaunch.runtime import host_clock
 from hetlaunch.runtime.auth import TOKEN_METADATA_KEY
 from hetlaunch.runtime.clock_offset import ClockOffset
-from hetlaunch.runtime.coordinator_probe import CoordinatorProbe
+from hetlaunch.runtime.coordinator_probe import GONE, CoordinatorProbe
 from hetlaunch.runtime.node_devices import describe_devices
 from hetlaunch.runtime.policy import AgentPolicy, PolicyRefusal
 from hetlaunch.runtime.step_reporter import STEP_REPORT_INTERVAL_S, StepReporter, coalesce_step_reports
@@ -99,6 +99,7 @@ class Agent:
         finally:
             self.finished.set()
             self.step_reports.close()
+            self.probe.close()
             # Nothing of this job may outlive it. The worker that ran the last task idles as the
             # spare: reaped here, not left to exit as an orphan once our pipe closes (its CPU time
             # then never reached whoever waits for us, and `up` ended before it did).
@@ -199,11 +200,12 @@ class Agent:
                                                               generation=command.generation))
 
     def _call(self, method: str, request) -> None:
-        """A report RPC, failures logged. Sent again only while the coordinator is known to be there
-        but stopped (the `up` that started this agent is, or runtime/coordinator_probe.py says so):
-        a result sent once into a pause over 30 s was lost. The relay thread that calls this holds the stage watchdog meanwhile,
+        """A report RPC, failures logged. Sent again while the coordinator is not gone (the `up` that
+        started this agent is stopped, or runtime/coordinator_probe.py finds it stopped or running):
+        a result sent once into a pause over 30 s was lost, and so was one whose attempt timed out
+        just after `up` was continued, while the coordinator worked through what had piled up. The relay thread that calls this holds the stage watchdog meanwhile,
         and every step report goes before it (StepReporter.flush waits for them)."""
-        self._send(method, request, resend=lambda: self._parent_stopped() or self.probe.stopped())
+        self._send(method, request, resend=lambda: self._parent_stopped() or self.probe.state() != GONE)
 
     def _send_step_report(self, request: pb.ReportStepRequest) -> None:
         """Step reports are sent again after a timeout for as long as this job lives (the heartbeat
@@ -293,8 +295,7 @@ class Agent:
                     self.exit(EXIT_LOST_COORDINATOR, f"{why} ({err.code().name}); exiting")
                     return
                 continue
-            # Answered: the next silence is asked about afresh (a report sender may have asked meanwhile).
-            self.probe.end_silence()
+            self.probe.close()  # answered: no connection held until the next silence
             there_since = None
 
     def _parent_stopped(self) -> bool:

@@ -1,30 +1,41 @@
-"""Whether a coordinator that answers nothing is stopped (there, and coming back) or gone.
+"""Whether a coordinator that answers nothing is stopped (there, and coming back), running, or gone.
 
 An agent that `up` did not start cannot see `up` stopped (Ctrl-Z on another host): its heartbeats
 time out as they would were `up` gone, and it left after 10 s. What tells them apart is a TCP
-connection: the kernel of the coordinator's host completes one for a stopped process and holds
-it; a dead process's host refuses or resets it, a dead host or a cut link never answers or stops
-answering TCP keepalive, a proxy whose coordinator is gone closes it, and a running gRPC server
-sends its HTTP/2 settings at once (so it is not stopped: the agent's own connection is what
-broke, and it leaves as before). One connection is held for the whole silence: a connection per
-check stayed queued at the stopped process, and a few thousand of them (every agent, once a
-second) filled its accept queue, after which the checks said "gone" (a review).
+connection to the coordinator's port. The kernel of the coordinator's host completes one for a
+stopped process and holds it, silent: STOPPED. A running gRPC server sends its HTTP/2 settings at
+once: RUNNING (the agent's own connection is what broke, or the coordinator is busy). A dead
+process's host refuses or resets it, and a proxy whose coordinator is gone closes it: GONE.
 
-Not told apart: a coordinator behind TLS whose process runs but whose connection to this agent
-broke (TLS servers send nothing first) until the server gives the silent handshake up (2 min by
-default); the agent's wait is bounded anyway (agent_job.SILENT_COORDINATOR_WAIT_S).
+One connection is held for as long as the coordinator stays stopped: a connection per check
+stayed queued at the stopped process, and a few thousand of them (every agent, once a second)
+filled its accept queue (a review). Nothing but a held connection is remembered, so a coordinator
+continued and stopped again is seen as it is now (a remembered "running" outlived a second stop).
+A connect that times out, or a held connection whose TCP keepalive goes unanswered (a dead host,
+a cut link, a lost packet, a full accept queue), is no answer: it counts as STOPPED for
+UNANSWERED_GRACE_S in a row, then as GONE.
+
+Not told apart: a running coordinator behind TLS (TLS servers send nothing first) looks stopped
+until it drops the silent handshake (10 s in hetlaunch's coordinator, launcher/coordinator.py),
+then gone; a hung coordinator looks stopped. The agent's wait is bounded either way
+(agent_job.SILENT_COORDINATOR_WAIT_S).
 """
 
 from __future__ import annotations
 
+import errno
 import select
 import socket
 import threading
+import time
 
+STOPPED, RUNNING, GONE = "stopped", "running", "gone"
 CONNECT_TIMEOUT_S = 2.0
 FIRST_WORD_S = 0.25  # how long a running server's first bytes may take to arrive after the connect
-# TCP keepalive on the held connection: a host that died after it was made is found in about 8 s.
+UNANSWERED_GRACE_S = 20.0
+# TCP keepalive on the held connection: a host that died after it was made stops answering in about 8 s.
 KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_COUNT = 2, 2, 3
+_NO_ANSWER = (errno.ETIMEDOUT, errno.EAGAIN, socket.EAI_AGAIN)  # EAI_AGAIN: a name server that did not answer
 
 
 class CoordinatorProbe:
@@ -33,37 +44,54 @@ class CoordinatorProbe:
         self._host, self._port = host.strip("[]"), port
         self._lock = threading.Lock()  # the heartbeat loop and report senders ask from their threads
         self._sock: socket.socket | None = None
-        self._verdict: bool | None = None  # for this silence, once the connection said "not stopped"
+        self._unanswered_since: float | None = None
+
+    def state(self) -> str:
+        """STOPPED, RUNNING or GONE, as a TCP connection to the coordinator's port says now."""
+        with self._lock:
+            try:
+                verdict = self._look()
+            except Exception:  # never the caller's thread (the heartbeat loop) for a probe's fault
+                self._close()
+                verdict = None
+            if verdict is None:  # no answer: the benefit of the doubt, for a while
+                now = time.monotonic()
+                self._unanswered_since = self._unanswered_since or now
+                return STOPPED if now - self._unanswered_since < UNANSWERED_GRACE_S else GONE
+            self._unanswered_since = None
+            return verdict
 
     def stopped(self) -> bool:
-        """True while the held connection is open and the coordinator sends nothing on it."""
-        with self._lock:
-            if self._verdict is not None:
-                return self._verdict
-            if self._sock is None:
-                try:
-                    self._sock = _connect(self._host, int(self._port))
-                except (OSError, ValueError):
-                    return self._decide(False)  # refused, unreachable, a bad address: gone
-                select.select([self._sock], [], [], FIRST_WORD_S)
-            try:
-                self._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-            except BlockingIOError:
-                return True  # held open, silent: the process is stopped
-            except OSError:
-                return self._decide(False)  # reset, or keepalive timed out: gone
-            return self._decide(False)  # closed (b""), or a running server's first bytes
+        return self.state() == STOPPED
 
-    def end_silence(self) -> None:
-        """The coordinator answered: the next silence is asked about afresh."""
+    def close(self) -> None:
+        """The coordinator answered (or the job ended): the held connection goes."""
         with self._lock:
-            self._verdict = None
             self._close()
+            self._unanswered_since = None
 
-    def _decide(self, verdict: bool) -> bool:
-        self._verdict = verdict
+    def _look(self) -> str | None:
+        if self._sock is None:
+            try:
+                self._sock = _connect(self._host, int(self._port))
+            except (socket.timeout, TimeoutError):
+                return None
+            except OSError as err:
+                return None if err.errno in _NO_ANSWER else GONE  # refused, unreachable, unresolvable
+            except ValueError:
+                return GONE  # not an address (the agent's own --coordinator)
+            poller = select.poll()  # not select(): it refuses descriptors past 1,023
+            poller.register(self._sock, select.POLLIN)
+            poller.poll(FIRST_WORD_S * 1000)
+        try:
+            first = self._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return STOPPED  # held open, silent
+        except OSError as err:
+            self._close()
+            return None if err.errno in _NO_ANSWER else GONE  # keepalive unanswered; reset
         self._close()
-        return verdict
+        return RUNNING if first else GONE  # a running server's first bytes; closed
 
     def _close(self) -> None:
         if self._sock is not None:

@@ -221,7 +221,8 @@ def test_a_hub_tokenizer_in_the_local_cache_is_used_with_the_hub_unreachable(tmp
     assert np.fromfile(out, dtype="uint16").tolist() == [1, 2] * 3
 
 
-def test_a_hub_name_is_fetched_through_the_proxy_the_environment_names(tmp_path):
+@pytest.mark.parametrize("variable", ["HTTPS_PROXY", "all_proxy"])
+def test_a_hub_name_is_fetched_through_the_proxy_the_environment_names(tmp_path, variable):
     """A first version of the reachability check dialled the hub itself: behind a proxy (the only
     way out of many clusters) every hub tokenizer not cached failed. The proxy here is a loopback
     listener that refuses the tunnel the client asks for."""
@@ -240,9 +241,10 @@ def test_a_hub_name_is_fetched_through_the_proxy_the_environment_names(tmp_path)
             conn.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n")
             conn.close()
     threading.Thread(target=proxy, daemon=True).start()
-    env = {k: v for k, v in hetlaunch_env().items() if k.lower() not in ("no_proxy", "hf_endpoint")}
-    env.update(HTTPS_PROXY=f"http://127.0.0.1:{listener.getsockname()[1]}", HF_HUB_CACHE=str(tmp_path / "hub"),
-               HF_HUB_OFFLINE="0")
+    env = {k: v for k, v in hetlaunch_env().items()
+           if k.lower() not in ("no_proxy", "hf_endpoint", "https_proxy", "http_proxy", "all_proxy")}
+    env.update({variable: f"http://127.0.0.1:{listener.getsockname()[1]}", "HF_HUB_CACHE": str(tmp_path / "hub"),
+                "HF_HUB_OFFLINE": "0"})
     text = tmp_path / "corpus.txt"
     text.write_text("hello world\n")
     try:
