@@ -30,7 +30,7 @@ from hetlaunch.protos import worker_pb2 as wpb
 from hetlaunch.runtime import host_clock
 from hetlaunch.runtime.auth import TOKEN_METADATA_KEY
 from hetlaunch.runtime.clock_offset import ClockOffset
-from hetlaunch.runtime.coordinator_probe import GONE, CoordinatorProbe
+from hetlaunch.runtime.coordinator_probe import RUNNING, STOPPED, CoordinatorProbe
 from hetlaunch.runtime.node_devices import describe_devices
 from hetlaunch.runtime.policy import AgentPolicy, PolicyRefusal
 from hetlaunch.runtime.step_reporter import STEP_REPORT_INTERVAL_S, StepReporter, coalesce_step_reports
@@ -46,6 +46,7 @@ REPORT_TIMEOUT_S = 30.0  # one attempt of a report RPC
 # stopped, a slow link) or could not be reached for a moment.
 RESENT_CODES = (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE)
 RESEND_PAUSE_S = 1.0
+RUNNING_RESENDS = 3  # a report not answered by a coordinator that runs: sent this many more times at most
 # A coordinator found stopped (its `up` on another host: runtime/coordinator_probe.py) is waited
 # for this long before the agent leaves; one that is gone, 10 s.
 SILENT_COORDINATOR_WAIT_S = 600.0
@@ -75,7 +76,7 @@ class Agent:
                         else grpc.insecure_channel(coordinator))
         self.coordinator = coordinator
         self.stub = control_pb2_grpc.CoordinatorStub(self.channel)
-        self.probe = CoordinatorProbe(coordinator)  # a silent coordinator: stopped, or gone?
+        self.probe = CoordinatorProbe(coordinator, tls=credentials is not None)  # silent: stopped or gone?
         self.metadata = ((TOKEN_METADATA_KEY, token),)
         # What a worker needs to reach the rendezvous store on the coordinator (runtime/grpc_store.py).
         tls = credentials or ClientTls(b"")
@@ -200,12 +201,20 @@ class Agent:
                                                               generation=command.generation))
 
     def _call(self, method: str, request) -> None:
-        """A report RPC, failures logged. Sent again while the coordinator is not gone (the `up` that
-        started this agent is stopped, or runtime/coordinator_probe.py finds it stopped or running):
-        a result sent once into a pause over 30 s was lost, and so was one whose attempt timed out
-        just after `up` was continued, while the coordinator worked through what had piled up. The relay thread that calls this holds the stage watchdog meanwhile,
+        """A report RPC, failures logged. Sent again while the coordinator is stopped (the `up` that
+        started this agent is, or runtime/coordinator_probe.py finds it so), and RUNNING_RESENDS
+        times more while it runs: a result sent once into a pause over 30 s was lost, and so was one
+        whose attempt timed out just after `up` was continued, while the coordinator worked through
+        what had piled up. The relay thread that calls this holds the stage watchdog meanwhile,
         and every step report goes before it (StepReporter.flush waits for them)."""
-        self._send(method, request, resend=lambda: self._parent_stopped() or self.probe.state() != GONE)
+        def resend(attempt: int) -> bool:
+            if self._parent_stopped():
+                return True
+            state = self.probe.state()
+            # Running, it may be working through what piled up while it was stopped; a few more
+            # tries then, not forever (the relay thread or the command loop waits on this).
+            return state == STOPPED or (state == RUNNING and attempt <= RUNNING_RESENDS)
+        self._send(method, request, resend)
 
     def _send_step_report(self, request: pb.ReportStepRequest) -> None:
         """Step reports are sent again after a timeout for as long as this job lives (the heartbeat
@@ -213,7 +222,7 @@ class Agent:
         steps in flight and the run ended short of them. Safe to send twice: the coordinator keeps
         one report per stage and step (launcher/step_aggregator.py). This runs on the reporter's own
         thread; the relay meanwhile waits on the full queue with the stage watchdog held."""
-        self._send("ReportStep", request, resend=lambda: True)
+        self._send("ReportStep", request, resend=lambda attempt: True)
 
     def _send(self, method: str, request, resend) -> None:
         for attempt in itertools.count(1):
@@ -223,7 +232,7 @@ class Agent:
                     _log(self.node, f"{method} answered at attempt {attempt}")
                 return
             except grpc.RpcError as err:
-                if err.code() not in RESENT_CODES or self.finished.is_set() or not resend():
+                if err.code() not in RESENT_CODES or self.finished.is_set() or not resend(attempt):
                     _log(self.node, f"{method} failed ({err.code().name}): {err.details()}")
                     return
                 if attempt == 1:  # said once: refused connections fail at once, and this repeats each second

@@ -15,10 +15,13 @@ A connect that times out, or a held connection whose TCP keepalive goes unanswer
 a cut link, a lost packet, a full accept queue), is no answer: it counts as STOPPED for
 UNANSWERED_GRACE_S in a row, then as GONE.
 
-Not told apart: a running coordinator behind TLS (TLS servers send nothing first) looks stopped
-until it drops the silent handshake (10 s in hetlaunch's coordinator, launcher/coordinator.py),
-then gone; a hung coordinator looks stopped. The agent's wait is bounded either way
-(agent_job.SILENT_COORDINATOR_WAIT_S).
+Behind TLS a server sends nothing first, so the probe starts a TLS handshake itself (its
+ClientHello, nothing secret; no certificate is checked): a running server answers it, a stopped
+one cannot (without, a running TLS coordinator read as stopped, and the agent stayed 10 minutes).
+Not told apart: a hung coordinator looks stopped (the agent's wait is bounded:
+agent_job.SILENT_COORDINATOR_WAIT_S); agents past the coordinator host's accept queue
+(net.core.somaxconn: 4,096 on Linux 5.4 and later, 128 before) get no answer, and leave a
+stopped coordinator once the grace runs out.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from __future__ import annotations
 import errno
 import select
 import socket
+import ssl
 import threading
 import time
 
@@ -35,13 +39,16 @@ FIRST_WORD_S = 0.25  # how long a running server's first bytes may take to arriv
 UNANSWERED_GRACE_S = 20.0
 # TCP keepalive on the held connection: a host that died after it was made stops answering in about 8 s.
 KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_COUNT = 2, 2, 3
-_NO_ANSWER = (errno.ETIMEDOUT, errno.EAGAIN, socket.EAI_AGAIN)  # EAI_AGAIN: a name server that did not answer
+# No answer, not a refusal: a timeout, a name server that did not answer (EAI_AGAIN), a route that
+# is missing for now (a flap says so as much as a dead host does).
+_NO_ANSWER = (errno.ETIMEDOUT, errno.EAGAIN, socket.EAI_AGAIN, errno.EHOSTUNREACH, errno.ENETUNREACH)
 
 
 class CoordinatorProbe:
-    def __init__(self, address: str):
+    def __init__(self, address: str, tls: bool = False):
         host, _, port = address.rpartition(":")
         self._host, self._port = host.strip("[]"), port
+        self._tls = tls
         self._lock = threading.Lock()  # the heartbeat loop and report senders ask from their threads
         self._sock: socket.socket | None = None
         self._unanswered_since: float | None = None
@@ -65,10 +72,15 @@ class CoordinatorProbe:
         return self.state() == STOPPED
 
     def close(self) -> None:
-        """The coordinator answered (or the job ended): the held connection goes."""
-        with self._lock:
-            self._close()
-            self._unanswered_since = None
+        """The coordinator answered (or the job ended): the held connection goes. Never waits on
+        a look under way (a connect, a name lookup): the heartbeat loop calls this after every
+        answer, and a wait here was a heartbeat missed; that look's connection goes next time."""
+        if self._lock.acquire(blocking=False):
+            try:
+                self._close()
+                self._unanswered_since = None
+            finally:
+                self._lock.release()
 
     def _look(self) -> str | None:
         if self._sock is None:
@@ -77,26 +89,61 @@ class CoordinatorProbe:
             except (socket.timeout, TimeoutError):
                 return None
             except OSError as err:
-                return None if err.errno in _NO_ANSWER else GONE  # refused, unreachable, unresolvable
+                return None if err.errno in _NO_ANSWER else GONE  # refused, reset, an unknown name
             except ValueError:
                 return GONE  # not an address (the agent's own --coordinator)
+            if self._tls:
+                self._sock = _TLS_HELLO.wrap_socket(self._sock, do_handshake_on_connect=False)
+                try:
+                    self._answered()  # the ClientHello goes out
+                except OSError:
+                    pass  # a reset: said below
             poller = select.poll()  # not select(): it refuses descriptors past 1,023
             poller.register(self._sock, select.POLLIN)
             poller.poll(FIRST_WORD_S * 1000)
         try:
-            first = self._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-        except BlockingIOError:
-            return STOPPED  # held open, silent
+            verdict = self._answered()
         except OSError as err:
             self._close()
             return None if err.errno in _NO_ANSWER else GONE  # keepalive unanswered; reset
-        self._close()
-        return RUNNING if first else GONE  # a running server's first bytes; closed
+        if verdict != STOPPED:
+            self._close()
+        return verdict
+
+    def _answered(self) -> str:
+        """STOPPED while nothing came on the held connection, RUNNING once a server spoke on it,
+        GONE once it was closed; OSError for a reset or an unanswered keepalive."""
+        if not self._tls:
+            try:
+                first = self._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return STOPPED
+            return RUNNING if first else GONE  # a running server's HTTP/2 settings; closed
+        try:
+            self._sock.do_handshake()  # sends the ClientHello, then reads what came back
+        except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            return STOPPED  # no answer to it yet
+        except (ssl.SSLEOFError, ssl.SSLZeroReturnError):
+            return GONE
+        except ssl.SSLError:
+            return RUNNING  # it answered, if only to refuse us (no client certificate): it runs
+        return RUNNING
 
     def _close(self) -> None:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
+
+
+def _hello_context() -> ssl.SSLContext:
+    """A handshake that checks nothing: what the server answers is all the probe wants."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+_TLS_HELLO = _hello_context()
 
 
 def _connect(host: str, port: int) -> socket.socket:

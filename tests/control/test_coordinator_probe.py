@@ -162,3 +162,27 @@ def test_descriptors_past_1023_are_probed(silent_listener):
         for fd in spare:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+@pytest.mark.parametrize("client_auth", [False, True], ids=["tls", "mutual-tls"])
+def test_a_running_tls_coordinator_answers_the_probes_hello_and_a_silent_port_does_not(tmp_path, client_auth,
+                                                                                     silent_listener):
+    """TLS servers speak only once spoken to: without a handshake of its own, the probe read a
+    running TLS coordinator as stopped (an agent stayed up to 10 minutes, not 10 s)."""
+    from hetlaunch.launcher.certs import init_certs
+    from hetlaunch.runtime.tls import server_credentials
+
+    init_certs(tmp_path, ["127.0.0.1"])
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    port = server.add_secure_port("127.0.0.1:0", server_credentials(
+        str(tmp_path / "coordinator.pem"), str(tmp_path / "coordinator.key"),
+        str(tmp_path / "ca.pem") if client_auth else None))
+    server.start()
+    try:
+        assert CoordinatorProbe(f"127.0.0.1:{port}", tls=True).state() == RUNNING
+    finally:
+        server.stop(None).wait()
+    stopped = CoordinatorProbe(_address(silent_listener), tls=True)
+    assert [stopped.state() for _ in range(5)] == [STOPPED] * 5
+    assert _queued(silent_listener) == 1
+    stopped.close()
