@@ -46,13 +46,13 @@ class Exported:
     skipped: list[tuple[int, str]] = field(default_factory=list)  # newer checkpoints not intact: (step, why)
 
 
-def _checkpoint(path: Path) -> tuple[Path, object, dict, list[tuple[int, Path, str]]]:
+def _checkpoint(path: Path, load_layers) -> tuple[Path, object, dict, list[tuple[int, Path, str]]]:
     """(directory, manifest, its layers' tensors, the newer checkpoints skipped as not intact, with
     why): a corrupt newest manifest made export take the one before without a word (a hostile
     review). Each part is hashed as it is read, once: what is read is then what matches the
     manifest, whatever was renamed over a part (or its folder) before (export verified every part,
-    then read and hashed them again: twice the reading of a large checkpoint)."""
-    from hetlaunch.runtime.checkpoint import load_layers
+    then read and hashed them again: twice the reading of a large checkpoint). `load_layers` is
+    runtime/checkpoint.py's, imported by export(): torch is loaded there only."""
 
     def loaded(step: int | None, directory: Path) -> tuple[object, dict]:
         manifest = read_manifest(directory) if step is None else checkpoint_manifest(step, directory)
@@ -87,10 +87,11 @@ def export(path: Path, output: Path, allow_entrypoints: tuple[str, ...] = ()) ->
     # torch only here, never at the top: the rest of the launcher (the coordinator above all) runs without it.
     import torch
 
+    from hetlaunch.runtime.checkpoint import load_layers
     from hetlaunch.runtime.model import describe_model
 
     try:
-        directory, manifest, state, skipped = _checkpoint(path)
+        directory, manifest, state, skipped = _checkpoint(path, load_layers)
     except CheckpointError as err:
         raise ExportError(str(err)) from None
     saved = manifest.extra.get("model_spec")

@@ -189,10 +189,11 @@ def test_a_link_swapped_in_after_the_check_is_not_read(tmp_path, monkeypatch, ve
         load_layers(directory, read_manifest(directory), 0, 2, verify=verify)
 
 
-def test_a_file_renamed_over_a_part_after_verification_is_not_exported(tmp_path, monkeypatch):
+def test_a_file_renamed_over_a_part_after_its_manifest_was_read_is_not_exported(tmp_path, monkeypatch):
     """Export verified the checkpoint, then read its parts by name again: another part of the same
     size renamed over one in between was exported as if it were the checkpoint's. What export
-    reads is now hashed as it is read."""
+    reads is hashed as it is read (once: export no longer verifies first), so a part swapped after
+    export chose the checkpoint by its manifest is caught there."""
     from hetlaunch.launcher import export as export_module
 
     cut = make_cut([0, 2, N], seed=1)
@@ -203,14 +204,14 @@ def test_a_file_renamed_over_a_part_after_verification_is_not_exported(tmp_path,
     decoy = save(other, tmp_path / "decoy", 1) / "layers-0-2.safetensors"
     part = directory / "layers-0-2.safetensors"
     assert decoy.stat().st_size == part.stat().st_size  # only its bytes differ
-    verified = export_module._checkpoint
+    read = export_module.checkpoint_manifest
 
-    def verify_then_swap(path):
-        found = verified(path)
+    def read_then_swap(step, found):
+        manifest = read(step, found)
         os.replace(decoy, part)
-        return found
+        return manifest
 
-    monkeypatch.setattr(export_module, "_checkpoint", verify_then_swap)
+    monkeypatch.setattr(export_module, "checkpoint_manifest", read_then_swap)
     with pytest.raises(export_module.ExportError, match="layers-0-2.safetensors: sha256 does not match"):
         export_module.export(tmp_path / "run", tmp_path / "out.safetensors")
     assert not (tmp_path / "out.safetensors").exists()
