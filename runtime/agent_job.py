@@ -90,7 +90,8 @@ class Agent:
         self.finished = threading.Event()
         self.exit_code: int | None = None
         # Step metrics go out from a thread of their own, so a slow RPC never holds up the relay.
-        self.step_reports = StepReporter(self._send_step_report, coalesce_step_reports, STEP_REPORT_INTERVAL_S)
+        self.step_reports = StepReporter(lambda request: self._call("ReportStep", request),
+                                         coalesce_step_reports, STEP_REPORT_INTERVAL_S)
         self.tasks = TaskRelay(node_name, self._call, self.step_reports, store_access, self.stub, self.metadata,
                                self.work_dir)
 
@@ -201,12 +202,16 @@ class Agent:
                                                               generation=command.generation))
 
     def _call(self, method: str, request) -> None:
-        """A report RPC, failures logged. Sent again while the coordinator is stopped (the `up` that
-        started this agent is, or runtime/coordinator_probe.py finds it so), and RUNNING_RESENDS
-        times more while it runs: a result sent once into a pause over 30 s was lost, and so was one
-        whose attempt timed out just after `up` was continued, while the coordinator worked through
-        what had piled up. The relay thread that calls this holds the stage watchdog meanwhile,
-        and every step report goes before it (StepReporter.flush waits for them)."""
+        """A report RPC (steps on the reporter's thread, the others on the relay's or the command
+        loop's), failures logged. Sent again while the coordinator is stopped (the `up` that started
+        this agent is, or runtime/coordinator_probe.py finds it so), and RUNNING_RESENDS times more
+        while it runs: sent once, a 40 s Ctrl-Z of `up` lost the 19 steps in flight and the run
+        ended short of them, and a result whose attempt timed out just after `up` was continued,
+        while the coordinator worked through what had piled up, was lost. Safe to send twice: the
+        coordinator keeps one report per stage and step (launcher/step_aggregator.py), one part
+        per writer (launcher/checkpoint_book.py), results, moves and profiles by node. The relay
+        holds the stage watchdog while it waits, and every step report goes before a result, part
+        or move (StepReporter.flush waits for them)."""
         def resend(attempt: int) -> bool:
             if self._parent_stopped():
                 return True
@@ -215,14 +220,6 @@ class Agent:
             # tries then, not forever (the relay thread or the command loop waits on this).
             return state == STOPPED or (state == RUNNING and attempt <= RUNNING_RESENDS)
         self._send(method, request, resend)
-
-    def _send_step_report(self, request: pb.ReportStepRequest) -> None:
-        """Step reports are sent again after a timeout for as long as this job lives (the heartbeat
-        loop ends it once the coordinator is lost): sent once, a 40 s Ctrl-Z of `up` lost the 19
-        steps in flight and the run ended short of them. Safe to send twice: the coordinator keeps
-        one report per stage and step (launcher/step_aggregator.py). This runs on the reporter's own
-        thread; the relay meanwhile waits on the full queue with the stage watchdog held."""
-        self._send("ReportStep", request, resend=lambda attempt: True)
 
     def _send(self, method: str, request, resend) -> None:
         for attempt in itertools.count(1):
