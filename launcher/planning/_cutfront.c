@@ -129,6 +129,7 @@ static int merge_run(State *state) {
 typedef struct {
     double *values; /* 4 per point; NULL until read */
     Py_ssize_t n;
+    double least_sum; /* the least of the points' sums (the last one's, unless rounding tied two) */
 } Numbers;
 
 static int read_front(PyObject *following, Numbers *out) {
@@ -151,8 +152,12 @@ static int read_front(PyObject *following, Numbers *out) {
                 return -1;
             }
     }
+    double least = Py_HUGE_VAL;
+    for (Py_ssize_t k = 0; k < n; k++)
+        if (values[4 * k + 3] < least) least = values[4 * k + 3];
     out->values = values;
     out->n = n;
+    out->least_sum = least;
     return 0;
 }
 
@@ -161,6 +166,25 @@ typedef struct {
     double link, latency, work;
     PyObject *codec; /* NULL until read */
 } Crossing;
+
+/* Whether the front already drops every point a row would add: each of them has a max term of at
+ * least `least_key` (its stage's compute and link) and a sum of at least `least_sum` (the following
+ * front's least sum, this stage and crossing added in the same order of operations). The front's
+ * last point with a max term at or below least_key then sorts before each of them (by max term,
+ * then sum, then the order made, in which it came first); where its sum is at or below least_sum,
+ * merge_run drops each (the sums fall along the front), so the points need not be made at all.
+ * Late ends of a slow stage: its compute raises both terms. */
+static int row_is_dominated(const Points *front, double least_key, double least_sum) {
+    Py_ssize_t lo = 0, hi = front->n; /* the first point whose max term is above least_key */
+    while (lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        if (front->items[mid].key <= least_key)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo > 0 && front->items[lo - 1].total <= least_sum;
+}
 
 /* One row's points for one codec, each point of the following front with this stage before it,
  * merged into the state's front. Where their sums fall strictly from point to point (as a front's
@@ -172,6 +196,10 @@ static int add_row_points(State *state, const Numbers *following, Py_ssize_t end
     double link = crossing->link, latency = crossing->latency, tc = t + crossing->work;
     Points *run = &state->run;
     run->n = 0;
+    if (row_is_dominated(&state->front, pmax(tc, link), following->least_sum + tc + 2 * (latency + link))) {
+        *order += following->n; /* as if made: the points' order numbers stay those of the full loop */
+        return 0;
+    }
     if (reserve(run, following->n) < 0) return -1;
     int falling = 1; /* each point's sum below the one before */
     double previous_sum = Py_HUGE_VAL;
