@@ -225,9 +225,10 @@ class ChainSearch:
         if (types, split) not in self._work:
             self._work[types, split] = self._work_terms(distinct, split)
         work, layers_only, shares = self._work[types, split]  # per micro-batch: with the optimizer's share, and without it
-        # No cut's busiest stage is below the work over the chain's summed shares (_work_terms):
-        # S where every node is as fast as the fastest, less for each slower one.
-        share = sum(shares[self._timing[n.name]] for n in chain)
+        # No cut's busiest stage computes less than the work without the optimizer over the chain's
+        # summed shares (_work_terms; S where every node is as fast as the fastest, less for each
+        # slower one), nor less than the work with it over S.
+        busiest = max(work / S, layers_only / sum(shares[self._timing[n.name]] for n in chain))
         link_max = link_sum = arrivals = 0.0
         for j, (a, b) in enumerate(zip(chain, chain[1:])):
             hop = self._hop(j, a, b)  # codecs pinned by position make a hop depend on it
@@ -246,23 +247,27 @@ class ChainSearch:
             # them back (or its optimizer has run): S steps hold every stage's waits and every
             # micro-batch's work (each layer at its fastest node); a link carries every message.
             return max((cm.M * work + arrivals) / S, (cm.M * layers_only + 2 * arrivals) / S,
-                       cm.M * work / share, cm.M * link_max) * (1 - 1e-12)
-        return cm.step_s(work / share, link_max, work + link_sum) * (1 - 1e-12)  # rounding stays below
+                       cm.M * busiest, cm.M * link_max) * (1 - 1e-12)
+        return cm.step_s(busiest, link_max, work + link_sum) * (1 - 1e-12)  # rounding stays below
 
     def _work_terms(self, distinct: dict[int, NodeProfile], split: bool) -> tuple[float, float, dict[int, float]]:
         """For the nodes of these timings: the work of a micro-batch with each layer at its fastest
-        node, with the optimizer's share and without, and per timing id the share of that work a
-        node of it does at most in the time the fastest does a unit: 1 / (the least ratio of its
-        layer times to the fastest's). A cut gives node j layers I_j taking t_j >= (work of I_j
-        at the fastest) x ratio_j, so the busiest stage is at least work / the sum of the shares."""
-        with_optimizer = {k: self._layer_times(n, split, True) for k, n in distinct.items()}
-        without = [self._layer_times(n, split, False) for n in distinct.values()]
-        fastest = [min(column) for column in zip(*with_optimizer.values())]
+        node, with the optimizer's share and without, and per timing id the share of the work
+        without it that a node of it does at most in the time the fastest does a unit: 1 / (the
+        least ratio of its layer times to the fastest's). A cut gives node j layers I_j taking
+        t_j >= (the work of I_j at the fastest) x ratio_j, so the busiest stage computes at least
+        the work over the sum of the shares. Layer times only: with the optimizer's share (its
+        step over the micro-batches) the ratios, and with them the bound, moved with the
+        micro-batch count, and fell from 22 to 23 micro-batches on a review's two nodes, where
+        PairSearch.most_microbatches bisects on bounds that only grow with it."""
+        with_optimizer = [self._layer_times(n, split, True) for n in distinct.values()]
+        without = {k: self._layer_times(n, split, False) for k, n in distinct.items()}
+        fastest = [min(column) for column in zip(*without.values())]
         shares = {}
-        for k, times in with_optimizer.items():
-            ratios = [t / f for t, f in zip(times, fastest) if f > 0]
-            shares[k] = 1.0 / min(ratios) if ratios and min(ratios) > 0 else 1.0
-        return sum(fastest), sum(min(column) for column in zip(*without)), shares
+        for k, times in without.items():
+            least = min((t / f for t, f in zip(times, fastest) if f > 0), default=1.0)
+            shares[k] = 1.0 / least if least > 0 else 1.0
+        return sum(min(column) for column in zip(*with_optimizer)), sum(fastest), shares
 
     def _layer_times(self, node: NodeProfile, split: bool, optimizer: bool) -> list[float]:
         """Per layer, the least a micro-batch's compute of it takes on the node (the optimizer's

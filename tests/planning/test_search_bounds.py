@@ -15,6 +15,7 @@ from hetlaunch.launcher.planning.chain_candidates import candidate_chains
 from hetlaunch.launcher.planning.chain_search import ChainSearch
 from hetlaunch.launcher.planning.compression import NONE, CompressionConfig
 from hetlaunch.launcher.planning.pair_search import PairSearch, _disjoint_pairs, _pair_floor
+from hetlaunch.launcher.planning.profile_file import LayerInfo, LinkProfile, ModelIdentity, NodeProfile, Profile
 from hetlaunch.launcher.planning.replicas import Replicas
 from hetlaunch.launcher.planning.sim_floor import stage_shapes
 from hetlaunch.launcher.planning.windows import EXHAUSTIVE_VECTORS, admissible, admissible_count
@@ -255,3 +256,28 @@ def test_a_mixed_chains_lower_bound_counts_each_node_at_its_own_speed():
     bound = search.lower_bound(profile.nodes)
     assert bound <= cost.step_s * (1 + 1e-12)
     assert bound >= 0.85 * cost.step_s, (bound, cost.step_s)
+
+
+def test_a_chains_lower_bound_only_grows_with_its_micro_batches():
+    """PairSearch.most_microbatches bisects on a chain's bounds, which must only grow with its
+    share. Shares taken from layer times with the optimizer's part (its step over the
+    micro-batches) moved with the count: on these two nodes, each fast where the other is slow
+    and one with a large optimizer step, the bound fell from 22 micro-batches to 23 (a review)."""
+    nodes = [NodeProfile(name="n1", region="r0", device="d", memory_bytes=2**36, layer_seconds=[0.0491, 0.00988],
+                         optimizer_seconds=[0.0135, 11.48]),
+             NodeProfile(name="n0", region="r0", device="d", memory_bytes=2**36, layer_seconds=[0.00224, 1.397],
+                         optimizer_seconds=[9.33, 71.8])]
+    profile = Profile(model=ModelIdentity(description="m", num_layers=2), micro_batch_size=1, seq_len=1,
+                      layers=[LayerInfo(param_bytes=2**20, activation_bytes=2**20, output_bytes=2**20)] * 2,
+                      nodes=nodes, links=[LinkProfile(regions=("r0", "r0"), bandwidth_bytes_per_s=1e12, latency_s=0.0)])
+    cases = [(profile, nodes, "1f1b")]
+    rng = random.Random(11)
+    for _ in range(40):
+        other = random_profile(rng, rng.randint(2, 5), rng.randint(1, 2), rng.randint(2, 8))
+        other = other.model_copy(update={"nodes": [n.model_copy(update={
+            "optimizer_seconds": [rng.uniform(0, 5) for _ in n.layer_seconds]}) for n in other.nodes]})
+        cases.append((other, rng.sample(other.nodes, rng.randint(1, len(other.nodes))),
+                      rng.choice(["1f1b", "gpipe", "zb-h1"])))
+    for prof, chain, schedule in cases:
+        bounds = [ChainSearch(prof, m, schedule, NONE).lower_bound(chain) for m in range(1, 65)]
+        assert all(a <= b for a, b in zip(bounds, bounds[1:])), (schedule, [n.name for n in chain], bounds)
