@@ -248,7 +248,11 @@ class ChainSearch:
             # micro-batch's work (each layer at its fastest node); a link carries every message.
             return max((cm.M * work + arrivals) / S, (cm.M * layers_only + 2 * arrivals) / S,
                        cm.M * busiest, cm.M * link_max) * (1 - 1e-12)
-        return cm.step_s(busiest, link_max, work + link_sum) * (1 - 1e-12)  # rounding stays below
+        # The fill and drain without the optimizer's part: with it (its step over the micro-batches)
+        # the term fell with the count faster than the rest grew where optimizer steps dwarf layer
+        # times, and the bound with it (3 of 300 such chains); PairSearch.most_microbatches
+        # bisects on bounds that only grow with the count.
+        return cm.step_s(busiest, link_max, layers_only + link_sum) * (1 - 1e-12)  # rounding stays below
 
     def _work_terms(self, distinct: dict[int, NodeProfile], split: bool) -> tuple[float, float, dict[int, float]]:
         """For the nodes of these timings: the work of a micro-batch with each layer at its fastest
