@@ -1,8 +1,9 @@
 /* The dynamic program that decides whether any cut of a chain keeps every stage's floor term under
- * a bound, compiled: launcher/planning/chain_bounds.py's floors_under_python, the same arithmetic in
- * the same order on the same doubles (each end keeps the least A reaching it, whatever order the
- * starts are visited in), so the answer agrees; tests/planning/test_compiled_cut_loops.py compares
- * them. Built as an optional extension (setup.py): where it cannot be built, chain_bounds.py keeps
+ * a bound, compiled: launcher/planning/chain_bounds.py's floors_program_python, the same steps and
+ * arithmetic in the same order on the same doubles (per stage, each start's furthest end by
+ * bisection, then a sweep over the ends with the starts that reach them in a heap ordered by
+ * A - c acc[start], ties to the earlier start), so the answer agrees;
+ * tests/planning/test_compiled_cut_loops.py compares them. Built as an optional extension (setup.py): where it cannot be built, chain_bounds.py keeps
  * its Python loop.
  */
 #define PY_SSIZE_T_CLEAN
@@ -21,6 +22,42 @@ static int read_list(PyObject *list, Py_ssize_t n, double *out) {
     for (Py_ssize_t i = 0; i < n; i++)
         if (as_double(PyList_GET_ITEM(list, i), &out[i], NUMBERS) < 0) return -1;
     return 0;
+}
+
+/* A start in the sweep's heap, by key (A - c acc[start]) then by start: Python's heapq of tuples. */
+typedef struct {
+    double key;
+    Py_ssize_t start;
+} Entry;
+
+static inline int entry_less(const Entry *x, const Entry *y) {
+    return x->key < y->key || (x->key == y->key && x->start < y->start);
+}
+
+static void heap_push(Entry *heap, Py_ssize_t *count, double key, Py_ssize_t start) {
+    Py_ssize_t i = (*count)++;
+    Entry item = {key, start};
+    while (i > 0) {
+        Py_ssize_t parent = (i - 1) / 2;
+        if (!entry_less(&item, &heap[parent])) break;
+        heap[i] = heap[parent];
+        i = parent;
+    }
+    heap[i] = item;
+}
+
+static void heap_pop(Entry *heap, Py_ssize_t *count) {
+    Entry item = heap[--(*count)];
+    Py_ssize_t i = 0, n = *count;
+    while (1) {
+        Py_ssize_t child = 2 * i + 1;
+        if (child >= n) break;
+        if (child + 1 < n && entry_less(&heap[child + 1], &heap[child])) child++;
+        if (!entry_less(&heap[child], &item)) break;
+        heap[i] = heap[child];
+        i = child;
+    }
+    if (n > 0) heap[i] = item;
 }
 
 /* floors_under(layers, memory, capacities, optimizer, hops, M, limit, g, h) -> bool.
@@ -51,6 +88,12 @@ static PyObject *floors_under(PyObject *self, PyObject *args) {
     double *layers = numbers, *memory = layers + S * (L + 1), *optimizer = memory + S * (L + 1);
     double *capacities = optimizer + L + 1, *hops = capacities + S, *states = hops + S - 1, *grown = states + L + 1;
     PyObject *result = NULL;
+    Py_ssize_t *reach = PyMem_Malloc(sizeof(Py_ssize_t) * (L + 1)); /* per start, its furthest end */
+    Entry *heap = PyMem_Malloc(sizeof(Entry) * (L + 1));
+    if (!reach || !heap) {
+        PyErr_NoMemory();
+        goto done;
+    }
     for (Py_ssize_t j = 0; j < S; j++)
         if (read_list(PyList_GET_ITEM(layer_lists, j), L + 1, layers + j * (L + 1)) < 0 ||
             read_list(PyList_GET_ITEM(memory_lists, j), L + 1, memory + j * (L + 1)) < 0)
@@ -61,27 +104,53 @@ static PyObject *floors_under(PyObject *self, PyObject *args) {
     /* states[end]: the least A over the cuts whose stages so far end there; +inf where none does */
     for (Py_ssize_t i = 0; i <= L; i++) states[i] = Py_HUGE_VAL;
     states[0] = 0.0;
+    double per_work = 1.0 / 3 + g;
     int reached = 1;
     for (Py_ssize_t j = 0; j < S && reached; j++) {
-        /* A model of 100,000 layers spends seconds per stage here: Ctrl-C took 12.7 s (a review). */
+        /* A model of 100,000 layers spends a while per stage here: Ctrl-C took 12.7 s (a review). */
         if (PyErr_CheckSignals() < 0) goto done;
         const double *acc = layers + j * (L + 1), *mem = memory + j * (L + 1);
         Py_ssize_t last = j == S - 1 ? L : L - (S - 1 - j);
         double hop = j < S - 1 ? (1 + h) * hops[j] : 0.0;
         for (Py_ssize_t i = 0; i <= L; i++) grown[i] = Py_HUGE_VAL;
         reached = 0;
+        /* each start's furthest end: term and memory only grow with it (chain_bounds._furthest_end) */
         for (Py_ssize_t start = 0; start <= L; start++) {
             double a = states[start];
             if (a == Py_HUGE_VAL) continue;
-            for (Py_ssize_t end = start + 1; end <= last; end++) {
-                double work = acc[end] - acc[start];
-                /* Stage 0's floor ends with its optimizer (nothing climbs back to it). */
-                double term = a + M * work + (j == 0 ? optimizer[end] - optimizer[start] : 0.0);
-                if (term > limit || mem[end] - mem[start] > capacities[j]) break; /* both only grow */
-                if (j == S - 1 && end < L) continue;
+            Py_ssize_t low = start, high = last;
+            while (low < high) {
+                Py_ssize_t mid = low + (high - low + 1) / 2;
+                double term = a + M * (acc[mid] - acc[start]) + (j == 0 ? optimizer[mid] - optimizer[start] : 0.0);
+                if (term > limit || mem[mid] - mem[start] > capacities[j])
+                    high = mid - 1;
+                else
+                    low = mid;
+            }
+            reach[start] = low;
+        }
+        if (j == S - 1) { /* the last stage ends at L: every start that reaches it, priced directly */
+            for (Py_ssize_t start = 0; start <= L; start++) {
+                double a = states[start];
+                if (a == Py_HUGE_VAL || reach[start] != L) continue;
+                double work = acc[L] - acc[start];
                 double next = a + work / 3 + g * work + hop;
-                if (next < grown[end]) {
-                    grown[end] = next;
+                if (next < grown[L]) {
+                    grown[L] = next;
+                    reached = 1;
+                }
+            }
+        } else {
+            Py_ssize_t count = 0, at = 0;
+            for (Py_ssize_t end = 1; end <= last; end++) {
+                for (; at < end; at++) /* the starts before this end join the heap */
+                    if (states[at] != Py_HUGE_VAL && reach[at] > at)
+                        heap_push(heap, &count, states[at] - per_work * acc[at], at);
+                while (count > 0 && reach[heap[0].start] < end) heap_pop(heap, &count); /* ends only grow */
+                if (count > 0) {
+                    Py_ssize_t start = heap[0].start;
+                    double work = acc[end] - acc[start];
+                    grown[end] = states[start] + work / 3 + g * work + hop;
                     reached = 1;
                 }
             }
@@ -93,6 +162,8 @@ static PyObject *floors_under(PyObject *self, PyObject *args) {
     result = PyBool_FromLong(reached && states[L] != Py_HUGE_VAL);
 done:
     PyMem_Free(numbers);
+    PyMem_Free(reach);
+    PyMem_Free(heap);
     return result;
 }
 
