@@ -78,6 +78,7 @@ class CostModel:
         self._memory_prefixes: dict[int, list[list[float]]] = {}  # per stage count: memory_prefixes
         self._optimizer: dict[str, list[float]] = {}
         self._layers: dict[str, list[float]] = {}
+        self._layer_steps: dict[str, list[float]] = {}  # node -> layer_steps
         self._schedules: dict[tuple[int, int, int], tuple] = {}  # compiled action lists, per stage shape
         self._stage_lists: dict[tuple[int, int, int], tuple | None] = {}  # simulate_stages' lists, per stage shape
         self._orders: dict[tuple[int, ...], tuple] = {}  # per window vector: its actions in an order they can run
@@ -135,6 +136,15 @@ class CostModel:
         if acc is None:
             acc = self._layers[node.name] = _prefix(node.layer_seconds[:self.num_layers])
         return acc
+
+    def layer_steps(self, node: NodeProfile) -> list[float]:
+        """steps[i] = layer_prefix(node)[i + 1] - layer_prefix(node)[i]: layer i's time as the bounds
+        read it from the prefix sums (not node.layer_seconds[i], which can differ in the last bit)."""
+        steps = self._layer_steps.get(node.name)
+        if steps is None:
+            acc = self.layer_prefix(node)
+            steps = self._layer_steps[node.name] = [b - a for a, b in zip(acc, acc[1:])]
+        return steps
 
     def exact(self, chain: list[NodeProfile], cost: PipelineCost) -> PipelineCost:
         """The same stages, codecs and windows, the step priced by an event simulation of the

@@ -234,7 +234,7 @@ class PairSearch:
                 continue
             names = frozenset(n.name for n in chain)
             if names not in by_set:
-                by_set[names] = shared_work_floor([cm.layer_prefix(n) for n in chain])
+                by_set[names] = shared_work_floor([cm.layer_steps(n) for n in chain])
             out.append(by_set[names])
         return out
 
