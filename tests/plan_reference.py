@@ -190,3 +190,34 @@ def regions_profile(per_region: int = 2, regions: tuple[str, ...] = ("a", "b"), 
               for a, b in itertools.combinations(regions, 2)]
     return Profile(model=ModelIdentity(description="m", num_layers=num_layers), micro_batch_size=4, seq_len=64,
                    layers=layers, nodes=nodes, links=links)
+
+
+def prefix_sums(values: list[float]) -> list[float]:
+    acc = [0.0]
+    for v in values:
+        acc.append(acc[-1] + v)
+    return acc
+
+
+def random_chain_prefixes(rng: random.Random, coarse: bool, max_layers: int = 24):
+    """Per stage of a random chain: time and memory prefix sums over L layers and a memory capacity
+    (an int, as a profile's), with layer times drawn from four values when `coarse` (many exact
+    ties, so that limits land exactly on prefix sums). (L, S, times, memory, capacities)."""
+    L, S = rng.randint(1, max_layers), rng.randint(1, 8)
+    value = (lambda: rng.choice([0.25, 0.5, 1.0, 2.0])) if coarse else (lambda: rng.uniform(0.01, 2.0))
+    times = [prefix_sums([value() for _ in range(L)]) for _ in range(S)]
+    memory = [prefix_sums([value() * 1e9 for _ in range(L)]) for _ in range(S)]
+    capacities = [rng.choice([rng.randint(10**9, 3 * 10**10), 10**12]) for _ in range(S)]
+    return L, S, times, memory, capacities
+
+
+def random_floor_args(rng: random.Random, coarse: bool, max_layers: int = 24) -> tuple:
+    """Arguments of the floor program (launcher/planning/chain_bounds.py floors_program_python) for a
+    random chain, with a limit around where its answer turns: M times the average stage, give or take."""
+    L, S, times, memory, capacities = random_chain_prefixes(rng, coarse, max_layers)
+    optimizer = prefix_sums([rng.choice([0.0, 0.01, rng.uniform(0, 0.1)]) for _ in range(L)])
+    hops = [rng.choice([0.0, 0.25, rng.uniform(0, 1)]) for _ in range(S - 1)]
+    M = rng.choice([1, 4, 8, 64])
+    g, h = rng.choice([(2 / 3, 1.0), (0.0, 0.0)])
+    limit = M * sum(t[-1] for t in times) / S / S * rng.choice([0.5, 1.0, 1.5, 3.0, 10.0])
+    return times, memory, capacities, optimizer, hops, M, limit, g, h

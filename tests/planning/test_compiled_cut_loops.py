@@ -15,6 +15,7 @@ from hetlaunch.launcher.planning.bottleneck_fill import bottleneck_bisect_python
 from hetlaunch.launcher.planning.chain_bounds import floors_program_python
 from hetlaunch.launcher.planning.compression import NONE, CompressionConfig
 from hetlaunch.launcher.planning.planner import plan
+from plan_reference import random_chain_prefixes, random_floor_args
 
 
 def test_the_compiled_loops_are_built():
@@ -27,29 +28,11 @@ needs_core = pytest.mark.skipif(not (bottleneck_fill.COMPILED and chain_bounds.C
                                 reason="not built: see test_the_compiled_loops_are_built")
 
 
-def _prefix(values: list[float]) -> list[float]:
-    acc = [0.0]
-    for v in values:
-        acc.append(acc[-1] + v)
-    return acc
-
-
-def _chain(rng: random.Random, coarse: bool):
-    """Per stage: time and memory prefix sums over L layers and a memory capacity (an int, as a
-    profile's), with layer times drawn from four values when `coarse` (many exact ties)."""
-    L, S = rng.randint(1, 24), rng.randint(1, 8)
-    value = (lambda: rng.choice([0.25, 0.5, 1.0, 2.0])) if coarse else (lambda: rng.uniform(0.01, 2.0))
-    times = [_prefix([value() for _ in range(L)]) for _ in range(S)]
-    memory = [_prefix([value() * 1e9 for _ in range(L)]) for _ in range(S)]
-    capacities = [rng.choice([rng.randint(10**9, 3 * 10**10), 10**12]) for _ in range(S)]
-    return L, S, times, memory, capacities
-
-
 @needs_core
 def test_the_compiled_bisection_gives_the_python_cuts():
     rng, cut = random.Random(3), 0
     for case in range(3000):
-        L, S, times, memory, capacities = _chain(rng, coarse=case % 2 == 0)
+        L, S, times, memory, capacities = random_chain_prefixes(rng, coarse=case % 2 == 0)
         outputs = [rng.choice([1, 2**20, 3 * 2**20]) for _ in range(L)]
         links = [rng.choice([0.0, 1e-9, rng.uniform(0, 1e-6)]) for _ in range(S - 1)] + [0.0]
         stages = [(times[j], memory[j], capacities[j], L - (S - 1 - j), links[j]) for j in range(S)]
@@ -65,14 +48,7 @@ def test_the_compiled_bisection_gives_the_python_cuts():
 def test_the_compiled_floor_program_gives_the_python_answer():
     rng, yes = random.Random(4), 0
     for case in range(3000):
-        L, S, times, memory, capacities = _chain(rng, coarse=case % 2 == 0)
-        optimizer = _prefix([rng.choice([0.0, 0.01, rng.uniform(0, 0.1)]) for _ in range(L)])
-        hops = [rng.choice([0.0, 0.25, rng.uniform(0, 1)]) for _ in range(S - 1)]
-        M = rng.choice([1, 4, 8, 64])
-        g, h = rng.choice([(2 / 3, 1.0), (0.0, 0.0)])
-        # limits around where the answer turns: M times the average stage, give or take
-        limit = M * sum(t[-1] for t in times) / S / S * rng.choice([0.5, 1.0, 1.5, 3.0, 10.0])
-        args = (times, memory, capacities, optimizer, hops, M, limit, g, h)
+        args = random_floor_args(rng, coarse=case % 2 == 0)
         want = floors_program_python(*args)
         assert chain_bounds._floors.floors_under(*args) is want, args
         yes += want

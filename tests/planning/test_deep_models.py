@@ -15,7 +15,7 @@ from hetlaunch.launcher.planning.chain_bounds import floors_program_python, shar
 from hetlaunch.launcher.planning.compression import NONE
 from hetlaunch.launcher.planning.planner import plan
 from hetlaunch.launcher.planning.sync_groups import SyncGroup, sync_groups
-from plan_reference import random_profile
+from plan_reference import prefix_sums, random_floor_args, random_profile
 
 
 def _floors_by_every_pair(layers, memory, capacities, optimizer, hops, M, limit, g, h) -> bool:
@@ -43,28 +43,10 @@ def _floors_by_every_pair(layers, memory, capacities, optimizer, hops, M, limit,
     return L in states
 
 
-def _prefix(values: list[float]) -> list[float]:
-    acc = [0.0]
-    for v in values:
-        acc.append(acc[-1] + v)
-    return acc
-
-
 def test_the_floor_programs_sweep_answers_as_every_pair_does():
     rng, yes, compiled = random.Random(11), 0, 0
     for case in range(6000):
-        coarse = case % 2 == 0
-        L, S = rng.randint(1, 40), rng.randint(1, 8)
-        value = (lambda: rng.choice([0.25, 0.5, 1.0, 2.0])) if coarse else (lambda: rng.uniform(0.01, 2.0))
-        times = [_prefix([value() for _ in range(L)]) for _ in range(S)]
-        memory = [_prefix([value() * 1e9 for _ in range(L)]) for _ in range(S)]
-        capacities = [rng.choice([rng.randint(10**9, 3 * 10**10), 10**12]) for _ in range(S)]
-        optimizer = _prefix([rng.choice([0.0, 0.01, rng.uniform(0, 0.1)]) for _ in range(L)])
-        hops = [rng.choice([0.0, 0.25, rng.uniform(0, 1)]) for _ in range(S - 1)]
-        M = rng.choice([1, 4, 8, 64])
-        g, h = rng.choice([(2 / 3, 1.0), (0.0, 0.0)])
-        limit = M * sum(t[-1] for t in times) / S / S * rng.choice([0.5, 1.0, 1.5, 3.0, 10.0])
-        args = (times, memory, capacities, optimizer, hops, M, limit, g, h)
+        args = random_floor_args(rng, coarse=case % 2 == 0, max_layers=40)
         want = _floors_by_every_pair(*args)
         assert floors_program_python(*args) is want, args
         if chain_bounds.COMPILED:
@@ -77,9 +59,9 @@ def test_the_floor_programs_sweep_answers_as_every_pair_does():
 
 def test_a_floor_at_a_limit_on_a_stage_term_is_still_under_it():
     # Two stages of 2 and 2 layers at 1 s each, M = 4: the stage terms are 8 (first) and 8 + A.
-    layers = [_prefix([1.0] * 4)] * 2
-    memory = [_prefix([0.0] * 4)] * 2
-    args = (layers, memory, [1, 1], _prefix([0.0] * 4), [0.0], 4)
+    layers = [prefix_sums([1.0] * 4)] * 2
+    memory = [prefix_sums([0.0] * 4)] * 2
+    args = (layers, memory, [1, 1], prefix_sums([0.0] * 4), [0.0], 4)
     a_after_first = 2 / 3 + 2 / 3 * 2  # work / 3 + g work for two layers, g = 2/3, no hop
     for limit, want in ((8 + a_after_first, True), (math.nextafter(8 + a_after_first, 0), False)):
         assert _floors_by_every_pair(*args, limit, 2 / 3, 1.0) is want
@@ -121,7 +103,7 @@ def test_shared_work_floor_is_the_least_time_of_each_layer_summed_in_order():
     rng = random.Random(2)
     for _ in range(2000):
         L, S = rng.randint(0, 40), rng.randint(1, 7)
-        layers = [_prefix([rng.choice([0.25, 0.5, rng.uniform(0, 2)]) for _ in range(L)]) for _ in range(S)]
+        layers = [prefix_sums([rng.choice([0.25, 0.5, rng.uniform(0, 2)]) for _ in range(L)]) for _ in range(S)]
         total = 0.0
         for i in range(L):
             total += min(acc[i + 1] - acc[i] for acc in layers)
