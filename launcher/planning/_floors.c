@@ -1,8 +1,8 @@
 /* The dynamic program that decides whether any cut of a chain keeps every stage's floor term under
  * a bound, compiled: launcher/planning/chain_bounds.py's floors_program_python, the same steps and
- * arithmetic in the same order on the same doubles (per stage, each start's furthest end by
- * bisection, then a sweep over the ends with the starts that reach them in a heap ordered by
- * A - c acc[start], ties to the earlier start), so the answer agrees;
+ * arithmetic in the same order on the same doubles (per stage, each start's furthest end, then a
+ * sweep over the ends with the starts that reach them in a heap ordered by A - c acc[start], ties
+ * to the earlier start), so the answer agrees;
  * tests/planning/test_compiled_cut_loops.py compares them. Built as an optional extension (setup.py): where it cannot be built, chain_bounds.py keeps
  * its Python loop.
  */
@@ -60,6 +60,25 @@ static void heap_pop(Entry *heap, Py_ssize_t *count) {
     if (n > 0) heap[i] = item;
 }
 
+/* One stage's sweep over its ends with every start reached in a heap (chain_bounds.py's): the least
+ * key among the starts that reach each end, its A priced as the program prices it. */
+static void heap_sweep(const double *states, const Py_ssize_t *reach, const double *acc, double per_work, double g,
+                       double hop, Py_ssize_t last, Entry *heap, double *grown, int *reached) {
+    Py_ssize_t count = 0, at = 0;
+    for (Py_ssize_t end = 1; end <= last; end++) {
+        for (; at < end; at++) /* the starts before this end join the heap */
+            if (states[at] != Py_HUGE_VAL && reach[at] > at)
+                heap_push(heap, &count, states[at] - per_work * acc[at], at);
+        while (count > 0 && reach[heap[0].start] < end) heap_pop(heap, &count); /* ends only grow */
+        if (count > 0) {
+            Py_ssize_t start = heap[0].start;
+            double work = acc[end] - acc[start];
+            grown[end] = states[start] + work / 3 + g * work + hop;
+            *reached = 1;
+        }
+    }
+}
+
 /* floors_under(layers, memory, capacities, optimizer, hops, M, limit, g, h) -> bool.
  * layers, memory: per stage, prefix sums over the layers (L + 1 each); capacities: per stage;
  * optimizer: the first stage's optimizer prefix sums (L + 1); hops: per boundary (S - 1). */
@@ -114,20 +133,50 @@ static PyObject *floors_under(PyObject *self, PyObject *args) {
         double hop = j < S - 1 ? (1 + h) * hops[j] : 0.0;
         for (Py_ssize_t i = 0; i <= L; i++) grown[i] = Py_HUGE_VAL;
         reached = 0;
-        /* each start's furthest end: term and memory only grow with it (chain_bounds._furthest_end) */
+        /* each start's furthest end: term and memory only grow with it (chain_bounds._furthest_end);
+         * searched from the previous start's, near which it mostly lies, by strides that double */
+        Py_ssize_t hint = 0;
         for (Py_ssize_t start = 0; start <= L; start++) {
             double a = states[start];
             if (a == Py_HUGE_VAL) continue;
-            Py_ssize_t low = start, high = last;
-            while (low < high) {
-                Py_ssize_t mid = low + (high - low + 1) / 2;
-                double term = a + M * (acc[mid] - acc[start]) + (j == 0 ? optimizer[mid] - optimizer[start] : 0.0);
-                if (term > limit || mem[mid] - mem[start] > capacities[j])
-                    high = mid - 1;
-                else
-                    low = mid;
+            const double *opt = j == 0 ? optimizer : NULL;
+            double cap = capacities[j];
+            Py_ssize_t good = start, bad = last + 1; /* good fits (or is start: none yet), bad does not (or is past) */
+#define FITS(e) (!(a + M * (acc[e] - acc[start]) + (opt ? opt[e] - opt[start] : 0.0) > limit || \
+                   mem[e] - mem[start] > cap))
+            if (hint > start && hint <= last) {
+                Py_ssize_t stride = 1;
+                if (FITS(hint)) {
+                    good = hint;
+                    while (good + stride < bad) {
+                        if (!FITS(good + stride)) {
+                            bad = good + stride;
+                            break;
+                        }
+                        good += stride;
+                        stride *= 2;
+                    }
+                } else {
+                    bad = hint;
+                    while (bad - stride > good) {
+                        if (FITS(bad - stride)) {
+                            good = bad - stride;
+                            break;
+                        }
+                        bad -= stride;
+                        stride *= 2;
+                    }
+                }
             }
-            reach[start] = low;
+            while (bad - good > 1) {
+                Py_ssize_t mid = good + (bad - good) / 2;
+                if (FITS(mid))
+                    good = mid;
+                else
+                    bad = mid;
+            }
+#undef FITS
+            reach[start] = hint = good;
         }
         if (j == S - 1) { /* the last stage ends at L: every start that reaches it, priced directly */
             for (Py_ssize_t start = 0; start <= L; start++) {
@@ -141,18 +190,38 @@ static PyObject *floors_under(PyObject *self, PyObject *args) {
                 }
             }
         } else {
-            Py_ssize_t count = 0, at = 0;
-            for (Py_ssize_t end = 1; end <= last; end++) {
-                for (; at < end; at++) /* the starts before this end join the heap */
-                    if (states[at] != Py_HUGE_VAL && reach[at] > at)
-                        heap_push(heap, &count, states[at] - per_work * acc[at], at);
-                while (count > 0 && reach[heap[0].start] < end) heap_pop(heap, &count); /* ends only grow */
-                if (count > 0) {
-                    Py_ssize_t start = heap[0].start;
+            /* A queue of increasing keys holds the least in front: a start whose key is above a
+             * later one's is dropped when that one joins, being never the least again while the later
+             * one reaches at least as far, which holds in exact arithmetic where M >= 1/3 + g (a
+             * start's A grows with it by at most that much more per unit of work than its reach
+             * allows). Where rounding or M says otherwise for a start dropped, the stage is swept
+             * again with the heap, which keeps every start. On equal keys the earlier stays in front,
+             * as in the heap, so both pick the same start. */
+            Py_ssize_t head = 0, tail = 0, at = 0;
+            int dropped_further = 0;
+            for (Py_ssize_t end = 1; end <= last && !dropped_further; end++) {
+                for (; at < end; at++)
+                    if (states[at] != Py_HUGE_VAL && reach[at] > at) {
+                        double key = states[at] - per_work * acc[at];
+                        while (tail > head && heap[tail - 1].key > key) {
+                            if (reach[heap[tail - 1].start] > reach[at]) dropped_further = 1;
+                            tail--;
+                        }
+                        heap[tail].key = key;
+                        heap[tail++].start = at;
+                    }
+                while (tail > head && reach[heap[head].start] < end) head++; /* ends only grow */
+                if (tail > head) {
+                    Py_ssize_t start = heap[head].start;
                     double work = acc[end] - acc[start];
                     grown[end] = states[start] + work / 3 + g * work + hop;
                     reached = 1;
                 }
+            }
+            if (dropped_further) {
+                for (Py_ssize_t i = 0; i <= L; i++) grown[i] = Py_HUGE_VAL;
+                reached = 0;
+                heap_sweep(states, reach, acc, per_work, g, hop, last, heap, grown, &reached);
             }
         }
         double *swap = states;

@@ -57,6 +57,22 @@ def test_the_floor_programs_sweep_answers_as_every_pair_does():
     assert compiled == 6000 or not chain_bounds.COMPILED
 
 
+def test_where_fewer_micro_batches_than_work_per_layer_let_a_dropped_start_reach_further_the_heap_decides():
+    # The compiled sweep keeps a queue that drops a start once a later one has a lower key, exact
+    # while M >= 1/3 + g; below (not a plan's M, which is a count), it sweeps the stage again with
+    # the heap. The same answers as the definition either way.
+    rng, yes = random.Random(12), 0
+    for case in range(3000):
+        times, memory, capacities, optimizer, hops, _, limit, _, h = random_floor_args(rng, coarse=case % 2 == 0)
+        args = (times, memory, capacities, optimizer, hops, 0.25, limit / 4, 2 / 3, h)
+        want = _floors_by_every_pair(*args)
+        assert floors_program_python(*args) is want, args
+        if chain_bounds.COMPILED:
+            assert chain_bounds._floors.floors_under(*args) is want, args
+        yes += want
+    assert 300 < yes < 2700
+
+
 def test_a_floor_at_a_limit_on_a_stage_term_is_still_under_it():
     # Two stages of 2 and 2 layers at 1 s each, M = 4: the stage terms are 8 (first) and 8 + A.
     layers = [prefix_sums([1.0] * 4)] * 2
