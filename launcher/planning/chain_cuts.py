@@ -196,7 +196,7 @@ def bottleneck_cut(cm: CostModel, chain: list[NodeProfile]) -> tuple[list[tuple[
         return None
 
     squeezed = most_compressed_codecs(cm, chain)
-    outputs = [layer.output_bytes for layer in cm.profile.layers]
+    outputs = cm.layer_outputs()
     # Per stage, what each fill reads: its prefix sums, memory, the last end it may take, and its
     # outgoing link's seconds per byte (0 on the last stage, which sends nothing).
     per_byte = [cm.link_seconds_per_byte(a, b, codec) for a, b, codec in zip(chain, chain[1:], squeezed)]

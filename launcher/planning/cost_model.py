@@ -130,6 +130,10 @@ class CostModel:
                                                        [:self.num_layers])  # node.optimizer(i) per layer
         return acc
 
+    def layer_outputs(self) -> list[int]:
+        """Each layer's output bytes (what crosses a boundary after it), read out of the profile once."""
+        return self._outputs
+
     def layer_prefix(self, node: NodeProfile) -> list[float]:
         """prefix[i] = the layers [0, i) forward and backward on node, per micro-batch (no optimizer)."""
         acc = self._layers.get(node.name)
