@@ -269,27 +269,22 @@ class Replicas:
 
     def _polish(self, current: PipelineSet) -> PipelineSet:
         """Each pipeline was cut for its own step; the sync groups follow the cuts, so move single
-        stage boundaries by one layer while that lowers the plan step (small sets only). A
-        boundary that moved goes on moving the same way while that pays, before the next one is
-        tried: on deep models a boundary travels hundreds of layers, and a pass over every
-        boundary per layer was most of planning 3,000 layers (8,300 sets priced for 1,650 moves)."""
+        stage boundaries by one layer while that lowers the plan step (small sets only)."""
         if sum(len(p.stages) for p in current.pipelines) > POLISH_MAX_STAGES:
             return current
         chains = [self._nodes(p) for p in current.pipelines]
         improved = True
         while improved:
             improved = False
-            for i, chain in enumerate(chains):
+            for i, (chain, pipeline) in enumerate(zip(chains, current.pipelines)):
                 for j, delta in itertools.product(range(len(chain) - 1), (-1, 1)):
-                    while True:
-                        cuts = [[s.layer_start, s.layer_end] for s in current.pipelines[i].stages]
-                        cuts[j][1] += delta
-                        cuts[j + 1][0] += delta
-                        if cuts[j][1] <= cuts[j][0] or cuts[j + 1][1] <= cuts[j + 1][0]:
-                            break
-                        better = self._with_cut(current, i, chain, cuts)
-                        if better is None:
-                            break
+                    cuts = [[s.layer_start, s.layer_end] for s in current.pipelines[i].stages]
+                    cuts[j][1] += delta
+                    cuts[j + 1][0] += delta
+                    if cuts[j][1] <= cuts[j][0] or cuts[j + 1][1] <= cuts[j + 1][0]:
+                        continue
+                    better = self._with_cut(current, i, chain, cuts)
+                    if better is not None:
                         current, improved = better, True
         return current
 
