@@ -8,10 +8,13 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <math.h>
 
 #include "_py_numbers.h"
 
 #define NUMBERS "a floor's" /* as TypeErrors name them */
+#define FLOOR_SLACK 1e-9 /* chain_bounds.SLACK (the module's SLACK; a test compares them) */
+#define KEY_ERROR (16 * 0x1p-53) /* chain_bounds.KEY_ERROR */
 
 /* A list of exactly n numbers into out[0..n-1]. */
 static int read_list(PyObject *list, Py_ssize_t n, double *out) {
@@ -130,6 +133,10 @@ static PyObject *floors_under(PyObject *self, PyObject *args) {
         if (PyErr_CheckSignals() < 0) goto done;
         const double *acc = layers + j * (L + 1), *mem = memory + j * (L + 1);
         Py_ssize_t last = j == S - 1 ? L : L - (S - 1 - j);
+        if (last < 1) { /* more stages than layers: no end leaves every later stage one */
+            reached = 0;
+            break;
+        }
         double hop = j < S - 1 ? (1 + h) * hops[j] : 0.0;
         for (Py_ssize_t i = 0; i <= L; i++) grown[i] = Py_HUGE_VAL;
         reached = 0;
@@ -178,15 +185,23 @@ static PyObject *floors_under(PyObject *self, PyObject *args) {
 #undef FITS
             reach[start] = hint = good;
         }
-        if (j == S - 1) { /* the last stage ends at L: every start that reaches it, priced directly */
+        /* the sweep only where its pick by key is priced within KEY_ERROR of the least (chain_bounds.py) */
+        double most_a = 0.0;
+        for (Py_ssize_t start = 0; start <= L; start++)
+            if (states[start] != Py_HUGE_VAL && fabs(states[start]) > most_a) most_a = fabs(states[start]);
+        double key_error = KEY_ERROR * (most_a + 2 * per_work * acc[last] + fabs(hop));
+        if (j == S - 1 || !(key_error <= limit * FLOOR_SLACK / (4 * (double)S))) {
+            /* every pair (the last stage has one end, L: each start that reaches it, priced directly) */
             for (Py_ssize_t start = 0; start <= L; start++) {
                 double a = states[start];
-                if (a == Py_HUGE_VAL || reach[start] != L) continue;
-                double work = acc[L] - acc[start];
-                double next = a + work / 3 + g * work + hop;
-                if (next < grown[L]) {
-                    grown[L] = next;
-                    reached = 1;
+                if (a == Py_HUGE_VAL) continue;
+                for (Py_ssize_t end = j == S - 1 ? L : start + 1; end <= reach[start]; end++) {
+                    double work = acc[end] - acc[start];
+                    double next = a + work / 3 + g * work + hop;
+                    if (next < grown[end]) {
+                        grown[end] = next;
+                        reached = 1;
+                    }
                 }
             }
         } else {
@@ -247,4 +262,12 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_floors",
                                     "launcher/planning/chain_bounds.py's floor program, compiled (same arithmetic).",
                                     -1, methods, NULL, NULL, NULL, NULL};
 
-PyMODINIT_FUNC PyInit__floors(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__floors(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m && (PyModule_AddObject(m, "SLACK", PyFloat_FromDouble(FLOOR_SLACK)) < 0 ||
+              PyModule_AddObject(m, "KEY_ERROR", PyFloat_FromDouble(KEY_ERROR)) < 0)) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
