@@ -1,10 +1,11 @@
 /* The dynamic program that decides whether any cut of a chain keeps every stage's floor term under
- * a bound, compiled: launcher/planning/chain_bounds.py's floors_program_python, the same steps and
- * arithmetic in the same order on the same doubles (per stage, each start's furthest end, then a
- * sweep over the ends with the starts that reach them in a heap ordered by A - c acc[start], ties
- * to the earlier start), so the answer agrees;
- * tests/planning/test_compiled_cut_loops.py compares them. Built as an optional extension (setup.py): where it cannot be built, chain_bounds.py keeps
- * its Python loop.
+ * a bound, compiled: launcher/planning/chain_bounds.py's floors_program_python, with the same
+ * answers: per stage the same furthest end of each start (searched here from the last start's),
+ * the same choice between the sweep and every pair, the same start picked at each end (here by a
+ * queue where that is the heap's pick, ties to the earlier start), priced with the same arithmetic
+ * in the same order on the same doubles. tests/planning/test_compiled_cut_loops.py and
+ * test_deep_models.py compare them. Built as an optional extension (setup.py): where it cannot be
+ * built, chain_bounds.py keeps its Python loop.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

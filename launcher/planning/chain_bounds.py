@@ -81,7 +81,7 @@ def floors_program_python(layers: list[list[float]], memory: list[list[float]], 
                           optimizer: list[float], hops: list[float], M: int, limit: float, g: float, h: float) -> bool:
     """floors_under's dynamic program over (stage, end) on plain lists: per stage its node's layer
     and memory prefix sums and its node's memory; the first stage's optimizer prefix sums; the
-    hops. What launcher/planning/_floors.c computes, in the same steps on the same doubles.
+    hops. What launcher/planning/_floors.c computes (the same answers; its searches are faster).
 
     Each end keeps the least A over the starts that reach it. Visiting every (start, end) pair
     was quadratic in the layers (6 nodes and 1,000 layers planned in 30 s, two thirds of it
