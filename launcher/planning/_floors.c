@@ -64,6 +64,12 @@ static void heap_pop(Entry *heap, Py_ssize_t *count) {
     if (n > 0) heap[i] = item;
 }
 
+/* A start's A carried to `end`: A + work / 3 + g work + hop, the Python loop's arithmetic and order. */
+static inline double carried(double a, const double *acc, Py_ssize_t start, Py_ssize_t end, double g, double hop) {
+    double work = acc[end] - acc[start];
+    return a + work / 3 + g * work + hop;
+}
+
 /* One stage's sweep over its ends with every start reached in a heap (chain_bounds.py's): the least
  * key among the starts that reach each end, its A priced as the program prices it. */
 static void heap_sweep(const double *states, const Py_ssize_t *reach, const double *acc, double per_work, double g,
@@ -75,9 +81,7 @@ static void heap_sweep(const double *states, const Py_ssize_t *reach, const doub
                 heap_push(heap, &count, states[at] - per_work * acc[at], at);
         while (count > 0 && reach[heap[0].start] < end) heap_pop(heap, &count); /* ends only grow */
         if (count > 0) {
-            Py_ssize_t start = heap[0].start;
-            double work = acc[end] - acc[start];
-            grown[end] = states[start] + work / 3 + g * work + hop;
+            grown[end] = carried(states[heap[0].start], acc, heap[0].start, end, g, hop);
             *reached = 1;
         }
     }
@@ -197,8 +201,7 @@ static PyObject *floors_under(PyObject *self, PyObject *args) {
                 double a = states[start];
                 if (a == Py_HUGE_VAL) continue;
                 for (Py_ssize_t end = j == S - 1 ? L : start + 1; end <= reach[start]; end++) {
-                    double work = acc[end] - acc[start];
-                    double next = a + work / 3 + g * work + hop;
+                    double next = carried(a, acc, start, end, g, hop);
                     if (next < grown[end]) {
                         grown[end] = next;
                         reached = 1;
@@ -228,9 +231,7 @@ static PyObject *floors_under(PyObject *self, PyObject *args) {
                     }
                 while (tail > head && reach[heap[head].start] < end) head++; /* ends only grow */
                 if (tail > head) {
-                    Py_ssize_t start = heap[head].start;
-                    double work = acc[end] - acc[start];
-                    grown[end] = states[start] + work / 3 + g * work + hop;
+                    grown[end] = carried(states[heap[head].start], acc, heap[head].start, end, g, hop);
                     reached = 1;
                 }
             }
