@@ -7,6 +7,9 @@
  *   suffix_fronts: every state of one suffix of stages at the starts asked, the rows built here
  *   too (suffix_fronts_python): a Python loop per state's rows was half of planning ten one-node
  *   regions.
+ *   three_term_fronts: the same where the closed form prices compute, link and round trip apart
+ *   (GPipe, ZB-H1, ZB-H2; three_term_fronts_python): a three-term front, sorted, then kept with a
+ *   staircase of the kept points' (link, sum) pairs.
  * Built as an optional extension (setup.py): where it cannot be built, cut_front.py keeps its
  * Python loops.
  */
@@ -451,12 +454,177 @@ done:
     return out;
 }
 
+/* Whether x sorts before y by (compute max, link max, sum, order made): the order of
+ * cut_front.pareto_three_terms' stable sort. */
+static int by_three_terms(const void *a, const void *b) {
+    const Point *x = a, *y = b;
+    if (x->compute != y->compute) return x->compute < y->compute ? -1 : 1;
+    if (x->link != y->link) return x->link < y->link ? -1 : 1;
+    if (x->total != y->total) return x->total < y->total ? -1 : 1;
+    return (x->order > y->order) - (x->order < y->order);
+}
+
+/* The points of `all` (sorted by by_three_terms) that no earlier kept point beats or ties on both
+ * the link max and the sum, moved to the front of `all`; returns how many. The kept points' (link,
+ * sum) pairs that no other kept pair beats on both form a staircase: links rising, sums falling.
+ * The kept pairs with a link at or below a point's are a prefix of it, whose least sum is its last
+ * entry's, so one bisection answers what cut_front.pareto_three_terms asks of every kept point. */
+static Py_ssize_t keep_three_term_front(Points *all, double *stair_link, double *stair_total) {
+    Py_ssize_t kept = 0, steps = 0;
+    for (Py_ssize_t k = 0; k < all->n; k++) {
+        Point *p = &all->items[k];
+        Py_ssize_t lo = 0, hi = steps; /* the first entry whose link is above p's */
+        while (lo < hi) {
+            Py_ssize_t mid = lo + (hi - lo) / 2;
+            if (stair_link[mid] <= p->link)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        if (lo > 0 && stair_total[lo - 1] <= p->total) continue; /* beaten or tied on both */
+        all->items[kept++] = *p;
+        Py_ssize_t past = lo; /* the entries after it that it beats or ties on both leave */
+        while (past < steps && stair_total[past] >= p->total) past++;
+        memmove(&stair_link[lo + 1], &stair_link[past], sizeof(double) * (steps - past));
+        memmove(&stair_total[lo + 1], &stair_total[past], sizeof(double) * (steps - past));
+        steps += lo + 1 - past;
+        stair_link[lo] = p->link;
+        stair_total[lo] = p->total;
+    }
+    return kept;
+}
+
+/* three_term_fronts(starts, time, static, activation, memory, own, M, crossings, following, last_end)
+ * -> [front of the state (this stage and the ones after it, first layer i) for i in starts] where
+ * the closed form keeps compute, link and the round trip apart (GPipe, ZB-H1, ZB-H2: no window
+ * term): cut_front.three_term_fronts_python, the same arithmetic, order and ties. In Python the
+ * points and the front of each state were nearly all of planning 6 nodes and 48 layers under ZB-H1
+ * (16 CPU s; 49 s with compression auto). */
+static PyObject *three_term_fronts(PyObject *self, PyObject *args) {
+    PyObject *starts, *time_list, *static_list, *activation_list, *crossings, *following;
+    double memory;
+    Py_ssize_t own, M, last_end;
+    if (!PyArg_ParseTuple(args, "O!OOOdnnO!O!n", &PyList_Type, &starts, &time_list, &static_list, &activation_list,
+                          &memory, &own, &M, &PyList_Type, &crossings, &PyList_Type, &following, &last_end))
+        return NULL;
+    Py_ssize_t size = PyList_GET_SIZE(following), num_codecs = PyList_GET_SIZE(crossings);
+    if (own < 1 || M < 1) {
+        PyErr_SetString(PyExc_ValueError, "the in-flight count and the micro-batches are at least 1");
+        return NULL;
+    }
+    if (last_end < 0 || last_end >= size) {
+        PyErr_SetString(PyExc_ValueError, "the last end is past the following fronts");
+        return NULL;
+    }
+    double *acc = NULL, *fixed = NULL, *activation = NULL, *stair_link = NULL, *stair_total = NULL;
+    State state = {{NULL, 0, 0}, {NULL, 0, 0}, {NULL, 0, 0}}; /* its front holds a state's points */
+    Numbers *fronts = PyMem_Calloc(size, sizeof(Numbers)); /* per end, read on first use */
+    Crossing *crossing = PyMem_Calloc(size * (num_codecs ? num_codecs : 1), sizeof(Crossing)); /* per end, codec */
+    PyObject *out = PyList_New(0);
+    if (!fronts || !crossing) PyErr_NoMemory();
+    if (!fronts || !crossing || !out || !(acc = read_prefix(time_list, size, "a time prefix")) ||
+        !(fixed = read_prefix(static_list, size, "a static prefix")) ||
+        !(activation = read_prefix(activation_list, size, "an activation prefix")))
+        goto fail;
+    for (Py_ssize_t s = 0; s < PyList_GET_SIZE(starts); s++) {
+        Py_ssize_t i = PyLong_AsSsize_t(PyList_GET_ITEM(starts, s)), order = 0;
+        if (i == -1 && PyErr_Occurred()) goto fail;
+        if (i < 0 || i >= size) {
+            PyErr_SetString(PyExc_ValueError, "a start is past the layers");
+            goto fail;
+        }
+        Points *all = &state.front;
+        all->n = 0;
+        for (Py_ssize_t end = i + 1; end <= last_end; end++) {
+            double per_mb = activation[end] - activation[i], held = fixed[end] - fixed[i];
+            if (held + (double)own * per_mb > memory) break; /* memory only grows with the range */
+            Numbers *next = &fronts[end];
+            if (!next->values) {
+                PyObject *list = PyList_GET_ITEM(following, end);
+                if (!PyList_Check(list)) {
+                    PyErr_SetString(PyExc_TypeError, "a following front is a list (worked out before this stage's)");
+                    goto fail;
+                }
+                if (read_front(list, next) < 0) goto fail;
+            }
+            if (next->n == 0) continue;
+            double t = acc[end] - acc[i];
+            for (Py_ssize_t c = 0; c < num_codecs; c++) {
+                Crossing *at = &crossing[end * num_codecs + c];
+                if (!at->codec && c >= PyList_GET_SIZE(crossings)) {
+                    PyErr_SetString(PyExc_RuntimeError, "the crossings changed while they were read");
+                    goto fail;
+                }
+                if (!at->codec && read_crossing(PyList_GET_ITEM(crossings, c), end, at) < 0) goto fail;
+                if (reserve(all, next->n) < 0) goto fail;
+                double tc = t + at->work;
+                /* cut_front.state_points with no window term. The points whose compute and link are
+                 * this stage's and this crossing's (the following point's are at or below them) share
+                 * both terms: of them only the first with the least sum can be kept (the others sort
+                 * after it with a sum at or above its own), so the others are not made. */
+                Py_ssize_t shared = -1; /* where the kept one of them is */
+                for (Py_ssize_t k = 0; k < next->n; k++, order++) {
+                    const double *p = &next->values[4 * k];
+                    double total = p[3] + tc + 2 * (at->latency + at->link);
+                    int below = !(p[0] > tc) && !(p[1] > at->link);
+                    if (below && shared >= 0 && !(total < all->items[shared].total)) continue;
+                    Point *q = &all->items[below && shared >= 0 ? shared : all->n++];
+                    if (below) shared = q - all->items;
+                    q->total = total;
+                    q->compute = pmax(p[0], tc);
+                    q->link = pmax(p[1], at->link);
+                    q->window = p[2];
+                    q->key = 0.0;
+                    q->end = end;
+                    q->next = k;
+                    q->order = order;
+                    q->codec = at->codec;
+                }
+            }
+        }
+        qsort(all->items, all->n, sizeof(Point), by_three_terms);
+        PyMem_Free(stair_link);
+        PyMem_Free(stair_total);
+        stair_link = PyMem_Malloc(sizeof(double) * (all->n ? all->n : 1));
+        stair_total = PyMem_Malloc(sizeof(double) * (all->n ? all->n : 1));
+        if (!stair_link || !stair_total) {
+            PyErr_NoMemory();
+            goto fail;
+        }
+        all->n = keep_three_term_front(all, stair_link, stair_total);
+        PyObject *front = take_front(&state);
+        if (!front || PyList_Append(out, front) < 0) {
+            Py_XDECREF(front);
+            goto fail;
+        }
+        Py_DECREF(front);
+    }
+    goto done;
+fail:
+    Py_CLEAR(out);
+done:
+    state_free(&state);
+    for (Py_ssize_t end = 0; fronts && end < size; end++) PyMem_Free(fronts[end].values);
+    for (Py_ssize_t k = 0; crossing && k < size * num_codecs; k++) Py_XDECREF(crossing[k].codec);
+    PyMem_Free(fronts);
+    PyMem_Free(crossing);
+    PyMem_Free(acc);
+    PyMem_Free(fixed);
+    PyMem_Free(activation);
+    PyMem_Free(stair_link);
+    PyMem_Free(stair_total);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"one_bottleneck_front", one_bottleneck_front, METH_VARARGS,
      "one_bottleneck_front(rows, crossings) -> the Pareto front of a cut state under 1F1B"},
     {"suffix_fronts", suffix_fronts, METH_VARARGS,
      "suffix_fronts(starts, time, static, activation, memory, own, M, deepens, crossings, following, last_end) "
      "-> the fronts of a suffix's states at those starts under 1F1B"},
+    {"three_term_fronts", three_term_fronts, METH_VARARGS,
+     "three_term_fronts(starts, time, static, activation, memory, own, M, crossings, following, last_end) "
+     "-> the fronts of a suffix's states at those starts where compute, link and round trip are priced apart"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -20,7 +20,7 @@ from hetlaunch.launcher.planning.bottleneck_fill import bottleneck_bisect
 from hetlaunch.launcher.planning.compression import CODEC_SLACK, LOSSINESS
 from hetlaunch.launcher.planning.cost_model import CostModel
 from hetlaunch.launcher.planning.pipeline_cost import PipelineCost
-from hetlaunch.launcher.planning.cut_front import state_points, suffix_fronts, suffix_rows
+from hetlaunch.launcher.planning.cut_front import suffix_fronts, three_term_fronts
 from hetlaunch.launcher.planning.profile_file import NodeProfile
 
 EXACT_MAX_WORK = 20_000  # stages x layers^2 up to which a chain's cut is found by the exact DP
@@ -114,9 +114,9 @@ def _work_out(cm: CostModel, chain: list[NodeProfile], j: int, S: int, keys: lis
     if rule != "none":  # 1F1B's step depends on max(compute, link, window) only
         found = suffix_fronts(starts, time, static, activation, node.memory_bytes, held, cm.M, rule == "deepest",
                               crossing, by_end, last_end)
-    else:  # GPipe: no window term, compute and link maxima priced apart
-        found = [_pareto(state_points(suffix_rows(i, time, static, activation, node.memory_bytes, held, cm.M, rule,
-                                                  by_end, last_end), crossing)) for i in starts]
+    else:  # GPipe, ZB-H1, ZB-H2: no window term, compute and link maxima priced apart
+        found = three_term_fronts(starts, time, static, activation, node.memory_bytes, held, cm.M, crossing, by_end,
+                                  last_end)
     fronts.update(zip(starts, found))
 
 
@@ -157,17 +157,6 @@ def _crossing(cm: CostModel, node: NodeProfile, next_node: NodeProfile, j: int) 
                                       codec) if end > 0 else None for end in range(cm.num_layers + 1)]
                              for codec in cm.codec_options(j, node, next_node)}
     return cm.crossings[key]
-
-
-def _pareto(points: list[tuple]) -> list[tuple]:
-    """Drop every point another point beats or ties on all of (compute max, link max, sum): GPipe
-    has no window term and prices compute and link apart (1F1B's front: cut_front.py)."""
-    points.sort(key=lambda p: (p[0], p[1], p[3]))
-    kept: list[tuple] = []
-    for p in points:
-        if not any(q[1] <= p[1] and q[3] <= p[3] for q in kept):  # kept ones have q[0] <= p[0]
-            kept.append(p)
-    return kept
 
 
 def most_compressed_codecs(cm: CostModel, chain: list[NodeProfile]) -> list[str]:

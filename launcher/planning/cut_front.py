@@ -10,6 +10,7 @@ Python loops below.
 
 from __future__ import annotations
 
+import bisect
 import math
 
 
@@ -46,6 +47,40 @@ def one_bottleneck_pareto(points: list[tuple]) -> list[tuple]:
             kept.append(p)
             best_sum = p[3]
     return kept
+
+
+def pareto_three_terms(points: list[tuple]) -> list[tuple]:
+    """Drop every point another point beats or ties on all of (compute max, link max, sum): where
+    the closed form prices compute and link apart (GPipe, ZB-H1, ZB-H2), the front is in three terms.
+    Sorted by them (stably), a point is kept unless a kept one, none of which has a higher compute
+    max, has a link max and a sum at or below its own. The kept points' (link, sum) pairs that no
+    other kept pair beats on both are a staircase, links rising and sums falling; those with a link
+    at or below a point's are a prefix of it, whose last has the least sum, so one bisection answers
+    for every kept point (asking each kept point in turn was most of planning 6 nodes and 48 layers
+    under ZB-H1)."""
+    points.sort(key=lambda p: (p[0], p[1], p[3]))
+    kept: list[tuple] = []
+    links: list[float] = []  # the staircase: links rising ...
+    sums: list[float] = []  # ... sums falling
+    for p in points:
+        at = bisect.bisect_right(links, p[1])  # the first entry whose link is above p's
+        if at and sums[at - 1] <= p[3]:
+            continue
+        kept.append(p)
+        past = at
+        while past < len(links) and sums[past] >= p[3]:
+            past += 1  # entries p beats or ties on both leave
+        links[at:past], sums[at:past] = [p[1]], [p[3]]
+    return kept
+
+
+def three_term_fronts_python(starts: list[int], time: list[float], static: list[float], activation: list[float],
+                             memory: float, in_flight: int, M: int, crossings: list[list], following: list,
+                             last_end: int) -> list[list[tuple]]:
+    """Where the closed form prices compute, link and round trip apart, the front of the state at
+    each first layer of `starts` (what _cutfront.c's three_term_fronts computes)."""
+    return [pareto_three_terms(state_points(suffix_rows(i, time, static, activation, memory, in_flight, M, "none",
+                                                        following, last_end), crossings)) for i in starts]
 
 
 def suffix_rows(i: int, time: list[float], static: list[float], activation: list[float], memory: float,
@@ -100,3 +135,4 @@ except ImportError:  # not built (no C compiler at install): the Python loop, sa
 COMPILED = _cutfront is not None
 one_bottleneck_front = _cutfront.one_bottleneck_front if COMPILED else one_bottleneck_front_python
 suffix_fronts = _cutfront.suffix_fronts if COMPILED else suffix_fronts_python
+three_term_fronts = _cutfront.three_term_fronts if COMPILED else three_term_fronts_python
