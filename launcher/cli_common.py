@@ -10,6 +10,7 @@ from pathlib import Path
 
 import typer
 
+from hetlaunch.launcher.config_types import home_path
 from hetlaunch.launcher.plain_text import escape_controls
 
 EXIT_BAD_INPUT = 2
@@ -63,7 +64,12 @@ def output_file(raw: str, example: str) -> Path:
 
 def given_path(raw: str, what: str) -> Path:
     """A path from the command line, refused in one line when empty: Path("") is ".", and an empty
-    -o (an unset shell variable) wrote into the current directory."""
+    -o (an unset shell variable) wrote into the current directory. `~` is the user's home, as in
+    the YAML: a quoted '~/x.bin' was written into a folder named ~ while the YAML line printed for it
+    read the home's (a hostile review)."""
     if not raw:
         fail(f"{what}: an empty path (give '.' for the current directory)", EXIT_BAD_INPUT)
-    return Path(raw)
+    try:
+        return home_path(raw)
+    except ValueError as err:
+        fail(f"{what} {err}", EXIT_BAD_INPUT)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
@@ -13,6 +14,16 @@ from hetlaunch.launcher.config_errors import show
 
 class ConfigError(Exception):
     """One-line, user-facing message; the CLI prints it and exits 2."""
+
+
+def home_path(value: str) -> Path:
+    """The path with `~` and `~user` expanded, as a shell does; ValueError (a one-line message)
+    where the user has no home here: Path.expanduser raises RuntimeError, which reached users of
+    `validate`, `plan` and `prepare-data` as a traceback (a hostile review)."""
+    try:
+        return Path(value).expanduser()
+    except RuntimeError:
+        raise ValueError(f"{value!r}: {value.split('/', 1)[0]!r} is no user's home on this host") from None
 
 
 def _sci_float(value: Any) -> Any:

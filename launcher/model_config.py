@@ -3,13 +3,12 @@ the schema): which model trains, and on which tokens."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from hetlaunch.launcher.config_errors import FieldError, show
-from hetlaunch.launcher.config_types import MAX_MODEL_DIM, Seed, Strict, YamlFloat
+from hetlaunch.launcher.config_types import MAX_MODEL_DIM, Seed, Strict, YamlFloat, home_path
 from hetlaunch.runtime.model_spec import PRESETS, GPTConfig, ModelSpec
 
 _SIZE_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "seq_len", "d_ff")
@@ -82,7 +81,7 @@ class DataConfig(Strict):
     @field_validator("path")
     @classmethod
     def _home(cls, value: str | None) -> str | None:
-        return None if value is None else str(Path(value).expanduser())  # `~/data.bin`: the user's home, not a folder named ~
+        return None if value is None else str(home_path(value))  # `~/data.bin`: the user's home, not a folder named ~
 
     @model_validator(mode="after")
     def _tokens_need_a_file(self) -> DataConfig:

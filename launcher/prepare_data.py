@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
+from hetlaunch.launcher.config_types import home_path
 from hetlaunch.runtime.files import UnreadableFile, read_regular_file, whole_file_beside
 
 CHUNK_BYTES = 4 * 2**20
@@ -42,7 +43,10 @@ def load_tokenizer(name: str):
         from tokenizers import Tokenizer
     except ImportError:
         raise PrepareError("prepare-data needs the tokenizers package: pip install 'hetlaunch[data]'") from None
-    given = Path(name).expanduser()
+    try:
+        given = home_path(name)
+    except ValueError as err:
+        raise PrepareError(f"--tokenizer {err}") from None
     path = given / "tokenizer.json" if given.is_dir() else given
     # A path, not a hub name ("gpt2", "org/name"): asking the hub for a mistyped file took 24 s of retries.
     local = given.is_dir() or given.is_absolute() or name.startswith((".", "~")) or given.suffix == ".json"

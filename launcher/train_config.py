@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
 from hetlaunch.launcher.config_errors import FieldError, show
-from hetlaunch.launcher.config_types import MAX_COUNT, MAX_STEPS, Name, Seed, Strict, YamlFloat
+from hetlaunch.launcher.config_types import MAX_COUNT, MAX_STEPS, Name, Seed, Strict, YamlFloat, home_path
 from hetlaunch.runtime.registry import (AUTO_SCHEDULE, DEFAULT_LINK_ROUNDING, DEFAULT_SCHEDULE, DEVICE_SCHEDULE_NAMES,
                                         MAX_MICROBATCHES, SCHEDULE_NAMES)
 
@@ -192,12 +192,18 @@ def _checkpoint_dir(value: str | None) -> str | None:
     (the coordinator's when `up` runs); remote stages write there too only on a shared file system."""
     if value is None:
         return value
-    path = Path(value).expanduser().resolve()
-    if path == Path(path.anchor):
-        raise ValueError(f"{value!r} is the file system's root: name a directory for this job's checkpoints")
-    if path.exists() and not path.is_dir():
-        raise ValueError(f"{value!r} exists and is not a directory")
-    return str(Path(value).expanduser())  # `~/ck` is the user's home: a folder named ~ made where `up` ran was resumed from nowhere else
+    home = home_path(value)  # `~/ck` is the user's home: a folder named ~ made where `up` ran was resumed from nowhere else
+    try:  # a folder this user may not search, a symlink loop (RuntimeError) or a name too long: one line, not a traceback
+        path = home.resolve()
+        if path == Path(path.anchor):
+            raise ValueError(f"{value!r} is the file system's root: name a directory for this job's checkpoints")
+        if path.exists() and not path.is_dir():
+            raise ValueError(f"{value!r} exists and is not a directory")
+    except OSError as err:
+        raise ValueError(f"{value!r}: {err.strerror or err}") from None
+    except RuntimeError as err:
+        raise ValueError(f"{value!r}: {err}") from None
+    return str(home)
 
 
 class CheckpointConfig(Strict):

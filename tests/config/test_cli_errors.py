@@ -66,6 +66,15 @@ nodes: [{{name: a, device: cpu, threads: 1}}]
 checkpoint: {{dir: /}}
 nodes: [{{name: a, device: cpu, threads: 1}}]
 """, "checkpoint.dir: '/' is the file system's root"),
+    # Path.expanduser raises RuntimeError for a user with no home: a traceback (a hostile review)
+    "checkpoints_in_no_users_home": (f"""{TINY_MODEL}
+checkpoint: {{dir: "~no-such-user-hl/ck"}}
+nodes: [{{name: a, device: cpu, threads: 1}}]
+""", "checkpoint.dir: '~no-such-user-hl/ck': '~no-such-user-hl' is no user's home on this host"),
+    "data_in_no_users_home": (f"""{TINY_MODEL}
+data: {{path: "~no-such-user-hl/x.txt"}}
+nodes: [{{name: a, device: cpu, threads: 1}}]
+""", "data.path: '~no-such-user-hl/x.txt': '~no-such-user-hl' is no user's home on this host"),
     "100_local_nodes": (f"{TINY_MODEL}\nnodes:\n" + "".join(f"  - {{name: n{i}, device: cpu}}\n" for i in range(100)),
                           "100 nodes with launch: local, at most 64"),
 }
@@ -279,3 +288,24 @@ def test_an_empty_path_is_refused_not_taken_as_the_current_directory(args, flag,
     assert result.returncode == 2 and result.stderr == (f"error: {flag}: an empty path (give '.' for the current "
                                                         "directory)\n"), result.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_home_in_an_output_path_is_the_users_home_as_in_the_yaml(monkeypatch, tmp_path):
+    """A quoted -o '~/x.bin' was written into a folder named ~ where the command ran, while the YAML
+    line prepare-data prints for it names the home's file (a hostile review)."""
+    from hetlaunch.launcher.cli_common import given_path
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert given_path("~/x.bin", "-o") == tmp_path / "x.bin"
+    assert given_path("x.bin", "-o") == type(tmp_path)("x.bin")  # a relative path stays relative
+    with pytest.raises(typer.Exit) as caught:
+        given_path("~no-such-user-hl/x.bin", "-o")
+    assert caught.value.exit_code == 2
+
+
+def test_an_output_in_no_users_home_is_one_line(tmp_path):
+    result = run_hetlaunch("export", "run", "-o", "~no-such-user-hl/x.safetensors", timeout=60, cwd=tmp_path)
+    assert result.returncode == 2 and result.stderr == ("error: -o '~no-such-user-hl/x.safetensors': "
+                                                        "'~no-such-user-hl' is no user's home on this host\n"), result.stderr
+    assert list(tmp_path.iterdir()) == []
+

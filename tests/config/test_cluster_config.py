@@ -467,3 +467,14 @@ def test_a_home_relative_checkpoint_dir_or_data_file_means_the_users_home(monkey
     assert (cfg.checkpoint.dir, cfg.data.path) == (str(tmp_path / "ck"), str(tmp_path / "tokens.bin"))
     relative = parse_cluster("checkpoint: {dir: ck}\nnodes: [{name: a}]")
     assert relative.checkpoint.dir == "ck"  # relative paths stay relative to where `up` runs
+
+
+def test_a_checkpoint_dir_through_a_symlink_loop_or_too_long_a_name_is_one_line(tmp_path) -> None:
+    """Path.resolve raised RuntimeError ("Symlink loop") and OSError (a name too long, a folder the
+    user may not search) out of the YAML's validation: tracebacks (a hostile review)."""
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    for folder, said in ((tmp_path / "loop" / "ck", "loop"), (tmp_path / ("x" * 300) / "ck", "too long")):
+        with pytest.raises(ConfigError) as caught:
+            parse_cluster(f"checkpoint: {{dir: '{folder}'}}\nnodes: [{{name: a}}]")
+        message = str(caught.value)
+        assert "checkpoint.dir" in message and said in message.lower() and "\n" not in message, message
