@@ -74,6 +74,7 @@ def plan(
                 spec = cluster.model.to_spec()
                 measured.check_model(spec.describe(), spec.known_num_layers or measured.model.num_layers,
                                      cluster.train.profile_size)
+                measured = _of_the_yamls_nodes(cluster, measured, profile_file)
         except ProfileError as err:
             fail(str(err), EXIT_BAD_INPUT)
     else:
@@ -111,6 +112,25 @@ def plan(
     except PlanningError as err:
         fail(str(err), EXIT_JOB_FAILED)
     print_planner_result(plain_console(), measured, result, as_json=as_json)
+
+
+def _of_the_yamls_nodes(cluster, measured, profile_file: Path):
+    """The saved profile of the YAML's nodes only, as `up` measures them: a profile of other nodes
+    planned stages on nodes the YAML does not have (a hostile review). ProfileError where the
+    profile lacks one of them or puts it in another region: it is another cluster's."""
+    from hetlaunch.launcher.planning.profile_edits import subset
+    from hetlaunch.launcher.planning.profile_file import ProfileError
+
+    regions = {n.name: n.region for n in measured.nodes}
+    missing = [n.name for n in cluster.nodes if n.name not in regions]
+    if missing:
+        raise ProfileError(f"{profile_file}: no node {', '.join(missing)} of the YAML; profile this cluster "
+                           "(hetlaunch profile) or plan without --profile")
+    moved = [f"{n.name} (YAML {n.region}, profile {regions[n.name]})" for n in cluster.nodes
+             if n.region != regions[n.name]]
+    if moved:
+        raise ProfileError(f"{profile_file}: another cluster's profile: its regions differ for {', '.join(moved)}")
+    return subset(measured, [n.name for n in cluster.nodes])
 
 
 def _refuse_with_islands(schedule: str, yaml_batch_flags: list[str]) -> None:

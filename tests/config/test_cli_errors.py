@@ -309,3 +309,40 @@ def test_an_output_in_no_users_home_is_one_line(tmp_path):
                                                         "'~no-such-user-hl' is no user's home on this host\n"), result.stderr
     assert list(tmp_path.iterdir()) == []
 
+
+def _profile_of(names_regions: list[tuple[str, str]]) -> dict:
+    """A saved profile of the default model (the YAML below names none) on these nodes."""
+    node = lambda name, region: dict(name=name, region=region, device="cpu", memory_bytes=9e6,  # noqa: E731
+                                     layer_seconds=[0.002] * 6)
+    regions = sorted({r for _, r in names_regions})
+    return {"format": "hetlaunch-profile/1",
+            "model": {"description": "gpt(vocab=256,seq=64,d=64,layers=4,heads=4,ff=256)", "num_layers": 6},
+            "micro_batch_size": 8, "seq_len": 64,
+            "layers": [{"param_bytes": 20000, "activation_bytes": 100000, "output_bytes": 131072}] * 6,
+            "nodes": [node(n, r) for n, r in names_regions],
+            "links": [{"regions": [a, b], "bandwidth_bytes_per_s": 1e9, "latency_s": 1e-4}
+                      for i, a in enumerate(regions) for b in regions[i:]]}
+
+
+@pytest.mark.timeout(120)
+def test_plan_from_a_saved_profile_plans_the_yamls_nodes_only(tmp_path):
+    """`plan YAML --profile P` planned stages on P's nodes that the YAML does not have, and said
+    nothing of the YAML's node P lacks (a hostile review): it plans on the YAML's nodes, as `up`
+    measures them, and refuses a profile without one of them or with one in another region."""
+    (tmp_path / "two.yaml").write_text("name: two\nnodes:\n  - {name: east-a, device: cpu}\n"
+                                       "  - {name: east-b, device: cpu}\n")
+    cases = {"others.json": [("east-a", "default"), ("stranger-1", "default"), ("stranger-2", "default")],
+             "moved.json": [("east-a", "default"), ("east-b", "west")],
+             "more.json": [("east-a", "default"), ("east-b", "default"), ("stranger-1", "default")]}
+    for name, nodes in cases.items():
+        (tmp_path / name).write_text(json.dumps(_profile_of(nodes)))
+    result = run_hetlaunch("plan", "two.yaml", "--profile", "others.json", timeout=60, cwd=tmp_path)
+    assert result.returncode == 2 and result.stderr == ("error: others.json: no node east-b of the YAML; profile this "
+                                                        "cluster (hetlaunch profile) or plan without --profile\n"), result
+    result = run_hetlaunch("plan", "two.yaml", "--profile", "moved.json", timeout=60, cwd=tmp_path)
+    assert result.returncode == 2 and result.stderr == ("error: moved.json: another cluster's profile: its regions "
+                                                        "differ for east-b (YAML default, profile west)\n"), result
+    result = run_hetlaunch("plan", "two.yaml", "--profile", "more.json", "--json", timeout=60, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    planned = {s["node"] for p in json.loads(result.stdout)["pipelines"] for s in p["stages"]}
+    assert planned and planned <= {"east-a", "east-b"}, planned  # stranger-1 is not the YAML's
