@@ -171,6 +171,8 @@ def _cut(profile: Profile, chain: list[NodeProfile], num_microbatches: int, sche
         found = search.climb(start)
         if found is not None and (best is None or found[0] < best[0]):
             best = found
+    if best is None:  # both starts overflow a node: climb from one that gives each node layers by its memory
+        best = search.climb(_by_memory(search, L, S))
     if best is None:
         raise PlanningError(f"no cut of {L} layers into {S} stages of {placed.title} over "
                             f"{' -> '.join(n.name for n in chain)} fits the nodes' memory")
@@ -357,9 +359,22 @@ def _by_speed(search: _CutSearch, num_layers: int, num_stages: int) -> tuple[int
     """Layers to each stage in proportion to its node's speed (its whole-model time's inverse),
     at least one each."""
     speed = [1.0 / max(search.cm.compute_s(search.chain[d], 0, num_layers), 1e-12) for d in search.device]
-    total, bounds, reached = sum(speed), [], 0.0
+    return _proportional(speed, num_layers)
+
+
+def _by_memory(search: _CutSearch, num_layers: int, num_stages: int) -> tuple[int, ...]:
+    """Layers to each stage in proportion to its share of its node's memory (a node's stages split
+    it evenly), at least one each: where a small node overflowed under the even and the speed
+    starts, ZB-V and interleaved 1F1B refused a chain with cuts that fit (a hostile review)."""
+    held = [search.device.count(d) for d in range(search.D)]
+    return _proportional([float(search.chain[d].memory_bytes) / held[d] for d in search.device], num_layers)
+
+
+def _proportional(weights: list[float], num_layers: int) -> tuple[int, ...]:
+    """The boundaries giving stage s about weights[s] / sum of the layers, at least one each."""
+    num_stages, total, bounds, reached = len(weights), sum(weights), [], 0.0
     for s in range(num_stages - 1):
-        reached += speed[s] / total * num_layers
+        reached += weights[s] / total * num_layers
         low = (bounds[-1] if bounds else 0) + 1
         bounds.append(min(max(round(reached), low), num_layers - (num_stages - 1 - s)))
     return tuple(bounds)

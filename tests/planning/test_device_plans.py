@@ -271,3 +271,31 @@ def test_a_pinned_boundary_codec_is_priced_on_its_stage_and_refused_inside_a_nod
         codec = pinned.model_copy(update={"boundaries": {boundary: "int8"}})
         with pytest.raises(PlanningError, match=why):
             plan_for(profile, replace(_request("zb-v"), compression=codec))
+
+
+@pytest.mark.parametrize("schedule", ["zb-v", "interleaved-1f1b"])
+def test_a_small_node_that_overflows_both_starts_still_gets_a_cut_that_fits(schedule):
+    """The cut search climbed from an even cut and one by speed only: where both put more layers on
+    a small node than it holds, the chain was refused though cuts fit (a hostile review). It then
+    climbs from a cut by memory; its plan is the best of every cut that fits."""
+    from hetlaunch.launcher.planning.compression import NONE
+    from hetlaunch.launcher.planning.profile_file import LayerInfo, LinkProfile, ModelIdentity, NodeProfile, Profile
+
+    L, M, MiB = 8, 8, 2**20
+    nodes = [NodeProfile(name="a", region="r", device="d", memory_bytes=10 * MiB, layer_seconds=[0.01] * L),
+             NodeProfile(name="b", region="r", device="d", memory_bytes=2**36, layer_seconds=[0.02] * L)]
+    profile = Profile(model=ModelIdentity(description="m", num_layers=L), micro_batch_size=4, seq_len=64,
+                      layers=[LayerInfo(param_bytes=MiB, activation_bytes=0, output_bytes=MiB)] * L, nodes=nodes,
+                      links=[LinkProfile(regions=("r", "r"), bandwidth_bytes_per_s=1e10, latency_s=1e-5)])
+    result = plan_for(profile, PlanRequest(num_microbatches=M, schedule=schedule, compression=NONE))
+    cost = result.pipelines[0].cost
+    held = {n.name: 0.0 for n in nodes}
+    for stage in cost.stages:
+        held[stage.node] += stage.memory_bytes
+    assert all(held[n.name] <= n.memory_bytes for n in nodes), held
+    placed = device_schedule_named(schedule)
+    chain = [profile.node(name) for name in dict.fromkeys(s.node for s in cost.stages)]
+    search = _CutSearch(CostModel(profile, M, "1f1b", NONE), chain, placed, placed.actions(len(chain), M))
+    fitting = [c.step_s for bounds in itertools.combinations(range(1, L), placed.num_stages(len(chain)) - 1)
+               if search.fits(c := search.cost(bounds))]
+    assert fitting and result.step_s <= min(fitting) * 1.01, (result.step_s, sorted(fitting)[:3])
