@@ -48,7 +48,9 @@ class TlsConfig(Strict):
 
 
 class CoordinatorConfig(Strict):
-    host: str = Field("127.0.0.1", min_length=1)  # address the gRPC coordinator (and data-plane rendezvous store) binds
+    # address the gRPC coordinator (and data-plane rendezvous store) binds: a name or an address, as
+    # advertise (a space or a newline in it was called a non-loopback address; a hostile review)
+    host: str = Field("127.0.0.1", min_length=1, pattern=r"^[A-Za-z0-9_.:\[\]-]+$")
     port: int = Field(0, ge=0, le=65535)  # 0 = any free port (fine when every agent is local)
     # Prometheus metrics on host:metrics_port (launcher/observers.py; the prometheus extra); null: off, 0: any port
     metrics_port: int | None = Field(None, ge=0, le=65535)

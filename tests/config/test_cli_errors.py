@@ -75,6 +75,11 @@ nodes: [{{name: a, device: cpu, threads: 1}}]
 data: {{path: "~no-such-user-hl/x.txt"}}
 nodes: [{{name: a, device: cpu, threads: 1}}]
 """, "data.path: '~no-such-user-hl/x.txt': '~no-such-user-hl' is no user's home on this host"),
+    # a trailing space was called a non-loopback address, and with insecure: true anything passed (a hostile review)
+    "coordinator_host_not_an_address": (f"""{TINY_MODEL}
+coordinator: {{host: "127.0.0.1 -x", insecure: true}}
+nodes: [{{name: a, device: cpu, threads: 1}}]
+""", "coordinator.host: must match"),
     "100_local_nodes": (f"{TINY_MODEL}\nnodes:\n" + "".join(f"  - {{name: n{i}, device: cpu}}\n" for i in range(100)),
                           "100 nodes with launch: local, at most 64"),
 }
