@@ -89,11 +89,16 @@ def _stub(run_dir: Path, token_file: Path | None):
     except ValueError as err:
         raise NotARun(str(err)) from None
     if contact.tls:
-        from hetlaunch.runtime.tls import ClientTls
+        from hetlaunch.runtime.tls import ClientTls, read_pem
 
+        # named as coordinator.json names them: ClientTls.read's "--ca" is the agent's flag, which
+        # status and down do not have (a hostile review)
+        named = {k: contact.tls.get(k) for k in ("ca", "cert", "key")}
         try:
-            channel = grpc.secure_channel(contact.address, ClientTls.read(
-                contact.tls["ca"], contact.tls.get("cert"), contact.tls.get("key")).credentials())
+            if (named["cert"] is None) != (named["key"] is None):
+                raise ValueError(f"{run_dir / 'coordinator.json'}: tls.cert and tls.key go together")
+            pems = {k: read_pem(v, f"{run_dir / 'coordinator.json'}: tls.{k}") if v else b"" for k, v in named.items()}
+            channel = grpc.secure_channel(contact.address, ClientTls(pems["ca"], pems["cert"], pems["key"]).credentials())
         except ValueError as err:
             raise NotARun(str(err)) from None
     else:

@@ -39,3 +39,15 @@ def test_a_refused_token_and_a_missing_token_file_are_bad_input(run_dir, tmp_pat
     line = one_error_line(run_hetlaunch("status", str(run_dir), "--token-file", str(tmp_path / "nowhere"),
                                         timeout=30, env=env), 2)
     assert "--token-file" in line and "no such file" in line, line
+
+
+@pytest.mark.timeout(120)
+def test_a_missing_tls_file_in_coordinator_json_is_named_as_that_file_names_it(tmp_path):
+    """status and down said `--ca ...: no such file`, a flag neither has (the agent's; a hostile review)."""
+    (tmp_path / "coordinator.json").write_text(json.dumps({"address": "127.0.0.1:1", "pid": os.getpid(),
+                                                           "tls": {"ca": str(tmp_path / "gone.pem")}}))
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    for command in ("status", "down"):
+        result = run_hetlaunch(command, str(tmp_path), timeout=30)
+        assert result.returncode == 2 and result.stderr == (f"error: {tmp_path}/coordinator.json: tls.ca "
+                                                            f"{tmp_path}/gone.pem: no such file\n"), result.stderr
