@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+import psutil
 
 from hetlaunch.launcher.plain_text import plain
 from hetlaunch.protos import control_pb2 as pb
@@ -38,9 +39,12 @@ class Contact:
     address: str
     pid: int
     tls: dict
+    written: float = float("inf")  # when coordinator.json was written (its mtime)
 
 
 MAX_CONTACT_BYTES = 1 << 16
+# psutil's start times are rounded to the clock tick, and file times to the file system's
+START_SLACK_S = 1.0
 LOG_READ_BYTES = 1 << 20  # `logs` prints a log a MiB at a time
 
 
@@ -48,7 +52,7 @@ def contact_of(run_dir: Path) -> Contact:
     path = run_dir / "coordinator.json"
     try:  # bounded and never blocking (a FIFO or /dev/zero in its place hung status and logs)
         data = read_json(path, MAX_CONTACT_BYTES)
-        contact = Contact(str(data["address"]), int(data["pid"]), dict(data.get("tls") or {}))
+        contact = Contact(str(data["address"]), int(data["pid"]), dict(data.get("tls") or {}), path.stat().st_mtime)
         if contact.tls and not (isinstance(contact.tls.get("ca"), str) and all(
                 isinstance(contact.tls.get(k), (str, type(None))) for k in ("cert", "key"))):
             raise ValueError("its tls entry does not name a ca (and cert and key) file")
@@ -64,13 +68,22 @@ def contact_of(run_dir: Path) -> Contact:
 
 
 def running(contact: Contact) -> bool:
+    """Whether the run's coordinator still runs: its pid is taken by a process that started before
+    coordinator.json was written. A stale run directory's pid, taken by a process started since (after
+    a reboot, or once pids wrapped), kept `logs -f` following forever (a hostile review)."""
     try:
         os.kill(contact.pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
-    return True
+        pass
+    try:
+        started = psutil.Process(contact.pid).create_time()
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.Error:
+        return True  # another user's process: it may be the coordinator
+    return started <= contact.written + START_SLACK_S
 
 
 def _stub(run_dir: Path, token_file: Path | None):

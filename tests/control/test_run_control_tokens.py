@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import time
 
 import pytest
 
@@ -51,3 +53,28 @@ def test_a_missing_tls_file_in_coordinator_json_is_named_as_that_file_names_it(t
         result = run_hetlaunch(command, str(tmp_path), timeout=30)
         assert result.returncode == 2 and result.stderr == (f"error: {tmp_path}/coordinator.json: tls.ca "
                                                             f"{tmp_path}/gone.pem: no such file\n"), result.stderr
+
+
+@pytest.mark.timeout(120)
+def test_a_stale_run_whose_pid_another_process_took_since_is_not_followed(tmp_path):
+    """Alive was `kill(pid, 0)`: after a reboot (or once pids wrap) a stale run directory's pid
+    belongs to a process started since, and `logs -f` followed it forever (a hostile review)."""
+    stranger = subprocess.Popen(["sleep", "60"])
+    try:
+        contact = tmp_path / "coordinator.json"
+        contact.write_text(json.dumps({"address": "127.0.0.1:1", "pid": stranger.pid}))
+        hour_ago = time.time() - 3600
+        os.utime(contact, (hour_ago, hour_ago))  # written before the process that holds its pid started
+        (tmp_path / "token").write_text(TOKEN + "\n")
+        (tmp_path / "logs").mkdir()
+        (tmp_path / "logs" / "a.log").write_text("the last line\n")
+        result = run_hetlaunch("logs", str(tmp_path), "a", "-f", timeout=30)
+        assert result.returncode == 0 and result.stdout == "the last line\n", result
+        result = run_hetlaunch("status", str(tmp_path), timeout=30)
+        assert result.returncode == 1 and "is not running; the run has ended" in result.stderr, result.stderr
+        os.utime(contact, None)  # written now, after the process started: it may be the coordinator
+        result = run_hetlaunch("status", str(tmp_path), timeout=30)
+        assert "is not running" not in result.stderr, result.stderr
+    finally:
+        stranger.kill()
+        stranger.wait()
