@@ -274,10 +274,13 @@ class ChainSearch:
         with_optimizer, index = self._times_matrix(split, True, distinct)
         without, _ = self._times_matrix(split, False, distinct)
         rows = [index[k] for k in distinct]
-        fastest = without[rows].min(axis=0)
+        times = without[rows]
+        fastest = times.min(axis=0)
         positive = fastest > 0
-        if positive.any():
-            least = (without[rows][:, positive] / fastest[positive]).min(axis=1).tolist()
+        if positive.all():
+            least = (times / fastest).min(axis=1).tolist()
+        elif positive.any():
+            least = (times[:, positive] / fastest[positive]).min(axis=1).tolist()
         else:
             least = [1.0] * len(rows)
         shares = {k: 1.0 / low if low > 0 else 1.0 for k, low in zip(distinct, least)}
