@@ -221,3 +221,32 @@ def random_floor_args(rng: random.Random, coarse: bool, max_layers: int = 24) ->
     g, h = rng.choice([(2 / 3, 1.0), (0.0, 0.0)])
     limit = M * sum(t[-1] for t in times) / S / S * rng.choice([0.5, 1.0, 1.5, 3.0, 10.0])
     return times, memory, capacities, optimizer, hops, M, limit, g, h
+
+
+def random_suffix(rng: random.Random, coarse: bool) -> tuple:
+    """launcher/planning/_cutfront.c suffix_fronts' arguments at random: prefix sums of compute,
+    static and activation bytes, a memory that cuts some ranges off, windows own or deepest, and
+    following fronts that are fronts (sums falling) or not (arbitrary points, which the compiled
+    rows must sort rather than prune). three_term_fronts takes the same but `deepens` (index 7).
+    `coarse` draws from a few values, so that many points tie."""
+    value = (lambda: rng.choice([0.0, 0.25, 0.5, 1.0])) if coarse else (lambda: rng.uniform(0.0, 1.0))
+    L = rng.randint(2, 12)
+
+    def prefix(scale: float) -> list[float]:
+        acc = [0.0]
+        for _ in range(L):
+            acc.append(acc[-1] + (rng.choice([0.0, scale, 2 * scale]) if coarse else rng.uniform(0, scale)))
+        return acc
+    crossings = [[None] + [(value(), value(), value(), codec) for _ in range(L)]
+                 for codec in rng.sample(["none", "int8", "topk"], rng.randint(1, 3))]
+    following = [None]
+    for end in range(1, L + 1):
+        points = sorted(((value(), value(), value(), value(), end, k - 1, "none") for k in range(rng.randint(0, 8))),
+                        key=lambda p: (max(p[:3]), p[3]))
+        if rng.random() < 0.7:  # a front: each point's sum below every earlier one's
+            points = [p for k, p in enumerate(points) if all(p[3] < q[3] for q in points[:k])]
+        following.append(points)
+    last_end = rng.randint(1, L)
+    starts = sorted(rng.sample(range(0, last_end), rng.randint(1, last_end)))
+    return (starts, prefix(1.0), prefix(10.0), prefix(5.0), rng.uniform(0, 60), rng.randint(1, 4), rng.randint(1, 40),
+            rng.random() < 0.5, crossings, following, last_end)

@@ -360,97 +360,153 @@ static double *read_prefix(PyObject *list, Py_ssize_t size, const char *what) {
     return out;
 }
 
+/* Appends the state's front (take_front) to `out`; -1 with an error set. */
+static int append_front(State *state, PyObject *out) {
+    PyObject *front = take_front(state);
+    int failed = !front || PyList_Append(out, front) < 0;
+    Py_XDECREF(front);
+    return failed ? -1 : 0;
+}
+
+/* A suffix of stages as suffix_fronts and three_term_fronts read it: the starts asked, the stage's
+ * prefix sums and memory, and the following fronts and crossings, each read on first use. */
+typedef struct {
+    PyObject *starts, *crossings, *following; /* borrowed: the call's arguments */
+    double memory;
+    Py_ssize_t own, M, last_end, size, num_codecs;
+    double *acc, *fixed, *activation;
+    Numbers *fronts;    /* per end */
+    Crossing *crossing; /* per end and codec */
+} Suffix;
+
+static void suffix_free(Suffix *x) {
+    for (Py_ssize_t end = 0; x->fronts && end < x->size; end++) PyMem_Free(x->fronts[end].values);
+    for (Py_ssize_t k = 0; x->crossing && k < x->size * x->num_codecs; k++) Py_XDECREF(x->crossing[k].codec);
+    PyMem_Free(x->fronts);
+    PyMem_Free(x->crossing);
+    PyMem_Free(x->acc);
+    PyMem_Free(x->fixed);
+    PyMem_Free(x->activation);
+}
+
+/* Checks what was parsed into x and reads the prefix sums; -1 with an error set (then suffix_free). */
+static int suffix_read(Suffix *x, PyObject *time_list, PyObject *static_list, PyObject *activation_list) {
+    x->size = PyList_GET_SIZE(x->following);
+    x->num_codecs = PyList_GET_SIZE(x->crossings);
+    if (x->own < 1 || x->M < 1) {
+        PyErr_SetString(PyExc_ValueError, "the in-flight count and the micro-batches are at least 1");
+        return -1;
+    }
+    if (x->last_end < 0 || x->last_end >= x->size) {
+        PyErr_SetString(PyExc_ValueError, "the last end is past the following fronts");
+        return -1;
+    }
+    x->fronts = PyMem_Calloc(x->size, sizeof(Numbers)); /* per end, read on first use */
+    x->crossing = PyMem_Calloc(x->size * (x->num_codecs ? x->num_codecs : 1), sizeof(Crossing));
+    if (!x->fronts || !x->crossing) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    if (!(x->acc = read_prefix(time_list, x->size, "a time prefix")) ||
+        !(x->fixed = read_prefix(static_list, x->size, "a static prefix")) ||
+        !(x->activation = read_prefix(activation_list, x->size, "an activation prefix")))
+        return -1;
+    return 0;
+}
+
+/* The s-th start, checked; -1 with an error set. */
+static Py_ssize_t suffix_start(const Suffix *x, Py_ssize_t s) {
+    Py_ssize_t i = PyLong_AsSsize_t(PyList_GET_ITEM(x->starts, s));
+    if (i == -1 && PyErr_Occurred()) return -1;
+    if (i < 0 || i >= x->size) {
+        PyErr_SetString(PyExc_ValueError, "a start is past the layers");
+        return -1;
+    }
+    return i;
+}
+
+/* Whether a stage of layers [i, end) holds its in-flight micro-batches in memory (memory only
+ * grows with the range, so the first end that does not ends the rows). */
+static int suffix_fits(const Suffix *x, Py_ssize_t i, Py_ssize_t end) {
+    return !((x->fixed[end] - x->fixed[i]) + (double)x->own * (x->activation[end] - x->activation[i]) > x->memory);
+}
+
+/* The following front at `end`, read on first use (a suffix's states read few of them, and many
+ * times); NULL with an error set. */
+static Numbers *suffix_following(Suffix *x, Py_ssize_t end) {
+    Numbers *next = &x->fronts[end];
+    if (!next->values) {
+        PyObject *list = PyList_GET_ITEM(x->following, end);
+        if (!PyList_Check(list)) {
+            PyErr_SetString(PyExc_TypeError, "a following front is a list (worked out before this stage's)");
+            return NULL;
+        }
+        if (read_front(list, next) < 0) return NULL;
+    }
+    return next;
+}
+
+/* The crossing of codec c at `end`, read on first use; NULL with an error set. */
+static Crossing *suffix_crossing(Suffix *x, Py_ssize_t end, Py_ssize_t c) {
+    Crossing *at = &x->crossing[end * x->num_codecs + c];
+    if (!at->codec) {
+        if (c >= PyList_GET_SIZE(x->crossings)) {
+            PyErr_SetString(PyExc_RuntimeError, "the crossings changed while they were read");
+            return NULL;
+        }
+        if (read_crossing(PyList_GET_ITEM(x->crossings, c), end, at) < 0) return NULL;
+    }
+    return at;
+}
+
 /* suffix_fronts(starts, time, static, activation, memory, own, M, deepens, crossings, following, last_end)
  * -> [front of the state (this stage and the ones after it, first layer i) for i in starts]:
  * cut_front.py's suffix_fronts_python, the rows built here rather than one call per state. */
 static PyObject *suffix_fronts(PyObject *self, PyObject *args) {
-    PyObject *starts, *time_list, *static_list, *activation_list, *crossings, *following;
-    double memory;
-    Py_ssize_t own, M, last_end;
+    Suffix x = {0};
+    PyObject *time_list, *static_list, *activation_list;
     int deepens;
-    if (!PyArg_ParseTuple(args, "O!OOOdnnpO!O!n", &PyList_Type, &starts, &time_list, &static_list, &activation_list,
-                          &memory, &own, &M, &deepens, &PyList_Type, &crossings, &PyList_Type, &following, &last_end))
+    if (!PyArg_ParseTuple(args, "O!OOOdnnpO!O!n", &PyList_Type, &x.starts, &time_list, &static_list, &activation_list,
+                          &x.memory, &x.own, &x.M, &deepens, &PyList_Type, &x.crossings, &PyList_Type, &x.following,
+                          &x.last_end))
         return NULL;
-    Py_ssize_t size = PyList_GET_SIZE(following), num_codecs = PyList_GET_SIZE(crossings);
-    if (own < 1 || M < 1) {
-        PyErr_SetString(PyExc_ValueError, "the in-flight count and the micro-batches are at least 1");
-        return NULL;
-    }
-    if (last_end < 0 || last_end >= size) {
-        PyErr_SetString(PyExc_ValueError, "the last end is past the following fronts");
-        return NULL;
-    }
-    double *acc = NULL, *fixed = NULL, *activation = NULL;
     State state = {{NULL, 0, 0}, {NULL, 0, 0}, {NULL, 0, 0}};
-    Numbers *fronts = PyMem_Calloc(size, sizeof(Numbers)); /* per end, read on first use */
-    Crossing *crossing = PyMem_Calloc(size * (num_codecs ? num_codecs : 1), sizeof(Crossing)); /* per end, codec */
-    PyObject *out = PyList_New(0);
-    if (!fronts || !crossing) PyErr_NoMemory();
-    if (!fronts || !crossing || !out || !(acc = read_prefix(time_list, size, "a time prefix")) ||
-        !(fixed = read_prefix(static_list, size, "a static prefix")) ||
-        !(activation = read_prefix(activation_list, size, "an activation prefix")))
-        goto fail;
-    for (Py_ssize_t s = 0; s < PyList_GET_SIZE(starts); s++) {
-        Py_ssize_t i = PyLong_AsSsize_t(PyList_GET_ITEM(starts, s)), order = 0;
-        if (i == -1 && PyErr_Occurred()) goto fail;
-        if (i < 0 || i >= size) {
-            PyErr_SetString(PyExc_ValueError, "a start is past the layers");
-            goto fail;
-        }
+    /* read before the first object is made: making one can run the cyclic GC, whose finalizers
+     * may change the lists (tests/planning/test_cut_front.py) */
+    PyObject *out = NULL;
+    if (suffix_read(&x, time_list, static_list, activation_list) < 0 || !(out = PyList_New(0))) goto fail;
+    for (Py_ssize_t s = 0; s < PyList_GET_SIZE(x.starts); s++) {
+        Py_ssize_t i = suffix_start(&x, s), order = 0;
+        if (i < 0) goto fail;
         state.front.n = 0;
-        for (Py_ssize_t end = i + 1; end <= last_end; end++) {
-            double per_mb = activation[end] - activation[i], held = fixed[end] - fixed[i];
-            if (held + (double)own * per_mb > memory) break; /* memory only grows with the range */
-            Numbers *next = &fronts[end];
-            if (!next->values) { /* read on first use: a suffix's states read few of them, and many times */
-                PyObject *list = end < PyList_GET_SIZE(following) ? PyList_GET_ITEM(following, end) : NULL;
-                if (!list || !PyList_Check(list)) {
-                    PyErr_SetString(PyExc_TypeError, "a following front is a list (worked out before this stage's)");
-                    goto fail;
-                }
-                if (read_front(list, next) < 0) goto fail;
-            }
+        for (Py_ssize_t end = i + 1; end <= x.last_end && suffix_fits(&x, i, end); end++) {
+            Numbers *next = suffix_following(&x, end);
+            if (!next) goto fail;
             if (next->n == 0) continue;
-            Py_ssize_t window = own;
+            Py_ssize_t window = x.own;
             if (deepens) { /* cut_front.suffix_rows: the deepest window memory allows the range */
-                Py_ssize_t deepest = M;
+                double per_mb = x.activation[end] - x.activation[i], held = x.fixed[end] - x.fixed[i];
+                Py_ssize_t deepest = x.M;
                 if (per_mb > 0) {
-                    double most = floor_divide(memory - held, per_mb);
-                    if (most < (double)M) deepest = (Py_ssize_t)most;
+                    double most = floor_divide(x.memory - held, per_mb);
+                    if (most < (double)x.M) deepest = (Py_ssize_t)most;
                 }
-                window = deepest > own ? deepest : own;
+                window = deepest > x.own ? deepest : x.own;
             }
-            double t = acc[end] - acc[i];
-            for (Py_ssize_t c = 0; c < num_codecs; c++) {
-                Crossing *at = &crossing[end * num_codecs + c];
-                if (!at->codec && c >= PyList_GET_SIZE(crossings)) {
-                    PyErr_SetString(PyExc_RuntimeError, "the crossings changed while they were read");
-                    goto fail;
-                }
-                if ((!at->codec && read_crossing(PyList_GET_ITEM(crossings, c), end, at) < 0) ||
-                    add_row_points(&state, next, end, t, (double)window, at, &order) < 0)
-                    goto fail;
+            double t = x.acc[end] - x.acc[i];
+            for (Py_ssize_t c = 0; c < x.num_codecs; c++) {
+                Crossing *at = suffix_crossing(&x, end, c);
+                if (!at || add_row_points(&state, next, end, t, (double)window, at, &order) < 0) goto fail;
             }
         }
-        PyObject *front = take_front(&state);
-        if (!front || PyList_Append(out, front) < 0) {
-            Py_XDECREF(front);
-            goto fail;
-        }
-        Py_DECREF(front);
+        if (append_front(&state, out) < 0) goto fail;
     }
     goto done;
 fail:
     Py_CLEAR(out);
 done:
     state_free(&state);
-    for (Py_ssize_t end = 0; fronts && end < size; end++) PyMem_Free(fronts[end].values);
-    for (Py_ssize_t k = 0; crossing && k < size * num_codecs; k++) Py_XDECREF(crossing[k].codec);
-    PyMem_Free(fronts);
-    PyMem_Free(crossing);
-    PyMem_Free(acc);
-    PyMem_Free(fixed);
-    PyMem_Free(activation);
+    suffix_free(&x);
     return out;
 }
 
@@ -501,62 +557,30 @@ static Py_ssize_t keep_three_term_front(Points *all, double *stair_link, double 
  * points and the front of each state were nearly all of planning 6 nodes and 48 layers under ZB-H1
  * (16 CPU s; 49 s with compression auto). */
 static PyObject *three_term_fronts(PyObject *self, PyObject *args) {
-    PyObject *starts, *time_list, *static_list, *activation_list, *crossings, *following;
-    double memory;
-    Py_ssize_t own, M, last_end;
-    if (!PyArg_ParseTuple(args, "O!OOOdnnO!O!n", &PyList_Type, &starts, &time_list, &static_list, &activation_list,
-                          &memory, &own, &M, &PyList_Type, &crossings, &PyList_Type, &following, &last_end))
+    Suffix x = {0};
+    PyObject *time_list, *static_list, *activation_list;
+    if (!PyArg_ParseTuple(args, "O!OOOdnnO!O!n", &PyList_Type, &x.starts, &time_list, &static_list, &activation_list,
+                          &x.memory, &x.own, &x.M, &PyList_Type, &x.crossings, &PyList_Type, &x.following, &x.last_end))
         return NULL;
-    Py_ssize_t size = PyList_GET_SIZE(following), num_codecs = PyList_GET_SIZE(crossings);
-    if (own < 1 || M < 1) {
-        PyErr_SetString(PyExc_ValueError, "the in-flight count and the micro-batches are at least 1");
-        return NULL;
-    }
-    if (last_end < 0 || last_end >= size) {
-        PyErr_SetString(PyExc_ValueError, "the last end is past the following fronts");
-        return NULL;
-    }
-    double *acc = NULL, *fixed = NULL, *activation = NULL, *stair_link = NULL, *stair_total = NULL;
+    double *stair_link = NULL, *stair_total = NULL;
     State state = {{NULL, 0, 0}, {NULL, 0, 0}, {NULL, 0, 0}}; /* its front holds a state's points */
-    Numbers *fronts = PyMem_Calloc(size, sizeof(Numbers)); /* per end, read on first use */
-    Crossing *crossing = PyMem_Calloc(size * (num_codecs ? num_codecs : 1), sizeof(Crossing)); /* per end, codec */
-    PyObject *out = PyList_New(0);
-    if (!fronts || !crossing) PyErr_NoMemory();
-    if (!fronts || !crossing || !out || !(acc = read_prefix(time_list, size, "a time prefix")) ||
-        !(fixed = read_prefix(static_list, size, "a static prefix")) ||
-        !(activation = read_prefix(activation_list, size, "an activation prefix")))
-        goto fail;
-    for (Py_ssize_t s = 0; s < PyList_GET_SIZE(starts); s++) {
-        Py_ssize_t i = PyLong_AsSsize_t(PyList_GET_ITEM(starts, s)), order = 0;
-        if (i == -1 && PyErr_Occurred()) goto fail;
-        if (i < 0 || i >= size) {
-            PyErr_SetString(PyExc_ValueError, "a start is past the layers");
-            goto fail;
-        }
+    /* read before the first object is made: making one can run the cyclic GC, whose finalizers
+     * may change the lists (tests/planning/test_cut_front.py) */
+    PyObject *out = NULL;
+    if (suffix_read(&x, time_list, static_list, activation_list) < 0 || !(out = PyList_New(0))) goto fail;
+    for (Py_ssize_t s = 0; s < PyList_GET_SIZE(x.starts); s++) {
+        Py_ssize_t i = suffix_start(&x, s), order = 0;
+        if (i < 0) goto fail;
         Points *all = &state.front;
         all->n = 0;
-        for (Py_ssize_t end = i + 1; end <= last_end; end++) {
-            double per_mb = activation[end] - activation[i], held = fixed[end] - fixed[i];
-            if (held + (double)own * per_mb > memory) break; /* memory only grows with the range */
-            Numbers *next = &fronts[end];
-            if (!next->values) {
-                PyObject *list = PyList_GET_ITEM(following, end);
-                if (!PyList_Check(list)) {
-                    PyErr_SetString(PyExc_TypeError, "a following front is a list (worked out before this stage's)");
-                    goto fail;
-                }
-                if (read_front(list, next) < 0) goto fail;
-            }
+        for (Py_ssize_t end = i + 1; end <= x.last_end && suffix_fits(&x, i, end); end++) {
+            Numbers *next = suffix_following(&x, end);
+            if (!next) goto fail;
             if (next->n == 0) continue;
-            double t = acc[end] - acc[i];
-            for (Py_ssize_t c = 0; c < num_codecs; c++) {
-                Crossing *at = &crossing[end * num_codecs + c];
-                if (!at->codec && c >= PyList_GET_SIZE(crossings)) {
-                    PyErr_SetString(PyExc_RuntimeError, "the crossings changed while they were read");
-                    goto fail;
-                }
-                if (!at->codec && read_crossing(PyList_GET_ITEM(crossings, c), end, at) < 0) goto fail;
-                if (reserve(all, next->n) < 0) goto fail;
+            double t = x.acc[end] - x.acc[i];
+            for (Py_ssize_t c = 0; c < x.num_codecs; c++) {
+                Crossing *at = suffix_crossing(&x, end, c);
+                if (!at || reserve(all, next->n) < 0) goto fail;
                 double tc = t + at->work;
                 /* cut_front.state_points with no window term. The points whose compute and link are
                  * this stage's and this crossing's (the following point's are at or below them) share
@@ -592,25 +616,14 @@ static PyObject *three_term_fronts(PyObject *self, PyObject *args) {
             goto fail;
         }
         all->n = keep_three_term_front(all, stair_link, stair_total);
-        PyObject *front = take_front(&state);
-        if (!front || PyList_Append(out, front) < 0) {
-            Py_XDECREF(front);
-            goto fail;
-        }
-        Py_DECREF(front);
+        if (append_front(&state, out) < 0) goto fail;
     }
     goto done;
 fail:
     Py_CLEAR(out);
 done:
     state_free(&state);
-    for (Py_ssize_t end = 0; fronts && end < size; end++) PyMem_Free(fronts[end].values);
-    for (Py_ssize_t k = 0; crossing && k < size * num_codecs; k++) Py_XDECREF(crossing[k].codec);
-    PyMem_Free(fronts);
-    PyMem_Free(crossing);
-    PyMem_Free(acc);
-    PyMem_Free(fixed);
-    PyMem_Free(activation);
+    suffix_free(&x);
     PyMem_Free(stair_link);
     PyMem_Free(stair_total);
     return out;

@@ -13,6 +13,7 @@ from hetlaunch.launcher.planning import chain_cuts, cut_front
 from hetlaunch.launcher.planning.compression import NONE, CompressionConfig
 from hetlaunch.launcher.planning.cut_front import one_bottleneck_front_python, suffix_fronts_python
 from hetlaunch.launcher.planning.planner import plan
+from plan_reference import random_suffix
 
 
 def test_the_compiled_front_is_built():
@@ -117,39 +118,12 @@ def test_plans_made_with_the_python_front_are_the_plans_made_with_the_compiled_o
     assert plans() == compiled
 
 
-def _suffix(rng: random.Random, coarse: bool):
-    """suffix_fronts' arguments at random: prefix sums of compute, static and activation bytes, a
-    memory that cuts some ranges off, windows own or deepest, and following fronts that are fronts
-    (sums falling) or not (arbitrary points, which the compiled rows must sort rather than prune)."""
-    value = (lambda: rng.choice([0.0, 0.25, 0.5, 1.0])) if coarse else (lambda: rng.uniform(0.0, 1.0))
-    L = rng.randint(2, 12)
-
-    def prefix(scale: float) -> list[float]:
-        acc = [0.0]
-        for _ in range(L):
-            acc.append(acc[-1] + (rng.choice([0.0, scale, 2 * scale]) if coarse else rng.uniform(0, scale)))
-        return acc
-    crossings = [[None] + [(value(), value(), value(), codec) for _ in range(L)]
-                 for codec in rng.sample(["none", "int8", "topk"], rng.randint(1, 3))]
-    following = [None]
-    for end in range(1, L + 1):
-        points = sorted(((value(), value(), value(), value(), end, k - 1, "none") for k in range(rng.randint(0, 8))),
-                        key=lambda p: (max(p[:3]), p[3]))
-        if rng.random() < 0.7:  # a front: each point's sum below every earlier one's
-            points = [p for k, p in enumerate(points) if all(p[3] < q[3] for q in points[:k])]
-        following.append(points)
-    last_end = rng.randint(1, L)
-    starts = sorted(rng.sample(range(0, last_end), rng.randint(1, last_end)))
-    return (starts, prefix(1.0), prefix(10.0), prefix(5.0), rng.uniform(0, 60), rng.randint(1, 4), rng.randint(1, 40),
-            rng.random() < 0.5, crossings, following, last_end)
-
-
 @needs_core
 def test_the_compiled_suffix_fronts_give_the_python_fronts_to_the_bit():
     rng = random.Random(7)
     points = 0
     for case in range(3000):
-        args = _suffix(rng, coarse=case % 2 == 0)
+        args = random_suffix(rng, coarse=case % 2 == 0)
         want = suffix_fronts_python(*args)
         assert [_bits(f) for f in cut_front._cutfront.suffix_fronts(*args)] == [_bits(f) for f in want], args
         points += sum(len(front) for front in want)
