@@ -51,6 +51,8 @@ def logs(
 
     if not NAME_RE.fullmatch(node):  # as the YAML's names: `../x` read outside logs/
         fail(f"{node!r} is not a node name", EXIT_BAD_INPUT)
+    if not run_dir.is_dir():  # said "no log for node" of a folder that is not there (a hostile review)
+        fail(f"{run_dir}: not a run directory (no such folder)", EXIT_BAD_INPUT)
     path = run_dir / "logs" / f"{node}.log"
     if path.is_symlink():  # a run directory handed over could point a log at any file of the reader's
         fail(f"{path}: a link, not a log `up` wrote", EXIT_BAD_INPUT)

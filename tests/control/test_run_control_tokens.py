@@ -78,3 +78,10 @@ def test_a_stale_run_whose_pid_another_process_took_since_is_not_followed(tmp_pa
     finally:
         stranger.kill()
         stranger.wait()
+
+
+def test_logs_of_a_folder_that_is_not_there_says_so(tmp_path):
+    """It said "no log for node 'a' in this run" of a run directory that does not exist (a hostile review)."""
+    result = run_hetlaunch("logs", str(tmp_path / "no_such_run"), "a", timeout=30)
+    assert result.returncode == 2 and result.stderr == (f"error: {tmp_path}/no_such_run: not a run directory "
+                                                        "(no such folder)\n"), result.stderr
