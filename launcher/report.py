@@ -132,9 +132,12 @@ def make_report(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
     plan = None
     if summary_path.exists():
         try:
-            plan = json.loads(_read(summary_path)).get("plan")
-        except (ValueError, AttributeError, RecursionError):
+            summary = json.loads(_read(summary_path))
+        except (ValueError, RecursionError):
             raise ReportError(f"{summary_path}: not JSON") from None
+        if not isinstance(summary, dict):  # null or [] is JSON, but not a summary (it was called "not JSON")
+            raise ReportError(f"{summary_path}: not a summary hetlaunch wrote (a JSON object)")
+        plan = summary.get("plan")
     if plan is None:  # a run still going (or killed): its last generation's plan from the events
         plan = next((e.get("plan") for e in reversed(events) if e.get("event") == "generation"), None)
     if plan is not None and not (isinstance(plan, dict) and isinstance(plan.get("stages"), list)):
