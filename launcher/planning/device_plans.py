@@ -167,12 +167,12 @@ def _cut(profile: Profile, chain: list[NodeProfile], num_microbatches: int, sche
     search = _CutSearch(CostModel(profile, num_microbatches, "1f1b", policy), chain, placed, actions,
                         policy.boundaries)
     best = None
-    for start in (_even(L, S), _by_speed(search, L, S)):
+    for start in (_even(L, S), _by_speed(search, L)):
         found = search.climb(start)
         if found is not None and (best is None or found[0] < best[0]):
             best = found
     if best is None:  # both starts overflow a node: climb from one that gives each node layers by its memory
-        best = search.climb(_by_memory(search, L, S))
+        best = search.climb(_by_memory(search, L))
     if best is None:
         raise PlanningError(f"no cut of {L} layers into {S} stages of {placed.title} over "
                             f"{' -> '.join(n.name for n in chain)} fits the nodes' memory")
@@ -355,14 +355,14 @@ def _even(num_layers: int, num_stages: int) -> tuple[int, ...]:
     return tuple(sum(sizes[:s + 1]) for s in range(num_stages - 1))
 
 
-def _by_speed(search: _CutSearch, num_layers: int, num_stages: int) -> tuple[int, ...]:
+def _by_speed(search: _CutSearch, num_layers: int) -> tuple[int, ...]:
     """Layers to each stage in proportion to its node's speed (its whole-model time's inverse),
     at least one each."""
     speed = [1.0 / max(search.cm.compute_s(search.chain[d], 0, num_layers), 1e-12) for d in search.device]
     return _proportional(speed, num_layers)
 
 
-def _by_memory(search: _CutSearch, num_layers: int, num_stages: int) -> tuple[int, ...]:
+def _by_memory(search: _CutSearch, num_layers: int) -> tuple[int, ...]:
     """Layers to each stage in proportion to its share of its node's memory (a node's stages split
     it evenly), at least one each: where a small node overflowed under the even and the speed
     starts, ZB-V and interleaved 1F1B refused a chain with cuts that fit (a hostile review)."""
