@@ -237,4 +237,8 @@ def _targets(output: Path, has_config: bool) -> tuple[Path, Path | None]:
     if output.exists() and not output.is_dir():
         raise ExportError(f"{output}: exists and is not a directory (name a .safetensors file, or a directory "
                           "for from_pretrained)")
-    return output / "model.safetensors", (output / "config.json" if has_config else None)
+    weights, config = output / "model.safetensors", (output / "config.json" if has_config else None)
+    for target in (weights, config):  # the rename over a folder failed naming the temp file (a hostile review)
+        if target is not None and target.is_dir():
+            raise ExportError(f"{target}: a folder is in its place; move it, or export elsewhere")
+    return weights, config

@@ -197,3 +197,14 @@ def test_logs_reads_only_the_logs_up_wrote(run_copy, tmp_path):
     result = run_hetlaunch("logs", str(run_copy), "a", timeout=30)
     assert "a link, not a log" in one_error_line(result, 2) and "the reader's own file" not in result.stdout
     assert os.path.exists(secret)
+
+
+@pytest.mark.timeout(120)
+def test_export_into_a_directory_whose_weights_file_is_a_folder_names_that_folder(run_copy, tmp_path):
+    """The rename over it failed naming the export's temp file (`.model.safetensors.0fa00554.tmp: Is a
+    directory`; a hostile review): said of the folder in the way, before any work, nothing left behind."""
+    out = tmp_path / "out"
+    (out / "model.safetensors").mkdir(parents=True)
+    result = run_hetlaunch("export", str(run_copy), "-o", str(out), timeout=60)
+    assert one_error_line(result, 2) == f"error: {out}/model.safetensors: a folder is in its place; move it, or export elsewhere"
+    assert sorted(p.name for p in out.iterdir()) == ["model.safetensors"]
