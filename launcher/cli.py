@@ -18,8 +18,8 @@ from typing import Optional
 
 import typer
 
-from hetlaunch.launcher.cli_cluster import (check_extras, check_token_files, join_token, load_cluster_file, new_token,
-                                            with_cluster)
+from hetlaunch.launcher.cli_cluster import (check_extras, check_tls_files, check_token_files, join_token,
+                                            load_cluster_file, new_token, with_cluster)
 from hetlaunch.launcher.cli_common import (EXIT_BAD_INPUT, fail, given_path, interrupt_on_sigterm, output_file,
                                           plain_console)
 from hetlaunch.launcher.plain_text import escape_controls
@@ -56,6 +56,7 @@ def validate(cluster_yaml: Path = typer.Argument(..., help="cluster YAML file"),
     """Check a cluster YAML file without starting anything."""
     cluster = load_cluster_file(cluster_yaml)
     check_extras(cluster)
+    check_tls_files(cluster, cluster_yaml)
     tokens = check_token_files(cluster, cluster_yaml, ask_entrypoint=tuple(allow_entrypoint))
     slurm = sum(n.launch == "slurm" for n in cluster.nodes)
     on_ray = sum(n.launch == "ray" for n in cluster.nodes)

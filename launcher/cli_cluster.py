@@ -37,6 +37,23 @@ def check_extras(cluster) -> None:
         fail(str(err), EXIT_BAD_INPUT)
 
 
+def check_tls_files(cluster, cluster_yaml: Path) -> None:
+    """Every PEM file coordinator.tls names is there and reads as PEM (relative names from the current
+    directory, as `up` reads them), or one line: `up` would fail on it only once it starts the coordinator."""
+    tls = cluster.coordinator.tls
+    if tls is None:
+        return
+    from hetlaunch.runtime.tls import TlsError, read_pem
+
+    for field in ("cert", "key", "ca", "agent_cert", "agent_key"):
+        name = getattr(tls, field)
+        if name is not None:
+            try:
+                read_pem(name, f"coordinator.tls.{field}")
+            except TlsError as err:
+                fail(f"{cluster_yaml}: {err}", EXIT_BAD_INPUT)
+
+
 def check_token_files(cluster, cluster_yaml: Path, ask_entrypoint: tuple[str, ...] | None) -> str | None:
     """Every id of a token file below the model's vocabulary (launcher/token_check.py), or one line."""
     from hetlaunch.launcher.token_check import BadTokens, check_tokens

@@ -399,3 +399,32 @@ def test_the_planner_refuses_more_micro_batches_than_a_step_may_have() -> None:
 def test_a_misspelled_required_key_is_said_as_the_misspelling(text: str, message: str) -> None:
     """It was said as the required key missing, the typo that caused it hidden in "(+1 more)"."""
     assert message in error_of(text)
+
+
+# ------------------------------------------------------------------ coordinator.tls files
+
+
+@pytest.mark.timeout(90)
+def test_validate_reads_every_tls_file_it_names(tmp_path: Path) -> None:
+    """`up` read coordinator.tls's files only when it started the coordinator; validate said ok to
+    a YAML naming files that were not there (a hostile review). Relative names from the current
+    directory, as `up` reads them."""
+    from hetlaunch.launcher.certs import init_certs
+
+    init_certs(tmp_path / "certs", ["127.0.0.1"])
+    good = ("coordinator: {tls: {cert: certs/coordinator.pem, key: certs/coordinator.key, ca: certs/ca.pem, "
+            "agent_cert: certs/agent.pem, agent_key: certs/agent.key}}\nnodes: [{name: n0}]\n")
+    path = tmp_path / "c.yaml"
+    path.write_text(good)
+    ok = run_hetlaunch("validate", str(path), timeout=60, cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr
+    path.write_text(good.replace("certs/ca.pem", "certs/missing.pem"))
+    line, _ = validate(path, cwd=tmp_path)
+    assert line.endswith(f"{path}: coordinator.tls.ca certs/missing.pem: no such file"), line
+    (tmp_path / "certs" / "agent.key").write_text("not a key\n")
+    path.write_text(good)
+    line, _ = validate(path, cwd=tmp_path)
+    assert line.endswith(f"{path}: coordinator.tls.agent_key certs/agent.key: not a PEM file"), line
+    path.write_text(good.replace("certs/coordinator.pem", "certs"))  # a folder
+    line, _ = validate(path, cwd=tmp_path)
+    assert f"{path}: coordinator.tls.cert certs: " in line, line
