@@ -89,6 +89,7 @@ class Agent:
         self.in_service = False
         self.finished = threading.Event()
         self.exit_code: int | None = None
+        self.stream_failed = False  # the command stream ended in an error, said in the log where it did
         # Step metrics go out from a thread of their own, so a slow RPC never holds up the relay.
         self.step_reports = StepReporter(lambda request: self._call("ReportStep", request),
                                          coalesce_step_reports, STEP_REPORT_INTERVAL_S)
@@ -149,7 +150,8 @@ class Agent:
             if command is None:
                 if self.exit_code is not None:
                     return self.exit_code
-                _log(self.node, "the coordinator closed the command stream")
+                if not self.stream_failed:
+                    _log(self.node, "the coordinator closed the command stream")
                 return EXIT_LOST_COORDINATOR
             if command.HasField("shutdown"):
                 _log(self.node, f"shutting down: {command.shutdown.reason or 'job finished'}")
@@ -263,6 +265,9 @@ class Agent:
             if self.tasks.training.is_set():
                 _log(self.node, f"lost the coordinator mid-task: {err.details()}")
                 self.tasks.stop()
+            else:  # between tasks: said so here, not as a stream the coordinator closed (`up` was killed)
+                _log(self.node, f"lost the coordinator: {err.details()}")
+            self.stream_failed = True
         self.commands.put(None)
 
     def _heartbeat_loop(self, interval: float) -> None:
