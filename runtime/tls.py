@@ -12,10 +12,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-
-import grpc
+from typing import TYPE_CHECKING
 
 from hetlaunch.runtime.files import UnreadableFile, read_regular_file
+
+if TYPE_CHECKING:
+    import grpc
 
 MAX_PEM_BYTES = 1 << 20
 
@@ -39,6 +41,8 @@ def read_pem(path: str | Path, what: str) -> bytes:
 
 def server_credentials(cert: str, key: str, ca: str | None) -> grpc.ServerCredentials:
     """The coordinator's side; with `ca`, clients without a certificate it signed are refused."""
+    import grpc  # here: `validate` reads the PEM files (read_pem) without loading grpc
+
     pair = (read_pem(key, "coordinator.tls.key"), read_pem(cert, "coordinator.tls.cert"))
     if ca is None:
         return grpc.ssl_server_credentials([pair])
@@ -61,5 +65,7 @@ class ClientTls:
         return cls(read_pem(ca, "--ca"), read_pem(cert, "--cert") if cert else b"", read_pem(key, "--key") if key else b"")
 
     def credentials(self) -> grpc.ChannelCredentials:
+        import grpc
+
         return grpc.ssl_channel_credentials(root_certificates=self.ca_pem, private_key=self.key_pem or None,
                                             certificate_chain=self.cert_pem or None)

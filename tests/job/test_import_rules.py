@@ -86,14 +86,22 @@ def test_a_forbidden_import_is_caught_even_inside_a_function(tmp_path, folder, c
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("args", [["--help"], ["--version"], ["validate", "{yaml}"], ["plan", "--profile", "{profile}"]])
+@pytest.mark.parametrize("args", [["--help"], ["--version"], ["validate", "{yaml}"], ["validate", "{tls_yaml}"],
+                                  ["plan", "--profile", "{profile}"]])
 def test_commands_that_need_no_cluster_load_neither_torch_nor_grpc(tmp_path, args):
+    from hetlaunch.launcher.certs import init_certs
     from hetlaunch.launcher.planning.profile_file import save_profile
     from plan_reference import uniform_profile
 
     save_profile(uniform_profile([1.0, 0.5], ["east", "west"]), tmp_path / "profile.json")
     (tmp_path / "cluster.yaml").write_text("nodes: [{name: a}]\n")
-    args = [a.format(yaml=tmp_path / "cluster.yaml", profile=tmp_path / "profile.json") for a in args]
+    init_certs(tmp_path / "certs", ["127.0.0.1"])  # validate reads each PEM file coordinator.tls names
+    certs = tmp_path / "certs"
+    (tmp_path / "tls.yaml").write_text(f"coordinator: {{tls: {{cert: {certs}/coordinator.pem, key: {certs}/coordinator.key, "
+                                       f"ca: {certs}/ca.pem, agent_cert: {certs}/agent.pem, agent_key: {certs}/agent.key}}}}\n"
+                                       "nodes: [{name: a}]\n")
+    args = [a.format(yaml=tmp_path / "cluster.yaml", tls_yaml=tmp_path / "tls.yaml", profile=tmp_path / "profile.json")
+            for a in args]
     code = ("import sys\n"
             "from hetlaunch.launcher import cli\n"
             "try:\n"
