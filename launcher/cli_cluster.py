@@ -51,7 +51,8 @@ def check_tls_files(cluster, cluster_yaml: Path) -> None:
             try:
                 read_pem(name, f"coordinator.tls.{field}")
             except TlsError as err:
-                fail(f"{cluster_yaml}: {err}", EXIT_BAD_INPUT)
+                hint = " (make them with `hetlaunch certs init DIR`)" if "no such file" in str(err) else ""
+                fail(f"{cluster_yaml}: {err}{hint}", EXIT_BAD_INPUT)
 
 
 def check_token_files(cluster, cluster_yaml: Path, ask_entrypoint: tuple[str, ...] | None) -> str | None:

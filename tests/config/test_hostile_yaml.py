@@ -420,7 +420,8 @@ def test_validate_reads_every_tls_file_it_names(tmp_path: Path) -> None:
     assert ok.returncode == 0, ok.stderr
     path.write_text(good.replace("certs/ca.pem", "certs/missing.pem"))
     line, _ = validate(path, cwd=tmp_path)
-    assert line.endswith(f"{path}: coordinator.tls.ca certs/missing.pem: no such file"), line
+    assert line.endswith(f"{path}: coordinator.tls.ca certs/missing.pem: no such file "
+                         "(make them with `hetlaunch certs init DIR`)"), line
     (tmp_path / "certs" / "agent.key").write_text("not a key\n")
     path.write_text(good)
     line, _ = validate(path, cwd=tmp_path)

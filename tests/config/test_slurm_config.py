@@ -20,8 +20,12 @@ def test_the_example_loads_with_a_slurm_group_and_a_local_node():
     assert [(n.launch, n.slurm) for n in cfg.nodes] == [("slurm", "a100"), ("slurm", "a100"), ("local", None)]
 
 
-def test_validate_counts_the_slurm_nodes():
-    done = run_hetlaunch("validate", str(REPO / "cluster_examples" / "slurm.yaml"), timeout=60)
+def test_validate_counts_the_slurm_nodes(tmp_path):
+    # validate reads the TLS files the example names (certs/..., from the current directory): made
+    # as the example's users make them, with `hetlaunch certs init certs`
+    made = run_hetlaunch("certs", "init", "certs", "--host", "login1.cluster.example", timeout=60, cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    done = run_hetlaunch("validate", str(REPO / "cluster_examples" / "slurm.yaml"), timeout=60, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"{REPO / 'cluster_examples' / 'slurm.yaml'}: ok (3 nodes, 1 local, 0 remote, "
                                   "0 over ssh, 2 by slurm)"), done.stdout
