@@ -64,6 +64,17 @@ def check_tokens(cluster: ClusterConfig, source: str, ask_entrypoint: tuple[str,
                 except (OSError, ValueError) as err:
                     raise BadTokens(" ".join(str(err).split())) from None
                 return f"bytes: all of {data.path} below the vocabulary of {vocab:,}"
+        if data.path is None and data.format != "tokens":  # the default text, a token a byte, as the stages read it
+            vocab, _ = model_vocabulary(cluster, ask_entrypoint)
+            if vocab is not None and vocab < 256:  # validate said ok and every stage refused it (a review)
+                from hetlaunch.runtime.default_text import stdlib_text_bytes
+
+                try:
+                    check_token_ids(np.frombuffer(stdlib_text_bytes(), dtype=np.uint8),
+                                    vocab, f"{source}: without data.path, the standard library's text")
+                except ValueError as err:
+                    raise BadTokens(" ".join(str(err).split()) + "; set data.path") from None
+                return f"bytes: all of the standard library's text below the vocabulary of {vocab:,}"
         return None
     vocab, why = model_vocabulary(cluster, ask_entrypoint)
     if vocab is None and not os.path.isfile(data.path):  # the stages' own copies are what they check

@@ -4,14 +4,15 @@ so `hetlaunch validate` and `up` check a file without loading torch.
 
 Why check every id: batches check only the windows they draw, so one id past the vocabulary
 deep in a file passes a short run and kills a long one hours in (issue 23). The check is one
-vectorised pass over the memory map, a chunk at a time (memory stays bounded however large the
-file): 0.15 s per GB of uint16 ids (0.07 of uint32) on this project's 2-core VM with the file in
+vectorised pass over the file, read a chunk at a time (not through the map: memory stays bounded
+however large the file, and a file cut shorter meanwhile is an error, not SIGBUS): 0.15 s per GB of uint16 ids (0.07 of uint32) on this project's 2-core VM with the file in
 the page cache (a 2 GiB file: 0.33 s; `python bench/run.py token_check`); from a cold disk the
 read dominates, at the disk's own speed.
 """
 
 from __future__ import annotations
 
+import mmap
 from pathlib import Path
 
 import numpy as np
@@ -47,13 +48,52 @@ def token_file(path: str, dtype: str) -> np.ndarray:
 
 
 def first_id_outside(tokens: np.ndarray, vocab_size: int) -> tuple[int, int] | None:
-    """(position, id) of the first id >= vocab_size, or None when every id is below it."""
-    for start in range(0, len(tokens), CHUNK_TOKENS):
-        chunk = tokens[start:start + CHUNK_TOKENS]
+    """(position, id) of the first id >= vocab_size, or None when every id is below it. A memory
+    map is read through its file a chunk at a time, not through the map: a file cut shorter while
+    it was checked killed `validate` with SIGBUS (a review), and the pages read stayed mapped (4 GB
+    resident for a 4 GiB file); a short read is one line instead."""
+    for start, chunk in _chunks(tokens):
         if int(chunk.max()) >= vocab_size:  # the fast pass; the position only once one is known bad
             at = int(np.argmax(chunk >= vocab_size))
             return start + at, int(chunk[at])
     return None
+
+
+def _head(tokens: np.ndarray, count: int) -> np.ndarray:
+    """The first `count` ids (fewer, in whole pairs, where a mapped file shrank), as _chunks reads them."""
+    path = _mapped_file(tokens)
+    if path is None:
+        return np.asarray(tokens[:count])
+    with open(path, "rb") as f:
+        f.seek(tokens.offset)
+        head = np.fromfile(f, dtype=tokens.dtype, count=count)
+    return head[:len(head) // 2 * 2]
+
+
+def _mapped_file(tokens: np.ndarray) -> str | None:
+    """The file under a memory map of a whole file from its offset; None for anything else (a view
+    of one keeps the map's offset, which numpy does not move with the view)."""
+    whole = isinstance(tokens, np.memmap) and isinstance(tokens.base, mmap.mmap) and tokens.filename
+    return tokens.filename if whole else None
+
+
+def _chunks(tokens: np.ndarray):
+    """(first position, ids) of CHUNK_TOKENS ids at a time: read from the file under a memory map
+    of a whole file (_mapped_file), else from the array."""
+    path = _mapped_file(tokens)
+    if path is None:
+        for start in range(0, len(tokens), CHUNK_TOKENS):
+            yield start, tokens[start:start + CHUNK_TOKENS]
+        return
+    with open(path, "rb") as f:
+        f.seek(tokens.offset)
+        for start in range(0, len(tokens), CHUNK_TOKENS):
+            want = min(CHUNK_TOKENS, len(tokens) - start)
+            chunk = np.fromfile(f, dtype=tokens.dtype, count=want)
+            if len(chunk) < want:
+                raise ValueError(f"data file {path!r} shrank while its ids were checked: {start + len(chunk):,} "
+                                 f"of {len(tokens):,} tokens left")
+            yield start, chunk
 
 
 def check_token_ids(tokens: np.ndarray, vocab_size: int, source: str) -> None:
@@ -74,8 +114,13 @@ def read_as_narrower(tokens: np.ndarray, vocab_size: int, sample: int = 1 << 16)
     vocabulary past 65,536 (Llama 3's 128,256), and read with the default uint16 every other id is
     a high half (0 or 1), all below the vocabulary, so the check of ids passed and training ran on
     garbage (a review). Real text has no id that small at every odd place of its first 65,536."""
-    if tokens.dtype != np.uint16 or vocab_size <= 1 << 16 or len(tokens) < 4:
+    # Any vocabulary: under 65,536 ids the high halves are all 0 (a uint32 file of GPT-2's 50,257
+    # read as uint16 passed as "every id below the vocabulary"; a review). Fewer than 32 ids say too
+    # little to tell.
+    if tokens.dtype != np.uint16 or len(tokens) < 32:
         return False
-    head = np.asarray(tokens[:min(len(tokens), sample) // 2 * 2])  # whole pairs of 16-bit halves
+    head = _head(tokens, min(len(tokens), sample) // 2 * 2)  # whole pairs of 16-bit halves
+    if len(head) < 32:
+        return False  # the file shrank under it: first_id_outside says so
     high = (vocab_size - 1) >> 16
     return bool(head[1::2].max() <= high < head[0::2].max())

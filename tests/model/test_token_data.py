@@ -378,3 +378,50 @@ nodes:
     assert len(errors) == 1 and "IndexError: index out of range in self (in the first stage's layers, on a batch " \
                                 "of token ids up to 9,000: is an id at or past the model's vocabulary?" in errors[0], result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_32_bit_file_of_a_16_bit_vocabulary_read_as_16_bit_is_named_too(tmp_path):
+    """GPT-2's 50,257 ids written as uint32 and read as uint16: every other id is a high half of 0,
+    all below the vocabulary, and the check said "every id below" (the test above held only past
+    65,536; a review). A real uint16 file of the same vocabulary passes."""
+    rng = np.random.default_rng(1)
+    wide = write_tokens(tmp_path / "wide.bin", rng.integers(1, 50_257, size=20_000), "uint32")
+    with pytest.raises(ValueError, match="looks like a uint32 token file read as uint16"):
+        open_data(str(wide), "tokens", "uint16", seq_len=8, seed=0, vocab_size=50_257)
+    narrow = write_tokens(tmp_path / "narrow.bin", rng.integers(0, 50_257, size=20_000), "uint16")
+    open_data(str(narrow), "tokens", "uint16", seq_len=8, seed=0, vocab_size=50_257)
+
+
+@pytest.mark.timeout(60)
+def test_a_token_file_cut_shorter_while_checked_is_one_line_not_a_bus_error(tmp_path):
+    """The check read ids through the memory map: a file truncated under it killed `validate` with
+    SIGBUS (a review). Now read through the file, a short read is an error. In a child process,
+    so the old way's signal fails this test instead of the test run."""
+    path = write_tokens(tmp_path / "t.bin", np.arange(3 * (1 << 16)) % 1000)
+    code = ("import os, sys\n"
+            "import hetlaunch.runtime.token_file as tf\n"
+            "tf.CHUNK_TOKENS = 1 << 16\n"
+            f"tokens = tf.token_file({str(path)!r}, 'uint16')\n"
+            f"os.truncate({str(path)!r}, 4096)\n"
+            "try:\n"
+            "    tf.check_token_ids(tokens, 1000, 'data file')\n"
+            "except ValueError as err:\n"
+            "    print(err)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50)
+    assert done.returncode == 0, (done.returncode, done.stderr)
+    assert "shrank while its ids were checked: 2,048 of 196,608 tokens left" in done.stdout, done.stdout
+
+
+@pytest.mark.timeout(90)
+def test_validate_checks_the_default_text_against_a_vocabulary_under_a_byte(tmp_path):
+    """Without data.path the stages read the standard library's text a byte a token; validate said
+    ok to vocab_size 100 and every stage refused its first byte past 99 (a review)."""
+    (tmp_path / "c.yaml").write_text("name: t\nmodel: {preset: tiny, vocab_size: 100}\nnodes: [{name: a}]\n")
+    result = run_hetlaunch("validate", str(tmp_path / "c.yaml"), timeout=60)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "without data.path, the standard library's text holds token id" in result.stderr, result.stderr
+    assert "outside the model's vocabulary of 100" in result.stderr and result.stderr.strip().endswith("set data.path")
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    (tmp_path / "c.yaml").write_text("name: t\nmodel: {preset: tiny, vocab_size: 256}\nnodes: [{name: a}]\n")
+    ok = run_hetlaunch("validate", str(tmp_path / "c.yaml"), timeout=60)
+    assert ok.returncode == 0, ok.stderr
