@@ -156,6 +156,7 @@ def report(
     compute and communication, as PNGs (needs matplotlib: the plots extra)."""
     from hetlaunch.launcher.report import ReportError, make_report
 
+    interrupt_on_sigterm()  # a PNG being written is removed on the way out, as on Ctrl-C
     output = None if output_name is None else given_path(output_name, "-o")
     try:
         written = make_report(run_dir, output)

@@ -142,7 +142,10 @@ def make_report(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
         plan = next((e.get("plan") for e in reversed(events) if e.get("event") == "generation"), None)
     if plan is not None and not (isinstance(plan, dict) and isinstance(plan.get("stages"), list)):
         raise ReportError(f"{summary_path}: its plan is not one hetlaunch wrote")
-    out_dir = out_dir or run_dir / "report"
+    if out_dir is None:
+        out_dir = run_dir / "report"
+        if out_dir.is_symlink():  # a run directory handed over could point it at any folder of the user's
+            raise ReportError(f"{out_dir}: is a link, not the report folder this run wrote; name one with -o")
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as err:

@@ -76,3 +76,20 @@ def test_a_row_with_fields_after_its_stage_rows_is_read_whole(tmp_path, monkeypa
     rows = report._metric_rows(path)
     assert [own for own, _ in rows] == [{k: v for k, v in row.items() if k != "stages"} for row in moved]
     assert [stages for _, stages in rows] == [row["stages"] for row in moved]
+
+
+def test_a_report_folder_that_is_a_link_is_refused_and_what_it_points_at_is_left_alone(tmp_path):
+    """A run directory someone handed over, its report/ a link to a folder of the user's: report
+    wrote its PNGs there, over the user's own plan.png (a review)."""
+    pytest.importorskip("matplotlib")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    _write(run_dir, 5)
+    victim = tmp_path / "mine"
+    victim.mkdir()
+    (victim / "training.png").write_bytes(b"the user's own file")
+    (run_dir / "report").symlink_to(victim)
+    with pytest.raises(report.ReportError, match="report: is a link, not the report folder this run wrote"):
+        report.make_report(run_dir)
+    assert (victim / "training.png").read_bytes() == b"the user's own file"
+    assert report.make_report(run_dir, tmp_path / "out")  # -o naming a folder: drawn there
