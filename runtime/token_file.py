@@ -5,9 +5,11 @@ so `hetlaunch validate` and `up` check a file without loading torch.
 Why check every id: batches check only the windows they draw, so one id past the vocabulary
 deep in a file passes a short run and kills a long one hours in (issue 23). The check is one
 vectorised pass over the file, read a chunk at a time (not through the map: memory stays bounded
-however large the file, and a file cut shorter meanwhile is an error, not SIGBUS): 0.15 s per GB of uint16 ids (0.07 of uint32) on this project's 2-core VM with the file in
-the page cache (a 2 GiB file: 0.33 s; `python bench/run.py token_check`); from a cold disk the
-read dominates, at the disk's own speed.
+however large the file, and a file cut shorter meanwhile is an error, not SIGBUS): 0.27 s per GB
+of uint16 or uint32 ids on this project's 2-core VM with the file in the page cache (0.15 and 0.07
+through the map; `python bench/run.py token_check`); from a cold disk the read dominates, at the
+disk's own speed. The file is opened again by its name to be read: one swapped in between the
+map and the check is the one checked (the batches still check every window they draw).
 """
 
 from __future__ import annotations
@@ -98,7 +100,7 @@ def _chunks(tokens: np.ndarray):
 
 def check_token_ids(tokens: np.ndarray, vocab_size: int, source: str) -> None:
     """Raise one line naming the first id outside [0, vocab_size), its position and the vocabulary;
-    or, for 16-bit ids and a vocabulary past 16 bits, saying the file looks 32-bit (read_as_narrower)."""
+    or, for 16-bit ids, saying the file looks 32-bit (read_as_narrower)."""
     if read_as_narrower(tokens, vocab_size):
         raise ValueError(f"{source} looks like a uint32 token file read as uint16: every other id is the high "
                          f"half of a 32-bit one (at most {(vocab_size - 1) >> 16}); set data.dtype: uint32")
