@@ -6,6 +6,7 @@ every exit path stops the agents it started. Each failure is one line and its ex
 
 from __future__ import annotations
 
+import os
 import signal
 from pathlib import Path
 from typing import Optional
@@ -51,7 +52,7 @@ def check_tls_files(cluster, cluster_yaml: Path) -> None:
             try:
                 read_pem(name, f"coordinator.tls.{field}")
             except TlsError as err:
-                hint = " (make them with `hetlaunch certs init DIR`)" if "no such file" in str(err) else ""
+                hint = "" if os.path.lexists(name) else " (make them with `hetlaunch certs init DIR`)"
                 fail(f"{cluster_yaml}: {err}{hint}", EXIT_BAD_INPUT)
 
 

@@ -25,7 +25,6 @@ from hetlaunch.runtime.default_text import stdlib_text_bytes
 from hetlaunch.runtime.token_file import check_token_ids, regular_data_file, token_file
 
 
-
 def text_file(path: str) -> np.ndarray:
     """A user text file's bytes (a token a byte), memory-mapped read-only as a token file is;
     refuses missing, non-regular or empty files. Read whole, a 1.5 GB corpus took 3.4 GB in
